@@ -1,0 +1,329 @@
+"""The public engine API. The CLI, the MCP server, scripts/ and the smoke worker call these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
+from .config.load import Document, from_mapping, load_path, load_text
+from .config.values import (
+    STRATEGY_ALIASES,
+    TOP_LEVEL_KEYS,
+    is_positive_int,
+    normalize_activation_checkpointing,
+    schedule_class_name,
+)
+from .config import schema
+from .layout import Layout, infer_dp
+from .report import SEVERITY_ORDER, AxisInfo, ConfigError, Finding, MeshDims, MeshReport, Resolved, ValidationReport
+from .rules import Context, run_rules
+from .rules.automodel import ep_shard_of
+from .rules.base import effective_sizes
+
+ConfigInput = Union[str, Path, Mapping[str, Any]]
+ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
+
+MAX_WORLD_SIZE = 1 << 24  # 16.7M ranks: far beyond any cluster, small enough for exact arithmetic
+DEFAULT_RANKS_LIMIT = 64  # build_mesh lists every rank's groups up to this world size, else rank 0
+
+_RECIPE_SECTIONS = frozenset({
+    "recipe", "step_scheduler", "dist_env", "rng", "model", "checkpoint", "loss_fn", "dataset", "dataloader",
+    "validation_dataset", "validation_dataloader", "optimizer", "lr_scheduler", "ci", "packed_sequence", "peft",
+    "wandb", "mlflow", "processor", "freeze_config", "clip_grad_norm", "compile", "benchmark", "quantization",
+    "distributed_config", "tokenizer", "qat", "fp8", "autopipeline", "seed",
+})
+_BLOCK_KEYS = frozenset(TOP_LEVEL_KEYS) | {k for m in schema.STRATEGY_OPTIONS.values() for k in m.model_fields}
+
+
+def _finding(rule: str, message: str, *, path: str = "<root>", line: int | None = None, fix: str | None = None,
+             severity: str = "error") -> Finding:
+    return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
+
+
+def load_config(config: ConfigInput) -> Document:
+    """Load any accepted config form into a :class:`Document` (never raises for bad content)."""
+    if isinstance(config, Path):
+        return load_path(config)
+    if isinstance(config, (str, bytes)):
+        return load_text(config)
+    if isinstance(config, Mapping):
+        return from_mapping(dict(config))
+    doc = Document(data=None)
+    doc.findings.append(_finding("yaml-root-not-mapping",
+                                 f"config must be YAML text, a file path or a mapping, not {type(config).__name__}"))
+    return doc
+
+
+@dataclass
+class _Split:
+    block: dict[str, Any] | None
+    base: tuple[Any, ...]
+    recipe: dict[str, Any] | None
+
+
+def _split(doc: Document) -> _Split:
+    """Find the distributed block: a recipe's ``distributed:`` or a bare block."""
+    data = doc.data
+    if data is None:
+        return _Split(None, (), None)
+    if not isinstance(data, dict):
+        doc.findings.append(_finding("yaml-root-not-mapping",
+                                     f"the config must be a mapping (a recipe or a distributed: block), "
+                                     f"got a {type(data).__name__}", line=1 if doc.from_yaml else None))
+        return _Split(None, (), None)
+    if "distributed" in data:
+        block = data["distributed"]
+        if not isinstance(block, dict):
+            what = "empty (YAML null)" if block is None else f"a {type(block).__name__}"
+            doc.findings.append(_finding("distributed-invalid", f"distributed: is {what}, not a mapping; AutoModel "
+                                         "cannot read it", path="distributed", line=doc.line(("distributed",)),
+                                         fix="write `distributed: {}` for the defaults, or give its keys"))
+            return _Split(None, ("distributed",), data)
+        return _Split(block, ("distributed",), data)
+    keys = {k for k in data if isinstance(k, str)}
+    if keys & _RECIPE_SECTIONS and not keys & _BLOCK_KEYS:
+        doc.findings.append(_finding("no-distributed-section", "the recipe has no distributed: section; AutoModel's "
+                                     "defaults apply (strategy fsdp2, dp = world size)", severity="info"))
+        return _Split({}, ("distributed",), data)
+    return _Split(data, (), None)
+
+
+def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, Any] | None, doc: Document,
+           findings: list[Finding]) -> tuple[int | None, str | None, int | None, int | None]:
+    """Resolve (world_size, source, nodes, gpus_per_node) from the arguments or the recipe's ci: block."""
+    def positive(name: str, value: Any) -> int | None:
+        if value is None:
+            return None
+        if not is_positive_int(value) or value > MAX_WORLD_SIZE:
+            findings.append(_finding("world-size-invalid",
+                                     f"{name} must be a positive integer <= {MAX_WORLD_SIZE:,}, got {value!r}",
+                                     fix=f"pass a positive {name}"))
+            return None
+        return value
+
+    world = positive("world_size", world_size)
+    nodes_i, gpn = positive("nodes", nodes), positive("gpus_per_node", gpus_per_node)
+    bad_args = (world_size is not None and world is None) or (nodes is not None and nodes_i is None) or (
+        gpus_per_node is not None and gpn is None)
+    if bad_args:
+        return None, None, nodes_i, gpn
+    if world is not None:
+        return world, "argument", nodes_i, gpn
+    if nodes_i and gpn:
+        if nodes_i * gpn > MAX_WORLD_SIZE:
+            findings.append(_finding("world-size-invalid", f"nodes x gpus_per_node = {nodes_i * gpn:,} is over "
+                                     f"{MAX_WORLD_SIZE:,}"))
+            return None, None, nodes_i, gpn
+        return nodes_i * gpn, "nodes x gpus_per_node", nodes_i, gpn
+    ci = recipe.get("ci") if recipe else None
+    if isinstance(ci, dict) and nodes_i is None and gpn is None:
+        ci_nodes = ci.get("nodes", 1)
+        ci_gpn = ci.get("nproc_per_node", 8)
+        if is_positive_int(ci_nodes) and is_positive_int(ci_gpn) and ci_nodes * ci_gpn <= MAX_WORLD_SIZE:
+            findings.append(_finding("world-from-ci", f"world_size {ci_nodes * ci_gpn} taken from the recipe's ci: "
+                                     f"block (nodes={ci_nodes} x nproc_per_node={ci_gpn})", path="ci",
+                                     line=doc.line(("ci",)), severity="info"))
+            return ci_nodes * ci_gpn, "ci: block", ci_nodes, ci_gpn
+    return None, None, nodes_i, gpn
+
+
+def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
+           findings: list[Finding]) -> ModelSpec | None:
+    if model is not None:
+        try:
+            return resolve_model(model)
+        except ModelConfigError as exc:
+            findings.append(_finding("model-unknown", f"{exc}; model-aware checks skipped", severity="warning",
+                                     fix="run `automodel-dist models` for the catalog, or pass a config.json path"))
+            return None
+    if not recipe or not isinstance(recipe.get("model"), dict):
+        return None
+    m = recipe["model"]
+    for path in (("pretrained_model_name_or_path",), ("config", "pretrained_model_name_or_path")):
+        node: Any = m
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, str) and (spec := lookup(node)) is not None:
+            dotted = ".".join(("model",) + path)
+            findings.append(_finding("model-from-recipe", f"model-aware checks use {spec.name} from {dotted}",
+                                     path=dotted, line=doc.line(("model",) + path), severity="info"))
+            return spec
+    return None
+
+
+def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any,
+             model: ModelInput) -> tuple[Context | None, Document, list[Finding], str | None]:
+    doc = load_config(config)
+    findings: list[Finding] = []
+    split = _split(doc)
+    world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
+    if split.block is None:
+        return None, doc, findings, source
+    spec = _model(model, split.recipe, doc, findings)
+    block = split.block
+    ctx = Context(doc=doc, block=block, base=split.base, recipe=split.recipe, world_size=world, nodes=nodes_i,
+                  gpus_per_node=gpn, model=spec)
+    raw = block.get("strategy", "fsdp2")
+    ctx.strategy = STRATEGY_ALIASES.get(raw.lower()) if isinstance(raw, str) else None
+    ctx.sizes = effective_sizes(block)
+    try:
+        ctx.ac = normalize_activation_checkpointing(block.get("activation_checkpointing", False))
+    except ValueError:
+        ctx.ac = None
+    if ctx.strategy is not None:
+        if world is not None:
+            ctx.dp = infer_dp(ctx.strategy, world_size=world, tp=ctx.size("tp_size"), cp=ctx.size("cp_size"),
+                              pp=ctx.size("pp_size"), dp_size=ctx.sizes.get("dp_size"))
+        elif ctx.strategy != "ddp" and ctx.sizes.get("dp_size") is not None:
+            ctx.dp = ctx.sizes["dp_size"]
+    pipe = block.get("pipeline")
+    if ctx.size("pp_size") > 1 and isinstance(pipe, dict):
+        name = pipe.get("pp_schedule", "1f1b")
+        ctx.pp_schedule = schedule_class_name(name) if isinstance(name, str) else None
+    ctx.ep_shard = ep_shard_of(ctx)
+    if ctx.strategy is not None and world is not None:
+        try:
+            ctx.layout = Layout.build(ctx.strategy, world_size=world, tp=ctx.size("tp_size"), pp=ctx.size("pp_size"),
+                                      cp=ctx.size("cp_size"), ep=ctx.size("ep_size"),
+                                      dp_size=ctx.sizes.get("dp_size"), dp_replicate=ctx.size("dp_replicate_size"))
+        except ValueError:
+            ctx.layout = None
+    return ctx, doc, findings, source
+
+
+def _sorted(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.line if f.line is not None else 1 << 30))
+
+
+def _resolved(ctx: Context | None) -> Resolved:
+    if ctx is None:
+        return Resolved()
+    out = Resolved(strategy=ctx.strategy, activation_checkpointing=ctx.ac)
+    if ctx.strategy is None:
+        return out
+    out.tp, out.pp, out.cp, out.ep = (ctx.size(k) for k in ("tp_size", "pp_size", "cp_size", "ep_size"))
+    out.dp_replicate = ctx.size("dp_replicate_size") if ctx.strategy == "fsdp2" else 1
+    out.dp = ctx.dp
+    if ctx.strategy == "ddp":  # no mesh: every rank holds a full replica
+        out.tp = out.pp = out.cp = out.ep = 1
+        out.dp_replicate, out.dp_shard = ctx.dp, 1
+    elif ctx.dp is not None and ctx.strategy == "fsdp2" and out.dp_replicate and ctx.dp % out.dp_replicate == 0:
+        out.dp_shard = ctx.dp // out.dp_replicate
+    elif ctx.dp is not None:
+        out.dp_shard = ctx.dp
+    out.ep_shard = ctx.ep_shard
+    out.sequence_parallel = ctx.block.get("sequence_parallel") is True if ctx.strategy == "fsdp2" else False
+    if ctx.layout is not None:
+        out.mesh_ranks = ctx.layout.mesh_ranks
+    if out.pp and out.pp > 1:
+        out.pp_schedule = ctx.pp_schedule
+        pipe = ctx.block.get("pipeline")
+        mbs = pipe.get("pp_microbatch_size", 1) if isinstance(pipe, dict) else None
+        out.pp_microbatch_size = mbs if is_positive_int(mbs) else None
+    return out
+
+
+def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
+                    gpus_per_node: int | None = None, model: ModelInput = None) -> ValidationReport:
+    """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
+
+    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. Every finding is returned at
+    once; nothing raises for bad input.
+    """
+    return _validate(config, world_size, nodes, gpus_per_node, model)[0]
+
+
+def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any,
+              model: ModelInput) -> tuple[ValidationReport, Context | None]:
+    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model)
+    all_findings = list(doc.findings) + findings
+    if ctx is not None:
+        all_findings += run_rules(ctx)
+        prefix = ctx.path()
+        for i, f in enumerate(all_findings):  # duplicate keys inside the block are errors
+            if f.rule == "yaml-duplicate-key" and (prefix == "<root>" or f.path.startswith(prefix)):
+                all_findings[i] = f.model_copy(update={"severity": "error"})
+    report = ValidationReport(
+        valid=not any(f.severity == "error" for f in all_findings),
+        world_size=ctx.world_size if ctx else None,
+        world_size_source=source,
+        source=doc.source,
+        model=ctx.model.name if ctx and ctx.model else None,
+        findings=_sorted(all_findings),
+        resolved=_resolved(ctx),
+    )
+    return report, ctx
+
+
+def _default_ranks(world_size: int) -> list[int]:
+    return list(range(world_size)) if world_size <= DEFAULT_RANKS_LIMIT else [0]
+
+
+def build_layout(config: ConfigInput, *, world_size: int,
+                 gpus_per_node: int | None = None) -> tuple[Layout, ValidationReport]:
+    """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`."""
+    report, ctx = _validate(config, world_size, None, gpus_per_node, None)
+    if not report.valid or ctx is None or ctx.layout is None:
+        raise ConfigError(report)
+    return ctx.layout, report
+
+
+def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] | None = None,
+                gpus_per_node: int | None = None, picture_axis: str | None = None) -> MeshReport:
+    """The :class:`MeshReport` of a layout (groups for ``ranks``, node crossing, picture)."""
+    world_size = lay.world_size
+    wanted = list(ranks) if ranks is not None else _default_ranks(world_size)
+    for rank in wanted:
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
+    if picture_axis is not None and picture_axis not in {a.name for a in lay.axes}:
+        raise ValueError(f"axis {picture_axis!r} is not in this layout; axes: {[a.name for a in lay.axes]}")
+    axes = []
+    for a in lay.axes:
+        info = AxisInfo(name=a.name, mesh=a.kind, size=lay.axis_size(a.name), groups=lay.axis_group_count(a.name),
+                        sources=list(a.dims) if a.kind == "flattened" else [])
+        if gpus_per_node:
+            info.crosses_nodes, info.example_crossing = lay.crossing(a.name, gpus_per_node)
+        axes.append(info)
+    dm, mm = lay.device_mesh(), lay.moe_mesh()
+    return MeshReport(
+        world_size=world_size,
+        strategy=lay.strategy,
+        mesh_ranks=lay.mesh_ranks,
+        gpus_per_node=gpus_per_node,
+        device_mesh=MeshDims(dim_names=dm[0], shape=dm[1]) if dm else None,
+        moe_mesh=MeshDims(dim_names=mm[0], shape=mm[1]) if mm else None,
+        flattened=lay.flattened(),
+        fsdp_mesh=lay.fsdp_mesh(),
+        axes=axes,
+        rank_groups={str(rank): lay.rank_groups(rank) for rank in wanted},
+        findings=[f for f in report.findings if f.severity != "info"],
+        picture=lay.picture(picture_axis, gpus_per_node=gpus_per_node),
+    )
+
+
+def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | None = None,
+               gpus_per_node: int | None = None, picture_axis: str | None = None) -> MeshReport:
+    """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks, without GPUs.
+
+    ``ranks`` defaults to every rank up to 64 ranks, else rank 0. Raises :class:`ConfigError`
+    (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
+    rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
+    """
+    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
+    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis)
+
+
+def layout_for(report: ValidationReport) -> Layout:
+    """The :class:`Layout` of a valid report (used by the estimator and the smoke runner)."""
+    r = report.resolved
+    if not report.valid or r.strategy is None or r.dp is None or report.world_size is None:
+        raise ConfigError(report)
+    return Layout.build(r.strategy, world_size=report.world_size, tp=r.tp or 1, pp=r.pp or 1, cp=r.cp or 1,
+                        ep=r.ep or 1, dp_size=r.dp, dp_replicate=r.dp_replicate or 1)
+
+
+__all__ = ["validate_config", "build_mesh", "build_layout", "mesh_report", "load_config", "layout_for", "ConfigError"]

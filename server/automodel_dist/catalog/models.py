@@ -1,0 +1,372 @@
+"""Architectures of well-known models, keyed by Hugging Face repo id, plus HF config.json parsing.
+
+Nothing is downloaded: the catalog holds the config values that matter for parallelism
+(heads, kv heads, layers, experts, sizes) and each model's published parameter total, which
+``tests/test_catalog.py`` checks against ``ModelSpec.param_count()`` (within 2%).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer (dense or MoE), as parallelism sees it."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int  # dense MLP width (dense layers)
+    vocab_size: int
+    head_dim: int | None = None
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    # MoE
+    num_experts: int = 0  # routed experts (0 = dense)
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # total width of shared experts
+    first_dense_layers: int = 0  # leading dense layers in an MoE model (DeepSeek first_k_dense_replace)
+    expert_bias: bool = False
+    # MLA (DeepSeek)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    published_params: float | None = None  # total parameters from the model card
+    source: str | None = None
+    aliases: tuple[str, ...] = field(default=())
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def attention_params(self) -> int:
+        """Parameters of one attention block (projections, biases, norms inside attention)."""
+        h = self.hidden_size
+        if self.kv_lora_rank:  # MLA
+            nh = self.num_attention_heads
+            qk = (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk) if self.q_lora_rank else h * nh * qk
+            kv = h * (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) + self.kv_lora_rank
+            kv += self.kv_lora_rank * nh * ((self.qk_nope_head_dim or 0) + (self.v_head_dim or 0))
+            o = nh * (self.v_head_dim or 0) * h
+            return q + kv + o
+        q = self.num_attention_heads * self.hd
+        kv = self.num_key_value_heads * self.hd
+        params = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            params += q + 2 * kv
+        if self.o_bias:
+            params += h
+        if self.qk_norm:
+            params += 2 * self.hd
+        return params
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        h, i = self.hidden_size, self.moe_intermediate_size
+        return 3 * h * i + ((2 * i + h) if self.expert_bias else 0)
+
+    def moe_nonexpert_params(self) -> int:
+        """Router and shared experts of one MoE layer (replicated across EP ranks)."""
+        router = self.num_experts * self.hidden_size + (self.num_experts if self.expert_bias else 0)
+        return router + 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    def layer_params(self, layer: int) -> int:
+        """All parameters of decoder layer ``layer``."""
+        norms = self.norms_per_layer * self.hidden_size
+        if self.is_moe and layer >= self.first_dense_layers:
+            mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
+        else:
+            mlp = self.dense_mlp_params()
+        return self.attention_params() + mlp + norms
+
+    def param_count(self) -> int:
+        """Total parameters (embedding + layers + final norm + untied lm_head)."""
+        layers = self.num_dense_layers * self.layer_params(0)
+        if self.is_moe:
+            layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
+        return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
+
+    def active_param_count(self) -> int:
+        """Parameters touched per token (only ``experts_per_token`` routed experts)."""
+        if not self.is_moe:
+            return self.param_count()
+        idle = self.num_moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()
+        return self.param_count() - idle
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.hd,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "num_experts": self.num_experts,
+            "experts_per_token": self.experts_per_token,
+            "params": self.param_count(),
+            "active_params": self.active_param_count(),
+            "published_params": self.published_params,
+        }
+
+
+def _llama(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
+           published: float, aliases: tuple[str, ...] = ()) -> ModelSpec:
+    return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, published_params=published,
+                     source=f"https://huggingface.co/{name}", aliases=aliases)
+
+
+def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
+            published: float) -> ModelSpec:
+    return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, qkv_bias=True,
+                     published_params=published, source=f"https://huggingface.co/{name}",
+                     aliases=(f"{name}-Instruct",))
+
+
+def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, tied: bool,
+           published: float) -> ModelSpec:
+    return ModelSpec(name, h, layers, heads, kv, inter, 151936, head_dim=128, tie_word_embeddings=tied, qk_norm=True,
+                     published_params=published, source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
+
+
+_CATALOG: list[ModelSpec] = [
+    # Llama 3.x (Meta)
+    _llama("meta-llama/Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, tied=True, published=1.24e9,
+           aliases=("meta-llama/Llama-3.2-1B-Instruct",)),
+    _llama("meta-llama/Llama-3.2-3B", 3072, 28, 24, 8, 8192, 128256, tied=True, published=3.21e9,
+           aliases=("meta-llama/Llama-3.2-3B-Instruct",)),
+    _llama("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, tied=False, published=8.03e9,
+           aliases=("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3-8B",
+                    "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3-8B-Instruct")),
+    _llama("meta-llama/Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, tied=False, published=70.6e9,
+           aliases=("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.3-70B-Instruct",
+                    "meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3.1-70B")),
+    _llama("meta-llama/Llama-3.1-405B", 16384, 126, 128, 8, 53248, 128256, tied=False, published=406e9,
+           aliases=("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B")),
+    # Qwen2.5 dense
+    _qwen25("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, tied=True, published=0.49e9),
+    _qwen25("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, tied=True, published=1.54e9),
+    _qwen25("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, tied=True, published=3.09e9),
+    _qwen25("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, tied=False, published=7.61e9),
+    _qwen25("Qwen/Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, tied=False, published=14.7e9),
+    _qwen25("Qwen/Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, tied=False, published=32.5e9),
+    _qwen25("Qwen/Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, tied=False, published=72.7e9),
+    # Qwen3 dense
+    _qwen3("Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, tied=True, published=0.6e9),
+    _qwen3("Qwen/Qwen3-1.7B", 2048, 28, 16, 8, 6144, tied=True, published=1.7e9),
+    _qwen3("Qwen/Qwen3-4B", 2560, 36, 32, 8, 9728, tied=True, published=4.0e9),
+    _qwen3("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, tied=False, published=8.2e9),
+    _qwen3("Qwen/Qwen3-14B", 5120, 40, 40, 8, 17408, tied=False, published=14.8e9),
+    _qwen3("Qwen/Qwen3-32B", 5120, 64, 64, 8, 25600, tied=False, published=32.8e9),
+    # Qwen3 MoE
+    ModelSpec("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, head_dim=128, qk_norm=True, num_experts=128,
+              experts_per_token=8, moe_intermediate_size=768, published_params=30.5e9,
+              source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
+              aliases=("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507",
+                       "Qwen/Qwen3-30B-A3B-Thinking-2507")),
+    ModelSpec("Qwen/Qwen3-235B-A22B", 4096, 94, 64, 4, 12288, 151936, head_dim=128, qk_norm=True, num_experts=128,
+              experts_per_token=8, moe_intermediate_size=1536, published_params=235e9,
+              source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
+              aliases=("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507")),
+    # Mixtral
+    ModelSpec("mistralai/Mixtral-8x7B-v0.1", 4096, 32, 32, 8, 14336, 32000, num_experts=8, experts_per_token=2,
+              moe_intermediate_size=14336, published_params=46.7e9,
+              source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
+              aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
+    ModelSpec("mistralai/Mixtral-8x22B-v0.1", 6144, 56, 48, 8, 16384, 32768, num_experts=8, experts_per_token=2,
+              moe_intermediate_size=16384, published_params=141e9,
+              source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
+              aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",)),
+    # DeepSeek-V3 (671B main model; the HF checkpoint adds a 14B multi-token-prediction module)
+    ModelSpec("deepseek-ai/DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, num_experts=256, experts_per_token=8,
+              moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=3,
+              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+              head_dim=192, published_params=671e9, source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
+              aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
+    # gpt-oss (OpenAI)
+    ModelSpec("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
+              num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
+              published_params=20.9e9, source="https://huggingface.co/openai/gpt-oss-20b"),
+    ModelSpec("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
+              num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
+              published_params=116.8e9, source="https://huggingface.co/openai/gpt-oss-120b"),
+    # Gemma (Google)
+    ModelSpec("google/gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, head_dim=256, tie_word_embeddings=True,
+              norms_per_layer=4, published_params=2.61e9, source="https://huggingface.co/google/gemma-2-2b",
+              aliases=("google/gemma-2-2b-it",)),
+    ModelSpec("google/gemma-2-9b", 3584, 42, 16, 8, 14336, 256000, head_dim=256, tie_word_embeddings=True,
+              norms_per_layer=4, published_params=9.24e9, source="https://huggingface.co/google/gemma-2-9b",
+              aliases=("google/gemma-2-9b-it",)),
+    ModelSpec("google/gemma-2-27b", 4608, 46, 32, 16, 36864, 256000, head_dim=128, tie_word_embeddings=True,
+              norms_per_layer=4, published_params=27.2e9, source="https://huggingface.co/google/gemma-2-27b",
+              aliases=("google/gemma-2-27b-it",)),
+    ModelSpec("google/gemma-3-1b-pt", 1152, 26, 4, 1, 6912, 262144, head_dim=256, tie_word_embeddings=True,
+              qk_norm=True, norms_per_layer=4, published_params=1.0e9,
+              source="https://huggingface.co/google/gemma-3-1b-pt", aliases=("google/gemma-3-1b-it",)),
+]
+
+_BY_NAME: dict[str, ModelSpec] = {}
+for _spec in _CATALOG:
+    for _n in (_spec.name, *_spec.aliases):
+        _BY_NAME[_n.lower()] = _spec
+
+
+def catalog() -> list[ModelSpec]:
+    """Every catalog entry (aliases not repeated)."""
+    return list(_CATALOG)
+
+
+def lookup(name: str) -> ModelSpec | None:
+    """Case-insensitive lookup by Hugging Face repo id (or an alias such as an -Instruct variant)."""
+    spec = _BY_NAME.get(name.strip().lower())
+    return replace(spec, name=spec.name) if spec else None
+
+
+def close_matches(name: str, n: int = 3) -> list[str]:
+    names = [s.name for s in _CATALOG]
+    lowered = {x.lower(): x for x in names}
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.4)
+    return [lowered[h] for h in hits]
+
+
+# --------------------------------------------------------------------------- HF config.json
+class ModelConfigError(ValueError):
+    """A model argument that cannot be turned into a :class:`ModelSpec`."""
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _int(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelConfigError(f"config.json field {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec:
+    """Build a spec from a Hugging Face ``config.json`` dict (text_config is used for multimodal)."""
+    if not isinstance(cfg, dict):
+        raise ModelConfigError("a model config must be a JSON object")
+    if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path")}
+    missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
+    if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
+        raise ModelConfigError(
+            f"config.json lacks {', '.join(missing) or 'num_hidden_layers'}; give a Hugging Face causal-LM config"
+        )
+    mtype = str(cfg.get("model_type", ""))
+    h = _int(cfg["hidden_size"], "hidden_size")
+    heads = _int(cfg["num_attention_heads"], "num_attention_heads")
+    layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
+    kv = _int(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads")
+    experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0,
+                   "num_experts")
+    inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
+    moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
+    shared = _first(cfg, "shared_expert_intermediate_size", default=None)
+    if shared is None and cfg.get("n_shared_experts"):
+        shared = int(cfg["n_shared_experts"]) * moe_inter
+    head_dim = _first(cfg, "head_dim", default=None)
+    if cfg.get("kv_lora_rank"):
+        head_dim = (cfg.get("qk_nope_head_dim") or 0) + (cfg.get("qk_rope_head_dim") or 0)
+    if heads == 0 or (head_dim is None and h % heads):
+        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    spec = ModelSpec(
+        name=name or str(cfg.get("_name_or_path") or mtype or "config.json"),
+        hidden_size=h,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=inter,
+        vocab_size=_int(_first(cfg, "vocab_size", default=32000), "vocab_size"),
+        head_dim=int(head_dim) if head_dim else None,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))),
+        o_bias=mtype == "gpt_oss",
+        qk_norm=mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+        norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 2,
+        num_experts=experts,
+        experts_per_token=_int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0,
+                               "num_experts_per_tok"),
+        moe_intermediate_size=moe_inter if experts else 0,
+        shared_expert_intermediate_size=int(shared or 0),
+        first_dense_layers=int(cfg.get("first_k_dense_replace", 0) or 0),
+        expert_bias=mtype == "gpt_oss",
+        q_lora_rank=cfg.get("q_lora_rank"),
+        kv_lora_rank=cfg.get("kv_lora_rank"),
+        qk_nope_head_dim=cfg.get("qk_nope_head_dim"),
+        qk_rope_head_dim=cfg.get("qk_rope_head_dim"),
+        v_head_dim=cfg.get("v_head_dim"),
+    )
+    return spec
+
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def resolve_model(model: Any) -> ModelSpec:
+    """A :class:`ModelSpec` from a catalog name, a config.json path, a config dict or a spec."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, dict):
+        return from_hf_config(model)
+    if isinstance(model, Path) or (isinstance(model, str) and (model.endswith(".json") or Path(model).is_file())):
+        path = Path(model)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise ModelConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelConfigError(f"cannot read model config {path}: {exc}") from exc
+        return from_hf_config(data, name=str(path))
+    if isinstance(model, str):
+        spec = lookup(model)
+        if spec is None:
+            hint = close_matches(model)
+            more = f"; did you mean {', '.join(hint)}?" if hint else ""
+            raise ModelConfigError(f"unknown model {model!r} (not in the catalog, not a config.json path){more}")
+        return spec
+    raise ModelConfigError(f"model must be a name, a config.json path or a dict, not {type(model).__name__}")

@@ -1,0 +1,182 @@
+"""``automodel-dist``: the command line. Thin: parse arguments, call the engine, render.
+
+Exit codes: 0 ok/valid/passed, 1 invalid config or failed layout, 2 usage error or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import render
+from .api import build_layout, mesh_report, validate_config
+from .report import ConfigError, ValidationReport
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+_UNREADABLE = {"file-unreadable", "file-not-allowed"}
+
+
+class UsageError(Exception):
+    """A problem with the command line or its input files (exit 2)."""
+
+
+def _config_arg(value: str) -> Any:
+    """FILE, or '-' for standard input (read as YAML text)."""
+    if value == "-":
+        return sys.stdin.read()
+    return Path(value)
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from exc
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return n
+
+
+def _unreadable(report: ValidationReport) -> bool:
+    return any(f.rule in _UNREADABLE for f in report.findings)
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_validate(args: argparse.Namespace) -> int:
+    if args.world_size and (args.nodes or args.gpus_per_node) and not (args.nodes and args.gpus_per_node):
+        pass  # world_size with gpus_per_node alone is fine (node placement checks)
+    report = validate_config(_config_arg(args.file), world_size=args.world_size, nodes=args.nodes,
+                             gpus_per_node=args.gpus_per_node, model=args.model)
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        print(render.validation_text(report))
+    if _unreadable(report):
+        return EXIT_USAGE
+    return EXIT_OK if report.valid else EXIT_FAIL
+
+
+def cmd_mesh(args: argparse.Namespace) -> int:
+    try:
+        lay, vreport = build_layout(_config_arg(args.file), world_size=args.world_size,
+                                    gpus_per_node=args.gpus_per_node)
+        report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=args.gpus_per_node,
+                             picture_axis=args.axis)
+    except ConfigError as exc:
+        if args.json:
+            _print_json(exc.report.model_dump(mode="json"))
+        else:
+            print(render.validation_text(exc.report))
+        return EXIT_USAGE if _unreadable(exc.report) else EXIT_FAIL
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.svg:
+        Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=args.gpus_per_node),
+                                  encoding="utf-8")
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        print(render.mesh_text(report))
+        if args.svg:
+            print(f"\npicture written to {args.svg}")
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import explain_error
+
+    text = sys.stdin.read() if args.text in (None, "-") else args.text
+    if args.text and args.text != "-" and Path(args.text).is_file():
+        text = Path(args.text).read_text(encoding="utf-8", errors="replace")
+    report = explain_error(text)
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        for m in report.matches:
+            print(f"[{m.rule}] {m.title}\n  matched: {m.matched}\n  cause:   {m.cause}\n  fix:     {m.fix}")
+        if report.hint:
+            print(report.hint)
+    return EXIT_OK if report.matches else EXIT_FAIL
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .catalog.models import catalog
+
+    rows = [s.to_dict() for s in catalog()]
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    print(f"{'model':<36} {'params':>8} {'active':>8} {'layers':>6} {'heads':>5} {'kv':>4} {'experts':>7}")
+    for r in rows:
+        print(f"{r['name']:<36} {r['params'] / 1e9:>7.1f}B {r['active_params'] / 1e9:>7.1f}B {r['num_layers']:>6} "
+              f"{r['num_attention_heads']:>5} {r['num_key_value_heads']:>4} {r['num_experts'] or '-':>7}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="automodel-dist", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)")
+    v.add_argument("file", help="recipe YAML, a bare distributed: block, or - for stdin")
+    g = v.add_argument_group("cluster")
+    g.add_argument("--world-size", type=_positive)
+    g.add_argument("--nodes", type=_positive)
+    g.add_argument("--gpus-per-node", type=_positive)
+    v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.set_defaults(func=cmd_validate)
+
+    m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs")
+    m.add_argument("file")
+    m.add_argument("--world-size", type=_positive, required=True)
+    m.add_argument("--gpus-per-node", type=_positive)
+    m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")
+    m.add_argument("--axis", help="axis to draw in the picture (tp, cp, dp_shard, ep, ...)")
+    m.add_argument("--svg", help="also write the picture as an SVG file")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_mesh)
+
+    e = sub.add_parser("explain", help="map an AutoModel/torch error message to its cause and fix")
+    e.add_argument("text", nargs="?", help="the error text, a file holding it, or - / nothing for stdin")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_explain)
+
+    mo = sub.add_parser("models", help="list the built-in model catalog")
+    mo.add_argument("--json", action="store_true")
+    mo.set_defaults(func=cmd_models)
+
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return p
+
+
+_EXTRA_COMMANDS: list[Any] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors already
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"automodel-dist: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

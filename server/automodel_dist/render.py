@@ -1,0 +1,127 @@
+"""Human-readable rendering of the engine's reports (the CLI's non-JSON output)."""
+
+from __future__ import annotations
+
+import html
+
+from .layout import Layout
+from .report import Finding, MeshReport, ValidationReport
+
+
+def finding_line(f: Finding, source: str | None) -> str:
+    where = f"{source or '<config>'}:{f.line}" if f.line else f"{source or '<config>'}"
+    text = f"{where}: {f.severity}[{f.rule}]: {f.message}"
+    if f.path and f.path != "<root>":
+        text += f"  ({f.path})"
+    if f.fix:
+        text += f"\n    fix: {f.fix}"
+    return text
+
+
+def resolved_line(report: ValidationReport) -> str:
+    r = report.resolved
+    if r.strategy is None:
+        return "strategy unresolved"
+    parts = [f"strategy={r.strategy}"]
+    for key in ("dp", "dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "ep_shard"):
+        value = getattr(r, key)
+        if value is not None and (value != 1 or key in ("dp", "tp", "pp")):
+            parts.append(f"{key}={value}")
+    if r.pp_schedule:
+        parts.append(f"pp_schedule={r.pp_schedule}")
+    if r.activation_checkpointing:
+        parts.append(f"activation_checkpointing={r.activation_checkpointing}")
+    if r.sequence_parallel:
+        parts.append("sequence_parallel")
+    return " ".join(parts)
+
+
+def validation_text(report: ValidationReport) -> str:
+    lines = [finding_line(f, report.source) for f in report.findings]
+    errors = sum(f.severity == "error" for f in report.findings)
+    warnings = sum(f.severity == "warning" for f in report.findings)
+    world = f"world_size={report.world_size} ({report.world_size_source})" if report.world_size else "world_size unknown"
+    model = f", model {report.model}" if report.model else ""
+    verdict = "VALID" if report.valid else "INVALID"
+    lines.append(f"{verdict}: {errors} error(s), {warnings} warning(s); {world}{model}; {resolved_line(report)}")
+    return "\n".join(lines)
+
+
+def mesh_text(report: MeshReport) -> str:
+    lines = [f"strategy {report.strategy}, world_size {report.world_size}, {report.mesh_ranks} ranks in the mesh"]
+    if report.device_mesh:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(report.device_mesh.dim_names, report.device_mesh.shape))
+        lines.append(f"device_mesh: ({dims})")
+    else:
+        lines.append("device_mesh: none (DDP: every rank is a data-parallel replica)")
+    if report.moe_mesh:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(report.moe_mesh.dim_names, report.moe_mesh.shape))
+        lines.append(f"moe_mesh: ({dims}) per pipeline stage")
+    if report.flattened:
+        lines.append("flattened: " + ", ".join(f"{k}=({', '.join(v)})" for k, v in report.flattened.items()))
+    if report.fsdp_mesh:
+        lines.append(f"FSDP shards over: ({', '.join(report.fsdp_mesh)})")
+    if report.axes:
+        cross = report.gpus_per_node is not None
+        lines.append("")
+        lines.append(f"{'axis':<12} {'mesh':<12} {'size':>6} {'groups':>8}" + ("  crossing nodes" if cross else ""))
+        for a in report.axes:
+            row = f"{a.name:<12} {a.mesh:<12} {a.size:>6} {a.groups:>8}"
+            if cross:
+                row += f"  {a.crosses_nodes}" + (f" (e.g. {_short(a.example_crossing)})" if a.example_crossing else "")
+            lines.append(row)
+    for f in report.findings:
+        lines.append(f"{f.severity}[{f.rule}]: {f.message}")
+    lines.append("")
+    for rank, groups in report.rank_groups.items():
+        if groups is None:
+            lines.append(f"rank {rank}: outside the mesh")
+        elif not groups:
+            lines.append(f"rank {rank}: no mesh groups (DDP over all ranks)")
+        else:
+            lines.append(f"rank {rank}: " + "  ".join(f"{k}={_short(v)}" for k, v in groups.items()))
+    if report.picture:
+        lines += ["", report.picture]
+    return "\n".join(lines)
+
+
+def _short(ranks: list[int] | None, limit: int = 8) -> str:
+    if ranks is None:
+        return "-"
+    if len(ranks) <= limit:
+        return "[" + ",".join(map(str, ranks)) + "]"
+    return "[" + ",".join(map(str, ranks[:limit // 2])) + f",...({len(ranks)})," + ",".join(
+        map(str, ranks[-2:])) + "]"
+
+
+_PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+            "#bab0ac"]
+
+
+def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None = None, max_nodes: int = 64) -> str:
+    """An SVG grid: one row per node, one cell per GPU, coloured by the rank's group on ``axis``."""
+    axis = axis or lay.default_axis()
+    g = gpus_per_node or min(lay.world_size, 8)
+    nodes = min(-(-lay.world_size // g), max_nodes)
+    cell, pad, left, top = 34, 4, 70, 30
+    width, height = left + g * (cell + pad) + pad, top + nodes * (cell + pad) + pad + 10
+    title = f"{axis} groups" if axis else "ranks (no device mesh)"
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+           f'font-size="10">',
+           f'<text x="4" y="16" font-size="12">{html.escape(title)}, {lay.world_size} ranks, '
+           f'{html.escape(lay.strategy)}</text>']
+    for node in range(nodes):
+        y = top + node * (cell + pad)
+        out.append(f'<text x="4" y="{y + cell // 2 + 4}">node {node}</text>')
+        for i in range(g):
+            rank = node * g + i
+            if rank >= lay.world_size:
+                continue
+            grp = lay.group_index(axis, rank) if axis and lay.in_mesh(rank) else None
+            colour = "#dddddd" if grp is None else _PALETTE[grp % len(_PALETTE)]
+            x = left + i * (cell + pad)
+            out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{colour}" rx="3"/>')
+            out.append(f'<text x="{x + 3}" y="{y + 13}" fill="#fff">r{rank}</text>')
+            out.append(f'<text x="{x + 3}" y="{y + 27}" fill="#fff">g{"-" if grp is None else grp}</text>')
+    out.append("</svg>")
+    return "\n".join(out)

@@ -1,0 +1,34 @@
+"""The rule table. Importing this package registers every rule (one module per family)."""
+
+from . import automodel, cluster, model, recipe  # noqa: F401  (registration side effects)
+from .base import RULES, Context, Rule, note, run_rules
+
+F = "input"
+note("yaml-syntax", "YAML does not parse", family=F, severity="error",
+     patterns=(r"(ScannerError|ParserError|while scanning|while parsing)",),
+     cause="The text is not valid YAML (often a tab used for indentation).", fix="Fix the YAML at the line shown.")
+note("yaml-too-large", "Config over the size cap", family=F, severity="error")
+note("yaml-not-utf8", "Config is not UTF-8", family=F, severity="error")
+note("yaml-multiple-documents", "More than one YAML document", family=F, severity="error",
+     patterns=(r"expected a single document in the stream",),
+     cause="AutoModel loads recipes with yaml.safe_load, which rejects '---' separated documents.",
+     fix="Keep one document per recipe.")
+note("yaml-duplicate-key", "Duplicate key", family=F, severity="error",
+     cause="PyYAML keeps the last of two equal keys and silently drops the first.", fix="Keep one of them.")
+note("yaml-too-deep", "YAML nested too deeply", family=F, severity="error")
+note("yaml-too-complex", "YAML alias expansion too large", family=F, severity="error")
+note("yaml-empty", "Empty config", family=F, severity="error")
+note("yaml-bad-key", "Non-scalar mapping key", family=F, severity="error")
+note("yaml-root-not-mapping", "Config is not a mapping", family=F, severity="error")
+note("distributed-invalid", "distributed: is not a mapping", family=F, severity="error",
+     patterns=(r"'NoneType' object is not iterable",),
+     cause="A bare `distributed:` line is YAML null.", fix="Write `distributed: {}` or give its keys.")
+note("no-distributed-section", "Recipe without distributed:", family=F, severity="info")
+note("env-var", "Value from an environment variable", family=F, severity="warning")
+note("file-unreadable", "File cannot be read", family=F, severity="error")
+note("file-not-allowed", "File outside the allowed roots", family=F, severity="error")
+note("world-size-invalid", "World size is not a usable positive integer", family=F, severity="error")
+note("world-from-ci", "World size taken from the recipe's ci: block", family=F, severity="info")
+note("internal-error", "A rule failed to run", family=F, severity="warning")
+
+__all__ = ["RULES", "Context", "Rule", "run_rules"]

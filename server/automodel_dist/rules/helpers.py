@@ -1,0 +1,104 @@
+"""Small shared pieces for rules: closest-name hints, type descriptions, pydantic error mapping."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from ..report import Finding, Severity
+from .base import Context, finding
+
+
+def closest(word: str, options: Iterable[str]) -> str | None:
+    hits = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    return hits[0] if hits else None
+
+
+def did_you_mean(word: str, options: Iterable[str]) -> str:
+    hit = closest(word, options)
+    return f"did you mean {hit!r}?" if hit else ""
+
+
+def fmt_set(values: Iterable[Any]) -> str:
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def divisors(n: int, limit: int | None = None) -> list[int]:
+    out = [d for d in range(1, min(n, limit or n) + 1) if n % d == 0]
+    return out
+
+
+@lru_cache(maxsize=None)
+def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
+    info = model.model_fields[name]
+    from typing import Annotated
+
+    ann = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return TypeAdapter(ann, config=ConfigDict(strict=True))
+
+
+def describe(model: type[BaseModel], name: str) -> str:
+    """A human description of a field's accepted values ('true or false', 'an integer >= 0')."""
+    info = model.model_fields[name]
+    ann = info.annotation
+    text = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    lows = [getattr(m, "ge", None) for m in info.metadata if getattr(m, "ge", None) is not None]
+    if ann is bool:
+        return "true or false"
+    if ann is int and lows:
+        return f"an integer >= {lows[0]}"
+    if "Literal" in text:
+        return text.replace("Literal", "one of ")
+    return text
+
+
+def value_ok(model: type[BaseModel], name: str, value: Any) -> bool:
+    try:
+        field_adapter(model, name).validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def pydantic_findings(
+    ctx: Context,
+    model: type[BaseModel],
+    value: dict[str, Any],
+    parts: tuple[Any, ...],
+    rule_id: str,
+    *,
+    severity: Severity | None = None,
+    skip: frozenset[str] = frozenset(),
+    note: str = "",
+) -> Iterator[Finding]:
+    """Validate ``value`` against ``model`` strictly, one finding per bad key (with its line)."""
+    fields = model.model_fields
+    for key, item in value.items():
+        if key in skip:
+            continue
+        if key not in fields:
+            hint = did_you_mean(key, fields)
+            yield finding(
+                ctx, rule_id, parts + (key,),
+                f"unknown key {key!r} in {ctx.path(*parts)}; AutoModel's {model.__name__} has no such field "
+                f"(TypeError: unexpected keyword argument){note}",
+                f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(fields))})",
+                severity=severity,
+            )
+            continue
+        info = fields[key]
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(item, dict):
+            yield from pydantic_findings(ctx, sub, item, parts + (key,), rule_id, severity=severity)
+            continue
+        if not value_ok(model, key, item):
+            yield finding(
+                ctx, rule_id, parts + (key,),
+                f"{ctx.path(*parts, key)} must be {describe(model, key)}, got {item!r}{note}",
+                f"set {key}: {info.get_default(call_default_factory=True)!r} (the default) or a valid value",
+                severity=severity,
+            )

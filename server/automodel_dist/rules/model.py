@@ -1,0 +1,106 @@
+"""Model-aware rules: what AutoModel only finds at model build time (TP heads, EP experts, PP stages)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
+from ..layout import StageError, virtual_stages
+from ..report import Finding
+from .base import Context, finding, note, rule
+from .helpers import divisors, fmt_set
+
+F = "model"
+
+note("model-unknown", "Model not found", family=F, severity="warning",
+     cause="The model is not in the built-in catalog and is not a readable config.json.",
+     fix="Pass a catalog name (automodel-dist models) or the path of the model's config.json.")
+note("model-from-recipe", "Model taken from the recipe", family=F, severity="info")
+
+
+@rule("tp-heads", family=F, severity="error", title="tp_size does not divide the attention heads",
+      patterns=(r"num_key_value_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
+                r"num_attention_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
+                r"num_key_value_heads in config does not match the TP size"),
+      cause="Tensor parallelism shards attention by heads: num_attention_heads and num_key_value_heads must both "
+            "be divisible by tp_size (AutoModel checks this only after launch, e.g. phi-4's 10 KV heads with tp=4).",
+      fix="Use a tp_size that divides both head counts.")
+def tp_heads(ctx: Context) -> Iterator[Finding]:
+    tp, m = ctx.size("tp_size"), ctx.model
+    if m is None or tp <= 1 or m.kv_lora_rank:  # MLA shards the full head count
+        if m is not None and m.kv_lora_rank and tp > 1 and m.num_attention_heads % tp:
+            yield finding(ctx, "tp-heads", ("tp_size",),
+                          f"tp_size={tp} does not divide num_attention_heads={m.num_attention_heads} of {m.name}",
+                          f"use tp_size in {fmt_set(d for d in divisors(m.num_attention_heads) if d <= 64)}")
+        return
+    bad = [f"{name}={n}" for name, n in (("num_attention_heads", m.num_attention_heads),
+                                          ("num_key_value_heads", m.num_key_value_heads)) if n % tp]
+    if bad:
+        ok = [d for d in divisors(math.gcd(m.num_attention_heads, m.num_key_value_heads)) if d <= 64]
+        yield finding(ctx, "tp-heads", ("tp_size",),
+                      f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails "
+                      "after launch", f"use tp_size in {fmt_set(ok)}")
+
+
+@rule("ep-experts", family=F, severity="error", title="ep_size does not divide the routed experts",
+      patterns=(r"n_routed_experts (\d+) must be divisible by expert_parallel_degree (\d+)",),
+      cause="Expert parallelism places num_experts / ep_size whole experts on each EP rank.",
+      fix="Use an ep_size that divides the number of routed experts.")
+def ep_experts(ctx: Context) -> Iterator[Finding]:
+    ep, m = ctx.size("ep_size"), ctx.model
+    if m is None or ep <= 1 or not m.is_moe or m.num_experts % ep == 0:
+        return
+    yield finding(ctx, "ep-experts", ("ep_size",),
+                  f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
+                  f"use ep_size in {fmt_set(d for d in divisors(m.num_experts) if d > 1)}")
+
+
+@rule("ep-dense-model", family=F, severity="warning", title="ep_size > 1 on a dense model",
+      cause="A dense model has no experts: the EP mesh is built but unused.", fix="ep_size: 1")
+def ep_dense_model(ctx: Context) -> Iterator[Finding]:
+    if ctx.model is not None and ctx.size("ep_size") > 1 and not ctx.model.is_moe:
+        yield finding(ctx, "ep-dense-model", ("ep_size",),
+                      f"ep_size={ctx.size('ep_size')} but {ctx.model.name} is a dense model (no experts): the MoE mesh "
+                      "is built and never used", "ep_size: 1")
+
+
+@rule("pp-stages", family=F, severity="error", title="Pipeline split does not fit the model",
+      patterns=(r"Number of virtual stages \((\d+)\) must be divisible by pipeline parallel size",
+                r"Single stage schedule requires exactly 1 stage per rank",
+                r"Multi-stage schedule requires at least 2 stages per rank",
+                r"Number of stages \((\d+)\) cannot exceed number of layers",
+                r"(ZBV|v schedules) (requires|assume) (exactly )?2 stages per rank"),
+      cause="pp_size x stages-per-rank stages must fit the layers; single-stage schedules (1F1B, GPipe) need 1 "
+            "stage per rank, multi-stage (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) >= 2, V schedules "
+            "(ZBVZeroBubble, DualPipeV) exactly 2.",
+      fix="Adjust pipeline.layers_per_stage / pp_size / pp_schedule.")
+def pp_stages(ctx: Context) -> Iterator[Finding]:
+    pp, m = ctx.size("pp_size"), ctx.model
+    pipe = ctx.block.get("pipeline")
+    if m is None or pp <= 1 or ctx.pp_schedule is None or not isinstance(pipe, dict):
+        return
+    if pipe.get("module_fqns_per_model_part"):
+        return
+    lps = pipe.get("layers_per_stage")
+    if lps is not None and not is_positive_int(lps):
+        return
+    round_to = pipe.get("round_virtual_stages_to_pp_multiple")
+    try:
+        total, per_rank = virtual_stages(m.num_layers, pp=pp, single_stage=is_single_stage(ctx.pp_schedule),
+                                         layers_per_stage=lps, round_to=round_to if round_to in ("up", "down") else None,
+                                         v_style=ctx.pp_schedule in V_SCHEDULES)
+    except StageError as exc:
+        at = ("pipeline", "layers_per_stage") if lps is not None else ("pipeline", "pp_schedule")
+        yield finding(ctx, "pp-stages", at, f"{m.name} ({m.num_layers} layers), pp_size={pp}, "
+                      f"{ctx.pp_schedule}: {exc}", _stage_fix(m.num_layers, pp, ctx.pp_schedule))
+
+
+def _stage_fix(layers: int, pp: int, schedule: str) -> str:
+    if is_single_stage(schedule):
+        return f"layers_per_stage: {math.ceil(layers / pp)} (or unset) with pp_size dividing into {layers} layers"
+    good = [lps for lps in range(1, layers + 1) if math.ceil(layers / lps) % pp == 0
+            and math.ceil(layers / lps) // pp >= 2 and math.ceil(layers / lps) <= layers]
+    if schedule in V_SCHEDULES:
+        good = [g for g in good if math.ceil(layers / g) // pp == 2]
+    return f"layers_per_stage in {fmt_set(good[:6])}" if good else "a smaller pp_size or a single-stage schedule (1f1b)"

@@ -56,6 +56,7 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
     capture = _Capture()
     logger = logging.getLogger("nemo_automodel")
     logger.addHandler(capture)
+    propagate, logger.propagate = logger.propagate, False
     try:
         for rank in ranks:
             if dist.is_initialized():
@@ -92,5 +93,6 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
                 dist.destroy_process_group()
     finally:
         logger.removeHandler(capture)
+        logger.propagate = propagate
     result.warnings = capture.messages
     return result

@@ -103,7 +103,8 @@ def _size_consequence(key: str, raw: Any) -> str:
 
 
 @rule("size-invalid", family=F, severity="error", title="A parallel size is not a positive integer",
-      patterns=(r"sizes \(True,?\) and strides", r"Expected \w+ to be an int", r"Expected \w+ > 0"),
+      patterns=(r"sizes \(True,?\) and strides", r"Expected \w+ to be an int", r"Expected \w+ > 0",
+                r"'[<>]=?' not supported between instances of 'str' and 'int'"),
       cause="A *_size is 0, negative, a float such as 2.0, a boolean or a string. AutoModel's mesh code "
             "(_degree) silently turns such tp/cp/ep/pp values into 1, or crashes for some.",
       fix="Give every *_size as a positive integer.")
@@ -158,7 +159,7 @@ def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("ac-scope-invalid", family=F, severity="error", title="activation_checkpointing_scope not accepted",
-      patterns=(r"activation_checkpointing_scope must", r"activation_checkpointing_scope='all' cannot"),
+      patterns=(r"activation_checkpointing_scope (entries )?must", r"activation_checkpointing_scope='all' cannot"),
       cause="activation_checkpointing_scope takes all, language, vision, audio, multimodal (all alone).",
       fix="activation_checkpointing_scope: all")
 def ac_scope_invalid(ctx: Context) -> Iterator[Finding]:
@@ -277,7 +278,7 @@ def _dtype_problem(value: Any, *, floating: bool = True) -> str | None:
       fix="Use bfloat16, float32 or float16.")
 def dtype_invalid(ctx: Context) -> Iterator[Finding]:
     places: list[tuple[tuple[Any, ...], Any]] = []
-    if ctx.strategy in ("fsdp2", "ddp") and "autocast_dtype" in ctx.block:
+    if "autocast_dtype" in ctx.block:  # converted for every strategy, before the options are checked
         places.append((("autocast_dtype",), ctx.block["autocast_dtype"]))
     pipe = ctx.block.get("pipeline")
     if isinstance(pipe, dict) and "dtype" in pipe:
@@ -339,7 +340,7 @@ def _policy_findings(ctx: Context, parts: tuple[Any, ...], value: Any, *, fields
             "torch.distributed.fsdp.MixedPrecisionPolicy).",
       fix="mp_policy: {param_dtype: bfloat16, reduce_dtype: float32}")
 def mp_policy_invalid(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy != "fsdp2" or "mp_policy" not in ctx.block:
+    if "mp_policy" not in ctx.block:  # coerced for every strategy, before the options are checked
         return
     yield from _policy_findings(ctx, ("mp_policy",), ctx.block["mp_policy"],
                                 fields=set(schema.MixedPrecisionPolicy.model_fields), targets=MP_POLICY_TARGETS,
@@ -352,7 +353,7 @@ def mp_policy_invalid(ctx: Context) -> Iterator[Finding]:
             "is imported by AutoModel.",
       fix="offload_policy: {pin_memory: true}")
 def offload_policy_invalid(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy != "fsdp2" or "offload_policy" not in ctx.block:
+    if "offload_policy" not in ctx.block:
         return
     yield from _policy_findings(ctx, ("offload_policy",), ctx.block["offload_policy"],
                                 fields=set(schema.CPUOffloadPolicy.model_fields), targets=OFFLOAD_TARGETS,
@@ -364,10 +365,12 @@ def offload_policy_invalid(ctx: Context) -> Iterator[Finding]:
       cause="multimodal: takes frozen_sharding (root|per_layer|replicate) and vision.frame_sharding settings.",
       fix="Remove multimodal: or use the documented keys.")
 def multimodal_invalid(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy != "fsdp2" or "multimodal" not in ctx.block:
+    if "multimodal" not in ctx.block:
         return
     value = ctx.block["multimodal"]
     if not isinstance(value, dict):
+        if ctx.strategy != "fsdp2":
+            return  # not coerced; option-unknown reports it
         yield finding(ctx, "multimodal-invalid", ("multimodal",),
                       f"multimodal must be a mapping, got {value!r}; AutoModel raises TypeError "
                       "('FSDP2Config.multimodal must be a MultimodalDistributedConfig instance')",
@@ -428,7 +431,8 @@ def _pipeline_note(ctx: Context) -> str:
 
 
 @rule("pipeline-invalid", family=F, severity="error", title="pipeline: has unknown keys or bad values",
-      patterns=(r"PipelineConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",),
+      patterns=(r"PipelineConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",
+                r"PipelineConfig\(\) argument after \*\* must be a mapping", r"object has no attribute 'copy'"),
       cause="pipeline: keys go to PipelineConfig(**pipeline); an unknown key raises TypeError.",
       fix="Use the PipelineConfig keys (pp_schedule, pp_microbatch_size, layers_per_stage, ...).")
 def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
@@ -603,7 +607,8 @@ def moe_ignored(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("moe-invalid", family=F, severity="error", title="moe: has unknown keys or bad values",
-      patterns=(r"MoEParallelizerConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",),
+      patterns=(r"MoEParallelizerConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",
+                r"MoEParallelizerConfig\(\) argument after \*\* must be a mapping"),
       cause="moe: keys go to MoEParallelizerConfig(**moe): ignore_router_for_ac, reshard_after_forward, "
             "lm_head_precision, wrap_outer_model, mp_policy.",
       fix="Use the MoEParallelizerConfig keys.")

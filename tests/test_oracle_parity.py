@@ -1,0 +1,242 @@
+"""Differential tests: our verdicts and meshes against the real NeMo AutoModel 0.7.0.
+
+(a) hypothesis-generated well-typed blocks over many world sizes: identical verdicts, device_mesh
+    and moe_mesh shapes, and groups on every axis for sampled ranks;
+(b) blocks AutoModel rejects: we reject too, with a finding whose rule explains AutoModel's error;
+    where we are stricter than AutoModel (values it silently misreads), only the documented
+    stricter rules fire;
+(c) the real recipes in tests/examples at the world sizes their ci: blocks give.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import oracle
+import pytest
+import yaml
+from conftest import EXAMPLES
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from automodel_dist import build_mesh, validate_config
+from automodel_dist.explain import explain_error
+
+pytestmark = pytest.mark.skipif(
+    not oracle.AVAILABLE,
+    reason="the AutoModel oracle is not installed: pip install --no-deps nemo-automodel==0.7.0 packaging numpy",
+)
+
+# Rules that reject values AutoModel accepts (and then misreads or fails on later, mid-run).
+STRICTER = {
+    "size-invalid",  # 0 / -1 / 2.0 / "two" silently become 1
+    "option-type",  # 'no' is truthy, null flips default-true options
+    "pp-microbatch-invalid",  # divides by zero at schedule build
+    "pp-schedule-unknown",  # fails at model split (get_schedule_class)
+    "hydra-target",  # _target_ naming another strategy's manager is silently replaced
+    "mp-policy-invalid",
+    "offload-policy-invalid",
+    "moe-invalid",
+    "dtype-invalid",
+    "pipeline-invalid",  # wrong value types AutoModel passes through
+    "multimodal-invalid",
+}
+SCHEDULES = ["1f1b", "gpipe", "interleaved1f1b", "LoopedBFS", "InterleavedZeroBubble", "zbvzerobubble", "DualPipeV"]
+WORLDS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 1024, 4096]
+
+
+def _ranks(world: int, extra: int) -> list[int]:
+    return sorted({0, world - 1, world // 2, extra % world})
+
+
+@st.composite
+def well_typed(draw: st.DrawFn) -> tuple[dict, int, int]:
+    strategy = draw(st.sampled_from(["fsdp2"] * 5 + ["megatron_fsdp", "mfsdp", "megatron-fsdp", "MFSDP", "ddp",
+                                                      "DDP", None]))
+    block: dict = {} if strategy is None else {"strategy": strategy}
+    for key, values in (("tp_size", [1, 2, 3, 4, 8]), ("cp_size", [1, 2, 4]), ("pp_size", [1, 2, 4]),
+                        ("ep_size", [1, 2, 4, 8, 16])):
+        if draw(st.booleans()):
+            block[key] = draw(st.sampled_from(values))
+    if draw(st.integers(0, 3)) == 0:
+        block["dp_replicate_size"] = draw(st.sampled_from([None, 1, 2, 4]))
+    if draw(st.integers(0, 5)) == 0:
+        block["dp_size"] = draw(st.sampled_from([None, 1, 2, 4, 8]))
+    pp = block.get("pp_size", 1)
+    if (pp > 1 and draw(st.integers(0, 9)) > 0) or draw(st.integers(0, 9)) == 0:
+        block["pipeline"] = {"pp_schedule": draw(st.sampled_from(SCHEDULES)),
+                             "pp_microbatch_size": draw(st.sampled_from([1, 2, 4]))}
+        if draw(st.booleans()):
+            block["pipeline"]["layers_per_stage"] = draw(st.sampled_from([1, 2, 4]))
+    ac = draw(st.sampled_from([None, True, False, "selective", "full", "off", "none"]))
+    if ac is not None:
+        block["activation_checkpointing"] = ac
+    if strategy in (None, "fsdp2") and draw(st.booleans()):
+        block["sequence_parallel"] = draw(st.booleans())
+        block["reshard_after_forward"] = draw(st.sampled_from([None, True, False]))
+    if strategy in ("ddp", "DDP") and draw(st.booleans()):
+        block["find_unused_parameters"] = draw(st.booleans())
+    if strategy in ("megatron_fsdp", "mfsdp") and draw(st.booleans()):
+        block["zero_dp_strategy"] = draw(st.sampled_from([1, 2, 3]))
+    if draw(st.integers(0, 4)) == 0:
+        block["moe"] = {"reshard_after_forward": draw(st.booleans())}
+    if draw(st.integers(0, 6)) == 0 and block.get("strategy", "fsdp2") == "fsdp2":
+        block["_target_"] = "nemo_automodel.components.distributed.fsdp2.FSDP2Manager"
+    world = draw(st.sampled_from(WORLDS))
+    return block, world, draw(st.integers(0, 1 << 20))
+
+
+def _compare_meshes(block: dict, world: int, ranks: list[int], o: oracle.OracleResult) -> None:
+    mesh = build_mesh(block, world_size=world, ranks=ranks)
+    ours_dm = (mesh.device_mesh.dim_names, mesh.device_mesh.shape) if mesh.device_mesh else None
+    ours_moe = (mesh.moe_mesh.dim_names, mesh.moe_mesh.shape) if mesh.moe_mesh else None
+    assert ours_dm == (None if o.device_mesh is None else (o.device_mesh[0], o.device_mesh[1]))
+    assert ours_moe == (None if o.moe_mesh is None else (o.moe_mesh[0], o.moe_mesh[1]))
+    for rank in ranks:
+        theirs = o.ranks[rank]
+        ours = mesh.rank_groups[str(rank)]
+        if theirs.ok:
+            assert ours == theirs.groups, f"rank {rank} groups differ"
+        else:  # only ranks an explicit dp_size leaves outside the mesh may fail in AutoModel
+            assert ours is None, f"AutoModel fails at rank {rank} ({theirs.error}) but we list groups"
+            assert any(f.rule == "dp-size-leaves-ranks" for f in mesh.findings)
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")))
+@given(well_typed())
+def test_well_typed_blocks_match_automodel(case: tuple[dict, int, int]) -> None:
+    block, world, extra = case
+    ranks = _ranks(world, extra)
+    o = oracle.run(block, world, ranks)
+    ours = validate_config(copy.deepcopy(block), world_size=world)
+    errors = {f.rule for f in ours.findings if f.severity == "error"}
+    assert ours.valid == o.ranks[0].ok, f"AutoModel: {o.ranks[0].error}; ours: {errors}"
+    if ours.valid:
+        _compare_meshes(block, world, ranks, o)
+    else:
+        explained = {m.rule for m in explain_error(o.ranks[0].error or "").matches}
+        assert explained & errors, f"AutoModel said {o.ranks[0].error!r}; our errors {errors} do not explain it"
+
+
+@pytest.mark.parametrize("block", [
+    {"tp_size": 8, "cp_size": 2, "pp_size": 4, "pipeline": {}, "ep_size": 32, "dp_replicate_size": 2},
+    {"strategy": "megatron_fsdp", "tp_size": 4, "cp_size": 4},
+    {"tp_size": 4, "pp_size": 8, "pipeline": {"pp_schedule": "interleaved1f1b"}, "ep_size": 64, "dp_size": 512},
+])
+def test_16k_ranks_match_automodel(block: dict) -> None:
+    world = 16384
+    ranks = [0, 1, 4097, 9999, world - 1]
+    o = oracle.run(block, world, ranks)
+    assert o.ok and validate_config(block, world_size=world).valid
+    _compare_meshes(block, world, ranks, o)
+
+
+# --------------------------------------------------------------------------- (b) rejected blocks
+BAD_VALUES = {
+    "strategy": ["fsdp", "FSDP3", None, 3, "megatron", "zero3"],
+    "tp_size": [0, -2, 2.0, True, "two", 3],
+    "pp_size": [0, 2.0, "x", 3],
+    "cp_size": [-1, 1.5, True],
+    "ep_size": [0, "x", 3, 5],
+    "dp_size": [0, -3, 2.5, 1000, 3],
+    "dp_replicate_size": [3, 8, True, 0],
+    "activation_checkpointing": ["sometimes", 1, "selective", [True]],
+    "activation_checkpointing_scope": ["bogus", "all,vision", 3, ["language", 2]],
+    "sequence_parallel": ["no", None, 1],
+    "defer_fsdp_grad_sync": [None, "false"],
+    "mp_policy": [{"param_dtype": "fp8"}, {"foo": 1}, {"reduce_dtype": "int8"}, "bf16", {"cast_forward_inputs": 2}],
+    "offload_policy": [{"foo": 1}, {"pin_memory": "yes"}],
+    "autocast_dtype": ["fp9", "bfloat16"],
+    "multimodal": [None, {"frozen_sharding": "x"}, {"foo": 1}, {"vision": {"frame_sharding": {"mesh_dims": ["tp"]}}},
+                   {"vision": {"frame_sharding": {"min_tokens": -1}}}],
+    "pipeline": [None, "abc", {"foo": 1}, {"pp_recv_buffer_pool_slack": -1}, {"pp_microbatch_size": 0},
+                 {"pp_schedule": "interleaved_1f1b"}, {"dtype": "fp9"}, {"layers_per_stage": "two"}],
+    "moe": ["abc", {"foo": 1}, {"ignore_router_for_ac": "no"}],
+    "zero_dp_strategy": [7],
+    "foo": [1],
+    "find_unused_parameters": [True],
+}
+
+
+@st.composite
+def malformed(draw: st.DrawFn) -> tuple[dict, int]:
+    block, world, _ = draw(well_typed())
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(BAD_VALUES)))
+        block[key] = copy.deepcopy(draw(st.sampled_from(BAD_VALUES[key])))
+    return block, world
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")))
+@given(malformed())
+def test_rejected_blocks_are_rejected_for_the_same_cause(case: tuple[dict, int]) -> None:
+    block, world = case
+    o = oracle.run(block, world, [0])
+    ours = validate_config(copy.deepcopy(block), world_size=world)
+    errors = {f.rule for f in ours.findings if f.severity == "error"}
+    if not o.ok:
+        assert not ours.valid, f"AutoModel rejects ({o.error}) but we accept"
+        explained = {m.rule for m in explain_error(o.error or "").matches}
+        # A misread size makes AutoModel fail downstream with unrelated text; size-invalid is the cause.
+        assert explained & errors or "size-invalid" in errors, (
+            f"AutoModel: {o.error!r}; ours: {errors}; explain: {explained}")
+    elif not ours.valid:
+        assert errors <= STRICTER, f"AutoModel accepts; our non-stricter errors: {errors - STRICTER}"
+
+
+@pytest.mark.parametrize("block,world,rule", [
+    ({"strategy": "fsdp"}, 8, "strategy-unknown"),
+    ({"pp_size": 2}, 8, "pipeline-missing"),
+    ({"pp_size": 2, "pipeline": None}, 8, "pipeline-missing"),
+    ({"tp_size": 3}, 8, "world-not-divisible"),
+    ({"ep_size": 3}, 8, "ep-not-divisible"),
+    ({"tp_size": 2, "ep_size": 8}, 16, None),  # dp*cp*tp = 16: ep 8 divides (dp*cp = 8 would too)
+    ({"tp_size": 4, "ep_size": 8}, 8, None),  # dp*cp = 2 but dp*cp*tp = 8: the 0.7.0 code accepts
+    ({"dp_replicate_size": 8}, 8, "dp-replicate-too-large"),
+    ({"strategy": "ddp", "sequence_parallel": True}, 8, "option-unknown"),
+    ({"strategy": "megatron_fsdp", "activation_checkpointing": "selective"}, 8, "ac-selective-strategy"),
+    ({"dp_size": 100}, 8, "dp-size-exceeds-world"),
+])
+def test_known_verdicts(block: dict, world: int, rule: str | None) -> None:
+    o = oracle.run(block, world, [0])
+    ours = validate_config(block, world_size=world)
+    assert o.ok == ours.valid == (rule is None)
+    if rule:
+        assert rule in {f.rule for f in ours.findings if f.severity == "error"}
+
+
+def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
+    block = {"pipeline": {"pp_schedule": "1f1b"}}
+    o = oracle.run(block, 4, [0])
+    ours = validate_config(block, world_size=4)
+    assert o.ok and ours.valid
+    assert any("pipeline` is set but pp_size=1" in w for w in o.warnings)
+    assert [f.rule for f in ours.findings if f.severity == "warning"] == ["pipeline-ignored"]
+
+
+def test_pipeline_dtype_mismatch_warns_like_automodel() -> None:
+    block = {"pp_size": 2, "pipeline": {"dtype": "float32"}}
+    o = oracle.run(block, 4, [0])
+    ours = validate_config(block, world_size=4)
+    assert o.ok and ours.valid
+    assert any("does not match the FSDP activation dtype" in w for w in o.warnings)
+    assert "pipeline-dtype-mismatch" in {f.rule for f in ours.findings}
+
+
+# --------------------------------------------------------------------------- (c) real recipes
+def _example_world(recipe: dict) -> int:
+    ci = recipe.get("ci") or {}
+    return int(ci.get("nodes", 1)) * int(ci.get("nproc_per_node", 8))
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: Path(p).stem)
+def test_examples_match_automodel(path: Path) -> None:
+    recipe = yaml.safe_load(path.read_text())
+    world = _example_world(recipe)
+    ranks = _ranks(world, world // 3)
+    o = oracle.run(recipe["distributed"], world, ranks)
+    assert o.ok, o.error
+    ours = validate_config(path)
+    assert ours.valid and ours.world_size == world, [f.message for f in ours.findings]
+    _compare_meshes(recipe["distributed"], world, ranks, o)

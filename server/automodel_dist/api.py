@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
+from .config import schema
 from .config.load import Document, from_mapping, load_path, load_text
 from .config.values import (
     STRATEGY_ALIASES,
@@ -16,7 +17,6 @@ from .config.values import (
     normalize_activation_checkpointing,
     schedule_class_name,
 )
-from .config import schema
 from .layout import Layout, infer_dp
 from .report import SEVERITY_ORDER, AxisInfo, ConfigError, Finding, MeshDims, MeshReport, Resolved, ValidationReport
 from .rules import Context, run_rules
@@ -72,7 +72,8 @@ def _split(doc: Document) -> _Split:
     if not isinstance(data, dict):
         doc.findings.append(_finding("yaml-root-not-mapping",
                                      f"the config must be a mapping (a recipe or a distributed: block), "
-                                     f"got a {type(data).__name__}", line=1 if doc.from_yaml else None))
+                                     f"got a {type(data).__name__}", line=1 if doc.from_yaml else None,
+                                     fix="give a recipe (with a distributed: section) or a bare distributed: block"))
         return _Split(None, (), None)
     if "distributed" in data:
         block = data["distributed"]
@@ -201,29 +202,27 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
 def _resolved(ctx: Context | None) -> Resolved:
     if ctx is None:
         return Resolved()
-    out = Resolved(strategy=ctx.strategy, activation_checkpointing=ctx.ac)
     if ctx.strategy is None:
-        return out
-    out.tp, out.pp, out.cp, out.ep = (ctx.size(k) for k in ("tp_size", "pp_size", "cp_size", "ep_size"))
-    out.dp_replicate = ctx.size("dp_replicate_size") if ctx.strategy == "fsdp2" else 1
-    out.dp = ctx.dp
+        return Resolved(activation_checkpointing=ctx.ac)
+    tp, pp, cp, ep = (ctx.size(k) for k in ("tp_size", "pp_size", "cp_size", "ep_size"))
+    rep = ctx.size("dp_replicate_size") if ctx.strategy == "fsdp2" else 1
+    shard = None
     if ctx.strategy == "ddp":  # no mesh: every rank holds a full replica
-        out.tp = out.pp = out.cp = out.ep = 1
-        out.dp_replicate, out.dp_shard = ctx.dp, 1
-    elif ctx.dp is not None and ctx.strategy == "fsdp2" and out.dp_replicate and ctx.dp % out.dp_replicate == 0:
-        out.dp_shard = ctx.dp // out.dp_replicate
-    elif ctx.dp is not None:
-        out.dp_shard = ctx.dp
-    out.ep_shard = ctx.ep_shard
-    out.sequence_parallel = ctx.block.get("sequence_parallel") is True if ctx.strategy == "fsdp2" else False
-    if ctx.layout is not None:
-        out.mesh_ranks = ctx.layout.mesh_ranks
-    if out.pp and out.pp > 1:
-        out.pp_schedule = ctx.pp_schedule
+        tp = pp = cp = ep = 1
+        rep, shard = ctx.dp, 1
+    elif ctx.dp is not None and (ctx.strategy != "fsdp2" or ctx.dp % rep == 0):
+        shard = ctx.dp // rep if ctx.strategy == "fsdp2" else ctx.dp
+    fields: dict[str, Any] = dict(
+        strategy=ctx.strategy, activation_checkpointing=ctx.ac, dp=ctx.dp, dp_replicate=rep, dp_shard=shard,
+        tp=tp, pp=pp, cp=cp, ep=ep, ep_shard=ctx.ep_shard,
+        sequence_parallel=ctx.strategy == "fsdp2" and ctx.block.get("sequence_parallel") is True,
+        mesh_ranks=ctx.layout.mesh_ranks if ctx.layout is not None else None,
+    )
+    if pp > 1:
         pipe = ctx.block.get("pipeline")
         mbs = pipe.get("pp_microbatch_size", 1) if isinstance(pipe, dict) else None
-        out.pp_microbatch_size = mbs if is_positive_int(mbs) else None
-    return out
+        fields.update(pp_schedule=ctx.pp_schedule, pp_microbatch_size=mbs if is_positive_int(mbs) else None)
+    return Resolved(**fields)
 
 
 def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,

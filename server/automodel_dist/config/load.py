@@ -136,7 +136,7 @@ class _Builder:
             if not _hashable(key):
                 self.doc.findings.append(
                     _err("yaml-bad-key", f"a mapping key must be a scalar, got {type(key).__name__}",
-                         line=line, path=_dotted(path))
+                         line=line, path=_dotted(path), fix="use a plain string key")
                 )
                 continue
             if key in explicit_seen:

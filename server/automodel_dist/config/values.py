@@ -122,7 +122,7 @@ def translate_value(value: Any) -> Any:
     if len(value) > _MAX_LITERAL_CHARS:
         return value
     try:
-        tree = ast.parse(value.strip(" \t"), mode="eval")
+        tree = ast.parse(value.lstrip(" \t"), mode="eval")
         return _literal(tree.body)
     except (SyntaxError, ValueError, _NotLiteral, RecursionError, MemoryError, OverflowError):
         return value

@@ -27,7 +27,7 @@ from ..config.values import (
 from ..layout import ep_shard_size, non_dp_factor
 from ..report import Finding
 from .base import Context, finding, rule
-from .helpers import closest, describe, did_you_mean, divisors, fmt_set, pydantic_findings, value_ok
+from .helpers import closest, describe, did_you_mean, divisors, fmt_set, pydantic_findings, value_ok, yaml_value
 
 F = "automodel"
 MP_POLICY_TARGETS = frozenset({
@@ -80,7 +80,7 @@ def strategy_unknown(ctx: Context) -> Iterator[Finding]:
                       f"strategy must be a string, got {raw!r}; AutoModel calls .lower() on it and fails "
                       "with AttributeError", "remove the key (fsdp2 is the default) or set strategy: fsdp2")
         return
-    hint = closest(raw.lower(), valid)
+    hint = closest(raw.lower(), ["fsdp2", "megatron_fsdp", "ddp"]) or closest(raw.lower(), valid)
     yield finding(ctx, "strategy-unknown", ("strategy",),
                   f"unknown strategy {raw!r}; AutoModel 0.7.0 accepts {valid}",
                   f"strategy: {hint}" if hint else "strategy: fsdp2")
@@ -255,7 +255,7 @@ def option_type(ctx: Context) -> Iterator[Finding]:
         truthy = " (a non-empty string is truthy: AutoModel treats it as true)" if isinstance(value, str) else ""
         yield finding(ctx, "option-type", (key,),
                       f"{key} must be {describe(model, key)}, got {value!r}; AutoModel passes it on unchecked{truthy}",
-                      f"{key}: {default!r} (the default) or a valid value")
+                      f"{key}: {yaml_value(default)} (the default) or a valid value")
 
 
 def _dtype_problem(value: Any, *, floating: bool = True) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -27,12 +27,25 @@ def fmt_set(values: Iterable[Any]) -> str:
     return "{" + ", ".join(str(v) for v in values) + "}"
 
 
+def yaml_value(value: Any) -> str:
+    """A value as it would be written in YAML (true, null, 2, bfloat16, [cp])."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 def divisors(n: int, limit: int | None = None) -> list[int]:
     out = [d for d in range(1, min(n, limit or n) + 1) if n % d == 0]
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
     info = model.model_fields[name]
     from typing import Annotated
@@ -62,6 +75,10 @@ def value_ok(model: type[BaseModel], name: str, value: Any) -> bool:
     except ValidationError:
         return False
     return True
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, BaseModel) else value
 
 
 def pydantic_findings(
@@ -99,6 +116,6 @@ def pydantic_findings(
             yield finding(
                 ctx, rule_id, parts + (key,),
                 f"{ctx.path(*parts, key)} must be {describe(model, key)}, got {item!r}{note}",
-                f"set {key}: {info.get_default(call_default_factory=True)!r} (the default) or a valid value",
+                f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value",
                 severity=severity,
             )

@@ -91,8 +91,13 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
         return
     problem = _nmb_requirements(ctx.pp_schedule, pp, nmb)
     if problem:
+        ok = [n for n in range(max(pp, nmb - 4 * pp), nmb + 4 * pp + 1)
+              if _nmb_requirements(ctx.pp_schedule, pp, n) is None]
+        below = [n for n in ok if n < nmb][-1:]
+        above = [n for n in ok if n > nmb][:1]
+        options = " or ".join(str(n * mbs) for n in below + above)
         yield finding(ctx, "pp-microbatches", (), problem + ": torch raises ValueError when building the schedule",
-                      f"use a local_batch_size // pp_microbatch_size that is a multiple of pp_size={pp}",
+                      f"local_batch_size: {options} (with pp_microbatch_size={mbs})",
                       recipe_path="step_scheduler.local_batch_size")
 
 

@@ -1,0 +1,150 @@
+"""Engine speed, as ratios against baselines measured in the same run.
+
+1. validate_config on YAML text vs AutoModel 0.7.0's own path on the same text (yaml.safe_load ->
+   ConfigNode -> create_distributed_setup_from_config under a fake process group).
+   Goal: >= 100x faster per config, <= 20 ms each. Also cold start (a fresh process: imports + one
+   config) for both.
+2. build_mesh layout + one rank's groups at 16,384 and 131,072 ranks vs torch ``init_device_mesh`` on a
+   fake process group of that size. Goal: <= 200 ms at 16,384.
+
+Run: python bench/bench_engine.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from automodel_dist import build_mesh, validate_config  # noqa: E402
+from automodel_dist.api import build_layout  # noqa: E402
+
+CONFIGS = {
+    "ddp (8)": ("distributed:\n  strategy: ddp\n", 8),
+    "fsdp2 tp2 (8)": ("distributed:\n  tp_size: 2\n", 8),
+    "megatron_fsdp cp2 (16)": ("distributed:\n  strategy: megatron_fsdp\n  cp_size: 2\n", 16),
+    "hsdp cp2 tp4 (64)": ("distributed:\n  dp_replicate_size: 2\n  cp_size: 2\n  tp_size: 4\n", 64),
+    "pp4 ep8 interleaved (128)": ("distributed:\n  pp_size: 4\n  ep_size: 8\n  pipeline:\n"
+                                  "    pp_schedule: interleaved1f1b\n", 128),
+    "tp8 pp4 hsdp (512)": ("distributed:\n  tp_size: 8\n  pp_size: 4\n  dp_replicate_size: 4\n"
+                           "  pipeline: {}\n", 512),
+    "tp8 cp4 ep64 (2048)": ("distributed:\n  tp_size: 8\n  cp_size: 4\n  ep_size: 64\n", 2048),
+}
+for _p in sorted((ROOT / "tests" / "examples").glob("*.yaml")):  # the real recipes at their ci world sizes
+    import yaml as _yaml
+
+    _recipe = _yaml.safe_load(_p.read_text())  # only the distributed: block: AutoModel's loader would
+    _ci = _recipe.get("ci") or {}  # import every other section's _target_ (transformers, datasets, ...)
+    _world = _ci.get("nodes", 1) * _ci.get("nproc_per_node", 8)
+    CONFIGS[f"{_p.stem[:22]} ({_world})"] = (_yaml.safe_dump({"distributed": _recipe["distributed"]}), _world)
+
+
+def _median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def automodel_path(text: str, world: int) -> None:
+    import torch.distributed as dist
+    import yaml
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        create_distributed_setup_from_config(ConfigNode(yaml.safe_load(text)), world_size=world)
+    finally:
+        dist.destroy_process_group()
+
+
+def torch_mesh(world: int, shape: tuple[int, ...], names: tuple[str, ...]) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        for n in names:
+            dist.get_process_group_ranks(mesh[n].get_group())
+    finally:
+        dist.destroy_process_group()
+
+
+def cold(code: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    return (time.perf_counter() - t) * 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    try:
+        import nemo_automodel  # noqa: F401
+
+        have_oracle = True
+    except ImportError:
+        have_oracle = False
+
+    print("== validate_config vs AutoModel 0.7.0 parse+build (same YAML text), median ms per config")
+    print(f"{'config':<30} {'ours':>8} {'AutoModel':>10} {'ratio':>8}")
+    ours_all, theirs_all = [], []
+    for name, (text, world) in CONFIGS.items():
+        ours = _median_ms(lambda: validate_config(text, world_size=world), args.repeat)
+        ours_all.append(ours)
+        if have_oracle:
+            automodel_path(text, world)  # warm imports
+            theirs = _median_ms(lambda: automodel_path(text, world), args.repeat)
+            theirs_all.append(theirs)
+            print(f"{name:<30} {ours:>8.2f} {theirs:>10.2f} {theirs / ours:>7.0f}x")
+        else:
+            print(f"{name:<30} {ours:>8.2f} {'n/a':>10}")
+    print(f"max ours per config: {max(ours_all):.2f} ms (goal <= 20 ms)")
+    if have_oracle:
+        ratios = [t / o for t, o in zip(theirs_all, ours_all)]
+        big = [r for r, (_, w) in zip(ratios, CONFIGS.values()) if w >= 64]
+        print(f"speed-up, warm: median {statistics.median(ratios):.0f}x over all configs; "
+              f"median {statistics.median(big):.0f}x at >= 64 ranks (goal >= 100x)")
+        text, world = CONFIGS["hsdp cp2 tp4 (64)"]
+        ours_cold = cold(f"from automodel_dist import validate_config; validate_config({text!r}, world_size={world})")
+        theirs_cold = cold(
+            "import torch.distributed as dist, yaml\n"
+            "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
+            "from nemo_automodel.components.config.loader import ConfigNode\n"
+            "from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config\n"
+            f"dist.init_process_group('fake', store=FakeStore(), rank=0, world_size={world})\n"
+            f"create_distributed_setup_from_config(ConfigNode(yaml.safe_load({text!r})), world_size={world})\n")
+        print(f"cold start (fresh process, imports + one config): ours {ours_cold:.0f} ms, AutoModel "
+              f"{theirs_cold:.0f} ms, {theirs_cold / ours_cold:.1f}x")
+
+    print("\n== build_mesh (layout + one rank's groups) vs torch init_device_mesh on a fake process group")
+    print(f"{'world':>8} {'ours ms':>9} {'torch ms':>9} {'ratio':>7}")
+    block = "distributed:\n  tp_size: 8\n  cp_size: 2\n  pp_size: 8\n  pipeline: {}\n  dp_replicate_size: 4\n"
+    for world in (16384, 131072):
+        ours = _median_ms(lambda: build_mesh(block, world_size=world, ranks=[world - 1]), max(3, args.repeat // 4))
+        lay, _ = build_layout(block, world_size=world)
+        shape, names = tuple(lay.device_mesh()[1]), tuple(lay.device_mesh()[0])
+        theirs = _median_ms(lambda: torch_mesh(world, shape, names), 2)
+        print(f"{world:>8} {ours:>9.2f} {theirs:>9.1f} {theirs / ours:>6.0f}x")
+    print("goal: <= 200 ms at 16,384 ranks")
+
+
+if __name__ == "__main__":
+    main()

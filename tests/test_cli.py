@@ -1,0 +1,76 @@
+"""The CLI: exit codes, compiler-style output, JSON equal to the API's model_dump."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from automodel_dist import build_mesh, validate_config
+from automodel_dist.cli import main
+
+BAD = "distributed:\n  tp_size: 3\n  strategy: ddp\n"
+GOOD = "distributed:\n  tp_size: 2\n  cp_size: 2\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BAD)
+    (tmp_path / "good.yaml").write_text(GOOD)
+    return tmp_path
+
+
+def test_validate_exit_codes_and_output(files, capsys):
+    assert main(["validate", str(files / "good.yaml"), "--world-size", "8"]) == 0
+    assert "VALID" in capsys.readouterr().out
+    assert main(["validate", str(files / "bad.yaml"), "--world-size", "8"]) == 1
+    out = capsys.readouterr().out
+    assert f"{files / 'bad.yaml'}:2: error[strategy-unsupported]: ddp does not support tensor parallelism" in out
+    assert "    fix: " in out
+    assert main(["validate", str(files / "missing.yaml")]) == 2
+    assert main(["validate"]) == 2  # argparse usage error
+    assert main(["validate", str(files / "good.yaml"), "--world-size", "0"]) == 2
+
+
+def test_validate_json_is_the_api_report(files, capsys):
+    assert main(["validate", str(files / "bad.yaml"), "--world-size", "8", "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == validate_config(files / "bad.yaml", world_size=8).model_dump(mode="json")
+
+
+def test_validate_stdin(monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(GOOD))
+    assert main(["validate", "-", "--nodes", "1", "--gpus-per-node", "8"]) == 0
+
+
+def test_mesh_text_json_and_svg(files, capsys, tmp_path):
+    assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--rank", "5", "--gpus-per-node", "4",
+                 "--svg", str(tmp_path / "m.svg")]) == 0
+    out = capsys.readouterr().out
+    assert "device_mesh: (pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=2)" in out
+    assert "rank 5: " in out and "node 1" in out
+    assert (tmp_path / "m.svg").read_text().startswith("<svg")
+    assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == build_mesh(files / "good.yaml", world_size=8).model_dump(mode="json")
+    assert main(["mesh", str(files / "bad.yaml"), "--world-size", "8"]) == 1
+    assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--rank", "9"]) == 2
+
+
+def test_explain_and_models(capsys):
+    assert main(["explain", "ValueError: non_pp_size=8 must be a multiple of ep_size=3"]) == 0
+    assert "[ep-not-divisible]" in capsys.readouterr().out
+    assert main(["explain", "all is well"]) == 1
+    assert "no known" in capsys.readouterr().out
+    assert main(["models", "--json"]) == 0
+    assert any(m["name"] == "meta-llama/Llama-3.1-8B" for m in json.loads(capsys.readouterr().out))
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "validate", "-", "--world-size", "4"],
+                         input="tp_size: 2\n", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "VALID" in out.stdout

@@ -1,0 +1,590 @@
+"""Unit tests per rule: the exact message, path, line, severity and fix of each finding.
+
+One case per rule (some rules have two). ``test_every_rule_has_a_case`` keeps the table complete."""
+
+from __future__ import annotations
+
+import pytest
+
+from automodel_dist import validate_config
+from automodel_dist.rules import RULES
+
+CASES = [
+    pytest.param(
+        'distributed:\n  strategy: fsdp\n',
+        {},
+        'strategy-unknown', 'error', 'distributed.strategy', 2, False,
+        "unknown strategy 'fsdp'; AutoModel 0.7.0 accepts ['ddp', 'fsdp2', 'megatron-fsdp', 'megatron_fsdp', 'mfsdp']",
+        'strategy: fsdp2',
+        id='strategy-unknown',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 0\n',
+        {'world_size': 8},
+        'size-invalid', 'error', 'distributed.tp_size', 2, False,
+        'tp_size must be a positive integer, got 0 (int); AutoModel silently uses 1 instead',
+        'tp_size: 1',
+        id='size-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  activation_checkpointing: sometimes\n',
+        {},
+        'ac-invalid', 'error', 'distributed.activation_checkpointing', 2, False,
+        "activation_checkpointing='sometimes' is not accepted: AutoModel raises 'must be a boolean or one of full, selective, false'",
+        'activation_checkpointing: true | selective | false',
+        id='ac-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  strategy: megatron_fsdp\n  activation_checkpointing: selective\n',
+        {},
+        'ac-selective-strategy', 'error', 'distributed.activation_checkpointing', 3, False,
+        "activation_checkpointing: selective is supported only for fsdp2 and ddp, not strategy 'megatron_fsdp'",
+        'activation_checkpointing: true (full) with this strategy, or strategy: fsdp2',
+        id='ac-selective-strategy',
+    ),
+    pytest.param(
+        'distributed:\n  activation_checkpointing_scope: [all, vision]\n',
+        {},
+        'ac-scope-invalid', 'error', 'distributed.activation_checkpointing_scope', 2, False,
+        "activation_checkpointing_scope='all' cannot be combined with other scopes. (got ['all', 'vision'])",
+        'activation_checkpointing_scope: all (or language, vision, audio, multimodal)',
+        id='ac-scope-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  _target_: nemo_automodel.components.distributed.fsdp2.FSDP2Manager\n  tp_size: 2\n',
+        {},
+        'hydra-target', 'warning', 'distributed._target_', 2, True,
+        "_target_ is ignored by AutoModel 0.7.0; the strategy is 'fsdp2' (the default)",
+        'replace _target_ with strategy: fsdp2',
+        id='hydra-target',
+    ),
+    pytest.param(
+        'distributed:\n  _target_: nemo_automodel.components.distributed.ddp.DDPManager\n',
+        {},
+        'hydra-target', 'error', 'distributed._target_', 2, False,
+        "_target_ names DDPManager (ddp) but AutoModel 0.7.0 ignores _target_ and runs strategy 'fsdp2': the intended strategy is silently replaced",
+        'strategy: ddp (and drop _target_)',
+        id='hydra-target-misread',
+    ),
+    pytest.param(
+        'distributed:\n  strategy: ddp\n  sequence_parallel: true\n',
+        {},
+        'option-unknown', 'error', 'distributed.sequence_parallel', 3, False,
+        'unknown option \'sequence_parallel\' for strategy \'ddp\': AutoModel raises "Unknown options for strategy \'ddp\': [\'sequence_parallel\']"',
+        "remove 'sequence_parallel': it is an option of fsdp2 only (sequence parallelism needs strategy: fsdp2 with tp_size > 1)",
+        id='option-unknown',
+    ),
+    pytest.param(
+        'distributed:\n  enable_compile: "no"\n',
+        {},
+        'option-type', 'error', 'distributed.enable_compile', 2, False,
+        "enable_compile must be true or false, got 'no'; AutoModel passes it on unchecked (a non-empty string is truthy: AutoModel treats it as true)",
+        'enable_compile: false (the default) or a valid value',
+        id='option-type',
+    ),
+    pytest.param(
+        'distributed:\n  autocast_dtype: fp8\n',
+        {},
+        'dtype-invalid', 'error', 'distributed.autocast_dtype', 2, False,
+        "autocast_dtype: unknown dtype 'fp8': AutoModel's dtype_from_str raises KeyError",
+        'autocast_dtype: bfloat16 (or float32, float16)',
+        id='dtype-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  mp_policy:\n    param_dtype: bfloat16\n    foo: 1\n',
+        {},
+        'mp-policy-invalid', 'error', 'distributed.mp_policy.foo', 4, False,
+        "unknown MixedPrecisionPolicy field 'foo': AutoModel raises TypeError (unexpected keyword argument)",
+        'remove it (valid: cast_forward_inputs, output_dtype, param_dtype, reduce_dtype)',
+        id='mp-policy-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  offload_policy:\n    _target_: my.Evil\n',
+        {},
+        'offload-policy-invalid', 'error', 'distributed.offload_policy._target_', 3, False,
+        "distributed.offload_policy._target_ is 'my.Evil': AutoModel imports and calls this target; only CPUOffloadPolicy is meaningful here (never imported by this tool)",
+        '_target_: torch.distributed.fsdp.CPUOffloadPolicy (or drop _target_)',
+        id='offload-policy-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  multimodal:\n    frozen_sharding: sometimes\n',
+        {},
+        'multimodal-invalid', 'error', 'distributed.multimodal.frozen_sharding', 3, False,
+        "distributed.multimodal.frozen_sharding must be one of ['root', 'per_layer', 'replicate'], got 'sometimes'",
+        'frozen_sharding: root (the default) or a valid value',
+        id='multimodal-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  pipeline:\n    pp_schedule: 1f1b\n',
+        {},
+        'pipeline-ignored', 'warning', 'distributed.pipeline', 2, True,
+        'pipeline: is set but pp_size=1: pipeline parallelism is off and AutoModel ignores the block',
+        'set pp_size > 1 to use it, or remove the block',
+        id='pipeline-ignored',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n',
+        {},
+        'pipeline-missing', 'error', 'distributed.pp_size', 2, False,
+        'pp_size=2 enables pipeline parallelism but there is no distributed.pipeline block; AutoModel raises ValueError',
+        'add `pipeline: {pp_schedule: 1f1b, pp_microbatch_size: 1}` (an empty `pipeline: {}` selects the defaults)',
+        id='pipeline-missing',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedul: 1f1b\n',
+        {},
+        'pipeline-invalid', 'error', 'distributed.pipeline.pp_schedul', 4, False,
+        "unknown key 'pp_schedul' in distributed.pipeline; AutoModel's PipelineConfig has no such field (TypeError: unexpected keyword argument)",
+        "remove it; did you mean 'pp_schedule'? (valid: dtype, layers_per_stage, loss_fn, module_fqns_per_model_part, patch_causal_lm_model, patch_inner_model, patch_stage_backward_maybe_with_nosync, pp_batch_size, pp_microbatch_size, pp_recv_buffer_pool, pp_recv_buffer_pool_slack, pp_schedule, pp_schedule_csv, pp_seq_len, round_virtual_stages_to_pp_multiple, scale_grads_in_schedule)",
+        id='pipeline-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_recv_buffer_pool_slack: -1\n',
+        {},
+        'pipeline-recv-slack', 'error', 'distributed.pipeline.pp_recv_buffer_pool_slack', 4, False,
+        'pp_recv_buffer_pool_slack must be an integer >= 0, got -1',
+        'pp_recv_buffer_pool_slack: 2 (the default)',
+        id='pipeline-recv-slack',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: interleaved_1f1b\n',
+        {},
+        'pp-schedule-unknown', 'error', 'distributed.pipeline.pp_schedule', 4, False,
+        'pp_schedule \'interleaved_1f1b\' is not a schedule torch\'s get_schedule_class knows (a spelling from older docs / AutoModel\'s docstring): AutoModel fails with "Unknown schedule name"; valid (case-insensitive): 1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV',
+        'pp_schedule: interleaved1f1b',
+        id='pp-schedule-unknown',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_microbatch_size: 0\n',
+        {},
+        'pp-microbatch-invalid', 'error', 'distributed.pipeline.pp_microbatch_size', 4, False,
+        'pp_microbatch_size must be a positive integer, got 0; AutoModel does not check it and the pipeline schedule build fails (division by zero / negative microbatch count)',
+        'pp_microbatch_size: 1',
+        id='pp-microbatch-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    dtype: float32\n',
+        {},
+        'pipeline-dtype-mismatch', 'warning', 'distributed.pipeline.dtype', 4, True,
+        'pipeline.dtype=float32 does not match the FSDP activation dtype bfloat16 (mp_policy) used for inter-stage communication; this can corrupt pipeline stage shape inference',
+        'remove pipeline.dtype (AutoModel derives it from mp_policy)',
+        id='pipeline-dtype-mismatch',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_batch_size: 8\n',
+        {},
+        'pipeline-overwritten', 'info', 'distributed.pipeline.pp_batch_size', 4, True,
+        'pipeline.pp_batch_size is overwritten at runtime by step_scheduler.local_batch_size',
+        'remove pipeline.pp_batch_size',
+        id='pipeline-overwritten',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: DualPipeV\n',
+        {},
+        'pp-schedule-dualpipev', 'warning', 'distributed.pipeline.pp_schedule', 4, True,
+        "AutoModel 0.7.0 assigns pipeline stages loop-style for DualPipeV (stages r and r+pp on rank r) but torch's DualPipeV expects V-style placement (r and 2*pp-1-r): stage-to-rank maps disagree and the run is expected to hang or fail at the first step",
+        'pp_schedule: zbvzerobubble (V-style, placed correctly) or interleaved1f1b',
+        id='pp-schedule-dualpipev',
+    ),
+    pytest.param(
+        'distributed:\n  moe:\n    reshard_after_forward: true\n',
+        {},
+        'moe-ignored', 'warning', 'distributed.moe', 2, True,
+        'moe: is set but ep_size=1: AutoModel silently drops the block',
+        'set ep_size > 1 to use it, or remove moe:',
+        id='moe-ignored',
+    ),
+    pytest.param(
+        'distributed:\n  ep_size: 2\n  moe:\n    ignore_router_for_ac: 3\n',
+        {},
+        'moe-invalid', 'error', 'distributed.moe.ignore_router_for_ac', 4, False,
+        'distributed.moe.ignore_router_for_ac must be true or false, got 3',
+        'ignore_router_for_ac: true (the default) or a valid value',
+        id='moe-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  ep_size: 2\n  activation_checkpointing: true\n  moe:\n    ignore_router_for_ac: false\n',
+        {},
+        'moe-ac-router', 'warning', 'distributed.moe.ignore_router_for_ac', 5, True,
+        'ignore_router_for_ac: false with activation checkpointing recomputes the router in backward; tied top-k picks can route a different number of tokens per expert and torch.utils.checkpoint raises CheckpointError',
+        'ignore_router_for_ac: true (the default)',
+        id='moe-ac-router',
+    ),
+    pytest.param(
+        'distributed:\n  strategy: ddp\n  tp_size: 2\n',
+        {},
+        'strategy-unsupported', 'error', 'distributed.tp_size', 3, False,
+        'ddp does not support tensor parallelism (tp_size=2)',
+        'set tp_size: 1, or use strategy: fsdp2 which supports it',
+        id='strategy-unsupported',
+    ),
+    pytest.param(
+        'distributed:\n  strategy: megatron_fsdp\n  dp_replicate_size: 2\n',
+        {},
+        'dp-replicate-strategy', 'error', 'distributed.dp_replicate_size', 3, False,
+        'dp_replicate_size=2 (HSDP) is only supported with fsdp2, not megatron_fsdp',
+        'remove dp_replicate_size, or use strategy: fsdp2',
+        id='dp-replicate-strategy',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 3\n',
+        {'world_size': 8},
+        'world-not-divisible', 'error', 'distributed.tp_size', 2, False,
+        'world_size (8) must be divisible by (tp_size * cp_size * pp_size) (3 * 1 * 1 = 3)',
+        'use a world size that is a multiple of 3 (e.g. 6 or 9), or tp_size in {1, 2, 4, 8}',
+        id='world-not-divisible',
+    ),
+    pytest.param(
+        'distributed:\n  dp_size: 16\n  tp_size: 2\n',
+        {'world_size': 16},
+        'dp-size-exceeds-world', 'error', 'distributed.dp_size', 2, False,
+        "dp_size=16 gives a mesh of 32 ranks (dp*tp*cp*pp), more than world_size=16: torch fails with 'Mesh should not be bigger than default world size'",
+        'dp_size: 8 (or remove it)',
+        id='dp-size-exceeds-world',
+    ),
+    pytest.param(
+        'distributed:\n  dp_size: 2\n  tp_size: 2\n',
+        {'world_size': 8},
+        'dp-size-leaves-ranks', 'warning', 'distributed.dp_size', 2, True,
+        "dp_size=2 gives a mesh of 4 ranks but world_size=8: ranks 4..7 are outside the mesh; on torch 2.13 AutoModel's mesh build fails on those ranks ('needs to contain the local rank') unless they are deliberately idle",
+        'dp_size: 4 (or remove it)',
+        id='dp-size-leaves-ranks',
+    ),
+    pytest.param(
+        'distributed:\n  dp_replicate_size: 3\n',
+        {'world_size': 8},
+        'dp-replicate-not-multiple', 'error', 'distributed.dp_replicate_size', 2, False,
+        'dp_size (8) must be a multiple of dp_replicate_size (3)',
+        'dp_replicate_size in {1, 2, 4}',
+        id='dp-replicate-not-multiple',
+    ),
+    pytest.param(
+        'distributed:\n  dp_replicate_size: 8\n',
+        {'world_size': 8},
+        'dp-replicate-too-large', 'error', 'distributed.dp_replicate_size', 2, False,
+        'dp_replicate_size=8 must be less than dp_size=8 (DDP-style pure replication is not supported by FSDP2)',
+        'dp_replicate_size in {1, 2, 4} or strategy: ddp',
+        id='dp-replicate-too-large',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n  ep_size: 16\n',
+        {'world_size': 8},
+        'ep-not-divisible', 'error', 'distributed.ep_size', 3, False,
+        'non_pp_size=8 (dp*cp*tp = 4*1*2) must be a multiple of ep_size=16 (the 0.7.0 code requires dp*cp*tp, not dp*cp as older docs say)',
+        'ep_size in {2, 4, 8}',
+        id='ep-not-divisible',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {},
+        'world-size-missing', 'info', 'distributed', 1, True,
+        'world_size not given: the checks that need dp (world divisibility, HSDP, EP, batch sizes, node placement) were skipped',
+        'pass world_size (or nodes and gpus_per_node)',
+        id='world-size-missing',
+    ),
+    pytest.param(
+        'step_scheduler:\n  local_batch_size: 0\ndistributed:\n  tp_size: 2\n',
+        {'world_size': 8},
+        'batch-size-invalid', 'error', 'step_scheduler.local_batch_size', 2, False,
+        'step_scheduler.local_batch_size must be a positive integer, got 0',
+        'local_batch_size: 1',
+        id='batch-size-invalid',
+    ),
+    pytest.param(
+        'step_scheduler:\n  local_batch_size: 6\ndistributed:\n  pp_size: 2\n  pipeline:\n    pp_microbatch_size: 4\n',
+        {'world_size': 8},
+        'pp-batch-divisibility', 'error', 'distributed.pipeline.pp_microbatch_size', 6, False,
+        "step_scheduler.local_batch_size=6 is not divisible by pipeline.pp_microbatch_size=4: AutoModel's pipeline schedule build raises ValueError",
+        'local_batch_size: 4 or a pp_microbatch_size dividing 6',
+        id='pp-batch-divisibility',
+    ),
+    pytest.param(
+        'step_scheduler:\n  local_batch_size: 2\ndistributed:\n  pp_size: 4\n  pipeline:\n    pp_microbatch_size: 1\n',
+        {'world_size': 8},
+        'pp-microbatches', 'error', 'step_scheduler.local_batch_size', 2, False,
+        "local_batch_size 2 // pp_microbatch_size 1 = 2 microbatches, fewer than pp_size=4: the recipe's assertion fails",
+        'local_batch_size: 4 (or more), or pp_microbatch_size: 1',
+        id='pp-microbatches',
+    ),
+    pytest.param(
+        'step_scheduler:\n  local_batch_size: 5\ndistributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: interleaved1f1b\n',
+        {'world_size': 8},
+        'pp-microbatches', 'error', 'step_scheduler.local_batch_size', 2, False,
+        'Interleaved1F1B needs the number of microbatches (5) to be a multiple of the number of rounds (2 = max(1, 5 // pp_size 2)): torch raises ValueError when building the schedule',
+        'local_batch_size: 4 or 6 (with pp_microbatch_size=1)',
+        id='pp-microbatches-rounds',
+    ),
+    pytest.param(
+        'step_scheduler:\n  global_batch_size: 30\n  local_batch_size: 4\ndistributed:\n  tp_size: 2\n',
+        {'world_size': 8},
+        'global-batch-divisibility', 'error', 'step_scheduler.global_batch_size', 2, False,
+        'global_batch_size (30) must be divisible by local_batch_size * dp_size (4 * 4 = 16): StepScheduler raises ValueError',
+        'global_batch_size: 16 or 32',
+        id='global-batch-divisibility',
+    ),
+    pytest.param(
+        'distributed:\n  cp_size: 4\npacked_sequence:\n  packed_sequence_size: 1020\n',
+        {'world_size': 8},
+        'cp-seq-divisibility', 'error', 'packed_sequence.packed_sequence_size', 4, False,
+        'packed_sequence.packed_sequence_size=1020 is not divisible by 2*cp_size=8: load-balanced context parallelism splits each sequence into 8 chunks',
+        'packed_sequence_size: 1024',
+        id='cp-seq-divisibility',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 3\n',
+        {'world_size': 12, 'model': 'meta-llama/Llama-3.1-8B'},
+        'tp-heads', 'error', 'distributed.tp_size', 2, False,
+        "tp_size=3 does not divide num_attention_heads=32 and num_key_value_heads=8 of meta-llama/Llama-3.1-8B: AutoModel's TP validation fails after launch",
+        'use tp_size in {1, 2, 4, 8}',
+        id='tp-heads',
+    ),
+    pytest.param(
+        'distributed:\n  ep_size: 16\n',
+        {'world_size': 16, 'model': 'mistralai/Mixtral-8x7B-v0.1'},
+        'ep-experts', 'error', 'distributed.ep_size', 2, False,
+        'n_routed_experts 8 of mistralai/Mixtral-8x7B-v0.1 must be divisible by ep_size=16',
+        'use ep_size in {2, 4, 8}',
+        id='ep-experts',
+    ),
+    pytest.param(
+        'distributed:\n  ep_size: 2\n',
+        {'world_size': 8, 'model': 'meta-llama/Llama-3.1-8B'},
+        'ep-dense-model', 'warning', 'distributed.ep_size', 2, True,
+        'ep_size=2 but meta-llama/Llama-3.1-8B is a dense model (no experts): the MoE mesh is built and never used',
+        'ep_size: 1',
+        id='ep-dense-model',
+    ),
+    pytest.param(
+        'distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n    layers_per_stage: 8\n',
+        {'world_size': 8, 'model': 'meta-llama/Llama-3.2-1B'},
+        'pp-stages', 'error', 'distributed.pipeline.layers_per_stage', 5, False,
+        'meta-llama/Llama-3.2-1B (16 layers), pp_size=4, Interleaved1F1B: Number of virtual stages (2) must be divisible by pipeline parallel size (4); the model has 16 layers with layers_per_stage=8',
+        'layers_per_stage in {1, 2}',
+        id='pp-stages',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'world_size': 8, 'nodes': 2, 'gpus_per_node': 8},
+        'world-mismatch', 'error', 'distributed', 1, False,
+        'world_size=8 but nodes x gpus_per_node = 2 x 8 = 16',
+        'world_size: 16',
+        id='world-mismatch',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'world_size': 12, 'gpus_per_node': 8},
+        'world-partial-node', 'error', 'distributed', 1, False,
+        'world_size=12 is not a whole number of 8-GPU nodes',
+        'world_size: 16',
+        id='world-partial-node',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 8\n',
+        {'world_size': 16, 'gpus_per_node': 4},
+        'tp-cross-node', 'warning', 'distributed.tp_size', 2, True,
+        '2 of 2 tp groups (size 8) cross a node boundary with 4 GPUs per node; e.g. ranks [0, 1, 2, 3, 4, 5, 6, 7] span nodes [0, 1]: TP collectives run every layer and are bound by the inter-node network',
+        'keep tp_size (now 8) a divisor of gpus_per_node=4',
+        id='tp-cross-node',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 4\n  cp_size: 2\n',
+        {'world_size': 16, 'gpus_per_node': 4},
+        'cp-cross-node', 'warning', 'distributed.cp_size', 3, True,
+        '8 of 8 cp groups (size 2) cross a node boundary with 4 GPUs per node; e.g. ranks [0, 4] span nodes [0, 1]: CP exchanges keys/values every attention layer over the inter-node network',
+        'keep tp_size * cp_size (now 8) a divisor of gpus_per_node=4',
+        id='cp-cross-node',
+    ),
+    pytest.param(
+        'distributed:\n\ttp_size: 2\n',
+        {},
+        'yaml-syntax', 'error', '<root>', 2, False,
+        'YAML syntax error: found character that cannot start any token',
+        'indent with spaces: YAML forbids tab characters in indentation',
+        id='yaml-syntax',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n  tp_size: 4\n',
+        {},
+        'yaml-duplicate-key', 'error', 'distributed.tp_size', 3, False,
+        "key 'tp_size' appears twice (lines 2 and 3); YAML loaders (PyYAML, AutoModel) silently keep the last value and drop the first",
+        "keep one 'tp_size' entry",
+        id='yaml-duplicate-key',
+    ),
+    pytest.param(
+        'tp_size: 2\n---\ntp_size: 4\n',
+        {},
+        'yaml-multiple-documents', 'error', '<root>', 3, False,
+        "the YAML has more than one document ('---'); AutoModel's yaml.safe_load rejects it ('expected a single document in the stream'); only the first was checked",
+        'keep one document per recipe file',
+        id='yaml-multiple-documents',
+    ),
+    pytest.param(
+        'model:\n  x: 1\ndistributed:\n',
+        {},
+        'distributed-invalid', 'error', 'distributed', 3, False,
+        'distributed: is empty (YAML null), not a mapping; AutoModel cannot read it',
+        'write `distributed: {}` for the defaults, or give its keys',
+        id='distributed-invalid',
+    ),
+    pytest.param(
+        'model:\n  pretrained_model_name_or_path: x\n',
+        {},
+        'no-distributed-section', 'info', '<root>', None, True,
+        "the recipe has no distributed: section; AutoModel's defaults apply (strategy fsdp2, dp = world size)",
+        None,
+        id='no-distributed-section',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: ${TP_SIZE}\n',
+        {},
+        'env-var', 'warning', 'distributed.tp_size', 2, True,
+        'value comes from environment variable(s) TP_SIZE at launch and was not checked (AutoModel fails at load if they are unset)',
+        'give a default, e.g. ${VAR,2}, to have it checked',
+        id='env-var',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'model': 'meta-llama/Llama-9'},
+        'model-unknown', 'warning', '<root>', None, True,
+        "unknown model 'meta-llama/Llama-9' (not in the catalog, not a config.json path); did you mean meta-llama/Llama-3.2-3B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B?; model-aware checks skipped",
+        'run `automodel-dist models` for the catalog, or pass a config.json path',
+        id='model-unknown',
+    ),
+    pytest.param(
+        'model:\n  pretrained_model_name_or_path: Qwen/Qwen3-8B\ndistributed:\n  tp_size: 2\n',
+        {},
+        'model-from-recipe', 'info', 'model.pretrained_model_name_or_path', 2, True,
+        'model-aware checks use Qwen/Qwen3-8B from model.pretrained_model_name_or_path',
+        None,
+        id='model-from-recipe',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\nci:\n  nodes: 2\n',
+        {},
+        'world-from-ci', 'info', 'ci', 3, True,
+        "world_size 16 taken from the recipe's ci: block (nodes=2 x nproc_per_node=8)",
+        None,
+        id='world-from-ci',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'world_size': 0},
+        'world-size-invalid', 'error', '<root>', None, False,
+        'world_size must be a positive integer <= 16,777,216, got 0',
+        'pass a positive world_size',
+        id='world-size-invalid',
+    ),
+    pytest.param(
+        '',
+        {},
+        'yaml-empty', 'error', '<root>', None, False,
+        'the config is empty',
+        'give a distributed: block',
+        id='yaml-empty',
+    ),
+    pytest.param(
+        '- 1\n- 2\n',
+        {},
+        'yaml-root-not-mapping', 'error', '<root>', 1, False,
+        'the config must be a mapping (a recipe or a distributed: block), got a list',
+        'give a recipe (with a distributed: section) or a bare distributed: block',
+        id='yaml-root-not-mapping',
+    ),
+    pytest.param(
+        'distributed:\n  [a, b]: 1\n',
+        {},
+        'yaml-bad-key', 'error', 'distributed', 2, False,
+        'a mapping key must be a scalar, got list',
+        'use a plain string key',
+        id='yaml-bad-key',
+    ),
+]
+
+
+@pytest.mark.parametrize("text,kwargs,rule,severity,path,line,valid,message,fix", CASES)
+def test_rule_finding(text, kwargs, rule, severity, path, line, valid, message, fix):
+    report = validate_config(text, **kwargs)
+    found = [f for f in report.findings if f.rule == rule]
+    assert found, f"{rule} not reported; got {[(f.rule, f.message) for f in report.findings]}"
+    f = found[0]
+    assert (f.severity, f.path, f.line) == (severity, path, line)
+    assert f.message == message
+    assert f.fix == fix
+    assert report.valid is valid
+
+
+# Rules that need an input the unit table cannot express (internal failures).
+UNTESTABLE_HERE = {"internal-error", "file-unreadable", "file-not-allowed", "yaml-too-large", "yaml-not-utf8",
+                   "yaml-too-deep", "yaml-too-complex"}
+
+
+def test_every_rule_has_a_case():
+    covered = {p.values[2] for p in CASES}
+    runtime = {r.id for r in RULES.values() if r.family == "runtime"}
+    missing = set(RULES) - covered - UNTESTABLE_HERE - runtime
+    assert not missing, f"rules without a unit case: {sorted(missing)}"
+
+
+def test_all_findings_at_once():
+    text = """distributed:
+  strategy: ddp
+  tp_size: 3
+  pp_size: 2
+  sequence_parallel: true
+  dp_replicate_size: 2
+  activation_checkpointing: selective
+  pipeline:
+    pp_schedule: interleaved_1f1b
+    pp_microbatch_size: 0
+    foo: 1
+"""
+    report = validate_config(text, world_size=16, model="meta-llama/Llama-3.1-8B")
+    rules = [(f.rule, f.line) for f in report.findings if f.severity == "error"]
+    assert rules == [
+        ("strategy-unsupported", 3), ("tp-heads", 3), ("strategy-unsupported", 4), ("option-unknown", 5),
+        ("dp-replicate-strategy", 6), ("pp-schedule-unknown", 9), ("pp-microbatch-invalid", 10),
+        ("pipeline-invalid", 11),
+    ]
+
+
+def test_bare_block_and_recipe_agree():
+    bare = validate_config("tp_size: 3\n", world_size=8)
+    recipe = validate_config("distributed:\n  tp_size: 3\n", world_size=8)
+    assert [(f.rule, f.message) for f in bare.findings] == [(f.rule, f.message) for f in recipe.findings]
+    assert bare.findings[0].path == "tp_size" and recipe.findings[0].path == "distributed.tp_size"
+    assert bare.findings[0].line == 1 and recipe.findings[0].line == 2
+
+
+def test_mapping_input_has_no_lines():
+    report = validate_config({"distributed": {"tp_size": 3}}, world_size=8)
+    assert report.findings[0].rule == "world-not-divisible" and report.findings[0].line is None
+
+
+def test_automodel_value_semantics():
+    # AutoModel's loader reads "2" as 2 and none as null; so do we.
+    report = validate_config('distributed:\n  tp_size: "2"\n  dp_size: none\n', world_size=8)
+    assert report.valid and report.resolved.tp == 2 and report.resolved.dp == 4
+
+
+def test_pipeline_keys_checked_as_warnings_when_pp_is_1():
+    report = validate_config("pipeline:\n  pp_schedul: 1f1b\n  pp_microbatch_size: 0\n", world_size=4)
+    sev = {f.rule: f.severity for f in report.findings}
+    assert report.valid
+    assert sev["pipeline-invalid"] == "warning" and sev["pp-microbatch-invalid"] == "warning"
+
+
+def test_never_imports_targets(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+    seen = []
+
+    def spy(name, *args, **kwargs):
+        seen.append(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", spy)
+    validate_config("distributed:\n  mp_policy:\n    _target_: os.system\n  offload_policy:\n"
+                    "    _target_: evil_module_xyz.Boom\n  pipeline:\n    loss_fn: evil_module_xyz.f\n")
+    assert "evil_module_xyz" not in seen and "os" not in seen
+

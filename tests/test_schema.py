@@ -1,0 +1,99 @@
+"""The pydantic schema mirrors AutoModel 0.7.0's dataclasses: same fields, same defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import oracle
+import pytest
+
+from automodel_dist.config import schema
+from automodel_dist.config.values import SCHEDULES, dtype_name
+
+pytestmark = pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel oracle not installed")
+
+# activation_checkpointing is a field of the strategy dataclasses but AutoModel pops it from the
+# YAML block before building them (it becomes a top-level setting), so it is not an option here.
+POPPED = {"activation_checkpointing"}
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
+def _plain(value):
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "param_dtype"):  # MixedPrecisionPolicy
+        return {k: _plain(getattr(value, k)) for k in ("param_dtype", "reduce_dtype", "output_dtype",
+                                                        "cast_forward_inputs")}
+    return value
+
+
+def _pairs():
+    from nemo_automodel.components.distributed import config as amc
+    from nemo_automodel.components.distributed.cp_vision_frame_shard import CpVisionFrameShardingConfig
+    from nemo_automodel.components.distributed.pipelining.config import PipelineConfig
+
+    return [
+        (schema.FSDP2Options, amc.FSDP2Config),
+        (schema.MegatronFSDPOptions, amc.MegatronFSDPConfig),
+        (schema.DDPOptions, amc.DDPConfig),
+        (schema.PipelineConfig, PipelineConfig),
+        (schema.MoEConfig, amc.MoEParallelizerConfig),
+        (schema.Multimodal, amc.MultimodalDistributedConfig),
+        (schema.MultimodalVision, amc.MultimodalVisionConfig),
+        (schema.FrameSharding, CpVisionFrameShardingConfig),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_fields_and_defaults_match_automodel(index):
+    ours, theirs = _pairs()[index]
+    their_fields = {f.name: f for f in dataclasses.fields(theirs)} if dataclasses.is_dataclass(theirs) else {}
+    expected = set(their_fields) - POPPED
+    assert set(ours.model_fields) == expected
+    for name, f in their_fields.items():
+        if name in POPPED:
+            continue
+        mine = schema.field_default(ours, name)
+        assert _plain(mine) == _plain(_default(f)), name
+
+
+def test_mixed_precision_yaml_defaults_match_automodel():
+    # A YAML mp_policy mapping gets torch's defaults with cast_forward_inputs defaulted to False.
+    from nemo_automodel.recipes._dist_utils import parse_distributed_section
+
+    parsed = parse_distributed_section({"mp_policy": {}})
+    assert _plain(parsed["strategy_config"].mp_policy) == schema.MixedPrecisionPolicy().model_dump()
+
+
+def test_dtype_names_match_automodel():
+    import torch
+    from nemo_automodel.shared.utils import dtype_from_str
+
+    for spelling in ["bf16", "BF16", "bfloat16", "torch.bfloat16", "float", "float32", "half", "fp16", "fp8",
+                     "float64", "double", "int", "long", "bool", "torch.float16", "Float32", "nonsense"]:
+        try:
+            theirs = str(dtype_from_str(spelling)).removeprefix("torch.")
+        except KeyError:
+            theirs = None
+        assert dtype_name(spelling) == theirs, spelling
+    assert torch.bfloat16 is not None
+
+
+def test_schedule_names_match_torch():
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    for lower, name in SCHEDULES.items():
+        assert get_schedule_class(lower).__name__ in (f"Schedule{name}", name)

@@ -107,11 +107,11 @@ def main() -> None:
     print(f"{'config':<30} {'ours':>8} {'AutoModel':>10} {'ratio':>8}")
     ours_all, theirs_all = [], []
     for name, (text, world) in CONFIGS.items():
-        ours = _median_ms(lambda: validate_config(text, world_size=world), args.repeat)
+        ours = _median_ms(lambda t=text, w=world: validate_config(t, world_size=w), args.repeat)
         ours_all.append(ours)
         if have_oracle:
             automodel_path(text, world)  # warm imports
-            theirs = _median_ms(lambda: automodel_path(text, world), args.repeat)
+            theirs = _median_ms(lambda t=text, w=world: automodel_path(t, w), args.repeat)
             theirs_all.append(theirs)
             print(f"{name:<30} {ours:>8.2f} {theirs:>10.2f} {theirs / ours:>7.0f}x")
         else:
@@ -138,10 +138,10 @@ def main() -> None:
     print(f"{'world':>8} {'ours ms':>9} {'torch ms':>9} {'ratio':>7}")
     block = "distributed:\n  tp_size: 8\n  cp_size: 2\n  pp_size: 8\n  pipeline: {}\n  dp_replicate_size: 4\n"
     for world in (16384, 131072):
-        ours = _median_ms(lambda: build_mesh(block, world_size=world, ranks=[world - 1]), max(3, args.repeat // 4))
+        ours = _median_ms(lambda w=world: build_mesh(block, world_size=w, ranks=[w - 1]), max(3, args.repeat // 4))
         lay, _ = build_layout(block, world_size=world)
         shape, names = tuple(lay.device_mesh()[1]), tuple(lay.device_mesh()[0])
-        theirs = _median_ms(lambda: torch_mesh(world, shape, names), 2)
+        theirs = _median_ms(lambda w=world, sh=shape, n=names: torch_mesh(w, sh, n), 2)
         print(f"{world:>8} {ours:>9.2f} {theirs:>9.1f} {theirs / ours:>6.0f}x")
     print("goal: <= 200 ms at 16,384 ranks")
 

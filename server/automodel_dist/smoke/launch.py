@@ -1,0 +1,577 @@
+"""Plan and launch a smoke run through torch's elastic launcher (torchrun), without importing torch.
+
+The parent writes a JSON spec, runs ``python -m torch.distributed.run --standalone ... -m
+automodel_dist.smoke.worker --spec spec.json`` in its own process session, streams progress
+events, enforces the wall-clock timeout and cancellation, and always reaps every rank: the whole
+session is killed, survivors are hunted down by the run's unique directory name, and the run
+directory is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..api import ConfigInput, _split, load_config, validate_config
+from ..config.values import V_SCHEDULES, is_single_stage
+from ..layout import Layout
+from ..report import Finding
+from .report import TOLERANCES, RankReport, SmokeReport, Timing
+
+ProgressFn = Callable[[str, int, int, str], None]
+
+MAX_CPU_WORLD = int(os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16"))
+MAX_CONCURRENT = int(os.environ.get("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", "2"))
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_PG_TIMEOUT_S = 60.0
+FAULT_KINDS = ("crash", "hang", "skew")
+_ACTIVE: set[subprocess.Popen] = set()
+_ACTIVE_LOCK = threading.Lock()
+_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
+
+
+class SmokeUsageError(ValueError):
+    """Arguments that cannot describe a smoke run (CLI exit 2)."""
+
+
+class Cancelled(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------- faults
+def parse_fault(fault: str | dict | None) -> dict | None:
+    """``crash@RANK:STEP``, ``hang@RANK:STEP`` or ``skew@RANK:STEP`` -> {kind, rank, step}."""
+    if fault is None or isinstance(fault, dict):
+        return fault
+    try:
+        kind, where = fault.split("@", 1)
+        rank, step = (int(x) for x in where.split(":", 1))
+    except ValueError as exc:
+        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP or skew@RANK:STEP, "
+                              f"got {fault!r}") from exc
+    if kind not in FAULT_KINDS or rank < 0 or step < 0:
+        raise SmokeUsageError(f"unknown fault {fault!r}; use {', '.join(k + '@RANK:STEP' for k in FAULT_KINDS)}")
+    return {"kind": kind, "rank": rank, "step": step}
+
+
+# --------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    spec: dict[str, Any]
+    world_size: int
+    findings: list[Finding] = field(default_factory=list)
+    report_base: dict[str, Any] = field(default_factory=dict)
+
+
+_OVERRIDE_KEYS = {"strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
+                  "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
+                  "activation_checkpointing": "activation_checkpointing"}
+
+
+def merged_block(config: ConfigInput | None, overrides: dict[str, Any]) -> tuple[ConfigInput, dict[str, Any]]:
+    """The config to validate (the original when there are no overrides, to keep its line numbers)."""
+    if config is None:
+        block: dict[str, Any] = {}
+    else:
+        doc = load_config(config)
+        split = _split(doc)
+        if split.block is None:
+            return config, {}
+        block = dict(split.block)
+    active = {k: v for k, v in overrides.items() if v is not None}
+    if not active:
+        return (config if config is not None else {}), block
+    for key, value in active.items():
+        if key == "pp_schedule":
+            pipe = dict(block.get("pipeline") or {})
+            pipe["pp_schedule"] = value
+            block["pipeline"] = pipe
+        else:
+            block[_OVERRIDE_KEYS[key]] = value
+    if block.get("pp_size", 1) not in (None, 1) and block.get("pipeline") is None:
+        block["pipeline"] = {}
+    return {"distributed": block}, block
+
+
+def make_plan(config: ConfigInput | None, *, world_size: int, steps: int, model: str, backend: str | None,
+              precision: str, fault: str | dict | None, pg_timeout_s: float, overrides: dict[str, Any],
+              seed: int = 1234, lr: float = 5e-3) -> Plan | SmokeReport:
+    if model not in ("tiny-llama", "tiny-moe"):
+        raise SmokeUsageError(f"model must be tiny-llama or tiny-moe, got {model!r}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise SmokeUsageError(f"world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(steps, int) or not 1 <= steps <= 100:
+        raise SmokeUsageError(f"steps must be between 1 and 100, got {steps!r}")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise SmokeUsageError(f"precision must be auto, fp32 or bf16, got {precision!r}")
+    if backend not in (None, "auto", "gloo", "nccl"):
+        raise SmokeUsageError(f"backend must be gloo or nccl, got {backend!r}")
+    fault_d = parse_fault(fault)
+    to_check, block = merged_block(config, overrides)
+    report = validate_config(to_check, world_size=world_size)
+    base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved,
+                findings=[f for f in report.findings if f.severity != "info"])
+    if not report.valid:
+        errors = [f for f in report.findings if f.severity == "error"]
+        return SmokeReport(passed=False, status="failed", reason=f"the config is invalid ({len(errors)} error(s)): "
+                           + "; ".join(f.message for f in errors[:3]), **base)
+    r = report.resolved
+    assert r.strategy is not None and r.dp is not None
+    if fault_d and fault_d["rank"] >= world_size:
+        raise SmokeUsageError(f"fault rank {fault_d['rank']} is outside [0, {world_size})")
+    if fault_d and fault_d["step"] >= steps:
+        raise SmokeUsageError(f"fault step {fault_d['step']} is outside [0, {steps})")
+    cuda = _cuda_count()
+    want_backend = backend or "auto"
+    on_cpu = want_backend == "gloo" or cuda < world_size
+    if r.strategy == "megatron_fsdp":
+        have_pkg = _has_module("megatron_fsdp") or _has_module("megatron.core")
+        why = ("MegatronFSDP runs only with the megatron-fsdp package and CUDA GPUs; "
+               f"here: package {'present' if have_pkg else 'missing'}, {cuda} CUDA device(s)")
+        if have_pkg and cuda >= world_size:
+            why = "the smoke runner does not implement MegatronFSDP wrapping yet (package and GPUs are present)"
+        return SmokeReport(passed=False, status="not_run", reason=f"not run: {why}", **base)
+    if on_cpu and world_size > MAX_CPU_WORLD:
+        return SmokeReport(passed=False, status="not_run", **base,
+                           reason=f"not run: world_size {world_size} is above the CPU limit of {MAX_CPU_WORLD} "
+                                  "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it)")
+    lay = Layout.build(r.strategy, world_size=world_size, tp=r.tp or 1, pp=r.pp or 1, cp=r.cp or 1, ep=r.ep or 1,
+                       dp_size=r.dp, dp_replicate=r.dp_replicate or 1)
+    if lay.mesh_ranks != world_size:
+        return SmokeReport(passed=False, status="not_run", **base,
+                           reason=f"not run: the mesh covers {lay.mesh_ranks} of {world_size} ranks (explicit dp_size)")
+    if (r.ep or 1) > 1 and model != "tiny-moe":
+        model = "tiny-moe"
+        base["model"] = model
+    limitation = _limitation(r, model)
+    if limitation:
+        return SmokeReport(passed=False, status="not_run", reason=f"not run: {limitation}", **base)
+
+    pp, tp, cp, ep = r.pp or 1, r.tp or 1, r.cp or 1, r.ep or 1
+    pipeline = None
+    stages_total = 1
+    if pp > 1:
+        sched = r.pp_schedule or "1F1B"
+        per_rank = 1 if is_single_stage(sched) else 2
+        mbs = r.pp_microbatch_size or 1
+        n_mb = 2 * pp
+        pipeline = {"schedule": sched, "stages_per_rank": per_rank, "v_style": sched in V_SCHEDULES,
+                    "n_microbatches": n_mb, "microbatch_size": mbs}
+        stages_total = pp * per_rank
+        per_dp = n_mb * mbs
+    else:
+        per_dp = 2
+    from .model_size import tiny_config
+
+    cfg = tiny_config(tp=tp, stages=stages_total, ep=ep, moe=model == "tiny-moe")
+    seq = 8 * math.lcm(2 * cp, max(tp, 1))
+    mp = _mp_policy(block, r.strategy, precision)
+    prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
+    spec = {
+        "strategy": r.strategy,
+        "sizes": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": r.dp, "dp_replicate": r.dp_replicate or 1},
+        "sequence_parallel": bool(r.sequence_parallel),
+        "activation_checkpointing": r.activation_checkpointing or False,
+        "reshard_after_forward": block.get("reshard_after_forward") if r.strategy == "fsdp2" else None,
+        "mp_policy": mp,
+        "ddp": {k: block.get(k) for k in ("broadcast_buffers", "find_unused_parameters", "static_graph",
+                                          "bucket_cap_mb", "gradient_as_bucket_view")} if r.strategy == "ddp" else {},
+        "pipeline": pipeline,
+        "model": model,
+        "model_config": cfg,
+        "seq_len": seq,
+        "global_batch": per_dp * r.dp,
+        "steps": steps,
+        "lr": lr,
+        "seed": seed,
+        "backend": want_backend,
+        "pg_timeout_s": pg_timeout_s,
+        "fault": fault_d,
+        "precision": prec,
+    }
+    base.update(model_dims=cfg, tolerance=TOLERANCES[prec])
+    return Plan(spec=spec, world_size=world_size, findings=base["findings"], report_base=base)
+
+
+def _limitation(r: Any, model: str) -> str | None:
+    """Layout combinations the smoke runner cannot execute (reported as not_run, never silently passed)."""
+    return None
+
+
+def _mp_policy(block: dict[str, Any], strategy: str, precision: str) -> dict[str, Any] | None:
+    if strategy != "fsdp2" or precision == "fp32":
+        return None
+    if precision == "bf16":
+        return {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None, "cast_forward_inputs": False}
+    from ..config.values import dtype_name
+
+    mp = block.get("mp_policy")
+    if mp is None:  # AutoModel's FSDP2 default
+        return {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None, "cast_forward_inputs": False}
+    out = {k: (dtype_name(mp[k]) if isinstance(mp.get(k), str) else None)
+           for k in ("param_dtype", "reduce_dtype", "output_dtype")}
+    out["cast_forward_inputs"] = bool(mp.get("cast_forward_inputs", False))
+    return out if out["param_dtype"] or out["reduce_dtype"] else None
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _cuda_count() -> int:
+    """Visible CUDA devices without importing torch (nvidia-smi), 0 when there is none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    if visible:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
+# --------------------------------------------------------------------------- commands
+def torchrun_args(nproc: int, run_dir: Path, spec_path: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "--max-restarts", "0", "--monitor-interval", "0.2",
+            "--log-dir", str(run_dir / "logs"), "--redirects", "3",
+            "-m", "automodel_dist.smoke.worker", "--spec", str(spec_path)]
+
+
+def reproduce_commands(nproc: int, spec_name: str = "spec.json") -> tuple[str, str, str]:
+    worker = f"-m automodel_dist.smoke.worker --spec {spec_name}"
+    single = f"OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node {nproc} {worker}"
+    multi = ("torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE --rdzv-backend c10d "
+             f"--rdzv-endpoint $HEAD_NODE:29500 --rdzv-id $RUN_ID {worker}")
+    srun = ("srun --nodes $SLURM_NNODES --ntasks-per-node 1 bash -c 'torchrun --nnodes $SLURM_NNODES "
+            "--nproc-per-node $SLURM_GPUS_ON_NODE --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID "
+            "--rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 "
+            f"{worker}'")
+    return single, multi, srun
+
+
+# --------------------------------------------------------------------------- processes
+def _survivors(token: str) -> list[int]:
+    """PIDs whose command line mentions this run's directory (Linux /proc; empty elsewhere)."""
+    pids = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    me = os.getpid()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in cmd:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_tree(proc: subprocess.Popen, token: str, grace_s: float = 3.0) -> None:
+    """SIGTERM the run's session, then SIGKILL it and anything else still carrying the run token."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    for _ in range(20):
+        left = _survivors(token)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def kill_all_active() -> None:
+    """Kill every smoke run this process started (signal handlers of the CLI and MCP server)."""
+    with _ACTIVE_LOCK:
+        procs = list(_ACTIVE)
+    for p in procs:
+        _kill_tree(p, getattr(p, "_amd_token", ""), grace_s=1.0)
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _terminate_as_exception():
+    """Turn SIGTERM into an exception while a run is in flight (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel: Any = None,
+            keep_dir: bool = False) -> SmokeReport:
+    """Launch torchrun for ``plan`` and turn what the ranks wrote into a :class:`SmokeReport`."""
+    if not _SLOTS.acquire(blocking=False):
+        return SmokeReport(passed=False, status="not_run", **plan.report_base,
+                           reason=f"not run: {MAX_CONCURRENT} smoke runs are already in flight in this process "
+                                  "(AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE)")
+    run_dir = Path(tempfile.mkdtemp(prefix="automodel-dist-smoke-"))
+    try:
+        return _execute(plan, run_dir, timeout_s=timeout_s, progress=progress, cancel=cancel)
+    finally:
+        _SLOTS.release()
+        if not keep_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any) -> SmokeReport:
+    spec = dict(plan.spec, run_dir=str(run_dir), progress_file=str(run_dir / "progress.jsonl"))
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    (run_dir / "logs").mkdir()
+    args = torchrun_args(plan.world_size, run_dir, spec_path)
+    single, multi, srun = reproduce_commands(plan.world_size)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR",
+               AUTOMODEL_DIST_PARENT_PID=str(os.getpid()))
+    pkg_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    notify = progress or (lambda *a: None)
+    notify("launch", 0, plan.spec["steps"], f"torchrun --nproc-per-node {plan.world_size}")
+    log_path = run_dir / "torchrun.log"
+    t0 = time.time()
+    interrupted: str | None = None
+    timed_out = False
+    with open(log_path, "wb") as log, _terminate_as_exception():
+        proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.smoke._exec", *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(run_dir),
+                                start_new_session=True)
+        proc._amd_token = run_dir.name  # type: ignore[attr-defined]
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(proc)
+        offset = 0
+        try:
+            while True:
+                offset = _pump_progress(run_dir / "progress.jsonl", offset, notify)
+                if proc.poll() is not None:
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled()
+                if time.time() - t0 > timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            interrupted = "SIGINT"
+        except _Terminated as exc:
+            interrupted = str(exc)
+        except Cancelled:
+            interrupted = "cancelled"
+        finally:
+            if proc.poll() is None or _survivors(run_dir.name):
+                _kill_tree(proc, run_dir.name)
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(proc)
+        _pump_progress(run_dir / "progress.jsonl", offset, notify)
+    total = time.time() - t0
+    report = _collect(plan, run_dir, proc.returncode, total=total, t0=t0, timed_out=timed_out,
+                      interrupted=interrupted, timeout_s=timeout_s)
+    report.command = single
+    report.multinode_command = multi
+    report.srun_command = srun
+    notify("done", plan.spec["steps"], plan.spec["steps"], "passed" if report.passed else f"failed: {report.reason}")
+    return report
+
+
+def _pump_progress(path: Path, offset: int, notify: ProgressFn) -> int:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return offset
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return offset
+    for line in chunk[:end].splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        notify(ev.get("phase", ""), int(ev.get("step", 0)), int(ev.get("total", 0)), ev.get("message", ""))
+    return offset + end + 1
+
+
+_COLLATERAL = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "recv", "send",
+               "NCCL communicator was aborted", "terminated", "SIGTERM")
+
+
+def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float, t0: float, timed_out: bool,
+             interrupted: str | None, timeout_s: float) -> SmokeReport:
+    world = plan.world_size
+    results: dict[int, dict[str, Any]] = {}
+    for r in range(world):
+        path = run_dir / f"rank{r}.json"
+        if path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                results[r] = json.loads(path.read_text())
+    log_tail = []
+    with contextlib.suppress(OSError):
+        log_tail = (run_dir / "torchrun.log").read_text(errors="replace").splitlines()[-30:]
+    ranks: list[RankReport] = []
+    for r in range(world):
+        res = results.get(r)
+        if res is None:
+            state = "hung" if timed_out or _hung_by_progress(run_dir, r) else "terminated"
+            tail = _rank_log_tail(run_dir, r)
+            ranks.append(RankReport(rank=r, ok=False, state=state, traceback_tail=tail))
+            continue
+        ok = "error" not in res
+        ranks.append(RankReport(
+            rank=r, ok=ok, state="finished" if ok else "failed", groups=res.get("groups", {}),
+            mesh_matches=(not res.get("mesh_mismatches")) if "groups" in res else None,
+            stages=res.get("stages", []), step_times_s=res.get("step_times_s", []),
+            peak_rss_mib=res.get("peak_rss_mib"), cuda_max_allocated_mib=res.get("cuda_max_allocated_mib"),
+            param_bytes=res.get("param_bytes"), grad_bytes=res.get("grad_bytes"), optim_bytes=res.get("optim_bytes"),
+            max_param_rel_diff=res.get("max_param_rel_diff"), worst_param=res.get("worst_param"),
+            error=res.get("error"), traceback_tail=res.get("traceback", [])))
+    base = dict(plan.report_base, ranks=ranks, launcher_log_tail=log_tail)
+    first = next((results[r] for r in sorted(results) if "error" not in results[r]), None)
+    any_res = results.get(0) or next(iter(results.values()), {})
+    base.update(backend=any_res.get("backend"), device=any_res.get("device"))
+    timing = Timing(total_s=total)
+    if first:
+        tm = first.get("timings", {})
+        last_end = max((res.get("t_end", 0.0) for res in results.values()), default=0.0)
+        timing = Timing(launch_s=max(0.0, first.get("t_start", t0) - t0), import_s=tm.get("import_s"),
+                        init_s=tm.get("init_s"), steps_s=tm.get("steps_s"), check_s=tm.get("check_s"),
+                        teardown_s=max(0.0, t0 + total - last_end) if last_end else None, total_s=total)
+    base["timing"] = timing
+    failed = [rk.rank for rk in ranks if rk.state == "failed"]
+    hung = [rk.rank for rk in ranks if rk.state == "hung"]
+    if interrupted or timed_out or failed or len(results) < world or returncode:
+        real = sorted((rk for rk in ranks if rk.state == "failed" and not _collateral(rk.error)),
+                      key=lambda rk: results.get(rk.rank, {}).get("t_error", 0))
+        waiting = [rk.rank for rk in ranks if rk.state == "failed" and _collateral(rk.error)]
+        root = real[0] if real else None
+        last = _last_progress(run_dir)
+        if interrupted:
+            reason = f"interrupted ({interrupted}): every rank was stopped"
+        elif timed_out:
+            reason = f"timed out after {timeout_s:.0f}s (last progress: {last}); rank(s) {hung} never finished"
+        elif root is not None:
+            reason = f"rank {root.rank} failed: {root.error}"
+            if hung:
+                reason += f"; rank(s) {hung} hung"
+        elif hung:
+            reason = f"rank(s) {hung} hung (last progress: {last})"
+            if waiting:
+                reason += (f"; rank(s) {waiting} timed out waiting for them in a collective after "
+                           f"{plan.spec['pg_timeout_s']:.0f}s")
+        elif waiting:
+            root = next(rk for rk in ranks if rk.rank == waiting[0])
+            reason = f"rank {root.rank} failed: {root.error}"
+        else:
+            missing = sorted(set(range(world)) - set(results))
+            reason = f"torchrun exited with code {returncode} and rank(s) {missing} left no result"
+        culprits = [rk.rank for rk in real] or hung or waiting[:1]
+        return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=culprits, hung_ranks=hung,
+                           error=root.error if root else None,
+                           traceback_tail=root.traceback_tail if root else log_tail[-15:], **base)
+    return _judge(plan, results, base)
+
+
+def _last_progress(run_dir: Path) -> str:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        lines = (run_dir / "progress.jsonl").read_text().strip().splitlines()
+        ev = json.loads(lines[-1])
+        return f"{ev['phase']} {ev['step']}/{ev['total']} {ev['message']}".strip()
+    return "none"
+
+
+def _collateral(error: str | None) -> bool:
+    low = (error or "").lower()
+    return any(c.lower() in low for c in _COLLATERAL)
+
+
+def _hung_by_progress(run_dir: Path, rank: int) -> bool:
+    with contextlib.suppress(OSError):
+        return f"rank {rank} hangs" in (run_dir / "progress.jsonl").read_text()
+    return False
+
+
+def _rank_log_tail(run_dir: Path, rank: int) -> list[str]:
+    for path in sorted((run_dir / "logs").rglob(f"{rank}/std*.log")):
+        with contextlib.suppress(OSError):
+            lines = path.read_text(errors="replace").splitlines()
+            if lines:
+                return lines[-10:]
+    return []
+
+
+def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any]) -> SmokeReport:
+    tol = TOLERANCES[plan.spec["precision"]]
+    r0 = results[0]
+    losses, ref = r0["losses"], r0["reference_losses"]
+    rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref)]
+    diverged = next((i for i, d in enumerate(rel) if d > tol.loss_rel), None)
+    worst = max(res.get("global_max_param_rel_diff", 0.0) for res in results.values())
+    mesh_ok = all(not res.get("mesh_mismatches") for res in results.values())
+    finite = all(math.isfinite(x) for x in losses)
+    decreasing = finite and len(losses) > 1 and losses[-1] < losses[0]
+    problems = []
+    if not mesh_ok:
+        problems.append("torch's device-mesh groups differ from the engine's layout")
+    if not finite:
+        problems.append("non-finite loss")
+    if diverged is not None:
+        problems.append(f"loss diverges from the single-process reference at step {diverged} "
+                        f"({losses[diverged]:.6f} vs {ref[diverged]:.6f}, {rel[diverged]:.1e} > {tol.loss_rel:.0e})")
+    if worst > tol.param_rel:
+        worst_rank = max(results.values(), key=lambda x: x.get("max_param_rel_diff", 0.0))
+        problems.append(f"final parameters differ from the reference by {worst:.1e} (> {tol.param_rel:.0e}), "
+                        f"worst {worst_rank.get('worst_param')} on rank {worst_rank['rank']}")
+    if len(losses) > 1 and not decreasing:
+        problems.append("loss did not decrease")
+    passed = not problems
+    return SmokeReport(passed=passed, status="passed" if passed else "failed", reason="; ".join(problems) or None,
+                       losses=losses, reference_losses=ref, loss_rel_diffs=rel, max_param_rel_diff=worst,
+                       diverged_at_step=diverged, loss_decreasing=decreasing, mesh_matches=mesh_ok, **base)

@@ -1,0 +1,345 @@
+"""The smoke-test worker: one per rank, launched by torchrun (``python -m automodel_dist.smoke.worker
+--spec spec.json``). The same command runs unchanged under a multi-node torchrun or srun.
+
+Each rank: init the process group (short timeout) -> build AutoModel's meshes from the engine's
+layout and check every group against it -> build the tiny model (same seed everywhere) -> apply
+the layout -> K AdamW steps -> train a single-process reference of the same model and data ->
+compare losses and final full parameters -> write ``rank<r>.json`` (and progress events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+T_START = time.time()
+
+
+class _Progress:
+    """Append-only JSON-lines progress file (rank 0 and failing ranks write to it)."""
+
+    def __init__(self, path: str | None, rank: int):
+        self.path, self.rank = path, rank
+
+    def __call__(self, phase: str, step: int = 0, total: int = 0, message: str = "", *, force: bool = False) -> None:
+        if not self.path or (self.rank != 0 and not force):
+            return
+        line = json.dumps({"t": time.time(), "rank": self.rank, "phase": phase, "step": step, "total": total,
+                           "message": message})
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def _fault(spec: dict[str, Any], rank: int, step: int, kind: str) -> bool:
+    f = spec.get("fault") or {}
+    return f.get("kind") == kind and f.get("rank") == rank and f.get("step") == step
+
+
+def _peak_rss_mib() -> float:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    from ._exec import set_pdeathsig
+
+    set_pdeathsig()  # die with torchrun, whatever happens to it
+    t_import = time.time()
+    import torch
+    import torch.distributed as dist
+
+    from ..layout import Layout, stage_ids
+    from . import parallelize as par
+    from .tiny_models import TinyConfig, TinyLM, build_full, loss_fn, synthetic_batch
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    progress = _Progress(spec.get("progress_file"), rank)
+    result: dict[str, Any] = {"rank": rank, "t_start": T_START}
+    timings: dict[str, float] = {"import_s": time.time() - t_import}
+
+    backend = spec.get("backend") or "auto"
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(
+            os.environ.get("LOCAL_WORLD_SIZE", world)) else "gloo"
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    result["backend"], result["device"] = backend, str(device)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(False)
+
+    t0 = time.time()
+    progress("init", message=f"init_process_group({backend}), {world} ranks")
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 60))))
+    s = spec["sizes"]
+    layout = Layout.build(spec["strategy"], world_size=world, tp=s["tp"], pp=s["pp"], cp=s["cp"], ep=s["ep"],
+                          dp_size=s["dp"], dp_replicate=s["dp_replicate"])
+    meshes = par.build_meshes(layout, device.type)
+    mismatch = par.mesh_mismatches(meshes, layout, rank)
+    result["groups"] = {a: meshes.group_ranks(a) for a in meshes.axes}
+    result["mesh_mismatches"] = mismatch
+    if mismatch:
+        raise RuntimeError(f"torch DeviceMesh groups differ from the engine's layout on rank {rank}: {mismatch}")
+    progress("init", message="device meshes match the engine's layout")
+
+    cfg = TinyConfig(**spec["model_config"])
+    seed, steps, lr = spec["seed"], spec["steps"], spec["lr"]
+    pp, tp, cp, ep = layout.pp, layout.tp, layout.cp, layout.ep
+    pipe = spec.get("pipeline") or {}
+    global_batch, seq = spec["global_batch"], spec["seq_len"]
+    ids_all, labels_all = synthetic_batch(cfg, global_batch, seq, seed)
+    dp_world = layout.dp
+    if layout.strategy == "ddp":
+        dp_index = rank
+    else:
+        dp_index = meshes.axes["dp"].get_local_rank() if dp_world > 1 else 0
+    per_dp = global_batch // dp_world
+    ids = ids_all[dp_index * per_dp:(dp_index + 1) * per_dp].to(device)
+    labels = labels_all[dp_index * per_dp:(dp_index + 1) * per_dp].to(device)
+    positions = torch.arange(seq, device=device).expand(ids.shape[0], -1).contiguous()
+
+    # ---------------------------------------------------------------- build + parallelize
+    full = build_full(cfg, seed).to(device)
+    pp_rank = meshes.axes["pp"].get_local_rank() if pp > 1 else 0
+    if pp > 1:
+        from ..layout import stage_layer_counts
+
+        n_stages = pp * pipe["stages_per_rank"]
+        counts = stage_layer_counts(cfg.num_layers, n_stages)
+        my_stages = stage_ids(pp_rank, pp, n_stages, v_style=pipe.get("v_style", False))
+        modules = []
+        for sid in my_stages:
+            first_layer = sum(counts[:sid])
+            layer_ids = list(range(first_layer, first_layer + counts[sid]))
+            part = TinyLM(cfg, layer_ids, first=sid == 0, last=sid == n_stages - 1).to(device)
+            part.load_state_dict({k: v for k, v in full.state_dict().items() if k in part.state_dict()})
+            modules.append((sid, part))
+    else:
+        modules = [(0, full)]
+        n_stages, my_stages = 1, (0,)
+
+    expert_params: list[torch.nn.Parameter] = []
+    non_pp = layout.dp * cp * tp
+    # Expert grads are summed over every EP peer's tokens; FSDP then averages over ep_shard (or DDP
+    # over the world); the rest of the 1/(dp*cp*tp) global mean is applied after backward.
+    expert_scale = layout.ep_shard / non_pp if layout.strategy == "fsdp2" else 1.0 / non_pp
+    parts = []
+    for sid, m in modules:
+        if tp > 1:
+            par.apply_tp(m, meshes.axes["tp"], sequence_parallel=bool(spec.get("sequence_parallel")))
+        if ep > 1:
+            expert_params += par.apply_ep(m, meshes.moe["ep"])
+        par.apply_ac(m, spec.get("activation_checkpointing") or False)
+        if layout.strategy == "fsdp2":
+            par.apply_fsdp(m, meshes.fsdp, mp=spec.get("mp_policy"), reshard=spec.get("reshard_after_forward"),
+                           pp=pp > 1, expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
+        elif layout.strategy == "ddp":
+            m = par.apply_ddp(m, spec.get("ddp") or {}, device)
+        parts.append((sid, m))
+    params = [p for _, m in parts for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+    timings["init_s"] = time.time() - t0
+    result["param_bytes"] = sum(par.local_tensor(p).numel() * par.local_tensor(p).element_size() for p in params)
+
+    schedule = None
+    if pp > 1:
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        stages = [PipelineStage(m, sid, n_stages, device, group=meshes.axes["pp"].get_group()) for sid, m in parts]
+        cls = get_schedule_class(pipe["schedule"])
+        multi = len(stages) > 1 or pipe["schedule"] not in ("1F1B", "GPipe")
+        schedule = cls(stages if multi else stages[0], n_microbatches=pipe["n_microbatches"], loss_fn=loss_fn,
+                       scale_grads=True)
+
+    cp_ctx = _cp_context(meshes, cp, device) if cp > 1 else None
+    if cp_ctx is not None:
+        from .tiny_models import Attention
+
+        cp_info = (meshes.axes["cp"].get_local_rank(), cp, device.type != "cpu")
+        for _, m in parts:
+            for mod in m.modules():
+                if isinstance(mod, Attention):
+                    mod.cp = cp_info
+    skew = float((spec.get("fault") or {}).get("factor", 0.5))
+
+    # ---------------------------------------------------------------- train
+    losses, step_times = [], []
+    progress("step", 0, steps, "training")
+    for step in range(steps):
+        ts = time.time()
+        if _fault(spec, rank, step, "crash"):
+            raise RuntimeError(f"injected fault: crash@{rank}:{step}")
+        if _fault(spec, rank, step, "hang"):
+            progress("step", step, steps, f"injected fault: rank {rank} hangs at step {step}", force=True)
+            time.sleep(10**9)
+        opt.zero_grad(set_to_none=True)
+        loss_val, count = torch.zeros((), device=device), torch.zeros((), device=device)
+        if schedule is not None:
+            first = any(sid == 0 for sid, _ in parts)
+            last = any(sid == n_stages - 1 for sid, _ in parts)
+            mb_losses: list[torch.Tensor] = []
+            buf_ids, buf_labels = ids.clone(), labels.clone()
+            kwargs: dict[str, Any] = {"target": buf_labels, "losses": mb_losses} if last else {}
+            with contextlib.ExitStack() as stack:
+                if cp_ctx is not None:
+                    from torch.distributed.tensor.experimental import implicit_replication
+
+                    stack.enter_context(cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]))
+                    stack.enter_context(implicit_replication())
+                if first:
+                    schedule.step(buf_ids, **kwargs)
+                else:
+                    schedule.step(**kwargs)
+            if last and (tp == 1 or meshes.axes["tp"].get_local_rank() == 0):
+                loss_val = torch.stack([x.detach().float() for x in mb_losses]).mean()
+                count = torch.ones((), device=device)
+        else:
+            model = parts[0][1]
+            if cp_ctx is not None:
+                from torch.distributed.tensor.experimental import implicit_replication
+
+                buf_ids, buf_labels = ids.clone(), labels.clone()
+                with cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]), implicit_replication():
+                    loss = loss_fn(model(buf_ids), buf_labels)  # attention derives global positions
+                    loss.backward()
+            else:
+                loss = loss_fn(model(ids, positions), labels)
+                loss.backward()
+            if tp == 1 or meshes.axes["tp"].get_local_rank() == 0:
+                loss_val, count = loss.detach().float(), torch.ones((), device=device)
+        if expert_params:
+            par.scale_expert_grads([p for _, m in parts for p in m.parameters() if _is_expert(m, p)], expert_scale)
+        if _fault(spec, rank, step, "skew"):  # seeded noise at `skew` x each gradient's RMS
+            gen = torch.Generator(device=device).manual_seed(rank * 1000 + step)
+            with torch.no_grad():
+                for p in params:
+                    if p.grad is not None:
+                        g = par.local_tensor(p.grad)
+                        g.add_(torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
+                               * skew * g.float().pow(2).mean().sqrt().to(g.dtype))
+        opt.step()
+        pair = torch.stack([loss_val * count, count])
+        dist.all_reduce(pair)
+        losses.append((pair[0] / pair[1]).item())
+        step_times.append(time.time() - ts)
+        progress("step", step + 1, steps, f"loss {losses[-1]:.5f}")
+    timings["steps_s"] = sum(step_times)
+    result["grad_bytes"] = sum(par.local_tensor(p.grad).numel() * par.local_tensor(p.grad).element_size()
+                               for p in params if p.grad is not None)
+    result["optim_bytes"] = sum(par.local_tensor(v).numel() * par.local_tensor(v).element_size()
+                                for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+
+    # ---------------------------------------------------------------- reference + compare
+    t1 = time.time()
+    progress("reference", message="single-process reference")
+    ref = build_full(cfg, seed).to(device)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+    ref_losses = []
+    for _ in range(steps):
+        ref_opt.zero_grad(set_to_none=True)
+        ref_loss = loss_fn(ref(ids_all.to(device)), labels_all.to(device))
+        ref_loss.backward()
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
+    ref_params = dict(ref.named_parameters())
+    worst, worst_name = 0.0, ""
+    per_param: dict[str, float] = {}
+    for _, m in parts:
+        for name, p in m.named_parameters():
+            key = par.clean_name(name)
+            got = par.full_tensor(p.detach()).float()
+            want = ref_params[key].detach().float()
+            if "experts." in key and ep > 1:
+                owner = _owner_experts(m, key)
+                want = want[owner.first:owner.first + got.shape[0]]
+            diff = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+            per_param[key] = diff
+            if diff > worst:
+                worst, worst_name = diff, key
+    worst_t = torch.tensor([worst], device=device)
+    dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
+    timings["check_s"] = time.time() - t1
+    result.update(losses=losses, reference_losses=ref_losses, step_times_s=step_times, max_param_rel_diff=worst,
+                  worst_param=worst_name, global_max_param_rel_diff=worst_t.item(), timings=timings,
+                  peak_rss_mib=_peak_rss_mib(), t_end=time.time(), stages=list(my_stages))
+    if device.type == "cuda":
+        result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    progress("compare", message=f"max parameter difference {worst_t.item():.2e}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def _is_expert(model: Any, param: Any) -> bool:
+    ids = getattr(model, "_expert_param_ids", None)
+    if ids is None:
+        ids = {id(p) for n, p in model.named_parameters() if ".experts." in n}
+        model._expert_param_ids = ids
+    return id(param) in ids
+
+
+def _owner_experts(model: Any, key: str) -> Any:
+    layer = key.split(".")[1]
+    module = model.module if hasattr(model, "module") else model
+    block = module.layers[layer]
+    block = getattr(block, "_checkpoint_wrapped_module", block)
+    return block.mlp.experts
+
+
+def _cp_context(meshes: Any, cp: int, device: Any) -> Any:
+    """torch's context_parallel on the cp mesh; head-tail load balancing is off on CPU (see README)."""
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if device.type == "cpu":
+        from torch.distributed.tensor.experimental._context_parallel import _cp_options
+
+        _cp_options.enable_load_balance = False
+    cp_mesh = meshes.axes["cp"]
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def ctx(buffers: list, buffer_seq_dims: list):
+        backend = SDPBackend.MATH if device.type == "cpu" else SDPBackend.FLASH_ATTENTION
+        with sdpa_kernel(backend), context_parallel(cp_mesh, buffers=buffers, buffer_seq_dims=buffer_seq_dims):
+            yield
+
+    return ctx
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="automodel-dist smoke-test worker (launched by torchrun)")
+    ap.add_argument("--spec", required=True)
+    args = ap.parse_args(argv)
+    spec = json.loads(Path(args.spec).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    out_dir = Path(spec.get("run_dir") or Path(args.spec).parent)
+    try:
+        result = run(spec)
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - report every failure, then exit non-zero
+        tb = traceback.format_exc()
+        result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb.splitlines()[-25:],
+                  "t_error": time.time(), "t_start": T_START}
+        _Progress(spec.get("progress_file"), rank)("error", message=result["error"], force=True)
+        code = 1
+    tmp = out_dir / f"rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out_dir / f"rank{rank}.json")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

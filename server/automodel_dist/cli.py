@@ -90,6 +90,64 @@ def cmd_mesh(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _ProgressLine:
+    """Progress on stderr: one rewritten line on a terminal, one line per event otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, phase: str, step: int, total: int, message: str) -> None:
+        bar = ""
+        if phase == "step" and total:
+            done = int(20 * step / total)
+            bar = f"[{'#' * done}{'.' * (20 - done)}] {step}/{total} "
+        text = f"{phase:<9} {bar}{message}"[:110]
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text + ("\n" if phase == "done" else ""))
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+def _ac_flag(value: str) -> bool | str:
+    low = value.lower()
+    if low in ("true", "full", "on", "yes", "1"):
+        return True
+    if low in ("false", "off", "no", "none", "0"):
+        return False
+    if low == "selective":
+        return "selective"
+    raise argparse.ArgumentTypeError("expected true, false or selective")
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from .smoke import SmokeUsageError, run_smoke_test
+
+    overrides = {"strategy": args.strategy, "tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep,
+                 "dp_replicate": args.dp_replicate, "pp_schedule": args.pp_schedule,
+                 "sequence_parallel": True if args.sequence_parallel else None,
+                 "activation_checkpointing": args.activation_checkpointing}
+    config = _config_arg(args.file) if args.file else None
+    if isinstance(config, Path) and not config.is_file():
+        raise UsageError(f"cannot read {config}")
+    try:
+        report = run_smoke_test(config, world_size=args.world_size, steps=args.steps, model=args.model,
+                                backend=args.backend, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
+                                precision=args.precision, fault=args.fault,
+                                progress=None if args.json or args.quiet else _ProgressLine(), **overrides)
+    except SmokeUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        print(render.smoke_text(report))
+    if report.reason and report.reason.startswith("interrupted (SIGINT)"):
+        return 130
+    if report.reason and report.reason.startswith("interrupted (SIGTERM)"):
+        return 143
+    return EXIT_OK if report.passed else EXIT_FAIL
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_error
 
@@ -150,6 +208,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("text", nargs="?", help="the error text, a file holding it, or - / nothing for stdin")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_explain)
+
+    sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity")
+    sm.add_argument("file", nargs="?", help="recipe or distributed: block (default: FSDP2 + TP 2)")
+    sm.add_argument("--world-size", type=_positive, default=4)
+    sm.add_argument("--steps", type=_positive, default=3)
+    sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama")
+    lay = sm.add_argument_group("layout (overrides the file)")
+    lay.add_argument("--strategy", choices=["fsdp2", "megatron_fsdp", "ddp"])
+    for flag in ("tp", "pp", "cp", "ep", "dp-replicate"):
+        lay.add_argument(f"--{flag}", type=_positive, dest=flag.replace("-", "_"))
+    lay.add_argument("--pp-schedule", help="1f1b, gpipe, interleaved1f1b, loopedbfs, interleavedzerobubble, "
+                     "zbvzerobubble, dualpipev")
+    lay.add_argument("--sequence-parallel", action="store_true")
+    lay.add_argument("--activation-checkpointing", type=_ac_flag, metavar="{true,false,selective}")
+    run = sm.add_argument_group("run")
+    run.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with enough GPUs, else gloo")
+    run.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                     help="auto = the config's mp_policy (AutoModel's default: bf16 params, fp32 reduce)")
+    run.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds")
+    run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
+    run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP or skew@RANK:STEP")
+    sm.add_argument("--json", action="store_true")
+    sm.add_argument("--quiet", action="store_true", help="no progress display")
+    sm.set_defaults(func=cmd_smoke)
 
     mo = sub.add_parser("models", help="list the built-in model catalog")
     mo.add_argument("--json", action="store_true")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from typing import Any
 
 from .layout import Layout
 from .report import Finding, MeshReport, ValidationReport
@@ -82,6 +83,56 @@ def mesh_text(report: MeshReport) -> str:
             lines.append(f"rank {rank}: " + "  ".join(f"{k}={_short(v)}" for k, v in groups.items()))
     if report.picture:
         lines += ["", report.picture]
+    return "\n".join(lines)
+
+
+def smoke_text(report: Any) -> str:
+    """Human summary of a SmokeReport."""
+    r = report
+    lines = [f"{r.status.upper()}: {r.reason or 'every check held'}"]
+    lay = r.layout
+    if lay.strategy:
+        parts = [f"{k}={getattr(lay, k)}" for k in ("dp", "dp_replicate", "tp", "cp", "pp", "ep")
+                 if getattr(lay, k) not in (None, 1) or k in ("dp", "tp")]
+        extra = [x for x in (lay.pp_schedule, "SP" if lay.sequence_parallel else None,
+                             f"AC={lay.activation_checkpointing}" if lay.activation_checkpointing else None) if x]
+        lines.append(f"layout: {lay.strategy} " + " ".join(parts + extra) + f" on {r.world_size} ranks"
+                     + (f", backend {r.backend} ({r.device})" if r.backend else ""))
+    if r.model_dims:
+        d = r.model_dims
+        lines.append(f"model: {r.model} ({d['num_layers']} layers, {d['num_heads']} heads / {d['num_kv_heads']} kv, "
+                     f"hidden {d['hidden_size']}" + (f", {d['num_experts']} experts" if d.get("num_experts") else "")
+                     + ")" + (f", {r.tolerance.precision}" if r.tolerance else ""))
+    if r.losses:
+        lines.append("step  loss        reference   rel.diff")
+        for i, (a, b, d) in enumerate(zip(r.losses, r.reference_losses, r.loss_rel_diffs)):
+            lines.append(f"{i:>4}  {a:<10.6f}  {b:<10.6f}  {d:.1e}")
+        tol = r.tolerance
+        lines.append(f"final parameters off by {r.max_param_rel_diff:.1e} (bound {tol.param_rel:.0e}), first-step "
+                     f"gradients by {r.max_grad_rel_diff:.1e} (bound {tol.grad_rel:.0e}), loss bound "
+                     f"{tol.loss_rel:.0e}; loss decreasing: {r.loss_decreasing}; meshes match the engine: "
+                     f"{r.mesh_matches}")
+    for f in r.findings:
+        lines.append(f"{f.severity}[{f.rule}]: {f.message}")
+    bad = [x for x in r.ranks if x.state != "finished"]
+    for x in bad:
+        lines.append(f"rank {x.rank}: {x.state}" + (f": {x.error}" if x.error else ""))
+    if r.traceback_tail and not r.passed:
+        lines += ["traceback (last lines):"] + ["  " + t for t in r.traceback_tail[-8:]]
+    mem = [x for x in r.ranks if x.peak_rss_mib]
+    if mem:
+        worst = max(mem, key=lambda x: x.peak_rss_mib or 0)
+        lines.append(f"memory: peak RSS up to {worst.peak_rss_mib:.0f} MiB/rank; params+grads+optimizer "
+                     f"{((worst.param_bytes or 0) + (worst.grad_bytes or 0) + (worst.optim_bytes or 0)) / 1024:.1f} KiB "
+                     f"on rank {worst.rank}")
+    t = r.timing
+    if t.total_s:
+        parts = [f"{k} {getattr(t, k + '_s'):.1f}s" for k in ("launch", "import", "init", "steps", "check", "teardown")
+                 if getattr(t, k + "_s") is not None]
+        lines.append(f"time: {t.total_s:.1f}s total (" + ", ".join(parts) + ")")
+    if r.command:
+        lines.append(f"reproduce: {r.command}")
+        lines.append(f"multi-node: {r.multinode_command}")
     return "\n".join(lines)
 
 

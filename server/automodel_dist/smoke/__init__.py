@@ -38,6 +38,7 @@ def run_smoke_test(
     fault: str | dict | None = None,
     cancel: Any = None,
     keep_dir: bool = False,
+    launcher: str = "elastic",
     **overrides: Any,
 ) -> SmokeReport:
     """Run ``config``'s layout for real on ``world_size`` processes and compare with one process.
@@ -48,7 +49,11 @@ def run_smoke_test(
     is called as the run advances; ``cancel`` (anything with ``is_set()``) stops it. ``fault``
     (``crash@R:S``, ``hang@R:S``, ``skew@R:S``) injects a failure for testing. ``precision`` is
     ``auto`` (the config's mp_policy; AutoModel's default is bf16), ``fp32`` or ``bf16``.
+    ``launcher`` is ``elastic`` (torch's elastic agent forking the ranks: no per-rank torch import)
+    or ``torchrun`` (the CLI, exactly the reproduce command).
     """
+    if launcher not in ("elastic", "torchrun"):
+        raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
     unknown = set(overrides) - {"strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
                                 "sequence_parallel", "activation_checkpointing"}
     if unknown:
@@ -59,7 +64,7 @@ def run_smoke_test(
                      fault=fault, pg_timeout_s=pg_timeout_s, overrides=overrides)
     if isinstance(plan, SmokeReport):
         return plan
-    return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir)
+    return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)
 
 
 __all__ = ["run_smoke_test", "SmokeReport", "RankReport", "Timing", "Tolerance", "TOLERANCES", "Plan",

@@ -13,7 +13,6 @@ import contextlib
 import json
 import math
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -256,11 +255,18 @@ def _cuda_count() -> int:
 
 
 # --------------------------------------------------------------------------- commands
-def torchrun_args(nproc: int, run_dir: Path, spec_path: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(nproc), "--max-restarts", "0", "--monitor-interval", "0.2",
-            "--log-dir", str(run_dir / "logs"), "--redirects", "3",
-            "-m", "automodel_dist.smoke.worker", "--spec", str(spec_path)]
+LAUNCHERS = ("elastic", "torchrun")
+
+
+def launcher_args(launcher: str, nproc: int, run_dir: Path, spec_path: Path) -> list[str]:
+    """The command the parent runs: torch's elastic agent with forked ranks, or the torchrun CLI."""
+    if launcher == "elastic":
+        return [sys.executable, "-m", "automodel_dist.smoke.agent", "--spec", str(spec_path), "--nproc", str(nproc)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(nproc), "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--log-dir", str(run_dir / "logs"), "--redirects", "3",
+                "-m", "automodel_dist.smoke.worker", "--spec", str(spec_path)]
+    return [sys.executable, "-m", "automodel_dist.smoke._exec", *torchrun]
 
 
 def reproduce_commands(nproc: int, spec_name: str = "spec.json") -> tuple[str, str, str]:
@@ -348,7 +354,7 @@ def _terminate_as_exception():
 
 
 def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel: Any = None,
-            keep_dir: bool = False) -> SmokeReport:
+            keep_dir: bool = False, launcher: str = "elastic") -> SmokeReport:
     """Launch torchrun for ``plan`` and turn what the ranks wrote into a :class:`SmokeReport`."""
     if not _SLOTS.acquire(blocking=False):
         return SmokeReport(passed=False, status="not_run", **plan.report_base,
@@ -356,32 +362,33 @@ def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel
                                   "(AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE)")
     run_dir = Path(tempfile.mkdtemp(prefix="automodel-dist-smoke-"))
     try:
-        return _execute(plan, run_dir, timeout_s=timeout_s, progress=progress, cancel=cancel)
+        return _execute(plan, run_dir, timeout_s=timeout_s, progress=progress, cancel=cancel, launcher=launcher)
     finally:
         _SLOTS.release()
         if not keep_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any) -> SmokeReport:
+def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any,
+             launcher: str) -> SmokeReport:
     spec = dict(plan.spec, run_dir=str(run_dir), progress_file=str(run_dir / "progress.jsonl"))
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     (run_dir / "logs").mkdir()
-    args = torchrun_args(plan.world_size, run_dir, spec_path)
+    args = launcher_args(launcher, plan.world_size, run_dir, spec_path)
     single, multi, srun = reproduce_commands(plan.world_size)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR",
                AUTOMODEL_DIST_PARENT_PID=str(os.getpid()))
     pkg_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     notify = progress or (lambda *a: None)
-    notify("launch", 0, plan.spec["steps"], f"torchrun --nproc-per-node {plan.world_size}")
+    notify("launch", 0, plan.spec["steps"], f"{launcher} launcher, {plan.world_size} ranks")
     log_path = run_dir / "torchrun.log"
     t0 = time.time()
     interrupted: str | None = None
     timed_out = False
     with open(log_path, "wb") as log, _terminate_as_exception():
-        proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.smoke._exec", *args], stdout=log,
+        proc = subprocess.Popen(args, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(run_dir),
                                 start_new_session=True)
         proc._amd_token = run_dir.name  # type: ignore[attr-defined]
@@ -414,6 +421,7 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
     total = time.time() - t0
     report = _collect(plan, run_dir, proc.returncode, total=total, t0=t0, timed_out=timed_out,
                       interrupted=interrupted, timeout_s=timeout_s)
+    report.launcher = launcher
     report.command = single
     report.multinode_command = multi
     report.srun_command = srun
@@ -440,7 +448,7 @@ def _pump_progress(path: Path, offset: int, notify: ProgressFn) -> int:
     return offset + end + 1
 
 
-_COLLATERAL = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe", "recv", "send",
+_COLLATERAL = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
                "NCCL communicator was aborted", "terminated", "SIGTERM")
 
 
@@ -464,14 +472,17 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
             tail = _rank_log_tail(run_dir, r)
             ranks.append(RankReport(rank=r, ok=False, state=state, traceback_tail=tail))
             continue
-        ok = "error" not in res
+        ok = "error" not in res and "terminated" not in res
+        state = "finished" if ok else ("terminated" if "terminated" in res else "failed")
+        where = res.get("where") or {}
         ranks.append(RankReport(
-            rank=r, ok=ok, state="finished" if ok else "failed", groups=res.get("groups", {}),
+            rank=r, ok=ok, state=state, groups=res.get("groups", {}), where=where,
             mesh_matches=(not res.get("mesh_mismatches")) if "groups" in res else None,
             stages=res.get("stages", []), step_times_s=res.get("step_times_s", []),
             peak_rss_mib=res.get("peak_rss_mib"), cuda_max_allocated_mib=res.get("cuda_max_allocated_mib"),
             param_bytes=res.get("param_bytes"), grad_bytes=res.get("grad_bytes"), optim_bytes=res.get("optim_bytes"),
             max_param_rel_diff=res.get("max_param_rel_diff"), worst_param=res.get("worst_param"),
+            max_grad_rel_diff=res.get("max_grad_rel_diff"),
             error=res.get("error"), traceback_tail=res.get("traceback", [])))
     base = dict(plan.report_base, ranks=ranks, launcher_log_tail=log_tail)
     first = next((results[r] for r in sorted(results) if "error" not in results[r]), None)
@@ -486,6 +497,10 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
                         teardown_s=max(0.0, t0 + total - last_end) if last_end else None, total_s=total)
     base["timing"] = timing
     failed = [rk.rank for rk in ranks if rk.state == "failed"]
+    if failed and all(_collateral(rk.error) for rk in ranks if rk.state == "failed"):
+        for rk in ranks:  # peers timed out waiting: ranks stopped from outside meanwhile were the hung ones
+            if rk.state == "terminated":
+                rk.state = "hung"
     hung = [rk.rank for rk in ranks if rk.state == "hung"]
     if interrupted or timed_out or failed or len(results) < world or returncode:
         real = sorted((rk for rk in ranks if rk.state == "failed" and not _collateral(rk.error)),
@@ -493,6 +508,9 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
         waiting = [rk.rank for rk in ranks if rk.state == "failed" and _collateral(rk.error)]
         root = real[0] if real else None
         last = _last_progress(run_dir)
+        hung_at = {rk.rank: rk.where for rk in ranks if rk.state == "hung" and rk.where}
+        if hung_at:
+            last = "; ".join(f"rank {r} at {w.get('phase')} {w.get('step')}" for r, w in hung_at.items())
         if interrupted:
             reason = f"interrupted ({interrupted}): every rank was stopped"
         elif timed_out:
@@ -521,8 +539,8 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
 
 def _last_progress(run_dir: Path) -> str:
     with contextlib.suppress(OSError, ValueError, IndexError):
-        lines = (run_dir / "progress.jsonl").read_text().strip().splitlines()
-        ev = json.loads(lines[-1])
+        events = [json.loads(x) for x in (run_dir / "progress.jsonl").read_text().strip().splitlines()]
+        ev = [e for e in events if e.get("phase") != "error"][-1]
         return f"{ev['phase']} {ev['step']}/{ev['total']} {ev['message']}".strip()
     return "none"
 
@@ -554,6 +572,7 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
     rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref)]
     diverged = next((i for i, d in enumerate(rel) if d > tol.loss_rel), None)
     worst = max(res.get("global_max_param_rel_diff", 0.0) for res in results.values())
+    worst_grad = max(res.get("global_max_grad_rel_diff", 0.0) for res in results.values())
     mesh_ok = all(not res.get("mesh_mismatches") for res in results.values())
     finite = all(math.isfinite(x) for x in losses)
     decreasing = finite and len(losses) > 1 and losses[-1] < losses[0]
@@ -565,6 +584,10 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
     if diverged is not None:
         problems.append(f"loss diverges from the single-process reference at step {diverged} "
                         f"({losses[diverged]:.6f} vs {ref[diverged]:.6f}, {rel[diverged]:.1e} > {tol.loss_rel:.0e})")
+    if worst_grad > tol.grad_rel:
+        who = max(results.values(), key=lambda x: x.get("max_grad_rel_diff", 0.0))
+        problems.append(f"first-step gradients differ from the reference by {worst_grad:.1e} (> {tol.grad_rel:.0e}), "
+                        f"worst {who.get('worst_grad')} on rank {who['rank']}")
     if worst > tol.param_rel:
         worst_rank = max(results.values(), key=lambda x: x.get("max_param_rel_diff", 0.0))
         problems.append(f"final parameters differ from the reference by {worst:.1e} (> {tol.param_rel:.0e}), "
@@ -574,4 +597,5 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
     passed = not problems
     return SmokeReport(passed=passed, status="passed" if passed else "failed", reason="; ".join(problems) or None,
                        losses=losses, reference_losses=ref, loss_rel_diffs=rel, max_param_rel_diff=worst,
+                       max_grad_rel_diff=worst_grad,
                        diverged_at_step=diverged, loss_decreasing=decreasing, mesh_matches=mesh_ok, **base)

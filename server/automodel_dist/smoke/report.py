@@ -17,17 +17,20 @@ class Tolerance(BaseModel):
     precision: Literal["fp32", "bf16"]
     loss_rel: float
     param_rel: float
+    grad_rel: float
 
 
 # Parameters are compared per tensor as ||p - p_ref|| / ||p_ref|| (the worst tensor counts).
 # fp32: parity up to reduction order (measured ~1e-7). bf16 mixed precision (bf16 compute, fp32
 # master weights and reduction): bf16 keeps 8 mantissa bits (~4e-3 relative per op) and AdamW
 # moves a weight by up to lr per step whatever its gradient's size, so rounding can move some
-# weights differently: bound the loss at 2e-2 and parameters at 1e-2 (measured worst cases on the
-# test layouts are several times smaller; see tests/test_smoke.py).
+# weights differently: bound the loss and the parameters at 2e-2 (measured worst cases on the test
+# layouts: loss 2e-3, parameters 8e-3). First-step gradients catch what AdamW's scale invariance
+# hides (a sum where a mean belongs: >= 50% off with dp >= 2); in bf16 a gradient tensor is ~3e-2
+# off by rounding alone, so its bound is 1e-1.
 TOLERANCES = {
-    "fp32": Tolerance(precision="fp32", loss_rel=1e-4, param_rel=1e-4),
-    "bf16": Tolerance(precision="bf16", loss_rel=2e-2, param_rel=1e-2),
+    "fp32": Tolerance(precision="fp32", loss_rel=1e-4, param_rel=1e-4, grad_rel=1e-4),
+    "bf16": Tolerance(precision="bf16", loss_rel=2e-2, param_rel=2e-2, grad_rel=1e-1),
 }
 
 
@@ -47,6 +50,8 @@ class RankReport(BaseModel):
     worst_param: str | None = None
     error: str | None = None
     traceback_tail: list[str] = Field(default_factory=list)
+    max_grad_rel_diff: float | None = None
+    where: dict = Field(default_factory=dict, description="Last phase/step the rank reached (failed/hung ranks).")
     state: Literal["finished", "failed", "hung", "terminated", "not_started"] = "finished"
 
 
@@ -77,7 +82,8 @@ class SmokeReport(BaseModel):
     losses: list[float] = Field(default_factory=list)
     reference_losses: list[float] = Field(default_factory=list)
     loss_rel_diffs: list[float] = Field(default_factory=list)
-    max_param_rel_diff: float | None = None
+    max_param_rel_diff: float | None = Field(default=None, description="Worst tensor ||p - ref|| / ||ref|| at the end.")
+    max_grad_rel_diff: float | None = Field(default=None, description="Same for the first step's gradients.")
     diverged_at_step: int | None = Field(default=None, description="First step whose loss is out of tolerance.")
     loss_decreasing: bool | None = None
     mesh_matches: bool | None = None
@@ -87,6 +93,7 @@ class SmokeReport(BaseModel):
     traceback_tail: list[str] = Field(default_factory=list)
     ranks: list[RankReport] = Field(default_factory=list)
     timing: Timing = Field(default_factory=Timing)
+    launcher: str | None = Field(default=None, description="elastic (torch elastic agent, forked ranks) or torchrun.")
     command: str | None = Field(default=None, description="torchrun command line that reproduces this run.")
     multinode_command: str | None = None
     srun_command: str | None = None

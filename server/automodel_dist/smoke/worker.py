@@ -24,6 +24,9 @@ from typing import Any
 T_START = time.time()
 
 
+_WHERE = {"phase": "start", "step": 0}  # this rank's last phase/step (reported if it is terminated)
+
+
 class _Progress:
     """Append-only JSON-lines progress file (rank 0 and failing ranks write to it)."""
 
@@ -31,6 +34,8 @@ class _Progress:
         self.path, self.rank = path, rank
 
     def __call__(self, phase: str, step: int = 0, total: int = 0, message: str = "", *, force: bool = False) -> None:
+        if phase != "error":
+            _WHERE.update(phase=phase, step=step)
         if not self.path or (self.rank != 0 and not force):
             return
         line = json.dumps({"t": time.time(), "rank": self.rank, "phase": phase, "step": step, "total": total,
@@ -49,7 +54,7 @@ def _peak_rss_mib() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: dict[str, Any], t_start: float = T_START) -> dict[str, Any]:
     from ._exec import set_pdeathsig
 
     set_pdeathsig()  # die with torchrun, whatever happens to it
@@ -64,7 +69,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     progress = _Progress(spec.get("progress_file"), rank)
-    result: dict[str, Any] = {"rank": rank, "t_start": T_START}
+    result: dict[str, Any] = {"rank": rank, "t_start": t_start}
     timings: dict[str, float] = {"import_s": time.time() - t_import}
 
     backend = spec.get("backend") or "auto"
@@ -151,6 +156,23 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     timings["init_s"] = time.time() - t0
     result["param_bytes"] = sum(par.local_tensor(p).numel() * par.local_tensor(p).element_size() for p in params)
 
+    # ---------------------------------------------------------------- reference (one process, whole batch)
+    t_ref = time.time()
+    progress("reference", message="single-process reference")
+    ref = build_full(cfg, seed).to(device)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+    ref_losses, ref_grads0 = [], {}
+    for ref_step in range(steps):
+        ref_opt.zero_grad(set_to_none=True)
+        ref_loss = loss_fn(ref(ids_all.to(device)), labels_all.to(device))
+        ref_loss.backward()
+        if ref_step == 0:
+            ref_grads0 = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+        ref_opt.step()
+        ref_losses.append(ref_loss.item())
+    ref_params = dict(ref.named_parameters())
+    timings["reference_s"] = time.time() - t_ref
+
     schedule = None
     if pp > 1:
         from torch.distributed.pipelining import PipelineStage
@@ -180,6 +202,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ts = time.time()
         if _fault(spec, rank, step, "crash"):
             raise RuntimeError(f"injected fault: crash@{rank}:{step}")
+        _WHERE.update(phase="step", step=step)
         if _fault(spec, rank, step, "hang"):
             progress("step", step, steps, f"injected fault: rank {rank} hangs at step {step}", force=True)
             time.sleep(10**9)
@@ -228,6 +251,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                         g = par.local_tensor(p.grad)
                         g.add_(torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
                                * skew * g.float().pow(2).mean().sqrt().to(g.dtype))
+        if step == 0:  # AdamW hides gradient scale errors: compare the first gradients directly
+            grad_diff, grad_name = _compare(parts, ref_grads0, par, ep, grads=True)
         opt.step()
         pair = torch.stack([loss_val * count, count])
         dist.all_reduce(pair)
@@ -240,45 +265,43 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     result["optim_bytes"] = sum(par.local_tensor(v).numel() * par.local_tensor(v).element_size()
                                 for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
 
-    # ---------------------------------------------------------------- reference + compare
+    # ---------------------------------------------------------------- compare
     t1 = time.time()
-    progress("reference", message="single-process reference")
-    ref = build_full(cfg, seed).to(device)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=True)
-    ref_losses = []
-    for _ in range(steps):
-        ref_opt.zero_grad(set_to_none=True)
-        ref_loss = loss_fn(ref(ids_all.to(device)), labels_all.to(device))
-        ref_loss.backward()
-        ref_opt.step()
-        ref_losses.append(ref_loss.item())
-    ref_params = dict(ref.named_parameters())
+    worst, worst_name = _compare(parts, ref_params, par, ep, grads=False)
+    worst_t = torch.tensor([worst, grad_diff], device=device)
+    dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
+    timings["check_s"] = time.time() - t1 + timings["reference_s"]
+    result.update(losses=losses, reference_losses=ref_losses, step_times_s=step_times, max_param_rel_diff=worst,
+                  worst_param=worst_name, global_max_param_rel_diff=worst_t[0].item(), max_grad_rel_diff=grad_diff,
+                  worst_grad=grad_name, global_max_grad_rel_diff=worst_t[1].item(), timings=timings,
+                  peak_rss_mib=_peak_rss_mib(), t_end=time.time(), stages=list(my_stages))
+    if device.type == "cuda":
+        result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    progress("compare", message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients "
+             f"{worst_t[1].item():.2e}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def _compare(parts: list, reference: dict, par: Any, ep: int, *, grads: bool) -> tuple[float, str]:
+    """Worst per-tensor ||got - ref|| / ||ref|| of this rank's parameters (or their gradients)."""
     worst, worst_name = 0.0, ""
-    per_param: dict[str, float] = {}
     for _, m in parts:
         for name, p in m.named_parameters():
             key = par.clean_name(name)
-            got = par.full_tensor(p.detach()).float()
-            want = ref_params[key].detach().float()
+            t = p.grad if grads else p
+            if t is None:
+                continue
+            got = par.full_tensor(t.detach()).float()
+            want = reference[key].detach().float()
             if "experts." in key and ep > 1:
                 owner = _owner_experts(m, key)
                 want = want[owner.first:owner.first + got.shape[0]]
             diff = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
-            per_param[key] = diff
             if diff > worst:
                 worst, worst_name = diff, key
-    worst_t = torch.tensor([worst], device=device)
-    dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
-    timings["check_s"] = time.time() - t1
-    result.update(losses=losses, reference_losses=ref_losses, step_times_s=step_times, max_param_rel_diff=worst,
-                  worst_param=worst_name, global_max_param_rel_diff=worst_t.item(), timings=timings,
-                  peak_rss_mib=_peak_rss_mib(), t_end=time.time(), stages=list(my_stages))
-    if device.type == "cuda":
-        result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    progress("compare", message=f"max parameter difference {worst_t.item():.2e}")
-    dist.barrier()
-    dist.destroy_process_group()
-    return result
+    return worst, worst_name
 
 
 def _is_expert(model: Any, param: Any) -> bool:
@@ -319,26 +342,41 @@ def _cp_context(meshes: Any, cp: int, device: Any) -> Any:
     return ctx
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="automodel-dist smoke-test worker (launched by torchrun)")
-    ap.add_argument("--spec", required=True)
-    args = ap.parse_args(argv)
-    spec = json.loads(Path(args.spec).read_text())
+def _run_and_write(spec_path: str, t_start: float) -> int:
+    spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
-    out_dir = Path(spec.get("run_dir") or Path(args.spec).parent)
+    out_dir = Path(spec.get("run_dir") or Path(spec_path).parent)
     try:
-        result = run(spec)
+        result = run(spec, t_start)
         code = 0
     except BaseException as exc:  # noqa: BLE001 - report every failure, then exit non-zero
-        tb = traceback.format_exc()
-        result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb.splitlines()[-25:],
-                  "t_error": time.time(), "t_start": T_START}
-        _Progress(spec.get("progress_file"), rank)("error", message=result["error"], force=True)
+        if type(exc).__name__ in ("SignalException", "KeyboardInterrupt", "SystemExit"):
+            result = {"rank": rank, "terminated": f"{type(exc).__name__}: {exc}", "where": dict(_WHERE),
+                      "t_start": t_start}  # stopped from outside (the launcher, a signal)
+        else:
+            tb = traceback.format_exc()
+            result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb.splitlines()[-25:],
+                      "t_error": time.time(), "t_start": t_start, "where": dict(_WHERE)}
+            _Progress(spec.get("progress_file"), rank)("error", message=result["error"], force=True)
         code = 1
     tmp = out_dir / f"rank{rank}.json.tmp"
     tmp.write_text(json.dumps(result))
     tmp.replace(out_dir / f"rank{rank}.json")
     return code
+
+
+def entry(spec_path: str) -> None:
+    """Entry point for torch's elastic_launch (the ranks are forked from the agent)."""
+    if _run_and_write(spec_path, time.time()):
+        raise SystemExit(1)  # the elastic agent sees the failure and stops the other ranks
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``torchrun -m automodel_dist.smoke.worker --spec spec.json``."""
+    ap = argparse.ArgumentParser(description="automodel-dist smoke-test worker (launched by torchrun)")
+    ap.add_argument("--spec", required=True)
+    args = ap.parse_args(argv)
+    return _run_and_write(args.spec, T_START)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job on a built-in default, from a fresh clone: set up, then check a layout.
+# The main job on a built-in default, from a fresh clone: set up, then smoke-test FSDP2 + TP 2 on
+# 4 CPU processes (torch elastic launcher, gloo) against a single-process reference.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
-automodel-dist validate tests/examples/qwen3_moe_30b_te_chat_thd.yaml
-automodel-dist mesh tests/examples/qwen3_moe_30b_te_chat_thd.yaml --world-size 16 --gpus-per-node 8 --rank 0
+automodel-dist smoke --world-size 4

@@ -133,7 +133,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     try:
         report = run_smoke_test(config, world_size=args.world_size, steps=args.steps, model=args.model,
                                 backend=args.backend, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
-                                precision=args.precision, fault=args.fault,
+                                precision=args.precision, fault=args.fault, launcher=args.launcher,
                                 progress=None if args.json or args.quiet else _ProgressLine(), **overrides)
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
@@ -229,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds")
     run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
     run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP or skew@RANK:STEP")
+    run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
+                     help="elastic: torch's elastic agent forks the ranks (fast); torchrun: the torchrun CLI")
     sm.add_argument("--json", action="store_true")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)

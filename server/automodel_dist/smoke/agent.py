@@ -10,11 +10,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
 
 from ._exec import set_pdeathsig
+
+
+def _preimport() -> None:
+    """Import what every rank needs before forking, so no rank pays for it."""
+    import importlib
+
+    for name in ("torch.distributed.device_mesh", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
+                 "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed._functional_collectives",
+                 "torch.distributed.tensor.experimental", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+                 "torch.nn.parallel", "torch.utils.checkpoint", "automodel_dist.smoke.parallelize",
+                 "automodel_dist.smoke.tiny_models"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # older torch: the rank imports what exists when it needs it
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = spec_path.parent
 
     import torch  # noqa: F401  - imported once here; forked ranks inherit it
+    if args.start_method == "fork" and args.nproc > (os.cpu_count() or 1):
+        _preimport()  # more ranks than cores: importing once beats importing in parallel
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

@@ -1,0 +1,234 @@
+"""run_smoke_test really launches processes: every layout family on CPU (gloo) against one process,
+plus the ways a run can fail (parity skew, crash, hang, interrupted parent, cancellation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from automodel_dist import run_smoke_test
+from automodel_dist.smoke import SmokeUsageError
+
+FP32 = {"precision": "fp32"}
+
+
+def survivors() -> list[str]:
+    """Processes left by smoke runs (elastic agent, torchrun, ranks)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if ("automodel_dist.smoke" in line or "torch.distributed.run" in line) and "ps -eo" not in line]
+
+
+def leftover_dirs() -> list[str]:
+    import tempfile
+    from pathlib import Path
+
+    return [p.name for p in Path(tempfile.gettempdir()).glob("automodel-dist-smoke-*")]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    before = set(leftover_dirs())
+    yield
+    deadline = time.time() + 10
+    while survivors() and time.time() < deadline:
+        time.sleep(0.2)
+    assert survivors() == []
+    assert set(leftover_dirs()) - before == set()
+
+
+def assert_passed(report, *, precision="fp32"):
+    assert report.passed, f"{report.reason}\n{report.error}\n" + "\n".join(report.traceback_tail[-10:])
+    assert report.status == "passed" and report.mesh_matches and report.loss_decreasing
+    assert report.tolerance.precision == precision
+    assert max(report.loss_rel_diffs) <= report.tolerance.loss_rel
+    assert report.max_param_rel_diff <= report.tolerance.param_rel
+    assert report.max_grad_rel_diff <= report.tolerance.grad_rel
+    assert len(report.losses) == len(report.reference_losses) == report.steps
+    assert all(r.state == "finished" and r.mesh_matches for r in report.ranks)
+    assert report.command.startswith("OMP_NUM_THREADS=1 torchrun --standalone")
+
+
+LAYOUTS = [
+    pytest.param(dict(strategy="ddp"), 2, {}, id="ddp"),
+    pytest.param({}, 2, FP32, id="fsdp2-fp32"),
+    pytest.param({}, 2, {"precision": "auto"}, id="fsdp2-bf16-default-mp"),
+    pytest.param(dict(dp_replicate=2), 4, FP32, id="hsdp"),
+    pytest.param(dict(tp=2), 2, FP32, id="tp"),
+    pytest.param(dict(tp=2, sequence_parallel=True), 2, FP32, id="tp-sp"),
+    pytest.param(dict(tp=2), 4, FP32, id="tp-fsdp2"),
+    pytest.param(dict(cp=2), 4, FP32, id="cp-fsdp2"),
+    pytest.param(dict(pp=2, pp_schedule="1f1b"), 2, FP32, id="pp-1f1b"),
+    pytest.param(dict(pp=2, pp_schedule="gpipe"), 2, FP32, id="pp-gpipe"),
+    pytest.param(dict(pp=2, pp_schedule="interleaved1f1b"), 2, FP32, id="pp-interleaved1f1b"),
+    pytest.param(dict(pp=2), 4, FP32, id="pp-fsdp2"),
+    pytest.param(dict(ep=2), 4, dict(FP32, model="tiny-moe"), id="ep-fsdp2-on-ep_shard"),
+    pytest.param(dict(activation_checkpointing=True), 2, FP32, id="ac-full"),
+    pytest.param(dict(activation_checkpointing="selective"), 2, FP32, id="ac-selective"),
+    pytest.param(dict(pp=2, tp=2), 8, FP32, id="3d-pp2-dp2-tp2"),
+]
+
+SLOW_LAYOUTS = [
+    pytest.param(dict(pp=2, pp_schedule="loopedbfs"), 2, FP32, id="pp-loopedbfs"),
+    pytest.param(dict(pp=2, pp_schedule="interleavedzerobubble"), 2, FP32, id="pp-izb"),
+    pytest.param(dict(pp=2, pp_schedule="zbvzerobubble"), 2, FP32, id="pp-zbv"),
+    pytest.param(dict(pp=2, pp_schedule="dualpipev"), 2, FP32, id="pp-dualpipev"),
+    pytest.param(dict(cp=2), 2, FP32, id="cp"),
+    pytest.param(dict(tp=2, cp=2), 4, FP32, id="tp-cp"),
+    pytest.param(dict(dp_replicate=2, cp=2), 8, FP32, id="hsdp-cp"),
+    pytest.param(dict(ep=2), 2, dict(FP32, model="tiny-moe"), id="ep"),
+    pytest.param(dict(ep=2, tp=2), 4, dict(FP32, model="tiny-moe"), id="ep-tp"),
+    pytest.param(dict(ep=4, tp=2, sequence_parallel=True), 4, dict(FP32, model="tiny-moe"), id="ep-tp-sp"),
+    pytest.param(dict(pp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="pp-ep"),
+    pytest.param(dict(cp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="cp-ep"),
+    pytest.param(dict(cp=2, pp=2), 4, FP32, id="cp-pp"),
+    pytest.param(dict(pp=2, tp=2, sequence_parallel=True), 4, FP32, id="pp-tp-sp"),
+    pytest.param(dict(strategy="ddp", activation_checkpointing="selective"), 2, {}, id="ddp-ac-selective"),
+    pytest.param(dict(pp=2), 4, {"precision": "bf16"}, id="pp-fsdp2-bf16"),
+]
+
+
+@pytest.mark.parametrize("overrides,world,kwargs", LAYOUTS)
+def test_layout_matches_one_process(overrides, world, kwargs):
+    report = run_smoke_test(world_size=world, **overrides, **kwargs)
+    precision = "bf16" if kwargs.get("precision") in ("auto", "bf16") else "fp32"
+    assert_passed(report, precision=precision)
+    assert report.world_size == world and len(report.ranks) == world
+    assert report.launcher == "elastic"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides,world,kwargs", SLOW_LAYOUTS)
+def test_more_layouts_match_one_process(overrides, world, kwargs):
+    assert_passed(run_smoke_test(world_size=world, **overrides, **kwargs),
+                  precision="bf16" if kwargs.get("precision") == "bf16" else "fp32")
+
+
+def test_config_file_layout_and_groups_match_the_engine(tmp_path):
+    from automodel_dist import build_mesh
+
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text("distributed:\n  tp_size: 2\n  pp_size: 2\n  pipeline:\n    pp_schedule: gpipe\n")
+    report = run_smoke_test(cfg, world_size=4, precision="fp32")
+    assert_passed(report)
+    assert report.layout.pp_schedule == "GPipe"
+    engine = build_mesh(cfg, world_size=4)
+    for r in report.ranks:
+        assert r.groups == engine.rank_groups[str(r.rank)]
+    assert sorted(s for r in report.ranks for s in r.stages) == [0, 0, 1, 1]
+
+
+def test_torchrun_cli_launcher_runs_the_same_worker():
+    report = run_smoke_test(world_size=2, tp=2, precision="fp32", launcher="torchrun")
+    assert_passed(report)
+    assert report.launcher == "torchrun"
+
+
+def test_progress_callback_reports_every_step():
+    events = []
+    report = run_smoke_test(world_size=2, steps=4, progress=lambda *e: events.append(e), precision="fp32")
+    assert_passed(report)
+    phases = [e[0] for e in events]
+    assert phases[0] == "launch" and phases[-1] == "done"
+    assert [e[1] for e in events if e[0] == "step"] == [0, 1, 2, 3, 4]
+    assert {"init", "reference", "compare"} <= set(phases)
+
+
+def test_skew_fault_fails_parity_and_names_the_step():
+    report = run_smoke_test(world_size=2, steps=3, precision="fp32", fault="skew@1:1")
+    assert not report.passed and report.status == "failed"
+    assert report.diverged_at_step == 2  # the step after the skewed update
+    assert "loss diverges from the single-process reference at step 2" in report.reason
+    assert report.max_param_rel_diff > report.tolerance.param_rel
+    assert report.failed_ranks == [] and all(r.state == "finished" for r in report.ranks)
+
+
+def test_skew_at_step_zero_is_caught_by_the_gradient_check():
+    report = run_smoke_test(world_size=2, steps=2, precision="fp32", fault="skew@0:0")
+    assert not report.passed and "first-step gradients differ" in report.reason
+
+
+def test_crashing_rank_is_named_with_its_traceback():
+    report = run_smoke_test(world_size=2, precision="fp32", fault="crash@1:1", pg_timeout_s=20)
+    assert report.status == "failed" and report.failed_ranks == [1]
+    assert report.error == "RuntimeError: injected fault: crash@1:1"
+    assert any("injected fault" in line for line in report.traceback_tail)
+    assert report.reason.startswith("rank 1 failed: RuntimeError: injected fault")
+
+
+def test_hanging_rank_is_named_after_the_process_group_timeout():
+    t = time.time()
+    report = run_smoke_test(world_size=2, precision="fp32", fault="hang@1:1", pg_timeout_s=5, timeout_s=120)
+    assert time.time() - t < 60
+    assert report.status == "failed" and report.hung_ranks == [1] and report.failed_ranks == [1]
+    assert report.reason.startswith("rank(s) [1] hung (last progress: rank 1 at step 1)")
+
+
+def test_wall_clock_timeout_kills_everything():
+    report = run_smoke_test(world_size=2, precision="fp32", fault="hang@1:0", pg_timeout_s=600, timeout_s=12)
+    assert report.status == "failed" and report.reason.startswith("timed out after 12s")
+
+
+def test_cancel_event_stops_the_run():
+    cancel = threading.Event()
+
+    def progress(phase, step, total, message):
+        if phase == "step" and step >= 1:
+            cancel.set()
+
+    report = run_smoke_test(world_size=2, steps=50, precision="fp32", progress=progress, cancel=cancel)
+    assert report.status == "failed" and report.reason.startswith("interrupted (cancelled)")
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_signal_to_the_parent_reaps_every_rank(sig, code, name):
+    proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--steps",
+                             "60", "--precision", "fp32", "--fault", "hang@1:2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # wait until the ranks are training
+        if line.startswith("step"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    assert f"interrupted ({name})" in out
+
+
+def test_not_run_and_invalid_cases_never_pass():
+    mf = run_smoke_test(world_size=2, strategy="megatron_fsdp")
+    assert mf.status == "not_run" and not mf.passed and "megatron-fsdp" in mf.reason
+    bad = run_smoke_test(world_size=4, tp=3)
+    assert bad.status == "failed" and "config is invalid" in bad.reason and bad.ranks == []
+    big = run_smoke_test(world_size=64, tp=2)
+    assert big.status == "not_run" and "CPU limit" in big.reason
+
+
+@pytest.mark.parametrize("kwargs", [dict(steps=0), dict(model="gpt5"), dict(fault="explode@1:1"),
+                                    dict(fault="crash@9:0"), dict(precision="fp8"), dict(launcher="mpirun")])
+def test_usage_errors(kwargs):
+    with pytest.raises(SmokeUsageError):
+        run_smoke_test(world_size=2, **kwargs)
+
+
+def test_cli_smoke_json_and_exit_codes(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--tp", "2",
+                          "--precision", "fp32", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["passed"] and report["layout"]["tp"] == 2
+    bad = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2",
+                          "--fault", "oops"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--fault must look like" in bad.stderr
+    failed = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2",
+                             "--precision", "fp32", "--fault", "crash@0:0", "--quiet"],
+                            capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1 and "FAILED: rank 0 failed" in failed.stdout
+    assert os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16") == "16"

@@ -148,6 +148,47 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return EXIT_OK if report.passed else EXIT_FAIL
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .estimate import estimate_memory
+
+    try:
+        est = estimate_memory(_config_arg(args.file), model=args.model, world_size=args.world_size, nodes=args.nodes,
+                              gpus_per_node=args.gpus_per_node, gpu=args.gpu, seq_len=args.seq_len,
+                              micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
+                              precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib)
+    except ConfigError as exc:
+        if args.json:
+            _print_json(exc.report.model_dump(mode="json"))
+        else:
+            print(render.validation_text(exc.report))
+        return EXIT_USAGE if _unreadable(exc.report) else EXIT_FAIL
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        _print_json(est.model_dump(mode="json"))
+    else:
+        print(render.estimate_text(est))
+    return EXIT_OK if est.fits in (True, None) else EXIT_FAIL
+
+
+def cmd_suggest(args: argparse.Namespace) -> int:
+    from .suggest import suggest_strategy
+
+    try:
+        report = suggest_strategy(args.model, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
+                                  seq_len=args.seq_len or 4096, global_batch_size=args.global_batch_size,
+                                  micro_batch_size=args.micro_batch_size or 1, precision=args.precision,
+                                  allow_activation_checkpointing=not args.no_activation_checkpointing,
+                                  headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        print(render.suggest_text(report))
+    return EXIT_OK if report.candidates else EXIT_FAIL
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_error
 
@@ -234,6 +275,38 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--json", action="store_true")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)
+
+    def sizing(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--gpu", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, GB200, "
+                        "L40S")
+        ap.add_argument("--memory-gib", type=float, help="override the GPU's memory")
+        ap.add_argument("--seq-len", type=_positive)
+        ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch")
+        ap.add_argument("--global-batch-size", type=_positive)
+        ap.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp32"], default="bf16",
+                        help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
+                        "weights (model.torch_dtype: float32) with bf16 compute")
+        ap.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+        ap.add_argument("--json", action="store_true")
+
+    es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout")
+    es.add_argument("file")
+    es.add_argument("--model", required=True, help="catalog name or config.json path")
+    g = es.add_argument_group("cluster")
+    g.add_argument("--world-size", type=_positive)
+    g.add_argument("--nodes", type=_positive)
+    g.add_argument("--gpus-per-node", type=_positive)
+    sizing(es)
+    es.set_defaults(func=cmd_estimate)
+
+    su = sub.add_parser("suggest", help="ranked layouts that fit a model on a cluster")
+    su.add_argument("--model", required=True, help="catalog name or config.json path")
+    su.add_argument("--nodes", type=_positive, default=1)
+    su.add_argument("--gpus-per-node", type=_positive)
+    su.add_argument("--top", type=_positive, default=5)
+    su.add_argument("--no-activation-checkpointing", action="store_true")
+    sizing(su)
+    su.set_defaults(func=cmd_suggest)
 
     mo = sub.add_parser("models", help="list the built-in model catalog")
     mo.add_argument("--json", action="store_true")

@@ -112,6 +112,7 @@ class Layout:
     _mesh: _Dims | None = field(default=None, repr=False)
     _moe: _Dims | None = field(default=None, repr=False)
     axes: list[Axis] = field(default_factory=list)
+    _cross: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, strategy: str, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
@@ -235,7 +236,14 @@ class Layout:
             yield self.group(name, base)
 
     # ------------------------------------------------------------------ nodes
-    def crossing(self, name: str, gpus_per_node: int) -> tuple[int, list[int] | None]:
+    def crosses(self, name: str, gpus_per_node: int) -> bool:
+        """Whether any group of axis ``name`` spans more than one node (cached)."""
+        key = (name, gpus_per_node)
+        if key not in self._cross:
+            self._cross[key] = self.crossing(name, gpus_per_node, example=False)[0]
+        return self._cross[key] > 0
+
+    def crossing(self, name: str, gpus_per_node: int, *, example: bool = True) -> tuple[int, list[int] | None]:
         """How many groups of axis ``name`` span more than one node, and one such group.
 
         Exact and cheap for any world size: a group spans nodes iff its lowest rank's offset in
@@ -270,6 +278,8 @@ class Layout:
                             new[(r0 + r1) % g] += k0 * k1
                 dist = new
             count = sum(dist[g - span:])
+        if not example:
+            return count, None
         example = None
         if count:
             for i, grp in enumerate(self.iter_groups(name)):

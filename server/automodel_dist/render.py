@@ -136,6 +136,61 @@ def smoke_text(report: Any) -> str:
     return "\n".join(lines)
 
 
+def _gib_line(mem: Any) -> str:
+    return (f"params {mem.params:.1f} + grads {mem.grads:.1f} + optimizer {mem.optimizer:.1f} + activations "
+            f"{mem.activations:.1f} + buffers {mem.buffers:.1f} + overhead {mem.overhead:.1f} = {mem.total:.1f} GiB")
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def estimate_text(est: Any) -> str:
+    lay = est.layout
+    lines = [f"{est.model} on {est.world_size} x {est.gpu} ({est.gpu_memory_gib:.0f} GiB), seq_len {est.seq_len}, "
+             f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
+             f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"]
+    mem = est.memory_gib
+    verdict = "fits" if est.fits else "DOES NOT FIT"
+    lines.append(f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
+                 f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom")
+    if est.comm_bytes_per_step:
+        lines.append("communication per step per GPU: " + ", ".join(
+            f"{k} {_bytes(v)} ({est.comm_time_s[k]:.2f} s{', crosses nodes' if est.crosses_nodes.get(k) else ''})"
+            for k, v in est.comm_bytes_per_step.items()))
+    lines.append(f"step time ~{est.step_time_s:.2f} s ({est.tokens_per_step} tokens, {est.grad_accumulation_steps} "
+                 f"grad-accumulation step(s), bubble {est.bubble_fraction:.0%}), MFU ~{est.mfu:.0%}")
+    for f in est.findings:
+        lines.append(f"{f.severity}[{f.rule}]: {f.message}")
+    lines.append("assumptions: " + "; ".join(est.assumptions))
+    return "\n".join(lines)
+
+
+def suggest_text(rep: Any) -> str:
+    lines = [f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({rep.gpu_memory_gib:.0f} GiB), seq_len "
+             f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
+             f"{rep.precision}: {rep.searched} layouts searched, {rep.fitting} fit with {rep.headroom:.0%} headroom"]
+    for c in rep.candidates:
+        lines.append("")
+        lines.append(f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
+                     f"{c.memory_gib.total:.1f} GiB/GPU")
+        for r in c.rationale:
+            lines.append(f"    - {r}")
+        for f in c.findings:
+            lines.append(f"    ! {f.message}")
+        lines += ["    " + x for x in c.yaml.rstrip().splitlines()]
+    if rep.rejected:
+        lines += ["", "not chosen:"]
+        for r in rep.rejected:
+            lines.append(f"    - {r.distributed}: {r.reason}")
+    if rep.note:
+        lines += ["", rep.note]
+    return "\n".join(lines)
+
+
 def _short(ranks: list[int] | None, limit: int = 8) -> str:
     if ranks is None:
         return "-"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, virtual_stages
 from ..report import Finding
@@ -12,6 +13,17 @@ from .base import Context, finding, note, rule
 from .helpers import divisors, fmt_set
 
 F = "model"
+
+def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
+    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count)."""
+    heads = m.num_attention_heads if m.kv_lora_rank else math.gcd(m.num_attention_heads, m.num_key_value_heads)
+    return [d for d in divisors(heads) if d <= limit]
+
+
+def valid_ep_sizes(m: ModelSpec) -> list[int]:
+    """ep sizes that divide the routed experts (1 for a dense model)."""
+    return divisors(m.num_experts) if m.is_moe else [1]
+
 
 note("model-unknown", "Model not found", family=F, severity="warning",
      cause="The model is not in the built-in catalog and is not a readable config.json.",
@@ -28,19 +40,15 @@ note("model-from-recipe", "Model taken from the recipe", family=F, severity="inf
       fix="Use a tp_size that divides both head counts.")
 def tp_heads(ctx: Context) -> Iterator[Finding]:
     tp, m = ctx.size("tp_size"), ctx.model
-    if m is None or tp <= 1 or m.kv_lora_rank:  # MLA shards the full head count
-        if m is not None and m.kv_lora_rank and tp > 1 and m.num_attention_heads % tp:
-            yield finding(ctx, "tp-heads", ("tp_size",),
-                          f"tp_size={tp} does not divide num_attention_heads={m.num_attention_heads} of {m.name}",
-                          f"use tp_size in {fmt_set(d for d in divisors(m.num_attention_heads) if d <= 64)}")
+    if m is None or tp <= 1 or tp in valid_tp_sizes(m, limit=1 << 30):
         return
-    bad = [f"{name}={n}" for name, n in (("num_attention_heads", m.num_attention_heads),
-                                          ("num_key_value_heads", m.num_key_value_heads)) if n % tp]
-    if bad:
-        ok = [d for d in divisors(math.gcd(m.num_attention_heads, m.num_key_value_heads)) if d <= 64]
-        yield finding(ctx, "tp-heads", ("tp_size",),
-                      f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails "
-                      "after launch", f"use tp_size in {fmt_set(ok)}")
+    counts = [("num_attention_heads", m.num_attention_heads)]
+    if not m.kv_lora_rank:  # MLA shards the full head count
+        counts.append(("num_key_value_heads", m.num_key_value_heads))
+    bad = [f"{name}={n}" for name, n in counts if n % tp]
+    yield finding(ctx, "tp-heads", ("tp_size",),
+                  f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails "
+                  "after launch", f"use tp_size in {fmt_set(valid_tp_sizes(m))}")
 
 
 @rule("ep-experts", family=F, severity="error", title="ep_size does not divide the routed experts",
@@ -53,7 +61,7 @@ def ep_experts(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(ctx, "ep-experts", ("ep_size",),
                   f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
-                  f"use ep_size in {fmt_set(d for d in divisors(m.num_experts) if d > 1)}")
+                  f"use ep_size in {fmt_set(d for d in valid_ep_sizes(m) if d > 1)}")
 
 
 @rule("ep-dense-model", family=F, severity="warning", title="ep_size > 1 on a dense model",

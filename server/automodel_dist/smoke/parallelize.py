@@ -175,11 +175,18 @@ def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, re
     for i, block in enumerate(blocks):
         if expert_mesh is not None:
             for sub in block.modules():
-                if isinstance(sub, MoE):
-                    fully_shard(sub.experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=False)
+                if isinstance(sub, MoE):  # dim 1, as AutoModel's _moe_shard_placement: shards may outnumber experts
+                    fully_shard(sub.experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=False,
+                                shard_placement_fn=_expert_placement)
         default = False if pp else i < len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=default if reshard is None else reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+def _expert_placement(param: nn.Parameter) -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(0) if param.ndim < 2 else Shard(1)
 
 
 def scale_expert_grads(expert_params: list[nn.Parameter], factor: float) -> None:

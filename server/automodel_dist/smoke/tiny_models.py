@@ -30,6 +30,8 @@ class TinyConfig:
     moe_intermediate_size: int = 32
     shared_expert: bool = True  # sizes come from smoke.model_size.tiny_config
     rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    balanced_routing: bool = False  # static round-robin expert assignment (memory measurement on fake tensors)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,6 +137,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: TinyConfig):
         super().__init__()
         self.top_k = cfg.top_k
+        self.balanced = cfg.balanced_routing
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_expert = MLP(cfg.hidden_size, cfg.moe_intermediate_size) if cfg.shared_expert else None
@@ -154,17 +157,25 @@ class MoE(nn.Module):
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
         logits = self.router(tokens).float()
+        num_experts = self.experts.num_experts
         weights, chosen = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+        if self.balanced:  # shapes only: every expert gets the same share, no data-dependent sizes
+            n = tokens.shape[0] * self.top_k
+            chosen = (torch.arange(n, device=x.device) % num_experts).view(-1, self.top_k)
+            counts_list = [n // num_experts + (1 if e < n % num_experts else 0) for e in range(num_experts)]
         weights = (weights / weights.sum(-1, keepdim=True)).type_as(x)
         flat_expert = chosen.reshape(-1)
         order = torch.argsort(flat_expert, stable=True)
         routed = tokens.repeat_interleave(self.top_k, dim=0)[order]
-        num_experts = self.experts.num_experts
-        counts = torch.bincount(flat_expert, minlength=num_experts)
-        if self.ep_group is None:
-            out_sorted = self.experts(routed, counts.tolist())
+        if self.balanced:
+            counts = torch.tensor(counts_list, device=x.device)
         else:
-            out_sorted = self._dispatch(routed, counts, num_experts)
+            counts = torch.bincount(flat_expert, minlength=num_experts)
+            counts_list = counts.tolist()
+        if self.ep_group is None:
+            out_sorted = self.experts(routed, counts_list)
+        else:
+            out_sorted = self._dispatch(routed, counts, num_experts, counts_list)
         out = torch.empty_like(out_sorted)
         out[order] = out_sorted
         combined = (out.view(-1, self.top_k, h) * weights.unsqueeze(-1)).sum(1)
@@ -172,19 +183,24 @@ class MoE(nn.Module):
             combined = combined + self.shared_expert(tokens)
         return combined.view(b, s, h)
 
-    def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor, num_experts: int,
+                  counts_list: list[int]) -> torch.Tensor:
         import torch.distributed as dist
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         ep, local = self.ep_size, num_experts // self.ep_size
-        send_per_rank = counts.view(ep, local)  # tokens for each destination rank's experts
-        recv_counts = torch.empty_like(send_per_rank)
-        dist.all_to_all_single(recv_counts, send_per_rank, group=self.ep_group)  # (src rank, local expert)
-        send_splits = send_per_rank.sum(1).tolist()
-        recv_splits = recv_counts.sum(1).tolist()
+        send = [counts_list[r * local:(r + 1) * local] for r in range(ep)]  # per destination rank
+        if self.balanced:  # every rank routes identically: what it sends is what it receives
+            per_src = send
+        else:
+            send_per_rank = counts.view(ep, local)
+            recv_counts = torch.empty_like(send_per_rank)
+            dist.all_to_all_single(recv_counts, send_per_rank, group=self.ep_group)  # (src rank, local expert)
+            per_src = recv_counts.tolist()
+        send_splits = [sum(x) for x in send]
+        recv_splits = [sum(x) for x in per_src]
         received = all_to_all_single_autograd(routed, recv_splits, send_splits, self.ep_group)
         # Group received tokens by local expert (they arrive grouped by source rank).
-        per_src = recv_counts.tolist()
         chunks = list(received.split(recv_splits))
         pieces = [[] for _ in range(local)]
         for src, chunk in enumerate(chunks):
@@ -230,6 +246,8 @@ class TinyLM(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in ids})
         self.norm = RMSNorm(cfg.hidden_size) if last else None
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if last else None
+        if cfg.tie_word_embeddings and first and last:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """``positions``: global token positions (needed under CP); None means 0..seq-1."""

@@ -1,0 +1,153 @@
+"""estimate_memory: per-GPU memory, communication, step time and MFU of one given layout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ..catalog.gpus import GPU, lookup_gpu
+from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
+from ..config.values import is_positive_int
+from ..report import ConfigError, Finding, Resolved
+from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
+from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, MemoryBreakdown, Parallelism, Training, memory_per_rank
+
+PRECISIONS: dict[str, tuple[str, str]] = {
+    # name: (storage dtype of params/grads/optimizer states, compute dtype)
+    "bf16": ("bfloat16", "bfloat16"),  # AutoModel's default (model.torch_dtype auto -> bf16 weights)
+    "bf16-mixed": ("float32", "bfloat16"),  # model.torch_dtype: float32 + default mp_policy (fp32 master)
+    "fp32": ("float32", "float32"),
+}
+
+ASSUMPTIONS = [
+    f"collectives reach {COLLECTIVE_EFFICIENCY:.0%} of link bandwidth; matmuls {MATMUL_EFFICIENCY:.0%} of bf16 peak",
+    f"FSDP/DDP traffic overlaps up to {OVERLAP:.0%} of compute; TP and EP traffic is exposed; CP half hidden",
+    f"overhead = {CUDA_CONTEXT_GIB:.0f} GiB CUDA context/NCCL + {FRAGMENTATION:.0%} allocator fragmentation",
+    "activations: SDPA flash attention, no dropout; loss on full-vocabulary fp32 logits",
+]
+
+
+class Estimate(BaseModel):
+    """Memory and communication of one layout, per GPU."""
+
+    model: str
+    world_size: int
+    layout: Resolved
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    precision: str
+    seq_len: int
+    micro_batch_size: int
+    global_batch_size: int | None = None
+    memory_gib: MemoryBreakdown
+    fits: bool | None = Field(default=None, description="total <= GPU memory x (1 - headroom), when a GPU is known.")
+    headroom: float = 0.0
+    comm_bytes_per_step: dict[str, float] = Field(default_factory=dict)
+    comm_time_s: dict[str, float] = Field(default_factory=dict)
+    crosses_nodes: dict[str, bool] = Field(default_factory=dict)
+    step_time_s: float | None = None
+    mfu: float | None = None
+    tokens_per_step: int | None = None
+    grad_accumulation_steps: int | None = None
+    bubble_fraction: float = 0.0
+    findings: list[Finding] = Field(default_factory=list)
+    assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
+
+
+def make_cluster(gpu: str | GPU | None, gpus_per_node: int | None, *, memory_gib: float | None = None,
+                 intra_gbps: float | None = None, inter_gbps: float | None = None) -> Cluster:
+    g = gpu if isinstance(gpu, GPU) else lookup_gpu(gpu or "H100-80GB")
+    if memory_gib is not None:
+        g = GPU(g.name, float(memory_gib), g.bf16_tflops, g.intra_gbps, g.inter_gbps, g.gpus_per_node, g.interconnect)
+    return Cluster(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node, intra_gbps=intra_gbps or g.intra_gbps,
+                   inter_gbps=inter_gbps or g.inter_gbps)
+
+
+def parallelism_from(resolved: Resolved, block: dict[str, Any]) -> Parallelism:
+    moe = block.get("moe") if isinstance(block.get("moe"), dict) else {}
+    return Parallelism(
+        strategy=resolved.strategy or "fsdp2", dp=resolved.dp or 1, dp_replicate=resolved.dp_replicate or 1,
+        tp=resolved.tp or 1, pp=resolved.pp or 1, cp=resolved.cp or 1, ep=resolved.ep or 1,
+        ep_shard=resolved.ep_shard or 1, sequence_parallel=bool(resolved.sequence_parallel),
+        activation_checkpointing=resolved.activation_checkpointing or False, pp_schedule=resolved.pp_schedule,
+        zero_dp_strategy=block.get("zero_dp_strategy", 3) if resolved.strategy == "megatron_fsdp" else 3,
+        reshard_after_forward=block.get("reshard_after_forward") if resolved.strategy == "fsdp2" else None,
+        moe_reshard_after_forward=bool(moe.get("reshard_after_forward", False)),
+    )
+
+
+def evaluate(spec: ModelSpec, p: Parallelism, tr: Training, cluster: Cluster | None, *, layout: Any = None,
+             headroom: float = 0.0) -> tuple[MemoryBreakdown, CommEstimate | None, bool | None]:
+    """The one place memory and communication are combined (estimate_memory and the search use it)."""
+    mem = memory_per_rank(spec, p, tr)
+    if cluster is None:
+        return mem, None, None
+    comm = estimate_comm(spec, p, tr, layout, cluster)
+    fits = mem.total <= cluster.gpu.memory_gib * (1 - headroom)
+    return mem, comm, fits
+
+
+def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, nodes: int | None = None,
+                    gpus_per_node: int | None = None, gpu: str | None = None, seq_len: int | None = None,
+                    micro_batch_size: int | None = None, global_batch_size: int | None = None,
+                    precision: str = "bf16", optimizer: str = "adamw", headroom: float = 0.1,
+                    memory_gib: float | None = None, intra_gbps: float | None = None,
+                    inter_gbps: float | None = None) -> Estimate:
+    """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
+    layout in ``config``, for ``model`` (catalog name, config.json path or dict).
+
+    Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
+    """
+    from ..api import _validate
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    try:
+        spec = resolve_model(model)
+    except ModelConfigError as exc:
+        raise ValueError(str(exc)) from exc
+    report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec)
+    if not report.valid or ctx is None or report.world_size is None:
+        raise ConfigError(report)
+    r = report.resolved
+    block = ctx.block
+    step = ctx.recipe_get("step_scheduler") if ctx.recipe else None
+    lbs = step.get("local_batch_size") if isinstance(step, dict) else None
+    if global_batch_size is None and isinstance(step, dict) and is_positive_int(step.get("global_batch_size")):
+        global_batch_size = step["global_batch_size"]
+    if seq_len is None:
+        for key in ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size"):
+            v = ctx.recipe_get(key) if ctx.recipe else None
+            if is_positive_int(v):
+                seq_len = v
+                break
+    seq_len = seq_len or 4096
+    n_mb = None
+    if (r.pp or 1) > 1:
+        mbs = micro_batch_size or r.pp_microbatch_size or 1
+        if is_positive_int(lbs):
+            n_mb = max(1, lbs // mbs)
+    else:
+        mbs = micro_batch_size or (lbs if is_positive_int(lbs) else 1)
+    storage, compute = PRECISIONS[precision]
+    tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
+                  compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
+    p = parallelism_from(r, block)
+    gpn = ctx.gpus_per_node or gpus_per_node
+    cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+    mem, comm, fits = evaluate(spec, p, tr, cluster, layout=ctx.layout, headroom=headroom)
+    assert comm is not None
+    return Estimate(
+        model=spec.name, world_size=report.world_size, layout=r, gpu=cluster.gpu.name,
+        gpu_memory_gib=cluster.gpu.memory_gib, precision=precision, seq_len=seq_len, micro_batch_size=mbs,
+        global_batch_size=global_batch_size, memory_gib=mem, fits=fits, headroom=headroom,
+        comm_bytes_per_step=comm.bytes_per_step, comm_time_s=comm.time_s, crosses_nodes=comm.crosses_nodes,
+        step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
+        grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
+        findings=[f for f in report.findings if f.severity != "info"],
+    )
+
+
+__all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Parallelism", "Training", "MemoryBreakdown", "evaluate",
+           "make_cluster", "parallelism_from"]

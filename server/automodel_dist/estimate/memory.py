@@ -1,0 +1,326 @@
+"""Per-rank memory of a layout: model states, FSDP buffers, activations, logits, overhead (pure).
+
+Model states are exact arithmetic over the model's parameter groups as each strategy shards them
+(FSDP2 over dp_shard*cp, HSDP replicas, MegatronFSDP by zero_dp_strategy, DDP replicated; TP splits
+matrices, PP assigns layers to stages the way AutoModel splits them, EP splits routed experts with
+FSDP over ep_shard). Activations start from Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", per layer ``sbh(34 + 5as/h)`` bytes, /t with SP) and
+are fitted to torch's own tracker on our Llama-style block (SDPA flash attention, so no ``s^2``
+term; fp32 RMSNorm internals; no dropout), bytes per token per layer:
+
+- no checkpointing: ``c_rep*h + 8h/t + 8I/t + 8d + 4a/t + 8`` with ``c_rep = 16``, or
+  ``4 + 12/t`` with sequence parallelism (norms and residuals split, gathered inputs not);
+- selective (matmul outputs saved): ``2h(/t with SP) + 2h/t + 4*kv*d/t + 4h + 4I/t``;
+- full: the block input, ``2h`` (``/t`` with SP), plus one block recomputed during backward.
+
+Tokens per microbatch are ``b*s/cp``. ``tests/test_estimate.py`` compares the result with
+``FSDPMemTracker`` on fake tensors over a matrix of layouts and real model sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from ..catalog.models import ModelSpec
+from ..config.values import V_SCHEDULES, is_single_stage
+from ..layout import stage_ids, stage_layer_counts
+
+GIB = float(1 << 30)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FRAGMENTATION = 0.08  # allocator fragmentation margin, fraction of the tracked peak
+CUDA_CONTEXT_GIB = 1.0  # CUDA context, NCCL/gloo workspaces, kernels (per GPU)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Resolved sizes of one layout (what ``Resolved`` holds, with the strategy options used here)."""
+
+    strategy: str = "fsdp2"
+    dp: int = 1
+    dp_replicate: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    ep_shard: int = 1
+    sequence_parallel: bool = False
+    activation_checkpointing: bool | str = False
+    pp_schedule: str | None = None
+    zero_dp_strategy: int = 3  # megatron_fsdp
+    reshard_after_forward: bool | None = None  # FSDP2 blocks; None = AutoModel's heuristic (not under PP)
+    moe_reshard_after_forward: bool = False  # moe.reshard_after_forward (AutoModel default False)
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp // self.dp_replicate if self.strategy == "fsdp2" else self.dp
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        if self.pp <= 1:
+            return 1
+        return 1 if is_single_stage(self.pp_schedule or "1F1B") else 2
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a step does: tokens, precision, optimizer, microbatching."""
+
+    seq_len: int = 4096
+    micro_batch_size: int = 1  # sequences per rank per microbatch
+    global_batch_size: int | None = None
+    storage_dtype: str = "float32"  # parameters, gradients and optimizer states
+    compute_dtype: str = "bfloat16"  # FSDP mp_policy param_dtype (activations)
+    optimizer: str = "adamw"
+    pp_microbatches: int | None = None  # default: 2 * pp
+
+    @property
+    def optimizer_states(self) -> int:
+        return {"adamw": 2, "adam": 2, "sgd": 1}.get(self.optimizer, 2)
+
+
+class MemoryBreakdown(BaseModel):
+    """Per-GPU memory in GiB for the worst rank."""
+
+    params: float = Field(description="Sharded parameters (storage dtype).")
+    grads: float = Field(description="Sharded gradients.")
+    optimizer: float = Field(description="Optimizer states.")
+    activations: float = Field(description="Saved activations of in-flight microbatches, logits and loss.")
+    buffers: float = Field(description="Unsharded FSDP parameters/gradients, loss temporaries, PP p2p buffers.")
+    overhead: float = Field(description="CUDA context and allocator fragmentation margin.")
+    total: float
+    model_states: float = Field(description="params + grads + optimizer.")
+    tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
+    worst_pp_rank: int = 0
+    peak_phase: str = Field(default="", description="start-of-backward or end-of-backward.")
+
+
+@dataclass
+class _Groups:
+    """Parameter element counts on one rank, before data-parallel sharding."""
+
+    dense: float = 0.0  # sharded by FSDP over dp_shard*cp
+    experts: float = 0.0  # sharded by FSDP over ep_shard
+    root: float = 0.0  # embedding / lm_head / final norm (the FSDP root unit)
+    embed: float = 0.0
+    lm_head: float = 0.0
+    n_layers: int = 0  # layers on this rank
+    first: bool = False
+    last: bool = False
+    layer_dense: float = 0.0  # largest layer's non-expert params on this rank
+    layer_experts: float = 0.0
+    dense_layers: float = 0.0  # all layers' non-expert params on this rank
+    n_dense_layers: int = 0
+    n_moe_layers: int = 0
+
+
+def _attn_split(m: ModelSpec) -> tuple[float, float]:
+    """(TP-sharded, replicated) attention parameters of one layer."""
+    total = m.attention_params()
+    if m.kv_lora_rank:  # MLA: the low-rank down projections are replicated
+        rep = m.hidden_size * (m.q_lora_rank or 0) + m.hidden_size * (m.kv_lora_rank + (m.qk_rope_head_dim or 0))
+        return total - rep, rep
+    norm = 2 * m.hd if m.qk_norm else 0
+    return total - norm, norm
+
+
+def _layer_params(m: ModelSpec, p: Parallelism) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(non-expert, expert) parameters of one dense layer and of one MoE layer on a rank."""
+    attn_sh, attn_rep = _attn_split(m)
+    base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.hidden_size
+    dense = (base + m.dense_mlp_params() / p.tp, 0.0)
+    moe = (base + m.moe_nonexpert_params(), (m.num_experts / p.ep) * m.expert_params()) if m.is_moe else dense
+    return dense, moe
+
+
+_GROUPS: dict[tuple, _Groups] = {}
+_MODELS: dict[int, ModelSpec] = {}  # keeps the specs keyed by id() alive, so an id is never reused
+
+
+def _rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
+    """Parameter groups on one pipeline rank (memoized on small-int keys: the search calls it a lot)."""
+    key = (id(m), p.tp, p.ep, p.pp, p.stages_per_rank, (p.pp_schedule or "") in V_SCHEDULES, pp_rank)
+    g = _GROUPS.get(key)
+    if g is None:
+        if len(_GROUPS) > 100_000:
+            _GROUPS.clear()
+            _MODELS.clear()
+        _MODELS[id(m)] = m
+        g = _GROUPS[key] = _compute_rank_groups(m, p, pp_rank)
+    return g
+
+
+def _compute_rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
+    g = _Groups()
+    n_stages = p.pp * p.stages_per_rank
+    counts = stage_layer_counts(m.num_layers, n_stages) if p.pp > 1 else [m.num_layers]
+    v_style = (p.pp_schedule or "") in V_SCHEDULES
+    my = stage_ids(pp_rank, p.pp, n_stages, v_style=v_style) if p.pp > 1 else (0,)
+    (d_dense, _), (m_dense, m_exp) = _layer_params(m, p)
+    first_moe = m.first_dense_layers if m.is_moe else m.num_layers
+    n_dense = n_moe = 0
+    for sid in my:
+        start = sum(counts[:sid])
+        end = start + counts[sid]
+        g.n_layers += counts[sid]
+        dense_here = max(0, min(end, first_moe) - start)
+        n_dense += dense_here
+        n_moe += counts[sid] - dense_here
+    g.first, g.last = 0 in my, (n_stages - 1) in my
+    g.dense_layers = n_dense * d_dense + n_moe * m_dense
+    g.dense = g.dense_layers
+    g.experts = n_moe * m_exp
+    g.layer_dense = max(d_dense if n_dense else 0.0, m_dense if n_moe else 0.0)
+    g.layer_experts = m_exp if n_moe else 0.0
+    g.n_dense_layers, g.n_moe_layers = n_dense, n_moe
+    if g.first:
+        g.embed = m.embedding_params() / p.tp
+    if g.last:
+        g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
+        g.root += m.hidden_size
+    g.root += g.embed + g.lm_head
+    g.dense += g.root
+    return g
+
+
+def _state_shards(p: Parallelism) -> tuple[float, float, float, float]:
+    """Divisors for (params, grads, optimizer) of dense params, and of expert params."""
+    if p.strategy == "ddp":
+        return 1.0, 1.0, 1.0, 1.0
+    if p.strategy == "megatron_fsdp":
+        n = float(p.dp * p.cp)
+        z = p.zero_dp_strategy
+        return (n if z >= 3 else 1.0), (n if z >= 2 else 1.0), (n if z >= 1 else 1.0), 1.0
+    n = float(p.dp_shard * p.cp)
+    return n, n, n, float(p.ep_shard)
+
+
+def _act_per_token(m: ModelSpec, p: Parallelism, moe: bool, comp_bytes: int) -> tuple[float, float]:
+    """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
+    h, d, a, t = m.hidden_size, m.hd, m.num_attention_heads, p.tp
+    kvd = m.num_key_value_heads * d
+    scale = comp_bytes / 2.0  # coefficients were fitted with bf16 compute
+    if moe:  # routed tokens: k copies in and out, each expert saves gate/up/act/product
+        k = max(m.experts_per_token, 1)
+        mlp_plain = 8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
+        mlp_sel = 4 * k * m.moe_intermediate_size + 4 * k * h + 4 * m.num_experts + 4 * m.shared_expert_intermediate_size
+    else:
+        mlp_plain, mlp_sel = 8 * m.intermediate_size / t, 4 * m.intermediate_size / t
+    rep = (4 + 12 / t) if p.sequence_parallel else 16.0
+    plain = (rep * h + 8 * h / t + mlp_plain + 8 * d + 4 * a / t + 8) * scale
+    inp = 2 * h / (t if p.sequence_parallel else 1)
+    if p.activation_checkpointing == "selective":
+        saved = (inp + 2 * h / t + 4 * kvd / t + 4 * h + mlp_sel) * scale
+    elif p.activation_checkpointing:
+        saved = inp * scale
+    else:
+        saved = plain
+    return saved, plain
+
+
+def in_flight_microbatches(p: Parallelism, n_mb: int, pp_rank: int = 0) -> float:
+    """Microbatches whose activations a pipeline rank holds at once, in units of its whole stage set."""
+    if p.pp <= 1:
+        return 1.0
+    sched = p.pp_schedule or "1F1B"
+    v = p.stages_per_rank
+    if sched in ("GPipe", "LoopedBFS"):
+        return float(n_mb)
+    if sched == "1F1B":
+        return float(min(n_mb, p.pp - pp_rank))
+    if sched in ("ZBVZeroBubble", "DualPipeV"):
+        return float(min(n_mb, p.pp + (1 if sched == "DualPipeV" else 0)))
+    warm = 2 * (p.pp - pp_rank - 1) + (v - 1) * p.pp + 1  # interleaved (Megatron): chunk-microbatches
+    return min(n_mb * v, warm) / v
+
+
+def memory_per_rank(m: ModelSpec, p: Parallelism, tr: Training) -> MemoryBreakdown:
+    """Peak memory of the worst rank (over pipeline ranks) for one layout."""
+    # The first ranks hold the most in-flight microbatches and the embedding, the last the lm_head and
+    # the loss; with V schedules rank 0 holds both ends.
+    ranks = sorted({r for r in (0, 1, p.pp - 2, p.pp - 1) if 0 <= r < p.pp})
+    worst = max((_memory_of_pp_rank(m, p, tr, r) for r in ranks), key=lambda x: x["total"])
+    return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
+
+
+def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int) -> dict:
+    store = DTYPE_BYTES[tr.storage_dtype]
+    comp = DTYPE_BYTES[tr.compute_dtype]
+    g = _rank_groups(m, p, pp_rank)
+    sp_, sg, so, se = _state_shards(p)
+    dense, experts = g.dense, g.experts
+    params = dense / sp_ * store + experts / se * store
+    grads = dense / sg * store + experts / se * store
+    optimizer = tr.optimizer_states * (dense / so + experts / se) * store
+    tokens = tr.micro_batch_size * tr.seq_len / p.cp
+    n_mb = tr.pp_microbatches or 2 * p.pp
+    inflight = in_flight_microbatches(p, n_mb, pp_rank)
+    saved = 0.0
+    recompute = 0.0
+    for moe, count in ((False, g.n_dense_layers), (True, g.n_moe_layers)):
+        if count:
+            s, plain = _act_per_token(m, p, moe, comp)
+            saved += s * count
+            if p.activation_checkpointing:
+                recompute = max(recompute, plain)  # one block is re-materialized during backward
+    vocab = m.vocab_size
+    extra = 0.0
+    loss_saved = loss_temp = 0.0
+    if g.last:
+        extra += 6 * m.hidden_size * comp / 2  # final norm
+        loss_saved = 4.0 * vocab * tokens  # fp32 log-softmax kept for backward (lm_head output replicated)
+        loss_temp = 2 * 4.0 * vocab * tokens  # its gradient and the upcast's
+    acts = (saved + extra) * tokens * inflight + loss_saved
+    # FSDP: the root unit (embedding, lm_head, norm) and the last block stay unsharded through forward;
+    # blocks that do not reshard after forward (all of them under PP, by AutoModel's default) stay too,
+    # and so do the experts with moe.reshard_after_forward false (AutoModel's default).
+    sharded = p.strategy != "ddp" and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
+    keep_blocks = p.reshard_after_forward is False or (p.reshard_after_forward is None and p.pp > 1)
+    unsharded = (g.root + (g.dense_layers if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
+    if sharded and g.experts and p.ep_shard > 1:
+        unsharded += (g.layer_experts if p.moe_reshard_after_forward else g.experts) * comp
+    p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
+    start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p
+    # End of backward: layer grads are sharded, the root's unsharded grads (reduce dtype, fp32) and the
+    # embedding backward's temporaries are alive before the root's reduce-scatter.
+    if sharded:
+        layer_grads = (dense - g.root) / sg * store + experts / se * store
+        end_bw = layer_grads + g.lm_head * 4.0 + 2 * g.embed * 4.0
+    else:
+        end_bw = grads
+    tracked_states = params + optimizer
+    if start_bw >= end_bw:
+        phase, transient = "start-of-backward", start_bw
+    else:
+        phase, transient = "end-of-backward", end_bw
+    tracked = tracked_states + transient
+    overhead = CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
+    buffers = transient - acts if phase == "start-of-backward" else transient - grads
+    activations = acts if phase == "start-of-backward" else 0.0
+    total = tracked + overhead
+    return dict(params=float(params), grads=float(grads), optimizer=float(optimizer), activations=float(activations),
+                buffers=float(max(buffers, 0.0)), overhead=float(overhead), total=float(total),
+                model_states=float(params + grads + optimizer), tracked_peak=float(tracked), worst_pp_rank=pp_rank,
+                peak_phase=phase)
+
+
+def activation_formula_korthikanti(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
+                                   recompute: str = "none") -> float:
+    """Korthikanti et al. 2022, Table 2: activation bytes of one transformer layer (16-bit)."""
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    attn = 0.0 if recompute == "selective" else 5.0 * a * s / h
+    if sp:
+        return s * b * h / t * (34 + attn)
+    if t > 1:
+        return s * b * h * (10 + 24 / t + attn / t)
+    return s * b * h * (34 + attn)
+
+
+__all__ = ["Parallelism", "Training", "MemoryBreakdown", "memory_per_rank", "in_flight_microbatches",
+           "activation_formula_korthikanti", "GIB"]

@@ -1,0 +1,340 @@
+"""suggest_strategy: search every layout of a cluster, keep those that fit, rank by step time.
+
+Candidates enumerate the factorisations of the world into (pp, dp_replicate, dp_shard, cp, tp) and
+ep, for each strategy and activation-checkpointing choice. Sizes come from the engine's own hints
+(``valid_tp_sizes``/``valid_ep_sizes`` from the model rules); memory and time come from
+``estimate.evaluate``; the winners are confirmed by ``validate_config`` with the model and cluster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+
+from .api import validate_config
+from .catalog.models import ModelSpec, resolve_model
+from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
+from .estimate.comm import estimate_comm
+from .layout import Layout, StageError, virtual_stages
+from .report import Finding
+from .rules.model import valid_ep_sizes, valid_tp_sizes
+
+SCHEDULES = ("1F1B", "Interleaved1F1B")
+
+
+class Candidate(BaseModel):
+    rank: int
+    yaml: str = Field(description="A ready distributed: block (and step_scheduler batch sizes).")
+    distributed: dict[str, Any]
+    memory_gib: MemoryBreakdown
+    comm_bytes_per_step: dict[str, float]
+    step_time_s: float
+    mfu: float
+    tokens_per_second: float
+    rationale: list[str]
+    findings: list[Finding] = Field(default_factory=list, description="Warnings validate_config gave.")
+
+
+class Rejected(BaseModel):
+    distributed: dict[str, Any]
+    reason: str
+
+
+class SuggestReport(BaseModel):
+    model: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    gpu: str
+    gpu_memory_gib: float
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
+    precision: str
+    headroom: float
+    candidates: list[Candidate]
+    rejected: list[Rejected] = Field(default_factory=list)
+    searched: int = Field(description="Layouts evaluated.")
+    fitting: int = Field(description="Layouts that fit in memory.")
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class _Option:
+    p: Parallelism
+    n_mb: int | None
+
+    def block(self, mbs: int) -> dict[str, Any]:
+        p = self.p
+        out: dict[str, Any] = {"strategy": p.strategy}
+        if p.strategy == "fsdp2" and p.dp_replicate > 1:
+            out["dp_replicate_size"] = p.dp_replicate
+        for key, value in (("tp_size", p.tp), ("cp_size", p.cp), ("pp_size", p.pp), ("ep_size", p.ep)):
+            if value > 1:
+                out[key] = value
+        if p.sequence_parallel:
+            out["sequence_parallel"] = True
+        if p.activation_checkpointing:
+            out["activation_checkpointing"] = p.activation_checkpointing
+        if p.pp > 1:
+            out["pipeline"] = {"pp_schedule": (p.pp_schedule or "1F1B").lower(), "pp_microbatch_size": mbs}
+        return out
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, allow_ac: bool,
+             strategies: tuple[str, ...]) -> Iterator[_Option]:
+    tps = [t for t in valid_tp_sizes(m) if world % t == 0 and t <= max(gpn, 1) * 2]
+    eps = valid_ep_sizes(m)
+    acs: list[bool | str] = [False, "selective", True] if allow_ac else [False]
+    cps = [c for c in (1, 2, 4, 8, 16, 32) if seq % (2 * c) == 0 or c == 1]
+    for tp in tps:
+        for cp in cps:
+            if world % (tp * cp):
+                continue
+            for pp in _divisors(world // (tp * cp)):
+                if pp > m.num_layers:
+                    continue
+                dp = world // (tp * cp * pp)
+                for strategy in strategies:
+                    if strategy == "ddp" and (tp > 1 or cp > 1 or pp > 1):
+                        continue
+                    if strategy == "megatron_fsdp" and pp > 1:
+                        continue
+                    if pp > 1:
+                        lbs = gbs // dp
+                        if gbs % dp or lbs % mbs or lbs // mbs < pp:
+                            continue
+                        n_mb = lbs // mbs
+                        schedules = [s for s in SCHEDULES if _stages_ok(m, pp, s, n_mb)]
+                    else:
+                        if gbs % (mbs * dp):
+                            continue
+                        n_mb, schedules = None, [None]
+                    reps = [1]
+                    if strategy == "fsdp2":  # HSDP: shard groups of at least a node, replicated across them
+                        reps += [r for r in _divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
+                    for rep in reps:
+                        for ep in ([1] if strategy != "fsdp2" else [e for e in eps if (dp * cp * tp) % e == 0]):
+                            ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
+                            for sched in schedules:
+                                for ac in acs:
+                                    if ac == "selective" and strategy == "megatron_fsdp":
+                                        continue
+                                    yield _Option(Parallelism(
+                                        strategy=strategy, dp=dp, dp_replicate=rep, tp=tp, pp=pp, cp=cp, ep=ep,
+                                        ep_shard=ep_shard, sequence_parallel=tp > 1 and strategy == "fsdp2",
+                                        activation_checkpointing=ac, pp_schedule=sched), n_mb)
+
+
+def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:
+    try:
+        virtual_stages(m.num_layers, pp=pp, single_stage=schedule == "1F1B")
+    except StageError:
+        return False
+    if schedule == "Interleaved1F1B":
+        rounds = max(1, n_mb // pp)
+        return n_mb % rounds == 0
+    return True
+
+
+def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m: ModelSpec, tr: Training,
+               no_ac_gib: float | None) -> list[str]:
+    p = o.p
+    out = [f"peak {mem.total:.1f} GiB per GPU of {cluster.gpu.memory_gib:.0f} GiB (model states "
+           f"{mem.model_states:.1f}, activations {mem.activations:.1f}, buffers {mem.buffers:.1f}, overhead "
+           f"{mem.overhead:.1f}); est. step {comm.step_time_s:.2f} s, MFU {comm.mfu:.0%}"]
+    shard = p.dp_shard * p.cp
+    if p.strategy == "fsdp2":
+        out.append(f"FSDP2 shards parameters, gradients and optimizer states over {shard} ranks"
+                   + (f", replicated {p.dp_replicate}x (HSDP: the all-reduce across replicas is the only "
+                      "cross-group gradient traffic)" if p.dp_replicate > 1 else ""))
+    elif p.strategy == "ddp":
+        out.append("DDP: the model fits replicated; one gradient all-reduce per step, the least communication")
+    else:
+        out.append(f"MegatronFSDP (ZeRO-3) shards everything over {p.dp * p.cp} ranks")
+    if p.tp > 1:
+        where = "across nodes (inter-node bandwidth!)" if comm.crosses_nodes.get("tp") else (
+            f"inside a node ({cluster.intra_gbps:.0f} GB/s)")
+        out.append(f"tp={p.tp} with sequence parallelism splits every layer's matmuls and activations; its "
+                   f"per-layer collectives stay {where}")
+    if p.cp > 1:
+        out.append(f"cp={p.cp}: seq_len {tr.seq_len} is split into {p.cp} chunks, cutting activations to "
+                   f"1/{p.cp} for long sequences")
+    if p.pp > 1:
+        out.append(f"pp={p.pp} ({p.pp_schedule}, {o.n_mb} microbatches, bubble {comm.bubble_fraction:.0%}): "
+                   "layers split across stages so each GPU holds a fraction of the model")
+    if p.ep > 1:
+        out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, experts FSDP-sharded "
+                   f"over ep_shard={p.ep_shard}")
+    if p.activation_checkpointing and no_ac_gib is not None:
+        out.append(f"activation checkpointing ({'full' if p.activation_checkpointing is True else 'selective'}): "
+                   f"needed to fit (without it: {no_ac_gib:.1f} GiB)")
+    return out
+
+
+def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = None, gpu: str = "H100-80GB",
+                     seq_len: int = 4096, global_batch_size: int | None = None, micro_batch_size: int = 1,
+                     precision: str = "bf16", optimizer: str = "adamw", allow_activation_checkpointing: bool = True,
+                     headroom: float = 0.1, top_k: int = 5, strategies: tuple[str, ...] = ("fsdp2", "megatron_fsdp",
+                                                                                            "ddp"),
+                     memory_gib: float | None = None, intra_gbps: float | None = None,
+                     inter_gbps: float | None = None) -> SuggestReport:
+    """Ranked layouts for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs that fit memory with ``headroom``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    for name, value in (("nodes", nodes), ("seq_len", seq_len), ("micro_batch_size", micro_batch_size),
+                        ("top_k", top_k)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
+    spec = resolve_model(model)
+    cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+    gpn = cluster.gpus_per_node
+    world = nodes * gpn
+    if world > 1 << 20:
+        raise ValueError(f"world size {world} is too large to search (limit {1 << 20})")
+    gbs = global_batch_size or world * micro_batch_size
+    storage, compute = PRECISIONS[precision]
+    base_tr = Training(seq_len=seq_len, micro_batch_size=micro_batch_size, global_batch_size=gbs,
+                       storage_dtype=storage, compute_dtype=compute, optimizer=optimizer)
+    budget = cluster.gpu.memory_gib * (1 - headroom)
+    layouts: dict[tuple, Layout] = {}
+    scored: list[tuple[float, _Option, MemoryBreakdown, Any]] = []
+    oom: list[tuple[float, _Option, MemoryBreakdown]] = []
+    no_ac: dict[tuple, float] = {}  # layout (without its AC mode) -> peak GiB without checkpointing
+    fits_without_ac: set[tuple] = set()
+    searched = 0
+    for o in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
+                      tuple(strategies)):
+        p = o.p
+        base_key = (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)
+        if p.activation_checkpointing and base_key in fits_without_ac:
+            continue  # checkpointing only adds recompute once the layout already fits
+        searched += 1
+        tr = replace(base_tr, pp_microbatches=o.n_mb)
+        key = (p.strategy, p.tp, p.pp, p.cp, p.ep, p.dp_replicate)
+        if key not in layouts:
+            layouts[key] = Layout.build(p.strategy, world_size=world, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
+                                        dp_replicate=p.dp_replicate)
+        mem, _, _ = evaluate(spec, p, tr, None)
+        fits = mem.total <= budget
+        if not p.activation_checkpointing:
+            no_ac[base_key] = mem.total
+            if fits:
+                fits_without_ac.add(base_key)
+        if fits:  # communication and time only for layouts that fit (and near misses, below)
+            comm = estimate_comm(spec, p, tr, layouts[key], cluster)
+            scored.append((comm.step_time_s, o, mem, comm))
+        elif mem.total <= 2 * budget:
+            oom.append((estimate_comm(spec, p, tr, layouts[key], cluster).step_time_s, o, mem))
+        else:
+            oom.append((float("inf"), o, mem))
+    scored.sort(key=lambda x: (round(x[0], 3 - int(math.floor(math.log10(max(x[0], 1e-9))))),
+                               _complexity(x[1].p), x[2].total))
+    candidates: list[Candidate] = []
+    rejected: list[Rejected] = []
+    shapes: set[tuple] = set()
+    for step, o, mem, comm in scored:
+        if len(candidates) >= top_k:
+            break
+        shape = (o.p.strategy, o.p.tp, o.p.cp, o.p.pp, o.p.ep)
+        if shape in shapes:
+            continue  # one candidate per layout shape (its best HSDP / checkpointing / schedule variant)
+        shapes.add(shape)
+        block = o.block(micro_batch_size)
+        recipe = {"distributed": block, "step_scheduler": _batches(o, gbs, micro_batch_size)}
+        report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
+        if not report.valid:
+            rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
+            continue
+        tps = comm.tokens_per_step / step if step else 0.0
+        candidates.append(Candidate(
+            rank=len(candidates) + 1, yaml=yaml.safe_dump(recipe, sort_keys=False), distributed=block,
+            memory_gib=mem, comm_bytes_per_step=comm.bytes_per_step, step_time_s=step, mfu=comm.mfu,
+            tokens_per_second=tps,
+            rationale=_rationale(o, mem, comm, cluster, spec, base_tr, no_ac.get(
+                (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule))),
+            findings=[f for f in report.findings if f.severity == "warning"]))
+    rejected += _alternatives(spec, world, gpn, cluster, budget, oom, scored, micro_batch_size)
+    note = None
+    if not candidates:
+        best = min(oom, key=lambda x: x[2].total) if oom else None
+        note = (f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
+                f"({best[1].block(micro_batch_size)}): add GPUs, use a larger GPU, shorten seq_len or lower the "
+                "micro batch" if best else "no layout could be built for this model and cluster")
+    return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
+                         gpu_memory_gib=cluster.gpu.memory_gib, seq_len=seq_len, global_batch_size=gbs,
+                         micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
+                         candidates=candidates, rejected=rejected[:8], searched=searched, fitting=len(scored),
+                         note=note)
+
+
+def _complexity(p: Parallelism) -> tuple[int, int]:
+    """Tie-breaker: fewer parallel axes, no checkpointing, AutoModel's default strategy first."""
+    axes = sum(x > 1 for x in (p.tp, p.cp, p.pp, p.ep, p.dp_replicate))
+    return axes + (1 if p.activation_checkpointing else 0), ("fsdp2", "ddp", "megatron_fsdp").index(p.strategy)
+
+
+def _batches(o: _Option, gbs: int, mbs: int) -> dict[str, int]:
+    if o.p.pp > 1:
+        return {"global_batch_size": gbs, "local_batch_size": gbs // o.p.dp}
+    return {"global_batch_size": gbs, "local_batch_size": mbs}
+
+
+def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: float,
+                  oom: list[tuple[float, _Option, MemoryBreakdown]], scored: list, mbs: int) -> list[Rejected]:
+    """Why the popular simple layouts were not picked."""
+    out: list[Rejected] = []
+    cap = cluster.gpu.memory_gib
+    seen = set()
+
+    def add(block: dict[str, Any], reason: str) -> None:
+        key = yaml.safe_dump(block, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(Rejected(distributed=block, reason=reason))
+
+    def why(o: _Option, mem: MemoryBreakdown, step: float) -> str:
+        p = o.p
+        over = f"OOM, {mem.total:.1f} GiB > {budget:.1f} GiB usable of {cap:.0f} GiB"
+        if p.strategy == "ddp" and not p.activation_checkpointing:
+            return f"DDP replicates the whole model: {over}"
+        if p.strategy == "fsdp2" and p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and \
+                not p.activation_checkpointing:
+            return f"plain FSDP2 over {world} GPUs: {over}"
+        return over + (f" (it would be faster: {step:.2f} s/step)" if step != float("inf") else "")
+
+    for step, o, mem in sorted(oom, key=lambda x: x[0])[:3]:
+        if step == float("inf"):
+            break
+        add(o.block(mbs), why(o, mem, step))
+    for step, o, mem in oom:
+        p = o.p
+        simple = p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and not p.activation_checkpointing
+        if simple and p.strategy in ("fsdp2", "ddp"):
+            add(o.block(mbs), why(o, mem, step))
+    tps = valid_tp_sizes(m)
+    if 2 * gpn in tps and world % (2 * gpn) == 0:
+        add({"strategy": "fsdp2", "tp_size": 2 * gpn},
+            f"tp={2 * gpn} crosses nodes: per-layer TP collectives would run at {cluster.inter_gbps:.0f} GB/s "
+            f"instead of {cluster.intra_gbps:.0f} GB/s")
+    bad_tp = next((t for t in (3, 6, 12) if t not in tps and t <= gpn), None)
+    if bad_tp:
+        add({"strategy": "fsdp2", "tp_size": bad_tp},
+            f"tp={bad_tp} does not divide num_attention_heads={m.num_attention_heads} and num_key_value_heads="
+            f"{m.num_key_value_heads}; valid tp: {tps}")
+    return out
+
+
+__all__ = ["suggest_strategy", "SuggestReport", "Candidate", "Rejected"]

@@ -189,6 +189,14 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return EXIT_OK if report.candidates else EXIT_FAIL
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .mcp_server import serve
+
+    serve("stdio" if args.transport == "stdio" else "http", host=args.host, port=args.port,
+          allowed_hosts=args.allowed_host, allowed_roots=args.allow_root)
+    return EXIT_OK
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_error
 
@@ -307,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--no-activation-checkpointing", action="store_true")
     sizing(su)
     su.set_defaults(func=cmd_suggest)
+
+    sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")
+    from .mcp_server import add_serve_arguments
+
+    add_serve_arguments(sv)
+    sv.set_defaults(func=cmd_serve)
 
     mo = sub.add_parser("models", help="list the built-in model catalog")
     mo.add_argument("--json", action="store_true")

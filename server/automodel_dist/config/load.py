@@ -289,37 +289,42 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
     return doc
 
 
+def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
+               allowed_roots: list[Path] | None = None) -> Finding | None:
+    """Why ``path`` may not be read as a config: not a regular file, too large, outside the allowed roots."""
+    p = Path(path)
+    if "\x00" in str(p):
+        return _err("file-unreadable", "the path contains a NUL byte")
+    try:
+        st = p.stat()
+    except OSError as exc:
+        return _err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}")
+    if not stat.S_ISREG(st.st_mode):
+        return _err("file-unreadable", f"{p} is not a regular file")
+    if allowed_roots is not None:
+        real = p.resolve()
+        if not any(real.is_relative_to(r.resolve()) for r in allowed_roots):
+            return _err("file-not-allowed", f"{p} is outside the allowed roots "
+                        f"({', '.join(str(r) for r in allowed_roots)})")
+    if st.st_size > max_bytes:
+        return _err("yaml-too-large", f"{p} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit")
+    return None
+
+
 def load_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
               allowed_roots: list[Path] | None = None) -> Document:
     """Load a YAML file: a regular file under the size cap (and under ``allowed_roots`` if given)."""
     p = Path(path)
-    doc = Document(data=None, source=str(p), from_yaml=True)
-    try:
-        st = p.stat()
-    except OSError as exc:
-        doc.findings.append(_err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}"))
-        return doc
-    if not stat.S_ISREG(st.st_mode):
-        doc.findings.append(_err("file-unreadable", f"{p} is not a regular file"))
-        return doc
-    if allowed_roots is not None:
-        real = p.resolve()
-        if not any(real.is_relative_to(r.resolve()) for r in allowed_roots):
-            doc.findings.append(_err("file-not-allowed", f"{p} is outside the allowed roots"))
-            return doc
-    if st.st_size > max_bytes:
-        doc.findings.append(
-            _err("yaml-too-large", f"{p} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit")
-        )
-        return doc
+    problem = check_path(p, max_bytes=max_bytes, allowed_roots=allowed_roots)
+    if problem is not None:
+        return Document(data=None, source=str(p), from_yaml=True, findings=[problem])
     try:
         with open(p, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
-        doc.findings.append(_err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}"))
-        return doc
-    loaded = load_text(data, source=str(p), max_bytes=max_bytes)
-    return loaded
+        return Document(data=None, source=str(p), from_yaml=True,
+                        findings=[_err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}")])
+    return load_text(data, source=str(p), max_bytes=max_bytes)
 
 
 def from_mapping(obj: Any, *, source: str | None = None) -> Document:

@@ -1,0 +1,360 @@
+"""The MCP server (official ``mcp`` SDK, v2 API): the engine's functions as typed tools.
+
+Start-up imports only the SDK and the pure engine (no torch): ``tools/list`` answers within a
+second of spawn. torch is imported by the smoke runner's processes alone. Invalid configs come back
+as findings (structured content), never as protocol errors; bad arguments come back as error
+results and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+
+from .api import build_layout, mesh_report
+from .api import validate_config as _validate_config
+from .catalog.gpus import gpu_catalog
+from .catalog.models import catalog
+from .config.load import MAX_BYTES, check_path
+from .estimate import Estimate
+from .explain import ExplainReport
+from .explain import explain_error as _explain_error
+from .report import ConfigError, Finding, MeshReport, ValidationReport
+from .smoke.report import SmokeReport
+from .suggest import SuggestReport
+
+log = logging.getLogger("automodel_dist.mcp")
+
+NAME = "nemo-automodel-distributed-training"
+INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, HSDP, MegatronFSDP, DDP; TP/SP, PP, CP, EP).
+- Before launching or editing a config: call validate_config (pass world_size, or nodes and gpus_per_node, and the
+  model when known). It returns every finding at once with YAML line, message and fix; apply the fixes and re-validate.
+- To see which ranks form each tp/cp/pp/dp/ep group (and which groups cross nodes): build_mesh.
+- "Which layout for model M on N nodes of G GPUs?": suggest_strategy (ranked layouts, each with a ready YAML block,
+  per-GPU memory, step time and rationale). For memory of a given config: estimate_memory.
+- To prove a layout really runs and matches one process before spending GPU hours: run_smoke_test (launches real
+  processes on this machine; takes 10-60 s; reports progress; cancellable).
+- When the user pastes an AutoModel/torch error or traceback: explain_error.
+- list_models: the model and GPU catalogs (names accepted by `model` and `gpu`).
+Sizes: world = dp*cp*tp*pp; ep must divide dp*cp*tp (not dp*cp); megatron_fsdp has no pp/ep; ddp has no tp/pp/cp/ep."""
+
+MAX_YAML_CHARS = MAX_BYTES
+MAX_TEXT_CHARS = 200_000
+ALLOWED_ROOTS_ENV = "AUTOMODEL_DIST_ALLOWED_ROOTS"
+
+ConfigYaml = Annotated[str | None, Field(default=None, max_length=MAX_YAML_CHARS,
+                                         description="The recipe or distributed: block as YAML text.")]
+ConfigPath = Annotated[str | None, Field(default=None, max_length=4096,
+                                         description="Path of a YAML file (a regular file, at most 1 MiB).")]
+WorldSize = Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description="Total ranks (GPUs).")]
+Nodes = Annotated[int | None, Field(default=None, ge=1, le=1 << 20, description="Number of nodes.")]
+GpusPerNode = Annotated[int | None, Field(default=None, ge=1, le=1024, description="GPUs per node.")]
+ModelArg = Annotated[str | None, Field(default=None, max_length=4096,
+                                       description="Hugging Face repo id from list_models, or a config.json path.")]
+
+
+class MeshResult(BaseModel):
+    """build_mesh's answer: the meshes when the config is valid, its findings when it is not."""
+
+    valid: bool
+    mesh: MeshReport | None = None
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class EstimateResult(BaseModel):
+    """estimate_memory's answer: the estimate when the config is valid, its findings when it is not."""
+
+    valid: bool
+    estimate: Estimate | None = None
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class ModelEntry(BaseModel):
+    name: str
+    params: int
+    active_params: int
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_experts: int
+
+
+class GpuEntry(BaseModel):
+    name: str
+    memory_gib: float
+    bf16_tflops: float
+    gpus_per_node: int
+    interconnect: str
+
+
+class Catalogs(BaseModel):
+    models: list[ModelEntry]
+    gpus: list[GpuEntry]
+
+
+def _allowed_roots() -> list[Path] | None:
+    raw = os.environ.get(ALLOWED_ROOTS_ENV)
+    return [Path(p) for p in raw.split(os.pathsep) if p] if raw else None
+
+
+class _Unreadable(ValueError):
+    def __init__(self, finding: Finding):
+        super().__init__(finding.message)
+        self.finding = finding
+
+
+def _config(config_yaml: str | None, config_path: str | None, *, required: bool = True) -> str | Path | None:
+    """The config argument: YAML text, or a path checked (regular file, size cap, allowed roots) before reading."""
+    if config_yaml is not None and config_path is not None:
+        raise ValueError("give config_yaml or config_path, not both")
+    if config_path is not None:
+        problem = check_path(config_path, allowed_roots=_allowed_roots())
+        if problem is not None:
+            raise _Unreadable(problem)
+        return Path(config_path)
+    if config_yaml is None and required:
+        raise ValueError("give the config as config_yaml (YAML text) or config_path (a file)")
+    return config_yaml
+
+
+def create_server() -> MCPServer:
+    server = MCPServer(name=NAME, instructions=INSTRUCTIONS, version=_version())
+    ro = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+    @server.tool(annotations=ro)
+    def validate_config(config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
+                        nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
+                        model: ModelArg = None) -> ValidationReport:
+        """Check a NeMo AutoModel 0.7.0 recipe or distributed: block: every error AutoModel raises or hits mid-run
+        (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
+        try:
+            config = _config(config_yaml, config_path)
+        except _Unreadable as exc:  # an unreadable file is a finding, like any other config problem
+            return ValidationReport(valid=False, source=config_path, findings=[exc.finding])
+        return _validate_config(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
+                                model=model)
+
+    @server.tool(annotations=ro)
+    def build_mesh(world_size: Annotated[int, Field(ge=1, le=1 << 24, description="Total ranks.")],
+                   config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
+                   ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None,
+                                    Field(default=None, max_length=64,
+                                          description="Ranks to list groups for (default: all up to 64, else 0).")]
+                   = None, gpus_per_node: GpusPerNode = None,
+                   picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None) -> MeshResult:
+        """AutoModel's exact device_mesh / flattened axes / moe_mesh and each requested rank's groups on every axis,
+        which groups cross nodes, and a text picture of ranks per node. No GPUs needed."""
+        try:
+            config = _config(config_yaml, config_path)
+        except _Unreadable as exc:
+            return MeshResult(valid=False, findings=[exc.finding])
+        try:
+            lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
+        except ConfigError as exc:
+            return MeshResult(valid=False, findings=exc.report.findings)
+        mesh = mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis)
+        return MeshResult(valid=True, mesh=mesh, findings=mesh.findings)
+
+    @server.tool(annotations=ro)
+    def suggest_strategy(
+        model: Annotated[str, Field(max_length=4096, description="Catalog name (list_models) or config.json path.")],
+        nodes: Annotated[int, Field(ge=1, le=1 << 17)] = 1,
+        gpus_per_node: GpusPerNode = None,
+        gpu: Annotated[str, Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, "
+                                                             "GB200, L40S")] = "H100-80GB",
+        seq_len: Annotated[int, Field(ge=16, le=1 << 22)] = 4096,
+        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
+        micro_batch_size: Annotated[int, Field(ge=1, le=4096)] = 1,
+        precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
+        allow_activation_checkpointing: bool = True,
+        headroom: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1,
+        top_k: Annotated[int, Field(ge=1, le=20)] = 5,
+    ) -> SuggestReport:
+        """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
+        per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
+        from .suggest import suggest_strategy as _suggest
+
+        return _suggest(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
+                        global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
+                        allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k)
+
+    @server.tool(annotations=ro)
+    def estimate_memory(
+        model: Annotated[str, Field(max_length=4096, description="Catalog name or config.json path.")],
+        config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
+        nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
+        gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
+        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22)] = None,
+        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
+        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
+        precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
+    ) -> EstimateResult:
+        """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead), communication per axis, step
+        time and MFU of the layout in a config. An invalid config returns its validation report instead."""
+        from .estimate import estimate_memory as _estimate
+
+        try:
+            est = _estimate(_config(config_yaml, config_path), model=model, world_size=world_size, nodes=nodes,
+                            gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                            global_batch_size=global_batch_size, precision=precision)
+        except _Unreadable as exc:
+            return EstimateResult(valid=False, findings=[exc.finding])
+        except ConfigError as exc:
+            return EstimateResult(valid=False, findings=exc.report.findings)
+        return EstimateResult(valid=True, estimate=est, findings=est.findings)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                             open_world_hint=False))
+    async def run_smoke_test(
+        ctx: Context,
+        world_size: Annotated[int, Field(ge=1, le=64, description="Processes to launch.")] = 4,
+        config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
+        steps: Annotated[int, Field(ge=1, le=20)] = 3,
+        model: Literal["tiny-llama", "tiny-moe"] = "tiny-llama",
+        backend: Literal["gloo", "nccl"] | None = None,
+        precision: Literal["auto", "fp32", "bf16"] = "auto",
+        timeout_s: Annotated[float, Field(ge=5, le=3600)] = 600.0,
+        strategy: Literal["fsdp2", "megatron_fsdp", "ddp"] | None = None,
+        tp: Annotated[int | None, Field(default=None, ge=1, le=64)] = None,
+        pp: Annotated[int | None, Field(default=None, ge=1, le=64)] = None,
+        cp: Annotated[int | None, Field(default=None, ge=1, le=64)] = None,
+        ep: Annotated[int | None, Field(default=None, ge=1, le=64)] = None,
+        dp_replicate: Annotated[int | None, Field(default=None, ge=1, le=64)] = None,
+        pp_schedule: Annotated[str | None, Field(default=None, max_length=32)] = None,
+        sequence_parallel: bool | None = None,
+        activation_checkpointing: bool | Literal["selective"] | None = None,
+        fault: Annotated[str | None, Field(default=None, max_length=32,
+                                           description="Testing only: crash@R:S, hang@R:S or skew@R:S.")] = None,
+    ) -> SmokeReport:
+        """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs):
+        build AutoModel's meshes, apply TP/SP/CP/EP/AC/FSDP2/DDP/PP to a tiny model, train a few steps and compare
+        loss, gradients and parameters with one process. Reports progress; cancelling stops every rank."""
+        from .smoke import run_smoke_test as _smoke
+
+        source = _config(config_yaml, config_path, required=False)
+        cancel = threading.Event()
+        events: deque[tuple[str, int, int, str]] = deque()
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box["report"] = _smoke(source, world_size=world_size, steps=steps, model=model, backend=backend,
+                                       precision=precision, timeout_s=timeout_s, fault=fault, cancel=cancel,
+                                       progress=lambda *e: events.append(e), strategy=strategy, tp=tp, pp=pp, cp=cp,
+                                       ep=ep, dp_replicate=dp_replicate, pp_schedule=pp_schedule,
+                                       sequence_parallel=sequence_parallel,
+                                       activation_checkpointing=activation_checkpointing)
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
+                box["error"] = exc
+            finally:
+                done.set()
+
+        import anyio
+
+        worker = threading.Thread(target=work, name="smoke-run", daemon=True)
+        worker.start()
+        count = 0
+        try:
+            while not done.is_set() or events:
+                while events:
+                    phase, step, total, message = events.popleft()
+                    count += 1
+                    await ctx.report_progress(count, None, f"{phase} {step}/{total} {message}".strip())
+                await anyio.sleep(0.1)
+        except BaseException:
+            cancel.set()  # client cancelled (or the server is going down): stop and reap every rank
+            with anyio.CancelScope(shield=True):
+                deadline = time.time() + 30
+                while not done.is_set() and time.time() < deadline:
+                    await anyio.sleep(0.05)
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["report"]
+
+    @server.tool(annotations=ro)
+    def explain_error(text: Annotated[str, Field(max_length=MAX_TEXT_CHARS,
+                                                 description="An AutoModel/torch error message or traceback.")]
+                      ) -> ExplainReport:
+        """Match a pasted AutoModel / torch.distributed error or traceback to the rule that explains it: cause and
+        fix (e.g. kv heads vs tp, pp_size without a pipeline block, ep vs dp*cp*tp, NCCL timeouts, OOM)."""
+        return _explain_error(text)
+
+    @server.tool(annotations=ro)
+    def list_models() -> Catalogs:
+        """The built-in model catalog (Hugging Face repo ids with their dimensions) and the GPU catalog."""
+        models = [ModelEntry(name=m.name, params=m.param_count(), active_params=m.active_param_count(),
+                             num_layers=m.num_layers, hidden_size=m.hidden_size,
+                             num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
+                             num_experts=m.num_experts) for m in catalog()]
+        gpus = [GpuEntry(name=g.name, memory_gib=g.memory_gib, bf16_tflops=g.bf16_tflops,
+                         gpus_per_node=g.gpus_per_node, interconnect=g.interconnect) for g in gpu_catalog()]
+        return Catalogs(models=models, gpus=gpus)
+
+    return server
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000,
+          allowed_hosts: list[str] | None = None, allowed_roots: list[str] | None = None) -> None:
+    """Run the server on stdio (default) or streamable HTTP (loopback, DNS-rebinding protection on)."""
+    from .smoke import kill_all_active
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if allowed_roots:
+        os.environ[ALLOWED_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in allowed_roots)
+    atexit.register(kill_all_active)
+    server = create_server()
+    if transport == "stdio":
+        server.run("stdio")
+        return
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = [f"{h}:*" for h in ("127.0.0.1", "localhost", "[::1]", host)] + [f"{h}:*" for h in allowed_hosts or []]
+    origins = [f"http://{h}" for h in hosts]
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: reachable beyond this machine; DNS-rebinding protection stays on", host)
+    server.run("streamable-http", host=host, port=port, transport_security=security)
+
+
+def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--allowed-host", action="append", default=[], help="extra Host header allowed over HTTP")
+    ap.add_argument("--allow-root", action="append", default=[],
+                    help="only read config_path files under these directories (repeatable)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="automodel-dist-mcp", description="MCP server for NeMo AutoModel configs")
+    add_serve_arguments(ap)
+    args = ap.parse_args(argv)
+    serve("stdio" if args.transport == "stdio" else "http", host=args.host, port=args.port,
+          allowed_hosts=args.allowed_host, allowed_roots=args.allow_root)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -66,7 +66,7 @@ def test_fsdp2_groups_match_brute_force(sizes):
 
 
 @settings(max_examples=200)
-@given(fsdp2_sizes(), st.integers(1, 12), st.sampled_from(["tp", "cp", "dp_shard", "dp", "dp_shard_cp", "pp", "ep",
+@given(fsdp2_sizes(), st.integers(1, 40), st.sampled_from(["tp", "cp", "dp_shard", "dp", "dp_shard_cp", "pp", "ep",
                                                            "ep_shard", "dp_cp"]))
 def test_crossing_matches_brute_force(sizes, gpn, axis):
     pp, rep, shard, cp, tp, ep = sizes
@@ -166,3 +166,19 @@ def test_stage_layer_counts_sum():
             counts = stage_layer_counts(layers, s)
             assert sum(counts) == layers and max(counts) - min(counts) <= 1
     assert math.prod([1]) == 1
+
+
+def test_large_groups_are_exact_specs_not_lists():
+    from automodel_dist.rules.helpers import divisors
+
+    mesh = build_mesh({"tp_size": 2, "cp_size": 2}, world_size=1 << 15, ranks=[5])
+    groups, big = mesh.rank_groups["5"], mesh.large_groups["5"]
+    assert set(groups) == {"pp", "dp_replicate", "cp", "tp"} and set(big) == {"dp_shard", "dp", "dp_shard_cp", "dp_cp"}
+    spec = big["dp_shard_cp"]
+    members = [spec.first]
+    for count, stride in spec.dims:
+        members = [m + c * stride for m in members for c in range(count)]
+    assert spec.size == len(members) == 1 << 14
+    assert members == sorted(r for r in range(1 << 15) if r % 2 == 5 % 2)  # every rank with the same tp coordinate
+    assert divisors(360) == [d for d in range(1, 361) if 360 % d == 0]
+    assert divisors(2**61 - 1) == [1, 2**61 - 1] and divisors(2**40, 8) == [1, 2, 4, 8]

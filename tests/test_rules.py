@@ -498,6 +498,15 @@ CASES = [
         'use a plain string key',
         id='yaml-bad-key',
     ),
+    pytest.param(
+        'distributed:\n  tp_size: !!python/int 2\n',
+        {'world_size': 2},
+        'yaml-unsafe-tag', 'error', 'distributed.tp_size', 2, False,
+        "YAML tag '!!python/int' is not a plain YAML type; AutoModel's yaml.safe_load fails ('could not determine "
+        "a constructor for the tag') and nothing here constructs or runs it",
+        'remove the tag and write the plain value',
+        id='yaml-unsafe-tag',
+    ),
 ]
 
 

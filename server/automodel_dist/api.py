@@ -17,8 +17,18 @@ from .config.values import (
     normalize_activation_checkpointing,
     schedule_class_name,
 )
-from .layout import Layout, infer_dp
-from .report import SEVERITY_ORDER, AxisInfo, ConfigError, Finding, MeshDims, MeshReport, Resolved, ValidationReport
+from .layout import MAX_LISTED, Layout, infer_dp
+from .report import (
+    SEVERITY_ORDER,
+    AxisInfo,
+    ConfigError,
+    Finding,
+    GroupSpec,
+    MeshDims,
+    MeshReport,
+    Resolved,
+    ValidationReport,
+)
 from .rules import Context, run_rules
 from .rules.automodel import ep_shard_of
 from .rules.base import effective_sizes
@@ -27,6 +37,7 @@ ConfigInput = Union[str, Path, Mapping[str, Any]]
 ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
 
 MAX_WORLD_SIZE = 1 << 24  # 16.7M ranks: far beyond any cluster, small enough for exact arithmetic
+MAX_GPUS_PER_NODE = 1024  # NVL72 racks have 72, NVL576 576: a "node" is at most one NVLink domain
 DEFAULT_RANKS_LIMIT = 64  # build_mesh lists every rank's groups up to this world size, else rank 0
 
 _RECIPE_SECTIONS = frozenset({
@@ -92,15 +103,21 @@ def _split(doc: Document) -> _Split:
     return _Split(data, (), None)
 
 
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
+
+
 def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, Any] | None, doc: Document,
            findings: list[Finding]) -> tuple[int | None, str | None, int | None, int | None]:
     """Resolve (world_size, source, nodes, gpus_per_node) from the arguments or the recipe's ci: block."""
     def positive(name: str, value: Any) -> int | None:
         if value is None:
             return None
-        if not is_positive_int(value) or value > MAX_WORLD_SIZE:
+        limit = MAX_GPUS_PER_NODE if name == "gpus_per_node" else MAX_WORLD_SIZE
+        if not is_positive_int(value) or value > limit:
             findings.append(_finding("world-size-invalid",
-                                     f"{name} must be a positive integer <= {MAX_WORLD_SIZE:,}, got {value!r}",
+                                     f"{name} must be a positive integer <= {limit:,}, got {_clip(value)}",
                                      fix=f"pass a positive {name}"))
             return None
         return value
@@ -298,10 +315,28 @@ def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] |
         flattened=lay.flattened(),
         fsdp_mesh=lay.fsdp_mesh(),
         axes=axes,
-        rank_groups={str(rank): lay.rank_groups(rank) for rank in wanted},
+        rank_groups={str(rank): lay.rank_groups(rank, max_members=MAX_LISTED) for rank in wanted},
+        large_groups=_large_groups(lay, wanted),
         findings=[f for f in report.findings if f.severity != "info"],
         picture=lay.picture(picture_axis, gpus_per_node=gpus_per_node),
     )
+
+
+def _large_groups(lay: Layout, ranks: Sequence[int]) -> dict[str, dict[str, GroupSpec]]:
+    """Groups over MAX_LISTED ranks, given exactly without listing them."""
+    out: dict[str, dict[str, GroupSpec]] = {}
+    for rank in ranks:
+        if lay.device_mesh() is None or not lay.in_mesh(rank):
+            continue
+        big = {}
+        for a in lay.axes:
+            size = lay.axis_size(a.name)
+            if size > MAX_LISTED:
+                first, dims = lay.group_spec(a.name, rank)
+                big[a.name] = GroupSpec(size=size, first=first, dims=dims)
+        if big:
+            out[str(rank)] = big
+    return out
 
 
 def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | None = None,

@@ -28,6 +28,7 @@ FSDP2_FLATTENED = {
 }
 MFSDP_DIMS = ("dp", "cp", "tp")
 MOE_DIMS = ("ep_shard", "ep")
+MAX_LISTED = 4096  # reports list a group's members up to this size; larger groups are given as a GroupSpec
 
 
 # --------------------------------------------------------------------------- size arithmetic
@@ -194,25 +195,33 @@ class Layout:
     def in_mesh(self, rank: int) -> bool:
         return 0 <= rank < self.mesh_ranks
 
-    def group(self, name: str, rank: int) -> list[int]:
-        """Global ranks of ``rank``'s group on axis ``name``, in AutoModel's order."""
+    def group_spec(self, name: str, rank: int) -> tuple[int, list[tuple[int, int]]]:
+        """``rank``'s group on axis ``name`` as (first rank, [(count, stride), ...] outermost first):
+        its members are ``first + sum(i_k * stride_k)`` for ``i_k < count_k``, in row-major order."""
         a = self.axis(name)
         dims = self._dims_for(a)
         idx = [dims.names.index(d) for d in a.dims]
         coords, strides = dims.coords(rank), dims.strides
-        base = rank - sum(coords[i] * strides[i] for i in idx)
-        ranks = [base]
-        for i in idx:  # outermost first: row-major order of the flattened group
-            ranks = [r + c * strides[i] for r in ranks for c in range(dims.sizes[i])]
+        first = rank - sum(coords[i] * strides[i] for i in idx)
+        return first, [(dims.sizes[i], strides[i]) for i in idx]
+
+    def group(self, name: str, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s group on axis ``name``, in AutoModel's order."""
+        first, spec = self.group_spec(name, rank)
+        ranks = [first]
+        for count, stride in spec:  # outermost first: row-major order of the flattened group
+            ranks = [r + c * stride for r in ranks for c in range(count)]
         return ranks
 
-    def rank_groups(self, rank: int) -> dict[str, list[int]] | None:
-        """Every axis group of ``rank``; None outside the mesh; {} for DDP (no mesh)."""
+    def rank_groups(self, rank: int, max_members: int | None = None) -> dict[str, list[int]] | None:
+        """Every axis group of ``rank`` (axes whose groups exceed ``max_members`` are left out);
+        None outside the mesh; {} for DDP (no mesh)."""
         if self._mesh is None:
             return {} if 0 <= rank < self.world_size else None
         if not self.in_mesh(rank):
             return None
-        return {a.name: self.group(a.name, rank) for a in self.axes}
+        return {a.name: self.group(a.name, rank) for a in self.axes
+                if max_members is None or self.axis_size(a.name) <= max_members}
 
     def group_index(self, name: str, rank: int) -> int:
         """Index of ``rank``'s group among all groups of the axis (row-major over the other dims)."""
@@ -244,7 +253,8 @@ class Layout:
         return self._cross[key] > 0
 
     def crossing(self, name: str, gpus_per_node: int, *, example: bool = True) -> tuple[int, list[int] | None]:
-        """How many groups of axis ``name`` span more than one node, and one such group.
+        """How many groups of axis ``name`` span more than one node, and one such group (when the
+        groups have at most ``MAX_LISTED`` members).
 
         Exact and cheap for any world size: a group spans nodes iff its lowest rank's offset in
         the node plus the group's rank span reaches the node size, so only the distribution of
@@ -262,26 +272,15 @@ class Layout:
         if span >= g:
             count = math.prod(n for n, _ in others)
         else:
-            dist = [0] * g
+            dist = [0] * g  # how many groups have their lowest rank at each offset within a node
             dist[0] = 1
             for n, s in others:
-                period = g // math.gcd(s % g, g) if s % g else 1
-                full, rem = divmod(n, period)
-                step = [0] * g
-                for c in range(min(n, period)):
-                    step[(c * s) % g] += full + (1 if c < rem else 0)
-                nz = [(r, k) for r, k in enumerate(step) if k]
-                new = [0] * g
-                for r0, k0 in enumerate(dist):
-                    if k0:
-                        for r1, k1 in nz:
-                            new[(r0 + r1) % g] += k0 * k1
-                dist = new
+                dist = _spread(dist, n, s % g)
             count = sum(dist[g - span:])
         if not example:
             return count, None
         example = None
-        if count:
+        if count and math.prod(n for n, _ in comp) <= MAX_LISTED:
             for i, grp in enumerate(self.iter_groups(name)):
                 if grp[0] // g != max(grp) // g:
                     example = grp
@@ -312,7 +311,7 @@ class Layout:
                     f"cell = group number, '-' = outside the mesh")
         width = max(len(str(max(self.world_size - 1, 0))), 3)
         lines = [head, " " * 9 + " ".join(f"{label[0]}{i}".rjust(width) for i in range(g))]
-        shown = list(range(nodes))
+        shown: list[int] | range = range(nodes)
         if nodes > max_nodes:
             shown = list(range(max_nodes // 2)) + [-1] + list(range(nodes - max_nodes // 2 + 1, nodes))
         for node in shown:
@@ -332,6 +331,27 @@ class Layout:
                     cells.append(str(self.group_index(axis, rank)).rjust(width))
             lines.append(f"node {node:<4}" + " ".join(cells))
         return "\n".join(lines)
+
+
+def _spread(dist: list[int], n: int, s: int) -> list[int]:
+    """``new[r] = sum(dist[(r - c*s) % g] for c in range(n))``, in O(g): each residue cycle of
+    ``s`` mod ``g`` is walked once with a sliding window (full turns add the cycle's total)."""
+    g = len(dist)
+    if s == 0:
+        return [k * n for k in dist]
+    period = g // math.gcd(s, g)
+    full, rem = divmod(n, period)
+    new = [0] * g
+    for start in range(math.gcd(s, g)):  # one cycle per coset of <s>
+        cycle = [(start + j * s) % g for j in range(period)]
+        vals = [dist[r] for r in cycle]
+        total = sum(vals)
+        window = sum(vals[(-c) % period] for c in range(rem))  # window ending at j = 0
+        for j, r in enumerate(cycle):
+            if j:
+                window += vals[j] - (vals[(j - rem) % period] if rem else 0)
+            new[r] = full * total + window
+    return new
 
 
 # --------------------------------------------------------------------------- pipeline stages

@@ -80,7 +80,11 @@ def mesh_text(report: MeshReport) -> str:
         elif not groups:
             lines.append(f"rank {rank}: no mesh groups (DDP over all ranks)")
         else:
-            lines.append(f"rank {rank}: " + "  ".join(f"{k}={_short(v)}" for k, v in groups.items()))
+            parts = [f"{k}={_short(v)}" for k, v in groups.items()]
+            for k, g in report.large_groups.get(rank, {}).items():
+                dims = " + ".join(f"i*{stride} (i<{count})" for count, stride in g.dims)
+                parts.append(f"{k}=[{g.size:,} ranks: {g.first} + {dims}]")
+            lines.append(f"rank {rank}: " + "  ".join(parts))
     if report.picture:
         lines += ["", report.picture]
     return "\n".join(lines)

@@ -87,7 +87,17 @@ class AxisInfo(BaseModel):
     crosses_nodes: int | None = Field(
         default=None, description="How many of the groups span more than one node (when gpus_per_node is known)."
     )
-    example_crossing: list[int] | None = Field(default=None, description="One group that spans nodes.")
+    example_crossing: list[int] | None = Field(
+        default=None, description="One group that spans nodes (listed for groups of at most 4,096 ranks).")
+
+
+class GroupSpec(BaseModel):
+    """A group too large to list: its members are ``first + sum(i_k * stride_k)`` over ``i_k < count_k``,
+    in row-major order with the outermost dim first (the order AutoModel's flattened groups use)."""
+
+    size: int
+    first: int
+    dims: list[tuple[int, int]] = Field(description="(count, stride) per mesh dim, outermost first.")
 
 
 class MeshReport(BaseModel):
@@ -106,6 +116,28 @@ class MeshReport(BaseModel):
         default=None, description="The data-parallel mesh dims FSDP2 shards over (get_fsdp_dp_mesh)."
     )
     axes: list[AxisInfo] = Field(default_factory=list)
-    rank_groups: dict[str, dict[str, list[int]] | None] = Field(default_factory=dict)
+    rank_groups: dict[str, dict[str, list[int]] | None] = Field(
+        default_factory=dict, description="Per requested rank: its group on every axis (groups of at most 4,096 "
+        "ranks; larger ones are in large_groups). null: the rank is outside the mesh; {}: DDP, no mesh.")
+    large_groups: dict[str, dict[str, GroupSpec]] = Field(
+        default_factory=dict, description="Per requested rank: its groups of more than 4,096 ranks, exactly, "
+        "as first rank and (count, stride) dims.")
     findings: list[Finding] = Field(default_factory=list)
     picture: str | None = None
+
+
+class Explanation(BaseModel):
+    """One rule that matches the pasted error text."""
+
+    rule: str
+    title: str
+    family: str
+    severity: str
+    matched: str = Field(description="The part of the text that matched.")
+    cause: str
+    fix: str
+
+
+class ExplainReport(BaseModel):
+    matches: list[Explanation] = Field(default_factory=list)
+    hint: str | None = None

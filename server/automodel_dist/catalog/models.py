@@ -278,10 +278,18 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+MAX_DIM = 1 << 24  # far above any real hidden size, vocabulary, layer, head or expert count
+
+
 def _int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ModelConfigError(f"config.json field {key!r} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ModelConfigError(f"config.json field {key!r} must be an integer in [0, {MAX_DIM:,}], got {shown}")
     return value
+
+
+def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
+    return None if cfg.get(key) is None else _int(cfg[key], key)
 
 
 def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec:
@@ -306,10 +314,11 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
     if shared is None and cfg.get("n_shared_experts"):
-        shared = int(cfg["n_shared_experts"]) * moe_inter
+        shared = _int(cfg["n_shared_experts"], "n_shared_experts") * moe_inter
     head_dim = _first(cfg, "head_dim", default=None)
     if cfg.get("kv_lora_rank"):
-        head_dim = (cfg.get("qk_nope_head_dim") or 0) + (cfg.get("qk_rope_head_dim") or 0)
+        head_dim = (_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim")
+                    + _int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim"))
     if heads == 0 or (head_dim is None and h % heads):
         raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
     spec = ModelSpec(
@@ -320,7 +329,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         num_key_value_heads=kv,
         intermediate_size=inter,
         vocab_size=_int(_first(cfg, "vocab_size", default=32000), "vocab_size"),
-        head_dim=int(head_dim) if head_dim else None,
+        head_dim=_int(head_dim, "head_dim") if head_dim else None,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))),
         o_bias=mtype == "gpt_oss",
@@ -330,14 +339,14 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         experts_per_token=_int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0,
                                "num_experts_per_tok"),
         moe_intermediate_size=moe_inter if experts else 0,
-        shared_expert_intermediate_size=int(shared or 0),
-        first_dense_layers=int(cfg.get("first_k_dense_replace", 0) or 0),
+        shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
+        first_dense_layers=_int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace"),
         expert_bias=mtype == "gpt_oss",
-        q_lora_rank=cfg.get("q_lora_rank"),
-        kv_lora_rank=cfg.get("kv_lora_rank"),
-        qk_nope_head_dim=cfg.get("qk_nope_head_dim"),
-        qk_rope_head_dim=cfg.get("qk_rope_head_dim"),
-        v_head_dim=cfg.get("v_head_dim"),
+        q_lora_rank=_opt_int(cfg, "q_lora_rank"),
+        kv_lora_rank=_opt_int(cfg, "kv_lora_rank"),
+        qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim"),
+        qk_rope_head_dim=_opt_int(cfg, "qk_rope_head_dim"),
+        v_head_dim=_opt_int(cfg, "v_head_dim"),
     )
     return spec
 

@@ -67,6 +67,15 @@ class _TooBig(Exception):
     pass
 
 
+_SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
+    "null", "bool", "int", "float", "str", "binary", "timestamp", "seq", "map", "merge", "omap", "pairs", "set",
+    "value"))
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _dotted(path: PathKey) -> str:
     out = ""
     for part in path:
@@ -93,8 +102,24 @@ class _Builder:
             raise _TooBig("alias")
         if depth > MAX_DEPTH:
             raise _TooBig("depth")
+        if node.tag not in _SAFE_TAGS:
+            self.doc.findings.append(
+                _err("yaml-unsafe-tag", f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not a plain "
+                     "YAML type; AutoModel's yaml.safe_load fails ('could not determine a constructor for the "
+                     "tag') and nothing here constructs or runs it", line=node.start_mark.line + 1,
+                     path=_dotted(path), fix="remove the tag and write the plain value")
+            )
+            return None
         if isinstance(node, yaml.ScalarNode):
-            return self.constructor.construct_object(node)
+            try:
+                return self.constructor.construct_object(node)
+            except (ValueError, OverflowError, yaml.YAMLError) as exc:
+                self.doc.findings.append(
+                    _err("yaml-syntax", f"value {_clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
+                         "fails on it too", line=node.start_mark.line + 1, path=_dotted(path),
+                         fix="write a plain number or string")
+                )
+                return None
         if isinstance(node, yaml.SequenceNode):
             out = []
             for i, child in enumerate(node.value):
@@ -230,6 +255,16 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
                  fix="pass only the recipe (or its distributed: block)")
         )
         return doc
+    if isinstance(text, str):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            doc.findings.append(
+                _err("yaml-not-utf8", f"config text holds a lone surrogate ({text[exc.start]!r} at offset {exc.start}), "
+                     "which is not valid Unicode", line=text[: exc.start].count("\n") + 1,
+                     fix="send the config as UTF-8 text")
+            )
+            return doc
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
@@ -259,6 +294,10 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         bad_line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
         tab = "tab" in str(problem) or "\t" in bad_line[: (mark.column + 1) if mark else None]
         fix = "indent with spaces: YAML forbids tab characters in indentation" if tab else "fix the YAML syntax"
+        if "nesting depth" in str(problem):  # libyaml's own bound on flow nesting
+            doc.findings.append(_err("yaml-too-deep", f"YAML nesting is deeper than the {MAX_DEPTH}-level limit "
+                                     f"({problem})", line=mark.line + 1 if mark else None))
+            return doc
         doc.findings.append(
             _err("yaml-syntax", f"YAML syntax error: {problem}", line=mark.line + 1 if mark else None, fix=fix)
         )
@@ -284,6 +323,9 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         return doc
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
         doc.findings.append(_err("yaml-syntax", f"YAML value error: {exc}"))
+        return doc
+    if raw is None and not doc.findings:
+        doc.findings.append(_err("yaml-empty", "the config is null", fix="give a distributed: block"))
         return doc
     doc.data = apply_value_semantics(raw, doc)
     return doc

@@ -1,6 +1,6 @@
 """The rule table. Importing this package registers every rule (one module per family)."""
 
-from . import automodel, cluster, model, recipe  # noqa: F401  (registration side effects)
+from . import automodel, cluster, model, recipe, runtime  # noqa: F401  (registration side effects)
 from .base import RULES, Context, Rule, note, run_rules
 
 F = "input"
@@ -18,6 +18,10 @@ note("yaml-duplicate-key", "Duplicate key", family=F, severity="error",
 note("yaml-too-deep", "YAML nested too deeply", family=F, severity="error")
 note("yaml-too-complex", "YAML alias expansion too large", family=F, severity="error")
 note("yaml-empty", "Empty config", family=F, severity="error")
+note("yaml-unsafe-tag", "YAML tag that is not a plain type", family=F, severity="error",
+     patterns=(r"could not determine a constructor for the tag",),
+     cause="A tag such as !!python/object/apply asks the loader to build or call an object; safe loaders refuse it.",
+     fix="Remove the tag and write the plain value.")
 note("yaml-bad-key", "Non-scalar mapping key", family=F, severity="error")
 note("yaml-root-not-mapping", "Config is not a mapping", family=F, severity="error")
 note("distributed-invalid", "distributed: is not a mapping", family=F, severity="error",

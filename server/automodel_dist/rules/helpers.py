@@ -41,8 +41,26 @@ def yaml_value(value: Any) -> str:
 
 
 def divisors(n: int, limit: int | None = None) -> list[int]:
-    out = [d for d in range(1, min(n, limit or n) + 1) if n % d == 0]
-    return out
+    """Sorted divisors of ``n`` (those <= ``limit`` when given), in bounded time for any ``n``.
+
+    Exact below 2^32; above, a cofactor without prime factors under 2^16 is kept whole (sizes that
+    large are errors anyway; the divisors only feed fix hints).
+    """
+    if not isinstance(n, int) or n < 1:
+        return []
+    factors: dict[int, int] = {}
+    m, p = n, 2
+    while p * p <= m and p < 1 << 16:
+        while m % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            m //= p
+        p += 1 if p == 2 else 2
+    if m > 1:
+        factors[m] = factors.get(m, 0) + 1
+    out = [1]
+    for prime, k in factors.items():
+        out = [d * prime**e for d in out for e in range(k + 1) if limit is None or d * prime**e <= limit]
+    return sorted(out)
 
 
 @cache

@@ -107,8 +107,11 @@ def pp_stages(ctx: Context) -> Iterator[Finding]:
 def _stage_fix(layers: int, pp: int, schedule: str) -> str:
     if is_single_stage(schedule):
         return f"layers_per_stage: {math.ceil(layers / pp)} (or unset) with pp_size dividing into {layers} layers"
-    good = [lps for lps in range(1, layers + 1) if math.ceil(layers / lps) % pp == 0
-            and math.ceil(layers / lps) // pp >= 2 and math.ceil(layers / lps) <= layers]
-    if schedule in V_SCHEDULES:
-        good = [g for g in good if math.ceil(layers / g) // pp == 2]
-    return f"layers_per_stage in {fmt_set(good[:6])}" if good else "a smaller pp_size or a single-stage schedule (1f1b)"
+    good: list[int] = []
+    for lps in range(1, min(layers, 10_000) + 1):  # the first few fitting values are the useful hint
+        stages = -(-layers // lps)
+        if stages % pp == 0 and stages // pp >= 2 and (schedule not in V_SCHEDULES or stages // pp == 2):
+            good.append(lps)
+            if len(good) == 6:
+                break
+    return f"layers_per_stage in {fmt_set(good)}" if good else "a smaller pp_size or a single-stage schedule (1f1b)"

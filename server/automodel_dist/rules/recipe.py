@@ -91,10 +91,11 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
         return
     problem = _nmb_requirements(ctx.pp_schedule, pp, nmb)
     if problem:
-        ok = [n for n in range(max(pp, nmb - 4 * pp), nmb + 4 * pp + 1)
+        reach = min(4 * pp, 1000)  # bounded scan; multiples of pp always qualify
+        ok = [n for n in range(max(pp, nmb - reach), nmb + reach + 1)
               if _nmb_requirements(ctx.pp_schedule, pp, n) is None]
-        below = [n for n in ok if n < nmb][-1:]
-        above = [n for n in ok if n > nmb][:1]
+        below = [n for n in ok if n < nmb][-1:] or ([nmb // pp * pp] if nmb // pp * pp >= pp else [])
+        above = [n for n in ok if n > nmb][:1] or [(nmb // pp + 1) * pp]
         options = " or ".join(str(n * mbs) for n in below + above)
         yield finding(ctx, "pp-microbatches", (), problem + ": torch raises ValueError when building the schedule",
                       f"local_batch_size: {options} (with pp_microbatch_size={mbs})",

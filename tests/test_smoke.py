@@ -232,3 +232,72 @@ def test_cli_smoke_json_and_exit_codes(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert failed.returncode == 1 and "FAILED: rank 0 failed" in failed.stdout
     assert os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16") == "16"
+
+
+@pytest.mark.parametrize("launcher", ["elastic", "torchrun"])
+def test_default_rendezvous_port_taken(launcher, monkeypatch):
+    """Another job holds torch's default port 29500 (and MASTER_PORT names it): runs pick a free port."""
+    import socket
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("127.0.0.1", 29500))
+        holder.listen()
+    except OSError:
+        pass  # already taken by something else: the situation under test anyway
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    try:
+        report = run_smoke_test(world_size=2, steps=2, precision="fp32", launcher=launcher)
+    finally:
+        holder.close()
+    assert_passed(report)
+
+
+def test_two_runs_at_once_do_not_interfere():
+    reports: dict[str, object] = {}
+
+    def go(name, **kw):
+        reports[name] = run_smoke_test(world_size=2, steps=2, precision="fp32", **kw)
+
+    threads = [threading.Thread(target=go, args=("tp",), kwargs={"tp": 2}),
+               threading.Thread(target=go, args=("ddp",), kwargs={"strategy": "ddp"})]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert_passed(reports["tp"])
+    assert_passed(reports["ddp"])
+    assert reports["tp"].layout.tp == 2 and reports["ddp"].layout.strategy == "ddp"
+
+
+def test_concurrency_limit_refuses_a_run_beyond_it(monkeypatch):
+    from automodel_dist.smoke import launch
+
+    monkeypatch.setattr(launch, "MAX_CONCURRENT", 1)
+    monkeypatch.setattr(launch, "_SLOTS", threading.BoundedSemaphore(1))
+    cancel, started, box = threading.Event(), threading.Event(), {}
+
+    def progress(phase, step, total, message):
+        if phase == "step":
+            started.set()
+
+    first = threading.Thread(target=lambda: box.setdefault("r", run_smoke_test(
+        world_size=2, steps=100, precision="fp32", progress=progress, cancel=cancel)))
+    first.start()
+    assert started.wait(120)
+    refused = run_smoke_test(world_size=2, precision="fp32")
+    cancel.set()
+    first.join(timeout=120)
+    assert refused.status == "not_run" and "1 smoke runs are already in flight" in refused.reason
+    assert box["r"].reason.startswith("interrupted (cancelled)")
+
+
+def test_model_size_limit(monkeypatch):
+    from automodel_dist.smoke import launch
+
+    monkeypatch.setattr(launch, "MAX_PARAMS", 10_000)
+    report = run_smoke_test(world_size=2, tp=2)
+    assert report.status == "not_run" and "AUTOMODEL_DIST_MAX_SMOKE_PARAMS" in report.reason
+    assert "above the limit of 10,000" in report.reason and report.ranks == []

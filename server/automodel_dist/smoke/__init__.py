@@ -1,71 +1,26 @@
 """run_smoke_test: really launch a layout on N processes and prove parity with one process.
 
-The parent never imports torch; ranks are started by torchrun (torch.distributed.run).
+The parent never imports torch; ranks are started by torch's elastic launcher or torchrun.
+Names load on first use, so importing ``automodel_dist.smoke.report`` stays light.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from ..api import ConfigInput
-from .launch import (
-    DEFAULT_PG_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
-    Plan,
-    ProgressFn,
-    SmokeUsageError,
-    execute,
-    kill_all_active,
-    make_plan,
-    parse_fault,
-)
-from .report import TOLERANCES, RankReport, SmokeReport, Timing, Tolerance
-
-DEFAULT_CONFIG = {"distributed": {"strategy": "fsdp2", "tp_size": 2}}  # FSDP2 + TP 2 on 4 CPU ranks
+_NAMES = {
+    "run_smoke_test": "run", "DEFAULT_CONFIG": "run",
+    "Plan": "launch", "SmokeUsageError": "launch", "kill_all_active": "launch", "parse_fault": "launch",
+    "SmokeReport": "report", "RankReport": "report", "Timing": "report", "Tolerance": "report",
+    "TOLERANCES": "report",
+}
 
 
-def run_smoke_test(
-    config: ConfigInput | None = None,
-    *,
-    world_size: int = 4,
-    steps: int = 3,
-    model: str = "tiny-llama",
-    backend: str | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
-    progress: ProgressFn | None = None,
-    precision: str = "auto",
-    fault: str | dict | None = None,
-    cancel: Any = None,
-    keep_dir: bool = False,
-    launcher: str = "elastic",
-    **overrides: Any,
-) -> SmokeReport:
-    """Run ``config``'s layout for real on ``world_size`` processes and compare with one process.
-
-    ``config`` is YAML text, a path or a mapping (None: the built-in FSDP2 + TP 2 default).
-    ``overrides`` (strategy, tp, pp, cp, ep, dp_replicate, pp_schedule, sequence_parallel,
-    activation_checkpointing) replace the config's values. ``progress(phase, step, total, message)``
-    is called as the run advances; ``cancel`` (anything with ``is_set()``) stops it. ``fault``
-    (``crash@R:S``, ``hang@R:S``, ``skew@R:S``) injects a failure for testing. ``precision`` is
-    ``auto`` (the config's mp_policy; AutoModel's default is bf16), ``fp32`` or ``bf16``.
-    ``launcher`` is ``elastic`` (torch's elastic agent forking the ranks: no per-rank torch import)
-    or ``torchrun`` (the CLI, exactly the reproduce command).
-    """
-    if launcher not in ("elastic", "torchrun"):
-        raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
-    unknown = set(overrides) - {"strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
-                                "sequence_parallel", "activation_checkpointing"}
-    if unknown:
-        raise TypeError(f"run_smoke_test() got unexpected keyword argument(s): {sorted(unknown)}")
-    if config is None and not any(v is not None for v in overrides.values()):
-        config = DEFAULT_CONFIG
-    plan = make_plan(config, world_size=world_size, steps=steps, model=model, backend=backend, precision=precision,
-                     fault=fault, pg_timeout_s=pg_timeout_s, overrides=overrides)
-    if isinstance(plan, SmokeReport):
-        return plan
-    return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["run_smoke_test", "SmokeReport", "RankReport", "Timing", "Tolerance", "TOLERANCES", "Plan",
-           "SmokeUsageError", "kill_all_active", "parse_fault", "DEFAULT_CONFIG"]
+__all__ = sorted(_NAMES)

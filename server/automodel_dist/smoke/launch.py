@@ -33,8 +33,16 @@ from .report import TOLERANCES, RankReport, SmokeReport, Timing
 
 ProgressFn = Callable[[str, int, int, str], None]
 
-MAX_CPU_WORLD = int(os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16"))
-MAX_CONCURRENT = int(os.environ.get("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", "2"))
+
+def _env_int(name: str, default: int) -> int:
+    """A positive integer limit from the environment; the default when unset or malformed."""
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.strip().isdigit() and int(raw) > 0 else default
+
+
+MAX_CPU_WORLD = _env_int("AUTOMODEL_DIST_MAX_CPU_WORLD", 16)
+MAX_PARAMS = _env_int("AUTOMODEL_DIST_MAX_SMOKE_PARAMS", 50_000_000)
+MAX_CONCURRENT = _env_int("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", 2)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PG_TIMEOUT_S = 60.0
 FAULT_KINDS = ("crash", "hang", "skew")
@@ -174,9 +182,14 @@ def make_plan(config: ConfigInput | None, *, world_size: int, steps: int, model:
         per_dp = n_mb * mbs
     else:
         per_dp = 2
-    from .model_size import tiny_config
+    from .model_size import param_count, tiny_config
 
     cfg = tiny_config(tp=tp, stages=stages_total, ep=ep, moe=model == "tiny-moe")
+    n_params = param_count(cfg)
+    if n_params > MAX_PARAMS:
+        return SmokeReport(passed=False, status="not_run", **base,
+                           reason=f"not run: the {model} model for this layout has {n_params:,} parameters, above the "
+                                  f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)")
     seq = 8 * math.lcm(2 * cp, max(tp, 1))
     mp = _mp_policy(block, r.strategy, precision)
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"

@@ -82,6 +82,22 @@ def test_config_path_is_checked(tmp_path, monkeypatch):
     assert call("validate_config", {"config_path": str(inside), "world_size": 2}).structured_content["valid"]
 
 
+def test_model_paths_obey_the_allowed_roots(tmp_path, monkeypatch):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+                               "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256}))
+    ok = call("validate_config", {"config_yaml": "tp_size: 3\n", "world_size": 3, "model": str(cfg)})
+    assert "tp-heads" in {f["rule"] for f in ok.structured_content["findings"]}
+    monkeypatch.setenv("AUTOMODEL_DIST_ALLOWED_ROOTS", str(tmp_path / "elsewhere"))
+    refused = call("validate_config", {"config_yaml": "tp_size: 2\n", "world_size": 2, "model": str(cfg)})
+    assert [f["rule"] for f in refused.structured_content["findings"]] == ["file-not-allowed"]
+    est = call("estimate_memory", {"config_yaml": "tp_size: 2\n", "world_size": 2, "model": str(cfg)})
+    assert [f["rule"] for f in est.structured_content["findings"]] == ["file-not-allowed"]
+    assert call("suggest_strategy", {"model": str(cfg)}).is_error
+    dev = call("validate_config", {"config_yaml": "tp_size: 2\n", "world_size": 2, "model": "/dev/zero.json"})
+    assert dev.structured_content["findings"][0]["rule"] == "file-unreadable"
+
+
 def test_bad_arguments_are_error_results_and_the_server_keeps_serving():
     async def go():
         async with Client(create_server()) as c:

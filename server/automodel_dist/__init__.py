@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import build_mesh, validate_config
 from .report import ConfigError, Finding, MeshReport, ValidationReport
 
 __version__ = "0.1.0"
 AUTOMODEL_VERSION = "0.7.0"
 
 _LAZY = {
+    "validate_config": ("automodel_dist.api", "validate_config"),
+    "build_mesh": ("automodel_dist.api", "build_mesh"),
     "run_smoke_test": ("automodel_dist.smoke", "run_smoke_test"),
     "suggest_strategy": ("automodel_dist.suggest", "suggest_strategy"),
     "estimate_memory": ("automodel_dist.estimate", "estimate_memory"),
@@ -21,7 +22,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    """Import the heavier surfaces on first use (keeps ``import automodel_dist`` fast)."""
+    """Import the engine on first use (keeps ``import automodel_dist`` and MCP start-up fast)."""
     if name in _LAZY:
         import importlib
 

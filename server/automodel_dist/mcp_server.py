@@ -1,7 +1,7 @@
 """The MCP server (official ``mcp`` SDK, v2 API): the engine's functions as typed tools.
 
-Start-up imports only the SDK and the pure engine (no torch): ``tools/list`` answers within a
-second of spawn. torch is imported by the smoke runner's processes alone. Invalid configs come back
+Start-up imports only the SDK and the report models (no torch, no rule table): ``tools/list``
+answers within about a second of spawn; the engine loads on the first tool call. torch is imported by the smoke runner's processes alone. Invalid configs come back
 as findings (structured content), never as protocol errors; bad arguments come back as error
 results and the server keeps serving.
 """
@@ -23,17 +23,13 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from .api import build_layout, mesh_report
-from .api import validate_config as _validate_config
 from .catalog.gpus import gpu_catalog
 from .catalog.models import catalog
 from .config.load import MAX_BYTES, check_path
 from .estimate import Estimate
-from .explain import ExplainReport
-from .explain import explain_error as _explain_error
-from .report import ConfigError, Finding, MeshReport, ValidationReport
+from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
-from .suggest import SuggestReport
+from .suggestion import SuggestReport
 
 log = logging.getLogger("automodel_dist.mcp")
 
@@ -130,6 +126,22 @@ def _config(config_yaml: str | None, config_path: str | None, *, required: bool 
     return config_yaml
 
 
+def _model_arg(model: str | None) -> str | None:
+    """A model argument that names a file (config.json) passes the same checks as config_path."""
+    if model is None:
+        return None
+    try:
+        is_path = model.endswith(".json") or Path(model).is_file()  # the engine's own test (resolve_model)
+    except (OSError, ValueError):
+        is_path = True
+    if not is_path:
+        return model  # a catalog name
+    problem = check_path(model, allowed_roots=_allowed_roots())
+    if problem is not None:
+        raise _Unreadable(problem)
+    return model
+
+
 def create_server() -> MCPServer:
     server = MCPServer(name=NAME, instructions=INSTRUCTIONS, version=_version())
     ro = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
@@ -142,8 +154,11 @@ def create_server() -> MCPServer:
         (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
         try:
             config = _config(config_yaml, config_path)
+            model = _model_arg(model)
         except _Unreadable as exc:  # an unreadable file is a finding, like any other config problem
             return ValidationReport(valid=False, source=config_path, findings=[exc.finding])
+        from .api import validate_config as _validate_config
+
         return _validate_config(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
                                 model=model)
 
@@ -161,6 +176,8 @@ def create_server() -> MCPServer:
             config = _config(config_yaml, config_path)
         except _Unreadable as exc:
             return MeshResult(valid=False, findings=[exc.finding])
+        from .api import build_layout, mesh_report
+
         try:
             lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
         except ConfigError as exc:
@@ -187,6 +204,10 @@ def create_server() -> MCPServer:
         per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
         from .suggest import suggest_strategy as _suggest
 
+        try:
+            model = _model_arg(model)
+        except _Unreadable as exc:
+            raise ValueError(exc.finding.message) from None
         return _suggest(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
                         global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
                         allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k)
@@ -207,7 +228,7 @@ def create_server() -> MCPServer:
         from .estimate import estimate_memory as _estimate
 
         try:
-            est = _estimate(_config(config_yaml, config_path), model=model, world_size=world_size, nodes=nodes,
+            est = _estimate(_config(config_yaml, config_path), model=_model_arg(model), world_size=world_size, nodes=nodes,
                             gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len, micro_batch_size=micro_batch_size,
                             global_batch_size=global_batch_size, precision=precision)
         except _Unreadable as exc:
@@ -292,6 +313,8 @@ def create_server() -> MCPServer:
                       ) -> ExplainReport:
         """Match a pasted AutoModel / torch.distributed error or traceback to the rule that explains it: cause and
         fix (e.g. kv heads vs tp, pp_size without a pipeline block, ep vs dp*cp*tp, NCCL timeouts, OOM)."""
+        from .explain import explain_error as _explain_error
+
         return _explain_error(text)
 
     @server.tool(annotations=ro)

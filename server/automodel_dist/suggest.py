@@ -14,54 +14,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field
 
 from .api import validate_config
 from .catalog.models import ModelSpec, resolve_model
 from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, virtual_stages
-from .report import Finding
+from .rules.helpers import divisors
 from .rules.model import valid_ep_sizes, valid_tp_sizes
+from .suggestion import Candidate, Rejected, SuggestReport
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
-
-
-class Candidate(BaseModel):
-    rank: int
-    yaml: str = Field(description="A ready distributed: block (and step_scheduler batch sizes).")
-    distributed: dict[str, Any]
-    memory_gib: MemoryBreakdown
-    comm_bytes_per_step: dict[str, float]
-    step_time_s: float
-    mfu: float
-    tokens_per_second: float
-    rationale: list[str]
-    findings: list[Finding] = Field(default_factory=list, description="Warnings validate_config gave.")
-
-
-class Rejected(BaseModel):
-    distributed: dict[str, Any]
-    reason: str
-
-
-class SuggestReport(BaseModel):
-    model: str
-    nodes: int
-    gpus_per_node: int
-    world_size: int
-    gpu: str
-    gpu_memory_gib: float
-    seq_len: int
-    global_batch_size: int
-    micro_batch_size: int
-    precision: str
-    headroom: float
-    candidates: list[Candidate]
-    rejected: list[Rejected] = Field(default_factory=list)
-    searched: int = Field(description="Layouts evaluated.")
-    fitting: int = Field(description="Layouts that fit in memory.")
-    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,11 +49,6 @@ class _Option:
         return out
 
 
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
 def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, allow_ac: bool,
              strategies: tuple[str, ...]) -> Iterator[_Option]:
     tps = [t for t in valid_tp_sizes(m) if world % t == 0 and t <= max(gpn, 1) * 2]
@@ -101,7 +59,7 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
         for cp in cps:
             if world % (tp * cp):
                 continue
-            for pp in _divisors(world // (tp * cp)):
+            for pp in divisors(world // (tp * cp)):
                 if pp > m.num_layers:
                     continue
                 dp = world // (tp * cp * pp)
@@ -122,7 +80,7 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                         n_mb, schedules = None, [None]
                     reps = [1]
                     if strategy == "fsdp2":  # HSDP: shard groups of at least a node, replicated across them
-                        reps += [r for r in _divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
+                        reps += [r for r in divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
                     for rep in reps:
                         for ep in ([1] if strategy != "fsdp2" else [e for e in eps if (dp * cp * tp) % e == 0]):
                             ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1

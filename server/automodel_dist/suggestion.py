@@ -1,0 +1,47 @@
+"""What suggest_strategy returns: ranked candidates, rejected alternatives (no engine imports)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .estimate.memory import MemoryBreakdown
+from .report import Finding
+
+
+class Candidate(BaseModel):
+    rank: int
+    yaml: str = Field(description="A ready distributed: block (and step_scheduler batch sizes).")
+    distributed: dict[str, Any]
+    memory_gib: MemoryBreakdown
+    comm_bytes_per_step: dict[str, float]
+    step_time_s: float
+    mfu: float
+    tokens_per_second: float
+    rationale: list[str]
+    findings: list[Finding] = Field(default_factory=list, description="Warnings validate_config gave.")
+
+
+class Rejected(BaseModel):
+    distributed: dict[str, Any]
+    reason: str
+
+
+class SuggestReport(BaseModel):
+    model: str
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    gpu: str
+    gpu_memory_gib: float
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
+    precision: str
+    headroom: float
+    candidates: list[Candidate]
+    rejected: list[Rejected] = Field(default_factory=list)
+    searched: int = Field(description="Layouts evaluated.")
+    fitting: int = Field(description="Layouts that fit in memory.")
+    note: str | None = None

@@ -1,0 +1,375 @@
+"""Executable documentation: every YAML block in SKILL.md and references/ is validated (and run
+through AutoModel 0.7.0 where the oracle is installed), the generated reference sections are
+current, the config reference lists exactly the schema's keys and defaults, every CLI and Python
+example in the README runs, the scripts work (and print an install hint without the package), and
+the skill package (frontmatter, skill card, evals) follows the skills catalog's conventions.
+
+A YAML block starts with a header naming how to check it:
+``# check: world_size=8 | nodes=2 gpus_per_node=8 [model=<id>] [expect=error:<rule-id>]``.
+Without ``expect`` the block must be valid with no warnings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import oracle
+import pytest
+import yaml
+from conftest import ROOT
+
+from automodel_dist import build_mesh, suggest_strategy, validate_config
+from automodel_dist.config import schema
+from automodel_dist.docgen import BEGIN, END, SECTIONS, render
+from automodel_dist.rules import RULES
+
+DOCS = [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Block:
+    where: str
+    text: str
+    check: dict[str, str]
+
+
+def _blocks(lang: str, paths: list[Path]) -> list[Block]:
+    out = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(rf"^```{lang}\n(.*?)^```", text, re.S | re.M):
+            line = text[: m.start()].count("\n") + 1
+            body = m.group(1)
+            header = re.match(r"#\s*check:\s*(.*)", body)
+            check = dict(kv.split("=", 1) for kv in header.group(1).split()) if header else {}
+            out.append(Block(f"{path.relative_to(ROOT)}:{line}", body, check))
+    return out
+
+
+YAML_BLOCKS = _blocks("yaml", DOCS + [ROOT / "README.md"])
+
+
+def test_docs_have_yaml_blocks() -> None:
+    assert len(YAML_BLOCKS) >= 15
+    assert {b.where.split(":")[0] for b in YAML_BLOCKS} >= {"SKILL.md", "references/config-reference.md",
+                                                            "references/expert-parallel-moe.md"}
+
+
+def _kwargs(check: dict[str, str]) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    for key in ("world_size", "nodes", "gpus_per_node"):
+        if key in check:
+            kw[key] = int(check[key])
+    if "model" in check:
+        kw["model"] = check["model"]
+    return kw
+
+
+@pytest.mark.parametrize("block", YAML_BLOCKS, ids=lambda b: b.where)
+def test_yaml_block_validates_as_documented(block: Block) -> None:
+    assert block.check, f"{block.where}: a YAML block needs a '# check: ...' header"
+    assert set(block.check) <= {"world_size", "nodes", "gpus_per_node", "model", "expect"}, block.check
+    report = validate_config(block.text, **_kwargs(block.check))
+    shown = "\n".join(f.model_dump_json() for f in report.findings)
+    expect = block.check.get("expect", "valid")
+    if expect == "valid":
+        assert report.valid and not report.warnings, f"{block.where}:\n{shown}"
+    else:
+        kind, rule = expect.split(":")
+        assert kind == "error" and rule in RULES, expect
+        assert not report.valid and rule in {f.rule for f in report.errors}, f"{block.where}:\n{shown}"
+
+
+@pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel 0.7.0 oracle not installed")
+@pytest.mark.parametrize("block", YAML_BLOCKS, ids=lambda b: b.where)
+def test_yaml_block_agrees_with_automodel(block: Block) -> None:
+    """Valid blocks build in AutoModel; blocks documented to fail one of AutoModel's own rules fail there."""
+    doc = yaml.safe_load(block.text)
+    dist = doc.get("distributed", doc)
+    kw = _kwargs(block.check)
+    world = kw.get("world_size") or kw["nodes"] * kw["gpus_per_node"]
+    result = oracle.run(dist, world, [0, world - 1])
+    expect = block.check.get("expect", "valid")
+    if expect == "valid":
+        assert result.ok, f"{block.where}: AutoModel rejects it: {result.error}"
+    elif RULES[expect.split(":")[1]].family == "automodel":
+        assert not result.ok, f"{block.where}: AutoModel accepts a block documented as {expect}"
+
+
+def test_generated_sections_are_current() -> None:
+    for rel, (name, fn) in SECTIONS.items():
+        path = ROOT / rel
+        assert path.read_text(encoding="utf-8") == render(path, name, fn()), (
+            f"{rel} is stale: run python -m automodel_dist.docgen")
+
+
+def _tables(section: str) -> dict[str, dict[str, str]]:
+    """{heading: {key: default cell}} of the markdown tables in a generated section."""
+    out: dict[str, dict[str, str]] = {}
+    heading = ""
+    for line in section.splitlines():
+        if line.startswith("### "):
+            heading = line[4:]
+            out[heading] = {}
+        elif line.startswith("| `"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            out[heading][cells[0].strip("`")] = cells[2]
+    return out
+
+
+def _expected_default(value: Any) -> str:
+    if isinstance(value, dict):
+        return "see below"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"`{value}`"
+
+
+def test_config_reference_lists_exactly_the_schema() -> None:
+    text = (ROOT / "references/config-reference.md").read_text(encoding="utf-8")
+    section = text.split(BEGIN.format("config-reference"))[1].split(END.format("config-reference"))[0]
+    tables = _tables(section)
+
+    def table(title_start: str) -> dict[str, str]:
+        [key] = [k for k in tables if k.startswith(title_start)]
+        return tables[key]
+
+    top = table("Top level")
+    fields = set(schema.DistributedConfig.model_fields) - {"options"}
+    assert set(top) - {"_target_`, `_recursive_`, `_convert_"} == fields
+    for name in ("tp_size", "pp_size", "cp_size", "ep_size", "strategy", "activation_checkpointing"):
+        assert top[name] == _expected_default(schema.field_default(schema.DistributedConfig, name)), name
+    assert top["dp_size"] == top["dp_replicate_size"] == "null"
+    nested = {"`strategy: fsdp2`": (schema.FSDP2Options, ""),
+              "`strategy: megatron_fsdp`": (schema.MegatronFSDPOptions, ""),
+              "`strategy: ddp`": (schema.DDPOptions, ""),
+              "`mp_policy:`": (schema.MixedPrecisionPolicy, "mp_policy."),
+              "`offload_policy:`": (schema.CPUOffloadPolicy, "offload_policy."),
+              "`pipeline:`": (schema.PipelineConfig, "pipeline."),
+              "`moe:`": (schema.MoEConfig, "moe.")}
+    for title, (model, prefix) in nested.items():
+        rows = table(title)
+        assert set(rows) == {prefix + n for n in model.model_fields}, title
+        for name in model.model_fields:
+            assert rows[prefix + name] == _expected_default(schema.field_default(model, name)), (title, name)
+    mm = table("`multimodal:`")
+    assert set(mm) == ({f"multimodal.{n}" for n in schema.Multimodal.model_fields}
+                       | {f"multimodal.vision.frame_sharding.{n}" for n in schema.FrameSharding.model_fields})
+
+
+def test_rule_table_does_not_depend_on_import_order() -> None:
+    import automodel_dist.explain  # noqa: F401  (everything that could register a rule)
+    import automodel_dist.mcp_server  # noqa: F401
+
+    fresh = subprocess.run([sys.executable, "-c", "from automodel_dist.rules import RULES; print(sorted(RULES))"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert fresh.stdout.strip() == str(sorted(RULES))
+
+
+def test_rule_index_lists_every_rule() -> None:
+    text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, re.M))
+    assert listed == set(RULES)
+
+
+# --- SKILL.md, skill card, evals -------------------------------------------------------------------
+
+def _frontmatter(path: Path) -> tuple[dict[str, Any], str]:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    head, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(head), body
+
+
+def test_skill_md_frontmatter_and_size() -> None:
+    meta, _ = _frontmatter(ROOT / "SKILL.md")
+    assert meta["name"] == "nemo-automodel-distributed-training"
+    assert meta["license"] == "Apache-2.0"
+    assert 100 <= len(meta["description"]) <= 1024
+    assert len((ROOT / "SKILL.md").read_text(encoding="utf-8").splitlines()) <= 500
+
+
+def test_doc_paths_and_links_exist() -> None:
+    for path in [*DOCS, ROOT / "README.md", ROOT / "skill-card.md"]:
+        text = path.read_text(encoding="utf-8")
+        for ref in re.findall(r"`((?:references|scripts|bench|tests|evals)/[\w./-]+\.(?:md|py|json|yaml|sh))`", text):
+            assert (ROOT / ref).exists(), f"{path.name} names {ref}, which does not exist"
+        for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (path.parent / link).exists(), f"{path.name} links {link}, which does not exist"
+
+
+def test_every_rule_id_named_in_docs_exists() -> None:
+    for path in [*DOCS, ROOT / "README.md"]:
+        for rule in re.findall(r"(?:error|warning|info)\[([a-z0-9-]+)\]", path.read_text(encoding="utf-8")):
+            assert rule in RULES, f"{path.name} names rule {rule}"
+
+
+def test_skill_card_sections() -> None:
+    text = (ROOT / "skill-card.md").read_text(encoding="utf-8")
+    for heading in ("Description", "Owner", "License", "Use Case", "Requirements", "Known Risks",
+                    "Reference", "Skill Output", "Evaluation", "Ethical Considerations"):
+        assert re.search(rf"^#+ .*{heading}", text, re.M | re.I), heading
+
+
+def test_evals_cover_the_topics() -> None:
+    evals = json.loads((ROOT / "evals/evals.json").read_text(encoding="utf-8"))
+    assert evals["skill_name"] == "nemo-automodel-distributed-training"
+    tasks = evals["evals"]
+    assert len(tasks) >= 10
+    ids = [t["id"] for t in tasks]
+    assert len(set(ids)) == len(ids)
+    for t in tasks:
+        assert t["question"].strip() and t["ground_truth"].strip(), t["id"]
+        assert t["expected_behavior"] and all(isinstance(b, str) and b for b in t["expected_behavior"]), t["id"]
+        if t.get("expected_script"):
+            assert (ROOT / t["expected_script"]).exists(), t["expected_script"]
+        for block in t.get("configs", []):  # configs the ground truth relies on are checked like doc blocks
+            report = validate_config(block["yaml"], **_kwargs(block["check"]))
+            rules = {f.rule for f in report.errors}
+            expect = block["check"].get("expect", "valid")
+            assert (report.valid if expect == "valid" else expect.split(":")[1] in rules), (t["id"], rules)
+        if "suggest" in t:  # ground truths about layouts are checked against the search itself
+            check = t["suggest"]
+            report = suggest_strategy(**check["args"], top_k=1)
+            if check["expect_top"] is None:
+                assert not report.candidates, (t["id"], report.candidates[0].distributed)
+            else:
+                top = report.candidates[0].distributed
+                assert all(top.get(k) == v for k, v in check["expect_top"].items()), (t["id"], top)
+            if "expect_rejected_contains" in check:
+                assert any(check["expect_rejected_contains"] in r.reason for r in report.rejected), t["id"]
+        if "mesh" in t:
+            check = t["mesh"]
+            [cfg] = t["configs"]
+            mesh = build_mesh(cfg["yaml"], **check["args"])
+            groups = mesh.rank_groups[str(check["args"]["ranks"][0])]
+            assert {k: groups[k] for k in check["expect_groups"]} == check["expect_groups"], t["id"]
+            crossing = sorted(a.name for a in mesh.axes if a.crosses_nodes)
+            assert crossing == sorted(check["expect_crossing"]), (t["id"], crossing)
+    topics = {topic for t in tasks for topic in t["topics"]}
+    assert topics >= {"strategy-choice", "sizing", "moe-ep", "pp-schedules", "cp", "hsdp", "megatron-fsdp",
+                      "ddp", "troubleshooting", "negative-control"}
+
+
+# --- README examples -------------------------------------------------------------------------------
+
+def _commands() -> list[str]:
+    cmds = []
+    for block in _blocks("bash", [ROOT / "README.md"]):
+        for cmd in block.text.replace("\\\n", " ").splitlines():
+            cmd = re.sub(r"\s+#.*$", "", cmd).strip()
+            if cmd.startswith("automodel-dist"):
+                cmds.append(cmd)
+    return cmds
+
+
+README_COMMANDS = _commands()
+
+
+def test_readme_shows_every_command() -> None:
+    shown = {c.split()[1] for c in README_COMMANDS if len(c.split()) > 1}
+    assert shown >= {"validate", "mesh", "smoke", "estimate", "suggest", "explain", "models", "serve"}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" not in c])
+def test_readme_command_runs(cmd: str) -> None:
+    argv = shlex.split(cmd)
+    assert argv[0] == "automodel-dist"
+    proc = subprocess.run([str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" in c])
+def test_readme_serve_command_answers(cmd: str) -> None:
+    """`serve` examples start a server that answers an MCP client (stdio) or listens (http)."""
+    import anyio
+
+    argv = shlex.split(cmd)
+    if "http" not in argv:
+        from mcp import Client, StdioServerParameters
+
+        async def main() -> list[str]:
+            params = StdioServerParameters(command=str(BIN / "automodel-dist"), args=argv[1:], cwd=str(ROOT),
+                                           env=_env())
+            async with Client(params) as client:
+                return [t.name for t in (await client.list_tools()).tools]
+
+        assert "validate_config" in anyio.run(main)
+        return
+    proc = subprocess.Popen([str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_readme_python_example_runs(tmp_path: Path) -> None:
+    [block] = [b for b in _blocks("python", [ROOT / "README.md"]) if "automodel_dist" in b.text]
+    script = tmp_path / "example.py"
+    script.write_text(block.text, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# --- scripts/ ------------------------------------------------------------------------------------
+
+SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if not p.name.startswith("_"))
+
+
+def test_scripts_cover_the_tools() -> None:
+    assert {p.stem for p in SCRIPTS} >= {"validate", "mesh", "suggest", "smoke", "estimate"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_runs_with_the_package(script: Path) -> None:
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+                          cwd="/")
+    assert proc.returncode == 0 and "usage: automodel-dist" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_prints_install_hint_without_the_package(script: Path) -> None:
+    # -I -S: no site-packages, no user paths, so automodel_dist cannot be imported.
+    proc = subprocess.run([sys.executable, "-I", "-S", str(script), "--help"], capture_output=True, text=True,
+                          timeout=60, cwd="/")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install" in lines[0] and str(ROOT) in lines[0], proc.stderr
+
+
+def test_script_validates_a_file() -> None:
+    example = ROOT / "tests/examples/llama3_1_8b_hellaswag_pp.yaml"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/validate.py"), str(example), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["valid"] is True
+

@@ -182,3 +182,10 @@ def test_large_groups_are_exact_specs_not_lists():
     assert members == sorted(r for r in range(1 << 15) if r % 2 == 5 % 2)  # every rank with the same tp coordinate
     assert divisors(360) == [d for d in range(1, 361) if 360 % d == 0]
     assert divisors(2**61 - 1) == [1, 2**61 - 1] and divisors(2**40, 8) == [1, 2, 4, 8]
+
+
+def test_max_listed_none_lists_every_group():
+    mesh = build_mesh({"tp_size": 2}, world_size=1 << 13, ranks=[3], max_listed=None)
+    assert mesh.large_groups == {} and len(mesh.rank_groups["3"]["dp"]) == 1 << 12
+    capped = build_mesh({"tp_size": 2}, world_size=1 << 14, ranks=[3])
+    assert "dp" not in capped.rank_groups["3"] and capped.large_groups["3"]["dp"].size == 1 << 13

@@ -288,7 +288,8 @@ def build_layout(config: ConfigInput, *, world_size: int,
 
 
 def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] | None = None,
-                gpus_per_node: int | None = None, picture_axis: str | None = None) -> MeshReport:
+                gpus_per_node: int | None = None, picture_axis: str | None = None,
+                max_listed: int | None = MAX_LISTED) -> MeshReport:
     """The :class:`MeshReport` of a layout (groups for ``ranks``, node crossing, picture)."""
     world_size = lay.world_size
     wanted = list(ranks) if ranks is not None else _default_ranks(world_size)
@@ -315,23 +316,23 @@ def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] |
         flattened=lay.flattened(),
         fsdp_mesh=lay.fsdp_mesh(),
         axes=axes,
-        rank_groups={str(rank): lay.rank_groups(rank, max_members=MAX_LISTED) for rank in wanted},
-        large_groups=_large_groups(lay, wanted),
+        rank_groups={str(rank): lay.rank_groups(rank, max_members=max_listed) for rank in wanted},
+        large_groups=_large_groups(lay, wanted, max_listed),
         findings=[f for f in report.findings if f.severity != "info"],
         picture=lay.picture(picture_axis, gpus_per_node=gpus_per_node),
     )
 
 
-def _large_groups(lay: Layout, ranks: Sequence[int]) -> dict[str, dict[str, GroupSpec]]:
-    """Groups over MAX_LISTED ranks, given exactly without listing them."""
+def _large_groups(lay: Layout, ranks: Sequence[int], max_listed: int | None) -> dict[str, dict[str, GroupSpec]]:
+    """Groups over ``max_listed`` ranks, given exactly without listing them."""
     out: dict[str, dict[str, GroupSpec]] = {}
-    for rank in ranks:
+    for rank in ranks if max_listed is not None else ():
         if lay.device_mesh() is None or not lay.in_mesh(rank):
             continue
         big = {}
         for a in lay.axes:
             size = lay.axis_size(a.name)
-            if size > MAX_LISTED:
+            if size > max_listed:
                 first, dims = lay.group_spec(a.name, rank)
                 big[a.name] = GroupSpec(size=size, first=first, dims=dims)
         if big:
@@ -340,15 +341,19 @@ def _large_groups(lay: Layout, ranks: Sequence[int]) -> dict[str, dict[str, Grou
 
 
 def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | None = None,
-               gpus_per_node: int | None = None, picture_axis: str | None = None) -> MeshReport:
+               gpus_per_node: int | None = None, picture_axis: str | None = None,
+               max_listed: int | None = MAX_LISTED) -> MeshReport:
     """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks, without GPUs.
 
-    ``ranks`` defaults to every rank up to 64 ranks, else rank 0. Raises :class:`ConfigError`
+    ``ranks`` defaults to every rank up to 64 ranks, else rank 0. A group of more than
+    ``max_listed`` ranks (4,096) is given in ``large_groups`` as an exact :class:`GroupSpec`
+    instead of a list in ``rank_groups``; ``max_listed=None`` lists every group. Raises :class:`ConfigError`
     (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
     rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
     """
     lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
-    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis)
+    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis,
+                       max_listed=max_listed)
 
 
 def layout_for(report: ValidationReport) -> Layout:

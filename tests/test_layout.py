@@ -189,3 +189,13 @@ def test_max_listed_none_lists_every_group():
     assert mesh.large_groups == {} and len(mesh.rank_groups["3"]["dp"]) == 1 << 12
     capped = build_mesh({"tp_size": 2}, world_size=1 << 14, ranks=[3])
     assert "dp" not in capped.rank_groups["3"] and capped.large_groups["3"]["dp"].size == 1 << 13
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=24), st.integers(0, 60), st.integers(0, 60))
+def test_spread_matches_brute_force(dist, n, s):
+    from automodel_dist.layout import _spread
+
+    g = len(dist)
+    expected = [sum(dist[(r - c * s) % g] for c in range(n)) for r in range(g)]
+    assert _spread(dist, n, s % g) == expected

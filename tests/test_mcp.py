@@ -158,7 +158,15 @@ def test_run_smoke_test_reports_progress():
     assert "launch" in messages and "step 3/3" in messages and "done" in messages
 
 
+def _run_dirs() -> set[str]:
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("automodel-dist-smoke-*")}
+
+
 def test_cancelling_run_smoke_test_kills_its_ranks():
+    before = _run_dirs()
+
     async def go():
         async with Client(create_server()) as c:
             started = anyio.Event()
@@ -183,6 +191,10 @@ def test_cancelling_run_smoke_test_kills_its_ranks():
         time.sleep(0.2)
     assert survivors() == []
     assert again.structured_content["valid"]
+    deadline = time.time() + 15
+    while _run_dirs() - before and time.time() < deadline:
+        time.sleep(0.2)
+    assert _run_dirs() - before == set()  # the run directory is removed too
 
 
 def test_stdio_subprocess_server():

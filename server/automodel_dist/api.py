@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
 from .config import schema
-from .config.load import Document, from_mapping, load_path, load_text
+from .config.load import Document, clip, from_mapping, load_path, load_text
 from .config.values import (
     STRATEGY_ALIASES,
     TOP_LEVEL_KEYS,
@@ -103,11 +103,6 @@ def _split(doc: Document) -> _Split:
     return _Split(data, (), None)
 
 
-def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}... ({len(text):,} characters)"
-
-
 def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, Any] | None, doc: Document,
            findings: list[Finding]) -> tuple[int | None, str | None, int | None, int | None]:
     """Resolve (world_size, source, nodes, gpus_per_node) from the arguments or the recipe's ci: block."""
@@ -117,7 +112,7 @@ def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, An
         limit = MAX_GPUS_PER_NODE if name == "gpus_per_node" else MAX_WORLD_SIZE
         if not is_positive_int(value) or value > limit:
             findings.append(_finding("world-size-invalid",
-                                     f"{name} must be a positive integer <= {limit:,}, got {_clip(value)}",
+                                     f"{name} must be a positive integer <= {limit:,}, got {clip(repr(value))}",
                                      fix=f"pass a positive {name}"))
             return None
         return value

@@ -349,7 +349,7 @@ def _spread(dist: list[int], n: int, s: int) -> list[int]:
         window = sum(vals[(-c) % period] for c in range(rem))  # window ending at j = 0
         for j, r in enumerate(cycle):
             if j:
-                window += vals[j] - (vals[(j - rem) % period] if rem else 0)
+                window += vals[j] - vals[(j - rem) % period]
             new[r] = full * total + window
     return new
 

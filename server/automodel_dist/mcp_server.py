@@ -1,7 +1,8 @@
 """The MCP server (official ``mcp`` SDK, v2 API): the engine's functions as typed tools.
 
 Start-up imports only the SDK and the report models (no torch, no rule table): ``tools/list``
-answers within about a second of spawn; the engine loads on the first tool call. torch is imported by the smoke runner's processes alone. Invalid configs come back
+answers within about a second of spawn; the engine loads on the first tool call. torch is imported
+by the smoke runner's processes alone. Invalid configs come back
 as findings (structured content), never as protocol errors; bad arguments come back as error
 results and the server keeps serving.
 """

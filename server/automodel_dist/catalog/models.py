@@ -283,7 +283,7 @@ MAX_DIM = 1 << 24  # far above any real hidden size, vocabulary, layer, head or 
 
 def _int(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}... ({len(repr(value)):,} characters)"
         raise ModelConfigError(f"config.json field {key!r} must be an integer in [0, {MAX_DIM:,}], got {shown}")
     return value
 

@@ -72,7 +72,8 @@ _SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "value"))
 
 
-def _clip(text: str, limit: int = 40) -> str:
+def clip(text: str, limit: int = 40) -> str:
+    """``text`` shortened for a message (huge values must not flood a report)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
@@ -115,7 +116,7 @@ class _Builder:
                 return self.constructor.construct_object(node)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(
-                    _err("yaml-syntax", f"value {_clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
+                    _err("yaml-syntax", f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
                          "fails on it too", line=node.start_mark.line + 1, path=_dotted(path),
                          fix="write a plain number or string")
                 )

@@ -10,7 +10,6 @@ Run: python bench/bench_suggest.py [--quick]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -22,8 +21,6 @@ import memtrack  # noqa: E402
 
 from automodel_dist import suggest_strategy  # noqa: E402
 from automodel_dist.catalog.models import lookup  # noqa: E402
-from automodel_dist.estimate.memory import Parallelism, Training, memory_per_rank  # noqa: E402
-from automodel_dist.layout import Layout  # noqa: E402
 
 GIB = float(1 << 30)
 L8, L70 = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"
@@ -50,16 +47,6 @@ FULL = [
 ]
 
 
-def estimate(spec, *, world_size, tp=1, cp=1, ep=1, dp_replicate=1, seq_len=2048, activation_checkpointing=False,
-             sequence_parallel=False, storage_dtype="float32", num_layers=None):
-    if num_layers:
-        spec = dataclasses.replace(spec, num_layers=num_layers)
-    lay = Layout.build("fsdp2", world_size=world_size, tp=tp, cp=cp, ep=ep, dp_replicate=dp_replicate)
-    p = Parallelism("fsdp2", dp=lay.dp, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep, ep_shard=lay.ep_shard,
-                    sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
-    return memory_per_rank(spec, p, Training(seq_len=seq_len, storage_dtype=storage_dtype))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the full-size tracker runs (minutes)")
@@ -82,7 +69,7 @@ def main() -> None:
         spec = lookup(model)
         t = time.perf_counter()
         meas = memtrack.measure(spec, **kw)
-        est = estimate(spec, **kw)
+        est = memtrack.estimate_fsdp2(spec, **kw)
         es, ms = est.model_states, meas.model_states / GIB
         ep, mp = est.tracked_peak, meas.peak / GIB
         worst_states, worst_peak = max(worst_states, abs(es / ms - 1)), max(worst_peak, abs(ep / mp - 1))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -15,3 +18,16 @@ EXAMPLES = Path(os.environ.get("AUTOMODEL_DIST_EXAMPLES", ROOT / "tests" / "exam
 settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Until a server process listens on 127.0.0.1:port; fails if it exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            out = proc.stdout.read() if proc.stdout and proc.poll() is not None else ""
+            assert proc.poll() is None and time.monotonic() < deadline, f"server on port {port} did not start\n{out}"
+            time.sleep(0.2)

@@ -4,15 +4,32 @@
 group of the target world size (nothing is allocated), applies the parallelism with the smoke
 runner's own code (TP/SP plan, activation checkpointing, FSDP2 / HSDP on AutoModel's meshes, EP
 experts), runs forward, backward and an AdamW step under ``FSDPMemTracker`` and returns rank 0's
-peak and its model states, in bytes.
+peak and its model states, in bytes. ``estimate_fsdp2(...)`` is the engine's estimate of the same
+layout, for comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any
+
+from automodel_dist.estimate.memory import MemoryBreakdown, Parallelism, Training, memory_per_rank
+from automodel_dist.layout import Layout
+
+
+def estimate_fsdp2(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1, dp_replicate: int = 1,
+                   seq_len: int = 2048, activation_checkpointing: bool | str = False, sequence_parallel: bool = False,
+                   storage_dtype: str = "float32", num_layers: int | None = None) -> MemoryBreakdown:
+    """The engine's per-rank estimate for the FSDP2 layout ``measure`` builds with the same arguments."""
+    if num_layers:
+        spec = dataclasses.replace(spec, num_layers=num_layers)
+    lay = Layout.build("fsdp2", world_size=world_size, tp=tp, cp=cp, ep=ep, dp_replicate=dp_replicate)
+    p = Parallelism("fsdp2", dp=lay.dp, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep, ep_shard=lay.ep_shard,
+                    sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
+    return memory_per_rank(spec, p, Training(seq_len=seq_len, storage_dtype=storage_dtype))
 
 
 @dataclass

@@ -15,10 +15,8 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import oracle
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, wait_for_port
 
 from automodel_dist import build_mesh, suggest_strategy, validate_config
 from automodel_dist.config import schema
@@ -318,15 +316,7 @@ def test_readme_serve_command_answers(cmd: str) -> None:
     proc = subprocess.Popen([str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
-                time.sleep(0.2)
+        wait_for_port(int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000, proc)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -13,21 +13,10 @@ from automodel_dist import estimate_memory, suggest_strategy, validate_config
 from automodel_dist.catalog.models import lookup
 from automodel_dist.cli import main
 from automodel_dist.estimate.memory import Parallelism, Training, activation_formula_korthikanti, memory_per_rank
-from automodel_dist.layout import Layout
 from automodel_dist.report import ConfigError
 
 GIB = float(1 << 30)
 EXAMPLES = Path(__file__).parent / "examples"
-
-
-def _estimate(spec, *, world_size, tp=1, cp=1, ep=1, dp_replicate=1, seq_len=2048, activation_checkpointing=False,
-              sequence_parallel=False, storage_dtype="float32", num_layers=None):
-    if num_layers:
-        spec = dataclasses.replace(spec, num_layers=num_layers)
-    lay = Layout.build("fsdp2", world_size=world_size, tp=tp, cp=cp, ep=ep, dp_replicate=dp_replicate)
-    p = Parallelism("fsdp2", dp=lay.dp, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep, ep_shard=lay.ep_shard,
-                    sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
-    return memory_per_rank(spec, p, Training(seq_len=seq_len, storage_dtype=storage_dtype))
 
 
 L8 = "meta-llama/Llama-3.1-8B"
@@ -60,7 +49,7 @@ SLOW_MATRIX = [
 def _compare(model, kwargs):
     spec = lookup(model)
     measured = memtrack.measure(spec, **kwargs)
-    est = _estimate(spec, **kwargs)
+    est = memtrack.estimate_fsdp2(spec, **kwargs)
     states = est.model_states * GIB
     assert abs(states / measured.model_states - 1) <= 0.05, (est.model_states, measured.model_states / GIB)
     assert abs(est.tracked_peak * GIB / measured.peak - 1) <= 0.15, (est.tracked_peak, measured.peak / GIB,
@@ -105,9 +94,9 @@ def test_fitted_activation_terms_follow_the_paper_structure():
     """Our fitted model keeps the paper's shape: SP divides the replicated part, full AC keeps 2sbh."""
     spec = dataclasses.replace(lookup(L8), num_layers=1)
     kw = dict(world_size=8, seq_len=4096)
-    plain = _estimate(spec, **kw, tp=2)
-    sp = _estimate(spec, **kw, tp=2, sequence_parallel=True)
-    full = _estimate(spec, **kw, activation_checkpointing=True)
+    plain = memtrack.estimate_fsdp2(spec, **kw, tp=2)
+    sp = memtrack.estimate_fsdp2(spec, **kw, tp=2, sequence_parallel=True)
+    full = memtrack.estimate_fsdp2(spec, **kw, activation_checkpointing=True)
     assert sp.activations < plain.activations
     assert full.activations < plain.activations
 

@@ -42,15 +42,23 @@ def fsdp2_sizes(draw):
     return pp, rep, shard, cp, tp, ep
 
 
+def _fsdp2(sizes: tuple[int, ...]) -> Layout | None:
+    """The FSDP2 layout of (pp, dp_replicate, dp_shard, cp, tp, ep); None when HSDP would be pure replication."""
+    pp, rep, shard, cp, tp, ep = sizes
+    if rep > 1 and rep >= rep * shard:
+        return None
+    return Layout.build("fsdp2", world_size=pp * rep * shard * cp * tp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep,
+                        dp_size=rep * shard)
+
+
 @settings(max_examples=80)
 @given(fsdp2_sizes())
 def test_fsdp2_groups_match_brute_force(sizes):
-    pp, rep, shard, cp, tp, ep = sizes
-    world = pp * rep * shard * cp * tp
-    if rep > 1 and rep >= rep * shard:
+    lay = _fsdp2(sizes)
+    if lay is None:
         return
-    lay = Layout.build("fsdp2", world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep,
-                       dp_size=rep * shard)
+    pp, rep, shard, cp, tp, ep = sizes
+    world = lay.world_size
     ref = _brute_groups(FSDP2_DIMS, (pp, rep, shard, cp, tp), FSDP2_FLATTENED)
     non_pp = rep * shard * cp * tp
     for rank in range(world):
@@ -69,13 +77,8 @@ def test_fsdp2_groups_match_brute_force(sizes):
 @given(fsdp2_sizes(), st.integers(1, 40), st.sampled_from(["tp", "cp", "dp_shard", "dp", "dp_shard_cp", "pp", "ep",
                                                            "ep_shard", "dp_cp"]))
 def test_crossing_matches_brute_force(sizes, gpn, axis):
-    pp, rep, shard, cp, tp, ep = sizes
-    world = pp * rep * shard * cp * tp
-    if rep > 1 and rep >= rep * shard:
-        return
-    lay = Layout.build("fsdp2", world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep,
-                       dp_size=rep * shard)
-    if axis not in {a.name for a in lay.axes}:
+    lay = _fsdp2(sizes)
+    if lay is None or axis not in {a.name for a in lay.axes}:
         return
     groups = {tuple(g) for g in lay.iter_groups(axis)}
     expected = sum(1 for g in groups if len({r // gpn for r in g}) > 1)

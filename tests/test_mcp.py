@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from conftest import wait_for_port
 from mcp import Client, StdioServerParameters
 
 from automodel_dist.mcp_server import NAME, create_server
@@ -224,15 +225,7 @@ def test_http_transport_loopback_with_dns_rebinding_protection():
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_for_port(port, proc)
 
         async def go():
             async with Client(url) as c:

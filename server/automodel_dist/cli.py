@@ -64,6 +64,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK if report.valid else EXIT_FAIL
 
 
+def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
+    """Print an invalid config's findings (text or --json); its exit status."""
+    if args.json:
+        _print_json(report.model_dump(mode="json"))
+    else:
+        print(render.validation_text(report))
+    return EXIT_USAGE if _unreadable(report) else EXIT_FAIL
+
+
 def cmd_mesh(args: argparse.Namespace) -> int:
     try:
         lay, vreport = build_layout(_config_arg(args.file), world_size=args.world_size,
@@ -71,11 +80,7 @@ def cmd_mesh(args: argparse.Namespace) -> int:
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=args.gpus_per_node,
                              picture_axis=args.axis)
     except ConfigError as exc:
-        if args.json:
-            _print_json(exc.report.model_dump(mode="json"))
-        else:
-            print(render.validation_text(exc.report))
-        return EXIT_USAGE if _unreadable(exc.report) else EXIT_FAIL
+        return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.svg:
@@ -157,11 +162,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                               micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                               precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib)
     except ConfigError as exc:
-        if args.json:
-            _print_json(exc.report.model_dump(mode="json"))
-        else:
-            print(render.validation_text(exc.report))
-        return EXIT_USAGE if _unreadable(exc.report) else EXIT_FAIL
+        return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.json:

@@ -25,7 +25,7 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from .catalog.gpus import gpu_catalog
-from .catalog.models import catalog
+from .catalog.models import catalog, names_a_file
 from .config.load import MAX_BYTES, check_path
 from .estimate import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
@@ -129,13 +129,7 @@ def _config(config_yaml: str | None, config_path: str | None, *, required: bool 
 
 def _model_arg(model: str | None) -> str | None:
     """A model argument that names a file (config.json) passes the same checks as config_path."""
-    if model is None:
-        return None
-    try:
-        is_path = model.endswith(".json") or Path(model).is_file()  # the engine's own test (resolve_model)
-    except (OSError, ValueError):
-        is_path = True
-    if not is_path:
+    if model is None or not names_a_file(model):
         return model  # a catalog name
     problem = check_path(model, allowed_roots=_allowed_roots())
     if problem is not None:

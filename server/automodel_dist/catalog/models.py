@@ -354,13 +354,22 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
 MAX_CONFIG_BYTES = 1 << 20
 
 
+def names_a_file(model: Any) -> bool:
+    """Whether a model argument is a config.json path (else a catalog name, a dict or a spec)."""
+    if isinstance(model, Path):
+        return True
+    if not isinstance(model, str):
+        return False
+    return model.endswith(".json") or Path(model).is_file()
+
+
 def resolve_model(model: Any) -> ModelSpec:
     """A :class:`ModelSpec` from a catalog name, a config.json path, a config dict or a spec."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, dict):
         return from_hf_config(model)
-    if isinstance(model, Path) or (isinstance(model, str) and (model.endswith(".json") or Path(model).is_file())):
+    if names_a_file(model):
         path = Path(model)
         if path.is_dir():
             path = path / "config.json"

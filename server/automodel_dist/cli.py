@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +51,25 @@ def _unreadable(report: ValidationReport) -> bool:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
-    if args.world_size and (args.nodes or args.gpus_per_node) and not (args.nodes and args.gpus_per_node):
-        pass  # world_size with gpus_per_node alone is fine (node placement checks)
     report = validate_config(_config_arg(args.file), world_size=args.world_size, nodes=args.nodes,
                              gpus_per_node=args.gpus_per_node, model=args.model)
-    if args.json:
-        _print_json(report.model_dump(mode="json"))
-    else:
-        print(render.validation_text(report))
+    _show(args, report, render.validation_text)
     if _unreadable(report):
         return EXIT_USAGE
     return EXIT_OK if report.valid else EXIT_FAIL
 
 
-def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
-    """Print an invalid config's findings (text or --json); its exit status."""
+def _show(args: argparse.Namespace, report: Any, text: Callable[[Any], str]) -> None:
+    """Print a report: its JSON with --json, else ``text(report)``."""
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
-        print(render.validation_text(report))
+        print(text(report))
+
+
+def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
+    """Print an invalid config's findings (text or --json); its exit status."""
+    _show(args, report, render.validation_text)
     return EXIT_USAGE if _unreadable(report) else EXIT_FAIL
 
 
@@ -142,10 +142,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                                 progress=None if args.json or args.quiet else _ProgressLine(), **overrides)
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
-    if args.json:
-        _print_json(report.model_dump(mode="json"))
-    else:
-        print(render.smoke_text(report))
+    _show(args, report, render.smoke_text)
     if report.reason and report.reason.startswith("interrupted (SIGINT)"):
         return 130
     if report.reason and report.reason.startswith("interrupted (SIGTERM)"):
@@ -165,10 +162,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.json:
-        _print_json(est.model_dump(mode="json"))
-    else:
-        print(render.estimate_text(est))
+    _show(args, est, render.estimate_text)
     return EXIT_OK if est.fits in (True, None) else EXIT_FAIL
 
 
@@ -183,10 +177,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
                                   headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.json:
-        _print_json(report.model_dump(mode="json"))
-    else:
-        print(render.suggest_text(report))
+    _show(args, report, render.suggest_text)
     return EXIT_OK if report.candidates else EXIT_FAIL
 
 

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from .catalog.gpus import gpu_catalog
 from .catalog.models import catalog, names_a_file
-from .config.load import MAX_BYTES, check_path
+from .config.files import MAX_BYTES, check_path
 from .estimate import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport

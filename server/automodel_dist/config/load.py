@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ from typing import Any
 import yaml
 
 from ..report import Finding
+from .files import MAX_BYTES, check_path
 from .values import translate_value
 
-MAX_BYTES = 1 << 20  # 1 MiB: far above any real recipe (the largest AutoModel example is ~12 KiB)
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
 MAX_DEPTH = 64
 
@@ -330,28 +329,6 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         return doc
     doc.data = apply_value_semantics(raw, doc)
     return doc
-
-
-def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
-               allowed_roots: list[Path] | None = None) -> Finding | None:
-    """Why ``path`` may not be read as a config: not a regular file, too large, outside the allowed roots."""
-    p = Path(path)
-    if "\x00" in str(p):
-        return _err("file-unreadable", "the path contains a NUL byte")
-    try:
-        st = p.stat()
-    except OSError as exc:
-        return _err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}")
-    if not stat.S_ISREG(st.st_mode):
-        return _err("file-unreadable", f"{p} is not a regular file")
-    if allowed_roots is not None:
-        real = p.resolve()
-        if not any(real.is_relative_to(r.resolve()) for r in allowed_roots):
-            return _err("file-not-allowed", f"{p} is outside the allowed roots "
-                        f"({', '.join(str(r) for r in allowed_roots)})")
-    if st.st_size > max_bytes:
-        return _err("yaml-too-large", f"{p} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit")
-    return None
 
 
 def load_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,

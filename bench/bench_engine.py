@@ -122,6 +122,8 @@ def main() -> None:
         big = [r for r, (_, w) in zip(ratios, CONFIGS.values()) if w >= 64]
         print(f"speed-up, warm: median {statistics.median(ratios):.0f}x over all configs; "
               f"median {statistics.median(big):.0f}x at >= 64 ranks (goal >= 100x)")
+        print(f"all {len(ours_all)} configs one after another: ours {sum(ours_all):.2f} ms, AutoModel "
+              f"{sum(theirs_all):.1f} ms, {sum(theirs_all) / sum(ours_all):.0f}x")
         text, world = CONFIGS["hsdp cp2 tp4 (64)"]
         ours_cold = cold(f"from automodel_dist import validate_config; validate_config({text!r}, world_size={world})")
         theirs_cold = cold(

@@ -13,6 +13,6 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 _pip() { python -m pip install -q --disable-pip-version-check "$@"; }
 python -c "import torch, numpy" 2>/dev/null || _pip "torch==${TORCH_VERSION:-2.13.0}" numpy
-_pip -e ".[test]"
+_pip -e ".[test]" -c constraints.txt   # constraints: see the file
 python -c "import nemo_automodel" 2>/dev/null || _pip --no-deps "nemo-automodel==0.7.0" packaging
 python -c "import automodel_dist, torch; print('automodel-dist ready (torch', torch.__version__ + ')')"

@@ -77,18 +77,22 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
                           capture_output=True, text=True, timeout=60, cwd=project)
     assert bare.returncode == 2 and str(skill) in bare.stderr, bare.stderr
 
-    # the installed copy of the MCP server itself starts and answers (its own code, not this checkout's)
+    # the installed copy of the MCP server itself starts and answers (its own code, not this checkout's),
+    # through the stdio relay agents spawn (automodel-dist-mcp) with the installed copy's recording
     from mcp import Client, StdioServerParameters
 
     async def main() -> tuple[list[str], bool]:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "automodel_dist.mcp_server"],
+        relay = f'exec "{sys.executable}" -m automodel_dist.mcp_stdio 2>"{errlog}"'
+        params = StdioServerParameters(command="/bin/sh", args=["-c", relay],
                                        env={**os.environ, "PYTHONPATH": str(skill / "server")}, cwd=str(project))
         async with Client(params) as client:
             tools = [t.name for t in (await client.list_tools()).tools]
             r = await client.call_tool("validate_config", {"config_path": str(example), "world_size": 8})
             return tools, r.structured_content["valid"]
 
+    errlog = project / "mcp-stderr.txt"
     tools, valid = anyio.run(main)
+    assert "fast start off" not in errlog.read_text()  # the installed recording was used
     assert {"validate_config", "build_mesh", "suggest_strategy", "run_smoke_test"} <= set(tools)
     assert valid
     which = subprocess.run([sys.executable, "-c", "import automodel_dist; print(automodel_dist.__file__)"],

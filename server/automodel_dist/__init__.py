@@ -5,14 +5,14 @@ The engine is pure Python; torch is imported only by ``run_smoke_test`` (and onl
 
 from __future__ import annotations
 
-from typing import Any
-
-from .report import ConfigError, Finding, MeshReport, ValidationReport
-
 __version__ = "0.1.0"
 AUTOMODEL_VERSION = "0.7.0"
 
 _LAZY = {
+    "ConfigError": ("automodel_dist.report", "ConfigError"),
+    "Finding": ("automodel_dist.report", "Finding"),
+    "MeshReport": ("automodel_dist.report", "MeshReport"),
+    "ValidationReport": ("automodel_dist.report", "ValidationReport"),
     "validate_config": ("automodel_dist.api", "validate_config"),
     "build_mesh": ("automodel_dist.api", "build_mesh"),
     "run_smoke_test": ("automodel_dist.smoke", "run_smoke_test"),
@@ -21,8 +21,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import the engine on first use (keeps ``import automodel_dist`` and MCP start-up fast)."""
+def __getattr__(name: str) -> object:
+    """Import the engine and its report models on first use (``import automodel_dist`` loads no pydantic)."""
     if name in _LAZY:
         import importlib
 

@@ -182,11 +182,9 @@ def cmd_suggest(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .mcp_server import serve
+    from .mcp_stdio import run
 
-    serve("stdio" if args.transport == "stdio" else "http", host=args.host, port=args.port,
-          allowed_hosts=args.allowed_host, allowed_roots=args.allow_root)
-    return EXIT_OK
+    return run(args)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -309,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     su.set_defaults(func=cmd_suggest)
 
     sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")
-    from .mcp_server import add_serve_arguments
+    from .mcp_stdio import add_serve_arguments
 
     add_serve_arguments(sv)
     sv.set_defaults(func=cmd_serve)

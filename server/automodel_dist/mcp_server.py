@@ -1,10 +1,11 @@
 """The MCP server (official ``mcp`` SDK, v2 API): the engine's functions as typed tools.
 
-Start-up imports only the SDK and the report models (no torch, no rule table): ``tools/list``
-answers within about a second of spawn; the engine loads on the first tool call. torch is imported
-by the smoke runner's processes alone. Invalid configs come back
-as findings (structured content), never as protocol errors; bad arguments come back as error
-results and the server keeps serving.
+Start-up imports only the SDK and the report models (no torch, no rule table); the engine loads on
+the first tool call and torch only in the smoke runner's processes. On stdio, ``automodel-dist-mcp``
+(:mod:`automodel_dist.mcp_stdio`) runs this server as its child and answers the handshake from the
+recording in :mod:`automodel_dist.mcp_snapshot` while the SDK imports. Invalid configs come back as
+findings (structured content), never as protocol errors; bad arguments come back as error results
+and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .catalog.gpus import gpu_catalog
 from .catalog.models import catalog, names_a_file
 from .config.files import MAX_BYTES, check_path
 from .estimate import Estimate
+from .mcp_stdio import add_serve_arguments
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
 from .suggestion import SuggestReport
@@ -356,17 +358,10 @@ def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000
     server.run("streamable-http", host=host, port=port, transport_security=security)
 
 
-def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--allowed-host", action="append", default=[], help="extra Host header allowed over HTTP")
-    ap.add_argument("--allow-root", action="append", default=[],
-                    help="only read config_path files under these directories (repeatable)")
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="automodel-dist-mcp", description="MCP server for NeMo AutoModel configs")
+    """The SDK server in this process (``automodel-dist-mcp`` is :func:`automodel_dist.mcp_stdio.main`)."""
+    ap = argparse.ArgumentParser(prog="python -m automodel_dist.mcp_server",
+                                 description="MCP server for NeMo AutoModel configs (no fast start)")
     add_serve_arguments(ap)
     args = ap.parse_args(argv)
     serve("stdio" if args.transport == "stdio" else "http", host=args.host, port=args.port,

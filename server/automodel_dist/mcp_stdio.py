@@ -29,9 +29,11 @@ import sys
 import threading
 from pathlib import Path
 
+from .mcp_snapshot import ENVELOPE_VERSION, load, tools_list
+
 FAST_START_ENV = "AUTOMODEL_DIST_MCP_FAST_START"
 VERIFY_ID = "automodel-dist/fast-start/tools-list-check"
-ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"  # the 2026-07-28 per-request _meta envelope
+_HANDLED = (b"initialize", b"server/discover", b"tools/list")  # methods the relay may answer (+ initialized)
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from automodel_dist.mcp_server import main; sys.exit(main(sys.argv[2:]))"
 
 
@@ -54,8 +56,6 @@ def fast_start_wanted(args: argparse.Namespace) -> bool:
 def run(args: argparse.Namespace) -> int:
     """Serve as ``args`` say: the relay on stdio when a usable recording exists, else the SDK server here."""
     if fast_start_wanted(args):
-        from .mcp_snapshot import load
-
         snap, why_not = load()
         if snap is None:
             _warn(f"fast start off ({why_not}); the SDK answers the handshake after its import")
@@ -92,6 +92,7 @@ class Relay:
         self.era: str | None = None  # "legacy" (initialize handshake) or "modern" (per-request envelope)
         self.version: str | None = None
         self.init: dict | None = None  # recorded answers, each served while it is trusted
+        self.sent_init: dict | None = None
         self.discover: dict | None = None
         self.tools: dict | None = None
         self.verify_sent = False
@@ -172,8 +173,8 @@ class Relay:
 
     def _answered(self, line: bytes) -> bool:
         """Handle ``line`` here (answer it, and forward it if the server must see it); False: forward it."""
-        if self.decided and self.era is None:
-            return False  # plain relay
+        if self.decided and (self.era is None or not any(m in line for m in _HANDLED)):
+            return False  # plain relay, and no JSON parsing of tool calls (config_yaml may be 1 MiB)
         try:
             msg = json.loads(line)
         except ValueError:
@@ -190,9 +191,11 @@ class Relay:
             if self.era is None:
                 return False
         if self.era == "legacy":
-            if method == "initialize" and has_id and not self.verify_sent and self.init is not None:
+            if method == "initialize" and has_id and self.init is not None:
+                init, self.init = self.init, None  # answered once; a second one is the SDK's to refuse
                 self._expect(msg["id"], "initialize")
-                self._reply(msg["id"], self.init)
+                self.sent_init = init
+                self._reply(msg["id"], init)
                 self._to_server(line)  # the server sees the client's own handshake; its reply is checked
                 return True
             if method == "notifications/initialized" and not has_id and not self.verify_sent:
@@ -217,8 +220,6 @@ class Relay:
 
     def _open(self, method: str, params: dict) -> None:
         """Pick the era from the client's first request, as the SDK does; None: nothing recorded for it."""
-        from .mcp_snapshot import ENVELOPE_VERSION, tools_list
-
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         if method == "initialize":
             version = params.get("protocolVersion")
@@ -260,7 +261,7 @@ class Relay:
             return False
         with self.swallow_lock:
             what = self.swallow.pop(_key(msg["id"]), None)
-        if what == "initialize" and msg.get("result") != self.init:
+        if what == "initialize" and msg.get("result") != self.sent_init:
             _warn("the recorded initialize answer differs from the server's; regenerate it with "
                   "`python -m automodel_dist.mcp_snapshot --write`")
         elif what == "server/discover" and msg.get("result") != self.discover:

@@ -25,10 +25,10 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
 MODERN = "2026-07-28"
 
 
-def envelope(version: str = MODERN) -> dict:
+def envelope(version: str = MODERN, capabilities: dict | None = None) -> dict:
     return {"_meta": {"io.modelcontextprotocol/protocolVersion": version,
                       "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
-                      "io.modelcontextprotocol/clientCapabilities": {}}}
+                      "io.modelcontextprotocol/clientCapabilities": capabilities or {}}}
 
 
 class Wire:
@@ -38,6 +38,7 @@ class Wire:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, env=dict(os.environ, **(env or {})))
         self.others: list[dict] = []
+        self.modern, self.capabilities = False, None
 
     def send(self, msg: dict) -> None:
         assert self.proc.stdin is not None
@@ -56,19 +57,20 @@ class Wire:
             self.others.append(msg)
         raise AssertionError(f"no reply to {msg_id}")
 
-    def handshake(self, version: str = "2025-06-18") -> dict:
+    def handshake(self, version: str = "2025-06-18", capabilities: dict | None = None) -> dict:
         """``initialize`` (handshake era) or ``server/discover`` (2026-07-28 envelope era)."""
-        self.modern = version == MODERN
+        self.modern, self.capabilities = version == MODERN, capabilities
         if self.modern:
-            self.send({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": envelope(version)})
+            self.send({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                       "params": envelope(version, capabilities)})
             return self.reply(1)["result"]
-        self.send(dict(INIT, params=dict(INIT["params"], protocolVersion=version)))
+        self.send(dict(INIT, params=dict(INIT["params"], protocolVersion=version, capabilities=capabilities or {})))
         result = self.reply(1)["result"]
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return result
 
     def request(self, msg_id: object, method: str, params: dict | None = None) -> None:
-        params = dict(params or {}, **(envelope() if self.modern else {}))
+        params = dict(params or {}, **(envelope(MODERN, self.capabilities) if self.modern else {}))
         self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, **({"params": params} if params else {})})
 
     def close(self) -> int:
@@ -251,3 +253,20 @@ def test_malformed_lines_reach_the_sdk_and_the_relay_keeps_serving(tmp_path: Pat
     finally:
         w.proc.kill()
     assert init["instructions"] == "RECORDED"  # junk before it did not turn the fast path off
+
+
+@pytest.mark.parametrize("version", ["2025-11-25", MODERN])
+def test_real_recording_agrees_with_the_server_for_a_rich_client(version: str):
+    """A client declaring roots, sampling and elicitation gets exactly what the SDK would answer."""
+    w = Wire(RELAY)
+    try:
+        w.handshake(version, {"roots": {"listChanged": True}, "sampling": {}, "elicitation": {}})
+        w.request(2, "tools/list")
+        assert len(w.reply(2)["result"]["tools"]) == 7
+        w.request(3, "tools/call", {"name": "list_models", "arguments": {}})
+        assert "result" in w.reply(3)  # by now the check of the recording has come back
+        assert w.close() == 0
+    finally:
+        w.proc.kill()
+    err = w.stderr()
+    assert "differs" not in err and "fast start off" not in err, err

@@ -1,5 +1,8 @@
 """``automodel-dist``: the command line. Thin: parse arguments, call the engine, render.
 
+The engine and renderers are imported by the commands that use them (``serve`` and ``--help``
+load neither).
+
 Exit codes: 0 ok/valid/passed, 1 invalid config or failed layout, 2 usage error or unreadable input.
 """
 
@@ -8,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import render
-from .api import build_layout, mesh_report, validate_config
-from .report import ConfigError, ValidationReport
+if TYPE_CHECKING:
+    from .report import ValidationReport
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 _UNREADABLE = {"file-unreadable", "file-not-allowed"}
@@ -51,29 +53,37 @@ def _unreadable(report: ValidationReport) -> bool:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
+    from .api import validate_config
+
     report = validate_config(_config_arg(args.file), world_size=args.world_size, nodes=args.nodes,
                              gpus_per_node=args.gpus_per_node, model=args.model)
-    _show(args, report, render.validation_text)
+    _show(args, report, "validation_text")
     if _unreadable(report):
         return EXIT_USAGE
     return EXIT_OK if report.valid else EXIT_FAIL
 
 
-def _show(args: argparse.Namespace, report: Any, text: Callable[[Any], str]) -> None:
-    """Print a report: its JSON with --json, else ``text(report)``."""
+def _show(args: argparse.Namespace, report: Any, renderer: str) -> None:
+    """Print a report: its JSON with --json, else ``render.<renderer>(report)``."""
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
-        print(text(report))
+        from . import render
+
+        print(getattr(render, renderer)(report))
 
 
 def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
     """Print an invalid config's findings (text or --json); its exit status."""
-    _show(args, report, render.validation_text)
+    _show(args, report, "validation_text")
     return EXIT_USAGE if _unreadable(report) else EXIT_FAIL
 
 
 def cmd_mesh(args: argparse.Namespace) -> int:
+    from . import render
+    from .api import build_layout, mesh_report
+    from .report import ConfigError
+
     try:
         lay, vreport = build_layout(_config_arg(args.file), world_size=args.world_size,
                                     gpus_per_node=args.gpus_per_node)
@@ -142,7 +152,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                                 progress=None if args.json or args.quiet else _ProgressLine(), **overrides)
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
-    _show(args, report, render.smoke_text)
+    _show(args, report, "smoke_text")
     if report.reason and report.reason.startswith("interrupted (SIGINT)"):
         return 130
     if report.reason and report.reason.startswith("interrupted (SIGTERM)"):
@@ -152,6 +162,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_memory
+    from .report import ConfigError
 
     try:
         est = estimate_memory(_config_arg(args.file), model=args.model, world_size=args.world_size, nodes=args.nodes,
@@ -162,7 +173,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    _show(args, est, render.estimate_text)
+    _show(args, est, "estimate_text")
     return EXIT_OK if est.fits in (True, None) else EXIT_FAIL
 
 
@@ -177,7 +188,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
                                   headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    _show(args, report, render.suggest_text)
+    _show(args, report, "suggest_text")
     return EXIT_OK if report.candidates else EXIT_FAIL
 
 

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from automodel_dist import mcp_snapshot
-from automodel_dist.mcp_snapshot import SNAPSHOT_ENV, SNAPSHOT_PATH, installed_versions, load, tools_list
+from automodel_dist.mcp_snapshot import LIST_METHODS, SNAPSHOT_ENV, SNAPSHOT_PATH, installed_versions, listed, load
 
 RELAY = [sys.executable, "-m", "automodel_dist.mcp_stdio"]
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -106,8 +106,13 @@ def _doctored(tmp_path: Path, **changes) -> Path:
         if "instructions" in changes:
             answer["instructions"] = changes["instructions"]
     if "drop_tool" in changes:
-        for tl in snap["tools_lists"]:
-            tl["tools"] = [t for t in tl["tools"] if t["name"] != changes["drop_tool"]]
+        for result in snap["results"]:
+            if "tools" in result:
+                result["tools"] = [t for t in result["tools"] if t["name"] != changes["drop_tool"]]
+    if "fake_prompt" in changes:
+        for result in snap["results"]:
+            if "prompts" in result:
+                result["prompts"] = [{"name": changes["fake_prompt"]}]
     snap["versions"].update(changes.get("versions") or {})
     path = tmp_path / "snapshot.json"
     path.write_text(json.dumps(snap))
@@ -127,7 +132,9 @@ def test_recording_matches_the_live_server():
         "stale: run python -m automodel_dist.mcp_snapshot --write"
     for version, init in snap["initialize"].items():
         assert init["protocolVersion"] == version
-        assert len(tools_list(snap, version)["tools"]) == 7
+    for version in [*snap["initialize"], *snap["discover"]]:
+        lists = listed(snap, version)
+        assert set(lists) == set(LIST_METHODS) and len(lists["tools/list"]["tools"]) == 7
 
 
 @pytest.mark.parametrize("version", ["2024-11-05", "2025-11-25", MODERN])
@@ -143,6 +150,10 @@ def test_relay_answers_from_recording_and_relays_the_rest(tmp_path: Path, versio
             "name": "build_mesh", "arguments": {"config_yaml": "tp_size: 2\n", "world_size": 4, "ranks": [3]}})
         result = w.reply("three")["result"]
         assert result["structuredContent"]["mesh"]["rank_groups"]["3"]["tp"] == [2, 3]
+        for i, (method, key) in enumerate((("prompts/list", "prompts"), ("resources/list", "resources"),
+                                           ("resources/templates/list", "resourceTemplates")), 10):
+            w.request(i, method)
+            assert w.reply(i)["result"][key] == []
         if not w.modern:
             w.request(4, "ping")
             assert w.reply(4)["result"] == {}
@@ -174,7 +185,7 @@ def test_stale_tool_list_is_corrected(tmp_path: Path, version: str):
         assert w.close() == 0
     finally:
         w.proc.kill()
-    assert "recorded tool list differs" in w.stderr()
+    assert "recorded tools/list answer differs" in w.stderr()
 
 
 @pytest.mark.parametrize("case", ["other-versions", "unrecorded-protocol", "disabled"])
@@ -270,3 +281,22 @@ def test_real_recording_agrees_with_the_server_for_a_rich_client(version: str):
         w.proc.kill()
     err = w.stderr()
     assert "differs" not in err and "fast start off" not in err, err
+
+
+def test_stale_prompt_list_is_corrected(tmp_path: Path):
+    w = Wire(RELAY, {SNAPSHOT_ENV: str(_doctored(tmp_path, fake_prompt="recorded-only"))})
+    try:
+        w.handshake(MODERN)
+        w.request(2, "prompts/list")
+        assert [p["name"] for p in w.reply(2)["result"]["prompts"]] == ["recorded-only"]  # from the recording
+        deadline = time.time() + 60
+        while not any(m.get("method") == "notifications/prompts/list_changed" for m in w.others):
+            assert time.time() < deadline
+            w.request(5, "tools/call", {"name": "list_models", "arguments": {}})
+            w.reply(5)
+        w.request(6, "prompts/list")
+        assert w.reply(6)["result"]["prompts"] == []  # the server's own answer from now on
+        assert w.close() == 0
+    finally:
+        w.proc.kill()
+    assert "recorded prompts/list answer differs" in w.stderr()

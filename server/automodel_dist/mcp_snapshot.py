@@ -1,7 +1,7 @@
 """The MCP server's handshake answers, recorded from the real server, so stdio can answer at once.
 
-``initialize``, ``server/discover`` and ``tools/list`` results depend on nothing but the code, the
-``mcp`` SDK and pydantic; the SDK's own import takes most of a second. ``mcp_snapshot.json``
+``initialize``, ``server/discover`` and the list results (tools, prompts, resources, resource
+templates) depend on nothing but the code, the ``mcp`` SDK and pydantic; the SDK's own import takes most of a second. ``mcp_snapshot.json``
 records what the real server (``python -m automodel_dist.mcp_server``) answers at every protocol
 version (the ``initialize`` handshake era and the 2026-07-28 per-request-envelope era), with the
 versions that produced it. :mod:`automodel_dist.mcp_stdio` serves it only when
@@ -60,7 +60,7 @@ def load(path: Path | None = None) -> tuple[dict | None, str]:
     except (OSError, ValueError) as exc:
         return None, f"no usable recording at {path}: {exc}"
     if not isinstance(snap, dict) or not all(isinstance(snap.get(k), dict) for k in (
-            "initialize", "discover", "tools_list", "versions")) or not isinstance(snap.get("tools_lists"), list):
+            "initialize", "discover", "lists", "versions")) or not isinstance(snap.get("results"), list):
         return None, f"{path} is not a recording"
     versions = dict(installed_versions(), automodel_dist=_own_version())
     if snap["versions"] != versions:
@@ -98,26 +98,29 @@ def _spawn():  # noqa: ANN202
                             text=True, bufsize=1)
 
 
-def _handshake(pv: str) -> tuple[dict, dict]:
-    """``initialize`` then ``tools/list`` at a handshake-era version."""
+LIST_METHODS = ("tools/list", "prompts/list", "resources/list", "resources/templates/list")  # asked at connect
+
+
+def _handshake(pv: str) -> tuple[dict, dict[str, dict]]:
+    """``initialize`` then every list method at a handshake-era version."""
     proc = _spawn()
     try:
         init = _call(proc, 1, "initialize", {"protocolVersion": pv, "capabilities": {},
                                              "clientInfo": {"name": "snapshot", "version": "0"}})
         proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
-        return init, _call(proc, 2, "tools/list")
+        return init, {m: _call(proc, i, m) for i, m in enumerate(LIST_METHODS, 2)}
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
 
 
-def _discover(pv: str) -> tuple[dict, dict]:
-    """``server/discover`` then ``tools/list`` at a modern (per-request envelope) version."""
+def _discover(pv: str) -> tuple[dict, dict[str, dict]]:
+    """``server/discover`` then every list method at a modern (per-request envelope) version."""
     meta = {"_meta": {ENVELOPE_VERSION: pv, "io.modelcontextprotocol/clientInfo": {"name": "snapshot", "version": "0"},
                       "io.modelcontextprotocol/clientCapabilities": {}}}
     proc = _spawn()
     try:
-        return _call(proc, 1, "server/discover", meta), _call(proc, 2, "tools/list", meta)
+        return _call(proc, 1, "server/discover", meta), {m: _call(proc, i, m, meta) for i, m in enumerate(LIST_METHODS, 2)}
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
@@ -127,25 +130,30 @@ def generate() -> dict:
     """Record the real server's answers for every protocol version the SDK speaks (both eras)."""
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
-    init, discover, tools = {}, {}, {}
+    init, discover, lists = {}, {}, {}
     for pv in HANDSHAKE_PROTOCOL_VERSIONS:
-        init[pv], tools[pv] = _handshake(pv)
+        init[pv], lists[pv] = _handshake(pv)
     for pv in MODERN_PROTOCOL_VERSIONS:
-        discover[pv], tools[pv] = _discover(pv)
-    distinct: list[dict] = []
-    for result in tools.values():  # often the same for several versions: stored once
-        if result not in distinct:
-            distinct.append(result)
+        discover[pv], lists[pv] = _discover(pv)
+    results: list[dict] = []  # each distinct answer once (most are the same at every version)
+    index: dict[str, dict[str, int]] = {m: {} for m in LIST_METHODS}
+    for pv, answers in lists.items():
+        for method, result in answers.items():
+            if result not in results:
+                results.append(result)
+            index[method][pv] = results.index(result)
     return {"versions": dict(installed_versions(), automodel_dist=_own_version()), "initialize": init,
-            "discover": discover, "tools_list": {pv: distinct.index(r) for pv, r in tools.items()},
-            "tools_lists": distinct}
+            "discover": discover, "lists": index, "results": results}
 
 
-def tools_list(snap: dict, protocol_version: str) -> dict | None:
-    """The recorded ``tools/list`` result for ``protocol_version``, if any."""
-    index = snap["tools_list"].get(protocol_version)
-    lists = snap["tools_lists"]
-    return lists[index] if isinstance(index, int) and 0 <= index < len(lists) else None
+def listed(snap: dict, protocol_version: str) -> dict[str, dict]:
+    """The recorded answer of each list method at ``protocol_version``."""
+    out = {}
+    for method, by_version in snap["lists"].items():
+        i = by_version.get(protocol_version) if isinstance(by_version, dict) else None
+        if isinstance(i, int) and 0 <= i < len(snap["results"]) and isinstance(snap["results"][i], dict):
+            out[method] = snap["results"][i]
+    return out
 
 
 def dumps(snap: dict) -> str:

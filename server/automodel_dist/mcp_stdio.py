@@ -3,12 +3,13 @@
 The official SDK's own import takes most of a second, and more on a busy machine. On stdio this
 process therefore starts the real server (:mod:`automodel_dist.mcp_server`, the SDK's
 ``MCPServer``) as a child at once and relays lines both ways; while the child imports, it answers
-``initialize`` / ``server/discover`` and ``tools/list`` itself from
+``initialize`` / ``server/discover`` and the list requests clients send at connect (``tools/list``,
+``prompts/list``, ``resources/list``, ``resources/templates/list``) itself from
 :mod:`automodel_dist.mcp_snapshot`, the answers recorded from that same server. The child still
 receives the client's handshake (its replies are compared with the recording and dropped), every
-other message goes to it unchanged, and after the first answer the relay asks the child for its
-tool list: if that differs from the recording, the client gets
-``notifications/tools/list_changed`` and every later ``tools/list`` goes to the child. Only stdlib
+other message goes to it unchanged, and after the first answer the relay asks the child for each
+recorded list: one that differs is dropped from the recording, the client gets the matching
+``notifications/<kind>/list_changed``, and the child answers that list from then on. Only stdlib
 is imported here.
 
 The recording is used only when the installed ``mcp``, ``mcp-types``, ``pydantic`` and
@@ -29,11 +30,13 @@ import sys
 import threading
 from pathlib import Path
 
-from .mcp_snapshot import ENVELOPE_VERSION, load, tools_list
+from .mcp_snapshot import ENVELOPE_VERSION, listed, load
 
 FAST_START_ENV = "AUTOMODEL_DIST_MCP_FAST_START"
-VERIFY_ID = "automodel-dist/fast-start/tools-list-check"
-_HANDLED = (b"initialize", b"server/discover", b"tools/list")  # methods the relay may answer (+ initialized)
+VERIFY_ID = "automodel-dist/fast-start/check"
+_HANDLED = (b"initialize", b"server/discover", b"/list")  # methods the relay may answer (+ initialized)
+_CHANGED = {"tools/list": "tools", "prompts/list": "prompts", "resources/list": "resources",
+            "resources/templates/list": "resources"}  # notifications/<x>/list_changed when a recording is stale
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from automodel_dist.mcp_server import main; sys.exit(main(sys.argv[2:]))"
 
 
@@ -94,7 +97,7 @@ class Relay:
         self.init: dict | None = None  # recorded answers, each served while it is trusted
         self.sent_init: dict | None = None
         self.discover: dict | None = None
-        self.tools: dict | None = None
+        self.lists: dict[str, dict] = {}  # list method -> recorded result
         self.verify_sent = False
 
     # -- process --------------------------------------------------------------------------------
@@ -213,8 +216,9 @@ class Relay:
                 self._reply(msg["id"], self.discover)
                 self._to_server(line)
                 return True
-        if method == "tools/list" and has_id and self.tools is not None and params.get("cursor") is None:
-            self._reply(msg["id"], self.tools)
+        recorded = self.lists.get(method) if isinstance(method, str) else None  # .get: the server thread may drop it
+        if recorded is not None and has_id and params.get("cursor") is None:
+            self._reply(msg["id"], recorded)
             return True
         return False
 
@@ -230,18 +234,17 @@ class Relay:
             self.era, self.version = "modern", meta[ENVELOPE_VERSION]
             self.discover = self.snap["discover"][self.version]
         if self.era is not None:
-            self.tools = tools_list(self.snap, self.version)
+            self.lists = listed(self.snap, self.version)
 
     def _verify(self, params: dict | None) -> None:
-        """Ask the server for its tool list once (the reply is compared with the recording, not relayed)."""
+        """Ask the server once for each recorded list (its replies are compared, not relayed)."""
         self.verify_sent = True
-        if self.tools is None:
-            return
-        msg: dict = {"jsonrpc": "2.0", "id": VERIFY_ID, "method": "tools/list"}
-        if params is not None:
-            msg["params"] = params
-        self._expect(VERIFY_ID, "tools/list")
-        self._to_server(json.dumps(msg).encode() + b"\n")
+        for method in list(self.lists):
+            msg: dict = {"jsonrpc": "2.0", "id": f"{VERIFY_ID}:{method}", "method": method}
+            if params is not None:
+                msg["params"] = params
+            self._expect(msg["id"], method)
+            self._to_server(json.dumps(msg).encode() + b"\n")
 
     # -- server -> client -------------------------------------------------------------------------
     def _from_server(self) -> None:
@@ -268,11 +271,13 @@ class Relay:
             self.discover = None  # from now on the server answers server/discover itself
             _warn("the recorded server/discover answer differs from the server's; regenerate it with "
                   "`python -m automodel_dist.mcp_snapshot --write`")
-        elif what == "tools/list" and msg.get("result") != self.tools:
-            self.tools = None  # from now on the server answers tools/list itself
-            _warn("the recorded tool list differs from the server's; sent notifications/tools/list_changed "
+        elif what in self.lists and msg.get("result") != self.lists[what]:
+            del self.lists[what]  # from now on the server answers it itself
+            kind = _CHANGED.get(what, "tools")
+            _warn(f"the recorded {what} answer differs from the server's; sent notifications/{kind}/list_changed "
                   "(regenerate it with `python -m automodel_dist.mcp_snapshot --write`)")
-            self._to_client(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
+            self._to_client(json.dumps({"jsonrpc": "2.0", "method": f"notifications/{kind}/list_changed"}).encode()
+                            + b"\n")
         return what is not None
 
 

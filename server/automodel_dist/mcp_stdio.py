@@ -223,7 +223,7 @@ class Relay:
         return False
 
     def _open(self, method: str, params: dict) -> None:
-        """Pick the era from the client's first request, as the SDK does; None: nothing recorded for it."""
+        """Pick the era from the client's first request, as the SDK does (it stays None if nothing is recorded)."""
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         if method == "initialize":
             version = params.get("protocolVersion")

@@ -45,7 +45,8 @@ MAX_PARAMS = _env_int("AUTOMODEL_DIST_MAX_SMOKE_PARAMS", 50_000_000)
 MAX_CONCURRENT = _env_int("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", 2)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PG_TIMEOUT_S = 60.0
-FAULT_KINDS = ("crash", "hang", "skew")
+FAULT_KINDS = ("crash", "hang", "skew", "stall")  # stall: never exits after publishing its result (STEP unused)
+TEARDOWN_GRACE_S = 20.0  # once every rank has published its result, the ranks get this long to exit
 _ACTIVE: set[subprocess.Popen] = set()
 _ACTIVE_LOCK = threading.Lock()
 _SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
@@ -61,15 +62,15 @@ class Cancelled(Exception):
 
 # --------------------------------------------------------------------------- faults
 def parse_fault(fault: str | dict | None) -> dict | None:
-    """``crash@RANK:STEP``, ``hang@RANK:STEP`` or ``skew@RANK:STEP`` -> {kind, rank, step}."""
+    """``crash@RANK:STEP``, ``hang@RANK:STEP``, ``skew@RANK:STEP`` or ``stall@RANK:0`` -> {kind, rank, step}."""
     if fault is None or isinstance(fault, dict):
         return fault
     try:
         kind, where = fault.split("@", 1)
         rank, step = (int(x) for x in where.split(":", 1))
     except ValueError as exc:
-        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP or skew@RANK:STEP, "
-                              f"got {fault!r}") from exc
+        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP or "
+                              f"stall@RANK:0, got {fault!r}") from exc
     if kind not in FAULT_KINDS or rank < 0 or step < 0:
         raise SmokeUsageError(f"unknown fault {fault!r}; use {', '.join(k + '@RANK:STEP' for k in FAULT_KINDS)}")
     return {"kind": kind, "rank": rank, "step": step}
@@ -408,10 +409,17 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
         with _ACTIVE_LOCK:
             _ACTIVE.add(proc)
         offset = 0
+        published_at: float | None = None
+        stuck_teardown = False
         try:
             while True:
                 offset = _pump_progress(run_dir / "progress.jsonl", offset, notify)
                 if proc.poll() is not None:
+                    break
+                if published_at is None and _all_published(run_dir, plan.world_size):
+                    published_at = time.time()
+                if published_at is not None and time.time() - published_at > TEARDOWN_GRACE_S:
+                    stuck_teardown = True  # every result is in; a rank's process-group teardown hangs
                     break
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
@@ -432,14 +440,22 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
                 _ACTIVE.discard(proc)
         _pump_progress(run_dir / "progress.jsonl", offset, notify)
     total = time.time() - t0
-    report = _collect(plan, run_dir, proc.returncode, total=total, t0=t0, timed_out=timed_out,
-                      interrupted=interrupted, timeout_s=timeout_s)
+    report = _collect(plan, run_dir, 0 if stuck_teardown else proc.returncode, total=total, t0=t0,
+                      timed_out=timed_out, interrupted=interrupted, timeout_s=timeout_s)
+    if stuck_teardown:
+        report.notes.append(f"every rank published its result, but rank process(es) had not exited "
+                            f"{TEARDOWN_GRACE_S:.0f}s later (process-group teardown); they were stopped, "
+                            "which does not change the results")
     report.launcher = launcher
     report.command = single
     report.multinode_command = multi
     report.srun_command = srun
     notify("done", plan.spec["steps"], plan.spec["steps"], "passed" if report.passed else f"failed: {report.reason}")
     return report
+
+
+def _all_published(run_dir: Path, world: int) -> bool:
+    return all((run_dir / f"rank{r}.json").exists() for r in range(world))
 
 
 def _pump_progress(path: Path, offset: int, notify: ProgressFn) -> int:
@@ -515,7 +531,8 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
             if rk.state == "terminated":
                 rk.state = "hung"
     hung = [rk.rank for rk in ranks if rk.state == "hung"]
-    if interrupted or timed_out or failed or len(results) < world or returncode:
+    stopped = [rk.rank for rk in ranks if rk.state == "terminated"]
+    if interrupted or timed_out or failed or stopped or len(results) < world or returncode:
         real = sorted((rk for rk in ranks if rk.state == "failed" and not _collateral(rk.error)),
                       key=lambda rk: results.get(rk.rank, {}).get("t_error", 0))
         waiting = [rk.rank for rk in ranks if rk.state == "failed" and _collateral(rk.error)]
@@ -540,6 +557,8 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
         elif waiting:
             root = next(rk for rk in ranks if rk.rank == waiting[0])
             reason = f"rank {root.rank} failed: {root.error}"
+        elif stopped:
+            reason = f"rank(s) {stopped} were stopped from outside before they finished (last progress: {last})"
         else:
             missing = sorted(set(range(world)) - set(results))
             reason = f"torchrun exited with code {returncode} and rank(s) {missing} left no result"

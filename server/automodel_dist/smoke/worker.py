@@ -17,6 +17,7 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,9 @@ def _peak_rss_mib() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
 
-def run(spec: dict[str, Any], t_start: float = T_START) -> dict[str, Any]:
+def run(spec: dict[str, Any], t_start: float = T_START,
+        publish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One rank's smoke run; ``publish`` gets the result before the process group is torn down."""
     from ._exec import set_pdeathsig
 
     set_pdeathsig()  # die with torchrun, whatever happens to it
@@ -281,6 +284,10 @@ def run(spec: dict[str, Any], t_start: float = T_START) -> dict[str, Any]:
         result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     progress("compare", message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients "
              f"{worst_t[1].item():.2e}")
+    if publish is not None:  # before teardown: a teardown that hangs cannot hold the result back
+        publish(result)
+    if (spec.get("fault") or {}).get("kind") == "stall" and spec["fault"].get("rank") == rank:
+        time.sleep(10**9)  # injected: this rank never exits (the launcher's teardown grace stops it)
     dist.barrier()
     dist.destroy_process_group()
     return result
@@ -348,8 +355,16 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
     out_dir = Path(spec.get("run_dir") or Path(spec_path).parent)
+    published: list[dict[str, Any]] = []
+
+    def publish(res: dict[str, Any]) -> None:
+        tmp = out_dir / f"rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(res))
+        tmp.replace(out_dir / f"rank{rank}.json")
+        published.append(res)
+
     try:
-        result = run(spec, t_start)
+        result = run(spec, t_start, publish)
         code = 0
     except BaseException as exc:  # noqa: BLE001 - report every failure, then exit non-zero
         if type(exc).__name__ in ("SignalException", "KeyboardInterrupt", "SystemExit"):
@@ -361,9 +376,10 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
                       "t_error": time.time(), "t_start": t_start, "where": dict(_WHERE)}
             _Progress(spec.get("progress_file"), rank)("error", message=result["error"], force=True)
         code = 1
-    tmp = out_dir / f"rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.replace(out_dir / f"rank{rank}.json")
+        if published and "terminated" in result:
+            return code  # stopped during teardown (the launcher's grace period): the published result stands
+    if not published or code:
+        publish(result)  # an error during teardown replaces the published result
     return code
 
 

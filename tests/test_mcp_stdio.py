@@ -73,6 +73,14 @@ class Wire:
         params = dict(params or {}, **(envelope(MODERN, self.capabilities) if self.modern else {}))
         self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, **({"params": params} if params else {})})
 
+    def wait_for(self, method: str, timeout: float = 60) -> None:
+        """Make calls until the server has sent notification ``method``."""
+        deadline = time.time() + timeout
+        while not any(m.get("method") == method for m in self.others):
+            assert time.time() < deadline, f"no {method}"
+            self.request("wait", "tools/call", {"name": "list_models", "arguments": {}})
+            self.reply("wait")
+
     def close(self) -> int:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
@@ -174,11 +182,7 @@ def test_stale_tool_list_is_corrected(tmp_path: Path, version: str):
         w.handshake(version)
         w.request(2, "tools/list")
         first = {t["name"] for t in w.reply(2)["result"]["tools"]}
-        deadline = time.time() + 60
-        while not any(m.get("method") == "notifications/tools/list_changed" for m in w.others):
-            assert time.time() < deadline
-            w.request(5, "tools/call", {"name": "list_models", "arguments": {}})
-            w.reply(5)
+        w.wait_for("notifications/tools/list_changed")
         w.request(6, "tools/list")
         second = {t["name"] for t in w.reply(6)["result"]["tools"]}
         assert "list_models" not in first and "list_models" in second and len(second) == 7
@@ -289,11 +293,7 @@ def test_stale_prompt_list_is_corrected(tmp_path: Path):
         w.handshake(MODERN)
         w.request(2, "prompts/list")
         assert [p["name"] for p in w.reply(2)["result"]["prompts"]] == ["recorded-only"]  # from the recording
-        deadline = time.time() + 60
-        while not any(m.get("method") == "notifications/prompts/list_changed" for m in w.others):
-            assert time.time() < deadline
-            w.request(5, "tools/call", {"name": "list_models", "arguments": {}})
-            w.reply(5)
+        w.wait_for("notifications/prompts/list_changed")
         w.request(6, "prompts/list")
         assert w.reply(6)["result"]["prompts"] == []  # the server's own answer from now on
         assert w.close() == 0

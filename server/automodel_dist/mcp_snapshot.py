@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def load(path: Path | None = None) -> tuple[dict | None, str]:
     return snap, ""
 
 
-def _call(proc, msg_id: int, method: str, params: dict | None = None) -> dict:  # noqa: ANN001
+def _call(proc: subprocess.Popen[str], msg_id: int, method: str, params: dict | None = None) -> dict:
     """One JSON-RPC request over ``proc``'s stdio; its result."""
     msg: dict = {"jsonrpc": "2.0", "id": msg_id, "method": method}
     if params is not None:
@@ -90,9 +91,7 @@ def _call(proc, msg_id: int, method: str, params: dict | None = None) -> dict:  
 ENVELOPE_VERSION = "io.modelcontextprotocol/protocolVersion"  # the 2026-07-28 per-request _meta envelope
 
 
-def _spawn():  # noqa: ANN202
-    import subprocess
-
+def _spawn() -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "automodel_dist.mcp_server", "--no-fast-start"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, bufsize=1)

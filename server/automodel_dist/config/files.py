@@ -11,8 +11,9 @@ from ..report import Finding
 MAX_BYTES = 1 << 20  # 1 MiB: far above any real recipe (the largest AutoModel example is ~12 KiB)
 
 
-def _err(rule: str, message: str) -> Finding:
-    return Finding(rule=rule, severity="error", path="<root>", line=None, message=message)
+def _err(rule: str, message: str, *, line: int | None = None, path: str = "<root>", fix: str | None = None,
+         severity: str = "error") -> Finding:
+    return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
 def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..report import Finding
-from .files import MAX_BYTES, check_path
+from .files import MAX_BYTES, _err, check_path
 from .values import translate_value
 
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
@@ -81,11 +81,6 @@ def _dotted(path: PathKey) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "<root>"
-
-
-def _err(rule: str, message: str, *, line: int | None = None, path: str = "<root>", fix: str | None = None,
-         severity: str = "error") -> Finding:
-    return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
 class _Builder:

@@ -94,8 +94,7 @@ class Relay:
         self.decided = False  # the client's first request has been seen
         self.era: str | None = None  # "legacy" (initialize handshake) or "modern" (per-request envelope)
         self.version: str | None = None
-        self.init: dict | None = None  # recorded answers, each served while it is trusted
-        self.sent_init: dict | None = None
+        self.init: dict | None = None  # recorded answers, each served while it is trusted (init: once)
         self.discover: dict | None = None
         self.lists: dict[str, dict] = {}  # list method -> recorded result
         self.verify_sent = False
@@ -197,7 +196,6 @@ class Relay:
             if method == "initialize" and has_id and self.init is not None:
                 init, self.init = self.init, None  # answered once; a second one is the SDK's to refuse
                 self._expect(msg["id"], "initialize")
-                self.sent_init = init
                 self._reply(msg["id"], init)
                 self._to_server(line)  # the server sees the client's own handshake; its reply is checked
                 return True
@@ -264,7 +262,7 @@ class Relay:
             return False
         with self.swallow_lock:
             what = self.swallow.pop(_key(msg["id"]), None)
-        if what == "initialize" and msg.get("result") != self.sent_init:
+        if what == "initialize" and msg.get("result") != self.snap["initialize"].get(self.version):
             _warn("the recorded initialize answer differs from the server's; regenerate it with "
                   "`python -m automodel_dist.mcp_snapshot --write`")
         elif what == "server/discover" and msg.get("result") != self.discover:

@@ -17,7 +17,7 @@ from .config.values import (
     normalize_activation_checkpointing,
     schedule_class_name,
 )
-from .layout import MAX_LISTED, Layout, infer_dp
+from .layout import MAX_LISTED, Layout, dp_shard_of, infer_dp
 from .report import (
     SEVERITY_ORDER,
     AxisInfo,
@@ -223,7 +223,7 @@ def _resolved(ctx: Context | None) -> Resolved:
         tp = pp = cp = ep = 1
         rep, shard = ctx.dp, 1
     elif ctx.dp is not None and (ctx.strategy != "fsdp2" or ctx.dp % rep == 0):
-        shard = ctx.dp // rep if ctx.strategy == "fsdp2" else ctx.dp
+        shard = dp_shard_of(ctx.strategy, ctx.dp, rep)
     fields: dict[str, Any] = dict(
         strategy=ctx.strategy, activation_checkpointing=ctx.ac, dp=ctx.dp, dp_replicate=rep, dp_shard=shard,
         tp=tp, pp=pp, cp=cp, ep=ep, ep_shard=ctx.ep_shard,

@@ -97,6 +97,11 @@ class Axis:
     dims: tuple[str, ...]
 
 
+def dp_shard_of(strategy: str, dp: int, dp_replicate: int) -> int:
+    """FSDP2 shards over dp // dp_replicate (HSDP); the other strategies shard (or replicate) over all of dp."""
+    return dp // dp_replicate if strategy == "fsdp2" else dp
+
+
 @dataclass
 class Layout:
     """The meshes AutoModel builds for one resolved configuration."""
@@ -153,7 +158,7 @@ class Layout:
 
     @property
     def dp_shard(self) -> int:
-        return self.dp // self.dp_replicate if self.strategy == "fsdp2" else self.dp
+        return dp_shard_of(self.strategy, self.dp, self.dp_replicate)
 
     def device_mesh(self) -> tuple[list[str], list[int]] | None:
         if self._mesh is None:

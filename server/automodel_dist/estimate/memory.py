@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_single_stage
-from ..layout import stage_ids, stage_layer_counts
+from ..layout import dp_shard_of, stage_ids, stage_layer_counts
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -54,7 +54,7 @@ class Parallelism:
 
     @property
     def dp_shard(self) -> int:
-        return self.dp // self.dp_replicate if self.strategy == "fsdp2" else self.dp
+        return dp_shard_of(self.strategy, self.dp, self.dp_replicate)
 
     @property
     def world(self) -> int:

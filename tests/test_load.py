@@ -49,6 +49,20 @@ def test_translate_value_agrees_with_automodel(text):
     assert translate_value(text) == theirs or (theirs != theirs)  # NaN compares unequal
 
 
+_NAME_PARTS = st.sampled_from(["ddp", "fsdp2", "torch", "bfloat16", "None", "True", "false", "none", "if", "not",
+                                "lambda", "__debug__", "_target_", "x1", "1x", "", " ", "\u00e9t\u00e9", "\ufb01",
+                                "b'x'", "r''", "...", "inf", "nan", "e5", "0x1"])
+
+
+@given(st.lists(_NAME_PARTS, min_size=1, max_size=4), st.sampled_from(["", " ", "\t", "  "]))
+def test_translate_value_of_name_like_strings_agrees_with_automodel(parts, lead):
+    """Dotted names skip the literal parse; that shortcut must agree with AutoModel on every such string."""
+    oracle = pytest.importorskip("nemo_automodel.components.config.loader")
+    text = lead + ".".join(parts)
+    theirs = oracle.translate_value(text)
+    assert translate_value(text) == theirs or (theirs != theirs)
+
+
 def test_value_semantics_in_yaml():
     doc = load_text('d:\n  tp_size: "2"\n  dp_size: none\n  lr: 1e-5\n  _target_: "2"\n  loss_fn: "3"\n')
     assert doc.data["d"] == {"tp_size": 2, "dp_size": None, "lr": 1e-5, "_target_": "2", "loss_fn": "3"}

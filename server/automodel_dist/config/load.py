@@ -8,6 +8,7 @@ value semantics (``none`` -> None, ``"2"`` -> 2, ...). Nothing read is ever impo
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,9 +27,29 @@ MAX_DEPTH = 64
 PathKey = tuple[Any, ...]
 
 try:  # libyaml is ~10x faster and bounds flow nesting itself
-    _Loader: type = yaml.CSafeLoader
+    _Base: type = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML without libyaml
-    _Loader = yaml.SafeLoader
+    _Base = yaml.SafeLoader
+
+_MEMO_CHARS = 64  # scalars up to this length have their implicit tag memoized
+
+
+class _Loader(_Base):  # type: ignore[misc, valid-type]
+    """The safe loader, with the implicit tag of short plain scalars memoized.
+
+    Tag resolution is PyYAML's own pure function of (value, implicit) (no path resolvers are
+    registered), run in Python for every scalar; keys such as ``tp_size`` recur in every config.
+    """
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is yaml.ScalarNode and len(value) <= _MEMO_CHARS:
+            return _scalar_tag(value, implicit)
+        return super().resolve(kind, value, implicit)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalar_tag(value: str, implicit: tuple[bool, bool]) -> str:
+    return yaml.resolver.Resolver().resolve(yaml.ScalarNode, value, implicit)
 
 _ENV_BRACED = re.compile(r"\$\{([^}]+)\}")
 _ENV_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
@@ -71,6 +92,11 @@ _SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "value"))
 
 
+_STR = "tag:yaml.org,2002:str"
+_PLAIN_SCALARS = {tag: yaml.constructor.SafeConstructor.yaml_constructors[tag]
+                  for tag in (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))}
+
+
 def clip(text: str, limit: int = 40) -> str:
     """``text`` shortened for a message (huge values must not flood a report)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
@@ -106,8 +132,11 @@ class _Builder:
             )
             return None
         if isinstance(node, yaml.ScalarNode):
+            if node.tag == _STR:
+                return node.value
             try:
-                return self.constructor.construct_object(node)
+                plain = _PLAIN_SCALARS.get(node.tag)  # the function construct_object would call, minus its bookkeeping
+                return plain(self.constructor, node) if plain else self.constructor.construct_object(node)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(
                     _err("yaml-syntax", f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "

@@ -109,6 +109,11 @@ def _literal(node: ast.AST, depth: int = 0) -> Any:
     raise _NotLiteral
 
 
+def _plain_name(text: str) -> bool:
+    """True for ``name`` or ``a.b.c``, which Python parses as a name or an attribute, never a literal."""
+    return text not in _SPECIAL and all(part.isidentifier() for part in text.split("."))
+
+
 def translate_value(value: Any) -> Any:
     """AutoModel's ``translate_value``: how its YAML loader reads a string scalar.
 
@@ -121,8 +126,11 @@ def translate_value(value: Any) -> Any:
         return _SPECIAL[value]
     if len(value) > _MAX_LITERAL_CHARS:
         return value
+    text = value.lstrip(" \t")
+    if _plain_name(text):  # a (dotted) name such as ddp or torch.bfloat16 is never a literal: skip the parse
+        return value
     try:
-        tree = ast.parse(value.lstrip(" \t"), mode="eval")
+        tree = ast.parse(text, mode="eval")
         return _literal(tree.body)
     except (SyntaxError, ValueError, _NotLiteral, RecursionError, MemoryError, OverflowError):
         return value

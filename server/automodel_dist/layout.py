@@ -97,6 +97,13 @@ class Axis:
     dims: tuple[str, ...]
 
 
+_FSDP2_AXES = tuple([Axis(n, "device_mesh", (n,)) for n in FSDP2_DIMS]
+                    + [Axis(n, "flattened", src) for n, src in FSDP2_FLATTENED.items()])
+_MOE_AXES = tuple(Axis(n, "moe_mesh", (n,)) for n in MOE_DIMS)
+_MFSDP_AXES = tuple(Axis(n, "device_mesh", (n,)) for n in MFSDP_DIMS)
+_MFSDP_DP_CP = Axis("dp_cp", "flattened", ("dp", "cp"))
+
+
 def dp_shard_of(strategy: str, dp: int, dp_replicate: int) -> int:
     """FSDP2 shards over dp // dp_replicate (HSDP); the other strategies shard (or replicate) over all of dp."""
     return dp // dp_replicate if strategy == "fsdp2" else dp
@@ -133,20 +140,19 @@ class Layout:
             if dp % dp_replicate:
                 raise ValueError("dp_size must be a multiple of dp_replicate_size")
             lay._mesh = _Dims(FSDP2_DIMS, (pp, dp_replicate, dp // dp_replicate, cp, tp))
-            lay.axes = [Axis(n, "device_mesh", (n,)) for n in FSDP2_DIMS]
-            lay.axes += [Axis(n, "flattened", src) for n, src in FSDP2_FLATTENED.items()]
+            lay.axes = list(_FSDP2_AXES)
             if ep > 1:
                 if (dp * cp * tp) % ep:
                     raise ValueError("dp*cp*tp must be a multiple of ep_size")
                 lay.ep_shard = ep_shard_size(dp=dp, cp=cp, tp=tp, ep=ep)
                 # pp is the outer (un-named) dim: one (ep_shard, ep) mesh per pipeline stage
                 lay._moe = _Dims(("pp",) + MOE_DIMS, (pp, lay.ep_shard, ep))
-                lay.axes += [Axis(n, "moe_mesh", (n,)) for n in MOE_DIMS]
+                lay.axes += _MOE_AXES
         elif strategy == "megatron_fsdp":
             lay._mesh = _Dims(MFSDP_DIMS, (dp, cp, tp))
-            lay.axes = [Axis(n, "device_mesh", (n,)) for n in MFSDP_DIMS]
+            lay.axes = list(_MFSDP_AXES)
             if cp > 1:
-                lay.axes.append(Axis("dp_cp", "flattened", ("dp", "cp")))
+                lay.axes.append(_MFSDP_DP_CP)
         if lay._mesh is not None and lay._mesh.total > world_size:
             raise ValueError(f"mesh has {lay._mesh.total} ranks, more than world_size {world_size}")
         return lay

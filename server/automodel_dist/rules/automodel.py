@@ -208,11 +208,11 @@ def hydra_target(ctx: Context) -> Iterator[Finding]:
 def option_unknown(ctx: Context) -> Iterator[Finding]:
     if ctx.strategy is None:
         return
-    fields = schema.STRATEGY_OPTIONS[ctx.strategy].model_fields
+    fields = schema.fields(schema.STRATEGY_OPTIONS[ctx.strategy])
     for key in ctx.block:
         if key in TOP_LEVEL_KEYS or key in fields:
             continue
-        others = [s for s, m in schema.STRATEGY_OPTIONS.items() if s != ctx.strategy and key in m.model_fields]
+        others = [s for s, m in schema.STRATEGY_OPTIONS.items() if s != ctx.strategy and key in schema.fields(m)]
         if others:
             fix = f"remove {key!r}: it is an option of {' and '.join(others)} only"
             if key == "sequence_parallel":
@@ -237,13 +237,14 @@ def option_type(ctx: Context) -> Iterator[Finding]:
     if ctx.strategy is None:
         return
     model = schema.STRATEGY_OPTIONS[ctx.strategy]
+    fields = schema.fields(model)
     for key, value in ctx.block.items():
-        if key not in model.model_fields or key in _SPECIAL_OPTIONS or value_ok(model, key, value):
+        if key not in fields or key in _SPECIAL_OPTIONS or value_ok(model, key, value):
             continue
         if isinstance(value, Unresolved):
             continue
-        default = model.model_fields[key].get_default(call_default_factory=True)
-        if value is None and model.model_fields[key].annotation is bool:
+        default = fields[key].get_default(call_default_factory=True)
+        if value is None and fields[key].annotation is bool:
             if default is True:
                 yield finding(ctx, "option-type", (key,),
                               f"{key}: null is read as false, silently turning off an option that defaults to true",
@@ -343,7 +344,7 @@ def mp_policy_invalid(ctx: Context) -> Iterator[Finding]:
     if "mp_policy" not in ctx.block:  # coerced for every strategy, before the options are checked
         return
     yield from _policy_findings(ctx, ("mp_policy",), ctx.block["mp_policy"],
-                                fields=set(schema.MixedPrecisionPolicy.model_fields), targets=MP_POLICY_TARGETS,
+                                fields=set(schema.fields(schema.MixedPrecisionPolicy)), targets=MP_POLICY_TARGETS,
                                 what="MixedPrecisionPolicy", rule_id="mp-policy-invalid")
 
 
@@ -356,7 +357,7 @@ def offload_policy_invalid(ctx: Context) -> Iterator[Finding]:
     if "offload_policy" not in ctx.block:
         return
     yield from _policy_findings(ctx, ("offload_policy",), ctx.block["offload_policy"],
-                                fields=set(schema.CPUOffloadPolicy.model_fields), targets=OFFLOAD_TARGETS,
+                                fields=set(schema.fields(schema.CPUOffloadPolicy)), targets=OFFLOAD_TARGETS,
                                 what="CPUOffloadPolicy", rule_id="offload-policy-invalid")
 
 
@@ -625,7 +626,7 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
                                  skip=frozenset({"mp_policy", "lm_head_precision"}))
     if moe.get("mp_policy") is not None:
         yield from _policy_findings(ctx, ("moe", "mp_policy"), moe["mp_policy"],
-                                    fields=set(schema.MixedPrecisionPolicy.model_fields), targets=MP_POLICY_TARGETS,
+                                    fields=set(schema.fields(schema.MixedPrecisionPolicy)), targets=MP_POLICY_TARGETS,
                                     what="MixedPrecisionPolicy", rule_id="moe-invalid", require_target=True,
                                     severity=sev)
     lm = moe.get("lm_head_precision")

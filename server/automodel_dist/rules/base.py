@@ -87,7 +87,7 @@ class Rule:
     family: str
     severity: Severity
     title: str
-    check: Check
+    check: Check | None  # None: the findings come from the loader or the API (see ``note``)
     patterns: tuple[str, ...] = ()  # regexes matching AutoModel / torch error text
     cause: str = ""
     fix: str = ""
@@ -120,7 +120,7 @@ def rule(
 def note(rule_id: str, title: str, *, family: str, severity: Severity, patterns: tuple[str, ...] = (),
          cause: str = "", fix: str = "") -> None:
     """Register a rule id whose findings are produced elsewhere (the loader, the API)."""
-    RULES[rule_id] = Rule(rule_id, family, severity, title, lambda ctx: (), patterns, cause, fix)
+    RULES[rule_id] = Rule(rule_id, family, severity, title, None, patterns, cause, fix)
 
 
 def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fix: str | None = None,
@@ -138,6 +138,8 @@ def run_rules(ctx: Context) -> list[Finding]:
     """Run every registered rule; a rule that crashes becomes an error finding, never an exception."""
     out: list[Finding] = []
     for r in RULES.values():
+        if r.check is None:
+            continue
         try:
             out.extend(r.check(ctx))
         except Exception as exc:  # noqa: BLE001 - a bug in one rule must not hide the others

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from ..config.schema import fields
 from ..report import Finding, Severity
 from .base import Context, finding
 
@@ -65,7 +66,7 @@ def divisors(n: int, limit: int | None = None) -> list[int]:
 
 @cache
 def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
-    info = model.model_fields[name]
+    info = fields(model)[name]
     from typing import Annotated
 
     ann = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
@@ -74,7 +75,7 @@ def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
 
 def describe(model: type[BaseModel], name: str) -> str:
     """A human description of a field's accepted values ('true or false', 'an integer >= 0')."""
-    info = model.model_fields[name]
+    info = fields(model)[name]
     ann = info.annotation
     text = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
     lows = [getattr(m, "ge", None) for m in info.metadata if getattr(m, "ge", None) is not None]
@@ -111,21 +112,21 @@ def pydantic_findings(
     note: str = "",
 ) -> Iterator[Finding]:
     """Validate ``value`` against ``model`` strictly, one finding per bad key (with its line)."""
-    fields = model.model_fields
+    known = fields(model)
     for key, item in value.items():
         if key in skip:
             continue
-        if key not in fields:
-            hint = did_you_mean(key, fields)
+        if key not in known:
+            hint = did_you_mean(key, known)
             yield finding(
                 ctx, rule_id, parts + (key,),
                 f"unknown key {key!r} in {ctx.path(*parts)}; AutoModel's {model.__name__} has no such field "
                 f"(TypeError: unexpected keyword argument){note}",
-                f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(fields))})",
+                f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(known))})",
                 severity=severity,
             )
             continue
-        info = fields[key]
+        info = known[key]
         sub = info.annotation
         if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(item, dict):
             yield from pydantic_findings(ctx, sub, item, parts + (key,), rule_id, severity=severity)

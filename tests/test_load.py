@@ -63,6 +63,32 @@ def test_translate_value_of_name_like_strings_agrees_with_automodel(parts, lead)
     assert translate_value(text) == theirs or (theirs != theirs)
 
 
+_SCALARS = st.one_of(
+    st.integers(min_value=-10**30, max_value=10**30).map(str),
+    st.from_regex(r"\A[+-]?(0|0b[01_]+|0x[0-9a-f_]+|0[0-7_]+|[1-9][0-9_]*|[0-9]+(:[0-5][0-9])+)\Z"),
+    st.sampled_from(["1.5", "1e3", ".inf", "-.NaN", "~", "null", "yes", "No", "on", "2024-01-01", "0o17", "١٢"]),
+    st.text(alphabet="0123456789_-+.:exobXO", min_size=1, max_size=12),
+)
+
+
+@given(st.lists(_SCALARS, min_size=1, max_size=6))
+def test_plain_scalars_load_as_pyyaml_reads_them(values):
+    """The loader's scalar shortcuts (str, int) agree with PyYAML's own constructors, then AutoModel's semantics."""
+    import yaml
+
+    from automodel_dist.config.load import from_mapping
+
+    text = "".join(f"k{i}: {v}\n" for i, v in enumerate(values))
+    try:
+        expected = from_mapping(yaml.safe_load(text)).data
+    except (yaml.YAMLError, ValueError):
+        assert load_text(text).findings
+        return
+    doc = load_text(text)
+    assert not [f for f in doc.findings if f.severity == "error"]
+    assert doc.data == expected or doc.data != doc.data or repr(doc.data) == repr(expected)  # NaN != NaN
+
+
 def test_value_semantics_in_yaml():
     doc = load_text('d:\n  tp_size: "2"\n  dp_size: none\n  lr: 1e-5\n  _target_: "2"\n  loss_fn: "3"\n')
     assert doc.data["d"] == {"tp_size": 2, "dp_size": None, "lr": 1e-5, "_target_": "2", "loss_fn": "3"}

@@ -92,7 +92,7 @@ _SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "value"))
 
 
-_STR = "tag:yaml.org,2002:str"
+_STR, _INT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int"
 _PLAIN_SCALARS = {tag: yaml.constructor.SafeConstructor.yaml_constructors[tag]
                   for tag in (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))}
 
@@ -132,10 +132,13 @@ class _Builder:
             )
             return None
         if isinstance(node, yaml.ScalarNode):
-            if node.tag == _STR:
-                return node.value
+            tag, text = node.tag, node.value
+            if tag == _STR:
+                return text
             try:
-                plain = _PLAIN_SCALARS.get(node.tag)  # the function construct_object would call, minus its bookkeeping
+                if tag == _INT and text.isascii() and text.isdigit() and text[0] != "0":  # YAML 1.1: 0-led is octal
+                    return int(text)
+                plain = _PLAIN_SCALARS.get(tag)  # the function construct_object would call, minus its bookkeeping
                 return plain(self.constructor, node) if plain else self.constructor.construct_object(node)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(

@@ -122,6 +122,8 @@ def main() -> None:
         big = [r for r, (_, w) in zip(ratios, CONFIGS.values()) if w >= 64]
         print(f"speed-up, warm: median {statistics.median(ratios):.0f}x over all configs; "
               f"median {statistics.median(big):.0f}x at >= 64 ranks (goal >= 100x)")
+        met = [n for n, r in zip(CONFIGS, ratios) if r >= 100]
+        print(f"configs at >= 100x: {len(met)} of {len(ratios)}" + (f" ({', '.join(met)})" if met else ""))
         print(f"all {len(ours_all)} configs one after another: ours {sum(ours_all):.2f} ms, AutoModel "
               f"{sum(theirs_all):.1f} ms, {sum(theirs_all) / sum(ours_all):.0f}x")
         text, world = CONFIGS["hsdp cp2 tp4 (64)"]

@@ -204,8 +204,9 @@ class _Builder:
                     )
                 )
             explicit_seen[key] = line
-            self.doc.lines[path + (key,)] = line
-            out[key] = self.build(value_node, path + (key,), depth + 1)
+            sub = path + (key,)
+            self.doc.lines[sub] = line
+            out[key] = self.build(value_node, sub, depth + 1)
         return out
 
 

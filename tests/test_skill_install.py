@@ -1,5 +1,6 @@
-"""Install the skill with the real skills CLI (`npx skills add`) for Claude Code and Codex into a
-temporary project, then use what was installed: its SKILL.md, its scripts and its MCP server.
+"""Install the skill with the real skills CLI (`npx skills add`) for Claude Code, Codex, Cursor and
+GitHub Copilot into a temporary project, then use what was installed: its SKILL.md, its scripts and
+its MCP server.
 
 Marked ``node``: CI runs it when Node.js is present (`.ci/run`). The source is a clean export of
 this checkout (tracked and untracked-but-not-ignored files), as a clone would be: the skills CLI
@@ -22,7 +23,12 @@ from conftest import ROOT
 
 NAME = "nemo-automodel-distributed-training"
 SKILLS = ["npx", "-y", "skills@1.5.16", "add"]
-INSTALLED = {"claude-code": Path(".claude/skills") / NAME, "codex": Path(".agents/skills") / NAME}
+INSTALLED = {  # where skills 1.5.16 puts the skill for each agent (Codex, Cursor, Copilot share .agents/skills)
+    "claude-code": Path(".claude/skills") / NAME,
+    "codex": Path(".agents/skills") / NAME,
+    "cursor": Path(".agents/skills") / NAME,
+    "github-copilot": Path(".agents/skills") / NAME,
+}
 
 pytestmark = [pytest.mark.node,
               pytest.mark.skipif(shutil.which("npx") is None, reason="Node.js (npx) is not installed")]

@@ -16,6 +16,7 @@ from automodel_dist.estimate.memory import Parallelism, Training, activation_for
 from automodel_dist.report import ConfigError
 
 GIB = float(1 << 30)
+_TORCH = tuple(int(x) for x in __import__("torch").__version__.split("+")[0].split(".")[:2])
 EXAMPLES = Path(__file__).parent / "examples"
 
 
@@ -52,6 +53,10 @@ def _compare(model, kwargs):
     est = memtrack.estimate_fsdp2(spec, **kwargs)
     states = est.model_states * GIB
     assert abs(states / measured.model_states - 1) <= 0.05, (est.model_states, measured.model_states / GIB)
+    if _TORCH < (2, 13) and measured.categories.get("OPT", 0.0) > 2 * measured.optimizer:
+        pytest.skip(f"torch {_TORCH[0]}.{_TORCH[1]}: its FSDPMemTracker counts {measured.categories['OPT'] / GIB:.2f} GiB as "
+                    f"optimizer state at the step peak, {measured.categories['OPT'] / measured.optimizer:.1f}x the "
+                    "AdamW states (torch 2.13+ counts 1x); peaks are calibrated against torch >= 2.13")
     assert abs(est.tracked_peak * GIB / measured.peak - 1) <= 0.15, (est.tracked_peak, measured.peak / GIB,
                                                                      measured.categories)
 

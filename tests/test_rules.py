@@ -507,6 +507,25 @@ CASES = [
         'remove the tag and write the plain value',
         id='yaml-unsafe-tag',
     ),
+    pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline:\n    loss_fn: masked cross entropy\n',
+        {'world_size': 8},
+        'target-path-invalid', 'error', 'distributed.pipeline.loss_fn', 4, False,
+        "distributed.pipeline.loss_fn is 'masked cross entropy': AutoModel's loader resolves loss_fn values as "
+        "import paths when it loads the recipe, and it is not a dotted import path (ImportError: Cannot resolve "
+        "target)",
+        'write a dotted import path (package.module.function) or path/to/file.py:function',
+        id='target-path-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  mp_policy:\n    param_dtype: bf16\n    param_dtype_override_fn: null\n',
+        {'world_size': 8},
+        'mp-policy-invalid', 'error', 'distributed.mp_policy.param_dtype_override_fn', 4, False,
+        "MixedPrecisionPolicy has 'param_dtype_override_fn' only from torch 2.15: with an older torch AutoModel "
+        "raises TypeError (unexpected keyword argument) when it reads the config",
+        'remove it, unless every node runs torch >= 2.15',
+        id='mp-policy-torch-later-field',
+    ),
 ]
 
 
@@ -580,6 +599,43 @@ def test_pipeline_keys_checked_as_warnings_when_pp_is_1():
     sev = {f.rule: f.severity for f in report.findings}
     assert report.valid
     assert sev["pipeline-invalid"] == "warning" and sev["pp-microbatch-invalid"] == "warning"
+
+
+@pytest.mark.parametrize("value,problem", [
+    ("torch.nn.functional.cross_entropy", None),
+    ("my_pkg.losses.masked_ce", None),  # may or may not import on the cluster: not ours to say
+    ("recipes/loss.py:masked_ce", None),
+    ("not a path", "not a dotted import path"),
+    ("torch..nn", "not a dotted import path"),
+    ("", "not a dotted import path"),
+    ("${LOSS_FN}", "not a dotted import path"),  # AutoModel does not expand variables in _target_ / *_fn
+    ("loss.txt:f", "must be a .py file"),
+    ("loss.py:_private", "is private"),
+    ("loss.py:a.b", "is not an attribute name"),
+])
+def test_import_path_problem(value, problem):
+    from automodel_dist.config.values import import_path_problem
+
+    got = import_path_problem(value)
+    assert (got is None) if problem is None else (problem in got), got
+
+
+def test_target_paths_checked_across_the_whole_recipe():
+    # AutoModel's ConfigNode resolves every _target_ and *_fn of the recipe when it loads it.
+    text = ("model:\n  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained\n"
+            "dataloader:\n  collate_fn: default collate\nloss_fn:\n  _target_: my/loss.yaml:build\n"
+            "distributed:\n  tp_size: 1\n")
+    report = validate_config(text, world_size=8)
+    bad = [(f.path, f.line) for f in report.findings if f.rule == "target-path-invalid"]
+    assert bad == [("dataloader.collate_fn", 4), ("loss_fn._target_", 6)]
+
+
+def test_keys_the_recipe_overwrites_are_not_type_checked():
+    # train_ft sets pp_batch_size, loss_fn and patch_stage_backward_maybe_with_nosync itself before use.
+    report = validate_config({"pp_size": 2, "pipeline": {"pp_batch_size": "abc", "loss_fn": 3,
+                                                          "patch_stage_backward_maybe_with_nosync": 5}}, world_size=8)
+    assert report.valid
+    assert {f.rule for f in report.findings} == {"pipeline-overwritten"}
 
 
 def test_never_imports_targets(monkeypatch):

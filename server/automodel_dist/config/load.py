@@ -19,7 +19,7 @@ import yaml
 
 from ..report import Finding
 from .files import MAX_BYTES, _err, check_path
-from .values import translate_value
+from .values import import_path_problem, translate_value
 
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
 MAX_DEPTH = 64
@@ -264,7 +264,15 @@ def apply_value_semantics(value: Any, doc: Document, path: PathKey = (), key: An
     if not isinstance(value, str):
         return value
     if isinstance(key, str) and (key == "_target_" or key.endswith("_fn")):
-        return value  # AutoModel imports these; we only ever compare them by name
+        problem = import_path_problem(value)  # AutoModel imports these at load; we only ever check the name
+        if problem:
+            doc.findings.append(
+                _err("target-path-invalid", f"{_dotted(path)} is {clip(value)!r}: AutoModel's loader resolves "
+                     f"{key} values as import paths when it loads the recipe, and {problem}",
+                     line=doc.line(path), path=_dotted(path),
+                     fix="write a dotted import path (package.module.function) or path/to/file.py:function")
+            )
+        return value
     if "$" in value:
         resolved = _resolve_env(value, path, doc)
         if isinstance(resolved, Unresolved):

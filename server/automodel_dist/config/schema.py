@@ -41,6 +41,13 @@ class MixedPrecisionPolicy(_Strict):
     cast_forward_inputs: bool = Field(default=False, description="Cast forward inputs to param_dtype.")
 
 
+# Fields newer torch releases added to these classes (field -> first torch version). AutoModel 0.7.0 passes the
+# YAML mapping through, so on an older torch they raise TypeError; the reference here is torch 2.13.
+TORCH_LATER_FIELDS: dict[str, dict[str, str]] = {
+    "MixedPrecisionPolicy": {"param_dtype_override_fn": "2.15"},
+}
+
+
 class CPUOffloadPolicy(_Strict):
     """``offload_policy:`` -> torch.distributed.fsdp.CPUOffloadPolicy."""
 

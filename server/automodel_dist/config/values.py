@@ -9,11 +9,13 @@ Each function here mirrors one piece of AutoModel code so that the rules can ask
 - ``normalize_ac_scope``: ``components/distributed/config.py``
 - ``dtype_name``: ``shared/utils.py::dtype_from_str``
 - ``schedule_class_name``: torch's ``pipelining.schedules.get_schedule_class``
+- ``import_path_problem``: ``components/config/loader.py::_resolve_target`` (``_target_``, ``*_fn``)
 """
 
 from __future__ import annotations
 
 import ast
+from pathlib import PurePosixPath
 from typing import Any
 
 # --------------------------------------------------------------------------- strategy
@@ -45,6 +47,28 @@ MANAGER_TARGETS: dict[str, str] = {
     "nemo_automodel.components.distributed.megatron_fsdp.MegatronFSDPManager": "megatron_fsdp",
     "nemo_automodel.components.distributed.ddp.DDPManager": "ddp",
 }
+
+
+def import_path_problem(value: str) -> str | None:
+    """Why AutoModel's loader can never resolve ``value`` as a ``_target_`` / ``*_fn`` import path.
+
+    ``ConfigNode`` resolves these strings when the recipe is loaded: ``pkg.mod.attr`` (longest
+    importable prefix, then attributes) or ``path/to/file.py:attr``. Whether a well-formed path
+    resolves depends on the machine that runs the recipe, so only paths that fail everywhere are
+    reported. Nothing is imported here.
+    """
+    if ":" in value:
+        file_part, attr = value.split(":", 1)
+        if PurePosixPath(file_part).suffix != ".py":
+            return "the part before ':' must be a .py file (AutoModel raises AssertionError)"
+        if not attr.isidentifier():
+            return f"{attr!r} after ':' is not an attribute name"
+        if attr.startswith("_"):
+            return f"{attr!r} is private: AutoModel's loader refuses private attributes of a file (ImportError)"
+        return None
+    if not all(part.isidentifier() for part in value.split(".")):
+        return "it is not a dotted import path (ImportError: Cannot resolve target)"
+    return None
 
 
 def automodel_degree(value: Any) -> int:

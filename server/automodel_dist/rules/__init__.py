@@ -27,6 +27,14 @@ note("yaml-root-not-mapping", "Config is not a mapping", family=F, severity="err
 note("distributed-invalid", "distributed: is not a mapping", family=F, severity="error",
      patterns=(r"'NoneType' object is not iterable",),
      cause="A bare `distributed:` line is YAML null.", fix="Write `distributed: {}` or give its keys.")
+note("target-path-invalid", "_target_ or *_fn value that is not an import path", family=F, severity="error",
+     patterns=(r"Cannot resolve target \(blocked or not found\): (.*)", r"Left side of ':' must be a \.py file",
+               r"Python script does not exist: (.*)", r"Module '[^']*' loaded, but cannot resolve attribute"),
+     cause="AutoModel's ConfigNode imports every _target_ and *_fn string when it loads the recipe (dotted "
+           "package.module.attr, or file.py:attr); a value that is not such a path, or names a module, file or "
+           "attribute missing on the machine, fails before training starts.",
+     fix="Write a dotted import path or path/to/file.py:attr that exists where the job runs "
+         "(out-of-tree modules need NEMO_ENABLE_USER_MODULES=1 or to be on PYTHONPATH).")
 note("no-distributed-section", "Recipe without distributed:", family=F, severity="info")
 note("env-var", "Value from an environment variable", family=F, severity="warning")
 note("file-unreadable", "File cannot be read", family=F, severity="error")

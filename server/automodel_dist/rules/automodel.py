@@ -319,7 +319,13 @@ def _policy_findings(ctx: Context, parts: tuple[Any, ...], value: Any, *, fields
     for key, item in value.items():
         if key == "_target_":
             continue
-        if key not in fields:
+        if key in schema.TORCH_LATER_FIELDS.get(what, {}):
+            since = schema.TORCH_LATER_FIELDS[what][key]
+            yield finding(ctx, rule_id, parts + (key,),
+                          f"{what} has {key!r} only from torch {since}: with an older torch AutoModel raises "
+                          f"TypeError (unexpected keyword argument) when it reads the config",
+                          f"remove it, unless every node runs torch >= {since}", severity=severity)
+        elif key not in fields:
             hint = did_you_mean(str(key), fields)
             yield finding(ctx, rule_id, parts + (key,),
                           f"unknown {what} field {key!r}: AutoModel raises TypeError (unexpected keyword argument)",
@@ -421,6 +427,11 @@ def pipeline_missing(ctx: Context) -> Iterator[Finding]:
 
 
 _PIPELINE_DEDICATED = frozenset({"pp_schedule", "pp_microbatch_size", "pp_recv_buffer_pool_slack", "dtype"})
+# Keys the recipe overwrites before the pipeline is built (train_ft / vlm finetune): their values never matter,
+# so they are not type-checked (a *_fn string is still checked as an import path by the loader).
+_PIPELINE_OVERWRITTEN = {"pp_batch_size": "step_scheduler.local_batch_size", "loss_fn": "the recipe's loss_fn",
+                         "patch_stage_backward_maybe_with_nosync": "model.backend.enable_fsdp_optimizations"}
+_PIPELINE_UNTYPED = _PIPELINE_DEDICATED | frozenset(_PIPELINE_OVERWRITTEN)
 
 
 def _pipeline_severity(ctx: Context) -> Any:
@@ -447,7 +458,7 @@ def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
                       "pipeline: {pp_schedule: 1f1b, pp_microbatch_size: 1}", severity=sev)
         return
     yield from pydantic_findings(ctx, schema.PipelineConfig, pipe, ("pipeline",), "pipeline-invalid",
-                                 severity=sev, skip=_PIPELINE_DEDICATED, note=_pipeline_note(ctx))
+                                 severity=sev, skip=_PIPELINE_UNTYPED, note=_pipeline_note(ctx))
 
 
 @rule("pipeline-recv-slack", family=F, severity="error", title="pp_recv_buffer_pool_slack < 0",
@@ -572,9 +583,7 @@ def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
     pipe = _pipeline(ctx)
     if not isinstance(pipe, dict) or ctx.size("pp_size") <= 1:
         return
-    sources = {"pp_batch_size": "step_scheduler.local_batch_size", "loss_fn": "the recipe's loss_fn",
-               "patch_stage_backward_maybe_with_nosync": "model.backend.enable_fsdp_optimizations"}
-    for key, src in sources.items():
+    for key, src in _PIPELINE_OVERWRITTEN.items():
         if key in pipe:
             yield finding(ctx, "pipeline-overwritten", ("pipeline", key),
                           f"pipeline.{key} is overwritten at runtime by {src}", f"remove pipeline.{key}")

@@ -20,6 +20,14 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch."""
+    import torch
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:
     """Until a server process listens on 127.0.0.1:port; fails if it exits or the time runs out."""
     deadline = time.monotonic() + timeout_s

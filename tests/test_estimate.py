@@ -8,6 +8,7 @@ from pathlib import Path
 
 import memtrack
 import pytest
+from conftest import torch_version
 
 from automodel_dist import estimate_memory, suggest_strategy, validate_config
 from automodel_dist.catalog.models import lookup
@@ -16,7 +17,7 @@ from automodel_dist.estimate.memory import Parallelism, Training, activation_for
 from automodel_dist.report import ConfigError
 
 GIB = float(1 << 30)
-_TORCH = tuple(int(x) for x in __import__("torch").__version__.split("+")[0].split(".")[:2])
+_TORCH = torch_version()
 EXAMPLES = Path(__file__).parent / "examples"
 
 

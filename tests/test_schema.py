@@ -6,6 +6,7 @@ import dataclasses
 
 import oracle
 import pytest
+from conftest import torch_version
 
 from automodel_dist.config import schema
 from automodel_dist.config.values import SCHEDULES, dtype_name
@@ -80,10 +81,7 @@ def test_mixed_precision_yaml_defaults_match_automodel():
 
 
 def _torch_at_least(version: str) -> bool:
-    import torch
-
-    have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    return have >= tuple(int(x) for x in version.split("."))
+    return torch_version() >= tuple(int(x) for x in version.split("."))
 
 
 def test_torch_later_fields_are_what_the_installed_torch_adds():

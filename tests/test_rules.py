@@ -526,6 +526,35 @@ CASES = [
         'remove it, unless every node runs torch >= 2.15',
         id='mp-policy-torch-later-field',
     ),
+    pytest.param(
+        'recipe: TrainFinetuneRecipeForNextTokenPredictoin\ndistributed:\n  tp_size: 1\n',
+        {'world_size': 8},
+        'recipe-unknown', 'error', 'recipe', 1, False,
+        "recipe: 'TrainFinetuneRecipeForNextTokenPredictoin' is not a recipe class of AutoModel 0.7.0: its CLI "
+        "stops with 'Unknown recipe class'",
+        'recipe: TrainFinetuneRecipeForNextTokenPrediction',
+        id='recipe-unknown',
+    ),
+    pytest.param(
+        'recipe: nemo_automodel.recipes.retrieval.train_bi_encoder.TrainBiEncoderRecipe\ndistributed:\n'
+        '  pp_size: 2\n  pipeline: {}\n',
+        {'world_size': 8},
+        'recipe-pp-unsupported', 'error', 'distributed.pp_size', 3, False,
+        'pp_size=2 with recipe TrainBiEncoderRecipe (recipe): its setup raises NotImplementedError (no pipeline '
+        'parallelism) after the job has started',
+        'pp_size: 1 (use tp_size or more FSDP2 ranks instead)',
+        id='recipe-pp-unsupported',
+    ),
+    pytest.param(
+        'recipe: TrainFinetuneRecipeForNextTokenPrediction\ndomain_mixture:\n  weights: {a: 1}\n'
+        'distributed:\n  cp_size: 2\n',
+        {'world_size': 8},
+        'recipe-feature-parallelism', 'error', 'domain_mixture', 2, False,
+        'domain_mixture with cp_size=2: TrainFinetuneRecipeForNextTokenPrediction raises ValueError in setup '
+        '(domain_mixture does not support context parallelism)',
+        'remove domain_mixture, or cp_size: 1',
+        id='recipe-feature-parallelism',
+    ),
 ]
 
 

@@ -130,3 +130,45 @@ def test_schedule_names_match_torch():
 
     for lower, name in SCHEDULES.items():
         assert get_schedule_class(lower).__name__ in (f"Schedule{name}", name)
+
+
+def _recipe_classes() -> dict[str, tuple[str, list[str]]]:
+    """AutoModel 0.7.0's recipe classes: name -> (source text, base names), read with ast (nothing imported)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("nemo_automodel").origin).parent / "recipes"
+    out = {}
+    for py in root.rglob("*.py"):
+        text = py.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and "Recipe" in node.name:
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                out[node.name] = (ast.get_source_segment(text, node) or "", bases)
+    return out
+
+
+def _with_subclasses(roots: set[str], classes: dict[str, tuple[str, list[str]]]) -> set[str]:
+    found = set(roots)
+    while True:
+        more = {n for n, (_, bases) in classes.items() if set(bases) & found} - found
+        if not more:
+            return found
+        found |= more
+
+
+def test_recipe_tables_match_automodel_source():
+    from nemo_automodel.cli.utils import _discover_recipe_classes
+
+    from automodel_dist.rules import recipe
+
+    assert set(_discover_recipe_classes()) == recipe.RECIPE_CLASSES
+    classes = _recipe_classes()
+    assert "Pipeline parallelism is not supported" in classes["FinetuneRecipeForMultimodal"][0]
+    assert "Encoder does not support pipeline parallelism" in classes["TrainBiEncoderRecipe"][0]
+    assert _with_subclasses({"FinetuneRecipeForMultimodal", "TrainBiEncoderRecipe"}, classes) == recipe.NO_PP_RECIPES
+    ft = classes["TrainFinetuneRecipeForNextTokenPrediction"][0]
+    assert "domain_mixture does not currently support pipeline parallelism" in ft
+    assert "embedding_row_repair is not currently supported with pipeline parallelism" in ft
+    assert _with_subclasses({"TrainFinetuneRecipeForNextTokenPrediction"}, classes) == recipe.TRAIN_FT_RECIPES

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ..config.load import clip
 from ..config.values import is_positive_int
 from ..report import Finding
 from .base import Context, finding, rule
+from .helpers import closest
 
 F = "recipe"
 
@@ -145,3 +147,91 @@ def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:
                       f"{dotted}={v} is not divisible by 2*cp_size={need}: load-balanced context parallelism splits "
                       f"each sequence into {need} chunks",
                       f"{dotted.rsplit('.', 1)[-1]}: {v + (-v) % need}", recipe_path=dotted)
+
+
+# --------------------------------------------------------------------------- recipe class
+# The short names AutoModel 0.7.0's CLI accepts for `recipe:` (cli/utils.py::_discover_recipe_classes).
+RECIPE_CLASSES = frozenset({
+    "BenchmarkingRecipeForNextTokenPrediction", "DiffusionGemmaSFTRecipe", "DiffusionLMSFTRecipe",
+    "EmbeddingDistillRecipe", "FinetuneRecipeForMultimodal", "FinetuneRecipeForVLM",
+    "KnowledgeDistillationRecipeForNextTokenPrediction", "KnowledgeDistillationRecipeForVLM",
+    "MineHardNegativesRecipe", "PeagleRecipeMixin", "PretrainRecipeForMultimodal", "TrainBiEncoderRecipe",
+    "TrainCrossEncoderRecipe", "TrainDFlash2Recipe", "TrainDFlashRecipe", "TrainDSparkRecipe",
+    "TrainDiffusionRecipe", "TrainDominoRecipe", "TrainEagle1Recipe", "TrainEagle2Recipe", "TrainEagle3Recipe",
+    "TrainFinetuneRecipeForNextTokenPrediction", "TrainFinetuneRecipeForSequenceClassification",
+    "TrainJetSpecRecipe", "TrainVispecRecipe", "TrainVispecStage1Recipe",
+})
+# Recipes whose setup raises NotImplementedError when pp_size > 1 (and their subclasses).
+NO_PP_RECIPES = frozenset({"FinetuneRecipeForMultimodal", "PretrainRecipeForMultimodal", "TrainBiEncoderRecipe",
+                           "EmbeddingDistillRecipe", "TrainCrossEncoderRecipe"})
+# llm/train_ft.py's recipe and the subclasses that run its setup.
+TRAIN_FT_RECIPES = frozenset({"TrainFinetuneRecipeForNextTokenPrediction", "BenchmarkingRecipeForNextTokenPrediction",
+                              "KnowledgeDistillationRecipeForNextTokenPrediction", "DiffusionLMSFTRecipe",
+                              "DiffusionGemmaSFTRecipe"})
+
+
+def recipe_class(ctx: Context) -> tuple[str | None, str]:
+    """(class name, dotted path of the key) of the recipe's `recipe:` (a name, a dotted path or {_target_: ...})."""
+    raw = ctx.recipe_get("recipe")
+    if isinstance(raw, dict):
+        raw, where = raw.get("_target_"), "recipe._target_"
+    else:
+        where = "recipe"
+    if not isinstance(raw, str) or not raw.strip():
+        return None, where
+    return raw.strip().rsplit(".", 1)[-1], where
+
+
+@rule("recipe-unknown", family=F, severity="error", title="recipe: names no AutoModel 0.7.0 recipe class",
+      patterns=(r"Unknown recipe class '([^']*)'",),
+      cause="AutoModel's CLI resolves a bare `recipe:` name among its recipe classes and exits when none matches.",
+      fix="Use a recipe class name, e.g. TrainFinetuneRecipeForNextTokenPrediction.")
+def recipe_unknown(ctx: Context) -> Iterator[Finding]:
+    raw = ctx.recipe_get("recipe")
+    if not isinstance(raw, str) or "." in raw or not raw.strip():
+        return  # dotted paths import on the cluster (checked as import paths by the loader)
+    name = raw.strip()
+    if name not in RECIPE_CLASSES:
+        hit = closest(name, RECIPE_CLASSES)
+        yield finding(ctx, "recipe-unknown", (), f"recipe: {clip(name, 80)!r} is not a recipe class of AutoModel 0.7.0: "
+                      "its CLI stops with 'Unknown recipe class'",
+                      f"recipe: {hit or 'TrainFinetuneRecipeForNextTokenPrediction'}", recipe_path="recipe")
+
+
+@rule("recipe-pp-unsupported", family=F, severity="error", title="Recipe without pipeline parallelism",
+      patterns=(r"Pipeline parallelism is not supported for (\w+)", r"Encoder does not support pipeline parallelism"),
+      cause="The multimodal and retrieval (bi-/cross-encoder) recipes raise NotImplementedError in setup when "
+            "pp_size > 1.",
+      fix="Use pp_size: 1 with these recipes (shard with FSDP2/TP instead).")
+def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
+    name, where = recipe_class(ctx)
+    if name in NO_PP_RECIPES and ctx.size("pp_size") > 1:
+        yield finding(ctx, "recipe-pp-unsupported", ("pp_size",),
+                      f"pp_size={ctx.size('pp_size')} with recipe {name} ({where}): its setup raises "
+                      "NotImplementedError (no pipeline parallelism) after the job has started",
+                      "pp_size: 1 (use tp_size or more FSDP2 ranks instead)")
+
+
+@rule("recipe-feature-parallelism", family=F, severity="error",
+      title="Recipe feature that pipeline/context parallelism does not support",
+      patterns=(r"domain_mixture does not currently support (pipeline|context) parallelism",
+                r"embedding_row_repair is not currently supported with pipeline parallelism"),
+      cause="The LLM fine-tuning recipe (train_ft) raises ValueError in setup for domain_mixture with pp_size > 1 "
+            "or cp_size > 1, and for embedding_row_repair.enabled with pp_size > 1 (after loading the model).",
+      fix="Drop the feature, or pp_size/cp_size: 1.")
+def recipe_feature_parallelism(ctx: Context) -> Iterator[Finding]:
+    name, _ = recipe_class(ctx)
+    if name not in TRAIN_FT_RECIPES:
+        return
+    pp, cp = ctx.size("pp_size"), ctx.size("cp_size")
+    if ctx.recipe_get("domain_mixture") is not None:
+        for key, size in (("pp_size", pp), ("cp_size", cp)):
+            if size > 1:
+                what = "pipeline" if key == "pp_size" else "context"
+                yield finding(ctx, "recipe-feature-parallelism", (), f"domain_mixture with {key}={size}: {name} "
+                              f"raises ValueError in setup (domain_mixture does not support {what} parallelism)",
+                              f"remove domain_mixture, or {key}: 1", recipe_path="domain_mixture")
+    if pp > 1 and ctx.recipe_get("embedding_row_repair.enabled") is True:
+        yield finding(ctx, "recipe-feature-parallelism", (), f"embedding_row_repair.enabled with pp_size={pp}: {name} "
+                      "raises ValueError after loading the model (not supported with pipeline parallelism)",
+                      "embedding_row_repair: {enabled: false}, or pp_size: 1", recipe_path="embedding_row_repair.enabled")

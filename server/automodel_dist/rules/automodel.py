@@ -319,8 +319,8 @@ def _policy_findings(ctx: Context, parts: tuple[Any, ...], value: Any, *, fields
     for key, item in value.items():
         if key == "_target_":
             continue
-        if key in schema.TORCH_LATER_FIELDS.get(what, {}):
-            since = schema.TORCH_LATER_FIELDS[what][key]
+        since = schema.TORCH_LATER_FIELDS.get(what, {}).get(key)
+        if since:
             yield finding(ctx, rule_id, parts + (key,),
                           f"{what} has {key!r} only from torch {since}: with an older torch AutoModel raises "
                           f"TypeError (unexpected keyword argument) when it reads the config",

@@ -170,16 +170,17 @@ TRAIN_FT_RECIPES = frozenset({"TrainFinetuneRecipeForNextTokenPrediction", "Benc
                               "DiffusionGemmaSFTRecipe"})
 
 
-def recipe_class(ctx: Context) -> tuple[str | None, str]:
-    """(class name, dotted path of the key) of the recipe's `recipe:` (a name, a dotted path or {_target_: ...})."""
+def recipe_class(ctx: Context) -> tuple[str | None, str, bool]:
+    """The recipe's `recipe:` (a name, a dotted path or {_target_: ...}): (class name, YAML path of the
+    value, whether it is a bare name that AutoModel's CLI looks up among its own classes)."""
     raw = ctx.recipe_get("recipe")
+    where = "recipe"
     if isinstance(raw, dict):
         raw, where = raw.get("_target_"), "recipe._target_"
-    else:
-        where = "recipe"
     if not isinstance(raw, str) or not raw.strip():
-        return None, where
-    return raw.strip().rsplit(".", 1)[-1], where
+        return None, where, False
+    name = raw.strip()
+    return name.rsplit(".", 1)[-1], where, where == "recipe" and "." not in name
 
 
 @rule("recipe-unknown", family=F, severity="error", title="recipe: names no AutoModel 0.7.0 recipe class",
@@ -187,15 +188,12 @@ def recipe_class(ctx: Context) -> tuple[str | None, str]:
       cause="AutoModel's CLI resolves a bare `recipe:` name among its recipe classes and exits when none matches.",
       fix="Use a recipe class name, e.g. TrainFinetuneRecipeForNextTokenPrediction.")
 def recipe_unknown(ctx: Context) -> Iterator[Finding]:
-    raw = ctx.recipe_get("recipe")
-    if not isinstance(raw, str) or "." in raw or not raw.strip():
-        return  # dotted paths import on the cluster (checked as import paths by the loader)
-    name = raw.strip()
-    if name not in RECIPE_CLASSES:
+    name, where, bare = recipe_class(ctx)  # dotted paths import on the cluster (the loader checks their form)
+    if bare and name not in RECIPE_CLASSES:
         hit = closest(name, RECIPE_CLASSES)
         yield finding(ctx, "recipe-unknown", (), f"recipe: {clip(name, 80)!r} is not a recipe class of AutoModel 0.7.0: "
                       "its CLI stops with 'Unknown recipe class'",
-                      f"recipe: {hit or 'TrainFinetuneRecipeForNextTokenPrediction'}", recipe_path="recipe")
+                      f"recipe: {hit or 'TrainFinetuneRecipeForNextTokenPrediction'}", recipe_path=where)
 
 
 @rule("recipe-pp-unsupported", family=F, severity="error", title="Recipe without pipeline parallelism",
@@ -204,7 +202,7 @@ def recipe_unknown(ctx: Context) -> Iterator[Finding]:
             "pp_size > 1.",
       fix="Use pp_size: 1 with these recipes (shard with FSDP2/TP instead).")
 def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
-    name, where = recipe_class(ctx)
+    name, where, _ = recipe_class(ctx)
     if name in NO_PP_RECIPES and ctx.size("pp_size") > 1:
         yield finding(ctx, "recipe-pp-unsupported", ("pp_size",),
                       f"pp_size={ctx.size('pp_size')} with recipe {name} ({where}): its setup raises "
@@ -220,7 +218,7 @@ def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
             "or cp_size > 1, and for embedding_row_repair.enabled with pp_size > 1 (after loading the model).",
       fix="Drop the feature, or pp_size/cp_size: 1.")
 def recipe_feature_parallelism(ctx: Context) -> Iterator[Finding]:
-    name, _ = recipe_class(ctx)
+    name, _, _ = recipe_class(ctx)
     if name not in TRAIN_FT_RECIPES:
         return
     pp, cp = ctx.size("pp_size"), ctx.size("cp_size")

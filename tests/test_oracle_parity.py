@@ -41,6 +41,7 @@ STRICTER = {
     "dtype-invalid",
     "pipeline-invalid",  # wrong value types AutoModel passes through
     "multimodal-invalid",
+    "pipeline-recv-slack",  # true is read as 1; 2.5 passes the `< 0` check and breaks the recv ring size
 }
 SCHEDULES = ["1f1b", "gpipe", "interleaved1f1b", "LoopedBFS", "InterleavedZeroBubble", "zbvzerobubble", "DualPipeV"]
 WORLDS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 1024, 4096]
@@ -148,11 +149,14 @@ BAD_VALUES = {
     "mp_policy": [{"param_dtype": "fp8"}, {"foo": 1}, {"reduce_dtype": "int8"}, "bf16", {"cast_forward_inputs": 2}],
     "offload_policy": [{"foo": 1}, {"pin_memory": "yes"}],
     "autocast_dtype": ["fp9", "bfloat16"],
-    "multimodal": [None, {"frozen_sharding": "x"}, {"foo": 1}, {"vision": {"frame_sharding": {"mesh_dims": ["tp"]}}},
+    "multimodal": [None, {"frozen_sharding": "x"}, {"foo": 1}, {"vision": None}, {"vision": {"a": 1}},
+                   {"vision": {"frame_sharding": "cp"}}, {"vision": {"frame_sharding": {"mesh_dims": ["tp"]}}},
                    {"vision": {"frame_sharding": {"min_tokens": -1}}}],
     "pipeline": [None, "abc", {"foo": 1}, {"pp_recv_buffer_pool_slack": -1}, {"pp_microbatch_size": 0},
                  {"pp_schedule": "interleaved_1f1b"}, {"dtype": "fp9"}, {"layers_per_stage": "two"},
-                 {"loss_fn": "masked cross entropy"}],
+                 {"loss_fn": "masked cross entropy"}, {"loss_fn": "full"},
+                 {"pp_recv_buffer_pool_slack": None}, {"pp_recv_buffer_pool_slack": [1]},
+                 {"pp_recv_buffer_pool_slack": True}, {"pp_recv_buffer_pool_slack": 2.5}],
     "_target_": ["not a path", "fsdp2.txt:Manager"],
     "moe": ["abc", {"foo": 1}, {"ignore_router_for_ac": "no"}],
     "zero_dp_strategy": [7],

@@ -636,6 +636,8 @@ def test_pipeline_keys_checked_as_warnings_when_pp_is_1():
     ("recipes/loss.py:masked_ce", None),
     ("not a path", "not a dotted import path"),
     ("torch..nn", "not a dotted import path"),
+    ("full", "bare name with no dots"),  # AutoModel: Cannot resolve target (blocked or not found): full
+    ("torch", "bare name with no dots"),  # resolves, but to a module, which no recipe can call
     ("", "not a dotted import path"),
     ("${LOSS_FN}", "not a dotted import path"),  # AutoModel does not expand variables in _target_ / *_fn
     ("loss.txt:f", "must be a .py file"),
@@ -657,6 +659,27 @@ def test_target_paths_checked_across_the_whole_recipe():
     report = validate_config(text, world_size=8)
     bad = [(f.path, f.line) for f in report.findings if f.rule == "target-path-invalid"]
     assert bad == [("dataloader.collate_fn", 4), ("loss_fn._target_", 6)]
+
+
+@pytest.mark.parametrize("text,path,line", [
+    ("distributed:\n  multimodal:\n    vision: null\n", "distributed.multimodal.vision", 3),
+    ("distributed:\n  multimodal:\n    vision:\n      frame_sharding: [cp]\n",
+     "distributed.multimodal.vision.frame_sharding", 4),
+])
+def test_nested_block_that_is_not_a_mapping(text, path, line):
+    # AutoModel: "MultimodalDistributedConfig.vision must be a MultimodalVisionConfig instance." (TypeError)
+    report = validate_config(text, world_size=8)
+    [f] = [f for f in report.findings if f.rule == "multimodal-invalid"]
+    assert not report.valid and (f.path, f.line, f.severity) == (path, line, "error")
+    assert "must be a mapping" in f.message and "TypeError" in f.message
+    assert not [f for f in report.findings if f.rule == "internal-error"]
+
+
+@pytest.mark.parametrize("value", ["null", "[1]", "true", "2.5"])
+def test_recv_slack_must_be_an_integer(value):
+    # null/[1] make PipelineConfig's `slack < 0` raise TypeError; true is read as 1, 2.5 breaks the ring size.
+    report = validate_config(f"pp_size: 2\npipeline:\n  pp_recv_buffer_pool_slack: {value}\n", world_size=4)
+    assert [f.rule for f in report.errors] == ["pipeline-recv-slack"]
 
 
 def test_keys_the_recipe_overwrites_are_not_type_checked():

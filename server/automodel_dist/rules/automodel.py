@@ -368,7 +368,8 @@ def offload_policy_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("multimodal-invalid", family=F, severity="error", title="multimodal: malformed",
-      patterns=(r"distributed\.multimodal\.", r"MultimodalDistributedConfig", r"frame_sharding"),
+      patterns=(r"distributed\.multimodal\.", r"MultimodalDistributedConfig", r"MultimodalVisionConfig",
+                r"CpVisionFrameShardingConfig", r"frame_sharding"),
       cause="multimodal: takes frozen_sharding (root|per_layer|replicate) and vision.frame_sharding settings.",
       fix="Remove multimodal: or use the documented keys.")
 def multimodal_invalid(ctx: Context) -> Iterator[Finding]:
@@ -462,7 +463,8 @@ def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pipeline-recv-slack", family=F, severity="error", title="pp_recv_buffer_pool_slack < 0",
-      patterns=(r"pp_recv_buffer_pool_slack must be >= 0",),
+      patterns=(r"pp_recv_buffer_pool_slack must be >= 0",
+                r"'<' not supported between instances of '(?:NoneType|str|list|dict)' and 'int'"),
       cause="PipelineConfig rejects a negative pp_recv_buffer_pool_slack.", fix="pp_recv_buffer_pool_slack: 2")
 def pipeline_recv_slack(ctx: Context) -> Iterator[Finding]:
     pipe = _pipeline(ctx)

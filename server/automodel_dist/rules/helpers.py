@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from ..config.load import clip
 from ..config.schema import fields
 from ..report import Finding, Severity
 from .base import Context, finding
@@ -70,6 +71,8 @@ def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
     from typing import Annotated
 
     ann = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    if isinstance(ann, type) and issubclass(ann, BaseModel):  # a nested block: strict through its own config
+        return TypeAdapter(ann)
     return TypeAdapter(ann, config=ConfigDict(strict=True))
 
 
@@ -128,8 +131,17 @@ def pydantic_findings(
             continue
         info = known[key]
         sub = info.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(item, dict):
-            yield from pydantic_findings(ctx, sub, item, parts + (key,), rule_id, severity=severity)
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            if isinstance(item, dict):
+                yield from pydantic_findings(ctx, sub, item, parts + (key,), rule_id, severity=severity)
+            else:
+                yield finding(
+                    ctx, rule_id, parts + (key,),
+                    f"{ctx.path(*parts, key)} must be a mapping, got {clip(repr(item))}; AutoModel raises TypeError "
+                    f"when it builds the config{note}",
+                    f"remove {key}: to keep the defaults, or write a mapping with keys {', '.join(fields(sub))}",
+                    severity=severity,
+                )
             continue
         if not value_ok(model, key, item):
             yield finding(

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from automodel_dist import build_mesh, validate_config
 from automodel_dist.catalog.models import catalog
@@ -33,6 +34,8 @@ OPTION_KEYS = sorted({*schema.FSDP2Options.model_fields, *schema.MegatronFSDPOpt
                       *schema.DDPOptions.model_fields})
 PIPELINE_KEYS = list(schema.PipelineConfig.model_fields)
 MOE_KEYS = list(schema.MoEConfig.model_fields)
+NESTED = {"mp_policy": schema.MixedPrecisionPolicy, "offload_policy": schema.CPUOffloadPolicy,
+          "multimodal": schema.Multimodal, "pipeline": schema.PipelineConfig, "moe": schema.MoEConfig}
 ODD_STRINGS = ["none", "None", "null", "~", "2", "2.0", "two", "true", "yes", "off", "selective", "full", "fsdp2",
                "ddp", "mfsdp", "megatron-fsdp", "1f1b", "interleaved1f1b", "interleaved_1f1b", "DualPipeV",
                "bfloat16", "bf16", "torch.float32", "fp8", "1e5", "-3", "0x10", "[1, 2]", "{a: 1}", "${X}",
@@ -59,6 +62,25 @@ def values(depth: int = 2) -> st.SearchStrategy[Any]:
                                                st.text(max_size=8)), inner, max_size=4))
 
 
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic block inside a field's annotation (``X``, ``X | None``), if any."""
+    for t in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return t
+    return None
+
+
+def shaped(model: type[BaseModel]) -> st.SearchStrategy[Any]:
+    """A mapping with some of ``model``'s keys, each an odd scalar, a list or (nested blocks) a mapping of the
+    nested block's keys: reaches every level of mp_policy:, multimodal.vision.frame_sharding:, ..."""
+    optional = {}
+    for name, info in model.model_fields.items():
+        sub = _model_of(info.annotation)
+        optional[name] = st.one_of(scalars(), st.lists(scalars(), max_size=2),
+                                   *([st.deferred(lambda sub=sub: shaped(sub))] if sub else []))
+    return st.fixed_dictionaries({}, optional=optional)
+
+
 def _sizes() -> st.SearchStrategy[Any]:
     plausible = st.sampled_from([None, 1, 2, 3, 4, 8, 16, 32])
     return st.one_of(plausible, plausible, plausible, scalars())
@@ -75,16 +97,15 @@ def blocks(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.integers(0, 3)) == 0:
             block[key] = draw(_sizes())
     if draw(st.integers(0, 3)) == 0:
-        block["pipeline"] = draw(st.one_of(
-            st.none(), st.fixed_dictionaries({}, optional={k: scalars() for k in PIPELINE_KEYS}), values(1)))
+        block["pipeline"] = draw(shaped(schema.PipelineConfig) if draw(st.booleans()) else st.one_of(st.none(), values(1)))
     if draw(st.integers(0, 4)) == 0:
-        block["moe"] = draw(st.one_of(
-            st.none(), st.fixed_dictionaries({}, optional={k: scalars() for k in MOE_KEYS}), values(1)))
+        block["moe"] = draw(shaped(schema.MoEConfig) if draw(st.booleans()) else st.one_of(st.none(), values(1)))
     if draw(st.integers(0, 3)) == 0:
         block["activation_checkpointing"] = draw(st.one_of(st.sampled_from([True, False, "selective", "full",
                                                                             "none", "off"]), scalars()))
     for key in draw(st.lists(st.sampled_from(OPTION_KEYS), max_size=3)):
-        block[key] = draw(values(1))
+        nested = key in NESTED and draw(st.booleans())  # half the time the block's own shape, all levels deep
+        block[key] = draw(shaped(NESTED[key]) if nested else values(1))
     if draw(st.integers(0, 5)) == 0:
         block[draw(st.sampled_from(["_target_", "unknown_key", "tp", "sequence_parallell"]))] = draw(scalars())
     return block

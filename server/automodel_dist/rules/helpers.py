@@ -130,23 +130,16 @@ def pydantic_findings(
             )
             continue
         info = known[key]
-        sub = info.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
-            if isinstance(item, dict):
-                yield from pydantic_findings(ctx, sub, item, parts + (key,), rule_id, severity=severity)
-            else:
-                yield finding(
-                    ctx, rule_id, parts + (key,),
-                    f"{ctx.path(*parts, key)} must be a mapping, got {clip(repr(item))}; AutoModel raises TypeError "
-                    f"when it builds the config{note}",
-                    f"remove {key}: to keep the defaults, or write a mapping with keys {', '.join(fields(sub))}",
-                    severity=severity,
-                )
+        nested = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) else None
+        if nested is not None and isinstance(item, dict):
+            yield from pydantic_findings(ctx, nested, item, parts + (key,), rule_id, severity=severity, note=note)
             continue
-        if not value_ok(model, key, item):
-            yield finding(
-                ctx, rule_id, parts + (key,),
-                f"{ctx.path(*parts, key)} must be {describe(model, key)}, got {item!r}{note}",
-                f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value",
-                severity=severity,
-            )
+        if nested is not None:
+            message = f"must be a mapping, got {clip(repr(item))}; AutoModel raises TypeError when it builds the config"
+            fix = f"remove {key}: to keep the defaults, or write a mapping with keys {', '.join(fields(nested))}"
+        elif not value_ok(model, key, item):
+            message = f"must be {describe(model, key)}, got {clip(repr(item))}"
+            fix = f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value"
+        else:
+            continue
+        yield finding(ctx, rule_id, parts + (key,), f"{ctx.path(*parts, key)} {message}{note}", fix, severity=severity)

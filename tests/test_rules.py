@@ -295,7 +295,7 @@ CASES = [
         {'world_size': 8},
         'pp-batch-divisibility', 'error', 'distributed.pipeline.pp_microbatch_size', 6, False,
         "step_scheduler.local_batch_size=6 is not divisible by pipeline.pp_microbatch_size=4: AutoModel's pipeline schedule build raises ValueError",
-        'local_batch_size: 4 or a pp_microbatch_size dividing 6',
+        'local_batch_size: 8 (with pp_microbatch_size=4), or pp_microbatch_size: 3 (with local_batch_size=6)',
         id='pp-batch-divisibility',
     ),
     pytest.param(
@@ -303,7 +303,7 @@ CASES = [
         {'world_size': 8},
         'pp-microbatches', 'error', 'step_scheduler.local_batch_size', 2, False,
         "local_batch_size 2 // pp_microbatch_size 1 = 2 microbatches, fewer than pp_size=4: the recipe's assertion fails",
-        'local_batch_size: 4 (or more), or pp_microbatch_size: 1',
+        'local_batch_size: 4 (with pp_microbatch_size=1)',  # no pp_microbatch_size gives 4 microbatches from 2
         id='pp-microbatches',
     ),
     pytest.param(
@@ -680,6 +680,19 @@ def test_recv_slack_must_be_an_integer(value):
     # null/[1] make PipelineConfig's `slack < 0` raise TypeError; true is read as 1, 2.5 breaks the ring size.
     report = validate_config(f"pp_size: 2\npipeline:\n  pp_recv_buffer_pool_slack: {value}\n", world_size=4)
     assert [f.rule for f in report.errors] == ["pipeline-recv-slack"]
+
+
+@pytest.mark.parametrize("lbs,mbs,pp,fix", [
+    (8, 4, 4, "local_batch_size: 16 (with pp_microbatch_size=4), or pp_microbatch_size: 2 (with local_batch_size=8)"),
+    (12, 4, 4, "local_batch_size: 16 (with pp_microbatch_size=4), or pp_microbatch_size: 3 (with local_batch_size=12)"),
+    (2, 2, 4, "local_batch_size: 8 (with pp_microbatch_size=2)"),  # no microbatch size gives 4 from 2 samples
+])
+def test_pp_microbatches_fix_only_offers_sizes_that_work(lbs, mbs, pp, fix):
+    text = (f"step_scheduler:\n  local_batch_size: {lbs}\ndistributed:\n  pp_size: {pp}\n  pipeline:\n"
+            f"    pp_microbatch_size: {mbs}\n")
+    report = validate_config(text, world_size=8)
+    [f] = [f for f in report.findings if f.rule == "pp-microbatches"]
+    assert f.fix == fix
 
 
 def test_keys_the_recipe_overwrites_are_not_type_checked():

@@ -716,13 +716,18 @@ def world_not_divisible(ctx: Context) -> Iterator[Finding]:
         expr, nums = "tp_size * cp_size", f"{tp} * {cp}"
     keys = [k for k in ("tp_size", "cp_size", "pp_size") if ctx.size(k) > 1 and (k != "pp_size" or ctx.strategy == "fsdp2")]
     at = (keys[0],) if keys else ()
-    fix = f"use a world size that is a multiple of {factor} (e.g. {_world_options(ctx.world_size, factor)})"
-    rest = factor // tp
-    if tp > 1 and ctx.world_size % rest == 0:
-        tp_ok = [t for t in divisors(ctx.world_size // rest, 64)]
-        fix += f", or tp_size in {fmt_set(tp_ok)}"
     yield finding(ctx, "world-not-divisible", at,
-                  f"world_size ({ctx.world_size}) must be divisible by ({expr}) ({nums} = {factor})", fix)
+                  f"world_size ({ctx.world_size}) must be divisible by ({expr}) ({nums} = {factor})",
+                  _factor_fix(ctx.world_size, factor, tp))
+
+
+def _factor_fix(world: int, factor: int, tp: int) -> str:
+    """How to make the non-dp factor (tp*cp*pp) divide the world: another world size, or a tp_size."""
+    fix = f"use a world size that is a multiple of {factor} (e.g. {_world_options(world, factor)})"
+    rest = factor // tp
+    if tp > 1 and world % rest == 0:
+        fix += f", or tp_size in {fmt_set(divisors(world // rest, 64))}"
+    return fix
 
 
 def _mesh_product(ctx: Context) -> int | None:
@@ -748,7 +753,8 @@ def dp_size_exceeds_world(ctx: Context) -> Iterator[Finding]:
     yield finding(ctx, "dp-size-exceeds-world", ("dp_size",),
                   f"dp_size={ctx.sizes['dp_size']} gives a mesh of {mesh} ranks (dp*tp*cp*pp), more than "
                   f"world_size={ctx.world_size}: torch fails with 'Mesh should not be bigger than default world size'",
-                  f"dp_size: {good} (or remove it)" if good else "remove dp_size and fix the sizes")
+                  f"dp_size: {good} (or remove it)" if good else
+                  f"remove dp_size, and {_factor_fix(ctx.world_size, factor, ctx.size('tp_size'))}")
 
 
 @rule("dp-size-leaves-ranks", family=F, severity="warning", title="Explicit dp_size leaves ranks outside the mesh",

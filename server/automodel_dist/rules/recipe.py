@@ -43,22 +43,6 @@ def batch_size_invalid(ctx: Context) -> Iterator[Finding]:
                           f"{key}: 1", recipe_path=f"step_scheduler.{key}")
 
 
-@rule("pp-batch-divisibility", family=F, severity="error", title="local_batch_size not divisible by pp_microbatch_size",
-      patterns=(r"Batch size (\d+) must be divisible by number of microbatches",),
-      cause="With pp_size > 1 the local batch is cut into local_batch_size // pp_microbatch_size microbatches.",
-      fix="Make step_scheduler.local_batch_size a multiple of pipeline.pp_microbatch_size.")
-def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
-    lbs, present = _lbs(ctx)
-    mbs = _mbs(ctx)
-    if not present or ctx.size("pp_size") <= 1 or mbs is None or not is_positive_int(lbs):
-        return
-    if lbs % mbs:
-        yield finding(ctx, "pp-batch-divisibility", ("pipeline", "pp_microbatch_size"),
-                      f"step_scheduler.local_batch_size={lbs} is not divisible by pipeline.pp_microbatch_size={mbs}: "
-                      "AutoModel's pipeline schedule build raises ValueError",
-                      f"local_batch_size: {max(mbs, lbs - lbs % mbs)} or a pp_microbatch_size dividing {lbs}")
-
-
 def _nmb_requirements(schedule: str | None, pp: int, nmb: int) -> str | None:
     """torch schedule constraints on the microbatch count (2.13)."""
     if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
@@ -69,6 +53,41 @@ def _nmb_requirements(schedule: str | None, pp: int, nmb: int) -> str | None:
     if schedule == "DualPipeV" and nmb < 2 * pp:
         return f"DualPipeV needs at least as many microbatches as stages ({2 * pp}), got {nmb}"
     return None
+
+
+def _batch_ok(lbs: int, mbs: int, pp: int, schedule: str | None) -> bool:
+    """local_batch_size and pp_microbatch_size the recipe and torch's schedule both accept."""
+    return lbs % mbs == 0 and lbs // mbs >= pp and _nmb_requirements(schedule, pp, lbs // mbs) is None
+
+
+def _batch_fix(lbs: int, mbs: int, pp: int, schedule: str | None) -> str:
+    """The nearest local_batch_size values below and above ``lbs`` that work with ``mbs``, and the
+    pp_microbatch_size nearest ``mbs`` that works with ``lbs`` (each checked with :func:`_batch_ok`)."""
+    reach = min(4 * pp, 1000)  # bounded scan of microbatch counts; multiples of 2 * pp always qualify
+    counts = range(max(pp, lbs // mbs - reach), lbs // mbs + reach + 1)
+    ok = [n * mbs for n in counts if _batch_ok(n * mbs, mbs, pp, schedule)]
+    sizes = [b for b in ok if b < lbs][-1:] + ([b for b in ok if b > lbs][:1] or [2 * pp * mbs * (lbs // (2 * pp * mbs) + 1)])
+    fix = f"local_batch_size: {' or '.join(map(str, sizes))} (with pp_microbatch_size={mbs})"
+    micro = [m for m in range(1, min(lbs, 4096) + 1) if m != mbs and _batch_ok(lbs, m, pp, schedule)]
+    if micro:
+        fix += f", or pp_microbatch_size: {min(micro, key=lambda m: (abs(m - mbs), -m))} (with local_batch_size={lbs})"
+    return fix
+
+
+@rule("pp-batch-divisibility", family=F, severity="error", title="local_batch_size not divisible by pp_microbatch_size",
+      patterns=(r"Batch size (\d+) must be divisible by number of microbatches",),
+      cause="With pp_size > 1 the local batch is cut into local_batch_size // pp_microbatch_size microbatches.",
+      fix="Make step_scheduler.local_batch_size a multiple of pipeline.pp_microbatch_size.")
+def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
+    lbs, present = _lbs(ctx)
+    mbs = _mbs(ctx)
+    pp = ctx.size("pp_size")
+    if not present or pp <= 1 or mbs is None or not is_positive_int(lbs):
+        return
+    if lbs % mbs:
+        yield finding(ctx, "pp-batch-divisibility", ("pipeline", "pp_microbatch_size"),
+                      f"step_scheduler.local_batch_size={lbs} is not divisible by pipeline.pp_microbatch_size={mbs}: "
+                      "AutoModel's pipeline schedule build raises ValueError", _batch_fix(lbs, mbs, pp, ctx.pp_schedule))
 
 
 @rule("pp-microbatches", family=F, severity="error", title="Too few pipeline microbatches",
@@ -86,22 +105,14 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
         return
     nmb = lbs // mbs
     if nmb < pp:
-        yield finding(ctx, "pp-microbatches", (), f"local_batch_size {lbs} // pp_microbatch_size {mbs} = {nmb} "
-                      f"microbatches, fewer than pp_size={pp}: the recipe's assertion fails",
-                      f"local_batch_size: {pp * mbs} (or more), or pp_microbatch_size: {max(1, lbs // pp)}",
-                      recipe_path="step_scheduler.local_batch_size")
+        problem = (f"local_batch_size {lbs} // pp_microbatch_size {mbs} = {nmb} microbatches, fewer than "
+                   f"pp_size={pp}: the recipe's assertion fails")
+    elif (problem := _nmb_requirements(ctx.pp_schedule, pp, nmb)) is not None:
+        problem += ": torch raises ValueError when building the schedule"
+    else:
         return
-    problem = _nmb_requirements(ctx.pp_schedule, pp, nmb)
-    if problem:
-        reach = min(4 * pp, 1000)  # bounded scan; multiples of pp always qualify
-        ok = [n for n in range(max(pp, nmb - reach), nmb + reach + 1)
-              if _nmb_requirements(ctx.pp_schedule, pp, n) is None]
-        below = [n for n in ok if n < nmb][-1:] or ([nmb // pp * pp] if nmb // pp * pp >= pp else [])
-        above = [n for n in ok if n > nmb][:1] or [(nmb // pp + 1) * pp]
-        options = " or ".join(str(n * mbs) for n in below + above)
-        yield finding(ctx, "pp-microbatches", (), problem + ": torch raises ValueError when building the schedule",
-                      f"local_batch_size: {options} (with pp_microbatch_size={mbs})",
-                      recipe_path="step_scheduler.local_batch_size")
+    yield finding(ctx, "pp-microbatches", (), problem, _batch_fix(lbs, mbs, pp, ctx.pp_schedule),
+                  recipe_path="step_scheduler.local_batch_size")
 
 
 @rule("global-batch-divisibility", family=F, severity="error",

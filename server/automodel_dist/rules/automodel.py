@@ -462,10 +462,11 @@ def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
                                  severity=sev, skip=_PIPELINE_UNTYPED, note=_pipeline_note(ctx))
 
 
-@rule("pipeline-recv-slack", family=F, severity="error", title="pp_recv_buffer_pool_slack < 0",
+@rule("pipeline-recv-slack", family=F, severity="error", title="pp_recv_buffer_pool_slack not an integer >= 0",
       patterns=(r"pp_recv_buffer_pool_slack must be >= 0",
                 r"'<' not supported between instances of '(?:NoneType|str|list|dict)' and 'int'"),
-      cause="PipelineConfig rejects a negative pp_recv_buffer_pool_slack.", fix="pp_recv_buffer_pool_slack: 2")
+      cause="PipelineConfig rejects a negative pp_recv_buffer_pool_slack and fails (TypeError) on null, a string or "
+            "a list; true is read as 1 and a fraction breaks the recv ring size.", fix="pp_recv_buffer_pool_slack: 2")
 def pipeline_recv_slack(ctx: Context) -> Iterator[Finding]:
     pipe = _pipeline(ctx)
     if not isinstance(pipe, dict) or "pp_recv_buffer_pool_slack" not in pipe:

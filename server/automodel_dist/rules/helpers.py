@@ -71,8 +71,6 @@ def field_adapter(model: type[BaseModel], name: str) -> TypeAdapter:
     from typing import Annotated
 
     ann = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-    if isinstance(ann, type) and issubclass(ann, BaseModel):  # a nested block: strict through its own config
-        return TypeAdapter(ann)
     return TypeAdapter(ann, config=ConfigDict(strict=True))
 
 

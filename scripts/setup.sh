@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a working environment from a fresh clone: a .venv (unless one is active), the CPU torch
 # wheel pinned first (an unpinned torch pulls a multi-GB CUDA build), numpy, this package with
-# its test extra, and NeMo AutoModel 0.7.0 (no deps) as the differential-test oracle.
+# its test extra, and NeMo AutoModel 0.7.0 (no deps) as the differential-test oracle, with the
+# transformers release it pins (its parallelizers import it; the oracle runs them on a tiny model).
 # Source it to stay in the venv: `. scripts/setup.sh`.
 set -euo pipefail
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,4 +16,5 @@ _pip() { python -m pip install -q --disable-pip-version-check "$@"; }
 python -c "import torch, numpy" 2>/dev/null || _pip "torch==${TORCH_VERSION:-2.13.0}" numpy
 _pip -e ".[test]" -c constraints.txt   # constraints: see the file
 python -c "import nemo_automodel" 2>/dev/null || _pip --no-deps "nemo-automodel==0.7.0" packaging
+python -c "import transformers" 2>/dev/null || _pip "transformers==5.18.0"
 python -c "import automodel_dist, torch; print('automodel-dist ready (torch', torch.__version__ + ')')"

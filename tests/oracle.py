@@ -96,3 +96,95 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
         logger.propagate = propagate
     result.warnings = capture.messages
     return result
+
+
+def parallelize(block: dict[str, Any], world_size: int) -> str | None:
+    """AutoModel's ``parallelize_model`` on a tiny meta-device decoder after its own setup, at rank 0.
+
+    Returns the first error text (``type: message``), or None when setup and parallelization pass.
+    The module has no MoE layers, so an ep_size > 1 run fails later in expert parallelism; what this
+    checks are the block-level TP rules AutoModel applies before it reaches the model's structure.
+    Its MoE path imports ``transformers`` (AutoModel's own dependency, installed by scripts/setup.sh).
+    """
+    import torch
+    import torch.distributed as dist
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+    from torch import nn
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj, self.o_proj = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    class Decoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed_tokens, self.layers = nn.Embedding(16, 8), nn.ModuleList([Block(), Block()])
+
+    class CausalLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.lm_head = Decoder(), nn.Linear(8, 16)
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    logger = logging.getLogger("nemo_automodel")
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            setup = create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
+                                                         world_size=world_size)
+            with torch.device("meta"):
+                model = CausalLM()
+            parallelize_model(model, setup.mesh_context)
+        return None
+    except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        logger.propagate = propagate
+        dist.destroy_process_group()
+
+
+def implementation_of(architecture: str) -> tuple[str, dict[str, bool]]:
+    """AutoModel's class for a Hugging Face architecture (its module) and what validate_for_mesh accepts.
+
+    AutoModel's own classes are inspected without running ``__init__`` (some need CUDA to build); a
+    test checks that no such ``__init__`` assigns ``_tp_plan`` / ``_pp_plan``, so the class decides.
+    Hugging Face classes are built on the meta device from a tiny config (their plans are set there).
+    """
+    import inspect
+
+    import torch
+    from nemo_automodel._transformers.capabilities import ModelSupports
+    from nemo_automodel._transformers.registry import get_registry
+    from torch import nn
+
+    registry = get_registry()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if registry.has_custom_model(architecture):
+            cls = registry.get_model_cls_from_model_arch(architecture)
+            for klass in cls.__mro__:
+                if klass.__module__.startswith("nemo_automodel.") and "__init__" in vars(klass):
+                    source = inspect.getsource(vars(klass)["__init__"])
+                    assert "_tp_plan" not in source and "_pp_plan" not in source, klass
+            model = cls.__new__(cls)
+            nn.Module.__init__(model)
+        else:
+            import transformers
+            from transformers import AutoConfig
+
+            cls = getattr(transformers, architecture)
+            config = AutoConfig.for_model(cls.config_class.model_type, hidden_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                          vocab_size=256, head_dim=16)
+            with torch.device("meta"):
+                model = cls(config)
+        supports = ModelSupports(model, None)
+        caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep}
+    return cls.__module__, caps

@@ -58,3 +58,20 @@ def test_hf_config_round_trip(tmp_path):
 def test_bad_models_raise_model_config_error(bad):
     with pytest.raises(ModelConfigError):
         resolve_model(bad)
+
+
+def test_every_catalog_model_has_a_tabled_automodel_implementation():
+    from automodel_dist.catalog.implementations import implementation
+
+    for spec in catalog():
+        assert implementation(spec.architecture) is not None, spec.name
+
+
+def test_hf_config_architecture_is_read():
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "num_experts": 8}
+    assert from_hf_config(cfg).architecture == "Qwen3MoeForCausalLM"
+    vlm = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {k: v for k, v in cfg.items()
+                                                                                if k != "architectures"}}
+    assert from_hf_config(vlm).architecture == "Gemma3ForConditionalGeneration"
+    assert from_hf_config({**cfg, "architectures": ["not an identifier"]}).architecture is None

@@ -29,6 +29,7 @@ from conftest import ROOT, wait_for_port
 from automodel_dist import build_mesh, suggest_strategy, validate_config
 from automodel_dist.config import schema
 from automodel_dist.docgen import BEGIN, END, SECTIONS, render
+from automodel_dist.explain import explain_error
 from automodel_dist.rules import RULES
 
 DOCS = [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
@@ -103,6 +104,11 @@ def test_yaml_block_agrees_with_automodel(block: Block) -> None:
         assert result.ok, f"{block.where}: AutoModel rejects it: {result.error}"
     elif RULES[expect.split(":")[1]].family == "automodel":
         assert not result.ok, f"{block.where}: AutoModel accepts a block documented as {expect}"
+    elif RULES[expect.split(":")[1]].family == "parallelize":  # its setup passes; parallelizing fails
+        assert result.ok, f"{block.where}: AutoModel's setup rejects it: {result.error}"
+        error = oracle.parallelize(dist, world)
+        explained = {m.rule for m in explain_error(error or "").matches}
+        assert expect.split(":")[1] in explained, f"{block.where}: AutoModel's parallelize gave {error!r}"
 
 
 def test_generated_sections_are_current() -> None:

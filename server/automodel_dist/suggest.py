@@ -16,12 +16,14 @@ from typing import Any
 import yaml
 
 from .api import validate_config
+from .catalog.implementations import implementation
 from .catalog.models import ModelSpec, resolve_model
 from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, virtual_stages
 from .rules.helpers import divisors
 from .rules.model import valid_ep_sizes, valid_tp_sizes
+from .rules.parallelize import moe_tp_unplanned
 from .suggestion import Candidate, Rejected, SuggestReport
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
@@ -82,7 +84,8 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                     if strategy == "fsdp2":  # HSDP: shard groups of at least a node, replicated across them
                         reps += [r for r in divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
                     for rep in reps:
-                        for ep in ([1] if strategy != "fsdp2" else [e for e in eps if (dp * cp * tp) % e == 0]):
+                        for ep in ([1] if strategy != "fsdp2" else [e for e in eps if (dp * cp * tp) % e == 0
+                                                                     and not moe_tp_unplanned(tp, e)]):
                             ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
                             for sched in schedules:
                                 for ac in acs:
@@ -282,12 +285,21 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
         simple = p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and not p.activation_checkpointing
         if simple and p.strategy in ("fsdp2", "ddp"):
             add(o.block(mbs), why(o, mem, step))
+    impl = implementation(m.architecture)
+    if impl is not None and not impl.tp and world % min(gpn, 8) == 0 and min(gpn, 8) > 1:
+        add({"strategy": "fsdp2", "tp_size": min(gpn, 8)},
+            f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which has no TP plan: validate_for_mesh "
+            "raises for tp_size > 1")
+    if impl is not None and not impl.ep and m.is_moe and min(gpn, m.num_experts) > 1:
+        add({"strategy": "fsdp2", "ep_size": min(gpn, m.num_experts)},
+            f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which cannot take ep_size > 1 (no "
+            "MoEFSDPSyncMixin): its experts are FSDP-sharded instead")
     tps = valid_tp_sizes(m)
     if 2 * gpn in tps and world % (2 * gpn) == 0:
         add({"strategy": "fsdp2", "tp_size": 2 * gpn},
             f"tp={2 * gpn} crosses nodes: per-layer TP collectives would run at {cluster.inter_gbps:.0f} GB/s "
             f"instead of {cluster.intra_gbps:.0f} GB/s")
-    bad_tp = next((t for t in (3, 6, 12) if t not in tps and t <= gpn), None)
+    bad_tp = next((t for t in (3, 6, 12) if t not in tps and t <= gpn), None) if tps != [1] else None
     if bad_tp:
         add({"strategy": "fsdp2", "tp_size": bad_tp},
             f"tp={bad_tp} does not divide num_attention_heads={m.num_attention_heads} and num_key_value_heads="

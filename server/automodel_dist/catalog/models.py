@@ -45,6 +45,7 @@ class ModelSpec:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     published_params: float | None = None  # total parameters from the model card
+    architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
     source: str | None = None
     aliases: tuple[str, ...] = field(default=())
 
@@ -144,26 +145,28 @@ class ModelSpec:
             "params": self.param_count(),
             "active_params": self.active_param_count(),
             "published_params": self.published_params,
+            "architecture": self.architecture,
         }
 
 
 def _llama(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
            published: float, aliases: tuple[str, ...] = ()) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, published_params=published,
-                     source=f"https://huggingface.co/{name}", aliases=aliases)
+                     architecture="LlamaForCausalLM", source=f"https://huggingface.co/{name}", aliases=aliases)
 
 
 def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
             published: float) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, qkv_bias=True,
-                     published_params=published, source=f"https://huggingface.co/{name}",
+                     published_params=published, architecture="Qwen2ForCausalLM", source=f"https://huggingface.co/{name}",
                      aliases=(f"{name}-Instruct",))
 
 
 def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, tied: bool,
            published: float) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, 151936, head_dim=128, tie_word_embeddings=tied, qk_norm=True,
-                     published_params=published, source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
+                     published_params=published, architecture="Qwen3ForCausalLM",
+                     source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
 
 
 _CATALOG: list[ModelSpec] = [
@@ -198,48 +201,48 @@ _CATALOG: list[ModelSpec] = [
     # Qwen3 MoE
     ModelSpec("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, head_dim=128, qk_norm=True, num_experts=128,
               experts_per_token=8, moe_intermediate_size=768, published_params=30.5e9,
-              source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
+              architecture="Qwen3MoeForCausalLM", source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
               aliases=("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507",
                        "Qwen/Qwen3-30B-A3B-Thinking-2507")),
     ModelSpec("Qwen/Qwen3-235B-A22B", 4096, 94, 64, 4, 12288, 151936, head_dim=128, qk_norm=True, num_experts=128,
               experts_per_token=8, moe_intermediate_size=1536, published_params=235e9,
-              source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
+              architecture="Qwen3MoeForCausalLM", source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
               aliases=("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507")),
     # Mixtral
     ModelSpec("mistralai/Mixtral-8x7B-v0.1", 4096, 32, 32, 8, 14336, 32000, num_experts=8, experts_per_token=2,
               moe_intermediate_size=14336, published_params=46.7e9,
-              source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
+              architecture="MixtralForCausalLM", source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
               aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
     ModelSpec("mistralai/Mixtral-8x22B-v0.1", 6144, 56, 48, 8, 16384, 32768, num_experts=8, experts_per_token=2,
               moe_intermediate_size=16384, published_params=141e9,
-              source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
+              architecture="MixtralForCausalLM", source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
               aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",)),
     # DeepSeek-V3 (671B main model; the HF checkpoint adds a 14B multi-token-prediction module)
     ModelSpec("deepseek-ai/DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, num_experts=256, experts_per_token=8,
               moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=3,
               q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-              head_dim=192, published_params=671e9, source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
+              head_dim=192, published_params=671e9, architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
               aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
     # gpt-oss (OpenAI)
     ModelSpec("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
               num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=20.9e9, source="https://huggingface.co/openai/gpt-oss-20b"),
+              published_params=20.9e9, architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-20b"),
     ModelSpec("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
               num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=116.8e9, source="https://huggingface.co/openai/gpt-oss-120b"),
+              published_params=116.8e9, architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-120b"),
     # Gemma (Google)
     ModelSpec("google/gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=2.61e9, source="https://huggingface.co/google/gemma-2-2b",
+              norms_per_layer=4, published_params=2.61e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-2b",
               aliases=("google/gemma-2-2b-it",)),
     ModelSpec("google/gemma-2-9b", 3584, 42, 16, 8, 14336, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=9.24e9, source="https://huggingface.co/google/gemma-2-9b",
+              norms_per_layer=4, published_params=9.24e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-9b",
               aliases=("google/gemma-2-9b-it",)),
     ModelSpec("google/gemma-2-27b", 4608, 46, 32, 16, 36864, 256000, head_dim=128, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=27.2e9, source="https://huggingface.co/google/gemma-2-27b",
+              norms_per_layer=4, published_params=27.2e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-27b",
               aliases=("google/gemma-2-27b-it",)),
     ModelSpec("google/gemma-3-1b-pt", 1152, 26, 4, 1, 6912, 262144, head_dim=256, tie_word_embeddings=True,
               qk_norm=True, norms_per_layer=4, published_params=1.0e9,
-              source="https://huggingface.co/google/gemma-3-1b-pt", aliases=("google/gemma-3-1b-it",)),
+              architecture="Gemma3ForCausalLM", source="https://huggingface.co/google/gemma-3-1b-pt", aliases=("google/gemma-3-1b-it",)),
 ]
 
 _BY_NAME: dict[str, ModelSpec] = {}
@@ -297,7 +300,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     if not isinstance(cfg, dict):
         raise ModelConfigError("a model config must be a JSON object")
     if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
-        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path")}
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path"), "architectures": cfg.get("architectures")}
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(
@@ -347,8 +350,16 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim"),
         qk_rope_head_dim=_opt_int(cfg, "qk_rope_head_dim"),
         v_head_dim=_opt_int(cfg, "v_head_dim"),
+        architecture=_architecture(cfg),
     )
     return spec
+
+
+def _architecture(cfg: dict[str, Any]) -> str | None:
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str) and archs[0].isidentifier():
+        return archs[0]
+    return None
 
 
 MAX_CONFIG_BYTES = 1 << 20

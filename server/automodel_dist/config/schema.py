@@ -84,7 +84,9 @@ ACMode = bool | Literal["selective"]
 class FSDP2Options(_Strict):
     """Strategy options of ``strategy: fsdp2`` (FSDP2Config)."""
 
-    sequence_parallel: bool = Field(default=False, description="Sequence parallelism in the TP plan (needs tp>1).")
+    sequence_parallel: bool = Field(
+        default=False, description="Sequence parallelism in the TP plan (acts with tp>1; rejected with ep>1)."
+    )
     tp_plan: dict[str, Any] | str | None = Field(default=None, description="Custom TP plan; None = auto per model.")
     patch_is_packed_sequence: bool = Field(default=False, description="Patch HF _is_packed_sequence to False.")
     mp_policy: MixedPrecisionPolicy | None = Field(
@@ -102,7 +104,7 @@ class FSDP2Options(_Strict):
     reshard_after_forward: bool | None = Field(
         default=None, description="None = AutoModel heuristic (no reshard under PP; all but last layer otherwise)."
     )
-    enable_async_tensor_parallel: bool = Field(default=False, description="Async TP (needs sequence_parallel).")
+    enable_async_tensor_parallel: bool = Field(default=False, description="Async TP (tp>1): needs sequence_parallel; rejected with ep>1.")
     enable_compile: bool = Field(default=False, description="Per-layer torch.compile.")
     enable_fsdp2_prefetch: bool = Field(default=False, description="Explicit FSDP2 prefetch chains.")
     fsdp2_backward_prefetch_depth: NonNegInt = Field(default=2, description="FSDP units prefetched in backward.")

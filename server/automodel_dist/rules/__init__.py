@@ -1,6 +1,6 @@
 """The rule table. Importing this package registers every rule (one module per family)."""
 
-from . import automodel, cluster, model, recipe, runtime  # noqa: F401  (registration side effects)
+from . import automodel, cluster, model, parallelize, recipe, runtime  # noqa: F401  (registration side effects)
 from .base import RULES, Context, Rule, note, run_rules
 
 F = "input"

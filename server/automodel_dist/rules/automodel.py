@@ -55,7 +55,6 @@ SCHEDULE_HINTS = {
     "dualpipe": "dualpipev",
     "one_f_one_b": "1f1b",
 }
-SEQ_PARALLEL_NEEDS_TP = "sequence_parallel"
 
 
 def _raw_strategy(ctx: Context) -> Any:

@@ -1,10 +1,12 @@
-"""Model-aware rules: what AutoModel only finds at model build time (TP heads, EP experts, PP stages)."""
+"""Model-aware rules: what AutoModel only finds at model build time (the implementation's capabilities,
+TP heads, EP experts, PP stages)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 
+from ..catalog.implementations import Implementation, implementation
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, virtual_stages
@@ -14,15 +16,24 @@ from .helpers import divisors, fmt_set
 
 F = "model"
 
+def _lacks(m: ModelSpec, what: str) -> Implementation | None:
+    """AutoModel's implementation of ``m`` when it is known and cannot do ``what`` (tp, pp or ep)."""
+    impl = implementation(m.architecture)
+    return impl if impl is not None and not getattr(impl, what) else None
+
+
 def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
-    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count)."""
+    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count); [1] when
+    AutoModel's implementation of the model has no TP plan."""
+    if _lacks(m, "tp"):
+        return [1]
     heads = m.num_attention_heads if m.kv_lora_rank else math.gcd(m.num_attention_heads, m.num_key_value_heads)
     return [d for d in divisors(heads) if d <= limit]
 
 
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
-    """ep sizes that divide the routed experts (1 for a dense model)."""
-    return divisors(m.num_experts) if m.is_moe else [1]
+    """ep sizes that divide the routed experts ([1] for a dense model or one AutoModel cannot expert-shard)."""
+    return divisors(m.num_experts) if m.is_moe and not _lacks(m, "ep") else [1]
 
 
 note("model-unknown", "Model not found", family=F, severity="warning",
@@ -40,7 +51,7 @@ note("model-from-recipe", "Model taken from the recipe", family=F, severity="inf
       fix="Use a tp_size that divides both head counts.")
 def tp_heads(ctx: Context) -> Iterator[Finding]:
     tp, m = ctx.size("tp_size"), ctx.model
-    if m is None or tp <= 1 or tp in valid_tp_sizes(m, limit=1 << 30):
+    if m is None or tp <= 1 or _lacks(m, "tp") or tp in valid_tp_sizes(m, limit=1 << 30):
         return
     counts = [("num_attention_heads", m.num_attention_heads)]
     if not m.kv_lora_rank:  # MLA shards the full head count
@@ -57,20 +68,59 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
       fix="Use an ep_size that divides the number of routed experts.")
 def ep_experts(ctx: Context) -> Iterator[Finding]:
     ep, m = ctx.size("ep_size"), ctx.model
-    if m is None or ep <= 1 or not m.is_moe or m.num_experts % ep == 0:
+    if m is None or ep <= 1 or not m.is_moe or _lacks(m, "ep") or m.num_experts % ep == 0:
         return
     yield finding(ctx, "ep-experts", ("ep_size",),
                   f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
                   f"use ep_size in {fmt_set(d for d in valid_ep_sizes(m) if d > 1)}")
 
 
-@rule("ep-dense-model", family=F, severity="warning", title="ep_size > 1 on a dense model",
-      cause="A dense model has no experts: the EP mesh is built but unused.", fix="ep_size: 1")
+_EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
+
+
+@rule("ep-dense-model", family=F, severity="error", title="ep_size > 1 on a dense model",
+      patterns=(_EP_NEEDS_MOE,),
+      cause="A dense model has no experts; when AutoModel builds it, validate_for_mesh raises 'Expert parallelism "
+            "(ep_size=N) requires a MoE model' (no dense class inherits its MoEFSDPSyncMixin).",
+      fix="ep_size: 1")
 def ep_dense_model(ctx: Context) -> Iterator[Finding]:
     if ctx.model is not None and ctx.size("ep_size") > 1 and not ctx.model.is_moe:
         yield finding(ctx, "ep-dense-model", ("ep_size",),
-                      f"ep_size={ctx.size('ep_size')} but {ctx.model.name} is a dense model (no experts): the MoE mesh "
-                      "is built and never used", "ep_size: 1")
+                      f"ep_size={ctx.size('ep_size')} but {ctx.model.name} is a dense model (no experts): AutoModel "
+                      f"raises 'Expert parallelism (ep_size={ctx.size('ep_size')}) requires a MoE model' when it builds "
+                      "the model, after launch", "ep_size: 1")
+
+
+_REFUSAL = {  # AutoModel's own text (_transformers/capabilities.py validate_for_mesh)
+    "tp": ("tp_size", "Tensor parallelism (tp_size={n}) requested but {arch} has no TP plan"),
+    "pp": ("pp_size", "Pipeline parallelism (pp_size={n}) requires a _pp_plan attribute on {arch}"),
+    "ep": ("ep_size", "Expert parallelism (ep_size={n}) requires a MoE model, but {arch} does not inherit from "
+                      "MoEFSDPSyncMixin"),
+}
+_INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size / cp_size",
+            "pp": "pp_size: 1, and shard with FSDP (dp) plus tp_size / cp_size",
+            "ep": "ep_size: 1: the experts are then FSDP-sharded with the rest of the model"}
+
+
+@rule("model-capability", family=F, severity="error", title="Parallelism AutoModel's implementation of the model lacks",
+      patterns=(r"Tensor parallelism \(tp_size=(\d+)\) requested but (\w+) has no TP plan",
+                r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE),
+      cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
+            "cannot do: its own Qwen3-MoE, DeepSeek-V3 and gpt-oss classes have no TP plan, and the Hugging Face "
+            "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1.",
+      fix="Set that size to 1 and shard with the parallelisms the model supports.")
+def model_capability(ctx: Context) -> Iterator[Finding]:
+    m = ctx.model
+    if m is None:
+        return
+    for what, (key, refusal) in _REFUSAL.items():
+        impl, size = _lacks(m, what), ctx.size(key)
+        if impl is None or size <= 1 or (what == "ep" and not m.is_moe):  # dense + ep: ep-dense-model
+            continue
+        yield finding(ctx, "model-capability", (key,),
+                      f"{key}={size}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises "
+                      f"'{refusal.format(n=size, arch=impl.architecture)}' right after building it, after launch",
+                      _INSTEAD[what])
 
 
 @rule("pp-stages", family=F, severity="error", title="Pipeline split does not fit the model",

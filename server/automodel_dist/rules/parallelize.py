@@ -1,0 +1,90 @@
+"""Rules for the errors AutoModel 0.7.0 raises from the block alone, but only once it parallelizes the
+built model, after launch: ``components/distributed/model_parallelizer.py`` sends ep_size > 1 to
+``components/moe/parallelizer.py`` and everything else (fsdp2) to ``components/distributed/parallelizer.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..config.load import Unresolved
+from ..report import Finding
+from .base import Context, finding, rule
+
+F = "parallelize"
+
+
+def _on(ctx: Context, key: str) -> bool:
+    """AutoModel's reading of a boolean option: the raw value's truthiness (its dataclasses do not coerce)."""
+    value = ctx.block.get(key)
+    return bool(value) and not isinstance(value, Unresolved)
+
+
+@rule("tp-async-needs-sp", family=F, severity="error", title="Async TP without sequence parallelism",
+      patterns=(r"enable_async_tensor_parallel=True requires sequence_parallel=True",),
+      cause="With tp_size > 1 (and ep_size 1), AutoModel's FSDP2 parallelizer raises when "
+            "enable_async_tensor_parallel is on and sequence_parallel is off; its docstring says SP is forced on, "
+            "the 0.7.0 code raises.",
+      fix="Add sequence_parallel: true, or remove enable_async_tensor_parallel.")
+def tp_async_needs_sp(ctx: Context) -> Iterator[Finding]:
+    tp = ctx.size("tp_size")
+    if (ctx.strategy == "fsdp2" and tp > 1 and ctx.size("ep_size") == 1
+            and _on(ctx, "enable_async_tensor_parallel") and not _on(ctx, "sequence_parallel")):
+        yield finding(ctx, "tp-async-needs-sp", ("enable_async_tensor_parallel",),
+                      f"enable_async_tensor_parallel: true with tp_size={tp} needs sequence_parallel: true; AutoModel's "
+                      "FSDP2 parallelizer raises 'enable_async_tensor_parallel=True requires sequence_parallel=True' "
+                      "when it parallelizes the model, after launch",
+                      "add sequence_parallel: true (async TP overlaps its reduce-scatters), or remove "
+                      "enable_async_tensor_parallel")
+
+
+def moe_tp_unplanned(tp: int, ep: int, tp_plan: Any = None) -> bool:
+    """True when AutoModel's MoE path (ep > 1) gets tp > 1 with no tp_plan: it raises (no 0.7.0 MoE model has one)."""
+    return tp > 1 and ep > 1 and tp_plan is None
+
+
+@rule("moe-tp", family=F, severity="error", title="TP settings AutoModel's MoE path rejects",
+      patterns=(r"enable_async_tensor_parallel=True is not supported by the custom MoE TP path",
+                r"sequence_parallel=True is not supported by the custom MoE TP path",
+                r"No safe tensor-parallel plan is registered for custom MoE model"),
+      cause="With ep_size > 1 AutoModel parallelizes through its MoE path; with tp_size > 1 that path rejects "
+            "enable_async_tensor_parallel and sequence_parallel, and needs an explicit tp_plan (no MoE model "
+            "in 0.7.0 registers one).",
+      fix="Use tp_size: 1 with ep_size > 1 (split with ep/cp/pp instead), or give tp_plan and turn "
+          "sequence_parallel and enable_async_tensor_parallel off.")
+def moe_tp(ctx: Context) -> Iterator[Finding]:
+    tp, ep = ctx.size("tp_size"), ctx.size("ep_size")
+    if ctx.strategy != "fsdp2" or tp <= 1 or ep <= 1:
+        return
+    where = f"with ep_size={ep} and tp_size={tp} AutoModel parallelizes through its MoE path, which"
+    if _on(ctx, "enable_async_tensor_parallel"):
+        yield finding(ctx, "moe-tp", ("enable_async_tensor_parallel",),
+                      f"enable_async_tensor_parallel: true: {where} raises 'enable_async_tensor_parallel=True is not "
+                      "supported by the custom MoE TP path' after launch",
+                      "remove enable_async_tensor_parallel (or use tp_size: 1)")
+    if _on(ctx, "sequence_parallel"):
+        yield finding(ctx, "moe-tp", ("sequence_parallel",),
+                      f"sequence_parallel: true: {where} keeps router and attention activations replicated and raises "
+                      "'sequence_parallel=True is not supported by the custom MoE TP path' after launch",
+                      "remove sequence_parallel (or use tp_size: 1)")
+    if moe_tp_unplanned(tp, ep, ctx.block.get("tp_plan")):
+        yield finding(ctx, "moe-tp", ("tp_size",),
+                      f"tp_size={tp} without tp_plan: with ep_size={ep} AutoModel parallelizes through its MoE path, "
+                      "which needs a TP plan for the non-expert modules; no AutoModel "
+                      "0.7.0 MoE model registers one, so it raises 'No safe tensor-parallel plan is registered for "
+                      "custom MoE model' after launch",
+                      "tp_size: 1 (split with ep_size/cp_size/pp_size instead), or give tp_plan: a dict or import path "
+                      "of the styles for attention/shared modules (routed experts stay EP-owned)")
+
+
+@rule("tp-option-no-effect", family=F, severity="info", title="TP option that does nothing at tp_size 1",
+      cause="sequence_parallel and enable_async_tensor_parallel act on the TP mesh only; with tp_size 1 AutoModel "
+            "ignores them.",
+      fix="Remove them, or set tp_size > 1.")
+def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
+    if ctx.strategy != "fsdp2" or ctx.size("tp_size") > 1 or not ctx.size_known("tp_size"):
+        return
+    for key in ("sequence_parallel", "enable_async_tensor_parallel"):
+        if ctx.block.get(key) is True:
+            yield finding(ctx, "tp-option-no-effect", (key,), f"{key}: true has no effect with tp_size=1",
+                          f"remove {key}, or set tp_size > 1")

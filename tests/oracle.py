@@ -150,18 +150,24 @@ def parallelize(block: dict[str, Any], world_size: int) -> str | None:
         dist.destroy_process_group()
 
 
-def implementation_of(architecture: str) -> tuple[str, dict[str, bool]]:
-    """AutoModel's class for a Hugging Face architecture (its module) and what validate_for_mesh accepts.
+ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "eager", "torch")
 
-    AutoModel's own classes are inspected without running ``__init__`` (some need CUDA to build); a
-    test checks that no such ``__init__`` assigns ``_tp_plan`` / ``_pp_plan``, so the class decides.
-    Hugging Face classes are built on the meta device from a tiny config (their plans are set there).
+
+def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
+    """AutoModel's class for a Hugging Face architecture (its module) and what validate_for_mesh accepts:
+    ``tp``/``pp``/``ep`` flags and ``cp_attn``, the ``backend.attn`` values that allow CP (None: any).
+
+    AutoModel's own classes are inspected without running ``__init__`` (some need CUDA to build),
+    with ``backend`` set as their ``__init__`` sets it; this checks that no such ``__init__`` assigns
+    the attributes the capability code reads, so the class decides. Hugging Face classes are built
+    on the meta device from a tiny config (their plans are set there).
     """
     import inspect
 
     import torch
     from nemo_automodel._transformers.capabilities import ModelSupports
     from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.models.common import BackendConfig
     from torch import nn
 
     registry = get_registry()
@@ -172,9 +178,19 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, bool]]:
             for klass in cls.__mro__:
                 if klass.__module__.startswith("nemo_automodel.") and "__init__" in vars(klass):
                     source = inspect.getsource(vars(klass)["__init__"])
-                    assert "_tp_plan" not in source and "_pp_plan" not in source, klass
-            model = cls.__new__(cls)
-            nn.Module.__init__(model)
+                    for attr in ("_tp_plan", "_pp_plan", "_supports_cp_sdpa", "_owns_cp_attention", "_supports_sdpa"):
+                        assert attr not in source, (klass, attr)
+                    assert "self.backend = " in source or klass is not cls, klass
+
+            def instance(attn: str) -> nn.Module:
+                model = cls.__new__(cls)
+                nn.Module.__init__(model)
+                model.backend = BackendConfig(attn=attn)
+                return model
+
+            models = {a: instance(a) for a in ATTENTION_BACKENDS}  # ModelSupports holds only a weak reference
+            supports = ModelSupports(models["te"], None)
+            cp_attn = frozenset(a for a, m in models.items() if ModelSupports(m, None).supports_cp)
         else:
             import transformers
             from transformers import AutoConfig
@@ -185,6 +201,7 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, bool]]:
                                           vocab_size=256, head_dim=16)
             with torch.device("meta"):
                 model = cls(config)
-        supports = ModelSupports(model, None)
-        caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep}
+            supports = ModelSupports(model, None)
+            cp_attn = None if supports.supports_cp else frozenset()
+        caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep, "cp_attn": cp_attn}
     return cls.__module__, caps

@@ -265,10 +265,10 @@ def test_parallelize_rules_match_automodel(case: tuple[dict, int, int]) -> None:
 @pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS.values(), key=lambda i: i.architecture),
                          ids=lambda i: i.architecture)
 def test_implementation_table_matches_automodel(impl) -> None:
-    """Which class AutoModel builds for each tabled architecture, and the tp/pp/ep its validate_for_mesh accepts."""
+    """Which class AutoModel builds for each tabled architecture, and the tp/pp/ep/cp its validate_for_mesh accepts."""
     module, caps = oracle.implementation_of(impl.architecture)
     assert module == impl.module
-    assert caps == {"tp": impl.tp, "pp": impl.pp, "ep": impl.ep}
+    assert caps == {"tp": impl.tp, "pp": impl.pp, "ep": impl.ep, "cp_attn": impl.cp_attn}
 
 
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:

@@ -403,6 +403,14 @@ CASES = [
         id='model-capability-ep',
     ),
     pytest.param(
+        'model:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B\n  backend:\n    attn: sdpa\ndistributed:\n  cp_size: 2\n',
+        {'world_size': 8},
+        'model-cp-backend', 'error', 'model.backend.attn', 4, False,
+        "cp_size=2 with model.backend.attn: sdpa: AutoModel 0.7.0 builds meta-llama/Llama-3.1-8B with AutoModel's own LlamaForCausalLM (nemo_automodel.components.models.llama.model), whose context parallelism needs attn {magi, te}; it raises 'Context parallelism (cp_size=2) for LlamaForCausalLM requires the TE attention backend' right after building the model, after launch",
+        'model.backend.attn: te (or cp_size: 1)',
+        id='model-cp-backend',
+    ),
+    pytest.param(
         'distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n    layers_per_stage: 8\n',
         {'world_size': 8, 'model': 'meta-llama/Llama-3.2-1B'},
         'pp-stages', 'error', 'distributed.pipeline.layers_per_stage', 5, False,
@@ -766,3 +774,12 @@ def test_never_imports_targets(monkeypatch):
                     "    _target_: evil_module_xyz.Boom\n  pipeline:\n    loss_fn: evil_module_xyz.f\n")
     assert "evil_module_xyz" not in seen and "os" not in seen
 
+
+def test_force_hf_skips_the_automodel_class_checks():
+    # model.force_hf: true builds the Hugging Face class, which the implementation table does not describe
+    text = "model:\n  pretrained_model_name_or_path: {}\n  force_hf: true\n  backend:\n    attn: sdpa\ndistributed:\n{}"
+    for model, block in (("deepseek-ai/DeepSeek-V3", "  tp_size: 2\n"), ("meta-llama/Llama-3.1-8B", "  cp_size: 2\n")):
+        report = validate_config(text.format(model, block), world_size=16)
+        assert report.valid, [f.message for f in report.findings]
+        report = validate_config(text.format(model, block).replace("  force_hf: true\n", ""), world_size=16)
+        assert {f.rule for f in report.errors} & {"model-capability", "model-cp-backend"}

@@ -4,9 +4,11 @@ AutoModel uses its own model class when ``_transformers/registry.py`` lists the 
 (``MODEL_ARCH_MAPPING``), else the Hugging Face one. Right after building it,
 ``_transformers/capabilities.validate_for_mesh`` raises for a parallelism the class lacks:
 TP needs a plan (``optimized_tp_plans.PARALLELIZE_FUNCTIONS`` or a ``_tp_plan`` attribute), PP a
-``_pp_plan`` or the MoE mixin, EP the ``MoEFSDPSyncMixin``. ``tests/test_oracle_parity.py`` checks
-every row against AutoModel's own registry and capability code. CP depends on the attention
-backend the recipe picks, so it is not tabled here.
+``_pp_plan`` or the MoE mixin, EP the ``MoEFSDPSyncMixin``, and CP, for AutoModel's own classes,
+one of the attention backends in ``cp_attn`` (the recipe's ``model.backend.attn``; Hugging Face
+classes need only SDPA support). ``tests/test_oracle_parity.py`` checks every row against
+AutoModel's own registry and capability code. ``model.force_hf: true`` makes AutoModel build the
+Hugging Face class instead, which this table does not describe.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Implementation:
     tp: bool
     pp: bool
     ep: bool
+    cp_attn: frozenset[str] | None = None  # backend.attn values CP accepts (custom classes); None: any
 
     @property
     def custom(self) -> bool:
@@ -33,8 +36,11 @@ class Implementation:
         return f"{where} {self.architecture} ({self.module})"
 
 
+CP_TE_OR_MAGI = frozenset({"te", "magi"})  # AutoModel's classes without their own CP attention
+
+
 def _custom(arch: str, pkg: str, *, tp: bool, pp: bool, ep: bool) -> Implementation:
-    return Implementation(arch, f"nemo_automodel.components.models.{pkg}.model", tp, pp, ep)
+    return Implementation(arch, f"nemo_automodel.components.models.{pkg}.model", tp, pp, ep, CP_TE_OR_MAGI)
 
 
 def _hf(arch: str, pkg: str, *, tp: bool, pp: bool, ep: bool) -> Implementation:

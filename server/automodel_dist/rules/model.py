@@ -17,18 +17,27 @@ from .helpers import divisors, fmt_set
 F = "model"
 
 def _lacks(m: ModelSpec, what: str) -> Implementation | None:
-    """AutoModel's implementation of ``m`` when it is known and cannot do ``what`` (tp, pp or ep)."""
+    """AutoModel's (default) implementation of ``m`` when it is known and cannot do ``what`` (tp, pp or ep)."""
     impl = implementation(m.architecture)
     return impl if impl is not None and not getattr(impl, what) else None
 
 
-def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
-    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count); [1] when
-    AutoModel's implementation of the model has no TP plan."""
-    if _lacks(m, "tp"):
-        return [1]
+def _impl(ctx: Context) -> Implementation | None:
+    """The class AutoModel builds for the context's model (None: unknown, or ``model.force_hf: true``)."""
+    if ctx.model is None or ctx.recipe_get("model.force_hf") is True:
+        return None
+    return implementation(ctx.model.architecture)
+
+
+def head_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
+    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count)."""
     heads = m.num_attention_heads if m.kv_lora_rank else math.gcd(m.num_attention_heads, m.num_key_value_heads)
     return [d for d in divisors(heads) if d <= limit]
+
+
+def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
+    """tp sizes AutoModel can use for ``m``: the head divisors, or [1] when its class has no TP plan."""
+    return [1] if _lacks(m, "tp") else head_tp_sizes(m, limit)
 
 
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
@@ -51,7 +60,8 @@ note("model-from-recipe", "Model taken from the recipe", family=F, severity="inf
       fix="Use a tp_size that divides both head counts.")
 def tp_heads(ctx: Context) -> Iterator[Finding]:
     tp, m = ctx.size("tp_size"), ctx.model
-    if m is None or tp <= 1 or _lacks(m, "tp") or tp in valid_tp_sizes(m, limit=1 << 30):
+    impl = _impl(ctx)
+    if m is None or tp <= 1 or (impl is not None and not impl.tp) or tp in head_tp_sizes(m, limit=1 << 30):
         return
     counts = [("num_attention_heads", m.num_attention_heads)]
     if not m.kv_lora_rank:  # MLA shards the full head count
@@ -59,7 +69,7 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
     bad = [f"{name}={n}" for name, n in counts if n % tp]
     yield finding(ctx, "tp-heads", ("tp_size",),
                   f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails "
-                  "after launch", f"use tp_size in {fmt_set(valid_tp_sizes(m))}")
+                  "after launch", f"use tp_size in {fmt_set(head_tp_sizes(m))}")
 
 
 @rule("ep-experts", family=F, severity="error", title="ep_size does not divide the routed experts",
@@ -68,11 +78,12 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
       fix="Use an ep_size that divides the number of routed experts.")
 def ep_experts(ctx: Context) -> Iterator[Finding]:
     ep, m = ctx.size("ep_size"), ctx.model
-    if m is None or ep <= 1 or not m.is_moe or _lacks(m, "ep") or m.num_experts % ep == 0:
+    impl = _impl(ctx)
+    if m is None or ep <= 1 or not m.is_moe or (impl is not None and not impl.ep) or m.num_experts % ep == 0:
         return
     yield finding(ctx, "ep-experts", ("ep_size",),
                   f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
-                  f"use ep_size in {fmt_set(d for d in valid_ep_sizes(m) if d > 1)}")
+                  f"use ep_size in {fmt_set(d for d in divisors(m.num_experts) if d > 1)}")
 
 
 _EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
@@ -107,15 +118,16 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
                 r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE),
       cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
             "cannot do: its own Qwen3-MoE, DeepSeek-V3 and gpt-oss classes have no TP plan, and the Hugging Face "
-            "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1.",
+            "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1. Not checked with "
+            "model.force_hf: true (AutoModel then builds the Hugging Face class).",
       fix="Set that size to 1 and shard with the parallelisms the model supports.")
 def model_capability(ctx: Context) -> Iterator[Finding]:
-    m = ctx.model
-    if m is None:
+    m, impl = ctx.model, _impl(ctx)
+    if m is None or impl is None:
         return
     for what, (key, refusal) in _REFUSAL.items():
-        impl, size = _lacks(m, what), ctx.size(key)
-        if impl is None or size <= 1 or (what == "ep" and not m.is_moe):  # dense + ep: ep-dense-model
+        size = ctx.size(key)
+        if getattr(impl, what) or size <= 1 or (what == "ep" and not m.is_moe):  # dense + ep: ep-dense-model
             continue
         yield finding(ctx, "model-capability", (key,),
                       f"{key}={size}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises "
@@ -165,3 +177,22 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
             if len(good) == 6:
                 break
     return f"layers_per_stage in {fmt_set(good)}" if good else "a smaller pp_size or a single-stage schedule (1f1b)"
+
+
+@rule("model-cp-backend", family=F, severity="error", title="Context parallelism with an attention backend it lacks",
+      patterns=(r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",),
+      cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
+            "backend; with model.backend.attn: sdpa, flex, ... validate_for_mesh raises right after building the "
+            "model.",
+      fix="Set model.backend.attn: te, or cp_size: 1.")
+def model_cp_backend(ctx: Context) -> Iterator[Finding]:
+    impl, cp = _impl(ctx), ctx.size("cp_size")
+    attn = ctx.recipe_get("model.backend.attn")
+    if impl is None or impl.cp_attn is None or cp <= 1 or not isinstance(attn, str) or attn in impl.cp_attn:
+        return
+    assert ctx.model is not None
+    yield finding(ctx, "model-cp-backend", (), f"cp_size={cp} with model.backend.attn: {attn}: AutoModel 0.7.0 builds "
+                  f"{ctx.model.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(impl.cp_attn))}; "
+                  f"it raises 'Context parallelism (cp_size={cp}) for {impl.architecture} requires the TE attention "
+                  "backend' right after building the model, after launch",
+                  "model.backend.attn: te (or cp_size: 1)", recipe_path="model.backend.attn")

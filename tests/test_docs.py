@@ -183,6 +183,17 @@ def test_rule_table_does_not_depend_on_import_order() -> None:
     assert fresh.stdout.strip() == str(sorted(RULES))
 
 
+def test_every_troubleshooting_error_text_is_explained() -> None:
+    """The page says any error text in its tables can be pasted into explain_error: each one is matched."""
+    text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
+    tables = text[text.index("## Config errors"):text.index("## Values AutoModel")]
+    rows = [line.split(" | ")[0][2:].strip().strip("`").strip() for line in tables.splitlines()
+            if line.startswith("| `")]
+    assert len(rows) > 20
+    unexplained = [row for row in rows if not explain_error(row).matches]
+    assert not unexplained, unexplained
+
+
 def test_rule_index_lists_every_rule() -> None:
     text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, re.M))

@@ -205,3 +205,30 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
             cp_attn = None if supports.supports_cp else frozenset()
         caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep, "cp_attn": cp_attn}
     return cls.__module__, caps
+
+
+def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str | None:
+    """AutoModel's pipeline-support check on its class for ``architecture`` built (meta device) from a
+    tiny config with ``tie_word_embeddings=tied``: the error text, or None when it accepts the model."""
+    import torch
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.distributed.pipelining.hf_utils import validate_hf_model_for_pipeline_support
+    from transformers import AutoConfig
+
+    registry = get_registry()
+    config = AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128, vocab_size=256, head_dim=16,
+                                  tie_word_embeddings=tied)
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        if registry.has_custom_model(architecture):
+            model = registry.get_model_cls_from_model_arch(architecture)(config)
+        else:
+            import transformers
+
+            model = getattr(transformers, architecture)(config)
+    try:
+        validate_hf_model_for_pipeline_support(model)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+    return None

@@ -271,6 +271,19 @@ def test_implementation_table_matches_automodel(impl) -> None:
     assert caps == {"tp": impl.tp, "pp": impl.pp, "ep": impl.ep, "cp_attn": impl.cp_attn}
 
 
+@pytest.mark.parametrize("arch,model_type", [("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"),
+                                             ("Gemma2ForCausalLM", "gemma2")])
+@pytest.mark.parametrize("tied", [True, False])
+def test_pipeline_with_tied_embeddings_matches_automodel(arch: str, model_type: str, tied: bool) -> None:
+    refusal = oracle.pipeline_refusal(arch, model_type, tied=tied)
+    config = {"architectures": [arch], "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": tied}
+    ours = validate_config({"pp_size": 2, "pipeline": {}}, world_size=2, model=config)
+    assert (refusal is not None) == tied == ("pp-tied-embeddings" in {f.rule for f in ours.errors})
+    if tied:
+        assert "pp-tied-embeddings" in {m.rule for m in explain_error(refusal).matches}
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

@@ -411,6 +411,14 @@ CASES = [
         id='model-cp-backend',
     ),
     pytest.param(
+        'distributed:\n  pp_size: 2\n  pipeline: {}\n',
+        {'world_size': 8, 'model': 'meta-llama/Llama-3.2-1B'},
+        'pp-tied-embeddings', 'error', 'distributed.pp_size', 2, False,
+        "pp_size=2 but meta-llama/Llama-3.2-1B ties its input and output embeddings (tie_word_embeddings: true): AutoModel's pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch, and turning the tie off is not supported either",
+        'pp_size: 1, and shard with FSDP (dp), tp_size or cp_size',
+        id='pp-tied-embeddings',
+    ),
+    pytest.param(
         'distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n    layers_per_stage: 8\n',
         {'world_size': 8, 'model': 'meta-llama/Llama-3.2-1B'},
         'pp-stages', 'error', 'distributed.pipeline.layers_per_stage', 5, False,

@@ -22,7 +22,7 @@ from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Trainin
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, virtual_stages
 from .rules.helpers import divisors
-from .rules.model import valid_ep_sizes, valid_tp_sizes
+from .rules.model import pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
 from .suggestion import Candidate, Rejected, SuggestReport
 
@@ -62,7 +62,7 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
             if world % (tp * cp):
                 continue
             for pp in divisors(world // (tp * cp)):
-                if pp > m.num_layers:
+                if pp > m.num_layers or (pp > 1 and not pp_possible(m)):
                     continue
                 dp = world // (tp * cp * pp)
                 for strategy in strategies:

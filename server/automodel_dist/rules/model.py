@@ -40,6 +40,11 @@ def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
     return [1] if _lacks(m, "tp") else head_tp_sizes(m, limit)
 
 
+def pp_possible(m: ModelSpec) -> bool:
+    """False for tied input/output embeddings: AutoModel's pipeline builder rejects them (no override)."""
+    return not m.tie_word_embeddings
+
+
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
     """ep sizes that divide the routed experts ([1] for a dense model or one AutoModel cannot expert-shard)."""
     return divisors(m.num_experts) if m.is_moe and not _lacks(m, "ep") else [1]
@@ -196,3 +201,20 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
                   f"it raises 'Context parallelism (cp_size={cp}) for {impl.architecture} requires the TE attention "
                   "backend' right after building the model, after launch",
                   "model.backend.attn: te (or cp_size: 1)", recipe_path="model.backend.attn")
+
+
+@rule("pp-tied-embeddings", family=F, severity="error", title="Pipeline parallelism with tied embeddings",
+      patterns=(r"Pipeline parallelism does not support tie_word_embeddings=True",),
+      cause="AutoModel's pipeline builder (AutoPipeline.build -> validate_hf_model_for_pipeline_support) rejects a "
+            "model whose lm_head shares the embedding weight, and overriding tie_word_embeddings to false is not "
+            "supported either.",
+      fix="pp_size: 1 (shard with FSDP, tp_size or cp_size), or pick an untied model.")
+def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
+    m, pp = ctx.model, ctx.size("pp_size")
+    if m is None or pp <= 1 or pp_possible(m):
+        return
+    yield finding(ctx, "pp-tied-embeddings", ("pp_size",),
+                  f"pp_size={pp} but {m.name} ties its input and output embeddings (tie_word_embeddings: true): "
+                  "AutoModel's pipeline builder raises 'Pipeline parallelism does not support "
+                  "tie_word_embeddings=True' after launch, and turning the tie off is not supported either",
+                  "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size")

@@ -150,6 +150,15 @@ def parallelize(block: dict[str, Any], world_size: int) -> str | None:
         dist.destroy_process_group()
 
 
+def _tiny_config(model_type: str, **overrides: Any) -> Any:
+    """A two-layer Hugging Face config of ``model_type`` (built on the meta device by the callers)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **{**dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                      num_key_value_heads=2, intermediate_size=128, vocab_size=256,
+                                                      head_dim=16), **overrides})
+
+
 ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "eager", "torch")
 
 
@@ -193,14 +202,10 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
             cp_attn = frozenset(a for a, m in models.items() if ModelSupports(m, None).supports_cp)
         else:
             import transformers
-            from transformers import AutoConfig
 
             cls = getattr(transformers, architecture)
-            config = AutoConfig.for_model(cls.config_class.model_type, hidden_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                                          vocab_size=256, head_dim=16)
             with torch.device("meta"):
-                model = cls(config)
+                model = cls(_tiny_config(cls.config_class.model_type))
             supports = ModelSupports(model, None)
             cp_attn = None if supports.supports_cp else frozenset()
         caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep, "cp_attn": cp_attn}
@@ -213,12 +218,9 @@ def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str |
     import torch
     from nemo_automodel._transformers.registry import get_registry
     from nemo_automodel.components.distributed.pipelining.hf_utils import validate_hf_model_for_pipeline_support
-    from transformers import AutoConfig
 
     registry = get_registry()
-    config = AutoConfig.for_model(model_type, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, intermediate_size=128, vocab_size=256, head_dim=16,
-                                  tie_word_embeddings=tied)
+    config = _tiny_config(model_type, tie_word_embeddings=tied)
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")
         if registry.has_custom_model(architecture):

@@ -124,6 +124,12 @@ def recipes(draw: st.DrawFn) -> dict[str, Any]:
         recipe["packed_sequence"] = {"packed_sequence_size": draw(_sizes())}
     if draw(st.integers(0, 3)) == 0:
         recipe["model"] = {"pretrained_model_name_or_path": draw(st.one_of(st.sampled_from(MODELS), scalars()))}
+        if draw(st.booleans()):  # what the model-class rules read: backend.attn and force_hf, in odd shapes too
+            recipe["model"]["backend"] = draw(st.one_of(
+                st.fixed_dictionaries({}, optional={"attn": st.one_of(st.sampled_from(["te", "sdpa", "flex"]),
+                                                                       scalars())}), scalars()))
+        if draw(st.integers(0, 3)) == 0:
+            recipe["model"]["force_hf"] = draw(st.one_of(st.booleans(), scalars()))
     if draw(st.integers(0, 4)) == 0:
         recipe["ci"] = draw(st.one_of(st.fixed_dictionaries({}, optional={"nodes": _sizes(),
                                                                            "nproc_per_node": _sizes()}), values(1)))

@@ -234,3 +234,20 @@ def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str |
     except ValueError as exc:
         return f"ValueError: {exc}"
     return None
+
+
+def packed_cp_refusal(architecture: str, model_type: str, *, force_hf: bool, attn: str, cp_size: int) -> str | None:
+    """AutoModel's model-build decision for packed sequences under CP: whether it takes the Hugging Face
+    class (``model_init.get_is_hf_model``) and, if so, what ``kernel_patches._apply_preload_overrides``
+    says for ``attn`` (``te`` is first turned into ``sdpa``, as ``_build_model`` does)."""
+    from nemo_automodel._transformers.kernel_patches import _apply_preload_overrides
+    from nemo_automodel._transformers.model_init import get_is_hf_model
+
+    config = _tiny_config(model_type, architectures=[architecture])
+    if not get_is_hf_model(config, force_hf):
+        return None
+    try:
+        _apply_preload_overrides(1, cp_size, True, "sdpa" if attn == "te" else attn, False)
+    except (ValueError, AssertionError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None

@@ -284,6 +284,26 @@ def test_pipeline_with_tied_embeddings_matches_automodel(arch: str, model_type: 
         assert "pp-tied-embeddings" in {m.rule for m in explain_error(refusal).matches}
 
 
+@pytest.mark.parametrize("arch,model_type,catalog_name", [
+    ("MixtralForCausalLM", "mixtral", "mistralai/Mixtral-8x7B-v0.1"),
+    ("LlamaForCausalLM", "llama", "meta-llama/Llama-3.1-8B"),
+    ("Gemma2ForCausalLM", "gemma2", "google/gemma-2-9b"),
+])
+@pytest.mark.parametrize("force_hf", [False, True])
+@pytest.mark.parametrize("attn", ["te", "sdpa", "magi"])
+def test_packed_sequences_under_cp_match_automodel(arch: str, model_type: str, catalog_name: str, force_hf: bool,
+                                                   attn: str) -> None:
+    refusal = oracle.packed_cp_refusal(arch, model_type, force_hf=force_hf, attn=attn, cp_size=2)
+    recipe = {"recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+              "model": {"pretrained_model_name_or_path": catalog_name, "force_hf": force_hf, "attn_implementation": attn,
+                        "backend": {"attn": "te"}},
+              "packed_sequence": {"packed_sequence_size": 4096}, "distributed": {"cp_size": 2}}
+    ours = validate_config(recipe, world_size=8)
+    assert (refusal is not None) == ("model-cp-packing" in {f.rule for f in ours.errors}), (refusal, ours.errors)
+    if refusal:
+        assert "model-cp-packing" in {m.rule for m in explain_error(refusal).matches}
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

@@ -419,6 +419,14 @@ CASES = [
         id='pp-tied-embeddings',
     ),
     pytest.param(
+        'recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: mistralai/Mixtral-8x7B-v0.1\npacked_sequence:\n  packed_sequence_size: 4096\ndistributed:\n  cp_size: 2\n',
+        {'world_size': 8},
+        'model-cp-packing', 'error', 'packed_sequence.packed_sequence_size', 5, False,
+        "cp_size=2 with packed_sequence_size=4096: mistralai/Mixtral-8x7B-v0.1 is built as the Hugging Face MixtralForCausalLM (AutoModel 0.7.0 has no class of its own for it), and for Hugging Face classes AutoModel raises 'Packed sequence is only supported with CP size 1' when it builds the model, after launch",
+        'packed_sequence_size: 0, or cp_size: 1',
+        id='model-cp-packing',
+    ),
+    pytest.param(
         'distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n    layers_per_stage: 8\n',
         {'world_size': 8, 'model': 'meta-llama/Llama-3.2-1B'},
         'pp-stages', 'error', 'distributed.pipeline.layers_per_stage', 5, False,

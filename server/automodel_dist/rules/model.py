@@ -13,6 +13,7 @@ from ..layout import StageError, virtual_stages
 from ..report import Finding
 from .base import Context, finding, note, rule
 from .helpers import divisors, fmt_set
+from .recipe import TRAIN_FT_RECIPES, recipe_class
 
 F = "model"
 
@@ -218,3 +219,29 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
                   "AutoModel's pipeline builder raises 'Pipeline parallelism does not support "
                   "tie_word_embeddings=True' after launch, and turning the tie off is not supported either",
                   "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size")
+
+
+@rule("model-cp-packing", family=F, severity="error", title="Packed sequences with CP on a Hugging Face model class",
+      patterns=(r"Packed sequence is only supported with CP size 1",
+                r"Context parallelism \(cp_size=(\d+)\) with packed sequences is not supported for (\w+)"),
+      cause="For a Hugging Face model class (an architecture AutoModel has no class of its own for, or "
+            "model.force_hf: true), AutoModel's model build raises 'Packed sequence is only supported with CP size 1' "
+            "when the LLM recipe packs sequences and cp_size > 1; only attn_implementation: magi is exempt.",
+      fix="packed_sequence_size: 0 or cp_size: 1 (AutoModel's own classes run CP with packing on the TE backend).")
+def model_cp_packing(ctx: Context) -> Iterator[Finding]:
+    cp, packed, m = ctx.size("cp_size"), ctx.recipe_get("packed_sequence.packed_sequence_size"), ctx.model
+    if cp <= 1 or not is_positive_int(packed) or recipe_class(ctx)[0] not in TRAIN_FT_RECIPES:
+        return
+    if ctx.recipe_get("model.attn_implementation") == "magi":
+        return
+    force_hf = ctx.recipe_get("model.force_hf") is True
+    impl = implementation(m.architecture) if m is not None else None
+    if not force_hf and (impl is None or impl.custom):
+        return
+    what = (f"the Hugging Face {m.architecture}" if m is not None and m.architecture else "a Hugging Face class")
+    why = "model.force_hf: true" if force_hf else "AutoModel 0.7.0 has no class of its own for it"
+    yield finding(ctx, "model-cp-packing", (), f"cp_size={cp} with packed_sequence_size={packed}: "
+                  f"{m.name if m else 'the model'} is built as {what} ({why}), and for Hugging Face classes AutoModel "
+                  "raises 'Packed sequence is only supported with CP size 1' when it builds the model, after launch",
+                  "packed_sequence_size: 0, or cp_size: 1" + ("" if not force_hf else ", or drop model.force_hf"),
+                  recipe_path="packed_sequence.packed_sequence_size")

@@ -304,6 +304,22 @@ def test_packed_sequences_under_cp_match_automodel(arch: str, model_type: str, c
         assert "model-cp-packing" in {m.rule for m in explain_error(refusal).matches}
 
 
+@pytest.mark.parametrize("arch,model_type", [("Qwen3MoeForCausalLM", "qwen3_moe"), ("MixtralForCausalLM", "mixtral"),
+                                             ("DeepseekV3ForCausalLM", "deepseek_v3")])
+def test_hugging_face_moe_classes_cannot_take_ep(arch: str, model_type: str) -> None:
+    """With model.force_hf: true AutoModel builds the transformers class: none has its MoE mixin (ep > 1 fails)."""
+    import warnings
+
+    import torch
+    import transformers
+    from nemo_automodel._transformers.capabilities import ModelSupports
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        model = getattr(transformers, arch)(oracle._tiny_config(model_type))
+    assert not ModelSupports(model, None).supports_ep
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

@@ -799,3 +799,7 @@ def test_force_hf_skips_the_automodel_class_checks():
         assert report.valid, [f.message for f in report.findings]
         report = validate_config(text.format(model, block).replace("  force_hf: true\n", ""), world_size=16)
         assert {f.rule for f in report.errors} & {"model-capability", "model-cp-backend"}
+    # ...except EP: no Hugging Face class has AutoModel's MoE mixin
+    report = validate_config(text.format("Qwen/Qwen3-30B-A3B", "  ep_size: 8\n"), world_size=16)
+    assert [f.rule for f in report.errors] == ["model-capability"]
+    assert "force_hf" in report.errors[0].message and "Qwen3MoeForCausalLM does not inherit" in report.errors[0].message

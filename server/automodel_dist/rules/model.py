@@ -129,6 +129,14 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
       fix="Set that size to 1 and shard with the parallelisms the model supports.")
 def model_capability(ctx: Context) -> Iterator[Finding]:
     m, impl = ctx.model, _impl(ctx)
+    if m is not None and m.is_moe and ctx.size("ep_size") > 1 and ctx.recipe_get("model.force_hf") is True:
+        # no Hugging Face class inherits AutoModel's MoEFSDPSyncMixin, whatever the architecture
+        arch = m.architecture or "the Hugging Face class"
+        ep = ctx.size("ep_size")
+        yield finding(ctx, "model-capability", ("ep_size",),
+                      f"ep_size={ep} with model.force_hf: true: AutoModel builds {m.name} with the Hugging Face class "
+                      f"and raises '{_REFUSAL['ep'][1].format(n=ep, arch=arch)}' right after building it, after launch",
+                      "drop model.force_hf (AutoModel's own MoE classes do EP), or " + _INSTEAD["ep"])
     if m is None or impl is None:
         return
     for what, (key, refusal) in _REFUSAL.items():

@@ -251,3 +251,44 @@ def packed_cp_refusal(architecture: str, model_type: str, *, force_hf: bool, att
     except (ValueError, AssertionError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def megatron_fsdp_ac_log(block: dict[str, Any], world_size: int) -> list[str]:
+    """The error/warning lines AutoModel's MegatronFSDP parallelizer logs for ``block`` at rank 0, up to the
+    point where it needs the megatron-fsdp package (not installed here). The activation-checkpointing flag
+    reaches the strategy config as ``infrastructure._with_activation_checkpointing`` puts it there (a
+    ``dataclasses.replace``; that module itself needs torchao, which the oracle does not install)."""
+    from dataclasses import replace
+
+    import torch
+    import torch.distributed as dist
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.components.distributed.megatron_fsdp import parallelize_megatron_fsdp
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+    from torch import nn
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    capture = _Capture()
+    logger = logging.getLogger("nemo_automodel")
+    logger.addHandler(capture)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            setup = create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
+                                                         world_size=world_size)
+            config = replace(setup.strategy_config, activation_checkpointing=setup.activation_checkpointing)
+            with torch.device("meta"):
+                model = nn.Sequential(nn.Linear(8, 8))
+            try:
+                parallelize_megatron_fsdp(model, config, setup.mesh_context.device_mesh)
+            except Exception:  # noqa: BLE001 - it stops where megatron-fsdp is needed
+                pass
+    finally:
+        logger.removeHandler(capture)
+        logger.propagate = propagate
+        dist.destroy_process_group()
+    return capture.messages

@@ -320,6 +320,16 @@ def test_hugging_face_moe_classes_cannot_take_ep(arch: str, model_type: str) -> 
     assert not ModelSupports(model, None).supports_ep
 
 
+@pytest.mark.parametrize("ac", [True, False, "full"])
+@pytest.mark.parametrize("world", [4, 1])
+def test_megatron_fsdp_activation_checkpointing_matches_automodel(ac, world: int) -> None:
+    block = {"strategy": "megatron_fsdp", "activation_checkpointing": ac}
+    skipped = any("Activation checkpointing is not yet supported with MegatronFSDP" in m
+                  for m in oracle.megatron_fsdp_ac_log(block, world))
+    ours = validate_config(block, world_size=world)
+    assert skipped == ("megatron-fsdp-ac-ignored" in {f.rule for f in ours.findings}), ours.findings
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

@@ -39,7 +39,7 @@ CASES = [
         {},
         'ac-selective-strategy', 'error', 'distributed.activation_checkpointing', 3, False,
         "activation_checkpointing: selective is supported only for fsdp2 and ddp, not strategy 'megatron_fsdp'",
-        'activation_checkpointing: true (full) with this strategy, or strategy: fsdp2',
+        'strategy: fsdp2 (megatron_fsdp does not apply full checkpointing either), or remove activation_checkpointing',
         id='ac-selective-strategy',
     ),
     pytest.param(
@@ -241,6 +241,14 @@ CASES = [
         'sequence_parallel: true has no effect with tp_size=1',
         'remove sequence_parallel, or set tp_size > 1',
         id='tp-option-no-effect',
+    ),
+    pytest.param(
+        'distributed:\n  strategy: megatron_fsdp\n  activation_checkpointing: true\n',
+        {'world_size': 8},
+        'megatron-fsdp-ac-ignored', 'warning', 'distributed.activation_checkpointing', 3, True,
+        "activation_checkpointing: true with megatron_fsdp: AutoModel 0.7.0 logs 'Activation checkpointing is not yet supported with MegatronFSDP. Skipping.' and keeps every activation, so memory is as without checkpointing",
+        'strategy: fsdp2 to checkpoint activations (estimate_memory shows the difference), or remove activation_checkpointing',
+        id='megatron-fsdp-ac-ignored',
     ),
     pytest.param(
         'distributed:\n  strategy: ddp\n  tp_size: 2\n',

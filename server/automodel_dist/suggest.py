@@ -18,6 +18,7 @@ import yaml
 from .api import validate_config
 from .catalog.implementations import implementation
 from .catalog.models import ModelSpec, resolve_model
+from .config.values import applied_ac
 from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, virtual_stages
@@ -89,7 +90,7 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                             ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
                             for sched in schedules:
                                 for ac in acs:
-                                    if ac == "selective" and strategy == "megatron_fsdp":
+                                    if ac and applied_ac(strategy, ac, world) is False:  # megatron_fsdp skips AC
                                         continue
                                     yield _Option(Parallelism(
                                         strategy=strategy, dp=dp, dp_replicate=rep, tp=tp, pp=pp, cp=cp, ep=ep,

@@ -299,3 +299,9 @@ def schedule_class_name(value: str) -> str | None:
 
 def is_single_stage(schedule: str) -> bool:
     return schedule in SINGLE_STAGE_SCHEDULES
+
+
+def applied_ac(strategy: str | None, ac: Any, world_size: int | None) -> Any:
+    """The activation checkpointing AutoModel really applies: megatron_fsdp on more than one rank skips it
+    (components/distributed/megatron_fsdp.py logs 'not yet supported with MegatronFSDP. Skipping.')."""
+    return False if strategy == "megatron_fsdp" and ac and world_size != 1 else ac

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU, lookup_gpu
 from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
-from ..config.values import is_positive_int
+from ..config.values import applied_ac, is_positive_int
 from ..report import ConfigError, Finding, Resolved
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, MemoryBreakdown, Parallelism, Training, memory_per_rank
@@ -64,13 +64,15 @@ def make_cluster(gpu: str | GPU | None, gpus_per_node: int | None, *, memory_gib
                    inter_gbps=inter_gbps or g.inter_gbps)
 
 
-def parallelism_from(resolved: Resolved, block: dict[str, Any]) -> Parallelism:
+def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int | None = None) -> Parallelism:
     moe = block.get("moe") if isinstance(block.get("moe"), dict) else {}
     return Parallelism(
         strategy=resolved.strategy or "fsdp2", dp=resolved.dp or 1, dp_replicate=resolved.dp_replicate or 1,
         tp=resolved.tp or 1, pp=resolved.pp or 1, cp=resolved.cp or 1, ep=resolved.ep or 1,
         ep_shard=resolved.ep_shard or 1, sequence_parallel=bool(resolved.sequence_parallel),
-        activation_checkpointing=resolved.activation_checkpointing or False, pp_schedule=resolved.pp_schedule,
+        activation_checkpointing=applied_ac(resolved.strategy, resolved.activation_checkpointing or False,
+                                            world_size),
+        pp_schedule=resolved.pp_schedule,
         zero_dp_strategy=block.get("zero_dp_strategy", 3) if resolved.strategy == "megatron_fsdp" else 3,
         reshard_after_forward=block.get("reshard_after_forward") if resolved.strategy == "fsdp2" else None,
         moe_reshard_after_forward=bool(moe.get("reshard_after_forward", False)),
@@ -133,7 +135,7 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
     storage, compute = PRECISIONS[precision]
     tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
                   compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
-    p = parallelism_from(r, block)
+    p = parallelism_from(r, block, report.world_size)
     gpn = ctx.gpus_per_node or gpus_per_node
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     mem, comm, fits = evaluate(spec, p, tr, cluster, layout=ctx.layout, headroom=headroom)

@@ -143,8 +143,9 @@ def ac_invalid(ctx: Context) -> Iterator[Finding]:
 
 @rule("ac-selective-strategy", family=F, severity="error", title="Selective AC with megatron_fsdp",
       patterns=(r"selective activation checkpointing is supported only for FSDP2 and DDP",),
-      cause="activation_checkpointing: selective is implemented only on the fsdp2 and ddp paths.",
-      fix="Use activation_checkpointing: true with megatron_fsdp, or switch to fsdp2.")
+      cause="activation_checkpointing: selective is implemented only on the fsdp2 and ddp paths (and megatron_fsdp "
+            "skips full checkpointing too, see megatron-fsdp-ac-ignored).",
+      fix="Switch to fsdp2 for activation checkpointing, or remove it.")
 def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
     if ctx.ac != "selective":
         return
@@ -154,7 +155,8 @@ def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(ctx, "ac-selective-strategy", ("activation_checkpointing",),
                   f"activation_checkpointing: selective is supported only for fsdp2 and ddp, not strategy {raw!r}",
-                  "activation_checkpointing: true (full) with this strategy, or strategy: fsdp2")
+                  "strategy: fsdp2 (megatron_fsdp does not apply full checkpointing either), or remove "
+                  "activation_checkpointing")
 
 
 @rule("ac-scope-invalid", family=F, severity="error", title="activation_checkpointing_scope not accepted",

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..config.load import Unresolved
+from ..config.values import applied_ac
 from ..report import Finding
 from .base import Context, finding, rule
 
@@ -88,3 +89,18 @@ def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
         if ctx.block.get(key) is True:
             yield finding(ctx, "tp-option-no-effect", (key,), f"{key}: true has no effect with tp_size=1",
                           f"remove {key}, or set tp_size > 1")
+
+
+@rule("megatron-fsdp-ac-ignored", family=F, severity="warning", title="Activation checkpointing megatron_fsdp skips",
+      patterns=(r"Activation checkpointing is not yet supported with MegatronFSDP",),
+      cause="AutoModel 0.7.0's MegatronFSDP parallelizer logs 'Activation checkpointing is not yet supported with "
+            "MegatronFSDP. Skipping.' and trains without it (on more than one rank): every activation is kept.",
+      fix="Use strategy: fsdp2 for activation checkpointing, or budget the memory without it.")
+def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
+    if ctx.ac is True and applied_ac(ctx.strategy, ctx.ac, ctx.world_size) is False:
+        yield finding(ctx, "megatron-fsdp-ac-ignored", ("activation_checkpointing",),
+                      "activation_checkpointing: true with megatron_fsdp: AutoModel 0.7.0 logs 'Activation "
+                      "checkpointing is not yet supported with MegatronFSDP. Skipping.' and keeps every activation, "
+                      "so memory is as without checkpointing",
+                      "strategy: fsdp2 to checkpoint activations (estimate_memory shows the difference), or remove "
+                      "activation_checkpointing")

@@ -253,7 +253,7 @@ def packed_cp_refusal(architecture: str, model_type: str, *, force_hf: bool, att
     return None
 
 
-def megatron_fsdp_ac_log(block: dict[str, Any], world_size: int) -> list[str]:
+def megatron_fsdp_log(block: dict[str, Any], world_size: int) -> list[str]:
     """The error/warning lines AutoModel's MegatronFSDP parallelizer logs for ``block`` at rank 0, up to the
     point where it needs the megatron-fsdp package (not installed here). The activation-checkpointing flag
     reaches the strategy config as ``infrastructure._with_activation_checkpointing`` puts it there (a

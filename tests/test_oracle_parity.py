@@ -325,9 +325,17 @@ def test_hugging_face_moe_classes_cannot_take_ep(arch: str, model_type: str) -> 
 def test_megatron_fsdp_activation_checkpointing_matches_automodel(ac, world: int) -> None:
     block = {"strategy": "megatron_fsdp", "activation_checkpointing": ac}
     skipped = any("Activation checkpointing is not yet supported with MegatronFSDP" in m
-                  for m in oracle.megatron_fsdp_ac_log(block, world))
+                  for m in oracle.megatron_fsdp_log(block, world))
     ours = validate_config(block, world_size=world)
     assert skipped == ("megatron-fsdp-ac-ignored" in {f.rule for f in ours.findings}), ours.findings
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_megatron_fsdp_zero_dp_strategy_log_matches_automodel(zero: int) -> None:
+    block = {"strategy": "megatron_fsdp", "zero_dp_strategy": zero}
+    logged = any("zero_dp_strategy is not 3" in m for m in oracle.megatron_fsdp_log(block, 4))
+    ours = validate_config(block, world_size=4)
+    assert logged == ("megatron-fsdp-unsharded" in {f.rule for f in ours.findings}), ours.findings
 
 
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:

@@ -251,6 +251,14 @@ CASES = [
         id='megatron-fsdp-ac-ignored',
     ),
     pytest.param(
+        'distributed:\n  strategy: megatron_fsdp\n  tp_size: 2\n',
+        {'world_size': 2},
+        'megatron-fsdp-unsharded', 'warning', 'distributed.tp_size', 3, True,
+        "dp * cp = 1 (tp_size=2 on 2 ranks): AutoModel logs 'MegatronFSDP DP shard group size is 1; skipping MegatronFSDP wrapping' and trains the tensor-parallel model without any sharding",
+        'tp_size: 1 to leave ranks for MegatronFSDP, or strategy: fsdp2',
+        id='megatron-fsdp-unsharded',
+    ),
+    pytest.param(
         'distributed:\n  strategy: ddp\n  tp_size: 2\n',
         {},
         'strategy-unsupported', 'error', 'distributed.tp_size', 3, False,

@@ -104,3 +104,28 @@ def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
                       "so memory is as without checkpointing",
                       "strategy: fsdp2 to checkpoint activations (estimate_memory shows the difference), or remove "
                       "activation_checkpointing")
+
+
+@rule("megatron-fsdp-unsharded", family=F, severity="warning", title="megatron_fsdp that shards nothing",
+      patterns=(r"MegatronFSDP DP shard group size is 1; skipping MegatronFSDP wrapping",
+                r"MegatronFSDP zero_dp_strategy is not 3\. Parameters will not be sharded"),
+      cause="With dp * cp = 1 AutoModel's MegatronFSDP path skips the MegatronFSDP wrapper and trains the "
+            "TP-only model (nothing sharded, no data parallelism); with zero_dp_strategy below 3 parameters stay "
+            "replicated (it logs both).",
+      fix="Leave dp * cp > 1 ranks for sharding (fewer tp ranks), or zero_dp_strategy: 3 to shard parameters.")
+def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
+    if ctx.strategy != "megatron_fsdp" or ctx.world_size in (None, 1):
+        return
+    cp, tp = ctx.size("cp_size"), ctx.size("tp_size")
+    if tp > 1 and ctx.dp is not None and ctx.dp * cp == 1:
+        smaller = "tp_size: 1" if tp == 2 else f"tp_size: {tp // 2} or less"
+        yield finding(ctx, "megatron-fsdp-unsharded", ("tp_size",),
+                      f"dp * cp = 1 (tp_size={tp} on {ctx.world_size} ranks): AutoModel logs 'MegatronFSDP DP shard "
+                      "group size is 1; skipping MegatronFSDP wrapping' and trains the tensor-parallel model without "
+                      "any sharding", f"{smaller} to leave ranks for MegatronFSDP, or strategy: fsdp2")
+    zero = ctx.block.get("zero_dp_strategy", 3)
+    if isinstance(zero, int) and not isinstance(zero, bool) and 0 <= zero < 3:
+        yield finding(ctx, "megatron-fsdp-unsharded", ("zero_dp_strategy",),
+                      f"zero_dp_strategy: {zero}: AutoModel logs 'MegatronFSDP zero_dp_strategy is not 3. Parameters "
+                      "will not be sharded.': every data-parallel rank holds the full parameters",
+                      "zero_dp_strategy: 3 to shard parameters too", severity="info")

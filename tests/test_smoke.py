@@ -112,6 +112,15 @@ def test_more_layouts_match_one_process(overrides, world, kwargs):
                   precision="bf16" if kwargs.get("precision") == "bf16" else "fp32")
 
 
+def test_tp_plan_is_noted_not_applied():
+    from automodel_dist.smoke.launch import make_plan
+
+    plan = make_plan({"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}}, world_size=4, steps=2,
+                     model="tiny-moe", backend=None, precision="fp32", fault=None, pg_timeout_s=30, overrides={})
+    assert plan.report_base["notes"] == ["tp_plan is not applied: the smoke runner shards its tiny model with its own "
+                                         "TP plan (attention and MLP projections; routed experts stay EP-owned)"]
+
+
 def test_layout_automodel_rejects_is_not_launched():
     # AutoModel's MoE path rejects sequence parallelism with TP (moe-tp): the run is refused, nothing starts
     report = run_smoke_test(world_size=4, ep=4, tp=2, sequence_parallel=True, model="tiny-moe", precision="fp32")

@@ -217,6 +217,9 @@ def make_plan(config: ConfigInput | None, *, world_size: int, steps: int, model:
         "precision": prec,
     }
     base.update(model_dims=cfg, tolerance=TOLERANCES[prec])
+    if tp > 1 and block.get("tp_plan") is not None:
+        base["notes"] = ["tp_plan is not applied: the smoke runner shards its tiny model with its own TP plan "
+                         "(attention and MLP projections; routed experts stay EP-owned)"]
     return Plan(spec=spec, world_size=world_size, findings=base["findings"], report_base=base)
 
 

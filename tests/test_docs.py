@@ -187,8 +187,8 @@ def test_every_troubleshooting_error_text_is_explained() -> None:
     """The page says any error text in its tables can be pasted into explain_error: each one is matched."""
     text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
     tables = text[text.index("## Config errors"):text.index("## Values AutoModel")]
-    rows = [line.split(" | ")[0][2:].strip().strip("`").strip() for line in tables.splitlines()
-            if line.startswith("| `")]
+    rows = [line.split(" | ")[0][2:].removeprefix("log ").split(" (then")[0].strip().strip("`").strip()
+            for line in tables.splitlines() if line.startswith(("| `", "| log `"))]
     assert len(rows) > 20
     unexplained = [row for row in rows if not explain_error(row).matches]
     assert not unexplained, unexplained

@@ -8,10 +8,12 @@ and every axis group it built.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +100,37 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
     return result
 
 
+@contextlib.contextmanager
+def _fake_world(world_size: int) -> Iterator[_Capture]:
+    """Rank 0 of a fake process group of ``world_size`` ranks, AutoModel's warnings/log lines captured."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    capture = _Capture()
+    logger = logging.getLogger("nemo_automodel")
+    logger.addHandler(capture)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield capture
+    finally:
+        logger.removeHandler(capture)
+        logger.propagate = propagate
+        dist.destroy_process_group()
+
+
+def _setup(block: dict[str, Any], world_size: int) -> Any:
+    """AutoModel's DistributedSetup for ``{"distributed": block}`` (inside :func:`_fake_world`)."""
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+
+    return create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
+                                                world_size=world_size)
+
 def parallelize(block: dict[str, Any], world_size: int) -> str | None:
     """AutoModel's ``parallelize_model`` on a tiny meta-device decoder after its own setup, at rank 0.
 
@@ -107,12 +140,8 @@ def parallelize(block: dict[str, Any], world_size: int) -> str | None:
     Its MoE path imports ``transformers`` (AutoModel's own dependency, installed by scripts/setup.sh).
     """
     import torch
-    import torch.distributed as dist
-    from nemo_automodel.components.config.loader import ConfigNode
     from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
-    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
     from torch import nn
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -129,26 +158,15 @@ def parallelize(block: dict[str, Any], world_size: int) -> str | None:
             super().__init__()
             self.model, self.lm_head = Decoder(), nn.Linear(8, 16)
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    logger = logging.getLogger("nemo_automodel")
-    propagate, logger.propagate = logger.propagate, False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            setup = create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
-                                                         world_size=world_size)
+    with _fake_world(world_size):
+        try:
+            setup = _setup(block, world_size)
             with torch.device("meta"):
                 model = CausalLM()
             parallelize_model(model, setup.mesh_context)
-        return None
-    except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        logger.propagate = propagate
-        dist.destroy_process_group()
-
+        except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
+            return f"{type(exc).__name__}: {exc}"
+    return None
 
 def _tiny_config(model_type: str, **overrides: Any) -> Any:
     """A two-layer Hugging Face config of ``model_type`` (built on the meta device by the callers)."""
@@ -261,34 +279,16 @@ def megatron_fsdp_log(block: dict[str, Any], world_size: int) -> list[str]:
     from dataclasses import replace
 
     import torch
-    import torch.distributed as dist
-    from nemo_automodel.components.config.loader import ConfigNode
     from nemo_automodel.components.distributed.megatron_fsdp import parallelize_megatron_fsdp
-    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
     from torch import nn
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    capture = _Capture()
-    logger = logging.getLogger("nemo_automodel")
-    logger.addHandler(capture)
-    propagate, logger.propagate = logger.propagate, False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            setup = create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
-                                                         world_size=world_size)
-            config = replace(setup.strategy_config, activation_checkpointing=setup.activation_checkpointing)
-            with torch.device("meta"):
-                model = nn.Sequential(nn.Linear(8, 8))
-            try:
-                parallelize_megatron_fsdp(model, config, setup.mesh_context.device_mesh)
-            except Exception:  # noqa: BLE001 - it stops where megatron-fsdp is needed
-                pass
-    finally:
-        logger.removeHandler(capture)
-        logger.propagate = propagate
-        dist.destroy_process_group()
+    with _fake_world(world_size) as capture:
+        setup = _setup(block, world_size)
+        config = replace(setup.strategy_config, activation_checkpointing=setup.activation_checkpointing)
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(8, 8))
+        try:
+            parallelize_megatron_fsdp(model, config, setup.mesh_context.device_mesh)
+        except Exception:  # noqa: BLE001 - it stops where megatron-fsdp is needed
+            pass
     return capture.messages

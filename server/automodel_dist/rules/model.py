@@ -124,8 +124,8 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
                 r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE),
       cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
             "cannot do: its own Qwen3-MoE, DeepSeek-V3 and gpt-oss classes have no TP plan, and the Hugging Face "
-            "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1. Not checked with "
-            "model.force_hf: true (AutoModel then builds the Hugging Face class).",
+            "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1. With model.force_hf: "
+            "true AutoModel builds the Hugging Face class, and only EP is checked (no such class has its MoE mixin).",
       fix="Set that size to 1 and shard with the parallelisms the model supports.")
 def model_capability(ctx: Context) -> Iterator[Finding]:
     m, impl = ctx.model, _impl(ctx)

@@ -292,3 +292,28 @@ def megatron_fsdp_log(block: dict[str, Any], world_size: int) -> list[str]:
         except Exception:  # noqa: BLE001 - it stops where megatron-fsdp is needed
             pass
     return capture.messages
+
+
+def parallelize_model_class(architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any],
+                            world_size: int) -> str | None:
+    """AutoModel's setup for ``block`` and ``parallelize_model`` on its own class for ``architecture`` (or the
+    Hugging Face one it would use), built on the meta device from ``config``: the first error text, or None."""
+    import torch
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
+
+    registry = get_registry()
+    with _fake_world(world_size), contextlib.redirect_stdout(None):  # its Llama class prints on rank 0
+        try:
+            setup = _setup(block, world_size)
+            with torch.device("meta"):
+                if registry.has_custom_model(architecture):
+                    model = registry.get_model_cls_from_model_arch(architecture)(_tiny_config(model_type, **config))
+                else:
+                    import transformers
+
+                    model = getattr(transformers, architecture)(_tiny_config(model_type, **config))
+            parallelize_model(model, setup.mesh_context)
+        except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
+            return f"{type(exc).__name__}: {exc}"
+    return None

@@ -338,6 +338,33 @@ def test_megatron_fsdp_zero_dp_strategy_log_matches_automodel(zero: int) -> None
     assert logged == ("megatron-fsdp-unsharded" in {f.rule for f in ours.findings}), ours.findings
 
 
+@st.composite
+def tp_on_a_model(draw: st.DrawFn) -> tuple[str, str, dict, dict, int]:
+    arch, model_type = draw(st.sampled_from([("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"),
+                                             ("Gemma2ForCausalLM", "gemma2")]))
+    heads = draw(st.sampled_from([2, 4, 6, 8, 12, 16]))
+    kv = draw(st.sampled_from([d for d in (1, 2, 3, 4, 6, 8, 16) if heads % d == 0]))
+    tp = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    block = {"tp_size": tp, "sequence_parallel": draw(st.booleans())}
+    if draw(st.booleans()):
+        block["enable_async_tensor_parallel"] = True
+    config = {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 8, "hidden_size": 8 * heads}
+    return arch, model_type, config, block, tp * draw(st.sampled_from([1, 2]))
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 4, deadline=None)
+@given(tp_on_a_model())
+def test_tp_on_automodel_model_classes_matches_automodel(case: tuple[str, str, dict, dict, int]) -> None:
+    """Head-count and TP-option verdicts against AutoModel parallelizing its own (or the HF) model class."""
+    arch, model_type, config, block, world = case
+    theirs = oracle.parallelize_model_class(arch, model_type, config, block, world)
+    model = {"architectures": [arch], "model_type": model_type, "num_hidden_layers": 2, **config}
+    errors = {f.rule for f in validate_config(block, world_size=world, model=model).errors}
+    assert (theirs is None) == (not errors), (theirs, errors)
+    if theirs:
+        assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

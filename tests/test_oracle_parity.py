@@ -365,6 +365,26 @@ def test_tp_on_automodel_model_classes_matches_automodel(case: tuple[str, str, d
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
 
 
+DEEPSEEK_TINY = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=None, hidden_size=64, num_experts_per_tok=2,
+                     moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=None,
+                     kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1)
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 8, deadline=None)
+@given(st.sampled_from([4, 6, 8, 16]), st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 8, 16]))
+def test_ep_on_automodel_moe_class_matches_automodel(experts: int, ep: int, world: int) -> None:
+    """Expert-count and EP-mesh verdicts against AutoModel parallelizing its own DeepSeek-V3 class (meta device)."""
+    config = {**DEEPSEEK_TINY, "n_routed_experts": experts}
+    block = {"ep_size": ep}
+    theirs = oracle.parallelize_model_class("DeepseekV3ForCausalLM", "deepseek_v3", config, block, world)
+    model = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
+             **{k: v for k, v in config.items() if v is not None}}
+    errors = {f.rule for f in validate_config(block, world_size=world, model=model).errors}
+    assert (theirs is None) == (not errors), (theirs, errors)
+    if theirs:
+        assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
+
+
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:
     block = {"pipeline": {"pp_schedule": "1f1b"}}
     o = oracle.run(block, 4, [0])

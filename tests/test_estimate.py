@@ -148,6 +148,17 @@ def test_suggest_long_context_and_moe_and_nothing_fits():
     assert not none.candidates and none.note.startswith("no layout fits")
 
 
+@pytest.mark.parametrize("world", [1, 8])
+def test_suggest_searches_only_megatron_fsdp_layouts_automodel_runs(world):
+    from automodel_dist.catalog.models import lookup
+    from automodel_dist.suggest import _options
+
+    opts = list(_options(lookup("meta-llama/Llama-3.2-1B"), world, 8, 4096, 8, 1, True, ("megatron_fsdp",)))
+    acs = {o.p.activation_checkpointing for o in opts}
+    # selective is rejected for megatron_fsdp; full is skipped by it on more than one rank
+    assert acs == ({False, True} if world == 1 else {False})
+
+
 def test_estimate_and_suggest_cli(tmp_path, capsys):
     cfg = tmp_path / "r.yaml"
     cfg.write_text("distributed:\n  tp_size: 2\n")

@@ -90,6 +90,8 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                             ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
                             for sched in schedules:
                                 for ac in acs:
+                                    if ac == "selective" and strategy == "megatron_fsdp":
+                                        continue  # AutoModel rejects it (ac-selective-strategy)
                                     if ac and applied_ac(strategy, ac, world) is False:  # megatron_fsdp skips AC
                                         continue
                                     yield _Option(Parallelism(

@@ -158,7 +158,8 @@ def _llama(name: str, h: int, layers: int, heads: int, kv: int, inter: int, voca
 def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
             published: float) -> ModelSpec:
     return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, qkv_bias=True,
-                     published_params=published, architecture="Qwen2ForCausalLM", source=f"https://huggingface.co/{name}",
+                     published_params=published,
+                     architecture="Qwen2ForCausalLM", source=f"https://huggingface.co/{name}",
                      aliases=(f"{name}-Instruct",))
 
 
@@ -221,28 +222,36 @@ _CATALOG: list[ModelSpec] = [
     ModelSpec("deepseek-ai/DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, num_experts=256, experts_per_token=8,
               moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=3,
               q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-              head_dim=192, published_params=671e9, architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
+              head_dim=192, published_params=671e9,
+              architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
               aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
     # gpt-oss (OpenAI)
     ModelSpec("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
               num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=20.9e9, architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-20b"),
+              published_params=20.9e9,
+              architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-20b"),
     ModelSpec("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
               num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=116.8e9, architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-120b"),
+              published_params=116.8e9,
+              architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-120b"),
     # Gemma (Google)
     ModelSpec("google/gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=2.61e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-2b",
+              norms_per_layer=4, published_params=2.61e9,
+              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-2b",
               aliases=("google/gemma-2-2b-it",)),
     ModelSpec("google/gemma-2-9b", 3584, 42, 16, 8, 14336, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=9.24e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-9b",
+              norms_per_layer=4, published_params=9.24e9,
+              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-9b",
               aliases=("google/gemma-2-9b-it",)),
     ModelSpec("google/gemma-2-27b", 4608, 46, 32, 16, 36864, 256000, head_dim=128, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=27.2e9, architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-27b",
+              norms_per_layer=4, published_params=27.2e9,
+              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-27b",
               aliases=("google/gemma-2-27b-it",)),
     ModelSpec("google/gemma-3-1b-pt", 1152, 26, 4, 1, 6912, 262144, head_dim=256, tie_word_embeddings=True,
               qk_norm=True, norms_per_layer=4, published_params=1.0e9,
-              architecture="Gemma3ForCausalLM", source="https://huggingface.co/google/gemma-3-1b-pt", aliases=("google/gemma-3-1b-it",)),
+
+              architecture="Gemma3ForCausalLM", source="https://huggingface.co/google/gemma-3-1b-pt",
+              aliases=("google/gemma-3-1b-it",)),
 ]
 
 _BY_NAME: dict[str, ModelSpec] = {}
@@ -300,7 +309,8 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     if not isinstance(cfg, dict):
         raise ModelConfigError("a model config must be a JSON object")
     if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
-        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path"), "architectures": cfg.get("architectures")}
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path"),
+               "architectures": cfg.get("architectures")}
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(

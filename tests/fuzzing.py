@@ -249,10 +249,24 @@ def check_report(report: ValidationReport) -> None:
     assert report.valid == (not report.errors)
 
 
+def check_gates(config: Any, kwargs: dict[str, Any]) -> None:
+    """The rule gates (``when=``) only skip rules that would find nothing: gated == the whole table."""
+    from automodel_dist.api import _context
+    from automodel_dist.rules import run_rules
+
+    ctx = _context(config, kwargs.get("world_size"), kwargs.get("nodes"), kwargs.get("gpus_per_node"),
+                   kwargs.get("model"))[0]
+    if ctx is not None:
+        gated, whole = run_rules(ctx), run_rules(ctx, gated=False)
+        assert gated == whole, ([f.rule for f in whole if f not in gated], config, kwargs)
+
+
 def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None = None) -> None:
-    """validate_config, then build_mesh (and estimate_memory) must agree with its verdict."""
+    """validate_config, then build_mesh (and estimate_memory) must agree with its verdict; the rule
+    gates change nothing."""
     report = _timed(tally, "validate_config", validate_config, config, **ctx)
     check_report(report)
+    check_gates(config, ctx)
     if tally is not None:
         tally.outcomes[f"{kind}: {'valid' if report.valid else 'invalid'}"] += 1
         tally.rules.update({f.rule for f in report.errors})

@@ -17,6 +17,7 @@ import oracle
 import pytest
 import yaml
 from conftest import EXAMPLES
+from fuzzing import check_gates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,6 +121,7 @@ def test_well_typed_blocks_match_automodel(case: tuple[dict, int, int]) -> None:
     ranks = _ranks(world, extra)
     o = oracle.run(block, world, ranks)
     ours = validate_config(copy.deepcopy(block), world_size=world)
+    check_gates(copy.deepcopy(block), {"world_size": world})
     errors = {f.rule for f in ours.findings if f.severity == "error"}
     assert (not errors - MID_RUN) == o.ranks[0].ok, f"AutoModel: {o.ranks[0].error}; ours: {errors}"
     if ours.valid:
@@ -191,6 +193,7 @@ def test_rejected_blocks_are_rejected_for_the_same_cause(case: tuple[dict, int])
     block, world = case
     o = oracle.run(block, world, [0])
     ours = validate_config(copy.deepcopy(block), world_size=world)
+    check_gates(copy.deepcopy(block), {"world_size": world})
     errors = {f.rule for f in ours.findings if f.severity == "error"}
     if not o.ok:
         assert not ours.valid, f"AutoModel rejects ({o.error}) but we accept"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Rule:
     patterns: tuple[str, ...] = ()  # regexes matching AutoModel / torch error text
     cause: str = ""
     fix: str = ""
+    when: frozenset[str] = frozenset()  # facets (see ``facets``), one of which must hold to find anything
 
 
 RULES: dict[str, Rule] = {}
@@ -105,13 +107,20 @@ def rule(
     patterns: tuple[str, ...] = (),
     cause: str = "",
     fix: str = "",
+    when: Iterable[str] = (),
 ) -> Callable[[Check], Check]:
-    """Register a check under a stable id."""
+    """Register a check under a stable id.
+
+    ``when`` names the facets (block keys, or ``@``-facets from :func:`facets`) one of which must
+    hold for the check to be able to find anything; the check is then skipped when none holds. It
+    only saves time: every check still tests its own conditions, and tests/test_rules.py runs the
+    whole table ungated against the gated one on every rule's cases and on fuzzed recipes.
+    """
 
     def deco(fn: Check) -> Check:
         if rule_id in RULES:
             raise ValueError(f"duplicate rule id {rule_id}")
-        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix)
+        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix, frozenset(when))
         return fn
 
     return deco
@@ -134,12 +143,41 @@ def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fi
     return Finding(rule=rule_id, severity=severity or r.severity, path=path, line=line, message=message, fix=fix)
 
 
-def run_rules(ctx: Context) -> list[Finding]:
-    """Run every registered rule; a rule that crashes becomes an error finding, never an exception."""
+_AXES = ("tp", "pp", "cp", "ep", "dp_replicate")
+
+
+def facets(ctx: Context) -> frozenset[str]:
+    """What a rule's ``when`` is matched against: the block's keys, ``recipe:<section>`` for the other
+    sections of a recipe, ``@model``, ``@world``, ``@gpus_per_node``, ``@<axis>`` for each of
+    tp/pp/cp/ep/dp_replicate over 1, and ``@<strategy>``."""
+    out = {k for k in ctx.block if isinstance(k, str)}
+    if ctx.recipe is not None:
+        out.update("recipe:" + k for k in ctx.recipe if isinstance(k, str) and k != "distributed")
+    if ctx.model is not None:
+        out.add("@model")
+    if ctx.world_size is not None:
+        out.add("@world")
+    if ctx.gpus_per_node:
+        out.add("@gpus_per_node")
+    for axis in _AXES:
+        if ctx.size(f"{axis}_size") > 1:
+            out.add("@" + axis)
+    if ctx.strategy is not None:
+        out.add("@" + ctx.strategy)
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _selected(present: frozenset[str], registered: int) -> tuple[Rule, ...]:
+    return tuple(r for r in RULES.values() if r.check is not None and (not r.when or not r.when.isdisjoint(present)))
+
+
+def run_rules(ctx: Context, *, gated: bool = True) -> list[Finding]:
+    """Run the rules (``gated``: those whose ``when`` holds); a rule that crashes becomes a warning
+    finding, never an exception."""
     out: list[Finding] = []
-    for r in RULES.values():
-        if r.check is None:
-            continue
+    table = _selected(facets(ctx), len(RULES)) if gated else [r for r in RULES.values() if r.check is not None]
+    for r in table:
         try:
             out.extend(r.check(ctx))
         except Exception as exc:  # noqa: BLE001 - a bug in one rule must not hide the others

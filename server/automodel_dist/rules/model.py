@@ -57,7 +57,7 @@ note("model-unknown", "Model not found", family=F, severity="warning",
 note("model-from-recipe", "Model taken from the recipe", family=F, severity="info")
 
 
-@rule("tp-heads", family=F, severity="error", title="tp_size does not divide the attention heads",
+@rule("tp-heads", when=("@model",), family=F, severity="error", title="tp_size does not divide the attention heads",
       patterns=(r"num_key_value_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
                 r"num_attention_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
                 r"num_key_value_heads in config does not match the TP size"),
@@ -78,7 +78,7 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
                   "after launch", f"use tp_size in {fmt_set(head_tp_sizes(m))}")
 
 
-@rule("ep-experts", family=F, severity="error", title="ep_size does not divide the routed experts",
+@rule("ep-experts", when=("@model",), family=F, severity="error", title="ep_size does not divide the routed experts",
       patterns=(r"n_routed_experts (\d+) must be divisible by expert_parallel_degree (\d+)",),
       cause="Expert parallelism places num_experts / ep_size whole experts on each EP rank.",
       fix="Use an ep_size that divides the number of routed experts.")
@@ -95,7 +95,7 @@ def ep_experts(ctx: Context) -> Iterator[Finding]:
 _EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
 
 
-@rule("ep-dense-model", family=F, severity="error", title="ep_size > 1 on a dense model",
+@rule("ep-dense-model", when=("@model",), family=F, severity="error", title="ep_size > 1 on a dense model",
       patterns=(_EP_NEEDS_MOE,),
       cause="A dense model has no experts; when AutoModel builds it, validate_for_mesh raises 'Expert parallelism "
             "(ep_size=N) requires a MoE model' (no dense class inherits its MoEFSDPSyncMixin).",
@@ -120,6 +120,7 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
 
 
 @rule("model-capability", family=F, severity="error", title="Parallelism AutoModel's implementation of the model lacks",
+      when=("@model",),
       patterns=(r"Tensor parallelism \(tp_size=(\d+)\) requested but (\w+) has no TP plan",
                 r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE),
       cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
@@ -149,7 +150,7 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
                       _INSTEAD[what])
 
 
-@rule("pp-stages", family=F, severity="error", title="Pipeline split does not fit the model",
+@rule("pp-stages", when=("@model",), family=F, severity="error", title="Pipeline split does not fit the model",
       patterns=(r"Number of virtual stages \((\d+)\) must be divisible by pipeline parallel size",
                 r"Single stage schedule requires exactly 1 stage per rank",
                 r"Multi-stage schedule requires at least 2 stages per rank",
@@ -194,6 +195,7 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
 
 
 @rule("model-cp-backend", family=F, severity="error", title="Context parallelism with an attention backend it lacks",
+      when=("@model",),
       patterns=(r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",),
       cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
             "backend; with model.backend.attn: sdpa, flex, ... validate_for_mesh raises right after building the "
@@ -213,6 +215,7 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pp-tied-embeddings", family=F, severity="error", title="Pipeline parallelism with tied embeddings",
+      when=("@model",),
       patterns=(r"Pipeline parallelism does not support tie_word_embeddings=True",),
       cause="AutoModel's pipeline builder (AutoPipeline.build -> validate_hf_model_for_pipeline_support) rejects a "
             "model whose lm_head shares the embedding weight, and overriding tie_word_embeddings to false is not "
@@ -230,6 +233,7 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("model-cp-packing", family=F, severity="error", title="Packed sequences with CP on a Hugging Face model class",
+      when=("recipe:packed_sequence",),
       patterns=(r"Packed sequence is only supported with CP size 1",
                 r"Context parallelism \(cp_size=(\d+)\) with packed sequences is not supported for (\w+)"),
       cause="For a Hugging Face model class (an architecture AutoModel has no class of its own for, or "

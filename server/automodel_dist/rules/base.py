@@ -111,10 +111,11 @@ def rule(
 ) -> Callable[[Check], Check]:
     """Register a check under a stable id.
 
-    ``when`` names the facets (block keys, or ``@``-facets from :func:`facets`) one of which must
-    hold for the check to be able to find anything; the check is then skipped when none holds. It
-    only saves time: every check still tests its own conditions, and tests/test_rules.py runs the
-    whole table ungated against the gated one on every rule's cases and on fuzzed recipes.
+    ``when`` names the facets (see :func:`facets`) one of which must hold for the check to be able
+    to find anything; the check is skipped when none holds. It only saves time: every check still
+    tests its own conditions, and the tests (``fuzzing.check_gates``) run the whole table ungated
+    against the gated one on every rule's cases, the doc blocks, the blocks generated for the
+    AutoModel comparison and the fuzz corpus.
     """
 
     def deco(fn: Check) -> Check:

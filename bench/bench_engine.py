@@ -5,6 +5,8 @@
    Goal: >= 100x faster per config, <= 20 ms each. Also cold start (a fresh process: imports + one
    config) for both. The "ceiling" column is AutoModel's time over libyaml's bare compose of the same
    text (no values, no checks): the ratio no validator that parses the YAML with line numbers can beat.
+   The three are sampled in turn (so a shared machine's drift hits all alike), sub-millisecond calls in
+   batches of >= 5 ms, with the imported modules frozen out of the garbage collector.
 2. build_mesh layout + one rank's groups at 16,384 and 131,072 ranks vs torch ``init_device_mesh`` on a
    fake process group of that size. Goal: <= 200 ms at 16,384.
 

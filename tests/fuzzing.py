@@ -186,7 +186,7 @@ def mutated_examples(draw: st.DrawFn) -> str:
 
 @st.composite
 def contexts(draw: st.DrawFn) -> dict[str, Any]:
-    """world_size / nodes / gpus_per_node / model arguments, usually plausible, sometimes absurd."""
+    """world_size / nodes / gpus_per_node / model / torch_version arguments, usually plausible, sometimes absurd."""
     kw: dict[str, Any] = {}
     how = draw(st.integers(0, 5))
     if how <= 2:
@@ -197,6 +197,9 @@ def contexts(draw: st.DrawFn) -> dict[str, Any]:
         kw["gpus_per_node"] = draw(st.one_of(st.sampled_from([1, 2, 4, 8, 16]), st.integers(-2, 10**6)))
     if draw(st.booleans()):
         kw["model"] = draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such-model", "llama", ""])))
+    if draw(st.integers(0, 3)) == 0:
+        kw["torch_version"] = draw(st.one_of(st.sampled_from(["2.13.0+cpu", "2.14.1", "2.15.0+cu132", "3.0"]),
+                                             st.text(max_size=12)))
     return kw
 
 
@@ -255,7 +258,7 @@ def check_gates(config: Any, kwargs: dict[str, Any]) -> None:
     from automodel_dist.rules import run_rules
 
     ctx = _context(config, kwargs.get("world_size"), kwargs.get("nodes"), kwargs.get("gpus_per_node"),
-                   kwargs.get("model"))[0]
+                   kwargs.get("model"), kwargs.get("torch_version"))[0]
     if ctx is not None:
         gated, whole = run_rules(ctx), run_rules(ctx, gated=False)
         assert gated == whole, ([f.rule for f in whole if f not in gated], config, kwargs)
@@ -289,7 +292,7 @@ def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None
             from automodel_dist import estimate_memory
 
             est = _timed(tally, "estimate_memory", estimate_memory, config, model=ctx["model"], **{
-                k: v for k, v in ctx.items() if k != "model"})
+                k: v for k, v in ctx.items() if k not in ("model", "torch_version")})
             assert est.memory_gib.total > 0
     else:
         try:

@@ -34,6 +34,13 @@ def test_validate_exit_codes_and_output(files, capsys):
     assert main(["validate", str(files / "good.yaml"), "--world-size", "0"]) == 2
 
 
+def test_validate_torch_version(files, capsys):
+    assert main(["validate", str(files / "good.yaml"), "--world-size", "8", "--torch-version", "2.14.1"]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(files / "good.yaml"), "--world-size", "8", "--torch-version", "2.15.0+cu132"]) == 1
+    assert "error[torch-version]: torch 2.15.0+cu132 with strategy fsdp2 on 8 ranks" in capsys.readouterr().out
+
+
 def test_validate_json_is_the_api_report(files, capsys):
     assert main(["validate", str(files / "bad.yaml"), "--world-size", "8", "--json"]) == 1
     printed = json.loads(capsys.readouterr().out)

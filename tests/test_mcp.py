@@ -66,6 +66,8 @@ def test_validate_config_returns_findings_not_errors():
     report = r.structured_content
     assert report["valid"] is False
     assert [(f["rule"], f["line"]) for f in report["findings"]] == [("world-not-divisible", 2), ("tp-heads", 2)]
+    on_215 = call("validate_config", {"config_yaml": "tp_size: 2\n", "world_size": 8, "torch_version": "2.15.0"})
+    assert [f["rule"] for f in on_215.structured_content["findings"]] == ["torch-version"]
     bad_yaml = call("validate_config", {"config_yaml": "a: [\n"})
     assert not bad_yaml.is_error and bad_yaml.structured_content["findings"][0]["rule"] == "yaml-syntax"
 

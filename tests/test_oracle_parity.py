@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 from pathlib import Path
 
 import oracle
@@ -49,6 +50,7 @@ STRICTER = {
 # Rules for errors AutoModel raises only when it parallelizes the built model (after its setup, which is
 # all ``oracle.run`` executes); ``oracle.parallelize`` runs that step and test_parallelize_rules checks them.
 MID_RUN = {r.id for r in RULES.values() if r.family == "parallelize" and r.severity == "error"}
+TORCH = importlib.metadata.version("torch")  # the torch AutoModel runs on here, for the torch-version rule
 SCHEDULES = ["1f1b", "gpipe", "interleaved1f1b", "LoopedBFS", "InterleavedZeroBubble", "zbvzerobubble", "DualPipeV"]
 WORLDS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 1024, 4096]
 
@@ -362,7 +364,7 @@ def test_tp_on_automodel_model_classes_matches_automodel(case: tuple[str, str, d
     arch, model_type, config, block, world = case
     theirs = oracle.parallelize_model_class(arch, model_type, config, block, world)
     model = {"architectures": [arch], "model_type": model_type, "num_hidden_layers": 2, **config}
-    errors = {f.rule for f in validate_config(block, world_size=world, model=model).errors}
+    errors = {f.rule for f in validate_config(block, world_size=world, model=model, torch_version=TORCH).errors}
     assert (theirs is None) == (not errors), (theirs, errors)
     if theirs:
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
@@ -382,10 +384,22 @@ def test_ep_on_automodel_moe_class_matches_automodel(experts: int, ep: int, worl
     theirs = oracle.parallelize_model_class("DeepseekV3ForCausalLM", "deepseek_v3", config, block, world)
     model = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
              **{k: v for k, v in config.items() if v is not None}}
-    errors = {f.rule for f in validate_config(block, world_size=world, model=model).errors}
+    errors = {f.rule for f in validate_config(block, world_size=world, model=model, torch_version=TORCH).errors}
     assert (theirs is None) == (not errors), (theirs, errors)
     if theirs:
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
+
+
+@pytest.mark.parametrize("block,world", [({}, 1), ({}, 2), ({"tp_size": 2}, 4), ({"dp_replicate_size": 2}, 4),
+                                         ({"cp_size": 2, "activation_checkpointing": True}, 4)])
+def test_torch_release_verdict_matches_automodel(block: dict, world: int) -> None:
+    """On the torch installed here AutoModel's FSDP2 parallelizer runs (torch < 2.15) or raises AttributeError
+    (torch >= 2.15): validate_config given that torch version must say the same."""
+    theirs = oracle.parallelize(block, world)
+    ours = validate_config(block, world_size=world, torch_version=TORCH)
+    assert (theirs is None) == ours.valid, (theirs, ours.findings)
+    if theirs:
+        assert "torch-version" in {m.rule for m in explain_error(theirs).matches} & {f.rule for f in ours.errors}
 
 
 def test_pipeline_block_with_pp1_warns_like_automodel() -> None:

@@ -228,6 +228,22 @@ CASES = [
         id='moe-tp',
     ),
     pytest.param(
+        'distributed:\n  strategy: fsdp2\n  tp_size: 2\n',
+        {'world_size': 8, 'torch_version': '2.15.0+cu132'},
+        'torch-version', 'error', 'distributed.strategy', 2, False,
+        "torch 2.15.0+cu132 with strategy fsdp2 on 8 ranks: AutoModel 0.7.0's FSDP2 parallelizer patches FSDPParam.to_accumulated_grad_if_needed, which torch 2.15 removed, and raises \"AttributeError: type object 'FSDPParam' has no attribute 'to_accumulated_grad_if_needed'\" when it parallelizes the model, after launch",
+        'launch with torch 2.14 or older (AutoModel 0.7.0 asks for torch>=2.8), or strategy: ddp if the model fits one GPU',
+        id='torch-version',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'world_size': 8, 'torch_version': 'latest'},
+        'torch-version', 'warning', 'distributed', 1, True,
+        "torch_version 'latest' is not a torch version (MAJOR.MINOR[.PATCH][+local]); the torch release checks were skipped",
+        "pass what `python -c 'import torch; print(torch.__version__)'` prints where the job runs",
+        id='torch-version-unreadable',
+    ),
+    pytest.param(
         'distributed:\n  tp_size: 2\n  ep_size: 4\n  tp_plan: my_plans.moe_tp\n  sequence_parallel: true\n',
         {'world_size': 8},
         'moe-tp', 'error', 'distributed.sequence_parallel', 5, False,
@@ -825,3 +841,28 @@ def test_force_hf_skips_the_automodel_class_checks():
     report = validate_config(text.format("Qwen/Qwen3-30B-A3B", "  ep_size: 8\n"), world_size=16)
     assert [f.rule for f in report.errors] == ["model-capability"]
     assert "force_hf" in report.errors[0].message and "Qwen3MoeForCausalLM does not inherit" in report.errors[0].message
+
+
+@pytest.mark.parametrize("text,release", [
+    ("2.15.0", (2, 15)), ("2.15.0+cu132", (2, 15)), ("2.13.0+cpu", (2, 13)), ("2.16.0.dev20260101", (2, 16)),
+    ("2.14.0a0+git1234", (2, 14)), ("2.9", (2, 9)), (" v2.11.0 ", (2, 11)), ("2.15.0rc1", (2, 15)),
+    ("latest", None), ("2", None), ("", None), ("2.15.0 bogus", None), (2.15, None)])
+def test_torch_release(text, release):
+    from automodel_dist.environment import fsdp2_unusable, torch_release
+
+    assert torch_release(text) == release
+    if release is not None:
+        assert fsdp2_unusable(release) is (release >= (2, 15))
+
+
+def test_torch_version_only_matters_for_fsdp2_on_more_than_one_rank():
+    def rules(block: str, world: int | None, version: str) -> set[str]:
+        return {f.rule for f in validate_config(block, world_size=world, torch_version=version).findings}
+
+    assert "torch-version" in rules("tp_size: 2\n", 8, "2.15.0")
+    assert "torch-version" in rules("ep_size: 2\n", 2, "2.16.1")  # the MoE path patches FSDP too
+    assert "torch-version" in rules("{}\n", None, "2.15.0")  # world unknown: more than one rank is the case to fear
+    assert "torch-version" not in rules("{}\n", 1, "2.15.0")  # one rank: AutoModel does not shard
+    assert "torch-version" not in rules("strategy: ddp\n", 8, "2.15.0")
+    assert "torch-version" not in rules("tp_size: 2\n", 8, "2.14.1")
+    assert "torch-version" not in rules("tp_size: 2\n", 8, None)

@@ -167,8 +167,8 @@ def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
     return None
 
 
-def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any,
-             model: ModelInput) -> tuple[Context | None, Document, list[Finding], str | None]:
+def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
+             torch_version: Any = None) -> tuple[Context | None, Document, list[Finding], str | None]:
     doc = load_config(config)
     findings: list[Finding] = []
     split = _split(doc)
@@ -178,7 +178,7 @@ def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: An
     spec = _model(model, split.recipe, doc, findings)
     block = split.block
     ctx = Context(doc=doc, block=block, base=split.base, recipe=split.recipe, world_size=world, nodes=nodes_i,
-                  gpus_per_node=gpn, model=spec)
+                  gpus_per_node=gpn, model=spec, torch_version=torch_version)
     raw = block.get("strategy", "fsdp2")
     ctx.strategy = STRATEGY_ALIASES.get(raw.lower()) if isinstance(raw, str) else None
     ctx.sizes = effective_sizes(block)
@@ -238,18 +238,20 @@ def _resolved(ctx: Context | None) -> Resolved:
 
 
 def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
-                    gpus_per_node: int | None = None, model: ModelInput = None) -> ValidationReport:
+                    gpus_per_node: int | None = None, model: ModelInput = None,
+                    torch_version: str | None = None) -> ValidationReport:
     """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
 
-    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. Every finding is returned at
-    once; nothing raises for bad input.
+    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``torch_version`` is the torch
+    release the job will run on (``2.15.0+cu132``), for the checks that depend on it. Every finding
+    is returned at once; nothing raises for bad input.
     """
-    return _validate(config, world_size, nodes, gpus_per_node, model)[0]
+    return _validate(config, world_size, nodes, gpus_per_node, model, torch_version)[0]
 
 
-def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any,
-              model: ModelInput) -> tuple[ValidationReport, Context | None]:
-    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model)
+def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
+              torch_version: Any = None) -> tuple[ValidationReport, Context | None]:
+    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model, torch_version)
     all_findings = list(doc.findings) + findings
     if ctx is not None:
         all_findings += run_rules(ctx)

@@ -56,7 +56,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .api import validate_config
 
     report = validate_config(_config_arg(args.file), world_size=args.world_size, nodes=args.nodes,
-                             gpus_per_node=args.gpus_per_node, model=args.model)
+                             gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version)
     _show(args, report, "validation_text")
     if _unreadable(report):
         return EXIT_USAGE
@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nodes", type=_positive)
     g.add_argument("--gpus-per-node", type=_positive)
     v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
+    v.add_argument("--torch-version", help="the torch release the job will run on, e.g. 2.15.0+cu132 "
+                   "(AutoModel 0.7.0's FSDP2 path fails on torch >= 2.15)")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(func=cmd_validate)
 

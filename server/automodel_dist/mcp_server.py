@@ -38,8 +38,8 @@ log = logging.getLogger("automodel_dist.mcp")
 
 NAME = "nemo-automodel-distributed-training"
 INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, HSDP, MegatronFSDP, DDP; TP/SP, PP, CP, EP).
-- Before launching or editing a config: call validate_config (pass world_size, or nodes and gpus_per_node, and the
-  model when known). It returns every finding at once with YAML line, message and fix; apply the fixes and re-validate.
+- Before launching or editing a config: call validate_config (pass world_size, or nodes and gpus_per_node, the
+  model and the cluster's torch version when known). It returns every finding at once with YAML line, message and fix; apply the fixes and re-validate.
 - To see which ranks form each tp/cp/pp/dp/ep group (and which groups cross nodes): build_mesh.
 - "Which layout for model M on N nodes of G GPUs?": suggest_strategy (ranked layouts, each with a ready YAML block,
   per-GPU memory, step time and rationale). For memory of a given config: estimate_memory.
@@ -62,6 +62,9 @@ Nodes = Annotated[int | None, Field(default=None, ge=1, le=1 << 20, description=
 GpusPerNode = Annotated[int | None, Field(default=None, ge=1, le=1024, description="GPUs per node.")]
 ModelArg = Annotated[str | None, Field(default=None, max_length=4096,
                                        description="Hugging Face repo id from list_models, or a config.json path.")]
+TorchVersion = Annotated[str | None, Field(default=None, max_length=64, description=(
+    "The torch release the job will run on (torch.__version__ there, e.g. 2.15.0+cu132): AutoModel 0.7.0's FSDP2 "
+    "path fails on torch >= 2.15."))]
 
 
 class MeshResult(BaseModel):
@@ -146,7 +149,7 @@ def create_server() -> MCPServer:
     @server.tool(annotations=ro)
     def validate_config(config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
                         nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
-                        model: ModelArg = None) -> ValidationReport:
+                        model: ModelArg = None, torch_version: TorchVersion = None) -> ValidationReport:
         """Check a NeMo AutoModel 0.7.0 recipe or distributed: block: every error AutoModel raises or hits mid-run
         (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
         try:
@@ -157,7 +160,7 @@ def create_server() -> MCPServer:
         from .api import validate_config as _validate_config
 
         return _validate_config(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
-                                model=model)
+                                model=model, torch_version=torch_version)
 
     @server.tool(annotations=ro)
     def build_mesh(world_size: Annotated[int, Field(ge=1, le=1 << 24, description="Total ranks.")],

@@ -118,6 +118,7 @@ def smoke_text(report: Any) -> str:
                      f"{r.mesh_matches}")
     for f in r.findings:
         lines.append(f"{f.severity}[{f.rule}]: {f.message}")
+    lines += [f"note: {n}" for n in r.notes]
     bad = [x for x in r.ranks if x.state != "finished"]
     for x in bad:
         lines.append(f"rank {x.rank}: {x.state}" + (f": {x.error}" if x.error else ""))

@@ -38,6 +38,7 @@ class Context:
     pp_schedule: str | None = None  # torch class name, when pp > 1 and it is known
     ac: bool | str | None = None
     layout: Layout | None = None  # the meshes, when the sizes resolve to a buildable layout
+    torch_version: str | None = None  # the torch release the job will run on, when the caller says
 
     def has(self, key: str) -> bool:
         return key in self.block
@@ -149,7 +150,7 @@ _AXES = ("tp", "pp", "cp", "ep", "dp_replicate")
 
 def facets(ctx: Context) -> frozenset[str]:
     """What a rule's ``when`` is matched against: the block's keys, ``recipe:<section>`` for the other
-    sections of a recipe, ``@model``, ``@world``, ``@gpus_per_node``, ``@<axis>`` for each of
+    sections of a recipe, ``@model``, ``@world``, ``@gpus_per_node``, ``@torch``, ``@<axis>`` for each of
     tp/pp/cp/ep/dp_replicate over 1, and ``@<strategy>``."""
     out = {k for k in ctx.block if isinstance(k, str)}
     if ctx.recipe is not None:
@@ -160,6 +161,8 @@ def facets(ctx: Context) -> frozenset[str]:
         out.add("@world")
     if ctx.gpus_per_node:
         out.add("@gpus_per_node")
+    if ctx.torch_version is not None:
+        out.add("@torch")
     for axis in _AXES:
         if ctx.size(f"{axis}_size") > 1:
             out.add("@" + axis)

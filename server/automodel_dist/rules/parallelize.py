@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..config.load import Unresolved
+from ..config.load import Unresolved, clip
 from ..config.values import applied_ac
+from ..environment import FSDP2_PATCH_REMOVED_IN, fsdp2_unusable, torch_release
 from ..report import Finding
 from .base import Context, finding, rule
 
@@ -133,3 +134,37 @@ def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
                       f"zero_dp_strategy: {zero}: AutoModel logs 'MegatronFSDP zero_dp_strategy is not 3. Parameters "
                       "will not be sharded.': every data-parallel rank holds the full parameters",
                       "zero_dp_strategy: 3 to shard parameters too", severity="info")
+
+
+_REMOVED = ".".join(map(str, FSDP2_PATCH_REMOVED_IN))
+
+
+@rule("torch-version", when=("@torch",), family=F, severity="error",
+      title="A torch release AutoModel 0.7.0's FSDP2 path cannot run on",
+      patterns=(r"type object 'FSDPParam' has no attribute 'to_accumulated_grad_if_needed'",),
+      cause=f"AutoModel 0.7.0's FSDP2 parallelizers (dense and MoE) patch torch's "
+            f"FSDPParam.to_accumulated_grad_if_needed, which torch {_REMOVED} removed: with strategy fsdp2 on more "
+            "than one rank the run raises AttributeError when it parallelizes the model, after launch.",
+      fix=f"Launch AutoModel 0.7.0 with torch older than {_REMOVED} (2.11-2.14 work), or, when the model fits one "
+          "GPU, strategy ddp (its path does not touch FSDP).")
+def torch_version(ctx: Context) -> Iterator[Finding]:
+    given = ctx.torch_version
+    if given is None:
+        return
+    release = torch_release(given)
+    if release is None:
+        yield finding(ctx, "torch-version", (), f"torch_version {clip(repr(given))} is not a torch version "
+                      "(MAJOR.MINOR[.PATCH][+local]); the torch release checks were skipped",
+                      "pass what `python -c 'import torch; print(torch.__version__)'` prints where the job runs",
+                      severity="warning")
+        return
+    if ctx.strategy != "fsdp2" or ctx.world_size == 1 or not fsdp2_unusable(release):
+        return
+    where = f"on {ctx.world_size} ranks" if ctx.world_size else "on more than one rank"
+    yield finding(ctx, "torch-version", ("strategy",) if ctx.has("strategy") else (),
+                  f"torch {clip(given)} with strategy fsdp2 {where}: AutoModel 0.7.0's FSDP2 parallelizer patches "
+                  f"FSDPParam.to_accumulated_grad_if_needed, which torch {_REMOVED} removed, and raises "
+                  "\"AttributeError: type object 'FSDPParam' has no attribute 'to_accumulated_grad_if_needed'\" "
+                  "when it parallelizes the model, after launch",
+                  f"launch with torch {FSDP2_PATCH_REMOVED_IN[0]}.{FSDP2_PATCH_REMOVED_IN[1] - 1} or older "
+                  "(AutoModel 0.7.0 asks for torch>=2.8), or strategy: ddp if the model fits one GPU")

@@ -1,0 +1,24 @@
+"""What AutoModel 0.7.0 needs from the torch release it runs on. Pure: versions are compared as text,
+torch is never imported here."""
+
+from __future__ import annotations
+
+import re
+
+# AutoModel 0.7.0's FSDP2 parallelizers (components/distributed/parallelizer.py and
+# components/moe/parallelizer.py) call fsdp_patches.patch_fsdp_accumulated_grad_guard(), which reads
+# FSDPParam.to_accumulated_grad_if_needed: present in torch 2.11-2.14, removed in torch 2.15.
+FSDP2_PATCH_REMOVED_IN = (2, 15)
+
+_VERSION = re.compile(r"\s*v?(\d+)\.(\d+)(?:\.\d+)?(?:[a-z]+\d*)?(?:\.dev\d+)?(?:\+[\w.]+)?\s*$")
+
+
+def torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string such as ``2.15.0+cu132`` or ``2.16.0.dev20260101``."""
+    m = _VERSION.match(version) if isinstance(version, str) else None
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def fsdp2_unusable(release: tuple[int, int]) -> bool:
+    """True when AutoModel 0.7.0's FSDP2 parallelizers fail on this torch release (AttributeError)."""
+    return release >= FSDP2_PATCH_REMOVED_IN

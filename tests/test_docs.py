@@ -73,13 +73,15 @@ def _kwargs(check: dict[str, str]) -> dict[str, Any]:
             kw[key] = int(check[key])
     if "model" in check:
         kw["model"] = check["model"]
+    if "torch_version" in check:
+        kw["torch_version"] = check["torch_version"]
     return kw
 
 
 @pytest.mark.parametrize("block", YAML_BLOCKS, ids=lambda b: b.where)
 def test_yaml_block_validates_as_documented(block: Block) -> None:
     assert block.check, f"{block.where}: a YAML block needs a '# check: ...' header"
-    assert set(block.check) <= {"world_size", "nodes", "gpus_per_node", "model", "expect"}, block.check
+    assert set(block.check) <= {"world_size", "nodes", "gpus_per_node", "model", "torch_version", "expect"}, block.check
     report = validate_config(block.text, **_kwargs(block.check))
     check_gates(block.text, _kwargs(block.check))
     shown = "\n".join(f.model_dump_json() for f in report.findings)

@@ -131,8 +131,9 @@ def _setup(block: dict[str, Any], world_size: int) -> Any:
     return create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
                                                 world_size=world_size)
 
-def parallelize(block: dict[str, Any], world_size: int) -> str | None:
-    """AutoModel's ``parallelize_model`` on a tiny meta-device decoder after its own setup, at rank 0.
+def parallelize(block: dict[str, Any], world_size: int, device: str = "meta") -> str | None:
+    """AutoModel's ``parallelize_model`` on a tiny decoder (on the meta device; DDP needs ``device="cpu"``:
+    it copies real tensors) after its own setup, at rank 0.
 
     Returns the first error text (``type: message``), or None when setup and parallelization pass.
     The module has no MoE layers, so an ep_size > 1 run fails later in expert parallelism; what this
@@ -161,7 +162,7 @@ def parallelize(block: dict[str, Any], world_size: int) -> str | None:
     with _fake_world(world_size):
         try:
             setup = _setup(block, world_size)
-            with torch.device("meta"):
+            with torch.device(device):
                 model = CausalLM()
             parallelize_model(model, setup.mesh_context)
         except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict

@@ -397,11 +397,12 @@ def test_ep_on_automodel_moe_class_matches_automodel(experts: int, ep: int, worl
 
 
 @pytest.mark.parametrize("block,world", [({}, 1), ({}, 2), ({"tp_size": 2}, 4), ({"dp_replicate_size": 2}, 4),
-                                         ({"cp_size": 2, "activation_checkpointing": True}, 4)])
+                                         ({"cp_size": 2, "activation_checkpointing": True}, 4),
+                                         ({"strategy": "ddp"}, 2)])
 def test_torch_release_verdict_matches_automodel(block: dict, world: int) -> None:
     """On the torch installed here AutoModel's FSDP2 parallelizer runs (torch < 2.15) or raises AttributeError
-    (torch >= 2.15): validate_config given that torch version must say the same."""
-    theirs = oracle.parallelize(block, world)
+    (torch >= 2.15), and its DDP path runs on both: validate_config given that torch version must say the same."""
+    theirs = oracle.parallelize(block, world, device="cpu" if block.get("strategy") == "ddp" else "meta")
     ours = validate_config(block, world_size=world, torch_version=TORCH)
     assert (theirs is None) == ours.valid, (theirs, ours.findings)
     if theirs:

@@ -179,6 +179,11 @@ def _tiny_config(model_type: str, **overrides: Any) -> Any:
 
 
 ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "eager", "torch")
+# AutoModel classes whose capabilities read the model's config (the hybrid check looks for Mamba layers in it)
+CONFIG_READERS = {"NemotronHForCausalLM": "nemotron_h"}
+NEMOTRON_H_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                       mamba_head_dim=16, ssm_state_size=16, moe_intermediate_size=32, vocab_size=256,
+                       moe_shared_expert_intermediate_size=32, num_experts_per_tok=2)
 
 
 def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
@@ -210,10 +215,14 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
                         assert attr not in source, (klass, attr)
                     assert "self.backend = " in source or klass is not cls, klass
 
+            config = _tiny_config(CONFIG_READERS[architecture]) if architecture in CONFIG_READERS else None
+
             def instance(attn: str) -> nn.Module:
                 model = cls.__new__(cls)
                 nn.Module.__init__(model)
                 model.backend = BackendConfig(attn=attn)
+                if config is not None:
+                    model.config = config
                 return model
 
             models = {a: instance(a) for a in ATTENTION_BACKENDS}  # ModelSupports holds only a weak reference
@@ -229,6 +238,57 @@ def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
             cp_attn = None if supports.supports_cp else frozenset()
         caps = {"tp": supports.supports_tp, "pp": supports.supports_pp, "ep": supports.supports_ep, "cp_attn": cp_attn}
     return cls.__module__, caps
+
+
+@contextlib.contextmanager
+def _transformer_engine_stub() -> Iterator[None]:
+    """A stand-in ``transformer_engine`` (not installable here) whose ``DotProductAttention`` no module is an
+    instance of: AutoModel's CP setup imports it and then, as on a cluster whose model uses SDPA attention,
+    configures the other layers (the Mamba ones) and leaves attention to SDPA's own CP."""
+    import sys
+    import types
+
+    names = ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.attention")
+    saved = {n: sys.modules.get(n) for n in names}
+    mods = {n: types.ModuleType(n) for n in names}
+    mods["transformer_engine.pytorch.attention"].DotProductAttention = type("DotProductAttention", (), {})
+    mods["transformer_engine"].pytorch = mods["transformer_engine.pytorch"]
+    mods["transformer_engine.pytorch"].attention = mods["transformer_engine.pytorch.attention"]
+    sys.modules.update(mods)
+    try:
+        yield
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+
+
+def build_and_parallelize(architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any],
+                          world_size: int) -> str | None:
+    """What ``NeMoAutoModelForCausalLM`` does with AutoModel's own class for ``architecture`` after its setup for
+    ``block``, at rank 0 on the meta device: build it from ``config``, ``attach_capabilities_and_validate`` (its
+    ``validate_for_mesh``), then ``parallelize_model`` (with :func:`_transformer_engine_stub`). The first error
+    text, or None."""
+    import torch
+    from nemo_automodel._transformers.capabilities import attach_capabilities_and_validate
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
+
+    cls = get_registry().get_model_cls_from_model_arch(architecture)
+    with _fake_world(world_size), contextlib.redirect_stdout(None), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            setup = _setup(block, world_size)
+            with torch.device("meta"):
+                model = cls(_tiny_config(model_type, **config))
+            attach_capabilities_and_validate(model, setup.mesh_context)
+            with _transformer_engine_stub():
+                parallelize_model(model, setup.mesh_context)
+        except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
+            return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str | None:

@@ -75,3 +75,66 @@ def test_hf_config_architecture_is_read():
                                                                                 if k != "architectures"}}
     assert from_hf_config(vlm).architecture == "Gemma3ForConditionalGeneration"
     assert from_hf_config({**cfg, "architectures": ["not an identifier"]}).architecture is None
+
+
+NANO_CONFIG = {  # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (the fields that shape parameters)
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688,
+    "intermediate_size": 1856, "num_hidden_layers": 52, "num_attention_heads": 32, "head_dim": 128,
+    "num_key_value_heads": 2, "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "mamba_num_heads": 64, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4,
+    "n_routed_experts": 128, "n_shared_experts": 1, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "num_experts_per_tok": 6, "tie_word_embeddings": False,
+    "mlp_hidden_act": "relu2",
+}
+
+
+def test_nemotron_h_config_json_matches_the_catalog_and_layer_types():
+    spec = from_hf_config(NANO_CONFIG)
+    nano = lookup("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-bf16")
+    assert spec.param_count() == nano.param_count() and spec.layer_types == nano.layer_types
+    assert (spec.count("mamba"), spec.count("moe"), spec.count("attention")) == (23, 23, 6)
+    assert spec.num_moe_layers == 23 and spec.is_moe and spec.architecture == "NemotronHForCausalLM"
+    names = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    legacy = {k: v for k, v in NANO_CONFIG.items() if k != "hybrid_override_pattern"}
+    legacy["layers_block_type"] = [names[c] for c in NANO_CONFIG["hybrid_override_pattern"]]
+    assert from_hf_config(legacy).layer_types == spec.layer_types
+    current = {**legacy, "layers_block_type": [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t)
+                                               for t in legacy["layers_block_type"]]}
+    assert from_hf_config(current).layer_types == spec.layer_types
+    dense = from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": "M-M*" * 13})
+    assert not dense.is_moe and dense.count("mlp") == 13  # n_routed_experts without MoE layers: a dense model
+
+
+@pytest.mark.parametrize("name", ["nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nvidia/Nemotron-H-8B-Base-8K"])
+def test_nemotron_h_param_count_equals_the_hugging_face_model(name):
+    """Exact: the Hugging Face NemotronH class built on the meta device from the catalog's values."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    spec = lookup(name)
+    codes = {"mamba": "M", "moe": "E", "attention": "*", "mlp": "-"}
+    config = transformers.NemotronHConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, hybrid_override_pattern="".join(codes[t] for t in spec.layer_types),
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hd, mamba_num_heads=spec.mamba_num_heads, mamba_head_dim=spec.mamba_head_dim,
+        n_groups=spec.mamba_n_groups, ssm_state_size=spec.ssm_state_size, conv_kernel=spec.conv_kernel,
+        n_routed_experts=spec.num_experts or 8, moe_intermediate_size=spec.moe_intermediate_size or 8,
+        moe_shared_expert_intermediate_size=spec.shared_expert_intermediate_size or 8,
+        num_experts_per_tok=spec.experts_per_token or 2, tie_word_embeddings=spec.tie_word_embeddings)
+    with torch.device("meta"):
+        model = transformers.NemotronHForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count()
+
+
+@pytest.mark.parametrize("bad", [
+    {"hybrid_override_pattern": "MX*"},  # unknown layer code
+    {"hybrid_override_pattern": "M*"},  # 2 layers for num_hidden_layers=3
+    {"hybrid_override_pattern": None},  # neither a pattern nor layers_block_type
+    {"hybrid_override_pattern": "MEM", "n_routed_experts": 0},  # MoE layers without experts
+    {"hybrid_override_pattern": "M*-", "mamba_num_heads": 0},
+])
+def test_bad_nemotron_h_configs_raise_model_config_error(bad):
+    cfg = {"model_type": "nemotron_h", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3, **bad}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    with pytest.raises(ModelConfigError):
+        from_hf_config(cfg)

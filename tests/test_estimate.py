@@ -35,6 +35,9 @@ MATRIX = [
     pytest.param(L8, dict(world_size=8, num_layers=4, storage_dtype="bfloat16"), id="8b-bf16-weights-default"),
     pytest.param("mistralai/Mixtral-8x7B-v0.1", dict(world_size=16, ep=8, num_layers=4), id="mixtral-ep8-16ranks"),
     pytest.param("Qwen/Qwen3-30B-A3B", dict(world_size=16, ep=8, num_layers=4), id="qwen3-moe-ep8-16ranks"),
+    # without EP FSDP shards the experts with their block and gathers all of them per layer
+    pytest.param("Qwen/Qwen3-30B-A3B", dict(world_size=8, num_layers=4), id="qwen3-moe-no-ep-8ranks"),
+    pytest.param("mistralai/Mixtral-8x7B-v0.1", dict(world_size=8, num_layers=4), id="mixtral-no-ep-8ranks"),
     pytest.param("meta-llama/Llama-3.1-70B", dict(world_size=64, tp=8, sequence_parallel=True,
                                                    activation_checkpointing=True, seq_len=4096, num_layers=8),
                  id="70b-width-tp8-sp-ac-64ranks"),
@@ -146,6 +149,53 @@ def test_suggest_long_context_and_moe_and_nothing_fits():
     assert moe.candidates
     none = suggest_strategy("meta-llama/Llama-3.1-405B", nodes=1, gpu="L40S", seq_len=4096)
     assert not none.candidates and none.note.startswith("no layout fits")
+
+
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+
+
+@pytest.mark.parametrize("model,ep", [(NANO, 1), (NANO, 8), ("nvidia/Nemotron-H-8B-Base-8K", 1)])
+def test_hybrid_model_states_are_exact(model, ep):
+    """Nemotron-H on 8 ranks: FSDP over 8 (or EP 8 with ep_shard 1) leaves 1/8 of every parameter on each rank."""
+    spec = lookup(model)
+    est = memory_per_rank(spec, Parallelism("fsdp2", dp=8, ep=ep), Training(seq_len=4096))
+    assert est.params * GIB * 8 == pytest.approx(spec.param_count() * 4, rel=1e-9)
+    assert est.optimizer == pytest.approx(2 * est.params, rel=1e-9)
+
+
+def test_hybrid_activations_follow_automodel_checkpointing_policy():
+    """ep_size 1: Nemotron-H's own FSDP2 policy checkpoints only Mamba and MLP blocks (attention and MoE keep their
+    activations); ep_size > 1: the MoE path checkpoints every block. CP splits the tokens."""
+    tr = Training(seq_len=16384)  # long enough that the peak holds every saved activation
+
+    def acts(model, **kw):
+        est = memory_per_rank(lookup(model), Parallelism("fsdp2", **{"dp": 8, **kw}), tr)
+        assert est.peak_phase != "end-of-backward"
+        return est.activations
+
+    plain, full = acts(NANO), acts(NANO, activation_checkpointing=True)
+    full_ep = acts(NANO, ep=8, activation_checkpointing=True)
+    assert full_ep < 0.2 * plain < full < plain  # the 23 MoE layers, not checkpointed at ep 1, dominate Nano's
+    assert 0.45 * plain < acts(NANO, cp=2, dp=4) < 0.6 * plain
+    dense = "nvidia/Nemotron-H-8B-Base-8K"
+    assert acts(dense, activation_checkpointing=True) < 0.25 * acts(dense)  # 48 of 52 layers are Mamba or MLP
+
+
+def test_hybrid_estimate_counts_mamba_context_parallel_traffic():
+    base = estimate_memory({"cp_size": 2}, model="nvidia/Nemotron-H-8B-Base-8K", world_size=8, seq_len=8192)
+    attn_only = dataclasses.replace(lookup("nvidia/Nemotron-H-8B-Base-8K"),
+                                    layer_types=tuple("attention" if t == "attention" else "mlp"
+                                                      for t in lookup("nvidia/Nemotron-H-8B-Base-8K").layer_types))
+    ring = estimate_memory({"cp_size": 2}, model=attn_only, world_size=8, seq_len=8192)
+    assert base.comm_bytes_per_step["cp"] > 2 * ring.comm_bytes_per_step["cp"] > 0
+
+
+def test_suggest_for_a_hybrid_model_keeps_to_what_its_class_runs():
+    rep = suggest_strategy(NANO, nodes=2, seq_len=8192, global_batch_size=32, top_k=5)
+    assert rep.candidates
+    for c in rep.candidates:
+        assert c.distributed.get("tp_size", 1) == 1 and "sequence_parallel" not in c.distributed
+        assert validate_config(c.yaml, nodes=2, gpus_per_node=8, model=NANO).valid
 
 
 @pytest.mark.parametrize("world", [1, 8])

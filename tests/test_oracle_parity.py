@@ -382,15 +382,59 @@ DEEPSEEK_TINY = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=None
 
 
 @settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 8, deadline=None)
-@given(st.sampled_from([4, 6, 8, 16]), st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 8, 16]))
+@given(st.sampled_from([4, 6, 8, 16]), st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24]))
 def test_ep_on_automodel_moe_class_matches_automodel(experts: int, ep: int, world: int) -> None:
-    """Expert-count and EP-mesh verdicts against AutoModel parallelizing its own DeepSeek-V3 class (meta device)."""
+    """Expert-count, EP-mesh and expert-sharding (ep_shard must divide hidden and moe_intermediate, e.g. not 3)
+    verdicts against AutoModel parallelizing its own DeepSeek-V3 class (meta device)."""
     config = {**DEEPSEEK_TINY, "n_routed_experts": experts}
     block = {"ep_size": ep}
     theirs = oracle.parallelize_model_class("DeepseekV3ForCausalLM", "deepseek_v3", config, block, world)
     model = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
              **{k: v for k, v in config.items() if v is not None}}
     errors = {f.rule for f in validate_config(block, world_size=world, model=model, torch_version=TORCH).errors}
+    assert (theirs is None) == (not errors), (theirs, errors)
+    if theirs:
+        assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
+
+
+@st.composite
+def nemotron_h_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
+    """A tiny Nemotron-H (hybrid Mamba) config and a block over the sizes its class reacts to."""
+    heads = draw(st.sampled_from([4, 6, 8, 12, 16]))
+    groups = draw(st.sampled_from([g for g in (1, 2, 3, 4, 6, 8) if heads % g == 0]))
+    pattern = draw(st.sampled_from(["M*-ME", "M-M*-", "ME*ME", "M*M*", "*-M-"]))
+    config = {**oracle.NEMOTRON_H_TINY, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern),
+              "mamba_num_heads": heads, "n_groups": groups}
+    if "E" in pattern:
+        config["n_routed_experts"] = draw(st.sampled_from([4, 6, 8]))
+    tp = draw(st.sampled_from([1, 1, 1, 2]))
+    cp = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16]))
+    pp = draw(st.sampled_from([1, 1, 2]))
+    dp = draw(st.sampled_from([1, 2]))
+    block: dict = {"tp_size": tp, "cp_size": cp, "pp_size": pp}
+    if pp > 1:
+        block["pipeline"] = {}
+    ep = draw(st.sampled_from([1, 1, 2, 4]))
+    if ep > 1:
+        block["ep_size"] = ep
+    if draw(st.booleans()):
+        block["sequence_parallel"] = True
+    if draw(st.booleans()):
+        block["activation_checkpointing"] = True
+    return config, block, tp * cp * pp * dp
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 4, deadline=None)
+@given(nemotron_h_case())
+def test_nemotron_h_matches_automodel(case: tuple[dict, dict, int]) -> None:
+    """The hybrid Mamba class: no TP plan, sequence_parallel refused by its FSDP2 parallelizer (not on the EP path),
+    Mamba heads and groups split over CP, experts over EP. AutoModel builds the class, validates it against the
+    mesh and parallelizes it (meta device); we must give the same verdict, for a cause its error names."""
+    config, block, world = case
+    theirs = oracle.build_and_parallelize("NemotronHForCausalLM", "nemotron_h", config, block, world)
+    model = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", **config}
+    errors = {f.rule for f in validate_config(block, world_size=world, model=model, torch_version=TORCH).errors}
+    check_gates(copy.deepcopy(block), {"world_size": world, "model": model, "torch_version": TORCH})
     assert (theirs is None) == (not errors), (theirs, errors)
     if theirs:
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)

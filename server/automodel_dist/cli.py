@@ -222,10 +222,12 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(rows)
         return EXIT_OK
-    print(f"{'model':<36} {'params':>8} {'active':>8} {'layers':>6} {'heads':>5} {'kv':>4} {'experts':>7}")
+    w = max(len(r["name"]) for r in rows)
+    print(f"{'model':<{w}} {'params':>8} {'active':>8} {'layers':>6} {'heads':>5} {'kv':>4} {'experts':>7}  hybrid")
     for r in rows:
-        print(f"{r['name']:<36} {r['params'] / 1e9:>7.1f}B {r['active_params'] / 1e9:>7.1f}B {r['num_layers']:>6} "
-              f"{r['num_attention_heads']:>5} {r['num_key_value_heads']:>4} {r['num_experts'] or '-':>7}")
+        mix = ", ".join(f"{n} {t}" for t, n in (r["layer_types"] or {}).items())
+        print(f"{r['name']:<{w}} {r['params'] / 1e9:>7.1f}B {r['active_params'] / 1e9:>7.1f}B {r['num_layers']:>6} "
+              f"{r['num_attention_heads']:>5} {r['num_key_value_heads']:>4} {r['num_experts'] or '-':>7}  {mix}".rstrip())
     return EXIT_OK
 
 

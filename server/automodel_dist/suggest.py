@@ -23,7 +23,7 @@ from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Trainin
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, virtual_stages
 from .rules.helpers import divisors
-from .rules.model import pp_possible, valid_ep_sizes, valid_tp_sizes
+from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
 from .suggestion import Candidate, Rejected, SuggestReport
 
@@ -57,7 +57,7 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
     tps = [t for t in valid_tp_sizes(m) if world % t == 0 and t <= max(gpn, 1) * 2]
     eps = valid_ep_sizes(m)
     acs: list[bool | str] = [False, "selective", True] if allow_ac else [False]
-    cps = [c for c in (1, 2, 4, 8, 16, 32) if seq % (2 * c) == 0 or c == 1]
+    cps = [c for c in (1, 2, 4, 8, 16, 32) if (seq % (2 * c) == 0 or c == 1) and cp_possible(m, c)]
     for tp in tps:
         for cp in cps:
             if world % (tp * cp):
@@ -85,8 +85,9 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                     if strategy == "fsdp2":  # HSDP: shard groups of at least a node, replicated across them
                         reps += [r for r in divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
                     for rep in reps:
-                        for ep in ([1] if strategy != "fsdp2" else [e for e in eps if (dp * cp * tp) % e == 0
-                                                                     and not moe_tp_unplanned(tp, e)]):
+                        for ep in ([1] if strategy != "fsdp2" else [
+                                e for e in eps if (dp * cp * tp) % e == 0 and not moe_tp_unplanned(tp, e)
+                                and (e == 1 or expert_shard_ok(m, (dp * cp * tp) // e))]):
                             ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
                             for sched in schedules:
                                 for ac in acs:

@@ -16,7 +16,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The shape of a decoder-only transformer (dense or MoE), as parallelism sees it."""
+    """The shape of a decoder-only transformer (dense or MoE), or of a hybrid Mamba model (Nemotron-H: one mixer
+    per layer, named by ``layer_types``), as parallelism sees it."""
 
     name: str
     hidden_size: int
@@ -44,6 +45,14 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # Hybrid (Nemotron-H): each layer is one norm and one mixer, "mamba", "attention", "mlp" or "moe"
+    layer_types: tuple[str, ...] = ()  # empty: every layer is attention + (dense or MoE) MLP
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_n_groups: int = 0
+    ssm_state_size: int = 0
+    conv_kernel: int = 4
+    gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
     published_params: float | None = None  # total parameters from the model card
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
     source: str | None = None
@@ -59,7 +68,27 @@ class ModelSpec:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def is_hybrid(self) -> bool:
+        return bool(self.layer_types)
+
+    def count(self, layer_type: str) -> int:
+        """Layers of a hybrid model with this mixer (0 for a uniform transformer)."""
+        return self.layer_types.count(layer_type)
+
+    def layer_kind(self, layer: int) -> str:
+        """"dense" or "moe" for a transformer layer; the mixer ("mamba", "attention", "mlp", "moe") of a hybrid."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "moe" if self.is_moe and layer >= self.first_dense_layers else "dense"
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
     def num_moe_layers(self) -> int:
+        if self.layer_types:
+            return self.count("moe")
         return self.num_layers - self.first_dense_layers if self.is_moe else 0
 
     @property
@@ -88,18 +117,40 @@ class ModelSpec:
             params += 2 * self.hd
         return params
 
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
     def dense_mlp_params(self) -> int:
-        return 3 * self.hidden_size * self.intermediate_size
+        return self.mlp_matrices * self.hidden_size * self.intermediate_size
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
         h, i = self.hidden_size, self.moe_intermediate_size
-        return 3 * h * i + ((2 * i + h) if self.expert_bias else 0)
+        return self.mlp_matrices * h * i + ((2 * i + h) if self.expert_bias else 0)
 
     def moe_nonexpert_params(self) -> int:
         """Router and shared experts of one MoE layer (replicated across EP ranks)."""
         router = self.num_experts * self.hidden_size + (self.num_experts if self.expert_bias else 0)
-        return router + 3 * self.hidden_size * self.shared_expert_intermediate_size
+        return router + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+
+    def mamba_params(self) -> int:
+        """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
+        the gated RMSNorm and out_proj."""
+        h, inner, heads = self.hidden_size, self.mamba_inner, self.mamba_num_heads
+        conv_dim = inner + 2 * self.mamba_n_groups * self.ssm_state_size
+        in_proj = h * (inner + conv_dim + heads)
+        return in_proj + conv_dim * (self.conv_kernel + 1) + 3 * heads + inner + inner * h
+
+    def mixer_params(self, layer_type: str) -> int:
+        """Parameters of one hybrid layer's mixer (its norm not included)."""
+        if layer_type == "mamba":
+            return self.mamba_params()
+        if layer_type == "attention":
+            return self.attention_params()
+        if layer_type == "mlp":
+            return self.dense_mlp_params()
+        return self.num_experts * self.expert_params() + self.moe_nonexpert_params()
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -110,6 +161,8 @@ class ModelSpec:
     def layer_params(self, layer: int) -> int:
         """All parameters of decoder layer ``layer``."""
         norms = self.norms_per_layer * self.hidden_size
+        if self.layer_types:
+            return self.mixer_params(self.layer_types[layer]) + norms
         if self.is_moe and layer >= self.first_dense_layers:
             mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
         else:
@@ -118,6 +171,10 @@ class ModelSpec:
 
     def param_count(self) -> int:
         """Total parameters (embedding + layers + final norm + untied lm_head)."""
+        if self.layer_types:
+            layers = sum(self.count(t) * (self.mixer_params(t) + self.norms_per_layer * self.hidden_size)
+                         for t in set(self.layer_types))
+            return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
         layers = self.num_dense_layers * self.layer_params(0)
         if self.is_moe:
             layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
@@ -142,6 +199,7 @@ class ModelSpec:
             "vocab_size": self.vocab_size,
             "num_experts": self.num_experts,
             "experts_per_token": self.experts_per_token,
+            "layer_types": {t: self.count(t) for t in sorted(set(self.layer_types))} or None,
             "params": self.param_count(),
             "active_params": self.active_param_count(),
             "published_params": self.published_params,
@@ -168,6 +226,18 @@ def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, t
     return ModelSpec(name, h, layers, heads, kv, inter, 151936, head_dim=128, tie_word_embeddings=tied, qk_norm=True,
                      published_params=published, architecture="Qwen3ForCausalLM",
                      source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
+
+
+_LAYER_CODES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H hybrid_override_pattern
+
+
+def _nemotron_h(name: str, h: int, pattern: str, heads: int, kv: int, inter: int, *, mamba_heads: int,
+                published: float, aliases: tuple[str, ...] = (), **moe: int) -> ModelSpec:
+    return ModelSpec(name, h, len(pattern), heads, kv, inter, 131072, head_dim=128, norms_per_layer=1,
+                     layer_types=tuple(_LAYER_CODES[c] for c in pattern), mamba_num_heads=mamba_heads,
+                     mamba_head_dim=64, mamba_n_groups=8, ssm_state_size=128, gated_mlp=False,
+                     published_params=published, architecture="NemotronHForCausalLM",
+                     source=f"https://huggingface.co/{name}", aliases=aliases, **moe)
 
 
 _CATALOG: list[ModelSpec] = [
@@ -234,6 +304,13 @@ _CATALOG: list[ModelSpec] = [
               num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
               published_params=116.8e9,
               architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-120b"),
+    # Nemotron-H (NVIDIA): hybrid Mamba-2 / attention, each layer one mixer (M mamba, * attention, - MLP, E MoE)
+    _nemotron_h("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 2688, "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+                32, 2, 1856, mamba_heads=64, num_experts=128, experts_per_token=6, moe_intermediate_size=1856,
+                shared_expert_intermediate_size=3712, published=31.6e9,
+                aliases=("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8")),
+    _nemotron_h("nvidia/Nemotron-H-8B-Base-8K", 4096, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                32, 8, 21504, mamba_heads=128, published=8.1e9),
     # Gemma (Google)
     ModelSpec("google/gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, head_dim=256, tie_word_embeddings=True,
               norms_per_layer=4, published_params=2.61e9,
@@ -317,6 +394,8 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
             f"config.json lacks {', '.join(missing) or 'num_hidden_layers'}; give a Hugging Face causal-LM config"
         )
     mtype = str(cfg.get("model_type", ""))
+    if _is_nemotron_h(cfg, mtype):
+        return _from_nemotron_h(cfg, name=name)
     h = _int(cfg["hidden_size"], "hidden_size")
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
@@ -362,6 +441,80 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         v_head_dim=_opt_int(cfg, "v_head_dim"),
         architecture=_architecture(cfg),
     )
+    return spec
+
+
+_LAYER_NAMES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention",
+                "mlp": "mlp", "moe": "moe"}  # layers_block_type, legacy and current Hugging Face names
+
+
+def _is_nemotron_h(cfg: dict[str, Any], mtype: str) -> bool:
+    return mtype == "nemotron_h" or "hybrid_override_pattern" in cfg or _architecture(cfg) == "NemotronHForCausalLM"
+
+
+def _hybrid_layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
+    pattern = cfg.get("hybrid_override_pattern")
+    names = cfg.get("layers_block_type", cfg.get("layer_types"))
+    if isinstance(pattern, str):
+        bad = sorted(set(pattern) - set(_LAYER_CODES))
+        if bad:
+            raise ModelConfigError(f"hybrid_override_pattern has unknown layer codes {bad}; expected M, *, - or E")
+        types = tuple(_LAYER_CODES[c] for c in pattern)
+    elif isinstance(names, list) and all(isinstance(n, str) for n in names):
+        bad = sorted({n for n in names if n not in _LAYER_NAMES})
+        if bad:
+            raise ModelConfigError(f"layers_block_type has unknown layer types {bad[:5]}; expected mamba, "
+                                   "attention, mlp or moe")
+        types = tuple(_LAYER_NAMES[n] for n in names)
+    else:
+        raise ModelConfigError("a Nemotron-H config.json needs hybrid_override_pattern (e.g. 'M-M*-ME') or "
+                               "layers_block_type")
+    if len(types) != layers:
+        raise ModelConfigError(f"the hybrid layer pattern has {len(types)} layers but num_hidden_layers={layers}")
+    return types
+
+
+def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
+    """A Nemotron-H (hybrid Mamba-2 / attention / MLP / MoE) config.json: one norm and one mixer per layer."""
+    h = _int(cfg["hidden_size"], "hidden_size")
+    heads = _int(cfg["num_attention_heads"], "num_attention_heads")
+    layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
+    types = _hybrid_layer_types(cfg, layers)
+    moe = "moe" in types
+    head_dim = _first(cfg, "head_dim", default=None)
+    if heads == 0 or (head_dim is None and h % heads):
+        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", default=0) or 0, "n_routed_experts")
+    if moe and not experts:
+        raise ModelConfigError("the hybrid layer pattern has MoE layers but n_routed_experts is missing or 0")
+    spec = ModelSpec(
+        name=name or str(cfg.get("_name_or_path") or "nemotron_h"),
+        hidden_size=h,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=_int(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads"),
+        intermediate_size=_int(_first(cfg, "intermediate_size", default=4 * h), "intermediate_size"),
+        vocab_size=_int(_first(cfg, "vocab_size", default=131072), "vocab_size"),
+        head_dim=_int(head_dim, "head_dim") if head_dim else None,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+        norms_per_layer=1,
+        num_experts=experts if moe else 0,
+        experts_per_token=_int(_first(cfg, "num_experts_per_tok", default=0) or 0, "num_experts_per_tok") if moe else 0,
+        moe_intermediate_size=_int(_first(cfg, "moe_intermediate_size", default=0), "moe_intermediate_size") if moe else 0,
+        shared_expert_intermediate_size=_int(_first(cfg, "moe_shared_expert_intermediate_size", default=0),
+                                             "moe_shared_expert_intermediate_size") if moe else 0,
+        layer_types=types,
+        mamba_num_heads=_int(_first(cfg, "mamba_num_heads", default=128), "mamba_num_heads"),
+        mamba_head_dim=_int(_first(cfg, "mamba_head_dim", default=64), "mamba_head_dim"),
+        mamba_n_groups=_int(_first(cfg, "n_groups", "mamba_n_groups", default=8), "n_groups"),
+        ssm_state_size=_int(_first(cfg, "ssm_state_size", default=128), "ssm_state_size"),
+        conv_kernel=_int(_first(cfg, "conv_kernel", "mamba_d_conv", default=4), "conv_kernel"),
+        gated_mlp=False,
+        architecture=_architecture(cfg) or "NemotronHForCausalLM",
+    )
+    if "mamba" in types and (spec.mamba_num_heads == 0 or spec.mamba_n_groups == 0):
+        raise ModelConfigError("mamba_num_heads and n_groups must be positive for a model with Mamba layers")
     return spec
 
 

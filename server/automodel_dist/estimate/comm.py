@@ -64,7 +64,8 @@ def step_flops(m: ModelSpec, seq_len: int, tokens: float) -> float:
     if cached is None or cached[0] is not m:
         cached = _ACTIVE[id(m)] = (m, float(m.active_param_count()))
     attn_width = m.num_attention_heads * m.hd
-    return tokens * (6.0 * cached[1] + 6.0 * m.num_layers * attn_width * seq_len)
+    attn_layers = m.count("attention") if m.is_hybrid else m.num_layers
+    return tokens * (6.0 * cached[1] + 6.0 * attn_layers * attn_width * seq_len)
 
 
 def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | None, cluster: Cluster) -> CommEstimate:
@@ -109,7 +110,13 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
             out["tp"] += _ag(p.tp, tok_mb * m.vocab_size * comp) * 2 * mb_per_step  # replicated logits
     if p.cp > 1:  # ring passes of K and V: forward once, backward twice (K/V and their gradients)
         kv = 2 * tok_mb * m.num_key_value_heads * m.hd * comp / p.tp
-        out["cp"] = (p.cp - 1) * kv * (3 + recompute) * n_layers * mb_per_step
+        attn_layers = g.kinds.get("attention", 0) if m.is_hybrid else n_layers
+        out["cp"] = (p.cp - 1) * kv * (3 + recompute) * attn_layers * mb_per_step
+        if g.kinds.get("mamba"):  # MambaContextParallel: all-to-all into head-parallel before the scan and back
+            inner = m.mamba_inner
+            zxbcdt = 2 * inner + 2 * m.mamba_n_groups * m.ssm_state_size + m.mamba_num_heads
+            per_layer = _ag(p.cp, tok_mb * zxbcdt * comp) + _ag(p.cp, tok_mb * inner * comp)
+            out["cp"] += per_layer * (2 + recompute) * g.kinds["mamba"] * mb_per_step
     if p.pp > 1:
         out["pp"] = 2 * per_mb_act * p.stages_per_rank * mb_per_step
     if p.ep > 1 and m.is_moe:

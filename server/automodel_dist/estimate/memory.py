@@ -15,11 +15,22 @@ term; fp32 RMSNorm internals; no dropout), bytes per token per layer:
 
 Tokens per microbatch are ``b*s/cp``. ``tests/test_estimate.py`` compares the result with
 ``FSDPMemTracker`` on fake tensors over a matrix of layouts and real model sizes.
+
+Hybrid Mamba models (Nemotron-H: one norm and one mixer per layer, no TP plan in AutoModel) count
+each layer's own parameters, and per token half a transformer layer's norm/residual share (``8h``)
+plus what its mixer saves: Mamba-2 through AutoModel's fused ``mamba_split_conv1d_scan_combined``
+keeps its ``zxbcdt`` input and the scan output (``2*(2*inner + 2*groups*state + heads) + 2*inner``,
+``+8*inner`` under CP, where the gated norm and out_proj run outside the kernel); attention
+``8h + 8d + 4a + 8``; the relu2 MLP ``6I``; MoE ``6kI + 6kh + 4E + 6S``. These follow the saved
+tensors of the kernels AutoModel calls; unlike the transformer terms they are not fitted to the
+tracker (the smoke runner's tiny model has no Mamba layer). Activation checkpointing: with
+ep_size 1 the class's own FSDP2 policy wraps only its Mamba and MLP blocks (in any mode); with
+ep_size > 1 the MoE path wraps every block (``selective`` is counted as not checkpointing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
@@ -97,7 +108,8 @@ class MemoryBreakdown(BaseModel):
     model_states: float = Field(description="params + grads + optimizer.")
     tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
     worst_pp_rank: int = 0
-    peak_phase: str = Field(default="", description="start-of-backward or end-of-backward.")
+    peak_phase: str = Field(default="", description="start-of-backward, in-backward (a block's gradients and the "
+                                                    "next block's gather) or end-of-backward.")
 
 
 @dataclass
@@ -117,6 +129,7 @@ class _Groups:
     dense_layers: float = 0.0  # all layers' non-expert params on this rank
     n_dense_layers: int = 0
     n_moe_layers: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # layers on this rank per ModelSpec.layer_kind
 
 
 def _attn_split(m: ModelSpec) -> tuple[float, float]:
@@ -129,13 +142,22 @@ def _attn_split(m: ModelSpec) -> tuple[float, float]:
     return total - norm, norm
 
 
-def _layer_params(m: ModelSpec, p: Parallelism) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(non-expert, expert) parameters of one dense layer and of one MoE layer on a rank."""
+def _kind_params(m: ModelSpec, p: Parallelism) -> dict[str, tuple[float, float]]:
+    """(non-expert, expert) parameters on a rank of one layer of each kind (``ModelSpec.layer_kind``). Without
+    EP the routed experts are ordinary block parameters (FSDP shards them with the rest of the block)."""
+    experts = (m.num_experts / p.ep) * m.expert_params()
+
+    def moe(base: float) -> tuple[float, float]:
+        return (base + experts, 0.0) if p.ep <= 1 else (base, experts)
+
+    if m.is_hybrid:  # one norm + one mixer; AutoModel's class has no TP plan, so nothing is split by tp
+        h = m.hidden_size
+        return {k: (moe(m.moe_nonexpert_params() + h) if k == "moe" else (m.mixer_params(k) + h, 0.0))
+                for k in set(m.layer_types)}
     attn_sh, attn_rep = _attn_split(m)
     base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.hidden_size
     dense = (base + m.dense_mlp_params() / p.tp, 0.0)
-    moe = (base + m.moe_nonexpert_params(), (m.num_experts / p.ep) * m.expert_params()) if m.is_moe else dense
-    return dense, moe
+    return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
 
 _GROUPS: dict[tuple, _Groups] = {}
@@ -161,23 +183,21 @@ def _compute_rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
     counts = stage_layer_counts(m.num_layers, n_stages) if p.pp > 1 else [m.num_layers]
     v_style = (p.pp_schedule or "") in V_SCHEDULES
     my = stage_ids(pp_rank, p.pp, n_stages, v_style=v_style) if p.pp > 1 else (0,)
-    (d_dense, _), (m_dense, m_exp) = _layer_params(m, p)
-    first_moe = m.first_dense_layers if m.is_moe else m.num_layers
-    n_dense = n_moe = 0
+    per = _kind_params(m, p)
     for sid in my:
         start = sum(counts[:sid])
-        end = start + counts[sid]
         g.n_layers += counts[sid]
-        dense_here = max(0, min(end, first_moe) - start)
-        n_dense += dense_here
-        n_moe += counts[sid] - dense_here
+        for layer in range(start, start + counts[sid]):
+            kind = m.layer_kind(layer)
+            g.kinds[kind] = g.kinds.get(kind, 0) + 1
     g.first, g.last = 0 in my, (n_stages - 1) in my
-    g.dense_layers = n_dense * d_dense + n_moe * m_dense
+    g.dense_layers = sum(n * per[k][0] for k, n in g.kinds.items())
     g.dense = g.dense_layers
-    g.experts = n_moe * m_exp
-    g.layer_dense = max(d_dense if n_dense else 0.0, m_dense if n_moe else 0.0)
-    g.layer_experts = m_exp if n_moe else 0.0
-    g.n_dense_layers, g.n_moe_layers = n_dense, n_moe
+    g.experts = sum(n * per[k][1] for k, n in g.kinds.items())
+    g.layer_dense = max((per[k][0] for k in g.kinds), default=0.0)
+    g.layer_experts = max((per[k][1] for k in g.kinds), default=0.0)
+    g.n_moe_layers = g.kinds.get("moe", 0)
+    g.n_dense_layers = g.n_layers - g.n_moe_layers
     if g.first:
         g.embed = m.embedding_params() / p.tp
     if g.last:
@@ -200,8 +220,32 @@ def _state_shards(p: Parallelism) -> tuple[float, float, float, float]:
     return n, n, n, float(p.ep_shard)
 
 
-def _act_per_token(m: ModelSpec, p: Parallelism, moe: bool, comp_bytes: int) -> tuple[float, float]:
+def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
+    """(saved, not-checkpointed) bytes per local token of one hybrid layer (see the module docstring)."""
+    h, scale = m.hidden_size, comp_bytes / 2.0
+    if kind == "mamba":
+        inner = m.mamba_inner
+        zxbcdt = 2 * inner + 2 * m.mamba_n_groups * m.ssm_state_size + m.mamba_num_heads
+        mixer = 2 * zxbcdt + 2 * inner + 4 * m.mamba_n_groups + (8 * inner if p.cp > 1 else 0)
+    elif kind == "attention":
+        mixer = 8 * h + 8 * m.hd + 4 * m.num_attention_heads + 8
+    elif kind == "mlp":
+        mixer = 6 * m.intermediate_size
+    else:
+        k = max(m.experts_per_token, 1)
+        mixer = 6 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 6 * m.shared_expert_intermediate_size
+    plain = (8 * h + mixer) * scale
+    if not p.activation_checkpointing:
+        return plain, plain
+    wrapped = kind in ("mamba", "mlp") if p.ep <= 1 else p.activation_checkpointing is True
+    return (2 * h * scale if wrapped else plain), plain
+
+
+def _act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
     """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
+    if m.is_hybrid:
+        return _hybrid_act_per_token(m, p, kind, comp_bytes)
+    moe = kind == "moe"
     h, d, a, t = m.hidden_size, m.hd, m.num_attention_heads, p.tp
     kvd = m.num_key_value_heads * d
     scale = comp_bytes / 2.0  # coefficients were fitted with bf16 compute
@@ -262,12 +306,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     inflight = in_flight_microbatches(p, n_mb, pp_rank)
     saved = 0.0
     recompute = 0.0
-    for moe, count in ((False, g.n_dense_layers), (True, g.n_moe_layers)):
-        if count:
-            s, plain = _act_per_token(m, p, moe, comp)
-            saved += s * count
-            if p.activation_checkpointing:
-                recompute = max(recompute, plain)  # one block is re-materialized during backward
+    for kind, count in g.kinds.items():
+        s, plain = _act_per_token(m, p, kind, comp)
+        saved += s * count
+        if p.activation_checkpointing and s < plain:
+            recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
     extra = 0.0
     loss_saved = loss_temp = 0.0
@@ -286,6 +329,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
         unsharded += (g.layer_experts if p.moe_reshard_after_forward else g.experts) * comp
     p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
     start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p
+    # Inside the last block's backward (the loss temporaries are gone): its unsharded gradients in the compute
+    # dtype and their fp32 copy for the reduce-scatter, plus the next block's prefetched all-gather, while
+    # nearly every activation is still saved. It dominates when one block holds many parameters (MoE without
+    # EP: FSDP gathers all of a layer's experts).
+    mid_bw = 0.0
+    if sharded:
+        block = g.layer_dense + (g.layer_experts if p.ep_shard > 1 else 0.0)
+        mid_bw = unsharded + acts + recompute * tokens + p2p + block * (comp + 4.0 + (0.0 if keep_blocks else comp))
     # End of backward: layer grads are sharded, the root's unsharded grads (reduce dtype, fp32) and the
     # embedding backward's temporaries are alive before the root's reduce-scatter.
     if sharded:
@@ -294,14 +345,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     else:
         end_bw = grads
     tracked_states = params + optimizer
-    if start_bw >= end_bw:
-        phase, transient = "start-of-backward", start_bw
-    else:
-        phase, transient = "end-of-backward", end_bw
+    phase, transient = max((("start-of-backward", start_bw), ("in-backward", mid_bw), ("end-of-backward", end_bw)),
+                           key=lambda x: x[1])
     tracked = tracked_states + transient
     overhead = CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
-    buffers = transient - acts if phase == "start-of-backward" else transient - grads
-    activations = acts if phase == "start-of-backward" else 0.0
+    buffers = transient - grads if phase == "end-of-backward" else transient - acts
+    activations = 0.0 if phase == "end-of-backward" else acts
     total = tracked + overhead
     return dict(params=float(params), grads=float(grads), optimizer=float(optimizer), activations=float(activations),
                 buffers=float(max(buffers, 0.0)), overhead=float(overhead), total=float(total),

@@ -46,6 +46,33 @@ def pp_possible(m: ModelSpec) -> bool:
     return not m.tie_word_embeddings
 
 
+def mamba_cp_ok(m: ModelSpec, cp: int) -> bool:
+    """Whether AutoModel's MambaContextParallel accepts ``cp`` for ``m``'s Mamba layers: the heads divide by cp,
+    and the B/C groups divide by cp (or cp by the groups, when there are fewer groups than CP ranks)."""
+    heads, groups = m.mamba_num_heads, m.mamba_n_groups
+    if not m.count("mamba") or cp <= 1:
+        return True
+    if heads % cp:
+        return False
+    return cp % groups == 0 if groups < cp else groups % cp == 0
+
+
+def cp_possible(m: ModelSpec, cp: int) -> bool:
+    """False when AutoModel's class for ``m`` splits Mamba heads over CP and ``cp`` does not fit them."""
+    impl = implementation(m.architecture)
+    return impl is None or not impl.mamba_cp or mamba_cp_ok(m, cp)
+
+
+def sp_refused(ctx: Context) -> Implementation | None:
+    """The class AutoModel builds when its FSDP2 parallelizer will raise for ``sequence_parallel: true``."""
+    impl, lay = _impl(ctx), ctx.layout
+    if impl is None or impl.sequence_parallel or ctx.block.get("sequence_parallel") is not True:
+        return None
+    if ctx.world_size == 1 or (lay is not None and lay.dp * lay.cp * lay.tp * lay.pp == 1):
+        return None  # a one-rank mesh: AutoModel skips parallelization altogether (fsdp2_sharding_enabled)
+    return impl if ctx.strategy == "fsdp2" and ctx.size("ep_size") <= 1 else None
+
+
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
     """ep sizes that divide the routed experts ([1] for a dense model or one AutoModel cannot expert-shard)."""
     return divisors(m.num_experts) if m.is_moe and not _lacks(m, "ep") else [1]
@@ -92,6 +119,41 @@ def ep_experts(ctx: Context) -> Iterator[Finding]:
                   f"use ep_size in {fmt_set(d for d in divisors(m.num_experts) if d > 1)}")
 
 
+def expert_shard_ok(m: ModelSpec, ep_shard: int) -> bool:
+    """Whether FSDP can shard ``m``'s grouped expert weights over ``ep_shard`` ranks on dim 1 (AutoModel's
+    placement): [experts, hidden, inter] and [experts, inter, hidden] need hidden and inter divisible."""
+    return ep_shard <= 1 or (m.hidden_size % ep_shard == 0 and m.moe_intermediate_size % ep_shard == 0)
+
+
+@rule("ep-shard-uneven", when=("ep_size",), family=F, severity="error",
+      title="ep_shard does not divide the expert weights' dim 1",
+      patterns=(r"FSDP does not support uneven sharding on dim 1",),
+      cause="With ep_size > 1 AutoModel FSDP-shards each MoE layer's grouped expert weights over the ep_shard ranks "
+            "(dp*cp*tp / ep_size) on dim 1 (there may be more shards than local experts); torch's FSDP2 requires "
+            "a non-zero shard dim to divide evenly, so hidden_size and moe_intermediate_size must be multiples of "
+            "ep_shard, or fully_shard raises 'FSDP does not support uneven sharding on dim 1' when AutoModel "
+            "parallelizes the model, after launch (e.g. 3 nodes x 8 GPUs with ep_size 8: ep_shard 3).",
+      fix="Pick ep_size (or the number of ranks) so that ep_shard divides hidden_size and moe_intermediate_size.")
+def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
+    m, impl, lay, ep = ctx.model, _impl(ctx), ctx.layout, ctx.size("ep_size")
+    if m is None or impl is None or not impl.ep or not m.is_moe or lay is None or ep <= 1 or ctx.strategy != "fsdp2":
+        return
+    if expert_shard_ok(m, lay.ep_shard) or m.num_experts % ep:
+        return
+    bad = " and ".join(f"{k}={v}" for k, v in (("hidden_size", m.hidden_size), ("moe_intermediate_size",
+                                                m.moe_intermediate_size)) if v % lay.ep_shard)
+    non_pp = lay.dp * lay.cp * lay.tp
+    good = [e for e in valid_ep_sizes(m) if e > 1 and non_pp % e == 0 and expert_shard_ok(m, non_pp // e)]
+    fix = (f"ep_size in {fmt_set(good)}" if good else
+           f"ep_size: 1 (experts are then FSDP-sharded on dim 0), or a rank count where ep_shard = dp*cp*tp / "
+           f"ep_size divides gcd(hidden_size, moe_intermediate_size) = {math.gcd(m.hidden_size, m.moe_intermediate_size)}")
+    yield finding(ctx, "ep-shard-uneven", ("ep_size",),
+                  f"ep_shard={lay.ep_shard} (dp*cp*tp={non_pp} / ep_size={ep}) does not divide {bad} of {m.name}: "
+                  "AutoModel FSDP-shards the grouped expert weights over ep_shard on dim 1 and torch raises 'FSDP "
+                  "does not support uneven sharding on dim 1' when AutoModel parallelizes the model, after launch",
+                  fix)
+
+
 _EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
 
 
@@ -101,11 +163,28 @@ _EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
             "(ep_size=N) requires a MoE model' (no dense class inherits its MoEFSDPSyncMixin).",
       fix="ep_size: 1")
 def ep_dense_model(ctx: Context) -> Iterator[Finding]:
+    impl = _impl(ctx)
+    if impl is not None and impl.ep:
+        return  # a class with AutoModel's MoE mixin (Nemotron-H) takes ep_size on a dense config: ep-no-experts
     if ctx.model is not None and ctx.size("ep_size") > 1 and not ctx.model.is_moe:
         yield finding(ctx, "ep-dense-model", ("ep_size",),
                       f"ep_size={ctx.size('ep_size')} but {ctx.model.name} is a dense model (no experts): AutoModel "
                       f"raises 'Expert parallelism (ep_size={ctx.size('ep_size')}) requires a MoE model' when it builds "
                       "the model, after launch", "ep_size: 1")
+
+
+@rule("ep-no-experts", when=("ep_size",), family=F, severity="warning", title="ep_size > 1 on a model without experts",
+      cause="AutoModel's Nemotron-H class carries its MoE mixin for dense configs too, so validate_for_mesh accepts "
+            "ep_size > 1 on a dense Nemotron-H; the expert-parallel path then finds no experts to place: the ep "
+            "split shards nothing and the job is plain data parallel.",
+      fix="ep_size: 1")
+def ep_no_experts(ctx: Context) -> Iterator[Finding]:
+    impl, m, ep = _impl(ctx), ctx.model, ctx.size("ep_size")
+    if impl is None or not impl.ep or m is None or m.is_moe or ep <= 1:
+        return
+    yield finding(ctx, "ep-no-experts", ("ep_size",),
+                  f"ep_size={ep} but {m.name} has no MoE layers: {impl.describe()} accepts it and its expert-parallel "
+                  "path has no experts to place, so the ep split does nothing", "ep_size: 1")
 
 
 _REFUSAL = {  # AutoModel's own text (_transformers/capabilities.py validate_for_mesh)
@@ -148,6 +227,52 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
                       f"{key}={size}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises "
                       f"'{refusal.format(n=size, arch=impl.architecture)}' right after building it, after launch",
                       _INSTEAD[what])
+
+
+@rule("model-sp-unsupported", when=("sequence_parallel",), family=F, severity="error",
+      title="sequence_parallel on a model class that refuses it",
+      patterns=(r"Sequence parallelism is not supported for (\w+)",),
+      cause="AutoModel 0.7.0's own Nemotron-H class (NemotronHForCausalLM, dense and MoE) brings its own FSDP2 "
+            "parallelizer, which raises 'Sequence parallelism is not supported for NemotronHForCausalLM' for "
+            "sequence_parallel: true at any tp_size (the class has no TP plan at all); the expert-parallel path "
+            "(ep_size > 1) ignores the flag.",
+      fix="Remove sequence_parallel; shard the model with FSDP, CP, PP and (MoE) EP.")
+def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
+    impl = sp_refused(ctx)
+    if impl is None:
+        return
+    assert ctx.model is not None
+    yield finding(ctx, "model-sp-unsupported", ("sequence_parallel",),
+                  f"sequence_parallel: true with {ctx.model.name}: AutoModel 0.7.0 builds it with {impl.describe()}, "
+                  f"whose FSDP2 parallelizer raises 'Sequence parallelism is not supported for {impl.architecture}' "
+                  "(at any tp_size) when it parallelizes the model, after launch", "remove sequence_parallel")
+
+
+@rule("cp-mamba-heads", when=("cp_size",), family=F, severity="error",
+      title="cp_size does not divide the Mamba heads or groups",
+      patterns=(r"num_heads \((\d+)\) must be divisible by cp_size \((\d+)\)",
+                r"cp_size \((\d+)\) must be divisible by n_groups \((\d+)\)",
+                r"n_groups \((\d+)\) must be divisible by cp_size \((\d+)\)"),
+      cause="For a hybrid Mamba model (Nemotron-H) AutoModel's context parallelism gives every CP rank whole Mamba "
+            "heads (MambaContextParallel: mamba_num_heads % cp_size == 0) and whole B/C groups (n_groups % cp_size "
+            "== 0, or cp_size % n_groups == 0 when there are fewer groups than CP ranks); it asserts this when it "
+            "parallelizes the model, after launch.",
+      fix="Use a cp_size that divides the Mamba heads and fits the groups.")
+def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
+    impl, m, cp = _impl(ctx), ctx.model, ctx.size("cp_size")
+    if impl is None or not impl.mamba_cp or m is None or mamba_cp_ok(m, cp):
+        return
+    heads, groups = m.mamba_num_heads, m.mamba_n_groups
+    if heads % cp:
+        why = f"mamba_num_heads={heads} is not divisible by cp_size={cp}"
+    elif groups < cp:
+        why = f"cp_size={cp} is not a multiple of n_groups={groups} (fewer groups than CP ranks)"
+    else:
+        why = f"n_groups={groups} is not divisible by cp_size={cp}"
+    good = [c for c in divisors(heads) if c > 1 and mamba_cp_ok(m, c)][:8]
+    yield finding(ctx, "cp-mamba-heads", ("cp_size",),
+                  f"{why} in {m.name}'s Mamba layers: AutoModel's MambaContextParallel asserts this when it "
+                  "parallelizes the model, after launch", f"use cp_size in {fmt_set(good)}" if good else "cp_size: 1")
 
 
 @rule("pp-stages", when=("@model",), family=F, severity="error", title="Pipeline split does not fit the model",
@@ -196,10 +321,11 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
 
 @rule("model-cp-backend", family=F, severity="error", title="Context parallelism with an attention backend it lacks",
       when=("@model",),
-      patterns=(r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",),
+      patterns=(r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",
+                r"Context parallelism \(cp_size=(\d+)\) for hybrid model (\w+) requires the TE or SDPA"),
       cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
-            "backend; with model.backend.attn: sdpa, flex, ... validate_for_mesh raises right after building the "
-            "model.",
+            "backend (hybrid Mamba models: TE or SDPA); with another model.backend.attn (sdpa, flex, ...) "
+            "validate_for_mesh raises right after building the model.",
       fix="Set model.backend.attn: te, or cp_size: 1.")
 def model_cp_backend(ctx: Context) -> Iterator[Finding]:
     impl, cp = _impl(ctx), ctx.size("cp_size")
@@ -207,11 +333,13 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
     if impl is None or impl.cp_attn is None or cp <= 1 or not isinstance(attn, str) or attn in impl.cp_attn:
         return
     assert ctx.model is not None
+    needs = ("for hybrid model {a} requires the TE or SDPA attention backend" if impl.mamba_cp else
+             "for {a} requires the TE attention backend").format(a=impl.architecture)
     yield finding(ctx, "model-cp-backend", (), f"cp_size={cp} with model.backend.attn: {attn}: AutoModel 0.7.0 builds "
                   f"{ctx.model.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(impl.cp_attn))}; "
-                  f"it raises 'Context parallelism (cp_size={cp}) for {impl.architecture} requires the TE attention "
-                  "backend' right after building the model, after launch",
-                  "model.backend.attn: te (or cp_size: 1)", recipe_path="model.backend.attn")
+                  f"it raises 'Context parallelism (cp_size={cp}) {needs}' right after building the model, after launch",
+                  f"model.backend.attn: {'te or sdpa' if impl.mamba_cp else 'te'} (or cp_size: 1)",
+                  recipe_path="model.backend.attn")
 
 
 @rule("pp-tied-embeddings", family=F, severity="error", title="Pipeline parallelism with tied embeddings",

@@ -12,6 +12,7 @@ from ..config.values import applied_ac
 from ..environment import FSDP2_PATCH_REMOVED_IN, fsdp2_unusable, torch_release
 from ..report import Finding
 from .base import Context, finding, rule
+from .model import sp_refused
 
 F = "parallelize"
 
@@ -89,6 +90,8 @@ def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
     if ctx.strategy != "fsdp2" or ctx.size("tp_size") > 1 or not ctx.size_known("tp_size"):
         return
     for key in ("sequence_parallel", "enable_async_tensor_parallel"):
+        if key == "sequence_parallel" and sp_refused(ctx) is not None:
+            continue  # not harmless here: model-sp-unsupported reports it as the error it is
         if ctx.block.get(key) is True:
             yield finding(ctx, "tp-option-no-effect", (key,), f"{key}: true has no effect with tp_size=1",
                           f"remove {key}, or set tp_size > 1")

@@ -924,3 +924,15 @@ def test_torch_version_only_matters_for_fsdp2_on_more_than_one_rank():
     assert "torch-version" not in rules("strategy: ddp\n", 8, "2.15.0")
     assert "torch-version" not in rules("tp_size: 2\n", 8, "2.14.1")
     assert "torch-version" not in rules("tp_size: 2\n", 8, None)
+
+
+def test_torch_2_15_spares_nemotron_h_own_fsdp2_path_but_not_its_ep_path():
+    """Nemotron-H's own FSDP2 parallelizer (ep_size 1) does not install AutoModel's FSDP patch that torch 2.15
+    breaks; with ep_size > 1 the class goes through AutoModel's MoE parallelizer, which does
+    (``test_nemotron_h_matches_automodel`` confirms both against AutoModel on torch 2.15)."""
+    nano = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+    assert validate_config({"cp_size": 2}, world_size=8, model=nano, torch_version="2.15.0").valid
+    ep = validate_config({"ep_size": 8}, world_size=8, model=nano, torch_version="2.15.0")
+    assert [f.rule for f in ep.errors] == ["torch-version"]
+    dense = validate_config({}, world_size=8, model="meta-llama/Llama-3.1-8B", torch_version="2.15.0")
+    assert [f.rule for f in dense.errors] == ["torch-version"]

@@ -28,6 +28,7 @@ class Implementation:
     cp_attn: frozenset[str] | None = None  # backend.attn values CP accepts (custom classes); None: any
     sequence_parallel: bool = True  # False: its own parallelizer raises for sequence_parallel: true (FSDP2 path)
     mamba_cp: bool = False  # CP shards its Mamba layers by heads (MambaContextParallel's divisibility asserts)
+    own_fsdp2: bool = False  # its own FSDP2 parallelizer (ep_size 1) installs none of AutoModel's FSDP patches
 
     @property
     def custom(self) -> bool:
@@ -59,10 +60,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.architecture: i for i in (
     _custom("GptOssForCausalLM", "gpt_oss", tp=False, pp=True, ep=True),
     # No AutoModel Mixtral: the Hugging Face class has TP/PP plans but not the MoE mixin EP needs.
     _hf("MixtralForCausalLM", "mixtral", tp=True, pp=True, ep=False),
-    # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its FSDP2 parallelizer raises for
-    # sequence_parallel; CP runs on TE or SDPA attention and splits each Mamba layer's heads over the CP ranks.
+    # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its own FSDP2 parallelizer raises for
+    # sequence_parallel and does not patch FSDP (so it runs on torch 2.15; its EP path does patch); CP runs on TE
+    # or SDPA attention and splits each Mamba layer's heads over the CP ranks.
     Implementation("NemotronHForCausalLM", "nemo_automodel.components.models.nemotron_v3.model", tp=False, pp=True,
-                   ep=True, cp_attn=frozenset({"te", "sdpa"}), sequence_parallel=False, mamba_cp=True),
+                   ep=True, cp_attn=frozenset({"te", "sdpa"}), sequence_parallel=False, mamba_cp=True,
+                   own_fsdp2=True),
     _hf("Gemma2ForCausalLM", "gemma2", tp=True, pp=True, ep=False),
     _hf("Gemma3ForCausalLM", "gemma3", tp=True, pp=True, ep=False),
 )}

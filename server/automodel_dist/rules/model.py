@@ -73,6 +73,12 @@ def sp_refused(ctx: Context) -> Implementation | None:
     return impl if ctx.strategy == "fsdp2" and ctx.size("ep_size") <= 1 else None
 
 
+def own_fsdp2(ctx: Context) -> Implementation | None:
+    """The class AutoModel builds when its own FSDP2 parallelizer (not AutoModel's shared one) shards it."""
+    impl = _impl(ctx)
+    return impl if impl is not None and impl.own_fsdp2 and ctx.size("ep_size") <= 1 else None
+
+
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
     """ep sizes that divide the routed experts ([1] for a dense model or one AutoModel cannot expert-shard)."""
     return divisors(m.num_experts) if m.is_moe and not _lacks(m, "ep") else [1]

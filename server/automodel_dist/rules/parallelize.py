@@ -12,7 +12,7 @@ from ..config.values import applied_ac
 from ..environment import FSDP2_PATCH_REMOVED_IN, fsdp2_unusable, torch_release
 from ..report import Finding
 from .base import Context, finding, rule
-from .model import sp_refused
+from .model import own_fsdp2, sp_refused
 
 F = "parallelize"
 
@@ -147,7 +147,8 @@ _REMOVED = ".".join(map(str, FSDP2_PATCH_REMOVED_IN))
       patterns=(r"type object 'FSDPParam' has no attribute 'to_accumulated_grad_if_needed'",),
       cause=f"AutoModel 0.7.0's FSDP2 parallelizers (dense and MoE) patch torch's "
             f"FSDPParam.to_accumulated_grad_if_needed, which torch {_REMOVED} removed: with strategy fsdp2 on more "
-            "than one rank the run raises AttributeError when it parallelizes the model, after launch.",
+            "than one rank the run raises AttributeError when it parallelizes the model, after launch (the "
+            "Nemotron-H class's own parallelizer, used without EP, does not patch it).",
       fix=f"Launch AutoModel 0.7.0 with torch older than {_REMOVED} (2.11-2.14 work), or, when the model fits one "
           "GPU, strategy ddp (its path does not touch FSDP).")
 def torch_version(ctx: Context) -> Iterator[Finding]:
@@ -163,6 +164,8 @@ def torch_version(ctx: Context) -> Iterator[Finding]:
         return
     if ctx.strategy != "fsdp2" or ctx.world_size == 1 or not fsdp2_unusable(release):
         return
+    if own_fsdp2(ctx) is not None:
+        return  # Nemotron-H's own FSDP2 parallelizer (ep_size 1) does not install the patch
     where = f"on {ctx.world_size} ranks" if ctx.world_size else "on more than one rank"
     yield finding(ctx, "torch-version", ("strategy",) if ctx.has("strategy") else (),
                   f"torch {clip(given)} with strategy fsdp2 {where}: AutoModel 0.7.0's FSDP2 parallelizer patches "

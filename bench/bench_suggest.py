@@ -37,6 +37,8 @@ ROWS = [
     ("8B x4, bf16 weights", L8, dict(world_size=8, num_layers=4, storage_dtype="bfloat16")),
     ("Mixtral-8x7B x4, EP8, 16 ranks", "mistralai/Mixtral-8x7B-v0.1", dict(world_size=16, ep=8, num_layers=4)),
     ("Qwen3-30B-A3B x4, EP8, 16 ranks", "Qwen/Qwen3-30B-A3B", dict(world_size=16, ep=8, num_layers=4)),
+    ("Mixtral-8x7B x4, no EP, 8 ranks", "mistralai/Mixtral-8x7B-v0.1", dict(world_size=8, num_layers=4)),
+    ("Qwen3-30B-A3B x4, no EP, 8 ranks", "Qwen/Qwen3-30B-A3B", dict(world_size=8, num_layers=4)),
     ("70B x8, TP8+SP+AC, 64 ranks", L70, dict(world_size=64, tp=8, sequence_parallel=True,
                                               activation_checkpointing=True, seq_len=4096, num_layers=8)),
 ]

@@ -92,6 +92,10 @@ class ModelEntry(BaseModel):
     num_attention_heads: int
     num_key_value_heads: int
     num_experts: int
+    architecture: str | None = Field(default=None, description="The class AutoModel builds (config.json "
+                                                               "architectures[0]).")
+    layer_types: dict[str, int] | None = Field(default=None, description="Hybrid models (Nemotron-H): layers per "
+                                                                         "mixer (mamba, attention, mlp, moe).")
 
 
 class GpuEntry(BaseModel):
@@ -323,7 +327,8 @@ def create_server() -> MCPServer:
         models = [ModelEntry(name=m.name, params=m.param_count(), active_params=m.active_param_count(),
                              num_layers=m.num_layers, hidden_size=m.hidden_size,
                              num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-                             num_experts=m.num_experts) for m in catalog()]
+                             num_experts=m.num_experts, architecture=m.architecture,
+                             layer_types=m.to_dict()["layer_types"]) for m in catalog()]
         gpus = [GpuEntry(name=g.name, memory_gib=g.memory_gib, bf16_tflops=g.bf16_tflops,
                          gpus_per_node=g.gpus_per_node, interconnect=g.interconnect) for g in gpu_catalog()]
         return Catalogs(models=models, gpus=gpus)

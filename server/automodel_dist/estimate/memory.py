@@ -170,8 +170,7 @@ def _rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
     g = _GROUPS.get(key)
     if g is None:
         if len(_GROUPS) > 100_000:
-            _GROUPS.clear()
-            _MODELS.clear()
+            _forget()
         _MODELS[id(m)] = m
         g = _GROUPS[key] = _compute_rank_groups(m, p, pp_rank)
     return g
@@ -241,8 +240,30 @@ def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: i
     return (2 * h * scale if wrapped else plain), plain
 
 
+_ACTS: dict[tuple, tuple[float, float]] = {}
+
+
+def _forget() -> None:
+    """Drop both memo tables and the specs their id() keys keep alive (together: an id is never reused)."""
+    _GROUPS.clear()
+    _ACTS.clear()
+    _MODELS.clear()
+
+
 def _act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
-    """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
+    """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed); memoized on
+    what it depends on (the search asks for the same few combinations thousands of times)."""
+    key = (id(m), kind, comp_bytes, p.tp, p.sequence_parallel, p.activation_checkpointing, p.cp > 1, p.ep > 1)
+    hit = _ACTS.get(key)
+    if hit is None:
+        if len(_ACTS) > 100_000:
+            _forget()
+        _MODELS[id(m)] = m
+        hit = _ACTS[key] = _compute_act_per_token(m, p, kind, comp_bytes)
+    return hit
+
+
+def _compute_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, kind, comp_bytes)
     moe = kind == "moe"
@@ -306,9 +327,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     inflight = in_flight_microbatches(p, n_mb, pp_rank)
     saved = 0.0
     recompute = 0.0
+    last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
     for kind, count in g.kinds.items():
         s, plain = _act_per_token(m, p, kind, comp)
         saved += s * count
+        last_block = max(last_block, s)
         if p.activation_checkpointing and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
@@ -329,14 +352,18 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
         unsharded += (g.layer_experts if p.moe_reshard_after_forward else g.experts) * comp
     p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
     start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p
-    # Inside the last block's backward (the loss temporaries are gone): its unsharded gradients in the compute
-    # dtype and their fp32 copy for the reduce-scatter, plus the next block's prefetched all-gather, while
-    # nearly every activation is still saved. It dominates when one block holds many parameters (MoE without
-    # EP: FSDP gathers all of a layer's experts).
+    # At the end of the last block's backward (the loss temporaries and that block's activations are gone):
+    # its unsharded gradients in the compute dtype and their fp32 copy for the reduce-scatter, plus the next
+    # block's prefetched all-gather (experts stay gathered unless moe.reshard_after_forward), while every
+    # other activation is still saved. It dominates when one block holds many parameters (MoE without EP:
+    # FSDP gathers all of a layer's experts).
     mid_bw = 0.0
     if sharded:
-        block = g.layer_dense + (g.layer_experts if p.ep_shard > 1 else 0.0)
-        mid_bw = unsharded + acts + recompute * tokens + p2p + block * (comp + 4.0 + (0.0 if keep_blocks else comp))
+        gather = 0.0 if keep_blocks else comp
+        exp = g.layer_experts if p.ep_shard > 1 else 0.0
+        grads_now = g.layer_dense * (comp + 4.0 + gather) + exp * (comp + 4.0 + (comp if p.moe_reshard_after_forward
+                                                                                   else 0.0))
+        mid_bw = unsharded + acts - last_block * tokens + recompute * tokens + p2p + grads_now
     # End of backward: layer grads are sharded, the root's unsharded grads (reduce dtype, fp32) and the
     # embedding backward's temporaries are alive before the root's reduce-scatter.
     if sharded:
@@ -345,8 +372,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     else:
         end_bw = grads
     tracked_states = params + optimizer
-    phase, transient = max((("start-of-backward", start_bw), ("in-backward", mid_bw), ("end-of-backward", end_bw)),
-                           key=lambda x: x[1])
+    phase, transient = "start-of-backward", start_bw
+    if mid_bw > transient:
+        phase, transient = "in-backward", mid_bw
+    if end_bw > transient:
+        phase, transient = "end-of-backward", end_bw
     tracked = tracked_states + transient
     overhead = CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
     buffers = transient - grads if phase == "end-of-backward" else transient - acts

@@ -184,6 +184,30 @@ def mutated_examples(draw: st.DrawFn) -> str:
     return text
 
 
+CONFIG_JSONS = [  # config.json shapes the model rules parse: a dense transformer, an MoE, a hybrid Mamba MoE
+    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+     "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256},
+    {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4,
+     "num_attention_heads": 4, "n_routed_experts": 8, "moe_intermediate_size": 32, "kv_lora_rank": 16,
+     "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "first_k_dense_replace": 1},
+    {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64, "num_hidden_layers": 5,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hybrid_override_pattern": "M*-ME",
+     "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "n_routed_experts": 4,
+     "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "num_experts_per_tok": 2},
+]
+
+
+@st.composite
+def config_jsons(draw: st.DrawFn) -> dict[str, Any]:
+    """A config.json dict with some fields replaced by odd values (or odd layer patterns)."""
+    cfg = dict(draw(st.sampled_from(CONFIG_JSONS)))
+    for key in draw(st.lists(st.sampled_from(sorted({k for c in CONFIG_JSONS for k in c})), max_size=3)):
+        cfg[key] = draw(st.one_of(scalars(), st.text(alphabet="M*-EX ", max_size=8),
+                                  st.lists(st.sampled_from(["mamba", "attention", "full_attention", "linear_attention",
+                                                            "mlp", "moe", "x"]), max_size=6)))
+    return cfg
+
+
 @st.composite
 def contexts(draw: st.DrawFn) -> dict[str, Any]:
     """world_size / nodes / gpus_per_node / model / torch_version arguments, usually plausible, sometimes absurd."""
@@ -196,7 +220,8 @@ def contexts(draw: st.DrawFn) -> dict[str, Any]:
         kw["nodes"] = draw(st.one_of(st.integers(1, 64), st.integers(-2, 10**9)))
         kw["gpus_per_node"] = draw(st.one_of(st.sampled_from([1, 2, 4, 8, 16]), st.integers(-2, 10**6)))
     if draw(st.booleans()):
-        kw["model"] = draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such-model", "llama", ""])))
+        kw["model"] = draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such-model", "llama", ""]),
+                                     config_jsons()))
     if draw(st.integers(0, 3)) == 0:
         kw["torch_version"] = draw(st.one_of(st.sampled_from(["2.13.0+cpu", "2.14.1", "2.15.0+cu132", "3.0"]),
                                              st.text(max_size=12)))

@@ -96,7 +96,8 @@ def test_model_paths_obey_the_allowed_roots(tmp_path, monkeypatch):
     assert [f["rule"] for f in refused.structured_content["findings"]] == ["file-not-allowed"]
     est = call("estimate_memory", {"config_yaml": "tp_size: 2\n", "world_size": 2, "model": str(cfg)})
     assert [f["rule"] for f in est.structured_content["findings"]] == ["file-not-allowed"]
-    assert call("suggest_strategy", {"model": str(cfg)}).is_error
+    refused_suggest = call("suggest_strategy", {"model": str(cfg)})
+    assert refused_suggest.is_error and str(cfg) in refused_suggest.content[0].text
     dev = call("validate_config", {"config_yaml": "tp_size: 2\n", "world_size": 2, "model": "/dev/zero.json"})
     assert dev.structured_content["findings"][0]["rule"] == "file-unreadable"
 
@@ -118,6 +119,9 @@ def test_bad_arguments_are_error_results_and_the_server_keeps_serving():
     results, still = run(go)
     assert all(r.is_error for r in results)
     assert still.structured_content["valid"] is True
+    # the engine's own refusals reach the agent with their reason (not the SDK's bare "Error executing tool")
+    assert "give the config as config_yaml (YAML text) or config_path" in results[1].content[0].text
+    assert "unknown model 'no/such-model' (not in the catalog" in results[5].content[0].text
 
 
 def test_build_mesh_tool():

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
+import inspect
 import logging
 import os
 import sys
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -146,11 +149,34 @@ def _model_arg(model: str | None) -> str | None:
     return model
 
 
+def _anticipated(fn: Any) -> Any:
+    """Bad arguments and inputs (``ValueError``, ``ConfigError``: an unknown model, both or neither config argument,
+    an unreadable model file) reach the client as ``ToolError`` carrying their message, so the agent can correct
+    the call; the SDK turns anything else into a bare "Error executing tool" (a crash's text stays here)."""
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(*args, **kwargs)
+            except ValueError as exc:
+                raise ToolError(str(exc)) from exc
+        return run_async
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from exc
+    return run
+
+
 def create_server() -> MCPServer:
     server = MCPServer(name=NAME, instructions=INSTRUCTIONS, version=_version())
     ro = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
     @server.tool(annotations=ro)
+    @_anticipated
     def validate_config(config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
                         nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
                         model: ModelArg = None, torch_version: TorchVersion = None) -> ValidationReport:
@@ -167,6 +193,7 @@ def create_server() -> MCPServer:
                                 model=model, torch_version=torch_version)
 
     @server.tool(annotations=ro)
+    @_anticipated
     def build_mesh(world_size: Annotated[int, Field(ge=1, le=1 << 24, description="Total ranks.")],
                    config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
                    ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None,
@@ -190,6 +217,7 @@ def create_server() -> MCPServer:
         return MeshResult(valid=True, mesh=mesh, findings=mesh.findings)
 
     @server.tool(annotations=ro)
+    @_anticipated
     def suggest_strategy(
         model: Annotated[str, Field(max_length=4096, description="Catalog name (list_models) or config.json path.")],
         nodes: Annotated[int, Field(ge=1, le=1 << 17)] = 1,
@@ -217,6 +245,7 @@ def create_server() -> MCPServer:
                         allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k)
 
     @server.tool(annotations=ro)
+    @_anticipated
     def estimate_memory(
         model: Annotated[str, Field(max_length=4096, description="Catalog name or config.json path.")],
         config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
@@ -243,6 +272,7 @@ def create_server() -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
                                              open_world_hint=False))
+    @_anticipated
     async def run_smoke_test(
         ctx: Context,
         world_size: Annotated[int, Field(ge=1, le=64, description="Processes to launch.")] = 4,
@@ -312,6 +342,7 @@ def create_server() -> MCPServer:
         return box["report"]
 
     @server.tool(annotations=ro)
+    @_anticipated
     def explain_error(text: Annotated[str, Field(max_length=MAX_TEXT_CHARS,
                                                  description="An AutoModel/torch error message or traceback.")]
                       ) -> ExplainReport:
@@ -322,6 +353,7 @@ def create_server() -> MCPServer:
         return _explain_error(text)
 
     @server.tool(annotations=ro)
+    @_anticipated
     def list_models() -> Catalogs:
         """The built-in model catalog (Hugging Face repo ids with their dimensions) and the GPU catalog."""
         models = [ModelEntry(name=m.name, params=m.param_count(), active_params=m.active_param_count(),

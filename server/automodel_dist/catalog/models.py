@@ -86,6 +86,16 @@ class ModelSpec:
         return self.mamba_num_heads * self.mamba_head_dim
 
     @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of a Mamba-2 layer's depthwise conv: x plus the B and C groups."""
+        return self.mamba_inner + 2 * self.mamba_n_groups * self.ssm_state_size
+
+    @property
+    def mamba_in_proj_width(self) -> int:
+        """Width of a Mamba-2 layer's in_proj output (z, x, B, C, dt: the fused kernel's ``zxbcdt``)."""
+        return self.mamba_inner + self.mamba_conv_dim + self.mamba_num_heads
+
+    @property
     def num_moe_layers(self) -> int:
         if self.layer_types:
             return self.count("moe")
@@ -138,9 +148,8 @@ class ModelSpec:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
         the gated RMSNorm and out_proj."""
         h, inner, heads = self.hidden_size, self.mamba_inner, self.mamba_num_heads
-        conv_dim = inner + 2 * self.mamba_n_groups * self.ssm_state_size
-        in_proj = h * (inner + conv_dim + heads)
-        return in_proj + conv_dim * (self.conv_kernel + 1) + 3 * heads + inner + inner * h
+        return (h * self.mamba_in_proj_width + self.mamba_conv_dim * (self.conv_kernel + 1) + 3 * heads + inner
+                + inner * h)
 
     def mixer_params(self, layer_type: str) -> int:
         """Parameters of one hybrid layer's mixer (its norm not included)."""

@@ -113,9 +113,7 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
         attn_layers = g.kinds.get("attention", 0) if m.is_hybrid else n_layers
         out["cp"] = (p.cp - 1) * kv * (3 + recompute) * attn_layers * mb_per_step
         if g.kinds.get("mamba"):  # MambaContextParallel: all-to-all into head-parallel before the scan and back
-            inner = m.mamba_inner
-            zxbcdt = 2 * inner + 2 * m.mamba_n_groups * m.ssm_state_size + m.mamba_num_heads
-            per_layer = _ag(p.cp, tok_mb * zxbcdt * comp) + _ag(p.cp, tok_mb * inner * comp)
+            per_layer = _ag(p.cp, tok_mb * m.mamba_in_proj_width * comp) + _ag(p.cp, tok_mb * m.mamba_inner * comp)
             out["cp"] += per_layer * (2 + recompute) * g.kinds["mamba"] * mb_per_step
     if p.pp > 1:
         out["pp"] = 2 * per_mb_act * p.stages_per_rank * mb_per_step

@@ -224,10 +224,9 @@ def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: i
     h, scale = m.hidden_size, comp_bytes / 2.0
     if kind == "mamba":
         inner = m.mamba_inner
-        zxbcdt = 2 * inner + 2 * m.mamba_n_groups * m.ssm_state_size + m.mamba_num_heads
-        mixer = 2 * zxbcdt + 2 * inner + 4 * m.mamba_n_groups + (8 * inner if p.cp > 1 else 0)
+        mixer = 2 * m.mamba_in_proj_width + 2 * inner + 4 * m.mamba_n_groups + (8 * inner if p.cp > 1 else 0)
     elif kind == "attention":
-        mixer = 8 * h + 8 * m.hd + 4 * m.num_attention_heads + 8
+        mixer = _attention_act(m, 1)
     elif kind == "mlp":
         mixer = 6 * m.intermediate_size
     else:
@@ -241,6 +240,12 @@ def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: i
 
 
 _ACTS: dict[tuple, tuple[float, float]] = {}
+
+
+def _attention_act(m: ModelSpec, t: int) -> float:
+    """Bytes per token an attention block saves besides its norms and residuals (q/k/v/o inputs and outputs,
+    RoPE, the SDPA output and its statistics), fitted with bf16 compute: ``8h/t + 8d + 4a/t + 8``."""
+    return 8 * m.hidden_size / t + 8 * m.hd + 4 * m.num_attention_heads / t + 8
 
 
 def _forget() -> None:
@@ -267,8 +272,8 @@ def _compute_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: 
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, kind, comp_bytes)
     moe = kind == "moe"
-    h, d, a, t = m.hidden_size, m.hd, m.num_attention_heads, p.tp
-    kvd = m.num_key_value_heads * d
+    h, t = m.hidden_size, p.tp
+    kvd = m.num_key_value_heads * m.hd
     scale = comp_bytes / 2.0  # coefficients were fitted with bf16 compute
     if moe:  # routed tokens: k copies in and out, each expert saves gate/up/act/product
         k = max(m.experts_per_token, 1)
@@ -277,7 +282,7 @@ def _compute_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: 
     else:
         mlp_plain, mlp_sel = 8 * m.intermediate_size / t, 4 * m.intermediate_size / t
     rep = (4 + 12 / t) if p.sequence_parallel else 16.0
-    plain = (rep * h + 8 * h / t + mlp_plain + 8 * d + 4 * a / t + 8) * scale
+    plain = (rep * h + _attention_act(m, t) + mlp_plain) * scale
     inp = 2 * h / (t if p.sequence_parallel else 1)
     if p.activation_checkpointing == "selective":
         saved = (inp + 2 * h / t + 4 * kvd / t + 4 * h + mlp_sel) * scale

@@ -198,6 +198,24 @@ def test_suggest_for_a_hybrid_model_keeps_to_what_its_class_runs():
         assert validate_config(c.yaml, nodes=2, gpus_per_node=8, model=NANO).valid
 
 
+def test_suggest_on_24_gpus_skips_uneven_expert_shards_but_keeps_plain_fsdp():
+    """3 nodes x 8 without PP: every ep_size of Qwen3-30B-A3B leaves an ep_shard with a factor 3 (hidden 2048
+    does not split), so the search skips those; with pp 3 the 8 ranks per stage split evenly. Without EP nothing
+    constrains the rank count (a dense model still gets its layouts)."""
+    dense = suggest_strategy(L8, nodes=3, top_k=3)
+    assert dense.candidates and all("ep_size" not in c.distributed for c in dense.candidates)
+    moe = suggest_strategy("Qwen/Qwen3-30B-A3B", nodes=3, top_k=5)
+    assert moe.candidates and not any("uneven sharding" in r.reason for r in moe.rejected)
+    from automodel_dist.rules.model import expert_shard_ok
+    from automodel_dist.suggest import _options
+
+    spec = lookup("Qwen/Qwen3-30B-A3B")
+    opts = list(_options(spec, 24, 8, 4096, 24, 1, False, ("fsdp2",)))
+    assert all(o.p.ep == 1 or expert_shard_ok(spec, o.p.ep_shard) for o in opts)
+    assert {o.p.ep for o in opts if o.p.pp == o.p.cp == 1} == {1}  # ep_shard 24/ep always has a factor 3
+    assert {o.p.ep for o in opts if o.p.pp == 3} >= {2, 4, 8}  # 8 ranks per stage split evenly
+
+
 @pytest.mark.parametrize("world", [1, 8])
 def test_suggest_searches_only_megatron_fsdp_layouts_automodel_runs(world):
     from automodel_dist.catalog.models import lookup

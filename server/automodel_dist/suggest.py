@@ -21,7 +21,7 @@ from .catalog.models import ModelSpec, resolve_model
 from .config.values import applied_ac
 from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
 from .estimate.comm import estimate_comm
-from .layout import Layout, StageError, virtual_stages
+from .layout import Layout, StageError, ep_shard_size, virtual_stages
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
@@ -87,8 +87,8 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                     for rep in reps:
                         for ep in ([1] if strategy != "fsdp2" else [
                                 e for e in eps if (dp * cp * tp) % e == 0 and not moe_tp_unplanned(tp, e)
-                                and (e == 1 or expert_shard_ok(m, (dp * cp * tp) // e))]):
-                            ep_shard = (dp * cp * tp) // ep if ep < dp * cp * tp else 1
+                                and (e == 1 or expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e)))]):
+                            ep_shard = ep_shard_size(dp=dp, cp=cp, tp=tp, ep=ep)
                             for sched in schedules:
                                 for ac in acs:
                                     if ac == "selective" and strategy == "megatron_fsdp":

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from ..catalog.implementations import Implementation, implementation
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
-from ..layout import StageError, virtual_stages
+from ..layout import StageError, ep_shard_size, virtual_stages
 from ..report import Finding
 from .base import Context, finding, note, rule
 from .helpers import divisors, fmt_set
@@ -149,7 +149,8 @@ def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
     bad = " and ".join(f"{k}={v}" for k, v in (("hidden_size", m.hidden_size), ("moe_intermediate_size",
                                                 m.moe_intermediate_size)) if v % lay.ep_shard)
     non_pp = lay.dp * lay.cp * lay.tp
-    good = [e for e in valid_ep_sizes(m) if e > 1 and non_pp % e == 0 and expert_shard_ok(m, non_pp // e)]
+    good = [e for e in valid_ep_sizes(m) if e > 1 and non_pp % e == 0
+            and expert_shard_ok(m, ep_shard_size(dp=lay.dp, cp=lay.cp, tp=lay.tp, ep=e))]
     fix = (f"ep_size in {fmt_set(good)}" if good else
            f"ep_size: 1 (experts are then FSDP-sharded on dim 0), or a rank count where ep_shard = dp*cp*tp / "
            f"ep_size divides gcd(hidden_size, moe_intermediate_size) = {math.gcd(m.hidden_size, m.moe_intermediate_size)}")

@@ -360,7 +360,7 @@ def create_server() -> MCPServer:
                              num_layers=m.num_layers, hidden_size=m.hidden_size,
                              num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
                              num_experts=m.num_experts, architecture=m.architecture,
-                             layer_types=m.to_dict()["layer_types"]) for m in catalog()]
+                             layer_types=m.layer_mix) for m in catalog()]
         gpus = [GpuEntry(name=g.name, memory_gib=g.memory_gib, bf16_tflops=g.bf16_tflops,
                          gpus_per_node=g.gpus_per_node, interconnect=g.interconnect) for g in gpu_catalog()]
         return Catalogs(models=models, gpus=gpus)

@@ -75,6 +75,11 @@ class ModelSpec:
         """Layers of a hybrid model with this mixer (0 for a uniform transformer)."""
         return self.layer_types.count(layer_type)
 
+    @property
+    def layer_mix(self) -> dict[str, int] | None:
+        """Layers per mixer of a hybrid model (None for a uniform transformer)."""
+        return {t: self.count(t) for t in sorted(set(self.layer_types))} or None
+
     def layer_kind(self, layer: int) -> str:
         """"dense" or "moe" for a transformer layer; the mixer ("mamba", "attention", "mlp", "moe") of a hybrid."""
         if self.layer_types:
@@ -208,7 +213,7 @@ class ModelSpec:
             "vocab_size": self.vocab_size,
             "num_experts": self.num_experts,
             "experts_per_token": self.experts_per_token,
-            "layer_types": {t: self.count(t) for t in sorted(set(self.layer_types))} or None,
+            "layer_types": self.layer_mix,
             "params": self.param_count(),
             "active_params": self.active_param_count(),
             "published_params": self.published_params,

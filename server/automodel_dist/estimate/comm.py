@@ -118,7 +118,7 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
     if p.pp > 1:
         out["pp"] = 2 * per_mb_act * p.stages_per_rank * mb_per_step
     if p.ep > 1 and m.is_moe:
-        moe_layers = g.n_moe_layers
+        moe_layers = g.kinds.get("moe", 0)
         routed = tok_mb * max(m.experts_per_token, 1) * h * comp
         out["ep"] = _ag(p.ep, routed) * (4 + 2 * recompute) * moe_layers * mb_per_step
 

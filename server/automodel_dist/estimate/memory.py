@@ -127,8 +127,6 @@ class _Groups:
     layer_dense: float = 0.0  # largest layer's non-expert params on this rank
     layer_experts: float = 0.0
     dense_layers: float = 0.0  # all layers' non-expert params on this rank
-    n_dense_layers: int = 0
-    n_moe_layers: int = 0
     kinds: dict[str, int] = field(default_factory=dict)  # layers on this rank per ModelSpec.layer_kind
 
 
@@ -195,8 +193,6 @@ def _compute_rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
     g.experts = sum(n * per[k][1] for k, n in g.kinds.items())
     g.layer_dense = max((per[k][0] for k in g.kinds), default=0.0)
     g.layer_experts = max((per[k][1] for k in g.kinds), default=0.0)
-    g.n_moe_layers = g.kinds.get("moe", 0)
-    g.n_dense_layers = g.n_layers - g.n_moe_layers
     if g.first:
         g.embed = m.embedding_params() / p.tp
     if g.last:

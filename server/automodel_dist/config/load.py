@@ -8,7 +8,6 @@ value semantics (``none`` -> None, ``"2"`` -> 2, ...). Nothing read is ever impo
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ import yaml
 
 from ..report import Finding
 from .files import MAX_BYTES, _err, check_path
+from .scalars import MEMO_CHARS, scalar_tag, scalar_value
+from .simple_yaml import read_simple
 from .values import import_path_problem, translate_value
 
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
@@ -31,25 +32,19 @@ try:  # libyaml is ~10x faster and bounds flow nesting itself
 except AttributeError:  # pragma: no cover - PyYAML without libyaml
     _Base = yaml.SafeLoader
 
-_MEMO_CHARS = 64  # scalars up to this length have their implicit tag memoized
-
 
 class _Loader(_Base):  # type: ignore[misc, valid-type]
     """The safe loader, with the implicit tag of short plain scalars memoized.
 
-    Tag resolution is PyYAML's own pure function of (value, implicit) (no path resolvers are
-    registered), run in Python for every scalar; keys such as ``tp_size`` recur in every config.
+    Tag resolution is PyYAML's own pure function of (value, implicit), run in Python for every
+    scalar; keys such as ``tp_size`` recur in every config.
     """
 
     def resolve(self, kind: type, value: Any, implicit: Any) -> str:
-        if kind is yaml.ScalarNode and len(value) <= _MEMO_CHARS:
-            return _scalar_tag(value, implicit)
+        if kind is yaml.ScalarNode and len(value) <= MEMO_CHARS:
+            return scalar_tag(value, implicit)
         return super().resolve(kind, value, implicit)
 
-
-@functools.lru_cache(maxsize=4096)
-def _scalar_tag(value: str, implicit: tuple[bool, bool]) -> str:
-    return yaml.resolver.Resolver().resolve(yaml.ScalarNode, value, implicit)
 
 _ENV_BRACED = re.compile(r"\$\{([^}]+)\}")
 _ENV_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)")
@@ -92,11 +87,6 @@ _SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "value"))
 
 
-_STR, _INT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int"
-_PLAIN_SCALARS = {tag: yaml.constructor.SafeConstructor.yaml_constructors[tag]
-                  for tag in (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))}
-
-
 def clip(text: str, limit: int = 40) -> str:
     """``text`` shortened for a message (huge values must not flood a report)."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
@@ -132,14 +122,8 @@ class _Builder:
             )
             return None
         if isinstance(node, yaml.ScalarNode):
-            tag, text = node.tag, node.value
-            if tag == _STR:
-                return text
             try:
-                if tag == _INT and text.isascii() and text.isdigit() and text[0] != "0":  # YAML 1.1: 0-led is octal
-                    return int(text)
-                plain = _PLAIN_SCALARS.get(tag)  # the function construct_object would call, minus its bookkeeping
-                return plain(self.constructor, node) if plain else self.constructor.construct_object(node)
+                return scalar_value(node.tag, node.value, node, self.constructor)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(
                     _err("yaml-syntax", f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
@@ -255,17 +239,32 @@ def _resolve_env(value: str, path: PathKey, doc: Document) -> str:
     return out
 
 
-def apply_value_semantics(value: Any, doc: Document, path: PathKey = (), key: Any = None) -> Any:
+def apply_value_semantics(value: Any, doc: Document, path: PathKey = ()) -> Any:
     """AutoModel's ``ConfigNode`` view of a loaded value (strings translated, targets kept as names)."""
-    if isinstance(value, dict):
-        return {k: apply_value_semantics(v, doc, path + (k,), k) for k, v in value.items()}
+    if isinstance(value, dict):  # numbers, bools and nulls pass as they are
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, str):
+                v = _string(v, doc, path, k)
+            elif isinstance(v, (dict, list)):
+                v = apply_value_semantics(v, doc, path + (k,))
+            out[k] = v
+        return out
     if isinstance(value, list):
-        return [apply_value_semantics(v, doc, path + (i,), "") for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
+        return [_string(v, doc, path, i) if isinstance(v, str) else
+                apply_value_semantics(v, doc, path + (i,)) if isinstance(v, (dict, list)) else v
+                for i, v in enumerate(value)]
+    if isinstance(value, str):  # a bare string config
+        return _string(value, doc, path, None)
+    return value
+
+
+def _string(value: str, doc: Document, parent: PathKey, key: Any) -> Any:
+    """A string value under ``key`` of ``parent`` (a list item's key is its index; None: ``parent`` itself)."""
     if isinstance(key, str) and (key == "_target_" or key.endswith("_fn")):
         problem = import_path_problem(value)  # AutoModel imports these at load; we only ever check the name
         if problem:
+            path = parent + (key,)
             doc.findings.append(
                 _err("target-path-invalid", f"{_dotted(path)} is {clip(value)!r}: AutoModel's loader resolves "
                      f"{key} values as import paths when it loads the recipe, and {problem}",
@@ -274,15 +273,20 @@ def apply_value_semantics(value: Any, doc: Document, path: PathKey = (), key: An
             )
         return value
     if "$" in value:
-        resolved = _resolve_env(value, path, doc)
+        resolved = _resolve_env(value, parent if key is None else parent + (key,), doc)
         if isinstance(resolved, Unresolved):
             return resolved
         return translate_value(resolved)
     return translate_value(value)
 
 
-def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = MAX_BYTES) -> Document:
-    """Load YAML text. Never raises for bad input: problems become findings on the document."""
+def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = MAX_BYTES,
+              simple: bool = True) -> Document:
+    """Load YAML text. Never raises for bad input: problems become findings on the document.
+
+    ``simple``: read plain block mappings directly (:mod:`.simple_yaml`); ``False`` always composes
+    PyYAML's node tree (the tests compare the two).
+    """
     doc = Document(data=None, source=source, from_yaml=True)
     size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
     if size > max_bytes:
@@ -311,6 +315,11 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
                      f"{exc.start})", line=line, fix="save the file as UTF-8")
             )
             return doc
+    direct = read_simple(text) if simple else None
+    if direct is not None:
+        raw, doc.lines = direct
+        doc.data = apply_value_semantics(raw, doc)
+        return doc
     try:
         nodes = []
         for i, node in enumerate(yaml.compose_all(text, Loader=_Loader)):

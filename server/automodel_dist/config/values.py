@@ -151,6 +151,8 @@ def translate_value(value: Any) -> Any:
         return value
     if value in _SPECIAL:
         return _SPECIAL[value]
+    if value.isidentifier():  # the usual case (fsdp2, interleaved1f1b): a name, never a literal
+        return value
     if len(value) > _MAX_LITERAL_CHARS:
         return value
     text = value.lstrip(" \t")

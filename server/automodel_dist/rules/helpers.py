@@ -112,6 +112,13 @@ def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
 
+@cache
+def _nested(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The fields of ``model`` that are pydantic models themselves."""
+    return {name: info.annotation for name, info in fields(model).items()
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+
+
 def pydantic_findings(
     ctx: Context,
     model: type[BaseModel],
@@ -138,17 +145,17 @@ def pydantic_findings(
                 severity=severity,
             )
             continue
+        nested = _nested(model).get(key)
+        if nested is None and value_ok(model, key, item):
+            continue
         info = known[key]
-        nested = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) else None
         if nested is not None and isinstance(item, dict):
             yield from pydantic_findings(ctx, nested, item, parts + (key,), rule_id, severity=severity, note=note)
             continue
         if nested is not None:
             message = f"must be a mapping, got {clip(repr(item))}; AutoModel raises TypeError when it builds the config"
             fix = f"remove {key}: to keep the defaults, or write a mapping with keys {', '.join(fields(nested))}"
-        elif not value_ok(model, key, item):
+        else:
             message = f"must be {describe(model, key)}, got {clip(repr(item))}"
             fix = f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value"
-        else:
-            continue
         yield finding(ctx, rule_id, parts + (key,), f"{ctx.path(*parts, key)} {message}{note}", fix, severity=severity)

@@ -140,6 +140,11 @@ def global_batch_divisibility(ctx: Context) -> Iterator[Finding]:
                       recipe_path="step_scheduler.global_batch_size")
 
 
+_SEQ_LENGTHS = ("packed_sequence.packed_sequence_size",) + tuple(
+    f"{section}.{key}" for section in ("dataset", "validation_dataset") for key in ("seq_len", "seq_length", "max_length"))
+_SEQ_SECTIONS = frozenset(d.split(".", 1)[0] for d in _SEQ_LENGTHS)
+
+
 @rule("cp-seq-divisibility", family=F, severity="error", title="Sequence length not divisible by 2*cp_size",
       when=("@cp",),
       patterns=(r"must be divisible by 2 \* cp_size",),
@@ -147,14 +152,10 @@ def global_batch_divisibility(ctx: Context) -> Iterator[Finding]:
       fix="Make packed_sequence_size / seq_len multiples of 2*cp_size.")
 def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:
     cp = ctx.size("cp_size")
-    if cp <= 1 or ctx.recipe is None:
+    if cp <= 1 or ctx.recipe is None or _SEQ_SECTIONS.isdisjoint(ctx.recipe):
         return
     need = 2 * cp
-    candidates = ["packed_sequence.packed_sequence_size"]
-    for section in ("dataset", "validation_dataset"):
-        for key in ("seq_len", "seq_length", "max_length"):
-            candidates.append(f"{section}.{key}")
-    for dotted in candidates:
+    for dotted in _SEQ_LENGTHS:
         v = ctx.recipe_get(dotted)
         if not is_positive_int(v) or v % need == 0:
             continue

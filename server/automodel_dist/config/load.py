@@ -1,6 +1,7 @@
 """Load a config (YAML text, file or mapping) with line numbers and AutoModel's value semantics.
 
-PyYAML composes the node tree (with marks); this module builds the Python values itself so
+Plain block mappings are read directly (:mod:`.simple_yaml`); anything else is composed into
+PyYAML's node tree (with marks), from which this module builds the Python values itself so
 that it can (a) remember the line of every key, (b) report duplicate keys instead of silently
 keeping the last, (c) bound alias expansion and nesting, and (d) apply AutoModel's own YAML
 value semantics (``none`` -> None, ``"2"`` -> 2, ...). Nothing read is ever imported or run.

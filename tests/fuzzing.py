@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from automodel_dist import build_mesh, validate_config
 from automodel_dist.catalog.models import catalog
 from automodel_dist.config import schema
+from automodel_dist.config.load import load_text
 from automodel_dist.report import ConfigError, MeshReport, ValidationReport
 from automodel_dist.rules import RULES
 
@@ -277,6 +278,28 @@ def check_report(report: ValidationReport) -> None:
     assert report.valid == (not report.errors)
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Equal values of equal types all the way down (1 == True == 1.0 in Python; NaN != NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return a == b
+
+
+def check_readers(config: Any) -> None:
+    """YAML text reads the same through the direct reader as through PyYAML's node tree."""
+    if not isinstance(config, str):
+        return
+    direct, full = load_text(config), load_text(config, simple=False)
+    assert same_value(direct.data, full.data), config
+    assert direct.lines == full.lines and direct.findings == full.findings, config
+
+
 def check_gates(config: Any, kwargs: dict[str, Any]) -> None:
     """The rule gates (``when=``) only skip rules that would find nothing: gated == the whole table."""
     from automodel_dist.api import _context
@@ -295,6 +318,7 @@ def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None
     report = _timed(tally, "validate_config", validate_config, config, **ctx)
     check_report(report)
     check_gates(config, ctx)
+    check_readers(config)
     if tally is not None:
         tally.outcomes[f"{kind}: {'valid' if report.valid else 'invalid'}"] += 1
         tally.rules.update({f.rule for f in report.errors})

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 import yaml
+from fuzzing import same_value
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -84,19 +83,6 @@ def _block_texts(draw) -> str:
     return "\n".join(out) + "\n"
 
 
-def _same(a, b) -> bool:
-    """Equal values of equal types all the way down (1 == True == 1.0 in Python; NaN != NaN)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return math.isnan(b)
-    return a == b
-
-
 @settings(max_examples=1000, deadline=None)
 @given(st.one_of(_texts(), _block_texts()))
 @example("distributed:\n  tp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n  cp_size:\nmodel:\n  x: 1\n")
@@ -109,10 +95,10 @@ def test_direct_reader_equals_pyyaml(text):
         return
     data, lines = direct
     assert not [f for f in full.findings if f.rule.startswith("yaml-")], (text, full.findings)
-    assert _same(data, yaml.load(text, Loader=yaml.SafeLoader))  # PyYAML itself, before AutoModel's semantics
+    assert same_value(data, yaml.load(text, Loader=yaml.SafeLoader))  # PyYAML itself, before AutoModel's semantics
     assert lines == full.lines
     fast = load_text(text)
-    assert _same(fast.data, full.data) and fast.lines == full.lines and fast.findings == full.findings
+    assert same_value(fast.data, full.data) and fast.lines == full.lines and fast.findings == full.findings
 
 
 def test_the_usual_configs_are_read_directly():

@@ -47,6 +47,42 @@ def test_validate_json_is_the_api_report(files, capsys):
     assert printed == validate_config(files / "bad.yaml", world_size=8).model_dump(mode="json")
 
 
+def test_validate_several_files(files, capsys):
+    """Each file on its own; exit 1 if any is invalid, 2 if any is unreadable; JSON is the list of reports."""
+    good, bad = str(files / "good.yaml"), str(files / "bad.yaml")
+    assert main(["validate", good, good, "--world-size", "8"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("2 files: 2 valid, 0 invalid")
+    assert main(["validate", good, bad, "--world-size", "8"]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad}:2: error[strategy-unsupported]" in out and out.rstrip().endswith(f"1 invalid ({bad})")
+    assert main(["validate", good, bad, "--world-size", "8", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == [validate_config(files / n, world_size=8).model_dump(mode="json")
+                                                   for n in ("good.yaml", "bad.yaml")]
+    assert main(["validate", good, str(files / "missing.yaml"), "--world-size", "8"]) == 2
+    assert main(["validate", "-", "-"]) == 2
+
+
+def test_validate_github_annotations(files, capsys):
+    """--format github prints one workflow command per finding, escaped, on the file and line."""
+    (files / "odd, name.yaml").write_text("distributed:\n  tp_size: 3\n  strategy: ddp\n  pipeline: {}\n")
+    path = files / "odd, name.yaml"
+    assert main(["validate", str(path), "--world-size", "8", "--format", "github"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    report = validate_config(path, world_size=8)
+    assert len(out) == len([f for f in report.findings if f.severity != "info"]) >= 2
+    first = report.findings[0]
+    escaped = str(path).replace(":", "%3A").replace(",", "%2C")
+    assert out[0] == (f"::error file={escaped},line={first.line},title={first.rule} (distributed.tp_size)::"
+                      f"{first.message}%0Afix: {first.fix}")
+    assert any(line.startswith("::warning ") and "title=pipeline-ignored" in line for line in out)
+    assert main(["validate", str(files / "good.yaml"), "--world-size", "8", "--format", "github"]) == 0
+    assert capsys.readouterr().out == ""
+    recipe = files / "recipe.yaml"  # info findings (world size from ci:) are not annotations
+    recipe.write_text("distributed:\n  tp_size: 2\nci:\n  nodes: 1\n  nproc_per_node: 8\n")
+    assert main(["validate", str(recipe), "--format", "github"]) == 0
+    assert capsys.readouterr().out == ""
+
+
 def test_validate_stdin(monkeypatch, capsys):
     import io
 

@@ -53,14 +53,31 @@ def _unreadable(report: ValidationReport) -> bool:
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
+    from . import render
     from .api import validate_config
 
-    report = validate_config(_config_arg(args.file), world_size=args.world_size, nodes=args.nodes,
-                             gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version)
-    _show(args, report, "validation_text")
-    if _unreadable(report):
+    if args.files.count("-") > 1:
+        raise UsageError("standard input (-) can be given once")
+    fmt = "json" if args.json else args.format
+    reports = [validate_config(_config_arg(f), world_size=args.world_size, nodes=args.nodes,
+                               gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version)
+               for f in args.files]
+    if fmt == "json":  # one file: its report; several: the list of reports (each names its file in "source")
+        dumped = [r.model_dump(mode="json") for r in reports]
+        _print_json(dumped[0] if len(dumped) == 1 else dumped)
+    elif fmt == "github":
+        text = "\n".join(t for t in (render.validation_github(r) for r in reports) if t)
+        if text:
+            print(text)
+    else:
+        print("\n\n".join(render.validation_text(r) for r in reports))
+        if len(reports) > 1:
+            bad = [r.source or "-" for r in reports if not r.valid]
+            print(f"\n{len(reports)} files: {len(reports) - len(bad)} valid, {len(bad)} invalid"
+                  + (f" ({', '.join(bad)})" if bad else ""))
+    if any(_unreadable(r) for r in reports):
         return EXIT_USAGE
-    return EXIT_OK if report.valid else EXIT_FAIL
+    return EXIT_OK if all(r.valid for r in reports) else EXIT_FAIL
 
 
 def _show(args: argparse.Namespace, report: Any, renderer: str) -> None:
@@ -237,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)")
-    v.add_argument("file", help="recipe YAML, a bare distributed: block, or - for stdin")
+    v.add_argument("files", nargs="+", metavar="FILE",
+                   help="recipe YAML(s), bare distributed: block(s), or - for stdin; each is checked on its own "
+                        "(a recipe's ci: block gives its world size when no cluster option is given)")
     g = v.add_argument_group("cluster")
     g.add_argument("--world-size", type=_positive)
     g.add_argument("--nodes", type=_positive)
@@ -245,7 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
     v.add_argument("--torch-version", help="the torch release the job will run on, e.g. 2.15.0+cu132 "
                    "(AutoModel 0.7.0's FSDP2 path fails on torch >= 2.15)")
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    v.add_argument("--format", choices=("text", "json", "github"), default="text",
+                   help="text (compiler style), json (the report; a list for several files) or github "
+                        "(GitHub Actions annotations)")
+    v.add_argument("--json", action="store_true", help="same as --format json")
     v.set_defaults(func=cmd_validate)
 
     m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs")

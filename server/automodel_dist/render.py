@@ -19,6 +19,31 @@ def finding_line(f: Finding, source: str | None) -> str:
     return text
 
 
+_GITHUB_LEVEL = {"error": "error", "warning": "warning"}
+
+
+def _gh_escape(text: str, *, prop: bool = False) -> str:
+    """GitHub workflow-command escaping (data: %, CR, LF; properties also ':' and ',')."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def validation_github(report: ValidationReport) -> str:
+    """Errors and warnings as GitHub Actions workflow commands (annotations on the file and line in a PR);
+    info findings (where the world size or model came from) are left out."""
+    out = []
+    for f in report.findings:
+        if f.severity == "info":
+            continue
+        props = [f"file={_gh_escape(report.source, prop=True)}"] if report.source else []
+        if f.line:
+            props.append(f"line={f.line}")
+        props.append(f"title={_gh_escape(f'{f.rule} ({f.path})', prop=True)}")
+        message = f.message + (f"\nfix: {f.fix}" if f.fix else "")
+        out.append(f"::{_GITHUB_LEVEL[f.severity]} {','.join(props)}::{_gh_escape(message)}")
+    return "\n".join(out)
+
+
 def resolved_line(report: ValidationReport) -> str:
     r = report.resolved
     if r.strategy is None:

@@ -94,6 +94,7 @@ class Rule:
     cause: str = ""
     fix: str = ""
     when: frozenset[str] = frozenset()  # facets (see ``facets``), one of which must hold to find anything
+    needs: frozenset[str] = frozenset()  # facets that must all hold to find anything (e.g. @model)
 
 
 RULES: dict[str, Rule] = {}
@@ -109,11 +110,13 @@ def rule(
     cause: str = "",
     fix: str = "",
     when: Iterable[str] = (),
+    needs: Iterable[str] = (),
 ) -> Callable[[Check], Check]:
     """Register a check under a stable id.
 
     ``when`` names the facets (see :func:`facets`) one of which must hold for the check to be able
-    to find anything; the check is skipped when none holds. It only saves time: every check still
+    to find anything, ``needs`` those that must all hold (``@model`` for a check of the model against
+    a block key); the check is skipped otherwise. It only saves time: every check still
     tests its own conditions, and the tests (``fuzzing.check_gates``) run the whole table ungated
     against the gated one on every rule's cases, the doc blocks, the blocks generated for the
     AutoModel comparison and the fuzz corpus.
@@ -122,7 +125,8 @@ def rule(
     def deco(fn: Check) -> Check:
         if rule_id in RULES:
             raise ValueError(f"duplicate rule id {rule_id}")
-        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix, frozenset(when))
+        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix, frozenset(when),
+                              frozenset(needs))
         return fn
 
     return deco
@@ -173,7 +177,8 @@ def facets(ctx: Context) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=1024)
 def _selected(present: frozenset[str], registered: int) -> tuple[Rule, ...]:
-    return tuple(r for r in RULES.values() if r.check is not None and (not r.when or not r.when.isdisjoint(present)))
+    return tuple(r for r in RULES.values() if r.check is not None and r.needs <= present
+                 and (not r.when or not r.when.isdisjoint(present)))
 
 
 def run_rules(ctx: Context, *, gated: bool = True) -> list[Finding]:

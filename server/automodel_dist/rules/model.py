@@ -131,7 +131,7 @@ def expert_shard_ok(m: ModelSpec, ep_shard: int) -> bool:
     return ep_shard <= 1 or (m.hidden_size % ep_shard == 0 and m.moe_intermediate_size % ep_shard == 0)
 
 
-@rule("ep-shard-uneven", when=("ep_size",), family=F, severity="error",
+@rule("ep-shard-uneven", when=("ep_size",), needs=("@model",), family=F, severity="error",
       title="ep_shard does not divide the expert weights' dim 1",
       patterns=(r"FSDP does not support uneven sharding on dim 1",),
       cause="With ep_size > 1 AutoModel FSDP-shards each MoE layer's grouped expert weights over the ep_shard ranks "
@@ -180,7 +180,7 @@ def ep_dense_model(ctx: Context) -> Iterator[Finding]:
                       "the model, after launch", "ep_size: 1")
 
 
-@rule("ep-no-experts", when=("ep_size",), family=F, severity="warning", title="ep_size > 1 on a model without experts",
+@rule("ep-no-experts", when=("ep_size",), needs=("@model",), family=F, severity="warning", title="ep_size > 1 on a model without experts",
       cause="AutoModel's Nemotron-H class carries its MoE mixin for dense configs too, so validate_for_mesh accepts "
             "ep_size > 1 on a dense Nemotron-H; the expert-parallel path then finds no experts to place: the ep "
             "split shards nothing and the job is plain data parallel.",
@@ -236,7 +236,7 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
                       _INSTEAD[what])
 
 
-@rule("model-sp-unsupported", when=("sequence_parallel",), family=F, severity="error",
+@rule("model-sp-unsupported", when=("sequence_parallel",), needs=("@model",), family=F, severity="error",
       title="sequence_parallel on a model class that refuses it",
       patterns=(r"Sequence parallelism is not supported for (\w+)",),
       cause="AutoModel 0.7.0's own Nemotron-H class (NemotronHForCausalLM, dense and MoE) brings its own FSDP2 "
@@ -255,7 +255,7 @@ def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
                   "(at any tp_size) when it parallelizes the model, after launch", "remove sequence_parallel")
 
 
-@rule("cp-mamba-heads", when=("cp_size",), family=F, severity="error",
+@rule("cp-mamba-heads", when=("cp_size",), needs=("@model",), family=F, severity="error",
       title="cp_size does not divide the Mamba heads or groups",
       patterns=(r"num_heads \((\d+)\) must be divisible by cp_size \((\d+)\)",
                 r"cp_size \((\d+)\) must be divisible by n_groups \((\d+)\)",

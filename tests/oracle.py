@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 AVAILABLE = importlib.util.find_spec("nemo_automodel") is not None
 
@@ -265,11 +266,25 @@ def _transformer_engine_stub() -> Iterator[None]:
                 sys.modules[n] = m
 
 
+@contextlib.contextmanager
+def _cuda_device_index() -> Iterator[None]:
+    """``torch.cuda.current_device()`` answers 0 on a machine without CUDA: AutoModel's GLM-4.5 class asks for it
+    to name the device of its rotary embedding, which only stores the device (nothing is allocated there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    with mock.patch.object(torch.cuda, "current_device", lambda: 0):
+        yield
+
+
 def build_and_parallelize(architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any],
-                          world_size: int) -> str | None:
+                          world_size: int, *, attn: str | None = None) -> str | None:
     """What ``NeMoAutoModelForCausalLM`` does with AutoModel's own class for ``architecture`` after its setup for
     ``block``, at rank 0 on the meta device: build it from ``config``, ``attach_capabilities_and_validate`` (its
-    ``validate_for_mesh``), then ``parallelize_model`` (with :func:`_transformer_engine_stub`). The first error
+    ``validate_for_mesh``), then ``parallelize_model`` (with :func:`_transformer_engine_stub`); ``attn``: the
+    recipe's ``model.backend.attn`` (else the class's default here, which is not TE without it). The first error
     text, or None."""
     import torch
     from nemo_automodel._transformers.capabilities import attach_capabilities_and_validate
@@ -281,8 +296,13 @@ def build_and_parallelize(architecture: str, model_type: str, config: dict[str, 
         warnings.simplefilter("ignore")
         try:
             setup = _setup(block, world_size)
-            with torch.device("meta"):
-                model = cls(_tiny_config(model_type, **config))
+            with torch.device("meta"), _cuda_device_index():
+                if attn is None:
+                    model = cls(_tiny_config(model_type, **config))
+                else:
+                    from nemo_automodel.components.models.common import BackendConfig
+
+                    model = cls(_tiny_config(model_type, **config), backend=BackendConfig(attn=attn))
             attach_capabilities_and_validate(model, setup.mesh_context)
             with _transformer_engine_stub():
                 parallelize_model(model, setup.mesh_context)

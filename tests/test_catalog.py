@@ -126,6 +126,50 @@ def test_nemotron_h_param_count_equals_the_hugging_face_model(name):
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
 
 
+_HF_MOE = {  # catalog name -> (transformers class, model_type) for the exact count below
+    "zai-org/GLM-4.5": ("Glm4MoeForCausalLM", "glm4_moe"),
+    "zai-org/GLM-4.5-Air": ("Glm4MoeForCausalLM", "glm4_moe"),
+    "moonshotai/Kimi-K2-Instruct": ("DeepseekV3ForCausalLM", "deepseek_v3"),
+    "deepseek-ai/DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
+    "Qwen/Qwen3-30B-A3B": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+}
+
+
+def _hf_config(spec, model_type: str) -> dict:
+    """The config.json keys of ``spec`` as its Hugging Face config names them."""
+    cfg = {"model_type": model_type, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+           "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
+           "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size, "head_dim": spec.hd,
+           "moe_intermediate_size": spec.moe_intermediate_size, "num_experts_per_tok": spec.experts_per_token,
+           "tie_word_embeddings": spec.tie_word_embeddings, "architectures": [spec.architecture]}
+    if model_type == "qwen3_moe":
+        return {**cfg, "num_experts": spec.num_experts, "norm_topk_prob": True}
+    cfg.update(n_routed_experts=spec.num_experts, first_k_dense_replace=spec.first_dense_layers,
+               n_shared_experts=spec.shared_expert_intermediate_size // spec.moe_intermediate_size)
+    if model_type == "glm4_moe":
+        return {**cfg, "attention_bias": spec.qkv_bias, "use_qk_norm": spec.qk_norm, "partial_rotary_factor": 0.5}
+    return {**cfg, "q_lora_rank": spec.q_lora_rank, "kv_lora_rank": spec.kv_lora_rank, "n_group": 1, "topk_group": 1,
+            "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
+            "v_head_dim": spec.v_head_dim}
+
+
+@pytest.mark.parametrize("name", sorted(_HF_MOE))
+def test_moe_param_count_equals_the_hugging_face_model(name):
+    """Exact: the transformers class built on the meta device from the catalog's values, and the same values
+    read back from that config.json give the same spec."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    spec = lookup(name)
+    cls, model_type = _HF_MOE[name]
+    cfg = _hf_config(spec, model_type)
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(config)
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count()
+    parsed = from_hf_config(cfg, name=spec.name)
+    assert parsed.param_count() == spec.param_count() and parsed.architecture == spec.architecture
+
+
 @pytest.mark.parametrize("bad", [
     {"hybrid_override_pattern": "MX*"},  # unknown layer code
     {"hybrid_override_pattern": "M*"},  # 2 layers for num_hidden_layers=3

@@ -424,6 +424,43 @@ def nemotron_h_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
     return config, block, tp * cp * pp * dp
 
 
+GLM4_MOE_TINY = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8, hidden_size=64, intermediate_size=96,
+                     num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1,
+                     attention_bias=True, partial_rotary_factor=0.5, n_group=1, topk_group=1)
+
+
+@st.composite
+def glm4_moe_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
+    config = {**GLM4_MOE_TINY, "n_routed_experts": draw(st.sampled_from([4, 6, 8])),
+              "use_qk_norm": draw(st.booleans()), "num_hidden_layers": draw(st.sampled_from([2, 3, 4]))}
+    tp, cp, pp = (draw(st.sampled_from(v)) for v in ([1, 1, 1, 2], [1, 1, 2], [1, 1, 2]))
+    block: dict = {"tp_size": tp, "cp_size": cp, "pp_size": pp}
+    if pp > 1:
+        block["pipeline"] = {}
+    ep = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    if ep > 1:
+        block["ep_size"] = ep
+    return config, block, tp * cp * pp * draw(st.sampled_from([1, 2, 3, 4]))
+
+
+@settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 4, deadline=None)
+@given(glm4_moe_case())
+def test_glm4_moe_matches_automodel(case: tuple[dict, dict, int]) -> None:
+    """GLM-4.5's class (the catalog's zai-org/GLM-4.5 and -Air): no TP plan, experts over EP and sharded over
+    ep_shard, layers over PP, CP only on TE attention (SDPA here: TE cannot be built on this machine, and the
+    table test above checks which backends CP accepts). AutoModel builds it, validates it against the mesh and
+    parallelizes it (meta device); we must give the same verdict, for a cause its error names."""
+    config, block, world = case
+    theirs = oracle.build_and_parallelize("Glm4MoeForCausalLM", "glm4_moe", config, block, world, attn="sdpa")
+    model = {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", **config}
+    recipe = {"model": {"backend": {"attn": "sdpa"}}, "distributed": block}
+    errors = {f.rule for f in validate_config(recipe, world_size=world, model=model, torch_version=TORCH).errors}
+    check_gates(copy.deepcopy(recipe), {"world_size": world, "model": model, "torch_version": TORCH})
+    assert (theirs is None) == (not errors), (theirs, errors)
+    if theirs:
+        assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
+
+
 @settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 4, deadline=None)
 @given(nemotron_h_case())
 def test_nemotron_h_matches_automodel(case: tuple[dict, dict, int]) -> None:

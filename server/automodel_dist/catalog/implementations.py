@@ -58,6 +58,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.architecture: i for i in (
     _custom("Qwen3MoeForCausalLM", "qwen3_moe", tp=False, pp=True, ep=True),
     _custom("DeepseekV3ForCausalLM", "deepseek_v3", tp=False, pp=True, ep=True),
     _custom("GptOssForCausalLM", "gpt_oss", tp=False, pp=True, ep=True),
+    _custom("Glm4MoeForCausalLM", "glm4_moe", tp=False, pp=True, ep=True),
     # No AutoModel Mixtral: the Hugging Face class has TP/PP plans but not the MoE mixin EP needs.
     _hf("MixtralForCausalLM", "mixtral", tp=True, pp=True, ep=False),
     # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its own FSDP2 parallelizer raises for

@@ -309,6 +309,26 @@ _CATALOG: list[ModelSpec] = [
               head_dim=192, published_params=671e9,
               architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
               aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
+    # Kimi K2 (Moonshot AI): the DeepSeek-V3 architecture (its config.json names DeepseekV3ForCausalLM) with 384
+    # experts, 64 heads and one leading dense layer
+    ModelSpec("moonshotai/Kimi-K2-Instruct", 7168, 61, 64, 64, 18432, 163840, num_experts=384, experts_per_token=8,
+              moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=1,
+              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+              head_dim=192, published_params=1.04e12,
+              architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/moonshotai/Kimi-K2-Instruct",
+              aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking")),
+    # GLM-4.5 (Z.ai): GQA with q/k/v biases, a shared expert, leading dense layers; the checkpoints' extra
+    # multi-token-prediction layer is not part of the model AutoModel trains
+    ModelSpec("zai-org/GLM-4.5", 5120, 92, 96, 8, 12288, 151552, head_dim=128, qkv_bias=True, qk_norm=True,
+              num_experts=160, experts_per_token=8, moe_intermediate_size=1536, shared_expert_intermediate_size=1536,
+              first_dense_layers=3, published_params=355e9,
+              architecture="Glm4MoeForCausalLM", source="https://huggingface.co/zai-org/GLM-4.5",
+              aliases=("zai-org/GLM-4.5-Base", "THUDM/GLM-4.5")),
+    ModelSpec("zai-org/GLM-4.5-Air", 4096, 46, 96, 8, 10944, 151552, head_dim=128, qkv_bias=True,
+              num_experts=128, experts_per_token=8, moe_intermediate_size=1408, shared_expert_intermediate_size=1408,
+              first_dense_layers=1, published_params=106e9,
+              architecture="Glm4MoeForCausalLM", source="https://huggingface.co/zai-org/GLM-4.5-Air",
+              aliases=("zai-org/GLM-4.5-Air-Base", "THUDM/GLM-4.5-Air")),
     # gpt-oss (OpenAI)
     ModelSpec("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
               num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
@@ -439,7 +459,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))),
         o_bias=mtype == "gpt_oss",
-        qk_norm=mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+        qk_norm=bool(cfg.get("use_qk_norm")) or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 2,
         num_experts=experts,
         experts_per_token=_int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0,

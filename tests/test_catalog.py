@@ -126,6 +126,29 @@ def test_nemotron_h_param_count_equals_the_hugging_face_model(name):
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
 
 
+_HF_DENSE = {"meta-llama/Llama-3.1-8B": ("LlamaForCausalLM", "llama"), "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", "qwen3"),
+             "mistralai/Mistral-7B-v0.3": ("MistralForCausalLM", "mistral"),
+             "mistralai/Mistral-Nemo-Base-2407": ("MistralForCausalLM", "mistral"),
+             "mistralai/Mistral-Small-24B-Base-2501": ("MistralForCausalLM", "mistral")}
+
+
+@pytest.mark.parametrize("name", sorted(_HF_DENSE))
+def test_dense_param_count_equals_the_hugging_face_model(name):
+    """Exact, as for the MoE entries below (dense families whose counts are not just published totals)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    spec = lookup(name)
+    cls, model_type = _HF_DENSE[name]
+    cfg = {"model_type": model_type, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+           "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
+           "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size, "head_dim": spec.hd,
+           "tie_word_embeddings": spec.tie_word_embeddings}
+    with torch.device("meta"):
+        model = getattr(transformers, cls)(transformers.AutoConfig.for_model(**cfg))
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count()
+    assert from_hf_config({**cfg, "architectures": [cls]}).param_count() == spec.param_count()
+
+
 _HF_MOE = {  # catalog name -> (transformers class, model_type) for the exact count below
     "zai-org/GLM-4.5": ("Glm4MoeForCausalLM", "glm4_moe"),
     "zai-org/GLM-4.5-Air": ("Glm4MoeForCausalLM", "glm4_moe"),

@@ -352,7 +352,7 @@ def test_megatron_fsdp_zero_dp_strategy_log_matches_automodel(zero: int) -> None
 @st.composite
 def tp_on_a_model(draw: st.DrawFn) -> tuple[str, str, dict, dict, int]:
     arch, model_type = draw(st.sampled_from([("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"),
-                                             ("Gemma2ForCausalLM", "gemma2")]))
+                                             ("Gemma2ForCausalLM", "gemma2"), ("MistralForCausalLM", "mistral")]))
     heads = draw(st.sampled_from([2, 4, 6, 8, 12, 16]))
     kv = draw(st.sampled_from([d for d in (1, 2, 3, 4, 6, 8, 16) if heads % d == 0]))
     tp = draw(st.sampled_from([1, 2, 3, 4, 8]))

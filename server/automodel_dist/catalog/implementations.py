@@ -67,6 +67,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {i.architecture: i for i in (
     Implementation("NemotronHForCausalLM", "nemo_automodel.components.models.nemotron_v3.model", tp=False, pp=True,
                    ep=True, cp_attn=frozenset({"te", "sdpa"}), sequence_parallel=False, mamba_cp=True,
                    own_fsdp2=True),
+    _hf("MistralForCausalLM", "mistral", tp=True, pp=True, ep=False),  # no AutoModel class: the transformers one
     _hf("Gemma2ForCausalLM", "gemma2", tp=True, pp=True, ep=False),
     _hf("Gemma3ForCausalLM", "gemma3", tp=True, pp=True, ep=False),
 )}

@@ -309,6 +309,18 @@ _CATALOG: list[ModelSpec] = [
               head_dim=192, published_params=671e9,
               architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
               aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
+    # Mistral (dense; AutoModel 0.7.0 builds the transformers MistralForCausalLM)
+    ModelSpec("mistralai/Mistral-7B-v0.3", 4096, 32, 32, 8, 14336, 32768, published_params=7.25e9,
+              architecture="MistralForCausalLM", source="https://huggingface.co/mistralai/Mistral-7B-v0.3",
+              aliases=("mistralai/Mistral-7B-Instruct-v0.3",)),
+    ModelSpec("mistralai/Mistral-Nemo-Base-2407", 5120, 40, 32, 8, 14336, 131072, head_dim=128,
+              published_params=12.2e9, architecture="MistralForCausalLM",
+              source="https://huggingface.co/mistralai/Mistral-Nemo-Base-2407",
+              aliases=("mistralai/Mistral-Nemo-Instruct-2407",)),
+    ModelSpec("mistralai/Mistral-Small-24B-Base-2501", 5120, 40, 32, 8, 32768, 131072, head_dim=128,
+              published_params=23.6e9, architecture="MistralForCausalLM",
+              source="https://huggingface.co/mistralai/Mistral-Small-24B-Base-2501",
+              aliases=("mistralai/Mistral-Small-24B-Instruct-2501",)),
     # Kimi K2 (Moonshot AI): the DeepSeek-V3 architecture (its config.json names DeepseekV3ForCausalLM) with 384
     # experts, 64 heads and one leading dense layer
     ModelSpec("moonshotai/Kimi-K2-Instruct", 7168, 61, 64, 64, 18432, 163840, num_experts=384, experts_per_token=8,

@@ -12,7 +12,7 @@ from automodel_dist.config.simple_yaml import read_simple
 
 _KEYS = ["distributed", "tp_size", "pipeline", "pp_schedule", "_target_", "a-b", "on", "yes", "null", "No", "y",
          "x_", "True", "key"]
-_VALUES = ["2", "2.0", "0", "017", "09", "0x1F", "1_000", "1e3", "1.5e+3", ".inf", "-.NaN", ".", "...", "~", "null",
+_VALUES = ["1e-5", "1.0e-5", "1.5e+3", "-1e-3", "meta-llama/Llama-3.2-1B", "a+b", "x-", "1-2", "2", "2.0", "0", "017", "09", "0x1F", "1_000", "1e3", "1.5e+3", ".inf", "-.NaN", ".", "...", "~", "null",
            "Null", "none", "None", "yes", "off", "True", "fsdp2", "megatron-fsdp", "interleaved1f1b", "-1", "+2",
            "-x", "+.5", "2024-01-01", "1:30", "a.b/c", "_x", "~x", '"2"', '"a b # c"', "'x'", "'it''s'", '"\\t"',
            "{}", "[]", "{a: 1}", "[1, 2]", "a b", "$VAR", "${VAR,2}", "x#y", "&a 1", "*a", "!!str 2", "|", ">",
@@ -83,7 +83,7 @@ def _block_texts(draw) -> str:
     return "\n".join(out) + "\n"
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(st.one_of(_texts(), _block_texts()))
 @example("distributed:\n  tp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n  cp_size:\nmodel:\n  x: 1\n")
 @example("a:\nb:\n")

@@ -23,7 +23,7 @@ _LINE = re.compile(
     r"(?:#.*"  # a comment line
     r"|([A-Za-z_][A-Za-z0-9_\-]*):"  # key:
     r"(?: +(?:"
-    r"([A-Za-z0-9_./~]+|[-+][0-9.][A-Za-z0-9_./]*)"  # a plain word or a signed number
+    r"([A-Za-z0-9_./~][A-Za-z0-9_./~+-]*|[-+][0-9.][A-Za-z0-9_./+-]*)"  # a plain word (1e-5, org/model-1B) or a signed number
     r'|"([^"\\]*)"'  # a double-quoted string without escapes
     r"|'([^']*)'"  # a single-quoted string
     r"|(\{\}|\[\])"  # an empty flow mapping or sequence

@@ -12,10 +12,11 @@ from automodel_dist.config.simple_yaml import read_simple
 
 _KEYS = ["distributed", "tp_size", "pipeline", "pp_schedule", "_target_", "a-b", "on", "yes", "null", "No", "y",
          "x_", "True", "key"]
-_VALUES = ["1e-5", "1.0e-5", "1.5e+3", "-1e-3", "meta-llama/Llama-3.2-1B", "a+b", "x-", "1-2", "2", "2.0", "0", "017", "09", "0x1F", "1_000", "1e3", "1.5e+3", ".inf", "-.NaN", ".", "...", "~", "null",
+_VALUES = ["[0.9, 0.999]", "[1,2]", "[ a , b ]", "[a b]", "[1, 2,]", "[on, off, ~]", "[-1, +2, 1e-5]", "[x*y]", "[ ]",
+           "[2024-01-01]", "[[1]]", "a/*.txt", "x*", "1e-5", "1.0e-5", "1.5e+3", "-1e-3", "meta-llama/Llama-3.2-1B", "a+b", "x-", "1-2", "2", "2.0", "0", "017", "09", "0x1F", "1_000", "1e3", "1.5e+3", ".inf", "-.NaN", ".", "...", "~", "null",
            "Null", "none", "None", "yes", "off", "True", "fsdp2", "megatron-fsdp", "interleaved1f1b", "-1", "+2",
            "-x", "+.5", "2024-01-01", "1:30", "a.b/c", "_x", "~x", '"2"', '"a b # c"', "'x'", "'it''s'", '"\\t"',
-           "{}", "[]", "{a: 1}", "[1, 2]", "a b", "$VAR", "${VAR,2}", "x#y", "&a 1", "*a", "!!str 2", "|", ">",
+           "{}", "[]", "{a: 1}", "a b", "$VAR", "${VAR,2}", "x#y", "&a 1", "*a", "!!str 2", "|", ">",
            "- 1", "-", "a: b", ""]
 _COMMENTS = ["", " # note", "  #", "# no space"]
 
@@ -108,10 +109,12 @@ def test_the_usual_configs_are_read_directly():
         "distributed:  # the block\n  tp_size: 2\n  pipeline: {}\n\n  moe:\n    reshard_after_forward: false\n",
         "# recipe\nstep_scheduler:\n  local_batch_size: 8\ndistributed:\n  pp_size: 4\n  pipeline:\n"
         "    pp_schedule: 'interleaved1f1b'\n    dtype: \"bfloat16\"\n  cp_size: ~\n",
+        "model:\n  pretrained_model_name_or_path: meta-llama/Llama-3.2-1B\noptimizer:\n  betas: [0.9, 0.999]\n"
+        "  lr: 1.0e-5\n  paths: /data/shard_*.bin\n",
     ]
     for text in accepted:
         assert read_simple(text) is not None, text
     declined = ["a:\n  - 1\n", "a: &x 1\nb: *x\n", "a: 1\na: 2\n", "on: 1\n", "a: |\n  x\n", "---\na: 1\n",
-                "a: 2024-01-01\n", "a: [1]\n", "a:\tb\n", "a: é\n", "  a: 1\n", "", "# only\n", "a: 1:30\n"]
+                "a: 2024-01-01\n", "a: [x y]\n", "a: [1, [2]]\n", "a:\tb\n", "a: é\n", "  a: 1\n", "", "# only\n", "a: 1:30\n"]
     for text in declined:
         assert read_simple(text) is None, text

@@ -3,7 +3,8 @@
 Most configs are nested ``key: value`` mappings of plain words and numbers. For those, building
 PyYAML's node tree costs more than every check together, so :func:`read_simple` reads them line by
 line. It accepts only text whose meaning is beyond doubt and returns ``None`` for anything else
-(sequences, anchors, tags, multi-line or escaped scalars, flow collections other than ``{}``/``[]``,
+(block sequences, anchors, tags, multi-line or escaped scalars, flow mappings other than ``{}``, flow
+sequences of anything but plain words,
 document markers, tabs, non-ASCII, duplicate keys, odd indentation, keys that are not strings,
 timestamps, ...), which the full loader then reads and reports on. Tags are resolved and scalars
 built by the same functions the full loader uses (:mod:`.scalars`), so an accepted text yields
@@ -18,22 +19,24 @@ from typing import Any
 
 from .scalars import STR, scalar_tag, scalar_value
 
+_WORD = r"[A-Za-z0-9_./~][A-Za-z0-9_./~+*-]*|[-+][0-9.][A-Za-z0-9_./+*-]*"  # a plain word (1e-5, org/Model-1B, a/*.txt)
 _LINE = re.compile(
-    r"( *)"  # indentation
+    r"(?P<indent> *)"
     r"(?:#.*"  # a comment line
-    r"|([A-Za-z_][A-Za-z0-9_\-]*):"  # key:
+    r"|(?P<key>[A-Za-z_][A-Za-z0-9_\-]*):"
     r"(?: +(?:"
-    r"([A-Za-z0-9_./~][A-Za-z0-9_./~+-]*|[-+][0-9.][A-Za-z0-9_./+-]*)"  # a plain word (1e-5, org/model-1B) or a signed number
-    r'|"([^"\\]*)"'  # a double-quoted string without escapes
-    r"|'([^']*)'"  # a single-quoted string
-    r"|(\{\}|\[\])"  # an empty flow mapping or sequence
+    rf"(?P<plain>{_WORD})"  # a plain word or a signed number
+    r'|"(?P<double>[^"\\]*)"'  # a double-quoted string without escapes
+    r"|'(?P<single>[^']*)'"  # a single-quoted string
+    r"|(?P<map>\{\})"  # an empty flow mapping
+    rf"|(?P<seq>\[ *(?P<items>(?:{_WORD})(?: *, *(?:{_WORD}))*)? *\])"  # a flow sequence of words ([0.9, 0.999], [])
     r"))?"
     r"(?: +#.*)?)? *"
 )
 MAX_DEPTH = 32  # deeper nesting goes to the full loader (which bounds it and reports)
 MAX_LINE = 200  # longer lines are read but not memoized
 
-_OPEN, _VALUE, _EMPTY_MAP, _EMPTY_SEQ = range(4)
+_OPEN, _VALUE, _EMPTY_MAP, _SEQ = range(4)
 _SKIP = (0, None, _OPEN, None)  # a blank or comment line
 Line = tuple[int, Any, int, Any]  # (indent, key or None, kind, value)
 
@@ -47,29 +50,36 @@ def _parse(line: str) -> Line | None:
     m = _LINE.fullmatch(line)
     if m is None:
         return None
-    key = m.group(2)
+    key = m.group("key")
     if key is None:
         return _SKIP
     if scalar_tag(key) != STR:
         return None  # keys such as on, yes, null are not strings in YAML 1.1
-    indent = len(m.group(1))
-    plain, double, single, flow = m.group(3, 4, 5, 6)
-    if plain is not None:
-        try:
-            return indent, key, _VALUE, scalar_value(scalar_tag(plain), plain)
-        except ValueError:
-            return None
-    if double is not None or single is not None:
-        return indent, key, _VALUE, double if double is not None else single
-    if flow is not None:
-        return indent, key, _EMPTY_MAP if flow == "{}" else _EMPTY_SEQ, None
+    indent = len(m.group("indent"))
+    plain, double, single, items = m.group("plain", "double", "single", "items")
+    try:
+        if plain is not None:
+            return indent, key, _VALUE, _scalar(plain)
+        if double is not None or single is not None:
+            return indent, key, _VALUE, double if double is not None else single
+        if m.group("map") is not None:
+            return indent, key, _EMPTY_MAP, None
+        if m.group("seq") is not None:  # kept as a tuple (the parse is memoized), listed per document
+            return indent, key, _SEQ, tuple(_scalar(w.strip()) for w in items.split(",")) if items else ()
+    except ValueError:
+        return None
     return indent, key, _OPEN, None
+
+
+def _scalar(word: str) -> Any:
+    """PyYAML's value of an unquoted word (``ValueError`` for the types left to the full loader)."""
+    return scalar_value(scalar_tag(word), word)
 
 
 _parse_memo = functools.lru_cache(maxsize=4096)(_parse)  # lines such as "  tp_size: 2" recur; values are immutable
 
 
-def read_simple(text: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]] | None:
+def read_simple(text: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]] | None:
     """``(data, line of every key)`` for a plain block mapping, else ``None`` (the full loader reads it)."""
     if not (text.isascii() and text.replace("\n", "").isprintable()):
         return None  # tabs, carriage returns, control characters, non-ASCII: the full loader decides
@@ -79,9 +89,9 @@ def read_simple(text: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]] 
         return None
 
 
-def _read(text: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]] | None:
+def _read(text: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]] | None:
     root: dict[str, Any] = {}
-    lines: dict[tuple[str, ...], int] = {}
+    lines: dict[tuple[Any, ...], int] = {}
     stack: list[tuple[int, dict[str, Any], tuple[str, ...]]] = []  # (indent, mapping, path) of open mappings
     pending: tuple[dict[str, Any], str, tuple[str, ...]] | None = None  # a `key:` whose value is not yet known
     for number, line in enumerate(text.split("\n"), 1):
@@ -121,8 +131,10 @@ def _read(text: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]] | None
             mapping[key] = value
         elif kind == _EMPTY_MAP:
             mapping[key] = {}
-        elif kind == _EMPTY_SEQ:
-            mapping[key] = []
+        elif kind == _SEQ:
+            mapping[key] = list(value)
+            for i in range(len(value)):  # items have lines too (all on the key's line)
+                lines[sub + (i,)] = number
         else:
             mapping[key] = None
             pending = (mapping, key, sub)

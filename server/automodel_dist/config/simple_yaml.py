@@ -1,10 +1,10 @@
 """The plain block-mapping subset of YAML, read directly (no node tree) for speed.
 
-Most configs are nested ``key: value`` mappings of plain words and numbers. For those, building
-PyYAML's node tree costs more than every check together, so :func:`read_simple` reads them line by
-line. It accepts only text whose meaning is beyond doubt and returns ``None`` for anything else
-(block sequences, anchors, tags, multi-line or escaped scalars, flow mappings other than ``{}``, flow
-sequences of anything but plain words,
+Most configs are nested ``key: value`` mappings of plain words, numbers, quoted strings and short
+lists such as ``[0.9, 0.999]``. For those, building PyYAML's node tree costs more than every check
+together, so :func:`read_simple` reads them line by line. It accepts only text whose meaning is
+beyond doubt and returns ``None`` for anything else (block sequences, anchors, tags, multi-line or
+escaped scalars, flow mappings other than ``{}``, flow sequences of anything but plain words,
 document markers, tabs, non-ASCII, duplicate keys, odd indentation, keys that are not strings,
 timestamps, ...), which the full loader then reads and reports on. Tags are resolved and scalars
 built by the same functions the full loader uses (:mod:`.scalars`), so an accepted text yields

@@ -242,6 +242,16 @@ def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, t
                      source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
 
 
+def _deepseek_v3(name: str, *, heads: int, vocab: int, experts: int, dense_layers: int, published: float,
+                 aliases: tuple[str, ...] = ()) -> ModelSpec:
+    """The DeepSeek-V3 architecture (MLA, 61 layers of width 7168, 8 of ``experts`` routed plus one shared)."""
+    return ModelSpec(name, 7168, 61, heads, heads, 18432, vocab, num_experts=experts, experts_per_token=8,
+                     moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=dense_layers,
+                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                     head_dim=192, published_params=published, architecture="DeepseekV3ForCausalLM",
+                     source=f"https://huggingface.co/{name}", aliases=aliases)
+
+
 _LAYER_CODES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H hybrid_override_pattern
 
 
@@ -303,12 +313,8 @@ _CATALOG: list[ModelSpec] = [
               architecture="MixtralForCausalLM", source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
               aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",)),
     # DeepSeek-V3 (671B main model; the HF checkpoint adds a 14B multi-token-prediction module)
-    ModelSpec("deepseek-ai/DeepSeek-V3", 7168, 61, 128, 128, 18432, 129280, num_experts=256, experts_per_token=8,
-              moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=3,
-              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-              head_dim=192, published_params=671e9,
-              architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/deepseek-ai/DeepSeek-V3",
-              aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
+    _deepseek_v3("deepseek-ai/DeepSeek-V3", heads=128, vocab=129280, experts=256, dense_layers=3, published=671e9,
+                 aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
     # Mistral (dense; AutoModel 0.7.0 builds the transformers MistralForCausalLM)
     ModelSpec("mistralai/Mistral-7B-v0.3", 4096, 32, 32, 8, 14336, 32768, published_params=7.25e9,
               architecture="MistralForCausalLM", source="https://huggingface.co/mistralai/Mistral-7B-v0.3",
@@ -323,12 +329,8 @@ _CATALOG: list[ModelSpec] = [
               aliases=("mistralai/Mistral-Small-24B-Instruct-2501",)),
     # Kimi K2 (Moonshot AI): the DeepSeek-V3 architecture (its config.json names DeepseekV3ForCausalLM) with 384
     # experts, 64 heads and one leading dense layer
-    ModelSpec("moonshotai/Kimi-K2-Instruct", 7168, 61, 64, 64, 18432, 163840, num_experts=384, experts_per_token=8,
-              moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=1,
-              q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-              head_dim=192, published_params=1.04e12,
-              architecture="DeepseekV3ForCausalLM", source="https://huggingface.co/moonshotai/Kimi-K2-Instruct",
-              aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking")),
+    _deepseek_v3("moonshotai/Kimi-K2-Instruct", heads=64, vocab=163840, experts=384, dense_layers=1, published=1.04e12,
+                 aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking")),
     # GLM-4.5 (Z.ai): GQA with q/k/v biases, a shared expert, leading dense layers; the checkpoints' extra
     # multi-token-prediction layer is not part of the model AutoModel trains
     ModelSpec("zai-org/GLM-4.5", 5120, 92, 96, 8, 12288, 151552, head_dim=128, qkv_bias=True, qk_norm=True,

@@ -126,30 +126,7 @@ def test_nemotron_h_param_count_equals_the_hugging_face_model(name):
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
 
 
-_HF_DENSE = {"meta-llama/Llama-3.1-8B": ("LlamaForCausalLM", "llama"), "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", "qwen3"),
-             "mistralai/Mistral-7B-v0.3": ("MistralForCausalLM", "mistral"),
-             "mistralai/Mistral-Nemo-Base-2407": ("MistralForCausalLM", "mistral"),
-             "mistralai/Mistral-Small-24B-Base-2501": ("MistralForCausalLM", "mistral")}
-
-
-@pytest.mark.parametrize("name", sorted(_HF_DENSE))
-def test_dense_param_count_equals_the_hugging_face_model(name):
-    """Exact, as for the MoE entries below (dense families whose counts are not just published totals)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    spec = lookup(name)
-    cls, model_type = _HF_DENSE[name]
-    cfg = {"model_type": model_type, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
-           "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
-           "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size, "head_dim": spec.hd,
-           "tie_word_embeddings": spec.tie_word_embeddings}
-    with torch.device("meta"):
-        model = getattr(transformers, cls)(transformers.AutoConfig.for_model(**cfg))
-    assert sum(p.numel() for p in model.parameters()) == spec.param_count()
-    assert from_hf_config({**cfg, "architectures": [cls]}).param_count() == spec.param_count()
-
-
-_HF_MOE = {  # catalog name -> (transformers class, model_type) for the exact count below
+_HF_MOE = {  # catalog name -> (transformers class, model_type) for the exact counts below
     "zai-org/GLM-4.5": ("Glm4MoeForCausalLM", "glm4_moe"),
     "zai-org/GLM-4.5-Air": ("Glm4MoeForCausalLM", "glm4_moe"),
     "moonshotai/Kimi-K2-Instruct": ("DeepseekV3ForCausalLM", "deepseek_v3"),
@@ -163,8 +140,10 @@ def _hf_config(spec, model_type: str) -> dict:
     cfg = {"model_type": model_type, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
            "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
            "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size, "head_dim": spec.hd,
-           "moe_intermediate_size": spec.moe_intermediate_size, "num_experts_per_tok": spec.experts_per_token,
            "tie_word_embeddings": spec.tie_word_embeddings, "architectures": [spec.architecture]}
+    if not spec.is_moe:
+        return cfg
+    cfg.update(moe_intermediate_size=spec.moe_intermediate_size, num_experts_per_tok=spec.experts_per_token)
     if model_type == "qwen3_moe":
         return {**cfg, "num_experts": spec.num_experts, "norm_topk_prob": True}
     cfg.update(n_routed_experts=spec.num_experts, first_k_dense_replace=spec.first_dense_layers,
@@ -176,14 +155,21 @@ def _hf_config(spec, model_type: str) -> dict:
             "v_head_dim": spec.v_head_dim}
 
 
-@pytest.mark.parametrize("name", sorted(_HF_MOE))
-def test_moe_param_count_equals_the_hugging_face_model(name):
+_HF_DENSE = {"meta-llama/Llama-3.1-8B": ("LlamaForCausalLM", "llama"), "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", "qwen3"),
+             "mistralai/Mistral-7B-v0.3": ("MistralForCausalLM", "mistral"),
+             "mistralai/Mistral-Nemo-Base-2407": ("MistralForCausalLM", "mistral"),
+             "mistralai/Mistral-Small-24B-Base-2501": ("MistralForCausalLM", "mistral")}
+
+
+@pytest.mark.parametrize("name", sorted(_HF_DENSE) + sorted(_HF_MOE))
+def test_param_count_equals_the_hugging_face_model(name):
     """Exact: the transformers class built on the meta device from the catalog's values, and the same values
-    read back from that config.json give the same spec."""
+    read back from that config.json give the same spec (dense families and MoE entries, whose counts are not
+    just published totals)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     spec = lookup(name)
-    cls, model_type = _HF_MOE[name]
+    cls, model_type = {**_HF_DENSE, **_HF_MOE}[name]
     cfg = _hf_config(spec, model_type)
     config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     with torch.device("meta"):

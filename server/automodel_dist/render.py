@@ -19,9 +19,6 @@ def finding_line(f: Finding, source: str | None) -> str:
     return text
 
 
-_GITHUB_LEVEL = {"error": "error", "warning": "warning"}
-
-
 def _gh_escape(text: str, *, prop: bool = False) -> str:
     """GitHub workflow-command escaping (data: %, CR, LF; properties also ':' and ',')."""
     text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -40,7 +37,7 @@ def validation_github(report: ValidationReport) -> str:
             props.append(f"line={f.line}")
         props.append(f"title={_gh_escape(f'{f.rule} ({f.path})', prop=True)}")
         message = f.message + (f"\nfix: {f.fix}" if f.fix else "")
-        out.append(f"::{_GITHUB_LEVEL[f.severity]} {','.join(props)}::{_gh_escape(message)}")
+        out.append(f"::{f.severity} {','.join(props)}::{_gh_escape(message)}")  # ::error / ::warning
     return "\n".join(out)
 
 

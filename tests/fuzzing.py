@@ -226,7 +226,21 @@ def contexts(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         kw["torch_version"] = draw(st.one_of(st.sampled_from(["2.13.0+cpu", "2.14.1", "2.15.0+cu132", "3.0"]),
                                              st.text(max_size=12)))
+    if draw(st.integers(0, 3)) == 0:
+        kw["overrides"] = draw(st.lists(st.one_of(st.sampled_from(OVERRIDES), st.builds(
+            "{}={}".format, st.text(alphabet="distrbuteo._pz", max_size=24), st.text(max_size=12))), max_size=4))
     return kw
+
+
+OVERRIDES = [  # launch-command overrides: usual, odd and malformed
+    "distributed.tp_size=2", "distributed.tp_size='4'", "distributed.pp_size=2", "distributed.cp_size=none",
+    "distributed.ep_size=8", "distributed.strategy=ddp", "distributed.strategy=megatron_fsdp", "distributed=None",
+    "distributed={'tp_size': 2}", "distributed.pipeline={}", "distributed.pipeline.pp_schedule=interleaved1f1b",
+    "distributed.pipeline=[1, 2]", "distributed.sequence_parallel=True", "distributed.dp_replicate_size=2",
+    "step_scheduler.local_batch_size=3", "step_scheduler=None", "model._target_=os.system", "distributed.tp_size",
+    "=", "distributed..tp_size=2", "a.b.c.d=[1, [2, {'x': None}]]", "distributed.tp_size=${TP,2}", "ci.nodes=0",
+    "distributed.tp_size=" + "9" * 5000,
+]
 
 
 def inputs() -> st.SearchStrategy[tuple[str, Any, dict[str, Any]]]:
@@ -306,7 +320,7 @@ def check_gates(config: Any, kwargs: dict[str, Any]) -> None:
     from automodel_dist.rules import run_rules
 
     ctx = _context(config, kwargs.get("world_size"), kwargs.get("nodes"), kwargs.get("gpus_per_node"),
-                   kwargs.get("model"), kwargs.get("torch_version"))[0]
+                   kwargs.get("model"), kwargs.get("torch_version"), kwargs.get("overrides"))[0]
     if ctx is not None:
         gated, whole = run_rules(ctx), run_rules(ctx, gated=False)
         assert gated == whole, ([f.rule for f in whole if f not in gated], config, kwargs)
@@ -327,13 +341,14 @@ def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None
         return
     gpn = ctx.get("gpus_per_node")
     # build_mesh sees only world_size and gpus_per_node: it builds iff validation with those alone passes
-    plain = report if set(ctx) <= {"world_size", "gpus_per_node"} else validate_config(
-        config, world_size=world, gpus_per_node=gpn)
+    over = ctx.get("overrides")
+    plain = report if set(ctx) <= {"world_size", "gpus_per_node", "overrides"} else validate_config(
+        config, world_size=world, gpus_per_node=gpn, overrides=over)
     check_report(plain)
     assert report.valid <= plain.valid  # the model and cluster only ever add findings
     if plain.valid:
         mesh = _timed(tally, "build_mesh", build_mesh, config, world_size=world, ranks=[0, world - 1],
-                      gpus_per_node=gpn)
+                      gpus_per_node=gpn, overrides=over)
         assert isinstance(mesh, MeshReport)
         if mesh.device_mesh is not None:
             assert math.prod(mesh.device_mesh.shape) == mesh.mesh_ranks <= world
@@ -345,7 +360,7 @@ def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None
             assert est.memory_gib.total > 0
     else:
         try:
-            _timed(tally, "build_mesh", build_mesh, config, world_size=world, gpus_per_node=gpn)
+            _timed(tally, "build_mesh", build_mesh, config, world_size=world, gpus_per_node=gpn, overrides=over)
         except ConfigError as exc:
             check_report(exc.report)
         else:

@@ -13,7 +13,7 @@ import copy
 import importlib.util
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -47,8 +47,10 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) -> OracleResult:
-    """AutoModel's verdict and meshes for ``{"distributed": block}`` at ``world_size``."""
+def run(block: dict[str, Any] | None, world_size: int, ranks: list[int] | None = None, *,
+        make_cfg: Callable[[], Any] | None = None) -> OracleResult:
+    """AutoModel's verdict and meshes for ``{"distributed": block}`` at ``world_size`` (or for the
+    ``ConfigNode`` that ``make_cfg`` builds afresh for each rank)."""
     import torch.distributed as dist
     from nemo_automodel.components.config.loader import ConfigNode
     from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
@@ -68,7 +70,7 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    cfg = ConfigNode({"distributed": copy.deepcopy(block)})
+                    cfg = make_cfg() if make_cfg else ConfigNode({"distributed": copy.deepcopy(block)})
                     setup = create_distributed_setup_from_config(cfg, world_size=world_size)
                 mc = setup.mesh_context
                 groups: dict[str, list[int]] = {}
@@ -99,6 +101,14 @@ def run(block: dict[str, Any], world_size: int, ranks: list[int] | None = None) 
         logger.propagate = propagate
     result.warnings = capture.messages
     return result
+
+
+def load_with_overrides(path: str, argv: list[str]) -> Any:
+    """AutoModel's recipe entry point: the YAML at ``path`` with the launch command's overrides applied."""
+    from nemo_automodel.components.config._arg_parser import parse_args_and_load_config
+
+    with contextlib.redirect_stdout(None):  # it prints the config path
+        return parse_args_and_load_config(path, argv=argv)
 
 
 @contextlib.contextmanager

@@ -631,6 +631,22 @@ CASES = [
     ),
     pytest.param(
         'distributed:\n  tp_size: 2\n',
+        {'world_size': 8, 'overrides': ['distributed.tp_size=4']},
+        'override-applied', 'info', 'distributed.tp_size', 2, True,
+        'distributed.tp_size = 4 from the command line (the file has 2)',
+        None,
+        id='override-applied',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
+        {'world_size': 8, 'overrides': ['distributed.tp_size 4']},
+        'override-invalid', 'error', '<overrides>', None, False,
+        "override 'distributed.tp_size 4' has no '=' (AutoModel fails splitting it: 'not enough values to unpack')",
+        'write dotted.key=value, e.g. distributed.tp_size=4',
+        id='override-invalid',
+    ),
+    pytest.param(
+        'distributed:\n  tp_size: 2\n',
         {'world_size': 0},
         'world-size-invalid', 'error', '<root>', None, False,
         'world_size must be a positive integer <= 16,777,216, got 0',

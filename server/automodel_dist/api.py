@@ -10,6 +10,7 @@ from typing import Any, Union
 from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
 from .config import schema
 from .config.load import Document, clip, from_mapping, load_path, load_text
+from .config.overrides import apply_overrides
 from .config.values import (
     STRATEGY_ALIASES,
     TOP_LEVEL_KEYS,
@@ -35,6 +36,7 @@ from .rules.base import effective_sizes
 
 ConfigInput = Union[str, Path, Mapping[str, Any]]
 ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
+Overrides = Union[Sequence[str], None]  # AutoModel's command-line overrides, "dotted.key=value"
 
 MAX_WORLD_SIZE = 1 << 24  # 16.7M ranks: far beyond any cluster, small enough for exact arithmetic
 MAX_GPUS_PER_NODE = 1024  # NVL72 racks have 72, NVL576 576: a "node" is at most one NVLink domain
@@ -75,6 +77,15 @@ class _Split:
     recipe: dict[str, Any] | None
 
 
+def _is_bare_block(data: dict[Any, Any]) -> bool:
+    """A bare ``distributed:`` block, not a recipe (one with a distributed: key, or with recipe sections and
+    no block keys)."""
+    if "distributed" in data:
+        return False
+    keys = {k for k in data if isinstance(k, str)}
+    return not (keys & _RECIPE_SECTIONS and not keys & _BLOCK_KEYS)
+
+
 def _split(doc: Document) -> _Split:
     """Find the distributed block: a recipe's ``distributed:`` or a bare block."""
     data = doc.data
@@ -95,8 +106,7 @@ def _split(doc: Document) -> _Split:
                                          fix="write `distributed: {}` for the defaults, or give its keys"))
             return _Split(None, ("distributed",), data)
         return _Split(block, ("distributed",), data)
-    keys = {k for k in data if isinstance(k, str)}
-    if keys & _RECIPE_SECTIONS and not keys & _BLOCK_KEYS:
+    if not _is_bare_block(data):
         doc.findings.append(_finding("no-distributed-section", "the recipe has no distributed: section; AutoModel's "
                                      "defaults apply (strategy fsdp2, dp = world size)", severity="info"))
         return _Split({}, ("distributed",), data)
@@ -168,8 +178,11 @@ def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
 
 
 def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
-             torch_version: Any = None) -> tuple[Context | None, Document, list[Finding], str | None]:
+             torch_version: Any = None, overrides: Overrides = None
+             ) -> tuple[Context | None, Document, list[Finding], str | None]:
     doc = load_config(config)
+    if overrides is not None and isinstance(doc.data, dict):
+        apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
     findings: list[Finding] = []
     split = _split(doc)
     world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
@@ -239,19 +252,21 @@ def _resolved(ctx: Context | None) -> Resolved:
 
 def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
                     gpus_per_node: int | None = None, model: ModelInput = None,
-                    torch_version: str | None = None) -> ValidationReport:
+                    torch_version: str | None = None, overrides: Overrides = None) -> ValidationReport:
     """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
 
     ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``torch_version`` is the torch
-    release the job will run on (``2.15.0+cu132``), for the checks that depend on it. Every finding
-    is returned at once; nothing raises for bad input.
+    release the job will run on (``2.15.0+cu132``), for the checks that depend on it. ``overrides``
+    are the launch command's ``--dotted.key=value`` overrides as ``"dotted.key=value"`` strings
+    (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is
+    returned at once; nothing raises for bad input.
     """
-    return _validate(config, world_size, nodes, gpus_per_node, model, torch_version)[0]
+    return _validate(config, world_size, nodes, gpus_per_node, model, torch_version, overrides)[0]
 
 
 def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
-              torch_version: Any = None) -> tuple[ValidationReport, Context | None]:
-    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model, torch_version)
+              torch_version: Any = None, overrides: Overrides = None) -> tuple[ValidationReport, Context | None]:
+    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model, torch_version, overrides)
     all_findings = list(doc.findings) + findings
     if ctx is not None:
         all_findings += run_rules(ctx)
@@ -275,10 +290,10 @@ def _default_ranks(world_size: int) -> list[int]:
     return list(range(world_size)) if world_size <= DEFAULT_RANKS_LIMIT else [0]
 
 
-def build_layout(config: ConfigInput, *, world_size: int,
-                 gpus_per_node: int | None = None) -> tuple[Layout, ValidationReport]:
+def build_layout(config: ConfigInput, *, world_size: int, gpus_per_node: int | None = None,
+                 overrides: Overrides = None) -> tuple[Layout, ValidationReport]:
     """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`."""
-    report, ctx = _validate(config, world_size, None, gpus_per_node, None)
+    report, ctx = _validate(config, world_size, None, gpus_per_node, None, None, overrides)
     if not report.valid or ctx is None or ctx.layout is None:
         raise ConfigError(report)
     return ctx.layout, report
@@ -339,16 +354,16 @@ def _large_groups(lay: Layout, ranks: Sequence[int], max_listed: int | None) -> 
 
 def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | None = None,
                gpus_per_node: int | None = None, picture_axis: str | None = None,
-               max_listed: int | None = MAX_LISTED) -> MeshReport:
+               max_listed: int | None = MAX_LISTED, overrides: Overrides = None) -> MeshReport:
     """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks, without GPUs.
 
-    ``ranks`` defaults to every rank up to 64 ranks, else rank 0. A group of more than
+    ``overrides`` as in :func:`validate_config`. ``ranks`` defaults to every rank up to 64 ranks, else rank 0. A group of more than
     ``max_listed`` ranks (4,096) is given in ``large_groups`` as an exact :class:`GroupSpec`
     instead of a list in ``rank_groups``; ``max_listed=None`` lists every group. Raises :class:`ConfigError`
     (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
     rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
     """
-    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
+    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides)
     return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis,
                        max_listed=max_listed)
 

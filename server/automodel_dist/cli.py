@@ -51,17 +51,50 @@ def _unreadable(report: ValidationReport) -> bool:
     return any(f.rule in _UNREADABLE for f in report.findings)
 
 
+def _launch(args: argparse.Namespace, files: list[str]) -> tuple[list[str], list[str] | None]:
+    """The files and overrides, with the launch command after ``--`` (AutoModel's own reading of it:
+    its config, ``--nproc-per-node`` as the world size when no cluster option is given, its overrides)."""
+    if args.launch is None:
+        if not files:
+            raise UsageError("give the config FILE (or the launch command after --)")
+        return files, None
+    from .config.overrides import parse_launch_args
+
+    try:  # a FILE given before -- stands where the launcher's config would be
+        launch = parse_launch_args(files[:1] + args.launch)
+    except ValueError as exc:
+        raise UsageError(f"launch arguments after --: {exc}") from exc
+    ours = {k for name in vars(args) for k in (name, name.replace("_", "-"))}
+    for item in launch.overrides:
+        key = item.split("=", 1)[0]
+        if key in ours:
+            raise UsageError(f"--{key} after -- would be an AutoModel override (a top-level `{key}:` key); "
+                             "put automodel-dist's own options before --")
+    if launch.config is not None and not files:
+        files = [launch.config]
+    elif launch.config is not None and launch.config != files[0]:
+        raise UsageError(f"the config is given twice: {files[0]} and {launch.config} (after --)")
+    if not files:
+        raise UsageError("give the config FILE, or name it in the launch command after --")
+    if launch.nproc_per_node is not None and not (args.world_size or getattr(args, "nodes", None)
+                                                  or args.gpus_per_node):
+        args.world_size = launch.nproc_per_node  # `automodel recipe.yaml --nproc-per-node N`: one node of N
+    return files, launch.overrides
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import render
     from .api import validate_config
 
-    if args.files.count("-") > 1:
+    files, overrides = _launch(args, args.files)
+    if files.count("-") > 1:
         raise UsageError("standard input (-) can be given once")
     fmt = "json" if args.json else args.format
     reports = [validate_config(_config_arg(f), world_size=args.world_size, nodes=args.nodes,
-                               gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version)
-               for f in args.files]
+                               gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version,
+                               overrides=overrides)
+               for f in files]
     if fmt == "json":  # one file: its report; several: the list of reports (each names its file in "source")
         dumped = [r.model_dump(mode="json") for r in reports]
         _print_json(dumped[0] if len(dumped) == 1 else dumped)
@@ -101,9 +134,12 @@ def cmd_mesh(args: argparse.Namespace) -> int:
     from .api import build_layout, mesh_report
     from .report import ConfigError
 
+    files, overrides = _launch(args, [args.file] if args.file else [])
+    if args.world_size is None:
+        raise UsageError("give --world-size (or --nproc-per-node in the launch command after --)")
     try:
-        lay, vreport = build_layout(_config_arg(args.file), world_size=args.world_size,
-                                    gpus_per_node=args.gpus_per_node)
+        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size,
+                                    gpus_per_node=args.gpus_per_node, overrides=overrides)
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=args.gpus_per_node,
                              picture_axis=args.axis)
     except ConfigError as exc:
@@ -181,11 +217,13 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_memory
     from .report import ConfigError
 
+    files, overrides = _launch(args, [args.file] if args.file else [])
     try:
-        est = estimate_memory(_config_arg(args.file), model=args.model, world_size=args.world_size, nodes=args.nodes,
+        est = estimate_memory(_config_arg(files[0]), model=args.model, world_size=args.world_size, nodes=args.nodes,
                               gpus_per_node=args.gpus_per_node, gpu=args.gpu, seq_len=args.seq_len,
                               micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                              precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib)
+                              precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib,
+                              overrides=overrides)
     except ConfigError as exc:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
@@ -253,8 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="automodel-dist", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)")
-    v.add_argument("files", nargs="+", metavar="FILE",
+    v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)",
+                       epilog=LAUNCH_HELP)
+    v.add_argument("files", nargs="*", metavar="FILE",
                    help="recipe YAML(s), bare distributed: block(s), or - for stdin; each is checked on its own "
                         "(a recipe's ci: block gives its world size when no cluster option is given)")
     g = v.add_argument_group("cluster")
@@ -270,9 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="same as --format json")
     v.set_defaults(func=cmd_validate)
 
-    m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs")
-    m.add_argument("file")
-    m.add_argument("--world-size", type=_positive, required=True)
+    m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs",
+                       epilog=LAUNCH_HELP)
+    m.add_argument("file", nargs="?")
+    m.add_argument("--world-size", type=_positive)
     m.add_argument("--gpus-per-node", type=_positive)
     m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")
     m.add_argument("--axis", help="axis to draw in the picture (tp, cp, dp_shard, ep, ...)")
@@ -324,8 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
         ap.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
         ap.add_argument("--json", action="store_true")
 
-    es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout")
-    es.add_argument("file")
+    es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout",
+                        epilog=LAUNCH_HELP)
+    es.add_argument("file", nargs="?")
     es.add_argument("--model", required=True, help="catalog name or config.json path")
     g = es.add_argument_group("cluster")
     g.add_argument("--world-size", type=_positive)
@@ -361,12 +402,28 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA_COMMANDS: list[Any] = []
 
 
+_LAUNCH_COMMANDS = ("validate", "mesh", "estimate")
+LAUNCH_HELP = ("-- LAUNCH...: what follows `automodel` (or `python script.py`) when the job is launched, read as "
+               "AutoModel reads it: [CONFIG] [--nproc-per-node N] [--key.sub=value | --key.sub value | --flag] "
+               "or -c CONFIG [...]; its overrides are applied to the config, and --nproc-per-node is the world "
+               "size when no cluster option is given")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launch = None
+    if "--" in argv:  # the launch command: AutoModel's arguments, not ours
+        cut = argv.index("--")
+        argv, launch = argv[:cut], argv[cut + 1:]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors already
         return int(exc.code or 0)
+    if launch is not None and args.command not in _LAUNCH_COMMANDS:
+        print(f"automodel-dist: error: {args.command} takes no launch command after --", file=sys.stderr)
+        return EXIT_USAGE
+    args.launch = launch
     try:
         return int(args.func(args))
     except UsageError as exc:

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from .catalog.gpus import gpu_catalog
 from .catalog.models import catalog, names_a_file
-from .config.files import MAX_BYTES, check_path
+from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
 from .estimate import Estimate
 from .mcp_stdio import add_serve_arguments
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
@@ -68,6 +68,11 @@ ModelArg = Annotated[str | None, Field(default=None, max_length=4096,
 TorchVersion = Annotated[str | None, Field(default=None, max_length=64, description=(
     "The torch release the job will run on (torch.__version__ there, e.g. 2.15.0+cu132): AutoModel 0.7.0's FSDP2 "
     "path fails on torch >= 2.15."))]
+
+LaunchOverrides = Annotated[list[Annotated[str, Field(max_length=MAX_OVERRIDE_CHARS)]] | None, Field(
+    default=None, max_length=MAX_OVERRIDES, description=(
+        "The launch command's overrides as 'dotted.key=value' (`--distributed.tp_size 4` is "
+        "'distributed.tp_size=4'), applied after the YAML the way AutoModel applies them."))]
 
 
 class MeshResult(BaseModel):
@@ -179,7 +184,8 @@ def create_server() -> MCPServer:
     @_anticipated
     def validate_config(config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
                         nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
-                        model: ModelArg = None, torch_version: TorchVersion = None) -> ValidationReport:
+                        model: ModelArg = None, torch_version: TorchVersion = None,
+                        overrides: LaunchOverrides = None) -> ValidationReport:
         """Check a NeMo AutoModel 0.7.0 recipe or distributed: block: every error AutoModel raises or hits mid-run
         (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
         try:
@@ -190,7 +196,7 @@ def create_server() -> MCPServer:
         from .api import validate_config as _validate_config
 
         return _validate_config(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
-                                model=model, torch_version=torch_version)
+                                model=model, torch_version=torch_version, overrides=overrides)
 
     @server.tool(annotations=ro)
     @_anticipated
@@ -200,7 +206,8 @@ def create_server() -> MCPServer:
                                     Field(default=None, max_length=64,
                                           description="Ranks to list groups for (default: all up to 64, else 0).")]
                    = None, gpus_per_node: GpusPerNode = None,
-                   picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None) -> MeshResult:
+                   picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None,
+                   overrides: LaunchOverrides = None) -> MeshResult:
         """AutoModel's exact device_mesh / flattened axes / moe_mesh and each requested rank's groups on every axis,
         which groups cross nodes, and a text picture of ranks per node. No GPUs needed."""
         try:
@@ -210,7 +217,8 @@ def create_server() -> MCPServer:
         from .api import build_layout, mesh_report
 
         try:
-            lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node)
+            lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node,
+                                       overrides=overrides)
         except ConfigError as exc:
             return MeshResult(valid=False, findings=exc.report.findings)
         mesh = mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis)
@@ -255,6 +263,7 @@ def create_server() -> MCPServer:
         micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
         global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
         precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
+        overrides: LaunchOverrides = None,
     ) -> EstimateResult:
         """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead), communication per axis, step
         time and MFU of the layout in a config. An invalid config returns its validation report instead."""
@@ -263,7 +272,7 @@ def create_server() -> MCPServer:
         try:
             est = _estimate(_config(config_yaml, config_path), model=_model_arg(model), world_size=world_size, nodes=nodes,
                             gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                            global_batch_size=global_batch_size, precision=precision)
+                            global_batch_size=global_batch_size, precision=precision, overrides=overrides)
         except _Unreadable as exc:
             return EstimateResult(valid=False, findings=[exc.finding])
         except ConfigError as exc:

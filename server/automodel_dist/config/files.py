@@ -9,6 +9,8 @@ from pathlib import Path
 from ..report import Finding
 
 MAX_BYTES = 1 << 20  # 1 MiB: far above any real recipe (the largest AutoModel example is ~12 KiB)
+MAX_OVERRIDES = 256  # command-line overrides per call
+MAX_OVERRIDE_CHARS = 4096  # characters per override
 
 
 def _err(rule: str, message: str, *, line: int | None = None, path: str = "<root>", fix: str | None = None,

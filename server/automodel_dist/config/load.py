@@ -62,7 +62,7 @@ class Document:
     """A loaded config: its data, the line of every key, and the findings loading produced."""
 
     data: Any
-    lines: dict[PathKey, int] = field(default_factory=dict)
+    lines: dict[PathKey, int | None] = field(default_factory=dict)  # None: a value set by an override
     findings: list[Finding] = field(default_factory=list)
     source: str | None = None
     from_yaml: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -95,9 +96,10 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
                     micro_batch_size: int | None = None, global_batch_size: int | None = None,
                     precision: str = "bf16", optimizer: str = "adamw", headroom: float = 0.1,
                     memory_gib: float | None = None, intra_gbps: float | None = None,
-                    inter_gbps: float | None = None) -> Estimate:
+                    inter_gbps: float | None = None, overrides: Sequence[str] | None = None) -> Estimate:
     """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
-    layout in ``config``, for ``model`` (catalog name, config.json path or dict).
+    layout in ``config``, for ``model`` (catalog name, config.json path or dict). ``overrides``: the launch
+    command's ``"dotted.key=value"`` overrides, as in ``validate_config``.
 
     Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
     """
@@ -109,7 +111,7 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
         spec = resolve_model(model)
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
-    report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec)
+    report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec, None, overrides)
     if not report.valid or ctx is None or report.world_size is None:
         raise ConfigError(report)
     r = report.resolved

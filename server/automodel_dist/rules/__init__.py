@@ -42,5 +42,11 @@ note("file-not-allowed", "File outside the allowed roots", family=F, severity="e
 note("world-size-invalid", "World size is not a usable positive integer", family=F, severity="error")
 note("world-from-ci", "World size taken from the recipe's ci: block", family=F, severity="info")
 note("internal-error", "A rule failed to run", family=F, severity="warning")
+note("override-applied", "Value set by a command-line override", family=F, severity="info")
+note("override-invalid", "Command-line override that AutoModel cannot apply", family=F, severity="error",
+     patterns=(r"Expected a path after --config", r"You must specify --config <path>"),
+     cause="An override that is not dotted.key=value (AutoModel splits each at '='), or a launch command whose "
+           "-c/--config has no recipe path.",
+     fix="Write overrides as --distributed.tp_size=4 or --distributed.tp_size 4, and give -c/--config a path.")
 
 __all__ = ["RULES", "Context", "Rule", "run_rules"]

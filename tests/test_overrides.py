@@ -49,7 +49,7 @@ def test_override_replaces_the_value_and_its_line():
     assert tp["tp-heads"].message.startswith("tp_size=3 does not divide num_attention_heads=32")
     applied = tp["override-applied"]
     assert (applied.severity, applied.line) == ("info", 5)  # points at the value it replaces
-    assert applied.message == "distributed.tp_size = 3 from the command line (the file has 2)"
+    assert applied.message == "distributed.tp_size = 3 from the command line (the config has 2)"
     assert r.resolved.tp == 3 and not r.valid
 
 
@@ -60,9 +60,9 @@ def test_new_keys_intermediate_mappings_and_value_semantics():
     assert r.valid, [f.message for f in r.errors]
     assert (r.resolved.pp, r.resolved.cp, r.resolved.pp_microbatch_size) == (2, 1, 4)  # '4' -> '4' -> 4, as _wrap
     msgs = [f.message for f in _by_rule(r, "override-applied")]
-    assert "distributed.pp_size = 2 from the command line (not in the file)" in msgs
-    assert "model.extra.items = [1, 2] from the command line (not in the file)" in msgs
-    assert all(f.line is None for f in _by_rule(r, "override-applied") if "not in the file" in f.message)
+    assert "distributed.pp_size = 2 from the command line (not in the config)" in msgs
+    assert "model.extra.items = [1, 2] from the command line (not in the config)" in msgs
+    assert all(f.line is None for f in _by_rule(r, "override-applied") if "not in the config" in f.message)
 
 
 def test_a_non_mapping_on_the_way_becomes_a_mapping():
@@ -109,8 +109,11 @@ def test_overrides_reach_build_mesh_and_estimate():
 
 
 def test_target_values_are_checked_never_imported():
-    r = validate_config(RECIPE, world_size=8, overrides=["model._target_=os.system('x')"])
-    assert _by_rule(r, "target-path-invalid")
+    text = RECIPE + "  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained\n"
+    assert not _by_rule(validate_config(text, world_size=8), "target-path-invalid")
+    r = validate_config(text, world_size=8, overrides=["model._target_=os.system('x')"])
+    [bad] = _by_rule(r, "target-path-invalid")
+    assert (bad.path, bad.line) == ("model._target_", None)  # the command line's value, not line 10's
 
 
 # --------------------------------------------------------------------------- the launch command

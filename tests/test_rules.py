@@ -633,7 +633,7 @@ CASES = [
         'distributed:\n  tp_size: 2\n',
         {'world_size': 8, 'overrides': ['distributed.tp_size=4']},
         'override-applied', 'info', 'distributed.tp_size', 2, True,
-        'distributed.tp_size = 4 from the command line (the file has 2)',
+        'distributed.tp_size = 4 from the command line (the config has 2)',
         None,
         id='override-applied',
     ),

@@ -148,9 +148,9 @@ def _set(doc: Document, data: dict[str, Any], parts: list[str], raw: str, dotted
     path += (key,)
     old_line = doc.lines.get(path) if key in node else None
     had, old = key in node, node.get(key)
+    _drop_lines(doc, path)  # first: findings about the new value (env, _target_) must not point at the old line
     node[key] = apply_value_semantics({key: translate_value(raw)}, doc, path[:-1])[key]
-    _drop_lines(doc, path)
-    was = f"the file has {clip(repr(old))}" if had else "not in the file"
+    was = f"the config has {clip(repr(old))}" if had else "not in the config"
     doc.findings.append(Finding(rule="override-applied", severity="info", path=".".join(path),
                                 line=old_line, message=f"{dotted} = {clip(repr(node[key]))} from the command line "
                                 f"({was})"))

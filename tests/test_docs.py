@@ -75,6 +75,8 @@ def _kwargs(check: dict[str, str]) -> dict[str, Any]:
         kw["model"] = check["model"]
     if "torch_version" in check:
         kw["torch_version"] = check["torch_version"]
+    if "overrides" in check:  # the launch command's overrides, comma-separated (evals only)
+        kw["overrides"] = check["overrides"].split(",")
     return kw
 
 

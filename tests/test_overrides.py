@@ -277,3 +277,32 @@ def test_mcp_tools_take_overrides():
     res = call("estimate_memory", {"config_yaml": RECIPE, "model": "meta-llama/Llama-3.1-8B", "world_size": 8,
                                    "overrides": ["distributed.tp_size=3"]})
     assert res.structured_content["valid"] is False
+
+
+_VALUE_TEXT = st.one_of(
+    st.text(alphabet="0123456789-+.eE_xob'\"[](){}:, aNnoeTrufls", max_size=12),
+    st.sampled_from(["1_000", "0x10", "1e3", "(1,)", "{1, 2}", "b'x'", "-0", " 5", "5 ", "None", "nan", "[1, 'a']",
+                     "{'a': {'b': '2'}}", "'none'", "\"'3'\"", "inf", "1j", "--x"]))
+
+
+@needs_oracle
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(["distributed", "pipeline", "tp_size", "a", "b", "0", "x_y"]),
+                                   min_size=1, max_size=3), _VALUE_TEXT), max_size=4))
+def test_any_override_reads_as_automodel_reads_it(tmp_path_factory, items):
+    """Arbitrary keys and value texts (no _target_/*_fn, which AutoModel imports, and no $VAR, which it reads from
+    this process's environment): the recipe we check equals the ConfigNode AutoModel builds."""
+    path = tmp_path_factory.mktemp("any") / "recipe.yaml"
+    path.write_text("distributed:\n  tp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\na: [1, 2]\nb: text\n")
+    overrides = [f"{'.'.join(keys)}={value}" for keys, value in items]
+    doc = _context(path, 8, None, None, None, None, overrides)[1]
+    theirs = oracle.load_with_overrides(str(path), [f"--{o}" for o in overrides]).to_dict()
+
+    def same(a, b):
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+        return type(a) is type(b) and (a == b or a != a and b != b)
+
+    assert same(doc.data, theirs), (overrides, doc.data, theirs)

@@ -255,8 +255,10 @@ def test_cli_mesh_and_estimate_take_the_launch_command(recipe, capsys):
 
 
 def test_cli_launch_usage_errors(recipe, capsys):
-    assert main(["validate", str(recipe), "--", "-c", "other.yaml"]) == 2
-    assert "the config is given twice" in capsys.readouterr().err
+    for tail in (["-c", "other.yaml"], ["other.yaml", "--distributed.tp_size", "2"]):
+        assert main(["validate", str(recipe), "--", *tail]) == 2
+        assert f"the config is given twice: {recipe} and other.yaml" in capsys.readouterr().err
+    assert main(["validate", str(recipe), "--world-size", "8", "--", str(recipe), "--distributed.tp_size=2"]) == 0
     assert main(["validate", str(recipe), "--", "--nproc", "8"]) == 2
     assert "ambiguous option" in capsys.readouterr().err
     assert main(["validate", "--", "--distributed.tp_size=2"]) == 2

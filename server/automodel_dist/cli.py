@@ -60,8 +60,13 @@ def _launch(args: argparse.Namespace, files: list[str]) -> tuple[list[str], list
         return files, None
     from .config.overrides import parse_launch_args
 
+    tail = list(args.launch)
+    if files and tail and not tail[0].startswith("-"):  # FILE and the launcher's own CONFIG: the same file
+        if tail[0] != files[0]:
+            raise UsageError(f"the config is given twice: {files[0]} and {tail[0]} (after --)")
+        tail = tail[1:]
     try:  # a FILE given before -- stands where the launcher's config would be
-        launch = parse_launch_args(files[:1] + args.launch)
+        launch = parse_launch_args(files[:1] + tail)
     except ValueError as exc:
         raise UsageError(f"launch arguments after --: {exc}") from exc
     ours = {k for name in vars(args) for k in (name, name.replace("_", "-"))}

@@ -42,7 +42,9 @@ log = logging.getLogger("automodel_dist.mcp")
 NAME = "nemo-automodel-distributed-training"
 INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, HSDP, MegatronFSDP, DDP; TP/SP, PP, CP, EP).
 - Before launching or editing a config: call validate_config (pass world_size, or nodes and gpus_per_node, the
-  model and the cluster's torch version when known). It returns every finding at once with YAML line, message and fix; apply the fixes and re-validate.
+  model and the cluster's torch version when known; when the job is launched with `--dotted.key=value` arguments,
+  pass them as overrides=["dotted.key=value", ...]). It returns every finding at once with YAML line, message and
+  fix; apply the fixes and re-validate.
 - To see which ranks form each tp/cp/pp/dp/ep group (and which groups cross nodes): build_mesh.
 - "Which layout for model M on N nodes of G GPUs?": suggest_strategy (ranked layouts, each with a ready YAML block,
   per-GPU memory, step time and rationale). For memory of a given config: estimate_memory.

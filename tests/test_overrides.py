@@ -308,3 +308,32 @@ def test_any_override_reads_as_automodel_reads_it(tmp_path_factory, items):
         return type(a) is type(b) and (a == b or a != a and b != b)
 
     assert same(doc.data, theirs), (overrides, doc.data, theirs)
+
+
+# --------------------------------------------------------------------------- smoke runs
+def test_smoke_plan_applies_overrides_then_layout_keywords(monkeypatch):
+    from automodel_dist.smoke import launch
+
+    monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")
+    plan = launch.make_plan(RECIPE, world_size=4, steps=2, model="tiny-llama", backend=None, precision="fp32",
+                            fault=None, pg_timeout_s=30, layout={"tp": 2},
+                            overrides=["distributed.tp_size=4", "distributed.pp_size=2"])
+    assert isinstance(plan, launch.Plan), plan.reason
+    assert (plan.report_base["layout"].tp, plan.report_base["layout"].pp) == (2, 2)  # the keyword wins over --tp 4
+    assert plan.spec["pipeline"]["schedule"] == "1F1B"  # the recipe's pipeline: block, kept
+
+
+def test_smoke_refuses_a_launch_command_automodel_would_refuse():
+    from automodel_dist import run_smoke_test
+
+    report = run_smoke_test(RECIPE, world_size=4, overrides=["distributed.tp_size=3"])
+    assert report.status == "failed" and not report.ranks and "tp_size=3 does not divide" in report.reason
+    res = call("run_smoke_test", {"config_yaml": RECIPE, "world_size": 4, "overrides": ["distributed.tp_size"]})
+    assert res.structured_content["status"] == "failed" and "has no '='" in res.structured_content["reason"]
+
+
+def test_cli_smoke_runs_the_launch_command(recipe, capsys):
+    assert main(["smoke", "--quiet", "--json", "--", str(recipe), "--nproc-per-node", "2",
+                 "--distributed.tp_size", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passed"] and report["world_size"] == 2 and report["layout"]["tp"] == 2

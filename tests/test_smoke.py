@@ -118,7 +118,7 @@ def test_tp_plan_is_noted_not_applied(monkeypatch):
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")  # no torch-release note, whatever is here
     plan = make_plan({"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}}, world_size=4, steps=2,
-                     model="tiny-moe", backend=None, precision="fp32", fault=None, pg_timeout_s=30, overrides={})
+                     model="tiny-moe", backend=None, precision="fp32", fault=None, pg_timeout_s=30, layout={})
     assert plan.report_base["notes"] == ["tp_plan is not applied: the smoke runner shards its tiny model with its own "
                                          "TP plan (attention and MLP projections; routed experts stay EP-owned)"]
 
@@ -131,7 +131,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.15.0+cu132")
     plan = launch.make_plan({"distributed": {"tp_size": 2}}, world_size=4, steps=2, model="tiny-llama", backend=None,
-                            precision="fp32", fault=None, pg_timeout_s=30, overrides={})
+                            precision="fp32", fault=None, pg_timeout_s=30, layout={})
     assert isinstance(plan, launch.Plan) and not plan.findings
     [note] = plan.report_base["notes"]
     assert note.startswith("torch 2.15.0+cu132 with strategy fsdp2 on 4 ranks: AutoModel 0.7.0's FSDP2 parallelizer")
@@ -139,7 +139,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
                          "so it can pass where AutoModel 0.7.0 would fail)")
     assert f"note: {note}" in render.smoke_text(SmokeReport(passed=True, status="passed", **plan.report_base))
     ddp_plan = launch.make_plan({"distributed": {"strategy": "ddp"}}, world_size=2, steps=2, model="tiny-llama",
-                               backend=None, precision="fp32", fault=None, pg_timeout_s=30, overrides={})
+                               backend=None, precision="fp32", fault=None, pg_timeout_s=30, layout={})
     assert isinstance(ddp_plan, launch.Plan) and ddp_plan.report_base["notes"] == []  # ddp does not touch FSDP
 
 

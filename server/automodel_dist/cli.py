@@ -51,11 +51,12 @@ def _unreadable(report: ValidationReport) -> bool:
     return any(f.rule in _UNREADABLE for f in report.findings)
 
 
-def _launch(args: argparse.Namespace, files: list[str]) -> tuple[list[str], list[str] | None]:
+def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = True
+            ) -> tuple[list[str], list[str] | None]:
     """The files and overrides, with the launch command after ``--`` (AutoModel's own reading of it:
     its config, ``--nproc-per-node`` as the world size when no cluster option is given, its overrides)."""
     if args.launch is None:
-        if not files:
+        if not files and need_file:
             raise UsageError("give the config FILE (or the launch command after --)")
         return files, None
     from .config.overrides import parse_launch_args
@@ -65,10 +66,14 @@ def _launch(args: argparse.Namespace, files: list[str]) -> tuple[list[str], list
         if tail[0] != files[0]:
             raise UsageError(f"the config is given twice: {files[0]} and {tail[0]} (after --)")
         tail = tail[1:]
-    try:  # a FILE given before -- stands where the launcher's config would be
-        launch = parse_launch_args(files[:1] + tail)
+    default = not files and not need_file and (not tail or (tail[0].startswith("-") and tail[0] not in ("-c",
+                                                                                                      "--config")))
+    try:  # a FILE given before -- stands where the launcher's config would be (smoke: its built-in default)
+        launch = parse_launch_args((files[:1] or (["<default>"] if default else [])) + tail)
     except ValueError as exc:
         raise UsageError(f"launch arguments after --: {exc}") from exc
+    if default:
+        launch.config = None
     ours = {k for name in vars(args) for k in (name, name.replace("_", "-"))}
     for item in launch.overrides:
         key = item.split("=", 1)[0]
@@ -79,10 +84,10 @@ def _launch(args: argparse.Namespace, files: list[str]) -> tuple[list[str], list
         files = [launch.config]
     elif launch.config is not None and launch.config != files[0]:
         raise UsageError(f"the config is given twice: {files[0]} and {launch.config} (after --)")
-    if not files:
+    if not files and need_file:
         raise UsageError("give the config FILE, or name it in the launch command after --")
     if launch.nproc_per_node is not None and not (args.world_size or getattr(args, "nodes", None)
-                                                  or args.gpus_per_node):
+                                                  or getattr(args, "gpus_per_node", None)):
         args.world_size = launch.nproc_per_node  # `automodel recipe.yaml --nproc-per-node N`: one node of N
     return files, launch.overrides
 
@@ -196,18 +201,22 @@ def _ac_flag(value: str) -> bool | str:
 def cmd_smoke(args: argparse.Namespace) -> int:
     from .smoke import SmokeUsageError, run_smoke_test
 
-    overrides = {"strategy": args.strategy, "tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep,
-                 "dp_replicate": args.dp_replicate, "pp_schedule": args.pp_schedule,
-                 "sequence_parallel": True if args.sequence_parallel else None,
-                 "activation_checkpointing": args.activation_checkpointing}
-    config = _config_arg(args.file) if args.file else None
+    layout = {"strategy": args.strategy, "tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep,
+              "dp_replicate": args.dp_replicate, "pp_schedule": args.pp_schedule,
+              "sequence_parallel": True if args.sequence_parallel else None,
+              "activation_checkpointing": args.activation_checkpointing}
+    files, overrides = _launch(args, [args.file] if args.file else [], need_file=False)
+    if args.world_size is None:
+        args.world_size = 4
+    config = _config_arg(files[0]) if files else None
     if isinstance(config, Path) and not config.is_file():
         raise UsageError(f"cannot read {config}")
     try:
         report = run_smoke_test(config, world_size=args.world_size, steps=args.steps, model=args.model,
                                 backend=args.backend, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
                                 precision=args.precision, fault=args.fault, launcher=args.launcher,
-                                progress=None if args.json or args.quiet else _ProgressLine(), **overrides)
+                                progress=None if args.json or args.quiet else _ProgressLine(),
+                                overrides=overrides, **layout)
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "smoke_text")
@@ -330,9 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_explain)
 
-    sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity")
+    sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity",
+                        epilog=LAUNCH_HELP)
     sm.add_argument("file", nargs="?", help="recipe or distributed: block (default: FSDP2 + TP 2)")
-    sm.add_argument("--world-size", type=_positive, default=4)
+    sm.add_argument("--world-size", type=_positive, help="default 4 (or --nproc-per-node after --)")
     sm.add_argument("--steps", type=_positive, default=3)
     sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama")
     lay = sm.add_argument_group("layout (overrides the file)")
@@ -407,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 _EXTRA_COMMANDS: list[Any] = []
 
 
-_LAUNCH_COMMANDS = ("validate", "mesh", "estimate")
+_LAUNCH_COMMANDS = ("validate", "mesh", "estimate", "smoke")
 LAUNCH_HELP = ("-- LAUNCH...: what follows `automodel` (or `python script.py`) when the job is launched, read as "
                "AutoModel reads it: [CONFIG] [--nproc-per-node N] [--key.sub=value | --key.sub value | --flag] "
                "or -c CONFIG [...]; its overrides are applied to the config, and --nproc-per-node is the world "

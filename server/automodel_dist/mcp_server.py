@@ -304,6 +304,7 @@ def create_server() -> MCPServer:
         activation_checkpointing: bool | Literal["selective"] | None = None,
         fault: Annotated[str | None, Field(default=None, max_length=32,
                                            description="Testing only: crash@R:S, hang@R:S or skew@R:S.")] = None,
+        overrides: LaunchOverrides = None,
     ) -> SmokeReport:
         """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs):
         build AutoModel's meshes, apply TP/SP/CP/EP/AC/FSDP2/DDP/PP to a tiny model, train a few steps and compare
@@ -323,7 +324,7 @@ def create_server() -> MCPServer:
                                        progress=lambda *e: events.append(e), strategy=strategy, tp=tp, pp=pp, cp=cp,
                                        ep=ep, dp_replicate=dp_replicate, pp_schedule=pp_schedule,
                                        sequence_parallel=sequence_parallel,
-                                       activation_checkpointing=activation_checkpointing)
+                                       activation_checkpointing=activation_checkpointing, overrides=overrides)
             except BaseException as exc:  # noqa: BLE001 - surfaced below
                 box["error"] = exc
             finally:

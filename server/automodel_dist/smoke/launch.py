@@ -21,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..api import ConfigInput, _split, load_config, validate_config
-from ..config.values import V_SCHEDULES, is_single_stage
+from ..api import ConfigInput, _is_bare_block, _split, load_config, validate_config
+from ..config.overrides import apply_overrides
+from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import Layout
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
@@ -86,39 +87,38 @@ class Plan:
     report_base: dict[str, Any] = field(default_factory=dict)
 
 
-_OVERRIDE_KEYS = {"strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
-                  "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
-                  "activation_checkpointing": "activation_checkpointing"}
+_LAYOUT_KEYS = {"strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
+                "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
+                "activation_checkpointing": "activation_checkpointing",
+                "pp_schedule": "pipeline.pp_schedule"}
 
 
-def merged_block(config: ConfigInput | None, overrides: dict[str, Any]) -> tuple[ConfigInput, dict[str, Any]]:
-    """The config to validate (the original when there are no overrides, to keep its line numbers)."""
-    if config is None:
-        block: dict[str, Any] = {}
-    else:
-        doc = load_config(config)
-        split = _split(doc)
-        if split.block is None:
-            return config, {}
-        block = dict(split.block)
-    active = {k: v for k, v in overrides.items() if v is not None}
-    if not active:
-        return (config if config is not None else {}), block
-    for key, value in active.items():
-        if key == "pp_schedule":
-            pipe = dict(block.get("pipeline") or {})
-            pipe["pp_schedule"] = value
-            block["pipeline"] = pipe
-        else:
-            block[_OVERRIDE_KEYS[key]] = value
-    if block.get("pp_size", 1) not in (None, 1) and block.get("pipeline") is None:
-        block["pipeline"] = {}
-    return {"distributed": block}, block
+def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequence[str] | None
+                     ) -> tuple[list[str] | None, dict[str, Any]]:
+    """The overrides to validate ``config`` with (the launch command's, then the layout keywords' as
+    ``distributed.*`` overrides, so a recipe keeps its other sections and its line numbers) and the
+    resulting ``distributed:`` block. With layout keywords, pp > 1 without a ``pipeline:`` block gets ``{}``."""
+    over = list(launch) if launch is not None else []
+    active = {k: v for k, v in layout.items() if v is not None}
+    over += [f"distributed.{_LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
+    block = _block(config, over)
+    if active and is_positive_int(block.get("pp_size")) and block["pp_size"] > 1 and block.get("pipeline") is None:
+        over.append("distributed.pipeline={}")
+        block = _block(config, over)
+    return (over if launch is not None or active else None), block
 
 
-def make_plan(config: ConfigInput | None, *, world_size: int, steps: int, model: str, backend: str | None,
-              precision: str, fault: str | dict | None, pg_timeout_s: float, overrides: dict[str, Any],
-              seed: int = 1234, lr: float = 5e-3) -> Plan | SmokeReport:
+def _block(config: ConfigInput, overrides: list[str]) -> dict[str, Any]:
+    doc = load_config(config)
+    if overrides and isinstance(doc.data, dict):
+        apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
+    block = _split(doc).block
+    return dict(block) if block is not None else {}
+
+
+def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, backend: str | None,
+              precision: str, fault: str | dict | None, pg_timeout_s: float, layout: dict[str, Any],
+              overrides: Sequence[str] | None = None, seed: int = 1234, lr: float = 5e-3) -> Plan | SmokeReport:
     if model not in ("tiny-llama", "tiny-moe"):
         raise SmokeUsageError(f"model must be tiny-llama or tiny-moe, got {model!r}")
     if not isinstance(world_size, int) or world_size < 1:
@@ -130,8 +130,8 @@ def make_plan(config: ConfigInput | None, *, world_size: int, steps: int, model:
     if backend not in (None, "auto", "gloo", "nccl"):
         raise SmokeUsageError(f"backend must be gloo or nccl, got {backend!r}")
     fault_d = parse_fault(fault)
-    to_check, block = merged_block(config, overrides)
-    report = validate_config(to_check, world_size=world_size, torch_version=_installed_torch())
+    over, block = merged_overrides(config, layout, overrides)
+    report = validate_config(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
     # torch-version is about AutoModel on this torch, not about the layout this run proves: a note, not a refusal
     env = [f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
            "so it can pass where AutoModel 0.7.0 would fail)" for f in report.findings

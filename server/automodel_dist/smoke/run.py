@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..api import ConfigInput
@@ -33,13 +34,15 @@ def run_smoke_test(
     cancel: Any = None,
     keep_dir: bool = False,
     launcher: str = "elastic",
-    **overrides: Any,
+    overrides: Sequence[str] | None = None,
+    **layout: Any,
 ) -> SmokeReport:
     """Run ``config``'s layout for real on ``world_size`` processes and compare with one process.
 
     ``config`` is YAML text, a path or a mapping (None: the built-in FSDP2 + TP 2 default).
-    ``overrides`` (strategy, tp, pp, cp, ep, dp_replicate, pp_schedule, sequence_parallel,
-    activation_checkpointing) replace the config's values. ``progress(phase, step, total, message)``
+    ``overrides`` are the launch command's ``"dotted.key=value"`` overrides (as in ``validate_config``);
+    the ``layout`` keywords (strategy, tp, pp, cp, ep, dp_replicate, pp_schedule, sequence_parallel,
+    activation_checkpointing) then replace the config's values. ``progress(phase, step, total, message)``
     is called as the run advances; ``cancel`` (anything with ``is_set()``) stops it. ``fault``
     (``crash@R:S``, ``hang@R:S``, ``skew@R:S``) injects a failure for testing. ``precision`` is
     ``auto`` (the config's mp_policy; AutoModel's default is bf16), ``fp32`` or ``bf16``.
@@ -48,14 +51,14 @@ def run_smoke_test(
     """
     if launcher not in ("elastic", "torchrun"):
         raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
-    unknown = set(overrides) - {"strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
-                                "sequence_parallel", "activation_checkpointing"}
+    unknown = set(layout) - {"strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
+                             "sequence_parallel", "activation_checkpointing"}
     if unknown:
         raise TypeError(f"run_smoke_test() got unexpected keyword argument(s): {sorted(unknown)}")
-    if config is None and not any(v is not None for v in overrides.values()):
-        config = DEFAULT_CONFIG
+    if config is None:  # the default layout, unless layout keywords describe one
+        config = {} if any(v is not None for v in layout.values()) else DEFAULT_CONFIG
     plan = make_plan(config, world_size=world_size, steps=steps, model=model, backend=backend, precision=precision,
-                     fault=fault, pg_timeout_s=pg_timeout_s, overrides=overrides)
+                     fault=fault, pg_timeout_s=pg_timeout_s, layout=layout, overrides=overrides)
     if isinstance(plan, SmokeReport):
         return plan
     return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)

@@ -117,3 +117,12 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "validate", "-", "--world-size", "4"],
                          input="tp_size: 2\n", capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "VALID" in out.stdout
+
+
+def test_a_closed_pipe_is_not_a_crash():
+    """`automodel-dist models | head -1`: the reader is gone; exit 141 (SIGPIPE), no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "models"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and not err, err

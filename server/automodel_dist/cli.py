@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -440,12 +441,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     args.launch = launch
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, so that a closed pipe is handled below and not at interpreter exit
+        return code
     except UsageError as exc:
         print(f"automodel-dist: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `automodel-dist ... | head`: the reader left; no traceback, no flush error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -194,27 +194,27 @@ def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: An
                   gpus_per_node=gpn, model=spec, torch_version=torch_version)
     raw = block.get("strategy", "fsdp2")
     ctx.strategy = STRATEGY_ALIASES.get(raw.lower()) if isinstance(raw, str) else None
-    ctx.sizes = effective_sizes(block)
+    ctx.sizes = sizes = effective_sizes(block)
+    tp, pp, cp, ep, rep = (sizes[k] or 1 for k in ("tp_size", "pp_size", "cp_size", "ep_size", "dp_replicate_size"))
+    dp_size = sizes["dp_size"]
     try:
         ctx.ac = normalize_activation_checkpointing(block.get("activation_checkpointing", False))
     except ValueError:
         ctx.ac = None
     if ctx.strategy is not None:
         if world is not None:
-            ctx.dp = infer_dp(ctx.strategy, world_size=world, tp=ctx.size("tp_size"), cp=ctx.size("cp_size"),
-                              pp=ctx.size("pp_size"), dp_size=ctx.sizes.get("dp_size"))
-        elif ctx.strategy != "ddp" and ctx.sizes.get("dp_size") is not None:
-            ctx.dp = ctx.sizes["dp_size"]
+            ctx.dp = infer_dp(ctx.strategy, world_size=world, tp=tp, cp=cp, pp=pp, dp_size=dp_size)
+        elif ctx.strategy != "ddp" and dp_size is not None:
+            ctx.dp = dp_size
     pipe = block.get("pipeline")
-    if ctx.size("pp_size") > 1 and isinstance(pipe, dict):
+    if pp > 1 and isinstance(pipe, dict):
         name = pipe.get("pp_schedule", "1f1b")
         ctx.pp_schedule = schedule_class_name(name) if isinstance(name, str) else None
     ctx.ep_shard = ep_shard_of(ctx)
     if ctx.strategy is not None and world is not None:
         try:
-            ctx.layout = Layout.build(ctx.strategy, world_size=world, tp=ctx.size("tp_size"), pp=ctx.size("pp_size"),
-                                      cp=ctx.size("cp_size"), ep=ctx.size("ep_size"),
-                                      dp_size=ctx.sizes.get("dp_size"), dp_replicate=ctx.size("dp_replicate_size"))
+            ctx.layout = Layout.build(ctx.strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_size=dp_size,
+                                      dp_replicate=rep)
         except ValueError:
             ctx.layout = None
     return ctx, doc, findings, source
@@ -229,8 +229,9 @@ def _resolved(ctx: Context | None) -> Resolved:
         return Resolved()
     if ctx.strategy is None:
         return Resolved(activation_checkpointing=ctx.ac)
-    tp, pp, cp, ep = (ctx.size(k) for k in ("tp_size", "pp_size", "cp_size", "ep_size"))
-    rep = ctx.size("dp_replicate_size") if ctx.strategy == "fsdp2" else 1
+    sizes = ctx.sizes
+    tp, pp, cp, ep = sizes["tp_size"] or 1, sizes["pp_size"] or 1, sizes["cp_size"] or 1, sizes["ep_size"] or 1
+    rep = (sizes["dp_replicate_size"] or 1) if ctx.strategy == "fsdp2" else 1
     shard = None
     if ctx.strategy == "ddp":  # no mesh: every rank holds a full replica
         tp = pp = cp = ep = 1

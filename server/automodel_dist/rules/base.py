@@ -149,7 +149,7 @@ def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fi
     return Finding(rule=rule_id, severity=severity or r.severity, path=path, line=line, message=message, fix=fix)
 
 
-_AXES = ("tp", "pp", "cp", "ep", "dp_replicate")
+_AXIS_FACETS = tuple((f"{a}_size", f"@{a}") for a in ("tp", "pp", "cp", "ep", "dp_replicate"))
 
 
 def facets(ctx: Context) -> frozenset[str]:
@@ -167,9 +167,10 @@ def facets(ctx: Context) -> frozenset[str]:
         out.add("@gpus_per_node")
     if ctx.torch_version is not None:
         out.add("@torch")
-    for axis in _AXES:
-        if ctx.size(f"{axis}_size") > 1:
-            out.add("@" + axis)
+    sizes = ctx.sizes
+    for key, facet in _AXIS_FACETS:
+        if (sizes.get(key) or 1) > 1:
+            out.add(facet)
     if ctx.strategy is not None:
         out.add("@" + ctx.strategy)
     return frozenset(out)
@@ -203,12 +204,12 @@ def effective_sizes(block: dict[str, Any]) -> dict[str, int | None]:
     sizes: dict[str, int | None] = {}
     for key in SIZE_KEYS:
         raw = block.get(key)
-        if isinstance(raw, Unresolved):
+        if raw is None:  # absent or null: AutoModel's default
+            sizes[key] = None if key == "dp_size" else 1
+        elif isinstance(raw, Unresolved):
             sizes[key] = None
         elif key == "dp_size":
             sizes[key] = raw if is_positive_int(raw) else None
-        elif key == "dp_replicate_size":
-            sizes[key] = automodel_degree(raw) if not isinstance(raw, bool) else 1
         else:
             sizes[key] = automodel_degree(raw) if not isinstance(raw, bool) else 1
     return sizes

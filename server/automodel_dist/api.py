@@ -56,17 +56,21 @@ def _finding(rule: str, message: str, *, path: str = "<root>", line: int | None 
     return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
-def load_config(config: ConfigInput) -> Document:
-    """Load any accepted config form into a :class:`Document` (never raises for bad content)."""
+def load_config(config: ConfigInput, overrides: Overrides = None) -> Document:
+    """Load any accepted config form into a :class:`Document` (never raises for bad content), with the
+    launch command's ``overrides`` applied."""
     if isinstance(config, Path):
-        return load_path(config)
-    if isinstance(config, (str, bytes)):
-        return load_text(config)
-    if isinstance(config, Mapping):
-        return from_mapping(dict(config))
-    doc = Document(data=None)
-    doc.findings.append(_finding("yaml-root-not-mapping",
-                                 f"config must be YAML text, a file path or a mapping, not {type(config).__name__}"))
+        doc = load_path(config)
+    elif isinstance(config, (str, bytes)):
+        doc = load_text(config)
+    elif isinstance(config, Mapping):
+        doc = from_mapping(dict(config))
+    else:
+        doc = Document(data=None)
+        doc.findings.append(_finding("yaml-root-not-mapping", "config must be YAML text, a file path or a mapping, "
+                                     f"not {type(config).__name__}"))
+    if overrides is not None and isinstance(doc.data, dict):
+        apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
     return doc
 
 
@@ -180,9 +184,7 @@ def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
 def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
              torch_version: Any = None, overrides: Overrides = None
              ) -> tuple[Context | None, Document, list[Finding], str | None]:
-    doc = load_config(config)
-    if overrides is not None and isinstance(doc.data, dict):
-        apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
+    doc = load_config(config, overrides)
     findings: list[Finding] = []
     split = _split(doc)
     world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..api import ConfigInput, _is_bare_block, _split, load_config, validate_config
-from ..config.overrides import apply_overrides
+from ..api import ConfigInput, _split, load_config, validate_config
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import Layout
 from ..report import Finding
@@ -101,19 +100,11 @@ def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequen
     over = list(launch) if launch is not None else []
     active = {k: v for k, v in layout.items() if v is not None}
     over += [f"distributed.{_LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
-    block = _block(config, over)
+    block = dict(_split(load_config(config, over)).block or {})
     if active and is_positive_int(block.get("pp_size")) and block["pp_size"] > 1 and block.get("pipeline") is None:
         over.append("distributed.pipeline={}")
-        block = _block(config, over)
+        block["pipeline"] = {}
     return (over if launch is not None or active else None), block
-
-
-def _block(config: ConfigInput, overrides: list[str]) -> dict[str, Any]:
-    doc = load_config(config)
-    if overrides and isinstance(doc.data, dict):
-        apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
-    block = _split(doc).block
-    return dict(block) if block is not None else {}
 
 
 def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, backend: str | None,

@@ -52,6 +52,9 @@ def _unreadable(report: ValidationReport) -> bool:
     return any(f.rule in _UNREADABLE for f in report.findings)
 
 
+_FILE = "<FILE>"  # stands for the config given before -- when the launch command names none
+
+
 def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = True
             ) -> tuple[list[str], list[str] | None]:
     """The files and overrides, with the launch command after ``--`` (AutoModel's own reading of it:
@@ -63,28 +66,21 @@ def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = Tru
     from .config.overrides import parse_launch_args
 
     tail = list(args.launch)
-    if files and tail and not tail[0].startswith("-"):  # FILE and the launcher's own CONFIG: the same file
-        if tail[0] != files[0]:
-            raise UsageError(f"the config is given twice: {files[0]} and {tail[0]} (after --)")
-        tail = tail[1:]
-    default = not files and not need_file and (not tail or (tail[0].startswith("-") and tail[0] not in ("-c",
-                                                                                                      "--config")))
-    try:  # a FILE given before -- stands where the launcher's config would be (smoke: its built-in default)
-        launch = parse_launch_args((files[:1] or (["<default>"] if default else [])) + tail)
+    named = bool(tail) and (not tail[0].startswith("-") or tail[0] in ("-c", "--config"))  # the tail's own config
+    try:  # otherwise FILE (or smoke's default) stands where the launcher's config would be
+        launch = parse_launch_args(tail if named else [_FILE, *tail])
     except ValueError as exc:
         raise UsageError(f"launch arguments after --: {exc}") from exc
-    if default:
-        launch.config = None
     ours = {k for name in vars(args) for k in (name, name.replace("_", "-"))}
     for item in launch.overrides:
         key = item.split("=", 1)[0]
         if key in ours:
             raise UsageError(f"--{key} after -- would be an AutoModel override (a top-level `{key}:` key); "
                              "put automodel-dist's own options before --")
-    if launch.config is not None and not files:
-        files = [launch.config]
-    elif launch.config is not None and launch.config != files[0]:
-        raise UsageError(f"the config is given twice: {files[0]} and {launch.config} (after --)")
+    if launch.config not in (None, _FILE):
+        if files and launch.config != files[0]:
+            raise UsageError(f"the config is given twice: {files[0]} and {launch.config} (after --)")
+        files = files or [launch.config]
     if not files and need_file:
         raise UsageError("give the config FILE, or name it in the launch command after --")
     if launch.nproc_per_node is not None and not (args.world_size or getattr(args, "nodes", None)

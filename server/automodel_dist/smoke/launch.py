@@ -86,10 +86,11 @@ class Plan:
     report_base: dict[str, Any] = field(default_factory=dict)
 
 
-_LAYOUT_KEYS = {"strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
-                "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
-                "activation_checkpointing": "activation_checkpointing",
-                "pp_schedule": "pipeline.pp_schedule"}
+LAYOUT_KEYS = {  # run_smoke_test's layout keywords -> their key in distributed:
+    "strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
+    "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
+    "activation_checkpointing": "activation_checkpointing", "pp_schedule": "pipeline.pp_schedule",
+}
 
 
 def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequence[str] | None
@@ -99,7 +100,7 @@ def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequen
     resulting ``distributed:`` block. With layout keywords, pp > 1 without a ``pipeline:`` block gets ``{}``."""
     over = list(launch) if launch is not None else []
     active = {k: v for k, v in layout.items() if v is not None}
-    over += [f"distributed.{_LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
+    over += [f"distributed.{LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
     block = dict(_split(load_config(config, over)).block or {})
     if active and is_positive_int(block.get("pp_size")) and block["pp_size"] > 1 and block.get("pipeline") is None:
         over.append("distributed.pipeline={}")

@@ -9,6 +9,7 @@ from ..api import ConfigInput
 from .launch import (
     DEFAULT_PG_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
+    LAYOUT_KEYS,
     ProgressFn,
     SmokeUsageError,
     execute,
@@ -51,8 +52,7 @@ def run_smoke_test(
     """
     if launcher not in ("elastic", "torchrun"):
         raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
-    unknown = set(layout) - {"strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
-                             "sequence_parallel", "activation_checkpointing"}
+    unknown = set(layout) - set(LAYOUT_KEYS)
     if unknown:
         raise TypeError(f"run_smoke_test() got unexpected keyword argument(s): {sorted(unknown)}")
     if config is None:  # the default layout, unless layout keywords describe one

@@ -311,6 +311,27 @@ def test_default_rendezvous_port_taken(launcher, monkeypatch):
     assert_passed(report)
 
 
+def test_ranks_are_forked_from_a_single_threaded_process():
+    """The elastic agent has threads (its store's server, a keep-alive timer); a rank forked from it while
+    one held a libc lock hung in getaddrinfo inside init_process_group about once in 100 4-rank runs. The
+    ranks come from a fork server instead: a process with one thread."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    before = set(leftover_dirs())
+    try:
+        report = run_smoke_test(world_size=2, steps=2, precision="fp32", keep_dir=True)
+        assert_passed(report)
+        (run_dir,) = set(leftover_dirs()) - before
+        ranks = [json.loads(p.read_text()) for p in (Path(tempfile.gettempdir()) / run_dir).glob("rank*.json")]
+        assert sorted(r["rank"] for r in ranks) == [0, 1]
+        assert [r["parent_threads"] for r in ranks] == [1, 1]
+    finally:
+        for name in set(leftover_dirs()) - before:
+            shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
+
+
 def test_two_runs_at_once_do_not_interfere():
     reports: dict[str, object] = {}
 

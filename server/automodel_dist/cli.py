@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
     run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP or stall@RANK:0")
     run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
-                     help="elastic: torch's elastic agent forks the ranks (fast); torchrun: the torchrun CLI")
+                     help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI")
     sm.add_argument("--json", action="store_true")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)

@@ -1,36 +1,46 @@
 """The launcher process: torch's elastic agent (``torch.distributed.launcher.api.elastic_launch``).
 
-``python -m automodel_dist.smoke.agent --spec spec.json`` imports torch once and forks the ranks
-(start_method ``fork``), so they do not each pay the torch import; rendezvous, per-rank logs,
-failure propagation and worker teardown are torch's own (the same machinery as ``torchrun``). It
-dies with its parent (PR_SET_PDEATHSIG), and so do the ranks.
+``python -m automodel_dist.smoke.agent --spec spec.json`` runs the ranks through a fork server
+(start_method ``forkserver``) that imports torch once, while the agent imports its own, so the ranks
+do not each pay the torch import; rendezvous, per-rank logs, failure propagation and worker teardown
+are torch's own (the same machinery as ``torchrun``). It dies with its parent (PR_SET_PDEATHSIG), and
+so do the ranks.
+
+Why not plain ``fork`` from the agent: the agent has threads (the rendezvous store's server, its
+keep-alive timer) when it forks, and a rank forked while one of them held a libc lock inherits the
+lock held forever. Seen here about once in 100 four-rank runs: the store's server thread was
+resolving a peer's address as the last rank was forked, and that rank hung in ``getaddrinfo``
+(``__resolv_context_get``) inside ``init_process_group`` until the process-group timeout. The fork
+server is a fresh single-threaded process, so nothing is held when it forks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
 
 from ._exec import set_pdeathsig
 
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
+           "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
+           "torch.distributed._functional_collectives", "torch.distributed.tensor.experimental",
+           "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel",
+           "torch.utils.checkpoint", "automodel_dist.smoke.parallelize", "automodel_dist.smoke.tiny_models",
+           "automodel_dist.smoke.worker")
+"""What every rank needs, imported by the fork server before it forks them (a name an older torch
+lacks is skipped; the rank imports what exists when it needs it)."""
 
-def _preimport() -> None:
-    """Import what every rank needs before forking, so no rank pays for it."""
-    import importlib
 
-    for name in ("torch.distributed.device_mesh", "torch.distributed.tensor", "torch.distributed.tensor.parallel",
-                 "torch.distributed.fsdp", "torch.distributed.pipelining", "torch.distributed._functional_collectives",
-                 "torch.distributed.tensor.experimental", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
-                 "torch.nn.parallel", "torch.utils.checkpoint", "automodel_dist.smoke.parallelize",
-                 "automodel_dist.smoke.tiny_models"):
-        try:
-            importlib.import_module(name)
-        except ImportError:  # older torch: the rank imports what exists when it needs it
-            pass
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports (:data:`PRELOAD`) run while the agent imports."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.forkserver.ensure_running()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,14 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="automodel-dist smoke launcher (elastic agent)")
     ap.add_argument("--spec", required=True)
     ap.add_argument("--nproc", type=int, required=True)
-    ap.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
+    ap.add_argument("--start-method", default="forkserver", choices=["forkserver", "spawn"])
     args = ap.parse_args(argv)
     spec_path = Path(args.spec)
     run_dir = spec_path.parent
 
-    import torch  # noqa: F401  - imported once here; forked ranks inherit it
-    if args.start_method == "fork" and args.nproc > (os.cpu_count() or 1):
-        _preimport()  # more ranks than cores: importing once beats importing in parallel
+    if args.start_method == "forkserver":
+        start_fork_server()
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

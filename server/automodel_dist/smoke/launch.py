@@ -282,7 +282,7 @@ LAUNCHERS = ("elastic", "torchrun")
 
 
 def launcher_args(launcher: str, nproc: int, run_dir: Path, spec_path: Path) -> list[str]:
-    """The command the parent runs: torch's elastic agent with forked ranks, or the torchrun CLI."""
+    """The command the parent runs: torch's elastic agent (ranks from a fork server), or the torchrun CLI."""
     if launcher == "elastic":
         return [sys.executable, "-m", "automodel_dist.smoke.agent", "--spec", str(spec_path), "--nproc", str(nproc)]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",

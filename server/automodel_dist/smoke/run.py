@@ -47,7 +47,7 @@ def run_smoke_test(
     is called as the run advances; ``cancel`` (anything with ``is_set()``) stops it. ``fault``
     (``crash@R:S``, ``hang@R:S``, ``skew@R:S``) injects a failure for testing. ``precision`` is
     ``auto`` (the config's mp_policy; AutoModel's default is bf16), ``fp32`` or ``bf16``.
-    ``launcher`` is ``elastic`` (torch's elastic agent forking the ranks: no per-rank torch import)
+    ``launcher`` is ``elastic`` (torch's elastic agent, ranks forked from a fork server: no per-rank torch import)
     or ``torchrun`` (the CLI, exactly the reproduce command).
     """
     if launcher not in ("elastic", "torchrun"):

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -50,6 +51,16 @@ def _fault(spec: dict[str, Any], rank: int, step: int, kind: str) -> bool:
     return f.get("kind") == kind and f.get("rank") == rank and f.get("step") == step
 
 
+def _parent_threads() -> int | None:
+    """Threads of the process this rank was forked from (Linux; None elsewhere). A rank forked from a
+    multi-threaded process can inherit a libc lock another thread held, and hang on it."""
+    try:
+        status = Path(f"/proc/{os.getppid()}/status").read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), None)
+
+
 def _peak_rss_mib() -> float:
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
@@ -73,7 +84,7 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     progress = _Progress(spec.get("progress_file"), rank)
-    result: dict[str, Any] = {"rank": rank, "t_start": t_start}
+    result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads()}
     timings: dict[str, float] = {"import_s": t_imported - t_import}
 
     backend = spec.get("backend") or "auto"
@@ -351,7 +362,18 @@ def _cp_context(meshes: Any, cp: int, device: Any) -> Any:
     return ctx
 
 
+class SignalException(Exception):
+    """A stop signal (SIGTERM, SIGHUP, SIGQUIT) raised as an exception, so the rank reports where it was."""
+
+
+def _raise_on_signal(signum: int, frame: Any) -> None:
+    raise SignalException(f"Process {os.getpid()} got signal: {signal.Signals(signum).name}")
+
+
 def _run_and_write(spec_path: str, t_start: float) -> int:
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):  # a fresh rank (fork server, spawn) has no handler of its own
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _raise_on_signal)
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
     out_dir = Path(spec.get("run_dir") or Path(spec_path).parent)
@@ -384,7 +406,7 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
 
 
 def entry(spec_path: str) -> None:
-    """Entry point for torch's elastic_launch (the ranks are forked from the agent)."""
+    """Entry point for torch's elastic_launch (the ranks are forked from the agent's fork server)."""
     if _run_and_write(spec_path, time.time()):
         raise SystemExit(1)  # the elastic agent sees the failure and stops the other ranks
 

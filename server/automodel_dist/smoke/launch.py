@@ -523,6 +523,9 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
             max_grad_rel_diff=res.get("max_grad_rel_diff"),
             error=res.get("error"), traceback_tail=res.get("traceback", [])))
     base = dict(plan.report_base, ranks=ranks, launcher_log_tail=log_tail)
+    base["notes"] = list(base.get("notes") or [])
+    for res in results.values():  # workarounds the ranks applied, once each
+        base["notes"] += [n for n in res.get("notes") or [] if isinstance(n, str) and n not in base["notes"]]
     first = next((results[r] for r in sorted(results) if "error" not in results[r]), None)
     any_res = results.get(0) or next(iter(results.values()), {})
     base.update(backend=any_res.get("backend"), device=any_res.get("device"))

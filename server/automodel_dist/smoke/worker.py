@@ -84,7 +84,8 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     progress = _Progress(spec.get("progress_file"), rank)
-    result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads()}
+    notes: list[str] = []  # workarounds this rank applied (reported once per run)
+    result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads(), "notes": notes}
     timings: dict[str, float] = {"import_s": t_imported - t_import}
 
     backend = spec.get("backend") or "auto"
@@ -193,6 +194,9 @@ def run(spec: dict[str, Any], t_start: float = T_START,
         from torch.distributed.pipelining.schedules import get_schedule_class
 
         stages = [PipelineStage(m, sid, n_stages, device, group=meshes.axes["pp"].get_group()) for sid, m in parts]
+        if backend == "gloo":
+            for stage in stages:
+                _skip_self_p2p_warmup(stage, notes)
         cls = get_schedule_class(pipe["schedule"])
         multi = len(stages) > 1 or pipe["schedule"] not in ("1F1B", "GPipe")
         schedule = cls(stages if multi else stages[0], n_microbatches=pipe["n_microbatches"], loss_fn=loss_fn,
@@ -322,6 +326,30 @@ def _compare(parts: list, reference: dict, par: Any, ep: int, *, grads: bool) ->
             if diff > worst:
                 worst, worst_name = diff, key
     return worst, worst_name
+
+
+def _skip_self_p2p_warmup(stage: Any, notes: list[str]) -> None:
+    """Before torch 2.13 a pipeline schedule warms its links up by sending a scalar to each neighbouring
+    stage, also to one on the same rank (V schedules such as ZBVZeroBubble and DualPipeV put stages s and
+    s+1 together). gloo cannot send to its own rank ("Pair is not connected"; NCCL can, and torch 2.13+
+    warms up without it), so under gloo those self-pairs are dropped: both ends are on this rank and the
+    schedule itself never sends between them. Adds a note when it happens; a torch without that warm-up
+    (2.15 has none) is left as it is."""
+    warm = getattr(stage, "_get_init_p2p_neighbors_ops", None)
+    if warm is None:
+        return
+
+    def ops() -> list:
+        all_ops = warm()
+        kept = [op for op in all_ops if getattr(op, "group_peer", None) != stage.group_rank]
+        if len(kept) < len(all_ops):
+            msg = ("gloo cannot send to its own rank: this torch release's pipeline warm-up send/recv between "
+                   "adjacent stages on the same rank was skipped (NCCL sends it; torch 2.13+ does not)")
+            if msg not in notes:
+                notes.append(msg)
+        return kept
+
+    stage._get_init_p2p_neighbors_ops = ops
 
 
 def _is_expert(model: Any, param: Any) -> bool:

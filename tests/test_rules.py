@@ -788,6 +788,23 @@ def test_all_findings_at_once():
     ]
 
 
+def test_node_crossing_is_checked_when_only_ep_fails():
+    """An EP error leaves AutoModel's device mesh intact: its tp/cp groups that cross nodes are still reported
+    (not one fix at a time), and the groups are those of the layout without EP."""
+    text = "distributed:\n  tp_size: 3\n  cp_size: 2\n  pp_size: 2\n  pipeline: {}\n  ep_size: 5\n"
+    report = validate_config(text, nodes=3, gpus_per_node=8)
+    found = {(f.rule, f.severity, f.line) for f in report.findings}
+    assert ("ep-not-divisible", "error", 6) in found
+    assert ("tp-cross-node", "warning", 2) in found and ("cp-cross-node", "warning", 3) in found
+    fixed = validate_config(text.replace("ep_size: 5", "ep_size: 4"), nodes=3, gpus_per_node=8)
+    assert "ep-not-divisible" not in {f.rule for f in fixed.findings} and fixed.resolved.ep_shard == 3
+    cross = lambda r: [(f.rule, f.message) for f in r.findings if f.rule.endswith("-cross-node")]  # noqa: E731
+    assert cross(report) == cross(fixed) and len(cross(report)) == 2
+    # a device mesh that does not fit the world size has no groups to check
+    bad = validate_config("distributed:\n  tp_size: 5\n  ep_size: 5\n", nodes=3, gpus_per_node=8)
+    assert not [f for f in bad.findings if f.rule.endswith("-cross-node")]
+
+
 def test_bare_block_and_recipe_agree():
     bare = validate_config("tp_size: 3\n", world_size=8)
     recipe = validate_config("distributed:\n  tp_size: 3\n", world_size=8)

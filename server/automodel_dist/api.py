@@ -214,12 +214,18 @@ def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: An
         ctx.pp_schedule = schedule_class_name(name) if isinstance(name, str) else None
     ctx.ep_shard = ep_shard_of(ctx)
     if ctx.strategy is not None and world is not None:
-        try:
-            ctx.layout = Layout.build(ctx.strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_size=dp_size,
-                                      dp_replicate=rep)
-        except ValueError:
-            ctx.layout = None
+        ctx.layout = ctx.device_layout = _layout(ctx.strategy, world, tp, pp, cp, ep, dp_size, rep)
+        if ctx.layout is None and ep > 1:  # an EP error leaves the device mesh (tp/cp groups) to check
+            ctx.device_layout = _layout(ctx.strategy, world, tp, pp, cp, 1, dp_size, rep)
     return ctx, doc, findings, source
+
+
+def _layout(strategy: str, world: int, tp: int, pp: int, cp: int, ep: int, dp_size: int | None,
+            rep: int) -> Layout | None:
+    try:
+        return Layout.build(strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_size=dp_size, dp_replicate=rep)
+    except ValueError:
+        return None
 
 
 def _sorted(findings: list[Finding]) -> list[Finding]:

@@ -298,6 +298,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+def _cluster_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--world-size", type=_positive, help="total ranks (default: --nodes x --gpus-per-node, "
+                   "--nproc-per-node after --, or the recipe's ci: block)")
+    g.add_argument("--nodes", type=_positive, help="nodes in the job (with --gpus-per-node)")
+    g.add_argument("--gpus-per-node", type=_positive, help="GPUs per node: turns on the checks of groups that "
+                   "cross nodes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="automodel-dist", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = p.add_subparsers(dest="command", required=True)
@@ -308,9 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recipe YAML(s), bare distributed: block(s), or - for stdin; each is checked on its own "
                         "(a recipe's ci: block gives its world size when no cluster option is given)")
     g = v.add_argument_group("cluster")
-    g.add_argument("--world-size", type=_positive)
-    g.add_argument("--nodes", type=_positive)
-    g.add_argument("--gpus-per-node", type=_positive)
+    _cluster_arguments(g)
     v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
     v.add_argument("--torch-version", help="the torch release the job will run on, e.g. 2.15.0+cu132 "
                    "(AutoModel 0.7.0's FSDP2 path fails on torch >= 2.15)")
@@ -322,33 +328,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs",
                        epilog=LAUNCH_HELP)
-    m.add_argument("file", nargs="?")
-    m.add_argument("--world-size", type=_positive)
-    m.add_argument("--gpus-per-node", type=_positive)
+    m.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
+    m.add_argument("--world-size", type=_positive, help="total ranks (or --nproc-per-node after --)")
+    m.add_argument("--gpus-per-node", type=_positive, help="GPUs per node: node placement, groups that cross "
+                   "nodes and the picture's rows")
     m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")
     m.add_argument("--axis", help="axis to draw in the picture (tp, cp, dp_shard, ep, ...)")
     m.add_argument("--svg", help="also write the picture as an SVG file")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print the mesh report as JSON")
     m.set_defaults(func=cmd_mesh)
 
     e = sub.add_parser("explain", help="map an AutoModel/torch error message to its cause and fix")
     e.add_argument("text", nargs="?", help="the error text, a file holding it, or - / nothing for stdin")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the matches as JSON")
     e.set_defaults(func=cmd_explain)
 
     sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity",
                         epilog=LAUNCH_HELP)
     sm.add_argument("file", nargs="?", help="recipe or distributed: block (default: FSDP2 + TP 2)")
     sm.add_argument("--world-size", type=_positive, help="default 4 (or --nproc-per-node after --)")
-    sm.add_argument("--steps", type=_positive, default=3)
-    sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama")
+    sm.add_argument("--steps", type=_positive, default=3, help="training steps compared with one process (default 3)")
+    sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama",
+                    help="the tiny model to train (default tiny-llama; tiny-moe has experts for ep > 1)")
     lay = sm.add_argument_group("layout (overrides the file)")
     lay.add_argument("--strategy", choices=["fsdp2", "megatron_fsdp", "ddp"])
     for flag in ("tp", "pp", "cp", "ep", "dp-replicate"):
-        lay.add_argument(f"--{flag}", type=_positive, dest=flag.replace("-", "_"))
+        lay.add_argument(f"--{flag}", type=_positive, dest=flag.replace("-", "_"), help=f"{flag.replace('-', '_')}_size")
     lay.add_argument("--pp-schedule", help="1f1b, gpipe, interleaved1f1b, loopedbfs, interleavedzerobubble, "
                      "zbvzerobubble, dualpipev")
-    lay.add_argument("--sequence-parallel", action="store_true")
+    lay.add_argument("--sequence-parallel", action="store_true", help="sequence_parallel: true (with --tp)")
     lay.add_argument("--activation-checkpointing", type=_ac_flag, metavar="{true,false,selective}")
     run = sm.add_argument_group("run")
     run.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with enough GPUs, else gloo")
@@ -359,41 +367,44 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP or stall@RANK:0")
     run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
                      help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI")
-    sm.add_argument("--json", action="store_true")
+    sm.add_argument("--json", action="store_true", help="print the smoke report as JSON")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)
 
-    def sizing(ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--gpu", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, GB200, "
-                        "L40S")
+    def sizing(ap: argparse.ArgumentParser, defaults: str) -> None:
+        ap.add_argument("--gpu", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB (default), H200-141GB, "
+                        "B200, GB200, L40S")
         ap.add_argument("--memory-gib", type=float, help="override the GPU's memory")
-        ap.add_argument("--seq-len", type=_positive)
+        ap.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: " + (
+            "the recipe's dataset.seq_len or packed_sequence_size, else 4096)" if defaults == "recipe" else "4096)"))
         ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch")
-        ap.add_argument("--global-batch-size", type=_positive)
+        ap.add_argument("--global-batch-size", type=_positive, help="sequences per optimizer step (default: " + (
+            "the recipe's step_scheduler.global_batch_size, else one micro batch per data-parallel rank)"
+            if defaults == "recipe" else "one micro batch per GPU, the same for every layout)"))
         ap.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp32"], default="bf16",
                         help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
                         "weights (model.torch_dtype: float32) with bf16 compute")
         ap.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
-        ap.add_argument("--json", action="store_true")
+        ap.add_argument("--json", action="store_true", help="print the report as JSON")
 
     es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout",
                         epilog=LAUNCH_HELP)
-    es.add_argument("file", nargs="?")
+    es.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
     es.add_argument("--model", required=True, help="catalog name or config.json path")
     g = es.add_argument_group("cluster")
-    g.add_argument("--world-size", type=_positive)
-    g.add_argument("--nodes", type=_positive)
-    g.add_argument("--gpus-per-node", type=_positive)
-    sizing(es)
+    _cluster_arguments(g)
+    sizing(es, "recipe")
     es.set_defaults(func=cmd_estimate)
 
     su = sub.add_parser("suggest", help="ranked layouts that fit a model on a cluster")
     su.add_argument("--model", required=True, help="catalog name or config.json path")
-    su.add_argument("--nodes", type=_positive, default=1)
-    su.add_argument("--gpus-per-node", type=_positive)
-    su.add_argument("--top", type=_positive, default=5)
-    su.add_argument("--no-activation-checkpointing", action="store_true")
-    sizing(su)
+    su.add_argument("--nodes", type=_positive, default=1, help="nodes (default 1)")
+    su.add_argument("--gpus-per-node", type=_positive, help="GPUs per node (default: the GPU's usual node, 8; "
+                    "72 for GB200)")
+    su.add_argument("--top", type=_positive, default=5, help="layouts to show (default 5)")
+    su.add_argument("--no-activation-checkpointing", action="store_true",
+                    help="only layouts that fit without activation checkpointing")
+    sizing(su, "search")
     su.set_defaults(func=cmd_suggest)
 
     sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")
@@ -403,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     mo = sub.add_parser("models", help="list the built-in model catalog")
-    mo.add_argument("--json", action="store_true")
+    mo.add_argument("--json", action="store_true", help="print the catalogs as JSON")
     mo.set_defaults(func=cmd_models)
 
     for extra in _EXTRA_COMMANDS:

@@ -788,9 +788,9 @@ def test_all_findings_at_once():
     ]
 
 
-def test_node_crossing_is_checked_when_only_ep_fails():
-    """An EP error leaves AutoModel's device mesh intact: its tp/cp groups that cross nodes are still reported
-    (not one fix at a time), and the groups are those of the layout without EP."""
+def test_node_crossing_is_checked_when_only_ep_or_hsdp_fails():
+    """tp and cp groups depend on neither ep_size nor dp_replicate_size: when only those fail, the groups that
+    cross nodes are still reported (not one fix at a time), exactly as once the error is fixed."""
     text = "distributed:\n  tp_size: 3\n  cp_size: 2\n  pp_size: 2\n  pipeline: {}\n  ep_size: 5\n"
     report = validate_config(text, nodes=3, gpus_per_node=8)
     found = {(f.rule, f.severity, f.line) for f in report.findings}
@@ -800,6 +800,16 @@ def test_node_crossing_is_checked_when_only_ep_fails():
     assert "ep-not-divisible" not in {f.rule for f in fixed.findings} and fixed.resolved.ep_shard == 3
     cross = lambda r: [(f.rule, f.message) for f in r.findings if f.rule.endswith("-cross-node")]  # noqa: E731
     assert cross(report) == cross(fixed) and len(cross(report)) == 2
+    hsdp = text.replace("ep_size: 5", "dp_replicate_size: 3")  # dp=2 is not a multiple of 3
+    report = validate_config(hsdp, nodes=3, gpus_per_node=8)
+    assert "dp-replicate-not-multiple" in {f.rule for f in report.errors}
+    fixed = validate_config(hsdp.replace("dp_replicate_size: 3", "dp_replicate_size: 2"), nodes=3, gpus_per_node=8)
+    assert "dp-replicate-not-multiple" not in {f.rule for f in fixed.findings}
+    assert cross(report) == cross(fixed) and len(cross(report)) == 2
+    # ep_shard = dp*cp*tp / ep does not depend on HSDP either: an HSDP error leaves ep-shard-uneven reported
+    moe = "distributed:\n  ep_size: 8\n  dp_replicate_size: 5\n"
+    found = [f.rule for f in validate_config(moe, nodes=3, gpus_per_node=8, model="Qwen/Qwen3-30B-A3B").errors]
+    assert found == ["ep-shard-uneven", "dp-replicate-not-multiple"]
     # a device mesh that does not fit the world size has no groups to check
     bad = validate_config("distributed:\n  tp_size: 5\n  ep_size: 5\n", nodes=3, gpus_per_node=8)
     assert not [f for f in bad.findings if f.rule.endswith("-cross-node")]

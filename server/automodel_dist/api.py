@@ -214,9 +214,9 @@ def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: An
         ctx.pp_schedule = schedule_class_name(name) if isinstance(name, str) else None
     ctx.ep_shard = ep_shard_of(ctx)
     if ctx.strategy is not None and world is not None:
-        ctx.layout = ctx.device_layout = _layout(ctx.strategy, world, tp, pp, cp, ep, dp_size, rep)
-        if ctx.layout is None and ep > 1:  # an EP error leaves the device mesh (tp/cp groups) to check
-            ctx.device_layout = _layout(ctx.strategy, world, tp, pp, cp, 1, dp_size, rep)
+        ctx.layout = ctx.tp_cp_layout = _layout(ctx.strategy, world, tp, pp, cp, ep, dp_size, rep)
+        if ctx.layout is None and (ep > 1 or rep > 1):  # tp/cp groups depend on neither: still checked
+            ctx.tp_cp_layout = _layout(ctx.strategy, world, tp, pp, cp, 1, dp_size, 1)
     return ctx, doc, findings, source
 
 

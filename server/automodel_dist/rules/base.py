@@ -38,7 +38,7 @@ class Context:
     pp_schedule: str | None = None  # torch class name, when pp > 1 and it is known
     ac: bool | str | None = None
     layout: Layout | None = None  # the meshes, when the sizes resolve to a buildable layout
-    device_layout: Layout | None = None  # the device mesh alone: ``layout``, or built with ep_size 1 when only EP fails
+    tp_cp_layout: Layout | None = None  # ``layout``, or one without EP and HSDP (same tp/cp groups) when they fail
     torch_version: str | None = None  # the torch release the job will run on, when the caller says
 
     def has(self, key: str) -> bool:

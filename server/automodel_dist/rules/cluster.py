@@ -32,7 +32,7 @@ def world_partial_node(ctx: Context) -> Iterator[Finding]:
 
 
 def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Finding]:
-    layout, g = ctx.device_layout, ctx.gpus_per_node  # the device mesh: an EP error does not hide these
+    layout, g = ctx.tp_cp_layout, ctx.gpus_per_node  # an EP or dp_replicate error does not hide these
     if layout is None or not g or layout.device_mesh() is None:
         return
     if axis not in {a.name for a in layout.axes} or layout.axis_size(axis) <= 1:

@@ -141,21 +141,23 @@ def expert_shard_ok(m: ModelSpec, ep_shard: int) -> bool:
             "parallelizes the model, after launch (e.g. 3 nodes x 8 GPUs with ep_size 8: ep_shard 3).",
       fix="Pick ep_size (or the number of ranks) so that ep_shard divides hidden_size and moe_intermediate_size.")
 def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
-    m, impl, lay, ep = ctx.model, _impl(ctx), ctx.layout, ctx.size("ep_size")
-    if m is None or impl is None or not impl.ep or not m.is_moe or lay is None or ep <= 1 or ctx.strategy != "fsdp2":
+    # ep_shard needs dp, cp and tp, not the whole layout: an HSDP error elsewhere does not hide this one
+    m, impl, ep, shard = ctx.model, _impl(ctx), ctx.size("ep_size"), ctx.ep_shard
+    if m is None or impl is None or not impl.ep or not m.is_moe or ep <= 1 or ctx.strategy != "fsdp2":
         return
-    if expert_shard_ok(m, lay.ep_shard) or m.num_experts % ep:
+    if ctx.dp is None or shard is None or expert_shard_ok(m, shard) or m.num_experts % ep:
         return
     bad = " and ".join(f"{k}={v}" for k, v in (("hidden_size", m.hidden_size), ("moe_intermediate_size",
-                                                m.moe_intermediate_size)) if v % lay.ep_shard)
-    non_pp = lay.dp * lay.cp * lay.tp
+                                                m.moe_intermediate_size)) if v % shard)
+    dp, cp, tp = ctx.dp, ctx.size("cp_size"), ctx.size("tp_size")
+    non_pp = dp * cp * tp
     good = [e for e in valid_ep_sizes(m) if e > 1 and non_pp % e == 0
-            and expert_shard_ok(m, ep_shard_size(dp=lay.dp, cp=lay.cp, tp=lay.tp, ep=e))]
+            and expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e))]
     fix = (f"ep_size in {fmt_set(good)}" if good else
            f"ep_size: 1 (experts are then FSDP-sharded on dim 0), or a rank count where ep_shard = dp*cp*tp / "
            f"ep_size divides gcd(hidden_size, moe_intermediate_size) = {math.gcd(m.hidden_size, m.moe_intermediate_size)}")
     yield finding(ctx, "ep-shard-uneven", ("ep_size",),
-                  f"ep_shard={lay.ep_shard} (dp*cp*tp={non_pp} / ep_size={ep}) does not divide {bad} of {m.name}: "
+                  f"ep_shard={shard} (dp*cp*tp={non_pp} / ep_size={ep}) does not divide {bad} of {m.name}: "
                   "AutoModel FSDP-shards the grouped expert weights over ep_shard on dim 1 and torch raises 'FSDP "
                   "does not support uneven sharding on dim 1' when AutoModel parallelizes the model, after launch",
                   fix)

@@ -110,7 +110,13 @@ def test_explain_and_models(capsys):
     assert main(["explain", "all is well"]) == 1
     assert "no known" in capsys.readouterr().out
     assert main(["models", "--json"]) == 0
-    assert any(m["name"] == "meta-llama/Llama-3.1-8B" for m in json.loads(capsys.readouterr().out))
+    cat = json.loads(capsys.readouterr().out)
+    assert any(m["name"] == "meta-llama/Llama-3.1-8B" and m["head_dim"] == 128 for m in cat["models"])
+    assert {"name": "H100-80GB", "intra_gbps": 450.0, "inter_gbps": 50.0, "gpus_per_node": 8} .items() <= next(
+        g for g in cat["gpus"] if g["name"] == "H100-80GB").items()
+    assert main(["models"]) == 0
+    text = capsys.readouterr().out  # both tables
+    assert "meta-llama/Llama-3.1-8B" in text and "GB200" in text and "bf16 TFLOP/s" in text
 
 
 def test_console_script_runs():

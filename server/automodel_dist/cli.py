@@ -282,18 +282,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .catalog.models import catalog
+    from .catalog.listing import catalogs
 
-    rows = [s.to_dict() for s in catalog()]
+    cat = catalogs()
     if args.json:
-        _print_json(rows)
+        _print_json(cat.model_dump(mode="json"))
         return EXIT_OK
-    w = max(len(r["name"]) for r in rows)
+    w = max(len(m.name) for m in cat.models)
     print(f"{'model':<{w}} {'params':>8} {'active':>8} {'layers':>6} {'heads':>5} {'kv':>4} {'experts':>7}  hybrid")
-    for r in rows:
-        mix = ", ".join(f"{n} {t}" for t, n in (r["layer_types"] or {}).items())
-        print(f"{r['name']:<{w}} {r['params'] / 1e9:>7.1f}B {r['active_params'] / 1e9:>7.1f}B {r['num_layers']:>6} "
-              f"{r['num_attention_heads']:>5} {r['num_key_value_heads']:>4} {r['num_experts'] or '-':>7}  {mix}".rstrip())
+    for m in cat.models:
+        mix = ", ".join(f"{n} {t}" for t, n in (m.layer_types or {}).items())
+        print(f"{m.name:<{w}} {m.params / 1e9:>7.1f}B {m.active_params / 1e9:>7.1f}B {m.num_layers:>6} "
+              f"{m.num_attention_heads:>5} {m.num_key_value_heads:>4} {m.num_experts or '-':>7}  {mix}".rstrip())
+    w = max(len(g.name) for g in cat.gpus)
+    print(f"\n{'gpu':<{w}} {'GiB':>6} {'bf16 TFLOP/s':>12} {'per node':>8} {'GB/s in node':>12} {'to network':>10}  "
+          "interconnect")
+    for g in cat.gpus:
+        print(f"{g.name:<{w}} {g.memory_gib:>6.1f} {g.bf16_tflops:>12.0f} {g.gpus_per_node:>8} {g.intra_gbps:>12.0f} "
+              f"{g.inter_gbps:>10.1f}  {g.interconnect}")
     return EXIT_OK
 
 
@@ -413,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(sv)
     sv.set_defaults(func=cmd_serve)
 
-    mo = sub.add_parser("models", help="list the built-in model catalog")
+    mo = sub.add_parser("models", help="list the built-in model and GPU catalogs")
     mo.add_argument("--json", action="store_true", help="print the catalogs as JSON")
     mo.set_defaults(func=cmd_models)
 

@@ -28,8 +28,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from .catalog.gpus import gpu_catalog
-from .catalog.models import catalog, names_a_file
+from .catalog.listing import Catalogs, catalogs
+from .catalog.models import names_a_file
 from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
 from .estimate import Estimate
 from .mcp_stdio import add_serve_arguments
@@ -91,34 +91,6 @@ class EstimateResult(BaseModel):
     valid: bool
     estimate: Estimate | None = None
     findings: list[Finding] = Field(default_factory=list)
-
-
-class ModelEntry(BaseModel):
-    name: str
-    params: int
-    active_params: int
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    num_experts: int
-    architecture: str | None = Field(default=None, description="The class AutoModel builds (config.json "
-                                                               "architectures[0]).")
-    layer_types: dict[str, int] | None = Field(default=None, description="Hybrid models (Nemotron-H): layers per "
-                                                                         "mixer (mamba, attention, mlp, moe).")
-
-
-class GpuEntry(BaseModel):
-    name: str
-    memory_gib: float
-    bf16_tflops: float
-    gpus_per_node: int
-    interconnect: str
-
-
-class Catalogs(BaseModel):
-    models: list[ModelEntry]
-    gpus: list[GpuEntry]
 
 
 def _allowed_roots() -> list[Path] | None:
@@ -368,14 +340,7 @@ def create_server() -> MCPServer:
     @_anticipated
     def list_models() -> Catalogs:
         """The built-in model catalog (Hugging Face repo ids with their dimensions) and the GPU catalog."""
-        models = [ModelEntry(name=m.name, params=m.param_count(), active_params=m.active_param_count(),
-                             num_layers=m.num_layers, hidden_size=m.hidden_size,
-                             num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_key_value_heads,
-                             num_experts=m.num_experts, architecture=m.architecture,
-                             layer_types=m.layer_mix) for m in catalog()]
-        gpus = [GpuEntry(name=g.name, memory_gib=g.memory_gib, bf16_tflops=g.bf16_tflops,
-                         gpus_per_node=g.gpus_per_node, interconnect=g.interconnect) for g in gpu_catalog()]
-        return Catalogs(models=models, gpus=gpus)
+        return catalogs()
 
     return server
 

@@ -201,25 +201,6 @@ class ModelSpec:
         idle = self.num_moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()
         return self.param_count() - idle
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.hd,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "num_experts": self.num_experts,
-            "experts_per_token": self.experts_per_token,
-            "layer_types": self.layer_mix,
-            "params": self.param_count(),
-            "active_params": self.active_param_count(),
-            "published_params": self.published_params,
-            "architecture": self.architecture,
-        }
-
 
 def _llama(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
            published: float, aliases: tuple[str, ...] = ()) -> ModelSpec:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import memtrack
@@ -130,6 +131,36 @@ def test_estimate_memory_rejects_invalid_configs():
         estimate_memory({"tp_size": 2}, model="nope/nope", world_size=8)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seq_len": 0}, "seq_len must be a positive integer, got 0"),
+    ({"micro_batch_size": -1}, "micro_batch_size must be a positive integer, got -1"),
+    ({"global_batch_size": 2.5}, "global_batch_size must be a positive integer, got 2.5"),
+    ({"headroom": 1.0}, "headroom must be in [0, 1), got 1.0"),
+    ({"memory_gib": -3}, "memory_gib must be a positive number, got -3"),
+    ({"intra_gbps": 0}, "intra_gbps must be a positive number, got 0"),
+    ({"inter_gbps": float("nan")}, "inter_gbps must be a positive number, got nan"),
+])
+def test_estimate_and_suggest_reject_bad_sizing_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        estimate_memory({"tp_size": 2}, model=L8, world_size=8, **kwargs)
+    if "seq_len" not in kwargs and "micro_batch_size" not in kwargs:  # suggest's own checks cover these two
+        with pytest.raises(ValueError, match=re.escape(message)):
+            suggest_strategy(L8, nodes=1, **kwargs)
+
+
+def test_bandwidth_overrides_reach_the_communication_times():
+    block = {"tp_size": 8, "pp_size": 2, "pipeline": {}}
+    base = estimate_memory(block, model=L8, nodes=2, gpus_per_node=8)
+    slow = estimate_memory(block, model=L8, nodes=2, gpus_per_node=8, inter_gbps=base.inter_gbps / 4)
+    assert (base.intra_gbps, base.inter_gbps) == (450.0, 50.0) and slow.inter_gbps == 12.5
+    assert slow.crosses_nodes["pp"] and slow.comm_time_s["pp"] > 3 * base.comm_time_s["pp"]
+    assert slow.comm_time_s["tp"] == base.comm_time_s["tp"]  # inside a node: unchanged
+    fast = estimate_memory(block, model=L8, nodes=2, gpus_per_node=8, intra_gbps=900)
+    assert fast.comm_time_s["tp"] < base.comm_time_s["tp"] and fast.comm_time_s["pp"] == base.comm_time_s["pp"]
+    rep = suggest_strategy(L8, nodes=2, top_k=1, inter_gbps=12.5, memory_gib=40)
+    assert (rep.inter_gbps, rep.gpu_memory_gib) == (12.5, 40.0)
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}
@@ -239,3 +270,11 @@ def test_estimate_and_suggest_cli(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert len(out["candidates"]) == 2 and "yaml" in out["candidates"][0]
     assert main(["suggest", "--model", L8, "--gpu", "TPU-v9"]) == 2
+    assert main(["estimate", str(cfg), "--model", L8, "--nodes", "2", "--gpus-per-node", "8", "--inter-gbps", "12.5",
+                 "--intra-gbps", "900"]) == 0
+    assert "(80 GiB, 900 / 12.5 GB/s in / between nodes)" in capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["estimate", str(cfg), "--model", L8, "--world-size", "8", "--memory-gib", "-3"]) == 2
+    assert "expected a positive number, got '-3'" in capsys.readouterr().err
+    assert main(["estimate", str(cfg), "--model", L8, "--world-size", "8", "--headroom", "1.5"]) == 2
+    assert "headroom must be in [0, 1), got 1.5" in capsys.readouterr().err

@@ -146,6 +146,12 @@ def test_suggest_estimate_explain_list_models():
     x = call("explain_error", {"text": "Traceback ...\nValueError: `pp_size=2` (> 1) enables pipeline parallelism "
                                        "but no `distributed.pipeline` block was provided."})
     assert x.structured_content["matches"][0]["rule"] == "pipeline-missing"
+    slow = call("estimate_memory", {"model": "meta-llama/Llama-3.1-8B", "config_yaml": "tp_size: 2", "nodes": 2,
+                                    "gpus_per_node": 8, "inter_gbps": 12.5, "memory_gib": 40, "headroom": 0.2})
+    est = slow.structured_content["estimate"]
+    assert (est["inter_gbps"], est["intra_gbps"], est["gpu_memory_gib"], est["headroom"]) == (12.5, 450.0, 40.0, 0.2)
+    s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900})
+    assert s2.structured_content["intra_gbps"] == 900.0
     m = call("list_models", {})
     assert any(x["name"] == "deepseek-ai/DeepSeek-V3" for x in m.structured_content["models"])
     assert any(x["name"] == "H100-80GB" for x in m.structured_content["gpus"])
@@ -287,3 +293,38 @@ def test_mcp_inspector_cli_lists_and_calls_tools():
     result = json.loads(called.stdout)
     report = result.get("structuredContent") or json.loads(result["content"][0]["text"])
     assert report["valid"] is False and report["findings"][0]["rule"] == "world-not-divisible"
+
+
+def _readme_tool_examples() -> list[tuple[str, dict]]:
+    """The README's `tools/call` arguments table, one (tool, arguments) per row."""
+    import re
+
+    rows = re.findall(r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "README.md").read_text(),
+                      re.MULTILINE)
+    return [(tool, json.loads(args)) for tool, args in rows]
+
+
+def test_readme_tool_arguments_work():
+    """Every row of the README's MCP arguments table is a real call that succeeds (its placeholder recipe path
+    replaced by a real recipe)."""
+    examples = _readme_tool_examples()
+    assert {t for t, _ in examples} == {"validate_config", "build_mesh", "suggest_strategy", "estimate_memory",
+                                        "run_smoke_test", "explain_error", "list_models"}
+    recipe = str(Path(__file__).parent / "examples" / "llama3_1_8b_hellaswag_pp.yaml")
+
+    async def go():
+        async with Client(create_server()) as c:
+            out = []
+            for tool, args in examples:
+                if args.get("config_path") == "/abs/recipe.yaml":
+                    args = {**args, "config_path": recipe}
+                out.append((tool, args, await c.call_tool(tool, args)))
+            return out
+
+    for tool, args, result in run(go):
+        assert not result.is_error, (tool, args, result.content)
+        body = result.structured_content
+        if tool in ("build_mesh", "estimate_memory"):
+            assert body["valid"], (tool, args, body)
+        if tool == "run_smoke_test":
+            assert body["passed"], body

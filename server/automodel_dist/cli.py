@@ -184,6 +184,16 @@ class _ProgressLine:
         sys.stderr.flush()
 
 
+def _positive_number(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from exc
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return x
+
+
 def _ac_flag(value: str) -> bool | str:
     low = value.lower()
     if low in ("true", "full", "on", "yes", "1"):
@@ -234,7 +244,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                               gpus_per_node=args.gpus_per_node, gpu=args.gpu, seq_len=args.seq_len,
                               micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                               precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib,
-                              overrides=overrides)
+                              intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, overrides=overrides)
     except ConfigError as exc:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
@@ -251,7 +261,8 @@ def cmd_suggest(args: argparse.Namespace) -> int:
                                   seq_len=args.seq_len or 4096, global_batch_size=args.global_batch_size,
                                   micro_batch_size=args.micro_batch_size or 1, precision=args.precision,
                                   allow_activation_checkpointing=not args.no_activation_checkpointing,
-                                  headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib)
+                                  headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib,
+                                  intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "suggest_text")
@@ -380,7 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     def sizing(ap: argparse.ArgumentParser, defaults: str) -> None:
         ap.add_argument("--gpu", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB (default), H200-141GB, "
                         "B200, GB200, L40S")
-        ap.add_argument("--memory-gib", type=float, help="override the GPU's memory")
+        ap.add_argument("--memory-gib", type=_positive_number, help="override the GPU's memory")
+        ap.add_argument("--intra-gbps", type=_positive_number, help="override the GB/s per GPU (one direction) "
+                        "inside a node (default: the GPU's, see `models`)")
+        ap.add_argument("--inter-gbps", type=_positive_number, help="override the GB/s per GPU (one direction) "
+                        "to other nodes (default: the GPU's, see `models`)")
         ap.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: " + (
             "the recipe's dataset.seq_len or packed_sequence_size, else 4096)" if defaults == "recipe" else "4096)"))
         ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch")

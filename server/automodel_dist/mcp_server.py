@@ -71,6 +71,13 @@ TorchVersion = Annotated[str | None, Field(default=None, max_length=64, descript
     "The torch release the job will run on (torch.__version__ there, e.g. 2.15.0+cu132): AutoModel 0.7.0's FSDP2 "
     "path fails on torch >= 2.15."))]
 
+MemoryGib = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
+    "Override the GPU's memory (GiB)."))]
+IntraGbps = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
+    "Override the GB/s per GPU, one direction, inside a node (default: the GPU's, see list_models)."))]
+InterGbps = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
+    "Override the GB/s per GPU, one direction, to other nodes (default: the GPU's, see list_models)."))]
+Headroom = Annotated[float, Field(ge=0.0, lt=1.0, description="Fraction of GPU memory kept free.")]
 LaunchOverrides = Annotated[list[Annotated[str, Field(max_length=MAX_OVERRIDE_CHARS)]] | None, Field(
     default=None, max_length=MAX_OVERRIDES, description=(
         "The launch command's overrides as 'dotted.key=value' (`--distributed.tp_size 4` is "
@@ -211,8 +218,11 @@ def create_server() -> MCPServer:
         micro_batch_size: Annotated[int, Field(ge=1, le=4096)] = 1,
         precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
         allow_activation_checkpointing: bool = True,
-        headroom: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1,
+        headroom: Headroom = 0.1,
         top_k: Annotated[int, Field(ge=1, le=20)] = 5,
+        memory_gib: MemoryGib = None,
+        intra_gbps: IntraGbps = None,
+        inter_gbps: InterGbps = None,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
         per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
@@ -224,7 +234,8 @@ def create_server() -> MCPServer:
             raise ValueError(exc.finding.message) from None
         return _suggest(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
                         global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
-                        allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k)
+                        allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k,
+                        memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
 
     @server.tool(annotations=ro)
     @_anticipated
@@ -238,6 +249,10 @@ def create_server() -> MCPServer:
         global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
         precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
         overrides: LaunchOverrides = None,
+        headroom: Headroom = 0.1,
+        memory_gib: MemoryGib = None,
+        intra_gbps: IntraGbps = None,
+        inter_gbps: InterGbps = None,
     ) -> EstimateResult:
         """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead), communication per axis, step
         time and MFU of the layout in a config. An invalid config returns its validation report instead."""
@@ -246,7 +261,8 @@ def create_server() -> MCPServer:
         try:
             est = _estimate(_config(config_yaml, config_path), model=_model_arg(model), world_size=world_size, nodes=nodes,
                             gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                            global_batch_size=global_batch_size, precision=precision, overrides=overrides)
+                            global_batch_size=global_batch_size, precision=precision, overrides=overrides,
+                            headroom=headroom, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
         except _Unreadable as exc:
             return EstimateResult(valid=False, findings=[exc.finding])
         except ConfigError as exc:

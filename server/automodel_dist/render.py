@@ -175,9 +175,17 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def _gpu_terms(r: Any) -> str:
+    """Memory and the bandwidths assumed: "80 GiB, 450 / 50 GB/s in / between nodes"."""
+    out = f"{r.gpu_memory_gib:.0f} GiB"
+    if r.intra_gbps is not None and r.inter_gbps is not None:
+        out += f", {r.intra_gbps:g} / {r.inter_gbps:g} GB/s in / between nodes"
+    return out
+
+
 def estimate_text(est: Any) -> str:
     lay = est.layout
-    lines = [f"{est.model} on {est.world_size} x {est.gpu} ({est.gpu_memory_gib:.0f} GiB), seq_len {est.seq_len}, "
+    lines = [f"{est.model} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
              f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
              f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"]
     mem = est.memory_gib
@@ -197,7 +205,7 @@ def estimate_text(est: Any) -> str:
 
 
 def suggest_text(rep: Any) -> str:
-    lines = [f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({rep.gpu_memory_gib:.0f} GiB), seq_len "
+    lines = [f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
              f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
              f"{rep.precision}: {rep.searched} layouts searched, {rep.fitting} fit with {rep.headroom:.0%} headroom"]
     for c in rep.candidates:

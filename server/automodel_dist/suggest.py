@@ -19,7 +19,16 @@ from .api import validate_config
 from .catalog.implementations import implementation
 from .catalog.models import ModelSpec, resolve_model
 from .config.values import applied_ac
-from .estimate import PRECISIONS, Cluster, MemoryBreakdown, Parallelism, Training, evaluate, make_cluster
+from .estimate import (
+    PRECISIONS,
+    Cluster,
+    MemoryBreakdown,
+    Parallelism,
+    Training,
+    check_headroom,
+    evaluate,
+    make_cluster,
+)
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, ep_shard_size, virtual_stages
 from .rules.helpers import divisors
@@ -161,8 +170,10 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
                         ("top_k", top_k)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not 0 <= headroom < 1:
-        raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
+    if global_batch_size is not None and (not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool)
+                                          or global_batch_size < 1):
+        raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
+    check_headroom(headroom)
     spec = resolve_model(model)
     cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     gpn = cluster.gpus_per_node
@@ -239,7 +250,8 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
                 f"({best[1].block(micro_batch_size)}): add GPUs, use a larger GPU, shorten seq_len or lower the "
                 "micro batch" if best else "no layout could be built for this model and cluster")
     return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
-                         gpu_memory_gib=cluster.gpu.memory_gib, seq_len=seq_len, global_batch_size=gbs,
+                         gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
+                         inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
                          micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
                          candidates=candidates, rejected=rejected[:8], searched=searched, fitting=len(scored),
                          note=note)

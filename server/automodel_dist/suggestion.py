@@ -35,6 +35,8 @@ class SuggestReport(BaseModel):
     world_size: int
     gpu: str
     gpu_memory_gib: float
+    intra_gbps: float = Field(description="GB/s per GPU, one direction, assumed inside a node.")
+    inter_gbps: float = Field(description="GB/s per GPU, one direction, assumed between nodes.")
     seq_len: int
     global_batch_size: int
     micro_batch_size: int

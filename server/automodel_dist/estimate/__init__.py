@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ class Estimate(BaseModel):
     layout: Resolved
     gpu: str | None = None
     gpu_memory_gib: float | None = None
+    intra_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed inside a node.")
+    inter_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed between nodes.")
     precision: str
     seq_len: int
     micro_batch_size: int
@@ -58,11 +61,22 @@ class Estimate(BaseModel):
 
 def make_cluster(gpu: str | GPU | None, gpus_per_node: int | None, *, memory_gib: float | None = None,
                  intra_gbps: float | None = None, inter_gbps: float | None = None) -> Cluster:
+    """The GPU (a catalog name) with ``memory_gib`` and the per-GPU bandwidths overridden where given; raises
+    ``ValueError`` for an unknown GPU or a value that is not a positive, finite number."""
+    for name, value in (("memory_gib", memory_gib), ("intra_gbps", intra_gbps), ("inter_gbps", inter_gbps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < math.inf):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
     g = gpu if isinstance(gpu, GPU) else lookup_gpu(gpu or "H100-80GB")
     if memory_gib is not None:
         g = GPU(g.name, float(memory_gib), g.bf16_tflops, g.intra_gbps, g.inter_gbps, g.gpus_per_node, g.interconnect)
     return Cluster(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node, intra_gbps=intra_gbps or g.intra_gbps,
                    inter_gbps=inter_gbps or g.inter_gbps)
+
+
+def check_headroom(headroom: float) -> None:
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
 
 
 def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int | None = None) -> Parallelism:
@@ -107,6 +121,11 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    check_headroom(headroom)
+    for name, value in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size),
+                        ("global_batch_size", global_batch_size)):
+        if value is not None and not is_positive_int(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     try:
         spec = resolve_model(model)
     except ModelConfigError as exc:
@@ -144,7 +163,8 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
     assert comm is not None
     return Estimate(
         model=spec.name, world_size=report.world_size, layout=r, gpu=cluster.gpu.name,
-        gpu_memory_gib=cluster.gpu.memory_gib, precision=precision, seq_len=seq_len, micro_batch_size=mbs,
+        gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps, inter_gbps=cluster.inter_gbps,
+        precision=precision, seq_len=seq_len, micro_batch_size=mbs,
         global_batch_size=global_batch_size, memory_gib=mem, fits=fits, headroom=headroom,
         comm_bytes_per_step=comm.bytes_per_step, comm_time_s=comm.time_s, crosses_nodes=comm.crosses_nodes,
         step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,

@@ -979,3 +979,26 @@ def test_torch_2_15_spares_nemotron_h_own_fsdp2_path_but_not_its_ep_path():
     assert [f.rule for f in ep.errors] == ["torch-version"]
     dense = validate_config({}, world_size=8, model="meta-llama/Llama-3.1-8B", torch_version="2.15.0")
     assert [f.rule for f in dense.errors] == ["torch-version"]
+
+
+@pytest.mark.parametrize("text, rule", [
+    ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, unhandled "
+     "system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclSystemError: System call (e.g. "
+     "socket, malloc) or external library call failed or device error.", "runtime-nccl-system"),
+    ("node1:123:456 [0] misc/shmutils.cc:112 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-x "
+     "(size 5967872)", "runtime-nccl-system"),
+    ("ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : "
+     "rank 1 and rank 0 both on CUDA device 1000", "runtime-duplicate-gpu"),
+    ("RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported",
+     "runtime-invalid-device"),
+    ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: "
+     "29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use", "runtime-port-in-use"),
+    ("torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined.",
+     "runtime-rendezvous"),
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 900000ms while trying to connect to "
+     "(10.0.0.1, 29500).", "runtime-rendezvous"),
+])
+def test_launch_and_nccl_failures_are_explained(text, rule):
+    from automodel_dist.explain import explain_error
+
+    assert [m.rule for m in explain_error(text).matches] == [rule]

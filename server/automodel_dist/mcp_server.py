@@ -347,7 +347,8 @@ def create_server() -> MCPServer:
                                                  description="An AutoModel/torch error message or traceback.")]
                       ) -> ExplainReport:
         """Match a pasted AutoModel / torch.distributed error or traceback to the rule that explains it: cause and
-        fix (e.g. kv heads vs tp, pp_size without a pipeline block, ep vs dp*cp*tp, NCCL timeouts, OOM)."""
+        fix (e.g. kv heads vs tp, pp_size without a pipeline block, ep vs dp*cp*tp, NCCL timeouts and setup errors,
+        rendezvous failures, OOM)."""
         from .explain import explain_error as _explain_error
 
         return _explain_error(text)

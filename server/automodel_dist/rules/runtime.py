@@ -35,3 +35,40 @@ note("runtime-mesh-rank", "Rank outside the device mesh", family=F, severity="er
      patterns=(r"it needs to contain the local rank",),
      cause="An explicit dp_size made the mesh smaller than the world; the ranks outside cannot slice it.",
      fix="Remove dp_size (AutoModel infers it) or make dp*tp*cp*pp equal the world size.")
+# Launch and transport failures: the config is fine, the processes or the machines are not.
+note("runtime-nccl-system", "NCCL could not set up or keep its transport", family=F, severity="error",
+     patterns=(r"unhandled system error", r"ncclSystemError", r"remote process exited or there was a network error",
+               r"ncclRemoteError", r"Error while (creating|attaching to) shared memory segment"),
+     cause="A system call inside NCCL failed or a peer vanished: most often /dev/shm too small or not shared in a "
+           "container (Docker's default is 64 MB), NCCL picking a network interface the nodes cannot reach each "
+           "other on, an InfiniBand/RoCE or firewall problem between nodes, or another rank that died first.",
+     fix="Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line; in containers run "
+         "with --ipc=host or a large --shm-size; set NCCL_SOCKET_IFNAME (and NCCL_IB_HCA) to the interfaces the "
+         "nodes share; check the other ranks' logs for an earlier failure.")
+note("runtime-duplicate-gpu", "Two ranks on one GPU", family=F, severity="error",
+     patterns=(r"Duplicate GPU detected",),
+     cause="Two ranks of one communicator use the same GPU: the processes were not each given their own device "
+           "(LOCAL_RANK), e.g. every process sees the same single device through CUDA_VISIBLE_DEVICES, or a script "
+           "sets one fixed device.",
+     fix="Launch with torchrun / `automodel ... --nproc-per-node N` (AutoModel sets the device from LOCAL_RANK); do "
+         "not pin CUDA_VISIBLE_DEVICES or torch.cuda.set_device to one GPU per node for all ranks.")
+note("runtime-invalid-device", "More ranks than GPUs on a node", family=F, severity="error",
+     patterns=(r"invalid device ordinal",),
+     cause="A rank's LOCAL_RANK names a GPU the node does not have: --nproc-per-node is larger than the GPUs "
+           "visible on the node (nvidia-smi -L, CUDA_VISIBLE_DEVICES).",
+     fix="Make --nproc-per-node the number of visible GPUs, then re-validate: the world size (and so dp and every "
+         "divisibility rule) changes with it.")
+note("runtime-port-in-use", "Rendezvous port already in use", family=F, severity="error",
+     patterns=(r"EADDRINUSE", r"server socket has failed to listen", r"[Aa]ddress already in use"),
+     cause="Another job, or a process left over from an earlier run, holds the rendezvous port (29500 by default) "
+           "on the head node.",
+     fix="Pass a free port (torchrun --master-port, or --rdzv-endpoint HOST:PORT), or stop the leftover processes.")
+note("runtime-rendezvous", "Not every process reached the rendezvous", family=F, severity="error",
+     patterns=(r"waiting for clients\. \d+/\d+ clients joined", r"RendezvousTimeoutError",
+               r"client socket has timed out after .* while trying to connect",
+               r"client socket has failed to connect to"),
+     cause="Some processes never joined the head node: fewer nodes were started than --nnodes says, a node has the "
+           "wrong head address (MASTER_ADDR / --rdzv-endpoint) or rendezvous id, a firewall blocks the port, or a "
+           "node failed before it joined.",
+     fix="Start the same command on every node with the same --nnodes, --rdzv-id and head address; open the port "
+         "between nodes; read the logs of the nodes that did not join.")

@@ -62,6 +62,27 @@ def test_validate_several_files(files, capsys):
     assert main(["validate", "-", "-"]) == 2
 
 
+def test_validate_a_folder(files, capsys):
+    """A folder stands for its .yaml/.yml files, nested ones too, in sorted order, hidden folders skipped; JSON is
+    always the list of reports; a folder without YAML is a usage error."""
+    (files / "sub").mkdir()
+    (files / "sub" / "nested.yml").write_text(GOOD)
+    (files / ".hidden").mkdir()
+    (files / ".hidden" / "skip.yaml").write_text(BAD)
+    (files / "notes.txt").write_text("not yaml")
+    assert main(["validate", str(files), "--world-size", "8", "--json"]) == 1
+    assert [r["source"] for r in json.loads(capsys.readouterr().out)] == [
+        str(files / "bad.yaml"), str(files / "good.yaml"), str(files / "sub" / "nested.yml")]
+    assert main(["validate", str(files / "sub"), "--world-size", "8", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 1  # a list, even of one
+    assert main(["validate", str(files / "sub"), "--world-size", "8"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("VALID: 0 error(s), 0 warning(s); world_size=8 (argument); "
+                                                     "strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1")
+    (files / "empty").mkdir()
+    assert main(["validate", str(files / "empty")]) == 2
+    assert "holds no .yaml or .yml file" in capsys.readouterr().err
+
+
 def test_validate_github_annotations(files, capsys):
     """--format github prints one workflow command per finding, escaped, on the file and line."""
     (files / "odd, name.yaml").write_text("distributed:\n  tp_size: 3\n  strategy: ddp\n  pipeline: {}\n")

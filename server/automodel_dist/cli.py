@@ -97,6 +97,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     files, overrides = _launch(args, args.files)
     if files.count("-") > 1:
         raise UsageError("standard input (-) can be given once")
+    many = len(files) > 1 or any(f != "-" and Path(f).is_dir() for f in files)
+    files = [x for f in files for x in _expand(f)]
     fmt = "json" if args.json else args.format
     reports = [validate_config(_config_arg(f), world_size=args.world_size, nodes=args.nodes,
                                gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version,
@@ -104,7 +106,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                for f in files]
     if fmt == "json":  # one file: its report; several: the list of reports (each names its file in "source")
         dumped = [r.model_dump(mode="json") for r in reports]
-        _print_json(dumped[0] if len(dumped) == 1 else dumped)
+        _print_json(dumped if many else dumped[0])
     elif fmt == "github":
         text = "\n".join(t for t in (render.validation_github(r) for r in reports) if t)
         if text:
@@ -118,6 +120,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if any(_unreadable(r) for r in reports):
         return EXIT_USAGE
     return EXIT_OK if all(r.valid for r in reports) else EXIT_FAIL
+
+
+def _expand(name: str) -> list[str]:
+    """A directory stands for every ``.yaml``/``.yml`` file under it (hidden folders skipped), in sorted order."""
+    path = Path(name)
+    if name == "-" or not path.is_dir():
+        return [name]
+    found = sorted(str(p) for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    if not found:
+        raise UsageError(f"{name} holds no .yaml or .yml file")
+    return found
 
 
 def _show(args: argparse.Namespace, report: Any, renderer: str) -> None:
@@ -330,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)",
                        epilog=LAUNCH_HELP)
     v.add_argument("files", nargs="*", metavar="FILE",
-                   help="recipe YAML(s), bare distributed: block(s), or - for stdin; each is checked on its own "
-                        "(a recipe's ci: block gives its world size when no cluster option is given)")
+                   help="recipe YAML(s), bare distributed: block(s), folders (every .yaml/.yml under them) or - "
+                        "for stdin; each is checked on its own (a recipe's ci: block gives its world size when no "
+                        "cluster option is given)")
     g = v.add_argument_group("cluster")
     _cluster_arguments(g)
     v.add_argument("--model", help="catalog name (see `models`) or a config.json path")

@@ -123,6 +123,23 @@ def test_mesh_text_json_and_svg(files, capsys, tmp_path):
     assert printed == build_mesh(files / "good.yaml", world_size=8).model_dump(mode="json")
     assert main(["mesh", str(files / "bad.yaml"), "--world-size", "8"]) == 1
     assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--rank", "9"]) == 2
+    assert main(["mesh", str(files / "good.yaml")]) == 2  # no world size anywhere
+    assert "or a recipe with a ci: block" in capsys.readouterr().err
+
+
+def test_mesh_takes_the_cluster_from_the_recipes_ci_block(files, capsys):
+    """Like validate: a recipe's ci: block (nodes x nproc_per_node) gives the world size and GPUs per node."""
+    recipe = files / "ci.yaml"
+    recipe.write_text(GOOD + "ci:\n  nodes: 2\n  nproc_per_node: 4\n")
+    assert validate_config(recipe).gpus_per_node == 4 and validate_config(recipe, gpus_per_node=8).gpus_per_node == 8
+    assert main(["mesh", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("world_size 8 (ci: block), 4 GPUs per node\n") and "node 1" in out
+    assert main(["mesh", str(recipe), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == build_mesh(recipe, world_size=8, gpus_per_node=4).model_dump(
+        mode="json")
+    assert main(["mesh", str(recipe), "--world-size", "16", "--json"]) == 0  # an explicit size wins
+    assert json.loads(capsys.readouterr().out)["world_size"] == 16
 
 
 def test_explain_and_models(capsys):

@@ -287,6 +287,7 @@ def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: A
         valid=not any(f.severity == "error" for f in all_findings),
         world_size=ctx.world_size if ctx else None,
         world_size_source=source,
+        gpus_per_node=ctx.gpus_per_node if ctx else None,
         source=doc.source,
         model=ctx.model.name if ctx and ctx.model else None,
         findings=_sorted(all_findings),

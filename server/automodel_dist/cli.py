@@ -152,23 +152,29 @@ def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
 
 def cmd_mesh(args: argparse.Namespace) -> int:
     from . import render
-    from .api import build_layout, mesh_report
+    from .api import build_layout, mesh_report, validate_config
     from .report import ConfigError
 
     files, overrides = _launch(args, [args.file] if args.file else [])
-    if args.world_size is None:
-        raise UsageError("give --world-size (or --nproc-per-node in the launch command after --)")
+    config = _config_arg(files[0])
+    world, gpn = args.world_size, args.gpus_per_node
+    if world is None:  # a recipe's ci: block, as validate reads it
+        pre = validate_config(config, gpus_per_node=gpn, overrides=overrides)
+        if pre.world_size is None:
+            raise UsageError("give --world-size (or --nproc-per-node in the launch command after --, or a recipe "
+                             "with a ci: block)")
+        world, gpn = pre.world_size, gpn or pre.gpus_per_node
+        if not args.json:
+            print(f"world_size {world} ({pre.world_size_source})" + (f", {gpn} GPUs per node" if gpn else ""))
     try:
-        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size,
-                                    gpus_per_node=args.gpus_per_node, overrides=overrides)
-        report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=args.gpus_per_node,
-                             picture_axis=args.axis)
+        lay, vreport = build_layout(config, world_size=world, gpus_per_node=gpn, overrides=overrides)
+        report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.svg:
-        Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=args.gpus_per_node),
+        Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=gpn),
                                   encoding="utf-8")
     if args.json:
         _print_json(report.model_dump(mode="json"))
@@ -361,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs",
                        epilog=LAUNCH_HELP)
     m.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
-    m.add_argument("--world-size", type=_positive, help="total ranks (or --nproc-per-node after --)")
+    m.add_argument("--world-size", type=_positive, help="total ranks (default: --nproc-per-node after --, or the "
+                   "recipe's ci: block)")
     m.add_argument("--gpus-per-node", type=_positive, help="GPUs per node: node placement, groups that cross "
                    "nodes and the picture's rows")
     m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")

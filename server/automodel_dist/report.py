@@ -46,6 +46,8 @@ class ValidationReport(BaseModel):
     valid: bool
     world_size: int | None = None
     world_size_source: str | None = Field(default=None, description="Where world_size came from.")
+    gpus_per_node: int | None = Field(default=None, description="GPUs per node the node checks used (argument or "
+                                      "the recipe's ci: block), when known.")
     source: str | None = Field(default=None, description="File name, when validated from a file.")
     model: str | None = Field(default=None, description="Model used for model-aware checks.")
     findings: list[Finding] = Field(default_factory=list)

@@ -272,6 +272,9 @@ def test_evals_cover_the_topics() -> None:
                 assert all(top.get(k) == v for k, v in check["expect_top"].items()), (t["id"], top)
             if "expect_rejected_contains" in check:
                 assert any(check["expect_rejected_contains"] in r.reason for r in report.rejected), t["id"]
+        if "explain" in t:  # ground truths about an error text are checked against explain_error
+            check = t["explain"]
+            assert [m.rule for m in explain_error(check["text"]).matches] == check["expect_rules"], t["id"]
         if "mesh" in t:
             check = t["mesh"]
             [cfg] = t["configs"]
@@ -359,7 +362,7 @@ SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if not p.name.starts
 
 
 def test_scripts_cover_the_tools() -> None:
-    assert {p.stem for p in SCRIPTS} >= {"validate", "mesh", "suggest", "smoke", "estimate"}
+    assert {p.stem for p in SCRIPTS} >= {"validate", "mesh", "suggest", "smoke", "estimate", "explain", "models"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -845,9 +845,18 @@ def ep_not_divisible(ctx: Context) -> Iterator[Finding]:
       fix="Pass --world-size N or --nodes/--gpus-per-node.")
 def world_size_missing(ctx: Context) -> Iterator[Finding]:
     if ctx.world_size is None and ctx.strategy in ("fsdp2", "megatron_fsdp"):
+        fix = "pass world_size (or nodes and gpus_per_node)"
+        why = ""
+        if ctx.gpus_per_node or ctx.nodes:
+            half = "gpus_per_node without nodes" if ctx.gpus_per_node else "nodes without gpus_per_node"
+            why = f" ({half} gives no world size"
+            if isinstance(ctx.recipe_get("ci") if ctx.recipe else None, dict):
+                why += ", and the recipe's ci: block is read only when no cluster option is given"
+                fix += ", or no cluster option to use the ci: block"
+            why += ")"
         yield finding(ctx, "world-size-missing", (),
-                      "world_size not given: the checks that need dp (world divisibility, HSDP, EP, batch sizes, "
-                      "node placement) were skipped", "pass world_size (or nodes and gpus_per_node)")
+                      f"world_size not given{why}: the checks that need dp (world divisibility, HSDP, EP, batch sizes, "
+                      "node placement) were skipped", fix)
 
 
 def ep_shard_of(ctx: Context) -> int | None:

@@ -161,6 +161,19 @@ def test_bandwidth_overrides_reach_the_communication_times():
     assert (rep.inter_gbps, rep.gpu_memory_gib) == (12.5, 40.0)
 
 
+@pytest.mark.parametrize("model, nodes", [("meta-llama/Llama-3.1-70B", 4), ("Qwen/Qwen2.5-14B", 1),
+                                           ("meta-llama/Llama-3.1-8B", 1), ("deepseek-ai/DeepSeek-V3", 2)])
+def test_rejected_layouts_called_faster_are_faster_than_the_pick(model, nodes):
+    rep = suggest_strategy(model, nodes=nodes, gpus_per_node=8, top_k=1)
+    best = rep.candidates[0].step_time_s if rep.candidates else None
+    for r in rep.rejected:
+        m = re.search(r"it would be faster: ([\d.]+) vs ([\d.]+) s/step", r.reason)
+        if "faster" in r.reason:
+            assert m and best is not None and float(m[1]) < float(m[2]) and float(m[2]) == round(best, 2), r
+        if best is not None:
+            assert "if it fit" not in r.reason, r
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}

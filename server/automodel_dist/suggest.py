@@ -242,7 +242,8 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
             rationale=_rationale(o, mem, comm, cluster, spec, base_tr, no_ac.get(
                 (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule))),
             findings=[f for f in report.findings if f.severity == "warning"]))
-    rejected += _alternatives(spec, world, gpn, cluster, budget, oom, scored, micro_batch_size)
+    rejected += _alternatives(spec, world, gpn, cluster, budget, oom, candidates[0].step_time_s if candidates else None,
+                              micro_batch_size)
     note = None
     if not candidates:
         best = min(oom, key=lambda x: x[2].total) if oom else None
@@ -270,8 +271,9 @@ def _batches(o: _Option, gbs: int, mbs: int) -> dict[str, int]:
 
 
 def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: float,
-                  oom: list[tuple[float, _Option, MemoryBreakdown]], scored: list, mbs: int) -> list[Rejected]:
-    """Why the popular simple layouts were not picked."""
+                  oom: list[tuple[float, _Option, MemoryBreakdown]], best: float | None, mbs: int) -> list[Rejected]:
+    """Why the popular simple layouts, and the layouts that would beat the pick (``best`` s/step), were not
+    picked."""
     out: list[Rejected] = []
     cap = cluster.gpu.memory_gib
     seen = set()
@@ -290,10 +292,14 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
         if p.strategy == "fsdp2" and p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and \
                 not p.activation_checkpointing:
             return f"plain FSDP2 over {world} GPUs: {over}"
-        return over + (f" (it would be faster: {step:.2f} s/step)" if step != float("inf") else "")
-
-    for step, o, mem in sorted(oom, key=lambda x: x[0])[:3]:
         if step == float("inf"):
+            return over
+        if best is None:
+            return f"{over} (est. {step:.2f} s/step if it fit)"
+        return f"{over} (it would be faster: {step:.2f} vs {best:.2f} s/step)" if step < best else over
+
+    for step, o, mem in sorted(oom, key=lambda x: x[0])[:3]:  # the fastest layouts that do not fit
+        if step == float("inf") or (best is not None and step >= best):
             break
         add(o.block(mbs), why(o, mem, step))
     for step, o, mem in oom:

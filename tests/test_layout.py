@@ -107,6 +107,23 @@ def test_131072_ranks_are_arithmetic_not_lists():
     assert "..." in lay.picture("tp", gpus_per_node=8)  # 16,384 nodes: bounded picture
 
 
+def test_group_enumeration_is_lazy_at_any_size():
+    """Taking the first groups of an axis over 16.7M ranks allocates next to nothing (no per-rank or per-group
+    list); so does finding a node-crossing example, which walks the groups until one crosses."""
+    import tracemalloc
+
+    lay = Layout.build("fsdp2", world_size=3 << 22, tp=3)  # 4,194,304 tp groups
+    tracemalloc.start()
+    try:
+        groups = lay.iter_groups("tp")
+        assert [next(groups), next(groups)] == [[0, 1, 2], [3, 4, 5]]
+        assert lay.crossing("tp", 8) == (lay.axis_group_count("tp") // 4, [6, 7, 8])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
 def test_build_mesh_defaults_to_rank_zero_for_big_worlds():
     report = build_mesh({"tp_size": 8}, world_size=4096)
     assert list(report.rank_groups) == ["0"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import product
 
 FSDP2_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FSDP2_FLATTENED = {
@@ -249,10 +248,17 @@ class Layout:
         """All groups of an axis, lazily (callers bound how many they take)."""
         a = self.axis(name)
         dims = self._dims_for(a)
-        others = [i for i, n in enumerate(dims.names) if n not in a.dims]
-        strides = dims.strides
-        for combo in product(*(range(dims.sizes[i]) for i in others)):
-            base = sum(c * strides[i] for c, i in zip(combo, others))
+        others = [(dims.sizes[i], dims.strides[i]) for i, n in enumerate(dims.names) if n not in a.dims]
+
+        def bases(k: int, acc: int) -> Iterator[int]:  # row-major over the other dims; lazy, unlike
+            if k == len(others):  # itertools.product, which first copies each range into a tuple
+                yield acc
+                return
+            count, stride = others[k]
+            for c in range(count):
+                yield from bases(k + 1, acc + c * stride)
+
+        for base in bases(0, 0):
             yield self.group(name, base)
 
     # ------------------------------------------------------------------ nodes

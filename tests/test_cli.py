@@ -118,6 +118,11 @@ def test_mesh_text_json_and_svg(files, capsys, tmp_path):
     assert "device_mesh: (pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=2)" in out
     assert "rank 5: " in out and "node 1" in out
     assert (tmp_path / "m.svg").read_text().startswith("<svg")
+    assert main(["mesh", str(files / "good.yaml"), "--world-size", "1024", "--gpus-per-node", "8", "--svg",
+                 str(tmp_path / "big.svg")]) == 0
+    capsys.readouterr()
+    big = (tmp_path / "big.svg").read_text()
+    assert "first 64 of 128 nodes" in big and big.count("node ") == 64 and ">r511<" in big and ">r512<" not in big
     assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == build_mesh(files / "good.yaml", world_size=8).model_dump(mode="json")

@@ -243,14 +243,16 @@ def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None 
     """An SVG grid: one row per node, one cell per GPU, coloured by the rank's group on ``axis``."""
     axis = axis or lay.default_axis()
     g = gpus_per_node or min(lay.world_size, 8)
-    nodes = min(-(-lay.world_size // g), max_nodes)
+    total_nodes = -(-lay.world_size // g)
+    nodes = min(total_nodes, max_nodes)
     cell, pad, left, top = 34, 4, 70, 30
     width, height = left + g * (cell + pad) + pad, top + nodes * (cell + pad) + pad + 10
     title = f"{axis} groups" if axis else "ranks (no device mesh)"
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
            f'font-size="10">',
            f'<text x="4" y="16" font-size="12">{html.escape(title)}, {lay.world_size} ranks, '
-           f'{html.escape(lay.strategy)}</text>']
+           f'{html.escape(lay.strategy)}' + (f", first {nodes} of {total_nodes} nodes" if nodes < total_nodes else "")
+           + '</text>']
     for node in range(nodes):
         y = top + node * (cell + pad)
         out.append(f'<text x="4" y="{y + cell // 2 + 4}">node {node}</text>')

@@ -63,6 +63,9 @@ def fsdp_mesh_dims(*, dp_replicate: int, cp: int) -> list[str]:
     return ["dp_shard"]
 
 
+_EXAMPLE_BUDGET = 1 << 20  # group members looked at for a node-crossing example before giving up (the count is exact)
+
+
 # --------------------------------------------------------------------------- groups
 @dataclass(frozen=True)
 class _Dims:
@@ -297,12 +300,13 @@ class Layout:
         if not example:
             return count, None
         example = None
-        if count and math.prod(n for n, _ in comp) <= MAX_LISTED:
-            for i, grp in enumerate(self.iter_groups(name)):
+        size = math.prod(n for n, _ in comp)
+        if count and size <= MAX_LISTED:
+            for i, grp in enumerate(self.iter_groups(name), 1):
                 if grp[0] // g != max(grp) // g:
                     example = grp
                     break
-                if i > 100_000:
+                if i * size > _EXAMPLE_BUDGET:
                     break
         return count, example
 

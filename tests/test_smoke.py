@@ -70,6 +70,8 @@ LAYOUTS = [
     pytest.param(dict(pp=2, pp_schedule="interleaved1f1b"), 2, FP32, id="pp-interleaved1f1b"),
     pytest.param(dict(pp=2), 4, FP32, id="pp-fsdp2"),
     pytest.param(dict(ep=2), 4, dict(FP32, model="tiny-moe"), id="ep-fsdp2-on-ep_shard"),
+    # bf16 MoE: against an fp32 reference, rounding alone re-routes tokens (0.35 off on a router's gradient)
+    pytest.param(dict(ep=4), 4, dict(model="tiny-moe", precision="auto"), id="ep4-moe-bf16-default-mp"),
     pytest.param(dict(activation_checkpointing=True), 2, FP32, id="ac-full"),
     pytest.param(dict(activation_checkpointing="selective"), 2, FP32, id="ac-selective"),
     pytest.param(dict(pp=2, tp=2), 8, FP32, id="3d-pp2-dp2-tp2"),
@@ -117,6 +119,26 @@ def test_more_layouts_match_one_process(overrides, world, kwargs):
         legacy_warmup = (hasattr(PipelineStage, "_get_init_p2p_neighbors_ops")
                          and not hasattr(schedules.PipelineScheduleMulti, "_warmup_p2p"))
         assert any("gloo cannot send to its own rank" in n for n in report.notes) == legacy_warmup, report.notes
+
+
+def test_bf16_reference_computes_like_fsdp2_mixed_precision():
+    """Under a mixed-precision policy the single-process reference runs forward and backward on a param_dtype
+    copy of its fp32 master weights, as FSDP2 does; fp32 needs no copy."""
+    import torch
+
+    from automodel_dist.smoke.model_size import tiny_config
+    from automodel_dist.smoke.tiny_models import TinyConfig, build_full
+    from automodel_dist.smoke.worker import _compute_copy, _mixed_precision_sync
+
+    ref = build_full(TinyConfig(**tiny_config(tp=1, stages=1, ep=1, moe=True)), 0)
+    assert _compute_copy(ref, None) is ref and _compute_copy(ref, {"param_dtype": "float32"}) is ref
+    low = _compute_copy(ref, {"param_dtype": "bfloat16", "reduce_dtype": "float32"})
+    assert {p.dtype for p in low.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in ref.parameters()} == {torch.float32}
+    with torch.no_grad():
+        next(ref.parameters()).add_(1.0)  # an optimizer step on the master weights
+    _mixed_precision_sync(ref, low)
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for m, p in zip(ref.parameters(), low.parameters()))
 
 
 def test_pipeline_warmup_self_pairs_are_dropped_under_gloo():

@@ -22,12 +22,15 @@ class Tolerance(BaseModel):
 
 # Parameters are compared per tensor as ||p - p_ref|| / ||p_ref|| (the worst tensor counts).
 # fp32: parity up to reduction order (measured ~1e-7). bf16 mixed precision (bf16 compute, fp32
-# master weights and reduction): bf16 keeps 8 mantissa bits (~4e-3 relative per op) and AdamW
-# moves a weight by up to lr per step whatever its gradient's size, so rounding can move some
-# weights differently: bound the loss and the parameters at 2e-2 (measured worst cases on the test
-# layouts: loss 2e-3, parameters 8e-3). First-step gradients catch what AdamW's scale invariance
-# hides (a sum where a mean belongs: >= 50% off with dp >= 2); in bf16 a gradient tensor is ~3e-2
-# off by rounding alone, so its bound is 1e-1.
+# master weights and reduction): the reference computes the same way (a bf16 copy of its fp32
+# master weights, as FSDP2 does), so only where the layout splits sums and rounds differs; bf16
+# keeps 8 mantissa bits (~4e-3 relative per op) and AdamW moves a weight by up to lr per step
+# whatever its gradient's size, so rounding can move some weights differently: bound the loss and
+# the parameters at 2e-2 (measured worst cases over the layouts, MoE included: loss 3e-3,
+# parameters 1.2e-2). First-step gradients catch what AdamW's scale invariance hides (a sum where a
+# mean belongs: >= 50% off with dp >= 2); in bf16 a gradient tensor is up to 5e-2 off by rounding
+# alone, so its bound is 1e-1. (Against an fp32 reference a bf16 MoE run is off by rounding alone:
+# near-tied router scores pick other experts, 0.35 on a router's gradient in one process.)
 TOLERANCES = {
     "fp32": Tolerance(precision="fp32", loss_rel=1e-4, param_rel=1e-4, grad_rel=1e-4),
     "bf16": Tolerance(precision="bf16", loss_rel=2e-2, param_rel=2e-2, grad_rel=1e-1),

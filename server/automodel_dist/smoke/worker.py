@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import resource
@@ -176,11 +177,17 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     progress("reference", message="single-process reference")
     ref = build_full(cfg, seed).to(device)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=True)
+    low = _compute_copy(ref, spec.get("mp_policy"))
     ref_losses, ref_grads0 = [], {}
     for ref_step in range(steps):
         ref_opt.zero_grad(set_to_none=True)
-        ref_loss = loss_fn(ref(ids_all.to(device)), labels_all.to(device))
+        if low is not ref:
+            _mixed_precision_sync(ref, low)
+        ref_loss = loss_fn(low(ids_all.to(device)), labels_all.to(device))
         ref_loss.backward()
+        if low is not ref:
+            for master, p in zip(ref.parameters(), low.parameters()):
+                master.grad = None if p.grad is None else p.grad.to(master.dtype)
         if ref_step == 0:
             ref_grads0 = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
         ref_opt.step()
@@ -306,6 +313,34 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     dist.barrier()
     dist.destroy_process_group()
     return result
+
+
+def _compute_copy(ref: Any, mp: dict[str, Any] | None) -> Any:
+    """The model the single-process reference computes with: ``ref`` itself, or under a mixed-precision policy
+    a copy with its parameters in the policy's param_dtype. FSDP2 runs forward and backward on such copies while
+    the fp32 shards keep the master weights and the optimizer; the reference does the same (``ref`` holds the
+    master weights), so both sides round alike and a difference is the layout's. Against an fp32 reference a
+    bf16 MoE run differs by rounding alone: near-tied router scores pick other experts (0.35 on a router's
+    gradient for the 8-expert tiny model in one process, no layout involved)."""
+    import torch
+
+    dtype = (mp or {}).get("param_dtype")
+    if not dtype or dtype == "float32":
+        return ref
+    low = copy.deepcopy(ref)
+    for p in low.parameters():  # parameters only: FSDP's policy leaves buffers as they are
+        p.data = p.data.to(getattr(torch, dtype))
+    return low
+
+
+def _mixed_precision_sync(master: Any, low: Any) -> None:
+    """Cast the master weights into the compute copy (FSDP2's all-gather in param_dtype) and clear its grads."""
+    import torch
+
+    with torch.no_grad():
+        for m, p in zip(master.parameters(), low.parameters()):
+            p.copy_(m)
+            p.grad = None
 
 
 def _compare(parts: list, reference: dict, par: Any, ep: int, *, grads: bool) -> tuple[float, str]:

@@ -56,7 +56,7 @@ def test_tools_annotations_and_schemas():
         assert tool.description
     props = tools["validate_config"].input_schema["properties"]
     assert props["world_size"]["anyOf"][0]["maximum"] == 1 << 24
-    assert tools["run_smoke_test"].input_schema["properties"]["world_size"]["maximum"] == 64
+    assert tools["run_smoke_test"].input_schema["properties"]["world_size"]["anyOf"][0]["maximum"] == 64
 
 
 def test_validate_config_returns_findings_not_errors():

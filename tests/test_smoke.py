@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -428,3 +429,45 @@ def test_model_size_limit(monkeypatch):
     report = run_smoke_test(world_size=2, tp=2)
     assert report.status == "not_run" and "AUTOMODEL_DIST_MAX_SMOKE_PARAMS" in report.reason
     assert "above the limit of 10,000" in report.reason and report.ranks == []
+
+
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+def test_default_world_size_is_4_or_the_smallest_the_layout_is_valid_on():
+    from automodel_dist.smoke.launch import default_world_size
+
+    assert default_world_size({"distributed": {"tp_size": 2}}, {}) == (4, None)
+    qwen = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"  # cp2 pp2 ep4: ep must divide dp*cp*tp
+    world, note = default_world_size(qwen, {})
+    assert world == 8 and note.startswith("world_size 8: the smallest number of processes")
+    assert default_world_size(qwen, {"ep": 2})[0] == 4  # layout keywords count
+    world, note = default_world_size(EXAMPLES / "deepseekv3_pretrain.yaml", {})  # dp_size 16, pp 8
+    assert world == 4 and note.startswith("no world size from 2 to 16 makes this layout valid")
+
+
+def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
+    """Rounding re-routes near-tied tokens when CP/TP change attention's bf16 rounding: auto picks fp32 and says
+    why; an explicit bf16 keeps bf16 and warns; MoE without CP/TP and dense models keep AutoModel's bf16."""
+    from automodel_dist.smoke.launch import make_plan
+
+    def plan(model, precision, **layout):
+        keys = dict.fromkeys(("strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
+                              "sequence_parallel", "activation_checkpointing"))
+        p = make_plan({}, world_size=4, steps=1, model=model, backend=None, precision=precision, fault=None,
+                      pg_timeout_s=30, layout={**keys, **layout})
+        return p.spec["precision"], " ".join(p.report_base["notes"])
+
+    prec, notes = plan("tiny-moe", "auto", cp=2, ep=2)
+    assert prec == "fp32" and "this run and its reference therefore use fp32" in notes
+    prec, notes = plan("tiny-moe", "bf16", cp=2, ep=2)
+    assert prec == "bf16" and "can fail parity on rounding alone" in notes
+    assert plan("tiny-moe", "auto", ep=2) == ("bf16", "")
+    assert plan("tiny-llama", "auto", cp=2) == ("bf16", "")
+
+
+def test_a_moe_recipe_runs_at_its_smallest_world_without_options():
+    """`smoke recipe.yaml` on an MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8 can."""
+    report = run_smoke_test(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml")
+    assert_passed(report)
+    assert report.world_size == 8 and report.notes[0].startswith("world_size 8: the smallest")

@@ -233,8 +233,6 @@ def cmd_smoke(args: argparse.Namespace) -> int:
               "sequence_parallel": True if args.sequence_parallel else None,
               "activation_checkpointing": args.activation_checkpointing}
     files, overrides = _launch(args, [args.file] if args.file else [], need_file=False)
-    if args.world_size is None:
-        args.world_size = 4
     config = _config_arg(files[0]) if files else None
     if isinstance(config, Path) and not config.is_file():
         raise UsageError(f"cannot read {config}")
@@ -385,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity",
                         epilog=LAUNCH_HELP)
     sm.add_argument("file", nargs="?", help="recipe or distributed: block (default: FSDP2 + TP 2)")
-    sm.add_argument("--world-size", type=_positive, help="default 4 (or --nproc-per-node after --)")
+    sm.add_argument("--world-size", type=_positive, help="default: --nproc-per-node after --, else 4, or the "
+                    "smallest number of processes the layout is valid on when 4 is not")
     sm.add_argument("--steps", type=_positive, default=3, help="training steps compared with one process (default 3)")
     sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama",
                     help="the tiny model to train (default tiny-llama; tiny-moe has experts for ep > 1)")

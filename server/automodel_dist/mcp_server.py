@@ -274,7 +274,8 @@ def create_server() -> MCPServer:
     @_anticipated
     async def run_smoke_test(
         ctx: Context,
-        world_size: Annotated[int, Field(ge=1, le=64, description="Processes to launch.")] = 4,
+        world_size: Annotated[int | None, Field(default=None, ge=1, le=64, description=(
+            "Processes to launch (default 4, or the smallest number the layout is valid on when 4 is not)."))] = None,
         config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
         steps: Annotated[int, Field(ge=1, le=20)] = 3,
         model: Literal["tiny-llama", "tiny-moe"] = "tiny-llama",

@@ -108,6 +108,43 @@ def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequen
     return (over if launch is not None or active else None), block
 
 
+def _split_findings(report: Any) -> tuple[list[str], list[Any]]:
+    """(notes, findings) of a run's validation: torch-version is about AutoModel on the torch installed here, not
+    about the layout this run proves, so it becomes a note, not a refusal; info findings are dropped."""
+    env = [f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
+           "so it can pass where AutoModel 0.7.0 would fail)" for f in report.findings
+           if f.rule == "torch-version" and f.severity == "error"]
+    return env, [f for f in report.findings if f.severity != "info" and not (f.rule == "torch-version" and env)]
+
+
+DEFAULT_WORLD = 4
+_MOE_ROUNDING = ("with bf16 compute, context or tensor parallelism rounds attention differently from one process and "
+                 "the MoE router then sends near-tied tokens to other experts (router gradients 0.1-0.3 off with no "
+                 "layout error)")
+
+
+def default_world_size(config: ConfigInput, layout: dict[str, Any], overrides: Sequence[str] | None = None
+                       ) -> tuple[int, str | None]:
+    """The world size a run takes when none is given: 4, or when the layout is invalid on 4 ranks the smallest
+    world (up to the CPU limit) it is valid on; with a note saying so (None when 4 is kept)."""
+    over, _ = merged_overrides(config, layout, overrides)
+    version = _installed_torch()
+
+    def ok(world: int) -> bool:
+        report = validate_config(config, world_size=world, torch_version=version, overrides=over)
+        return not any(f.severity == "error" for f in _split_findings(report)[1])
+
+    if ok(DEFAULT_WORLD):
+        return DEFAULT_WORLD, None
+    for world in (w for w in range(2, MAX_CPU_WORLD + 1) if w != DEFAULT_WORLD):
+        if ok(world):
+            return world, (f"world_size {world}: the smallest number of processes this layout is valid on "
+                           f"({DEFAULT_WORLD}, the default, is not)")
+    return DEFAULT_WORLD, (f"no world size from 2 to {MAX_CPU_WORLD} makes this layout valid; the findings are "
+                           f"at the default {DEFAULT_WORLD} (override the sizes, e.g. -- --distributed.dp_size ..., "
+                           "to smoke-test a scaled-down version)")
+
+
 def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, backend: str | None,
               precision: str, fault: str | dict | None, pg_timeout_s: float, layout: dict[str, Any],
               overrides: Sequence[str] | None = None, seed: int = 1234, lr: float = 5e-3) -> Plan | SmokeReport:
@@ -124,11 +161,7 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     fault_d = parse_fault(fault)
     over, block = merged_overrides(config, layout, overrides)
     report = validate_config(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
-    # torch-version is about AutoModel on this torch, not about the layout this run proves: a note, not a refusal
-    env = [f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
-           "so it can pass where AutoModel 0.7.0 would fail)" for f in report.findings
-           if f.rule == "torch-version" and f.severity == "error"]
-    findings = [f for f in report.findings if f.severity != "info" and not (f.rule == "torch-version" and env)]
+    env, findings = _split_findings(report)
     base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings,
                 notes=env)
     errors = [f for f in findings if f.severity == "error"]
@@ -191,6 +224,15 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
                                   f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)")
     seq = 8 * math.lcm(2 * cp, max(tp, 1))
     mp = _mp_policy(block, r.strategy, precision)
+    if mp and mp.get("param_dtype") not in (None, "float32") and model == "tiny-moe" and (cp > 1 or tp > 1):
+        if precision == "auto":
+            mp = None
+            base["notes"].append(_MOE_ROUNDING + "; this run and its reference therefore use fp32 (the dispatch, "
+                                 "expert sharding and gradient scaling under test are the same; --precision bf16 "
+                                 "forces bf16)")
+        else:
+            base["notes"].append(_MOE_ROUNDING + ", so a bf16 run can fail parity on rounding alone (--precision "
+                                 "auto checks this layout in fp32)")
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
     spec = {
         "strategy": r.strategy,

@@ -12,6 +12,7 @@ from .launch import (
     LAYOUT_KEYS,
     ProgressFn,
     SmokeUsageError,
+    default_world_size,
     execute,
     make_plan,
 )
@@ -23,7 +24,7 @@ DEFAULT_CONFIG = {"distributed": {"strategy": "fsdp2", "tp_size": 2}}  # FSDP2 +
 def run_smoke_test(
     config: ConfigInput | None = None,
     *,
-    world_size: int = 4,
+    world_size: int | None = None,
     steps: int = 3,
     model: str = "tiny-llama",
     backend: str | None = None,
@@ -39,6 +40,9 @@ def run_smoke_test(
     **layout: Any,
 ) -> SmokeReport:
     """Run ``config``'s layout for real on ``world_size`` processes and compare with one process.
+
+    ``world_size`` defaults to 4, or, when the layout is invalid on 4 ranks, to the smallest world it is valid
+    on (up to the CPU limit; the report's notes say so).
 
     ``config`` is YAML text, a path or a mapping (None: the built-in FSDP2 + TP 2 default).
     ``overrides`` are the launch command's ``"dotted.key=value"`` overrides (as in ``validate_config``);
@@ -57,8 +61,13 @@ def run_smoke_test(
         raise TypeError(f"run_smoke_test() got unexpected keyword argument(s): {sorted(unknown)}")
     if config is None:  # the default layout, unless layout keywords describe one
         config = {} if any(v is not None for v in layout.values()) else DEFAULT_CONFIG
+    chosen = None
+    if world_size is None:
+        world_size, chosen = default_world_size(config, layout, overrides)
     plan = make_plan(config, world_size=world_size, steps=steps, model=model, backend=backend, precision=precision,
                      fault=fault, pg_timeout_s=pg_timeout_s, layout=layout, overrides=overrides)
+    if chosen is not None:
+        (plan.notes if isinstance(plan, SmokeReport) else plan.report_base["notes"]).insert(0, chosen)
     if isinstance(plan, SmokeReport):
         return plan
     return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)

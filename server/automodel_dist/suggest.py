@@ -26,6 +26,7 @@ from .estimate import (
     Parallelism,
     Training,
     check_headroom,
+    check_positive_ints,
     evaluate,
     make_cluster,
 )
@@ -166,13 +167,8 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
     """Ranked layouts for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs that fit memory with ``headroom``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    for name, value in (("nodes", nodes), ("seq_len", seq_len), ("micro_batch_size", micro_batch_size),
-                        ("top_k", top_k)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if global_batch_size is not None and (not isinstance(global_batch_size, int) or isinstance(global_batch_size, bool)
-                                          or global_batch_size < 1):
-        raise ValueError(f"global_batch_size must be a positive integer, got {global_batch_size!r}")
+    check_positive_ints({"nodes": nodes, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "top_k": top_k})
+    check_positive_ints({"global_batch_size": global_batch_size}, optional=True)
     check_headroom(headroom)
     spec = resolve_model(model)
     cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)

@@ -74,6 +74,13 @@ def make_cluster(gpu: str | GPU | None, gpus_per_node: int | None, *, memory_gib
                    inter_gbps=inter_gbps or g.inter_gbps)
 
 
+def check_positive_ints(values: dict[str, Any], *, optional: bool = False) -> None:
+    """``ValueError`` naming the first value that is not a positive integer (``optional``: None passes)."""
+    for name, value in values.items():
+        if not (optional and value is None) and not is_positive_int(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def check_headroom(headroom: float) -> None:
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
         raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
@@ -122,10 +129,8 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     check_headroom(headroom)
-    for name, value in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size),
-                        ("global_batch_size", global_batch_size)):
-        if value is not None and not is_positive_int(value):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_positive_ints({"seq_len": seq_len, "micro_batch_size": micro_batch_size,
+                         "global_batch_size": global_batch_size}, optional=True)
     try:
         spec = resolve_model(model)
     except ModelConfigError as exc:

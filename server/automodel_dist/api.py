@@ -300,9 +300,10 @@ def _default_ranks(world_size: int) -> list[int]:
     return list(range(world_size)) if world_size <= DEFAULT_RANKS_LIMIT else [0]
 
 
-def build_layout(config: ConfigInput, *, world_size: int, gpus_per_node: int | None = None,
+def build_layout(config: ConfigInput, *, world_size: int | None, gpus_per_node: int | None = None,
                  overrides: Overrides = None) -> tuple[Layout, ValidationReport]:
-    """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`."""
+    """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`.
+    ``world_size=None``: the recipe's ``ci:`` block gives it (and GPUs per node), as in :func:`validate_config`."""
     report, ctx = _validate(config, world_size, None, gpus_per_node, None, None, overrides)
     if not report.valid or ctx is None or ctx.layout is None:
         raise ConfigError(report)

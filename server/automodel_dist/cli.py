@@ -152,27 +152,24 @@ def _show_invalid(args: argparse.Namespace, report: ValidationReport) -> int:
 
 def cmd_mesh(args: argparse.Namespace) -> int:
     from . import render
-    from .api import build_layout, mesh_report, validate_config
+    from .api import build_layout, mesh_report
     from .report import ConfigError
 
     files, overrides = _launch(args, [args.file] if args.file else [])
-    config = _config_arg(files[0])
-    world, gpn = args.world_size, args.gpus_per_node
-    if world is None:  # a recipe's ci: block, as validate reads it
-        pre = validate_config(config, gpus_per_node=gpn, overrides=overrides)
-        if pre.world_size is None:
-            raise UsageError("give --world-size (or --nproc-per-node in the launch command after --, or a recipe "
-                             "with a ci: block)")
-        world, gpn = pre.world_size, gpn or pre.gpus_per_node
-        if not args.json:
-            print(f"world_size {world} ({pre.world_size_source})" + (f", {gpn} GPUs per node" if gpn else ""))
-    try:
-        lay, vreport = build_layout(config, world_size=world, gpus_per_node=gpn, overrides=overrides)
+    try:  # without --world-size, a recipe's ci: block gives it (and GPUs per node), as validate reads it
+        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size,
+                                    gpus_per_node=args.gpus_per_node, overrides=overrides)
+        gpn = args.gpus_per_node or vreport.gpus_per_node
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
+        if exc.report.world_size is None and not exc.report.errors:
+            raise UsageError("give --world-size (or --nproc-per-node in the launch command after --, or a recipe "
+                             "with a ci: block)") from exc
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.world_size is None and not args.json:
+        print(f"world_size {lay.world_size} ({vreport.world_size_source})" + (f", {gpn} GPUs per node" if gpn else ""))
     if args.svg:
         Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=gpn),
                                   encoding="utf-8")

@@ -174,6 +174,21 @@ def test_rejected_layouts_called_faster_are_faster_than_the_pick(model, nodes):
             assert "if it fit" not in r.reason, r
 
 
+def test_suggest_text_lists_rejected_layouts_as_yaml():
+    """Each "not chosen" line starts with the layout as a YAML flow mapping, pasteable under distributed:."""
+    import yaml
+
+    from automodel_dist.render import suggest_text
+
+    rep = suggest_strategy("meta-llama/Llama-3.1-70B", nodes=4, gpus_per_node=8, top_k=3)
+    text = suggest_text(rep)
+    lines = text.split("not chosen:\n", 1)[1].splitlines()
+    assert rep.rejected and len(lines) >= len(rep.rejected)
+    for r, line in zip(rep.rejected, lines):
+        flow = line.removeprefix("    - ").split("}: ", 1)[0] + "}"
+        assert yaml.safe_load(flow) == r.distributed, line
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}

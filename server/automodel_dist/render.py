@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+import yaml
+
 from .layout import Layout
 from .report import Finding, MeshReport, ValidationReport
 
@@ -220,10 +222,15 @@ def suggest_text(rep: Any) -> str:
     if rep.rejected:
         lines += ["", "not chosen:"]
         for r in rep.rejected:
-            lines.append(f"    - {r.distributed}: {r.reason}")
+            lines.append(f"    - {_flow(r.distributed)}: {r.reason}")
     if rep.note:
         lines += ["", rep.note]
     return "\n".join(lines)
+
+
+def _flow(block: dict[str, Any]) -> str:
+    """A block as one YAML flow mapping (``{strategy: fsdp2, tp_size: 2}``), pasteable under ``distributed:``."""
+    return yaml.safe_dump(block, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
 
 
 def _short(ranks: list[int] | None, limit: int = 8) -> str:

@@ -408,3 +408,34 @@ def parallelize_model_class(architecture: str, model_type: str, config: dict[str
         except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
             return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def raised_messages(relpath: str, filler: str = "8") -> list[str]:
+    """Every ``raise X("...")`` message in AutoModel's source file ``relpath`` (under the package), as
+    "X: text" with each f-string field rendered as ``filler``: the error texts its code can print, read
+    from the code itself (for the paths a CPU cannot reach: Transformer Engine, CUDA-only packages)."""
+    import ast
+    import pathlib
+
+    import nemo_automodel
+
+    def text(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(v.value if isinstance(v, ast.Constant) else filler for v in node.values)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = text(node.left), text(node.right)
+            return None if left is None or right is None else left + right
+        return None
+
+    tree = ast.parse((pathlib.Path(nemo_automodel.__file__).parent / relpath).read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+            message = text(node.exc.args[0])
+            func = node.exc.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "Error")
+            if message is not None:
+                out.append(f"{name}: {message}")
+    return out

@@ -524,3 +524,52 @@ def test_examples_match_automodel(path: Path) -> None:
     ours = validate_config(path)
     assert ours.valid and ours.world_size == world, [f.message for f in ours.findings]
     _compare_meshes(recipe["distributed"], world, ranks, o)
+
+
+# --------------------------------------------------------------------------- (d) error texts from the code
+# AutoModel 0.7.0 errors raised where this machine cannot run them (Transformer Engine, CUDA-only packages,
+# real CP batches, recipes' step builders): (file, start of the message, the rule that explains it). The
+# texts are read from AutoModel's code, so a drifted message fails here instead of going unexplained.
+CODE_ERRORS = [
+    ("components/distributed/context_parallel/utils.py", "ValueError: CP sequence length", "cp-seq-divisibility"),
+    ("components/distributed/context_parallel/sharder.py", "ValueError: padded_seq_len must be divisible",
+     "cp-seq-divisibility"),
+    ("components/distributed/context_parallel/sharder.py", "ValueError: CP sequence length must be divisible",
+     "cp-seq-divisibility"),
+    ("recipes/llm/train_eagle3.py", "ValueError: Zig-zag context parallelism requires seq_length",
+     "cp-seq-divisibility"),
+    ("recipes/llm/train_eagle3.py", "ValueError: Context parallelism requires seq_length", "cp-seq-divisibility"),
+    ("components/distributed/context_parallel/utils.py", "ValueError: Transformer Engine attention head counts",
+     "tp-heads"),
+    ("components/distributed/parallelizer.py", "ValueError: num_key_value_heads (", "tp-heads"),
+    ("components/distributed/parallelizer.py", "ValueError: num_attention_heads (", "tp-heads"),
+    ("components/distributed/optimized_tp_plans.py", "ValueError: num_attention_heads in config", "tp-heads"),
+    ("components/distributed/optimized_tp_plans.py", "ValueError: layer 8: num_key_value_heads in config",
+     "tp-heads"),
+    ("components/moe/mok_experts.py", "ValueError: MoK requires n_routed_experts", "ep-experts"),
+    ("components/distributed/parallelizer.py", "ValueError: Hugging Face TP plan is not supported",
+     "model-capability"),
+    ("components/distributed/parallelizer.py", "ValueError: No tensor-parallel plan is registered",
+     "model-capability"),
+    ("components/distributed/pipelining/autopipeline.py", "ValueError: local_batch_size must be divisible",
+     "pp-batch-divisibility"),
+    ("components/training/step_scheduler.py", "ValueError: global_batch_size (", "global-batch-divisibility"),
+    ("components/distributed/megatron_fsdp.py", "ImportError: MegatronFSDP is not installed",
+     "runtime-missing-package"),
+    ("components/distributed/parallelizer.py", "RuntimeError: unsupported Megatron-FSDP fully_shard API",
+     "runtime-missing-package"),
+    ("components/distributed/parallelizer.py", "RuntimeError: cannot determine the installed Megatron-FSDP",
+     "runtime-missing-package"),
+    ("components/distributed/context_parallel/utils.py", "ImportError: Transformer Engine attention is required",
+     "runtime-missing-package"),
+    ("components/distributed/context_parallel/magi.py", "RuntimeError: The 'magi' attention backend is configured",
+     "runtime-missing-package"),
+]
+
+
+@pytest.mark.parametrize("relpath, start, rule", CODE_ERRORS, ids=[f"{r}-{i}" for i, (_, _, r) in enumerate(CODE_ERRORS)])
+def test_error_texts_in_automodel_code_are_explained(relpath: str, start: str, rule: str) -> None:
+    texts = [t for t in oracle.raised_messages(relpath) if t.startswith(start)]
+    assert texts, f"AutoModel 0.7.0's {relpath} raises no '{start}...'"
+    for text in texts:
+        assert rule in {m.rule for m in explain_error(text).matches}, text

@@ -93,7 +93,8 @@ note("model-from-recipe", "Model taken from the recipe", family=F, severity="inf
 @rule("tp-heads", when=("@model",), family=F, severity="error", title="tp_size does not divide the attention heads",
       patterns=(r"num_key_value_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
                 r"num_attention_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
-                r"num_key_value_heads in config does not match the TP size"),
+                r"num_(?:key_value|attention)_heads in config does not match the TP size",
+                r"Transformer Engine attention head counts must be divisible by tensor-parallel size"),
       cause="Tensor parallelism shards attention by heads: num_attention_heads and num_key_value_heads must both "
             "be divisible by tp_size (AutoModel checks this only after launch, e.g. phi-4's 10 KV heads with tp=4).",
       fix="Use a tp_size that divides both head counts.")
@@ -112,7 +113,8 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("ep-experts", when=("@model",), family=F, severity="error", title="ep_size does not divide the routed experts",
-      patterns=(r"n_routed_experts (\d+) must be divisible by expert_parallel_degree (\d+)",),
+      patterns=(r"n_routed_experts (\d+) must be divisible by expert_parallel_degree (\d+)",
+                r"requires n_routed_experts \((\d+)\) to be divisible by ep_size \((\d+)\)"),
       cause="Expert parallelism places num_experts / ep_size whole experts on each EP rank.",
       fix="Use an ep_size that divides the number of routed experts.")
 def ep_experts(ctx: Context) -> Iterator[Finding]:
@@ -210,12 +212,16 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
 @rule("model-capability", family=F, severity="error", title="Parallelism AutoModel's implementation of the model lacks",
       when=("@model",),
       patterns=(r"Tensor parallelism \(tp_size=(\d+)\) requested but (\w+) has no TP plan",
-                r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE),
+                r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE,
+                r"Hugging Face TP plan is not supported for (\w+)",
+                r"No tensor-parallel plan is registered for the custom-code architecture '(\w+)'"),
       cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
             "cannot do: its own Qwen3-MoE, DeepSeek-V3 and gpt-oss classes have no TP plan, and the Hugging Face "
             "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1. With model.force_hf: "
-            "true AutoModel builds the Hugging Face class, and only EP is checked (no such class has its MoE mixin).",
-      fix="Set that size to 1 and shard with the parallelisms the model supports.")
+            "true AutoModel builds the Hugging Face class, and only EP is checked (no such class has its MoE mixin). "
+            "A Hugging Face class with no _tp_plan (or a trust_remote_code class) cannot take tp_size > 1 either, "
+            "unless the block gives its own tp_plan.",
+      fix="Set that size to 1 and shard with the parallelisms the model supports (for TP, or give distributed.tp_plan).")
 def model_capability(ctx: Context) -> Iterator[Finding]:
     m, impl = ctx.model, _impl(ctx)
     if m is not None and m.is_moe and ctx.size("ep_size") > 1 and ctx.recipe_get("model.force_hf") is True:

@@ -77,7 +77,8 @@ def _batch_fix(lbs: int, mbs: int, pp: int, schedule: str | None) -> str:
 
 @rule("pp-batch-divisibility", family=F, severity="error", title="local_batch_size not divisible by pp_microbatch_size",
       when=("recipe:step_scheduler",),
-      patterns=(r"Batch size (\d+) must be divisible by number of microbatches",),
+      patterns=(r"Batch size (\d+) must be divisible by number of microbatches",
+                r"local_batch_size must be divisible by microbatch_size"),
       cause="With pp_size > 1 the local batch is cut into local_batch_size // pp_microbatch_size microbatches.",
       fix="Make step_scheduler.local_batch_size a multiple of pipeline.pp_microbatch_size.")
 def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
@@ -147,7 +148,10 @@ _SEQ_SECTIONS = frozenset(d.split(".", 1)[0] for d in _SEQ_LENGTHS)
 
 @rule("cp-seq-divisibility", family=F, severity="error", title="Sequence length not divisible by 2*cp_size",
       when=("@cp",),
-      patterns=(r"must be divisible by 2 \* cp_size",),
+      patterns=(r"must be divisible by 2 \* cp_size", r"CP sequence length (\d+) must be divisible by (\d+)",
+                r"CP sequence length must be divisible by cp_size after padding",
+                r"padded_seq_len must be divisible by cp_size",
+                r"requires seq_length \((\d+)\) divisible by (?:2\*)?cp_size"),
       cause="Load-balanced context parallelism cuts each sequence into 2*cp_size chunks (head-tail pairing).",
       fix="Make packed_sequence_size / seq_len multiples of 2*cp_size.")
 def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:

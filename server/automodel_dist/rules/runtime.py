@@ -35,6 +35,18 @@ note("runtime-mesh-rank", "Rank outside the device mesh", family=F, severity="er
      patterns=(r"it needs to contain the local rank",),
      cause="An explicit dp_size made the mesh smaller than the world; the ranks outside cannot slice it.",
      fix="Remove dp_size (AutoModel infers it) or make dp*tp*cp*pp equal the world size.")
+note("runtime-missing-package", "A package the layout or backend needs is not installed", family=F, severity="error",
+     patterns=(r"MegatronFSDP is not installed", r"unsupported Megatron-FSDP fully_shard API",
+               r"cannot determine the installed Megatron-FSDP fully_shard API",
+               r"Transformer Engine attention is required", r"'magi_attention' package is not importable",
+               r"No module named '(transformer_engine|megatron_fsdp|megatron|deep_ep|magi_attention)(?:\.[\w.]*)?'"),
+     cause="The job's environment lacks a package the config needs: strategy megatron_fsdp needs megatron-fsdp "
+           "0.5.0 exactly (nemo-automodel 0.7.0 depends on it, but an image built with --no-deps or an upgraded one "
+           "lacks it or fails on its fully_shard signature); model.backend.attn: te (which context parallelism needs "
+           "for most models) needs Transformer Engine, from the cuda extra; model.backend.dispatcher: deepep needs "
+           "DeepEP, from the moe extra; attn: magi needs MagiAttention, built from source.",
+     fix="Install it in the launch image (pip install 'nemo-automodel[cuda,moe]==0.7.0', or megatron-fsdp==0.5.0), "
+         "or choose what needs none: strategy fsdp2, model.backend.attn: sdpa with cp_size 1, dispatcher: torch.")
 # Launch and transport failures: the config is fine, the processes or the machines are not.
 note("runtime-nccl-system", "NCCL could not set up or keep its transport", family=F, severity="error",
      patterns=(r"unhandled system error", r"ncclSystemError", r"remote process exited or there was a network error",

@@ -399,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="auto = the config's mp_policy (AutoModel's default: bf16 params, fp32 reduce)")
     run.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds")
     run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
-    run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP or stall@RANK:0")
+    run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, stall@RANK:0 "
+                     "or abort@RANK:0")
     run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
                      help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI")
     sm.add_argument("--json", action="store_true", help="print the smoke report as JSON")

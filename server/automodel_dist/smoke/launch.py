@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -46,7 +47,8 @@ MAX_PARAMS = _env_int("AUTOMODEL_DIST_MAX_SMOKE_PARAMS", 50_000_000)
 MAX_CONCURRENT = _env_int("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", 2)
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PG_TIMEOUT_S = 60.0
-FAULT_KINDS = ("crash", "hang", "skew", "stall")  # stall: never exits after publishing its result (STEP unused)
+# stall: never exits after publishing its result; abort: SIGABRT after publishing and tearing down (STEP unused)
+FAULT_KINDS = ("crash", "hang", "skew", "stall", "abort")
 TEARDOWN_GRACE_S = 20.0  # once every rank has published its result, the ranks get this long to exit
 _ACTIVE: set[subprocess.Popen] = set()
 _ACTIVE_LOCK = threading.Lock()
@@ -63,15 +65,16 @@ class Cancelled(Exception):
 
 # --------------------------------------------------------------------------- faults
 def parse_fault(fault: str | dict | None) -> dict | None:
-    """``crash@RANK:STEP``, ``hang@RANK:STEP``, ``skew@RANK:STEP`` or ``stall@RANK:0`` -> {kind, rank, step}."""
+    """``crash@RANK:STEP``, ``hang@RANK:STEP``, ``skew@RANK:STEP``, ``stall@RANK:0`` or ``abort@RANK:0`` ->
+    {kind, rank, step}."""
     if fault is None or isinstance(fault, dict):
         return fault
     try:
         kind, where = fault.split("@", 1)
         rank, step = (int(x) for x in where.split(":", 1))
     except ValueError as exc:
-        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP or "
-                              f"stall@RANK:0, got {fault!r}") from exc
+        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, "
+                              f"stall@RANK:0 or abort@RANK:0, got {fault!r}") from exc
     if kind not in FAULT_KINDS or rank < 0 or step < 0:
         raise SmokeUsageError(f"unknown fault {fault!r}; use {', '.join(k + '@RANK:STEP' for k in FAULT_KINDS)}")
     return {"kind": kind, "rank": rank, "step": step}
@@ -579,6 +582,13 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
                         init_s=tm.get("init_s"), steps_s=tm.get("steps_s"), check_s=tm.get("check_s"),
                         teardown_s=max(0.0, t0 + total - last_end) if last_end else None, total_s=total)
     base["timing"] = timing
+    if returncode and not (interrupted or timed_out) and all(rk.state == "finished" for rk in ranks):
+        base["notes"].append(
+            f"every rank published its result, then the launcher exited with code {returncode} "
+            f"({_exit_detail(run_dir, log_tail)}): a process failed while shutting down (process-group teardown "
+            "or interpreter exit), after every check here had run, so the results stand (launcher_log_tail has "
+            "the launcher's account)")
+        return _judge(plan, results, base)
     failed = [rk.rank for rk in ranks if rk.state == "failed"]
     if failed and all(_collateral(rk.error) for rk in ranks if rk.state == "failed"):
         for rk in ranks:  # peers timed out waiting: ranks stopped from outside meanwhile were the hung ones
@@ -640,6 +650,25 @@ def _hung_by_progress(run_dir: Path, rank: int) -> bool:
     with contextlib.suppress(OSError):
         return f"rank {rank} hangs" in (run_dir / "progress.jsonl").read_text()
     return False
+
+
+def _exit_detail(run_dir: Path, log_tail: list[str]) -> str:
+    """How the ranks that exited badly ended: from the elastic agent's failure record, else torchrun's summary."""
+    codes: list[tuple[str, int]] = []
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+        failures = json.loads((run_dir / "agent_failure.json").read_text())["failures"]
+        codes = [(rank, int(f["exitcode"])) for rank, f in failures.items()]
+    if not codes:
+        found = re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", "\n".join(log_tail))
+        codes = [(rank, int(code)) for rank, code in found]
+    parts = []
+    for rank, code in codes:
+        name = None
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                name = signal.Signals(-code).name
+        parts.append(f"rank {rank} ended by {name}" if name else f"rank {rank} exit code {code}")
+    return "; ".join(parts) or "no rank named in its log"
 
 
 def _rank_log_tail(run_dir: Path, rank: int) -> list[str]:

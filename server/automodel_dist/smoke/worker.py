@@ -312,6 +312,8 @@ def run(spec: dict[str, Any], t_start: float = T_START,
         time.sleep(10**9)  # injected: this rank never exits (the launcher's teardown grace stops it)
     dist.barrier()
     dist.destroy_process_group()
+    if (spec.get("fault") or {}).get("kind") == "abort" and spec["fault"].get("rank") == rank:
+        os.abort()  # injected: dies by SIGABRT at exit, after its result and teardown (torch 2.14 was seen to)
     return result
 
 

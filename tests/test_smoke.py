@@ -283,6 +283,16 @@ def test_rank_stuck_in_teardown_after_publishing_does_not_hold_the_result(monkey
     assert report.timing.teardown_s is not None and report.timing.teardown_s >= grace
 
 
+@pytest.mark.parametrize("launcher", ["elastic", "torchrun"])
+def test_rank_dying_at_exit_after_publishing_keeps_the_results(launcher):
+    """A rank that dies by a signal after its result and teardown (torch 2.14 aborted once at exit): the launcher
+    exits non-zero, yet every check has run; the report judges the results and says how the rank ended."""
+    report = run_smoke_test(world_size=2, steps=2, precision="fp32", fault="abort@1:0", launcher=launcher)
+    assert_passed(report)
+    note = next(n for n in report.notes if "while shutting down" in n)
+    assert "rank 1 ended by SIGABRT" in note and "the results stand" in note, note
+
+
 def test_cancel_event_stops_the_run():
     cancel = threading.Event()
 

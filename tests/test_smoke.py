@@ -306,9 +306,12 @@ def test_cancel_event_stops_the_run():
 
 @pytest.mark.parametrize("sig,code,name", [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
 def test_signal_to_the_parent_reaps_every_rank(sig, code, name):
+    # A shell starts background jobs with SIGINT ignored, and a Python started so never raises KeyboardInterrupt:
+    # give the CLI the default disposition, as a terminal's foreground job has it.
     proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--steps",
                              "60", "--precision", "fp32", "--fault", "hang@1:2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stderr:  # wait until the ranks are training
         if line.startswith("step"):
             break

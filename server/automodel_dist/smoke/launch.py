@@ -655,7 +655,7 @@ def _hung_by_progress(run_dir: Path, rank: int) -> bool:
 def _exit_detail(run_dir: Path, log_tail: list[str]) -> str:
     """How the ranks that exited badly ended: from the elastic agent's failure record, else torchrun's summary."""
     codes: list[tuple[str, int]] = []
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError, KeyError):
         failures = json.loads((run_dir / "agent_failure.json").read_text())["failures"]
         codes = [(rank, int(f["exitcode"])) for rank, f in failures.items()]
     if not codes:

@@ -189,6 +189,23 @@ def test_suggest_text_lists_rejected_layouts_as_yaml():
         assert yaml.safe_load(flow) == r.distributed, line
 
 
+@pytest.mark.parametrize("strategies", [("fsdp2",), ("megatron_fsdp",)])
+def test_suggest_rationale_says_what_the_layout_does(strategies):
+    """The rationale names the real shard group (never "over 1 ranks") and claims sequence parallelism only where
+    the layout turns it on (MegatronFSDP's TP runs without it)."""
+    rep = suggest_strategy("meta-llama/Llama-3.1-70B", nodes=2, gpus_per_node=8, top_k=10, strategies=strategies)
+    assert len(rep.candidates) >= 5
+    for c in rep.candidates:
+        d, text = c.distributed, " ".join(c.rationale)
+        tp, cp, pp = (d.get(k, 1) for k in ("tp_size", "cp_size", "pp_size"))
+        shard = 16 // (tp * pp)  # dp_shard * cp (FSDP2) or dp * cp (MegatronFSDP), no replication here
+        assert "over 1 ranks" not in text
+        assert (f"over {shard} ranks" in text) == (shard > 1), text
+        assert ("with sequence parallelism" in text) == bool(d.get("sequence_parallel")), text
+        if tp > 1 and strategies == ("megatron_fsdp",):
+            assert "no sequence parallelism" in text
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}

@@ -130,18 +130,24 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
            f"{mem.overhead:.1f}); est. step {comm.step_time_s:.2f} s, MFU {comm.mfu:.0%}"]
     shard = p.dp_shard * p.cp
     if p.strategy == "fsdp2":
-        out.append(f"FSDP2 shards parameters, gradients and optimizer states over {shard} ranks"
-                   + (f", replicated {p.dp_replicate}x (HSDP: the all-reduce across replicas is the only "
-                      "cross-group gradient traffic)" if p.dp_replicate > 1 else ""))
+        held = (f"FSDP2 shards parameters, gradients and optimizer states over {shard} ranks" if shard > 1 else
+                "FSDP2 with a shard group of 1: each GPU holds whole parameters, gradients and optimizer states "
+                "of its tp/pp slice")
+        out.append(held + (f", replicated {p.dp_replicate}x (HSDP: the all-reduce across replicas is the only "
+                           "cross-group gradient traffic)" if p.dp_replicate > 1 else ""))
     elif p.strategy == "ddp":
         out.append("DDP: the model fits replicated; one gradient all-reduce per step, the least communication")
     else:
-        out.append(f"MegatronFSDP (ZeRO-3) shards everything over {p.dp * p.cp} ranks")
+        sharded = p.dp * p.cp
+        out.append(f"MegatronFSDP (ZeRO-3) shards everything over {sharded} ranks" if sharded > 1 else
+                   "MegatronFSDP with a data-parallel group of 1: nothing is sharded beyond tp/pp")
     if p.tp > 1:
-        where = "across nodes (inter-node bandwidth!)" if comm.crosses_nodes.get("tp") else (
-            f"inside a node ({cluster.intra_gbps:.0f} GB/s)")
-        out.append(f"tp={p.tp} with sequence parallelism splits every layer's matmuls and activations; its "
-                   f"per-layer collectives stay {where}")
+        where = "cross nodes (inter-node bandwidth!)" if comm.crosses_nodes.get("tp") else (
+            f"stay inside a node ({cluster.intra_gbps:.0f} GB/s)")
+        splits = ("every layer's matmuls and activations" if p.sequence_parallel else
+                  "every layer's matmuls (no sequence parallelism: MegatronFSDP's TP plan runs without it)")
+        out.append(f"tp={p.tp}{' with sequence parallelism' if p.sequence_parallel else ''} splits {splits}; "
+                   f"its per-layer collectives {where}")
     if p.cp > 1:
         out.append(f"cp={p.cp}: seq_len {tr.seq_len} is split into {p.cp} chunks, cutting activations to "
                    f"1/{p.cp} for long sequences")

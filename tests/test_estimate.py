@@ -206,6 +206,34 @@ def test_suggest_rationale_says_what_the_layout_does(strategies):
             assert "no sequence parallelism" in text
 
 
+def test_suggest_searches_only_the_strategies_asked_for(capsys):
+    """strategies= (CLI --strategy, repeatable, AutoModel's aliases accepted) limits candidates and the "not chosen"
+    examples to those strategies; an unknown or empty list is a usage error naming the valid ones."""
+    from automodel_dist.suggest import search_strategies
+
+    assert search_strategies(None) == ("fsdp2", "megatron_fsdp", "ddp")
+    assert search_strategies(["DDP", "mfsdp", "megatron-fsdp"]) == ("megatron_fsdp", "ddp")
+    assert search_strategies("fsdp2") == ("fsdp2",)
+    for bad in ([], ["zero3"], [None]):
+        with pytest.raises(ValueError, match="strategies must name at least one of fsdp2, megatron_fsdp, ddp"):
+            search_strategies(bad)
+    full = suggest_strategy("meta-llama/Llama-3.1-70B", nodes=2, top_k=20)
+    only = suggest_strategy("meta-llama/Llama-3.1-70B", nodes=2, top_k=20, strategies=["megatron-fsdp"])
+    assert only.strategies == ["megatron_fsdp"] and only.candidates and 0 < only.searched < full.searched
+    assert {c.distributed["strategy"] for c in only.candidates} == {"megatron_fsdp"}
+    assert {r.distributed["strategy"] for r in only.rejected} <= {"megatron_fsdp"}
+    picked = {c.yaml for c in full.candidates if c.distributed["strategy"] == "megatron_fsdp"}
+    assert picked <= {c.yaml for c in only.candidates}  # the same layouts, ranked among their own strategy
+    ddp = suggest_strategy("meta-llama/Llama-3.1-405B", nodes=1, gpu="L40S", strategies=("ddp",))
+    assert not ddp.candidates and "({strategy: ddp})" in ddp.note  # the smallest layout, as YAML
+    assert main(["suggest", "--model", "meta-llama/Llama-3.1-70B", "--nodes", "2", "--strategy", "mfsdp",
+                 "--strategy", "ddp", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "layouts searched (megatron_fsdp, ddp only)" in out.splitlines()[0] and "strategy: fsdp2" not in out
+    assert main(["suggest", "--model", L8, "--strategy", "zero3"]) == 2
+    assert "invalid choice: 'zero3'" in capsys.readouterr().err
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}

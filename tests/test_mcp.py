@@ -152,6 +152,12 @@ def test_suggest_estimate_explain_list_models():
     assert (est["inter_gbps"], est["intra_gbps"], est["gpu_memory_gib"], est["headroom"]) == (12.5, 450.0, 40.0, 0.2)
     s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900})
     assert s2.structured_content["intra_gbps"] == 900.0
+    mf = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-70B", "nodes": 2, "strategies": ["megatron_fsdp"]})
+    assert mf.structured_content["strategies"] == ["megatron_fsdp"] and mf.structured_content["candidates"]
+    assert {c["distributed"]["strategy"] for c in mf.structured_content["candidates"]} == {"megatron_fsdp"}
+    for bad_strategies in ([], ["zero3"]):
+        refused = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "strategies": bad_strategies})
+        assert refused.is_error and "strategies" in refused.content[0].text
     m = call("list_models", {})
     assert any(x["name"] == "deepseek-ai/DeepSeek-V3" for x in m.structured_content["models"])
     assert any(x["name"] == "H100-80GB" for x in m.structured_content["gpus"])

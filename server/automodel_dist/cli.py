@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config.values import STRATEGY_ALIASES
+
 if TYPE_CHECKING:
     from .report import ValidationReport
 
@@ -277,7 +279,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
                                   micro_batch_size=args.micro_batch_size or 1, precision=args.precision,
                                   allow_activation_checkpointing=not args.no_activation_checkpointing,
                                   headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib,
-                                  intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps)
+                                  intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, strategies=args.strategy)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "suggest_text")
@@ -444,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("--top", type=_positive, default=5, help="layouts to show (default 5)")
     su.add_argument("--no-activation-checkpointing", action="store_true",
                     help="only layouts that fit without activation checkpointing")
+    su.add_argument("--strategy", action="append", choices=sorted(STRATEGY_ALIASES), metavar="STRATEGY",
+                    help="search only this strategy: fsdp2, megatron_fsdp (megatron-fsdp, mfsdp) or ddp; repeat for "
+                    "several (default: all three)")
     sizing(su, "search")
     su.set_defaults(func=cmd_suggest)
 

@@ -223,6 +223,9 @@ def create_server() -> MCPServer:
         memory_gib: MemoryGib = None,
         intra_gbps: IntraGbps = None,
         inter_gbps: InterGbps = None,
+        strategies: Annotated[list[Literal["fsdp2", "megatron_fsdp", "ddp"]] | None, Field(
+            default=None, min_length=1, max_length=3,
+            description="Search only these strategies (default: all three).")] = None,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
         per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
@@ -235,7 +238,7 @@ def create_server() -> MCPServer:
         return _suggest(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
                         global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
                         allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k,
-                        memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+                        memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps, strategies=strategies)
 
     @server.tool(annotations=ro)
     @_anticipated

@@ -209,7 +209,9 @@ def estimate_text(est: Any) -> str:
 def suggest_text(rep: Any) -> str:
     lines = [f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
              f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
-             f"{rep.precision}: {rep.searched} layouts searched, {rep.fitting} fit with {rep.headroom:.0%} headroom"]
+             f"{rep.precision}: {rep.searched} layouts searched"
+             f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
+             f"with {rep.headroom:.0%} headroom"]
     for c in rep.candidates:
         lines.append("")
         lines.append(f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
@@ -222,13 +224,13 @@ def suggest_text(rep: Any) -> str:
     if rep.rejected:
         lines += ["", "not chosen:"]
         for r in rep.rejected:
-            lines.append(f"    - {_flow(r.distributed)}: {r.reason}")
+            lines.append(f"    - {flow(r.distributed)}: {r.reason}")
     if rep.note:
         lines += ["", rep.note]
     return "\n".join(lines)
 
 
-def _flow(block: dict[str, Any]) -> str:
+def flow(block: dict[str, Any]) -> str:
     """A block as one YAML flow mapping (``{strategy: fsdp2, tp_size: 2}``), pasteable under ``distributed:``."""
     return yaml.safe_dump(block, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
 

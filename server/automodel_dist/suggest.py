@@ -9,7 +9,7 @@ ep, for each strategy and activation-checkpointing choice. Sizes come from the e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +18,7 @@ import yaml
 from .api import validate_config
 from .catalog.implementations import implementation
 from .catalog.models import ModelSpec, resolve_model
-from .config.values import applied_ac
+from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
 from .estimate import (
     PRECISIONS,
     Cluster,
@@ -32,6 +32,7 @@ from .estimate import (
 )
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, ep_shard_size, virtual_stages
+from .render import flow
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
@@ -166,11 +167,12 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
 def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = None, gpu: str = "H100-80GB",
                      seq_len: int = 4096, global_batch_size: int | None = None, micro_batch_size: int = 1,
                      precision: str = "bf16", optimizer: str = "adamw", allow_activation_checkpointing: bool = True,
-                     headroom: float = 0.1, top_k: int = 5, strategies: tuple[str, ...] = ("fsdp2", "megatron_fsdp",
-                                                                                            "ddp"),
+                     headroom: float = 0.1, top_k: int = 5, strategies: str | Iterable[str] | None = None,
                      memory_gib: float | None = None, intra_gbps: float | None = None,
                      inter_gbps: float | None = None) -> SuggestReport:
-    """Ranked layouts for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs that fit memory with ``headroom``."""
+    """Ranked layouts for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
+    ``strategies`` (names or AutoModel's aliases, default all three) limits the search."""
+    strategies = search_strategies(strategies)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     check_positive_ints({"nodes": nodes, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "top_k": top_k})
@@ -194,7 +196,7 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
     fits_without_ac: set[tuple] = set()
     searched = 0
     for o in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
-                      tuple(strategies)):
+                      strategies):
         p = o.p
         base_key = (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)
         if p.activation_checkpointing and base_key in fits_without_ac:
@@ -245,25 +247,39 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
                 (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule))),
             findings=[f for f in report.findings if f.severity == "warning"]))
     rejected += _alternatives(spec, world, gpn, cluster, budget, oom, candidates[0].step_time_s if candidates else None,
-                              micro_batch_size)
+                              micro_batch_size, strategies)
     note = None
     if not candidates:
         best = min(oom, key=lambda x: x[2].total) if oom else None
         note = (f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
-                f"({best[1].block(micro_batch_size)}): add GPUs, use a larger GPU, shorten seq_len or lower the "
+                f"({flow(best[1].block(micro_batch_size))}): add GPUs, use a larger GPU, shorten seq_len or lower the "
                 "micro batch" if best else "no layout could be built for this model and cluster")
     return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
                          gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
                          inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
                          micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
-                         candidates=candidates, rejected=rejected[:8], searched=searched, fitting=len(scored),
-                         note=note)
+                         strategies=list(strategies), candidates=candidates, rejected=rejected[:8],
+                         searched=searched, fitting=len(scored), note=note)
 
 
 def _complexity(p: Parallelism) -> tuple[int, int]:
     """Tie-breaker: fewer parallel axes, no checkpointing, AutoModel's default strategy first."""
     axes = sum(x > 1 for x in (p.tp, p.cp, p.pp, p.ep, p.dp_replicate))
     return axes + (1 if p.activation_checkpointing else 0), ("fsdp2", "ddp", "megatron_fsdp").index(p.strategy)
+
+
+def search_strategies(strategies: str | Iterable[str] | None) -> tuple[str, ...]:
+    """The canonical strategies to search: all three for None, else the named ones (AutoModel's aliases such as
+    ``mfsdp`` accepted, case-insensitive as AutoModel's own lookup), in the canonical order."""
+    if strategies is None:
+        return STRATEGIES
+    names = [strategies] if isinstance(strategies, str) else list(strategies)
+    unknown = [n for n in names if not isinstance(n, str) or n.lower() not in STRATEGY_ALIASES]
+    if unknown or not names:
+        raise ValueError(f"strategies must name at least one of {', '.join(STRATEGIES)} (or megatron-fsdp, mfsdp); "
+                         f"got {unknown or names!r}")
+    chosen = {STRATEGY_ALIASES[n.lower()] for n in names}
+    return tuple(s for s in STRATEGIES if s in chosen)
 
 
 def _batches(o: _Option, gbs: int, mbs: int) -> dict[str, int]:
@@ -273,9 +289,10 @@ def _batches(o: _Option, gbs: int, mbs: int) -> dict[str, int]:
 
 
 def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: float,
-                  oom: list[tuple[float, _Option, MemoryBreakdown]], best: float | None, mbs: int) -> list[Rejected]:
+                  oom: list[tuple[float, _Option, MemoryBreakdown]], best: float | None, mbs: int,
+                  strategies: tuple[str, ...]) -> list[Rejected]:
     """Why the popular simple layouts, and the layouts that would beat the pick (``best`` s/step), were not
-    picked."""
+    picked (each in a strategy the search covers)."""
     out: list[Rejected] = []
     cap = cluster.gpu.memory_gib
     seen = set()
@@ -309,23 +326,26 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
         simple = p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and not p.activation_checkpointing
         if simple and p.strategy in ("fsdp2", "ddp"):
             add(o.block(mbs), why(o, mem, step))
+    sharded = next((s for s in strategies if s != "ddp"), None)  # the strategy the TP/EP examples below use
+    if sharded is None:
+        return out
     impl = implementation(m.architecture)
     if impl is not None and not impl.tp and world % min(gpn, 8) == 0 and min(gpn, 8) > 1:
-        add({"strategy": "fsdp2", "tp_size": min(gpn, 8)},
+        add({"strategy": sharded, "tp_size": min(gpn, 8)},
             f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which has no TP plan: validate_for_mesh "
             "raises for tp_size > 1")
-    if impl is not None and not impl.ep and m.is_moe and min(gpn, m.num_experts) > 1:
+    if sharded == "fsdp2" and impl is not None and not impl.ep and m.is_moe and min(gpn, m.num_experts) > 1:
         add({"strategy": "fsdp2", "ep_size": min(gpn, m.num_experts)},
             f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which cannot take ep_size > 1 (no "
             "MoEFSDPSyncMixin): its experts are FSDP-sharded instead")
     tps = valid_tp_sizes(m)
     if 2 * gpn in tps and world % (2 * gpn) == 0:
-        add({"strategy": "fsdp2", "tp_size": 2 * gpn},
+        add({"strategy": sharded, "tp_size": 2 * gpn},
             f"tp={2 * gpn} crosses nodes: per-layer TP collectives would run at {cluster.inter_gbps:.0f} GB/s "
             f"instead of {cluster.intra_gbps:.0f} GB/s")
     bad_tp = next((t for t in (3, 6, 12) if t not in tps and t <= gpn), None) if tps != [1] else None
     if bad_tp:
-        add({"strategy": "fsdp2", "tp_size": bad_tp},
+        add({"strategy": sharded, "tp_size": bad_tp},
             f"tp={bad_tp} does not divide num_attention_heads={m.num_attention_heads} and num_key_value_heads="
             f"{m.num_key_value_heads}; valid tp: {tps}")
     return out

@@ -42,6 +42,8 @@ class SuggestReport(BaseModel):
     micro_batch_size: int
     precision: str
     headroom: float
+    strategies: list[str] = Field(default_factory=lambda: ["fsdp2", "megatron_fsdp", "ddp"],
+                                  description="Strategies searched.")
     candidates: list[Candidate]
     rejected: list[Rejected] = Field(default_factory=list)
     searched: int = Field(description="Layouts evaluated.")

@@ -204,6 +204,11 @@ def test_suggest_rationale_says_what_the_layout_does(strategies):
         assert ("with sequence parallelism" in text) == bool(d.get("sequence_parallel")), text
         if tp > 1 and strategies == ("megatron_fsdp",):
             assert "no sequence parallelism" in text
+    if strategies != ("fsdp2",):
+        return
+    moe = suggest_strategy("deepseek-ai/DeepSeek-V3", nodes=32, top_k=5)
+    texts = [" ".join(c.rationale) for c in moe.candidates]
+    assert any("ep_shard=1" in t for t in texts) and not any("over ep_shard=1" in t for t in texts), texts
 
 
 def test_suggest_searches_only_the_strategies_asked_for(capsys):

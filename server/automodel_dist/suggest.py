@@ -156,8 +156,9 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
         out.append(f"pp={p.pp} ({p.pp_schedule}, {o.n_mb} microbatches, bubble {comm.bubble_fraction:.0%}): "
                    "layers split across stages so each GPU holds a fraction of the model")
     if p.ep > 1:
-        out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, experts FSDP-sharded "
-                   f"over ep_shard={p.ep_shard}")
+        out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, " + (
+            f"experts FSDP-sharded over ep_shard={p.ep_shard}" if p.ep_shard > 1 else
+            "expert weights not sharded further (ep_shard=1)"))
     if p.activation_checkpointing and no_ac_gib is not None:
         out.append(f"activation checkpointing ({'full' if p.activation_checkpointing is True else 'selective'}): "
                    f"needed to fit (without it: {no_ac_gib:.1f} GiB)")

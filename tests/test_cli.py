@@ -147,6 +147,20 @@ def test_mesh_takes_the_cluster_from_the_recipes_ci_block(files, capsys):
     assert json.loads(capsys.readouterr().out)["world_size"] == 16
 
 
+def test_mesh_takes_nodes_and_gpus_per_node_like_validate(files, capsys):
+    """--nodes N --gpus-per-node G is the world size, as for validate (build_mesh(nodes=...) in Python)."""
+    good = str(files / "good.yaml")
+    assert main(["mesh", good, "--nodes", "2", "--gpus-per-node", "4", "--json"]) == 0
+    by_nodes = json.loads(capsys.readouterr().out)
+    assert by_nodes == build_mesh(files / "good.yaml", world_size=8, gpus_per_node=4).model_dump(mode="json")
+    assert by_nodes == build_mesh(files / "good.yaml", nodes=2, gpus_per_node=4).model_dump(mode="json")
+    assert by_nodes["world_size"] == 8 and by_nodes["gpus_per_node"] == 4
+    assert main(["mesh", good, "--nodes", "2", "--gpus-per-node", "4"]) == 0
+    assert capsys.readouterr().out.startswith("world_size 8 (nodes x gpus_per_node), 4 GPUs per node\n")
+    assert main(["mesh", good, "--nodes", "2"]) == 2  # nodes alone is no world size
+    assert "give --world-size or --nodes with --gpus-per-node" in capsys.readouterr().err
+
+
 def test_explain_and_models(capsys):
     assert main(["explain", "ValueError: non_pp_size=8 must be a multiple of ep_size=3"]) == 0
     assert "[ep-not-divisible]" in capsys.readouterr().out

@@ -130,6 +130,11 @@ def test_build_mesh_tool():
     mesh = ok.structured_content["mesh"]
     assert ok.structured_content["valid"] and mesh["device_mesh"]["shape"] == [1, 1, 2, 2, 2]
     assert mesh["rank_groups"]["5"]["tp"] == [4, 5] and "node 1" in mesh["picture"]
+    by_nodes = call("build_mesh", {"config_yaml": "tp_size: 2\ncp_size: 2\n", "nodes": 2, "gpus_per_node": 4,
+                                   "ranks": [5]})
+    assert by_nodes.structured_content == ok.structured_content
+    unknown = call("build_mesh", {"config_yaml": "tp_size: 2\n", "nodes": 2})
+    assert unknown.is_error and "the world size is unknown" in unknown.content[0].text
     bad = call("build_mesh", {"config_yaml": "tp_size: 3\n", "world_size": 8})
     assert bad.structured_content["valid"] is False and bad.structured_content["findings"][0]["rule"] == \
         "world-not-divisible"

@@ -301,10 +301,11 @@ def _default_ranks(world_size: int) -> list[int]:
 
 
 def build_layout(config: ConfigInput, *, world_size: int | None, gpus_per_node: int | None = None,
-                 overrides: Overrides = None) -> tuple[Layout, ValidationReport]:
+                 overrides: Overrides = None, nodes: int | None = None) -> tuple[Layout, ValidationReport]:
     """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`.
-    ``world_size=None``: the recipe's ``ci:`` block gives it (and GPUs per node), as in :func:`validate_config`."""
-    report, ctx = _validate(config, world_size, None, gpus_per_node, None, None, overrides)
+    ``world_size=None``: ``nodes`` x ``gpus_per_node``, else the recipe's ``ci:`` block gives it (and GPUs per
+    node), as in :func:`validate_config`."""
+    report, ctx = _validate(config, world_size, nodes, gpus_per_node, None, None, overrides)
     if not report.valid or ctx is None or ctx.layout is None:
         raise ConfigError(report)
     return ctx.layout, report
@@ -363,10 +364,12 @@ def _large_groups(lay: Layout, ranks: Sequence[int], max_listed: int | None) -> 
     return out
 
 
-def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | None = None,
+def build_mesh(config: ConfigInput, *, world_size: int | None = None, ranks: Sequence[int] | None = None,
                gpus_per_node: int | None = None, picture_axis: str | None = None,
-               max_listed: int | None = MAX_LISTED, overrides: Overrides = None) -> MeshReport:
-    """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks, without GPUs.
+               max_listed: int | None = MAX_LISTED, overrides: Overrides = None,
+               nodes: int | None = None) -> MeshReport:
+    """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``, or
+    the recipe's ``ci:`` block), without GPUs.
 
     ``overrides`` as in :func:`validate_config`. ``ranks`` defaults to every rank up to 64 ranks, else rank 0. A group of more than
     ``max_listed`` ranks (4,096) is given in ``large_groups`` as an exact :class:`GroupSpec`
@@ -374,9 +377,10 @@ def build_mesh(config: ConfigInput, *, world_size: int, ranks: Sequence[int] | N
     (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
     rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
     """
-    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides)
-    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis,
-                       max_listed=max_listed)
+    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides,
+                               nodes=nodes)
+    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node or report.gpus_per_node,
+                       picture_axis=picture_axis, max_listed=max_listed)
 
 
 def layout_for(report: ValidationReport) -> Layout:

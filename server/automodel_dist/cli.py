@@ -159,13 +159,14 @@ def cmd_mesh(args: argparse.Namespace) -> int:
 
     files, overrides = _launch(args, [args.file] if args.file else [])
     try:  # without --world-size, a recipe's ci: block gives it (and GPUs per node), as validate reads it
-        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size,
+        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size, nodes=args.nodes,
                                     gpus_per_node=args.gpus_per_node, overrides=overrides)
         gpn = args.gpus_per_node or vreport.gpus_per_node
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
         if exc.report.world_size is None and not exc.report.errors:
-            raise UsageError("give --world-size (or --nproc-per-node in the launch command after --, or a recipe "
+            raise UsageError("give --world-size or --nodes with --gpus-per-node (or --nproc-per-node in the launch "
+                             "command after --, or a recipe "
                              "with a ci: block)") from exc
         return _show_invalid(args, exc.report)
     except ValueError as exc:
@@ -332,12 +333,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- parser
-def _cluster_arguments(g: argparse._ArgumentGroup) -> None:
+def _cluster_arguments(g: argparse._ArgumentGroup, *, mesh: bool = False) -> None:
     g.add_argument("--world-size", type=_positive, help="total ranks (default: --nodes x --gpus-per-node, "
                    "--nproc-per-node after --, or the recipe's ci: block)")
     g.add_argument("--nodes", type=_positive, help="nodes in the job (with --gpus-per-node)")
-    g.add_argument("--gpus-per-node", type=_positive, help="GPUs per node: turns on the checks of groups that "
-                   "cross nodes")
+    g.add_argument("--gpus-per-node", type=_positive, help=(
+        "GPUs per node: node placement, groups that cross nodes and the picture's rows" if mesh else
+        "GPUs per node: turns on the checks of groups that cross nodes"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -364,10 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs",
                        epilog=LAUNCH_HELP)
     m.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
-    m.add_argument("--world-size", type=_positive, help="total ranks (default: --nproc-per-node after --, or the "
-                   "recipe's ci: block)")
-    m.add_argument("--gpus-per-node", type=_positive, help="GPUs per node: node placement, groups that cross "
-                   "nodes and the picture's rows")
+    _cluster_arguments(m.add_argument_group("cluster"), mesh=True)
     m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")
     m.add_argument("--axis", help="axis to draw in the picture (tp, cp, dp_shard, ep, ...)")
     m.add_argument("--svg", help="also write the picture as an SVG file")

@@ -181,14 +181,15 @@ def create_server() -> MCPServer:
 
     @server.tool(annotations=ro)
     @_anticipated
-    def build_mesh(world_size: Annotated[int, Field(ge=1, le=1 << 24, description="Total ranks.")],
+    def build_mesh(world_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description=(
+                       "Total ranks (or nodes x gpus_per_node, or the recipe's ci: block)."))] = None,
                    config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
                    ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None,
                                     Field(default=None, max_length=64,
                                           description="Ranks to list groups for (default: all up to 64, else 0).")]
                    = None, gpus_per_node: GpusPerNode = None,
                    picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None,
-                   overrides: LaunchOverrides = None) -> MeshResult:
+                   overrides: LaunchOverrides = None, nodes: Nodes = None) -> MeshResult:
         """AutoModel's exact device_mesh / flattened axes / moe_mesh and each requested rank's groups on every axis,
         which groups cross nodes, and a text picture of ranks per node. No GPUs needed."""
         try:
@@ -198,11 +199,15 @@ def create_server() -> MCPServer:
         from .api import build_layout, mesh_report
 
         try:
-            lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node,
+            lay, report = build_layout(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
                                        overrides=overrides)
         except ConfigError as exc:
+            if exc.report.world_size is None and not exc.report.errors:
+                raise ValueError("the world size is unknown: give world_size, or nodes and gpus_per_node (or a "
+                                 "recipe with a ci: block)") from None
             return MeshResult(valid=False, findings=exc.report.findings)
-        mesh = mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node, picture_axis=picture_axis)
+        mesh = mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node or report.gpus_per_node,
+                           picture_axis=picture_axis)
         return MeshResult(valid=True, mesh=mesh, findings=mesh.findings)
 
     @server.tool(annotations=ro)

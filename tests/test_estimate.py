@@ -124,6 +124,21 @@ def test_estimate_memory_api_on_a_real_recipe():
                                     + (m.grads if m.peak_phase == "end-of-backward" else 0), rel=1e-6)
 
 
+def test_estimate_takes_the_model_from_the_recipe(capsys):
+    """Like validate: without a model argument the recipe's model.pretrained_model_name_or_path is sized when the
+    catalog has it; otherwise a usage error that names the recipe's value."""
+    recipe = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
+    assert estimate_memory(recipe) == estimate_memory(recipe, model="Qwen/Qwen3-30B-A3B")
+    assert main(["estimate", str(recipe), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "Qwen/Qwen3-30B-A3B"
+    with pytest.raises(ValueError, match=r"no model to size: .*'google/gemma-4-E4B-it' is not in the catalog"):
+        estimate_memory(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")
+    with pytest.raises(ValueError, match=r"no model to size: pass a model .*config\.json path\)$"):
+        estimate_memory("tp_size: 2\n", world_size=8)
+    assert main(["estimate", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
+    assert "no model to size" in capsys.readouterr().err
+
+
 def test_estimate_memory_rejects_invalid_configs():
     with pytest.raises(ConfigError):
         estimate_memory({"tp_size": 3}, model=L8, world_size=8)

@@ -146,6 +146,8 @@ def test_suggest_estimate_explain_list_models():
     assert s.structured_content["candidates"][0]["yaml"].startswith("distributed:")
     e = call("estimate_memory", {"model": "Qwen/Qwen3-30B-A3B", "config_path": str(EXAMPLE)})
     assert e.structured_content["valid"] and e.structured_content["estimate"]["fits"]
+    from_recipe = call("estimate_memory", {"config_path": str(EXAMPLE)})  # the recipe names its model
+    assert from_recipe.structured_content == e.structured_content
     e_bad = call("estimate_memory", {"model": "meta-llama/Llama-3.1-8B", "config_yaml": "tp_size: 3", "world_size": 8})
     assert e_bad.structured_content["valid"] is False
     x = call("explain_error", {"text": "Traceback ...\nValueError: `pp_size=2` (> 1) enables pipeline parallelism "

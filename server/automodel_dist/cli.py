@@ -431,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout",
                         epilog=LAUNCH_HELP)
     es.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
-    es.add_argument("--model", required=True, help="catalog name or config.json path")
+    es.add_argument("--model", help="catalog name or config.json path (default: the recipe's "
+                    "model.pretrained_model_name_or_path when the catalog has it)")
     g = es.add_argument_group("cluster")
     _cluster_arguments(g)
     sizing(es, "recipe")

@@ -248,7 +248,9 @@ def create_server() -> MCPServer:
     @server.tool(annotations=ro)
     @_anticipated
     def estimate_memory(
-        model: Annotated[str, Field(max_length=4096, description="Catalog name or config.json path.")],
+        model: Annotated[str | None, Field(default=None, max_length=4096, description=(
+            "Catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path when the "
+            "catalog has it)."))] = None,
         config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
         nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
         gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",

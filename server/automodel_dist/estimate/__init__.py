@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU, lookup_gpu
 from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
+from ..config.load import clip
 from ..config.values import applied_ac, is_positive_int
 from ..report import ConfigError, Finding, Resolved
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
@@ -112,15 +113,16 @@ def evaluate(spec: ModelSpec, p: Parallelism, tr: Training, cluster: Cluster | N
     return mem, comm, fits
 
 
-def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, nodes: int | None = None,
+def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = None, nodes: int | None = None,
                     gpus_per_node: int | None = None, gpu: str | None = None, seq_len: int | None = None,
                     micro_batch_size: int | None = None, global_batch_size: int | None = None,
                     precision: str = "bf16", optimizer: str = "adamw", headroom: float = 0.1,
                     memory_gib: float | None = None, intra_gbps: float | None = None,
                     inter_gbps: float | None = None, overrides: Sequence[str] | None = None) -> Estimate:
     """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
-    layout in ``config``, for ``model`` (catalog name, config.json path or dict). ``overrides``: the launch
-    command's ``"dotted.key=value"`` overrides, as in ``validate_config``.
+    layout in ``config``, for ``model`` (catalog name, config.json path or dict; default: the recipe's
+    ``model.pretrained_model_name_or_path`` when the catalog has it). ``overrides``: the launch command's
+    ``"dotted.key=value"`` overrides, as in ``validate_config``.
 
     Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
     """
@@ -132,12 +134,19 @@ def estimate_memory(config: Any, *, model: Any, world_size: int | None = None, n
     check_positive_ints({"seq_len": seq_len, "micro_batch_size": micro_batch_size,
                          "global_batch_size": global_batch_size}, optional=True)
     try:
-        spec = resolve_model(model)
+        spec = resolve_model(model) if model is not None else None
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
     report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec, None, overrides)
+    if ctx is not None and ctx.model is None:
+        named = ctx.recipe_get("model.pretrained_model_name_or_path") if ctx.recipe else None
+        raise ValueError("no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
+                         "or a config.json path)"
+                         + (f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the "
+                            "catalog" if named is not None else ""))
     if not report.valid or ctx is None or report.world_size is None:
         raise ConfigError(report)
+    spec = ctx.model
     r = report.resolved
     block = ctx.block
     step = ctx.recipe_get("step_scheduler") if ctx.recipe else None

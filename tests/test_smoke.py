@@ -222,6 +222,81 @@ def test_torchrun_cli_launcher_runs_the_same_worker():
     assert report.launcher == "torchrun"
 
 
+def run_exported(exported, nproc: int | None = None) -> subprocess.CompletedProcess:
+    """Run the one-node command an export printed, literally (torchrun as ``python -m torch.distributed.run``)."""
+    command = exported.command.replace("torchrun", f"{sys.executable} -m torch.distributed.run", 1)
+    if nproc is not None:
+        command = command.replace(f"--nproc-per-node {exported.world_size}", f"--nproc-per-node {nproc}")
+    return subprocess.run(["bash", "-c", command], cwd=exported.directory, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
+    """export writes DIR/spec.json; the printed torchrun command runs it in DIR; judge gives the local verdict.
+    A second export into DIR removes the first one's results, and results of another spec are never judged."""
+    from automodel_dist.smoke import export_smoke_test, judge_smoke_test
+
+    out = tmp_path / "run"
+    exported = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
+    assert exported.spec_file == str(out / "spec.json") and "--nproc-per-node 4" in exported.command
+    assert exported.judge_command == f"automodel-dist smoke --judge {out}"
+    assert "--nnodes $SLURM_NNODES" in exported.srun_command
+    done = run_exported(exported)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = judge_smoke_test(out)
+    assert_passed(report.model_copy(update={"command": "OMP_NUM_THREADS=1 torchrun --standalone"}))
+    assert report.launcher == "external" and report.world_size == 4 and report.layout.tp == 2
+    assert report.ranks[1].groups["tp"] == [0, 1] and report.timing.launch_s is None
+    cli = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--judge", str(out), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and json.loads(cli.stdout)["passed"], cli.stderr
+    stale = (out / "rank3.json").read_text()
+    again = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
+    assert not list(out.glob("rank*.json"))  # the first export's results are gone
+    (out / "rank3.json").write_text(stale)  # a result of the first spec, copied back
+    missing = judge_smoke_test(out)
+    assert not missing.passed and missing.failed_ranks == [0, 1, 2, 3] and "left no result" in missing.reason
+    assert {r.state for r in missing.ranks} == {"not_started"} and again.spec_file == exported.spec_file
+
+
+def test_exported_run_launched_with_the_wrong_world_size_says_so(tmp_path):
+    from automodel_dist.smoke import export_smoke_test, judge_smoke_test
+
+    exported = export_smoke_test(None, tmp_path, world_size=4, tp=2)
+    assert run_exported(exported, nproc=2).returncode != 0
+    report = judge_smoke_test(tmp_path)
+    assert not report.passed and "this spec is for 4 ranks, but the launcher started 2" in report.reason
+    assert [r.state for r in report.ranks] == ["failed", "failed", "not_started", "not_started"]
+
+
+def test_export_plans_for_the_cluster_not_this_machine(tmp_path, capsys):
+    """64 ranks are over the CPU limit here but fine to export; what cannot run anywhere is still refused; the CLI
+    needs a world size for --export and nothing else with --judge."""
+    from automodel_dist.cli import main
+    from automodel_dist.smoke import SmokeExport, export_smoke_test, judge_smoke_test
+
+    assert isinstance(export_smoke_test(None, tmp_path / "big", world_size=64, tp=8), SmokeExport)
+    assert json.loads((tmp_path / "big" / "spec.json").read_text())["world_size"] == 64
+    mf = export_smoke_test(None, tmp_path / "mf", world_size=8, strategy="megatron_fsdp")
+    assert mf.status == "not_run" and "does not implement MegatronFSDP" in mf.reason
+    bad = export_smoke_test(None, tmp_path / "bad", world_size=4, tp=3)
+    assert bad.status == "failed" and "config is invalid" in bad.reason and not (tmp_path / "bad").exists()
+    with pytest.raises(SmokeUsageError, match="world_size must be a positive integer"):
+        export_smoke_test(None, tmp_path, world_size=0)
+    with pytest.raises(SmokeUsageError, match="is not a smoke spec written by export_smoke_test"):
+        judge_smoke_test(tmp_path / "nothing")
+    assert main(["smoke", "--export", str(tmp_path / "cli"), "--world-size", "8", "--pp", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"wrote {tmp_path / 'cli' / 'spec.json'}: a smoke run on 8 ranks")
+    assert f"then: automodel-dist smoke --judge {tmp_path / 'cli'}" in printed
+    assert main(["smoke", "--export", str(tmp_path / "cli"), "--tp", "3", "--world-size", "8"]) == 1
+    assert main(["smoke", "--export", str(tmp_path / "cli")]) == 2
+    assert "--export needs --world-size" in capsys.readouterr().err
+    assert main(["smoke", "x.yaml", "--judge", str(tmp_path / "cli")]) == 2
+    assert main(["smoke", "--judge", str(tmp_path / "cli")]) == 1  # exported, never launched
+    assert "ranks [0,1,2,3,4,5,6,7]: not_started" in capsys.readouterr().out
+
+
 def test_progress_callback_reports_every_step():
     events = []
     report = run_smoke_test(world_size=2, steps=4, progress=lambda *e: events.append(e), precision="fp32")

@@ -226,8 +226,17 @@ def _ac_flag(value: str) -> bool | str:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from .smoke import SmokeUsageError, run_smoke_test
+    from .smoke import SmokeReport, SmokeUsageError, export_smoke_test, judge_smoke_test, run_smoke_test
 
+    if args.judge:
+        if args.file or args.export or args.launch is not None:
+            raise UsageError("--judge DIR takes no config, --export or launch command: the spec in DIR says it all")
+        try:
+            judged = judge_smoke_test(args.judge)
+        except SmokeUsageError as exc:
+            raise UsageError(str(exc)) from exc
+        _show(args, judged, "smoke_text")
+        return EXIT_OK if judged.passed else EXIT_FAIL
     layout = {"strategy": args.strategy, "tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep,
               "dp_replicate": args.dp_replicate, "pp_schedule": args.pp_schedule,
               "sequence_parallel": True if args.sequence_parallel else None,
@@ -236,6 +245,21 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     config = _config_arg(files[0]) if files else None
     if isinstance(config, Path) and not config.is_file():
         raise UsageError(f"cannot read {config}")
+    if args.export:
+        if args.world_size is None:
+            raise UsageError("--export needs --world-size (or --nproc-per-node after --): the ranks the cluster's "
+                             "launch will start")
+        try:
+            exported = export_smoke_test(config, args.export, world_size=args.world_size, steps=args.steps,
+                                         model=args.model, backend=args.backend, precision=args.precision,
+                                         pg_timeout_s=args.pg_timeout, fault=args.fault, overrides=overrides, **layout)
+        except SmokeUsageError as exc:
+            raise UsageError(str(exc)) from exc
+        if isinstance(exported, SmokeReport):
+            _show(args, exported, "smoke_text")
+            return EXIT_FAIL
+        _show(args, exported, "smoke_export_text")
+        return EXIT_OK
     try:
         report = run_smoke_test(config, world_size=args.world_size, steps=args.steps, model=args.model,
                                 backend=args.backend, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
@@ -404,6 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "or abort@RANK:0")
     run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
                      help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI")
+    away = sm.add_argument_group("run elsewhere (a cluster's own torchrun or srun, NCCL on its GPUs)")
+    away.add_argument("--export", metavar="DIR", help="instead of running here, write DIR/spec.json for --world-size "
+                      "ranks and print the torchrun/srun commands that run it")
+    away.add_argument("--judge", metavar="DIR", help="judge the results the ranks of an exported run left in DIR")
     sm.add_argument("--json", action="store_true", help="print the smoke report as JSON")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)

@@ -143,9 +143,13 @@ def smoke_text(report: Any) -> str:
     for f in r.findings:
         lines.append(f"{f.severity}[{f.rule}]: {f.message}")
     lines += [f"note: {n}" for n in r.notes]
-    bad = [x for x in r.ranks if x.state != "finished"]
-    for x in bad:
-        lines.append(f"rank {x.rank}: {x.state}" + (f": {x.error}" if x.error else ""))
+    same: dict[tuple[str, str | None], list[int]] = {}  # ranks that ended alike share a line
+    for x in r.ranks:
+        if x.state != "finished":
+            same.setdefault((x.state, x.error), []).append(x.rank)
+    for (state, error), ranks in same.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_short(ranks, 16)}"
+        lines.append(f"{who}: {state}" + (f": {error}" if error else ""))
     if r.traceback_tail and not r.passed:
         lines += ["traceback (last lines):"] + ["  " + t for t in r.traceback_tail[-8:]]
     mem = [x for x in r.ranks if x.peak_rss_mib]
@@ -158,10 +162,25 @@ def smoke_text(report: Any) -> str:
     if t.total_s:
         parts = [f"{k} {getattr(t, k + '_s'):.1f}s" for k in ("launch", "import", "init", "steps", "check", "teardown")
                  if getattr(t, k + "_s") is not None]
-        lines.append(f"time: {t.total_s:.1f}s total (" + ", ".join(parts) + ")")
+        lines.append(f"time: {t.total_s:.1f}s total" + (" (" + ", ".join(parts) + ")" if parts else ""))
     if r.command:
-        lines.append(f"reproduce: {r.command}")
-        lines.append(f"multi-node: {r.multinode_command}")
+        lines.append(f"reproduce: add --export DIR to this command, run `{r.command}` in DIR (or on a cluster: "
+                     "`automodel-dist smoke --export DIR` prints its torchrun/srun commands), then "
+                     "`automodel-dist smoke --judge DIR`")
+    return "\n".join(lines)
+
+
+def smoke_export_text(e: Any) -> str:
+    """How to launch an exported smoke run and judge it."""
+    lines = [f"wrote {e.spec_file}: a smoke run on {e.world_size} ranks",
+             f"run it in {e.directory} with automodel-dist installed (each rank writes rank<R>.json there; on several "
+             "nodes the directory must be on a shared filesystem; NCCL when every rank has a GPU, else gloo):",
+             f"  one node:   {e.command}",
+             f"  multi-node: {e.multinode_command}",
+             f"  slurm:      {e.srun_command}",
+             f"then: {e.judge_command}"]
+    lines += [f"{f.severity}[{f.rule}]: {f.message}" for f in e.findings]
+    lines += [f"note: {n}" for n in e.notes]
     return "\n".join(lines)
 
 

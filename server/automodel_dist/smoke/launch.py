@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,7 +151,10 @@ def default_world_size(config: ConfigInput, layout: dict[str, Any], overrides: S
 
 def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, backend: str | None,
               precision: str, fault: str | dict | None, pg_timeout_s: float, layout: dict[str, Any],
-              overrides: Sequence[str] | None = None, seed: int = 1234, lr: float = 5e-3) -> Plan | SmokeReport:
+              overrides: Sequence[str] | None = None, seed: int = 1234, lr: float = 5e-3,
+              local: bool = True) -> Plan | SmokeReport:
+    """The worker spec of a run, or the report of why it cannot run. ``local=False``: the run is exported to
+    another machine, so this machine's GPUs, packages and CPU limit do not decide what can run."""
     if model not in ("tiny-llama", "tiny-moe"):
         raise SmokeUsageError(f"model must be tiny-llama or tiny-moe, got {model!r}")
     if not isinstance(world_size, int) or world_size < 1:
@@ -184,10 +188,10 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
         have_pkg = _has_module("megatron_fsdp") or _has_module("megatron.core")
         why = ("MegatronFSDP runs only with the megatron-fsdp package and CUDA GPUs; "
                f"here: package {'present' if have_pkg else 'missing'}, {cuda} CUDA device(s)")
-        if have_pkg and cuda >= world_size:
-            why = "the smoke runner does not implement MegatronFSDP wrapping yet (package and GPUs are present)"
+        if not local or (have_pkg and cuda >= world_size):
+            why = "the smoke runner does not implement MegatronFSDP wrapping yet"
         return SmokeReport(passed=False, status="not_run", reason=f"not run: {why}", **base)
-    if on_cpu and world_size > MAX_CPU_WORLD:
+    if local and on_cpu and world_size > MAX_CPU_WORLD:
         return SmokeReport(passed=False, status="not_run", **base,
                            reason=f"not run: world_size {world_size} is above the CPU limit of {MAX_CPU_WORLD} "
                                   "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it)")
@@ -238,6 +242,8 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
                                  "auto checks this layout in fp32)")
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
     spec = {
+        "world_size": world_size,
+        "spec_id": uuid.uuid4().hex,  # each rank echoes it: results of another spec in the same directory are stale
         "strategy": r.strategy,
         "sizes": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": r.dp, "dp_replicate": r.dp_replicate or 1},
         "sequence_parallel": bool(r.sequence_parallel),
@@ -494,7 +500,7 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
                 _ACTIVE.discard(proc)
         _pump_progress(run_dir / "progress.jsonl", offset, notify)
     total = time.time() - t0
-    report = _collect(plan, run_dir, 0 if stuck_teardown else proc.returncode, total=total, t0=t0,
+    report = collect_results(plan, run_dir, 0 if stuck_teardown else proc.returncode, total=total, t0=t0,
                       timed_out=timed_out, interrupted=interrupted, timeout_s=timeout_s)
     if stuck_teardown:
         report.notes.append(f"every rank published its result, but rank process(es) had not exited "
@@ -535,15 +541,11 @@ _COLLATERAL = ("timed out", "timeout", "connection closed", "connection reset", 
                "NCCL communicator was aborted", "terminated", "SIGTERM")
 
 
-def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float, t0: float, timed_out: bool,
-             interrupted: str | None, timeout_s: float) -> SmokeReport:
+def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total: float, t0: float,
+                    timed_out: bool, interrupted: str | None, timeout_s: float) -> SmokeReport:
+    """The report of a finished launch from the results, progress and logs its ranks left in ``run_dir``."""
     world = plan.world_size
-    results: dict[int, dict[str, Any]] = {}
-    for r in range(world):
-        path = run_dir / f"rank{r}.json"
-        if path.exists():
-            with contextlib.suppress(ValueError, OSError):
-                results[r] = json.loads(path.read_text())
+    results = read_results(run_dir, world, plan.spec.get("spec_id"))
     log_tail = []
     with contextlib.suppress(OSError):
         log_tail = (run_dir / "torchrun.log").read_text(errors="replace").splitlines()[-30:]
@@ -631,6 +633,19 @@ def _collect(plan: Plan, run_dir: Path, returncode: int | None, *, total: float,
                            error=root.error if root else None,
                            traceback_tail=root.traceback_tail if root else log_tail[-15:], **base)
     return _judge(plan, results, base)
+
+
+def read_results(run_dir: Path, world: int, spec_id: str | None) -> dict[int, dict[str, Any]]:
+    """The ranks' ``rank<R>.json`` results in ``run_dir`` that belong to the spec ``spec_id``."""
+    results: dict[int, dict[str, Any]] = {}
+    for r in range(world):
+        path = run_dir / f"rank{r}.json"
+        if path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                res = json.loads(path.read_text())
+                if isinstance(res, dict) and res.get("spec_id") == spec_id:
+                    results[r] = res
+    return results
 
 
 def _last_progress(run_dir: Path) -> str:

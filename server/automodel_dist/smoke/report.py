@@ -96,7 +96,8 @@ class SmokeReport(BaseModel):
     traceback_tail: list[str] = Field(default_factory=list)
     ranks: list[RankReport] = Field(default_factory=list)
     timing: Timing = Field(default_factory=Timing)
-    launcher: str | None = Field(default=None, description="elastic (torch elastic agent, ranks from a fork server) or torchrun.")
+    launcher: str | None = Field(default=None, description="elastic (torch elastic agent, ranks from a fork server), "
+                                 "torchrun, or external (an exported run, judged from its results).")
     command: str | None = Field(default=None, description="torchrun command line that reproduces this run.")
     multinode_command: str | None = None
     srun_command: str | None = None

@@ -10,6 +10,7 @@ from .launch import (
     DEFAULT_PG_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
     LAYOUT_KEYS,
+    Plan,
     ProgressFn,
     SmokeUsageError,
     default_world_size,
@@ -56,19 +57,31 @@ def run_smoke_test(
     """
     if launcher not in ("elastic", "torchrun"):
         raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
+    plan = plan_smoke_test(config, world_size=world_size, steps=steps, model=model, backend=backend,
+                           pg_timeout_s=pg_timeout_s, precision=precision, fault=fault, overrides=overrides,
+                           caller="run_smoke_test", **layout)
+    if isinstance(plan, SmokeReport):
+        return plan
+    return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)
+
+
+def plan_smoke_test(config: ConfigInput | None, *, world_size: int | None, steps: int, model: str,
+                    backend: str | None, pg_timeout_s: float, precision: str, fault: str | dict | None,
+                    overrides: Sequence[str] | None, local: bool = True, caller: str = "plan_smoke_test",
+                    **layout: Any) -> Plan | SmokeReport:
+    """The plan of a smoke run (what run_smoke_test launches and export_smoke_test writes), or the report of why
+    it cannot run."""
     unknown = set(layout) - set(LAYOUT_KEYS)
     if unknown:
-        raise TypeError(f"run_smoke_test() got unexpected keyword argument(s): {sorted(unknown)}")
+        raise TypeError(f"{caller}() got unexpected keyword argument(s): {sorted(unknown)}")
     if config is None:  # the default layout, unless layout keywords describe one
         config = {} if any(v is not None for v in layout.values()) else DEFAULT_CONFIG
     chosen = None
     if world_size is None:
         world_size, chosen = default_world_size(config, layout, overrides)
     plan = make_plan(config, world_size=world_size, steps=steps, model=model, backend=backend, precision=precision,
-                     fault=fault, pg_timeout_s=pg_timeout_s, layout=layout, overrides=overrides)
+                     fault=fault, pg_timeout_s=pg_timeout_s, layout=layout, overrides=overrides, local=local)
     if chosen is not None:
         (plan.notes if isinstance(plan, SmokeReport) else plan.report_base["notes"]).insert(0, chosen)
-    if isinstance(plan, SmokeReport):
-        return plan
-    return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)
+    return plan
 

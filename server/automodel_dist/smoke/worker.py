@@ -84,6 +84,9 @@ def run(spec: dict[str, Any], t_start: float = T_START,
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if spec.get("world_size") not in (None, world):
+        raise RuntimeError(f"this spec is for {spec['world_size']} ranks, but the launcher started {world} "
+                           f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec['world_size']}")
     progress = _Progress(spec.get("progress_file"), rank)
     notes: list[str] = []  # workarounds this rank applied (reported once per run)
     result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads(), "notes": notes}
@@ -445,6 +448,7 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
     published: list[dict[str, Any]] = []
 
     def publish(res: dict[str, Any]) -> None:
+        res = dict(res, spec_id=spec.get("spec_id"))  # the judge ignores results of another spec
         tmp = out_dir / f"rank{rank}.json.tmp"
         tmp.write_text(json.dumps(res))
         tmp.replace(out_dir / f"rank{rank}.json")

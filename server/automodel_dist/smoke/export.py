@@ -1,0 +1,102 @@
+"""Smoke runs launched elsewhere: export a run's spec for a cluster's own torchrun/srun, then judge its results.
+
+``export_smoke_test`` plans the run as ``run_smoke_test`` does and writes ``DIR/spec.json`` (the worker's
+spec plus what the judge needs); the ranks, launched by any torchrun (one node or many, NCCL on GPUs), write
+``DIR/rank<R>.json`` next to it; ``judge_smoke_test(DIR)`` applies the same checks as a local run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ..api import ConfigInput
+from ..report import Finding
+from .launch import DEFAULT_PG_TIMEOUT_S, Plan, SmokeUsageError, collect_results, read_results, reproduce_commands
+from .report import RankReport, SmokeReport
+from .run import plan_smoke_test
+
+SPEC_FILE = "spec.json"
+
+
+class SmokeExport(BaseModel):
+    """Where an exported smoke run's spec lies and how to launch and judge it."""
+
+    directory: str
+    spec_file: str
+    world_size: int
+    command: str = Field(description="One node: run in the directory.")
+    multinode_command: str = Field(description="torchrun on every node (the directory on a shared filesystem).")
+    srun_command: str
+    judge_command: str = Field(description="Judges the ranks' results once the launch has finished.")
+    findings: list[Finding] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, world_size: int, steps: int = 3,
+                      model: str = "tiny-llama", backend: str | None = None, precision: str = "auto",
+                      pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S, fault: str | dict | None = None,
+                      overrides: Sequence[str] | None = None, **layout: Any) -> SmokeExport | SmokeReport:
+    """Plan ``config``'s layout on ``world_size`` ranks (arguments as in ``run_smoke_test``) and write
+    ``directory/spec.json`` for a launch elsewhere; earlier results in ``directory`` are removed. Returns the
+    commands, or the report of why the layout cannot run. This machine's GPUs and CPU limit do not matter."""
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise SmokeUsageError(f"world_size must be a positive integer (the ranks the launch will start), got "
+                              f"{world_size!r}")
+    plan = plan_smoke_test(config, world_size=world_size, steps=steps, model=model, backend=backend,
+                           pg_timeout_s=pg_timeout_s, precision=precision, fault=fault, overrides=overrides,
+                           local=False, caller="export_smoke_test", **layout)
+    if isinstance(plan, SmokeReport):
+        return plan
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise SmokeUsageError(f"{out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    base = SmokeReport(passed=False, status="not_run", **plan.report_base).model_dump(
+        mode="json", include=set(plan.report_base))
+    spec = dict(plan.spec, report_base=base)
+    (out / SPEC_FILE).write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    single, multi, srun = reproduce_commands(world_size, SPEC_FILE)
+    return SmokeExport(directory=str(out), spec_file=str(out / SPEC_FILE), world_size=world_size, command=single,
+                       multinode_command=multi, srun_command=srun,
+                       judge_command=f"automodel-dist smoke --judge {shlex.quote(str(out))}",
+                       findings=plan.findings, notes=list(plan.report_base.get("notes") or []))
+
+
+def judge_smoke_test(directory: str | Path) -> SmokeReport:
+    """Judge the results the ranks of an exported run left in ``directory`` (parity with one process, the
+    meshes, every rank finished), as a local run is judged."""
+    d = Path(directory)
+    try:
+        spec = json.loads((d / SPEC_FILE).read_text(encoding="utf-8"))
+        world, base = int(spec["world_size"]), dict(spec["report_base"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SmokeUsageError(f"{d / SPEC_FILE} is not a smoke spec written by export_smoke_test ({exc})") from None
+    plan = Plan(spec=spec, world_size=world, report_base=base)
+    results = read_results(d, world, spec.get("spec_id"))
+    missing = [r for r in range(world) if r not in results]
+    failed = [r for r, res in results.items() if "error" in res or "terminated" in res]
+    if missing and not failed:
+        reason = (f"rank(s) {missing} left no result in {d}: every rank writes rank<R>.json next to {SPEC_FILE} (on "
+                  "several nodes the directory must be on a shared filesystem); results of another spec are "
+                  "ignored")
+        ranks = [RankReport(rank=r, ok=False, state="not_started") for r in missing]
+        return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=missing, ranks=ranks, **base)
+    t0 = min(float(res.get("t_start", 0.0)) for res in results.values())
+    end = max(float(res.get("t_end") or res.get("t_error") or t0) for res in results.values())
+    report = collect_results(plan, d, 0, total=end - t0, t0=t0, timed_out=False, interrupted=None, timeout_s=0.0)
+    for rk in report.ranks:
+        if rk.rank in missing:
+            rk.state = "not_started"
+    report.launcher = "external"
+    report.timing.launch_s = report.timing.teardown_s = None  # the launch happened elsewhere, untimed
+    return report
+
+__all__ = ["export_smoke_test", "judge_smoke_test", "SmokeExport"]

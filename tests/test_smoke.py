@@ -250,6 +250,11 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--judge", str(out), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and json.loads(cli.stdout)["passed"], cli.stderr
+    good = (out / "rank0.json").read_text()
+    (out / "rank0.json").write_text(json.dumps(dict(json.loads(good), losses=None)))
+    with pytest.raises(SmokeUsageError, match="are not what the smoke worker writes"):
+        judge_smoke_test(out)
+    (out / "rank0.json").write_text(good)
     stale = (out / "rank3.json").read_text()
     again = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
     assert not list(out.glob("rank*.json"))  # the first export's results are gone

@@ -89,9 +89,14 @@ def judge_smoke_test(directory: str | Path) -> SmokeReport:
                   "ignored")
         ranks = [RankReport(rank=r, ok=False, state="not_started") for r in missing]
         return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=missing, ranks=ranks, **base)
-    t0 = min(float(res.get("t_start", 0.0)) for res in results.values())
-    end = max(float(res.get("t_end") or res.get("t_error") or t0) for res in results.values())
-    report = collect_results(plan, d, 0, total=end - t0, t0=t0, timed_out=False, interrupted=None, timeout_s=0.0)
+    try:
+        t0 = min(float(res.get("t_start", 0.0)) for res in results.values())
+        end = max(float(res.get("t_end") or res.get("t_error") or t0) for res in results.values())
+        report = collect_results(plan, d, 0, total=end - t0, t0=t0, timed_out=False, interrupted=None,
+                                 timeout_s=0.0)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # hand-edited or truncated files
+        raise SmokeUsageError(f"the results in {d} are not what the smoke worker writes ({type(exc).__name__}: "
+                              f"{exc})") from None
     for rk in report.ranks:
         if rk.rank in missing:
             rk.state = "not_started"

@@ -254,6 +254,53 @@ def test_suggest_searches_only_the_strategies_asked_for(capsys):
     assert "invalid choice: 'zero3'" in capsys.readouterr().err
 
 
+def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
+    """A recipe gives the model, cluster (ci:), seq_len and batch sizes not passed; the report says which, and
+    measures the recipe's own layout as the candidates are measured."""
+    from automodel_dist.render import suggest_text
+
+    recipe = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
+    rep = suggest_strategy(config=recipe, top_k=3)
+    same = suggest_strategy("Qwen/Qwen3-30B-A3B", nodes=2, gpus_per_node=8, seq_len=1024, global_batch_size=16,
+                            micro_batch_size=1, top_k=3)
+    assert rep.candidates == same.candidates and same.from_recipe == {} and same.current is None
+    assert rep.from_recipe == {"model": "model.pretrained_model_name_or_path", "nodes": "ci.nodes",
+                               "gpus_per_node": "ci.nproc_per_node", "seq_len": "dataset.seq_length",
+                               "global_batch_size": "step_scheduler.global_batch_size",
+                               "micro_batch_size": "distributed.pipeline.pp_microbatch_size"}
+    cur = rep.current
+    est = estimate_memory(recipe)
+    assert cur.valid and cur.fits and cur.distributed["ep_size"] == 4
+    assert (cur.step_time_s, cur.memory_gib) == (est.step_time_s, est.memory_gib.total)
+    assert cur.best_speedup == round(est.step_time_s / rep.candidates[0].step_time_s, 2)
+    text = suggest_text(rep).splitlines()
+    assert text[1].startswith("from the recipe: model Qwen/Qwen3-30B-A3B (model.pretrained_model_name_or_path), "
+                              "nodes 2 (ci.nodes)")
+    assert text[2].startswith("the recipe's layout {strategy: fsdp2, cp_size: 2, pp_size: 2, ep_size: 4, "
+                              "activation_checkpointing: true, pipeline: {pp_schedule: interleaved1f1b, "
+                              "pp_microbatch_size: 1}}: est. ")
+    assert text[2].endswith(f"fits; #1 is {cur.best_speedup:.2f}x faster")
+    small = suggest_strategy(config=recipe, seq_len=4096, nodes=1, gpus_per_node=4, top_k=1)  # arguments win
+    assert small.seq_len == 4096 and small.world_size == 4 and not {"seq_len", "nodes"} & set(small.from_recipe)
+    assert not small.current.valid and any("must be a multiple of ep_size=4" in e for e in small.current.errors), \
+        small.current.errors
+    assert "the recipe's layout {strategy: fsdp2, cp_size: 2" in suggest_text(small)
+    oom = suggest_strategy(config=EXAMPLES / "llama3_2_1b_squad_megatron_fsdp.yaml", top_k=1)
+    assert oom.current.valid and oom.current.fits is False and oom.candidates
+    assert "does NOT fit; #1 fits" in suggest_text(oom)
+    with pytest.raises(ValueError, match="'google/gemma-4-E4B-it' is not in the catalog"):
+        suggest_strategy(config=EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")
+    gemma = suggest_strategy("google/gemma-3-1b-pt", config=EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml", top_k=1)
+    assert "model" not in gemma.from_recipe and gemma.model == "google/gemma-3-1b-pt"
+    with pytest.raises(ValueError, match="give a model"):
+        suggest_strategy()
+    assert main(["suggest", str(recipe), "--top", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["current"]["valid"] and out["from_recipe"]["nodes"] == "ci.nodes" and out["world_size"] == 16
+    assert main(["suggest", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
+    assert "no model to size" in capsys.readouterr().err
+
+
 def test_suggest_candidates_are_valid_and_explained():
     rep = suggest_strategy(L8, nodes=1, seq_len=4096, global_batch_size=64, top_k=3)
     assert rep.candidates and rep.candidates[0].distributed == {"strategy": "fsdp2"}

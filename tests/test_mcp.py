@@ -159,6 +159,9 @@ def test_suggest_estimate_explain_list_models():
     assert (est["inter_gbps"], est["intra_gbps"], est["gpu_memory_gib"], est["headroom"]) == (12.5, 450.0, 40.0, 0.2)
     s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900})
     assert s2.structured_content["intra_gbps"] == 900.0
+    from_recipe = call("suggest_strategy", {"config_path": str(EXAMPLE), "top_k": 1})
+    assert from_recipe.structured_content["model"] == "Qwen/Qwen3-30B-A3B"
+    assert from_recipe.structured_content["current"]["valid"] and from_recipe.structured_content["world_size"] == 16
     mf = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-70B", "nodes": 2, "strategies": ["megatron_fsdp"]})
     assert mf.structured_content["strategies"] == ["megatron_fsdp"] and mf.structured_content["candidates"]
     assert {c["distributed"]["strategy"] for c in mf.structured_content["candidates"]} == {"megatron_fsdp"}

@@ -299,9 +299,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     from .suggest import suggest_strategy
 
     try:
-        report = suggest_strategy(args.model, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
-                                  seq_len=args.seq_len or 4096, global_batch_size=args.global_batch_size,
-                                  micro_batch_size=args.micro_batch_size or 1, precision=args.precision,
+        report = suggest_strategy(args.model, config=_config_arg(args.file) if args.file else None,
+                                  nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
+                                  seq_len=args.seq_len, global_batch_size=args.global_batch_size,
+                                  micro_batch_size=args.micro_batch_size, precision=args.precision,
                                   allow_activation_checkpointing=not args.no_activation_checkpointing,
                                   headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib,
                                   intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, strategies=args.strategy)
@@ -444,12 +445,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "inside a node (default: the GPU's, see `models`)")
         ap.add_argument("--inter-gbps", type=_positive_number, help="override the GB/s per GPU (one direction) "
                         "to other nodes (default: the GPU's, see `models`)")
-        ap.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: " + (
-            "the recipe's dataset.seq_len or packed_sequence_size, else 4096)" if defaults == "recipe" else "4096)"))
-        ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch")
-        ap.add_argument("--global-batch-size", type=_positive, help="sequences per optimizer step (default: " + (
-            "the recipe's step_scheduler.global_batch_size, else one micro batch per data-parallel rank)"
-            if defaults == "recipe" else "one micro batch per GPU, the same for every layout)"))
+        ap.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: the recipe's "
+                        "dataset.seq_len, seq_length or packed_sequence_size, else 4096)")
+        ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch (default: the "
+                        "recipe's pipeline.pp_microbatch_size with pp, else step_scheduler.local_batch_size, else 1)")
+        ap.add_argument("--global-batch-size", type=_positive, help="sequences per optimizer step (default: the "
+                        "recipe's step_scheduler.global_batch_size, else " + (
+                            "one micro batch per data-parallel rank)" if defaults == "recipe" else
+                            "one micro batch per GPU, the same for every layout)"))
         ap.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp32"], default="bf16",
                         help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
                         "weights (model.torch_dtype: float32) with bf16 compute")
@@ -467,8 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     es.set_defaults(func=cmd_estimate)
 
     su = sub.add_parser("suggest", help="ranked layouts that fit a model on a cluster")
-    su.add_argument("--model", required=True, help="catalog name or config.json path")
-    su.add_argument("--nodes", type=_positive, default=1, help="nodes (default 1)")
+    su.add_argument("file", nargs="?", help="a recipe: its model, ci: cluster, seq_len and batch sizes fill the "
+                    "options not given, and its own layout is compared with the candidates")
+    su.add_argument("--model", help="catalog name or config.json path (required without a recipe that names one)")
+    su.add_argument("--nodes", type=_positive, help="nodes (default: the recipe's ci: block, else 1)")
     su.add_argument("--gpus-per-node", type=_positive, help="GPUs per node (default: the GPU's usual node, 8; "
                     "72 for GB200)")
     su.add_argument("--top", type=_positive, default=5, help="layouts to show (default 5)")

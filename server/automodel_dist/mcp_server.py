@@ -213,14 +213,18 @@ def create_server() -> MCPServer:
     @server.tool(annotations=ro)
     @_anticipated
     def suggest_strategy(
-        model: Annotated[str, Field(max_length=4096, description="Catalog name (list_models) or config.json path.")],
-        nodes: Annotated[int, Field(ge=1, le=1 << 17)] = 1,
+        model: Annotated[str | None, Field(default=None, max_length=4096, description=(
+            "Catalog name (list_models) or config.json path; required unless the recipe names a catalog model."))]
+        = None,
+        nodes: Annotated[int | None, Field(default=None, ge=1, le=1 << 17, description=(
+            "Nodes (default: the recipe's ci: block, else 1)."))] = None,
         gpus_per_node: GpusPerNode = None,
         gpu: Annotated[str, Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, "
                                                              "GB200, L40S")] = "H100-80GB",
-        seq_len: Annotated[int, Field(ge=16, le=1 << 22)] = 4096,
+        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22, description=(
+            "Tokens per sequence (default: the recipe's, else 4096)."))] = None,
         global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
-        micro_batch_size: Annotated[int, Field(ge=1, le=4096)] = 1,
+        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
         precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
         allow_activation_checkpointing: bool = True,
         headroom: Headroom = 0.1,
@@ -231,6 +235,10 @@ def create_server() -> MCPServer:
         strategies: Annotated[list[Literal["fsdp2", "megatron_fsdp", "ddp"]] | None, Field(
             default=None, min_length=1, max_length=3,
             description="Search only these strategies (default: all three).")] = None,
+        config_yaml: Annotated[str | None, Field(default=None, max_length=MAX_YAML_CHARS, description=(
+            "A recipe (YAML text): fills model, nodes, seq_len and batch sizes not given, and its own layout is "
+            "compared with the candidates."))] = None,
+        config_path: ConfigPath = None,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
         per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
@@ -238,9 +246,10 @@ def create_server() -> MCPServer:
 
         try:
             model = _model_arg(model)
+            config = _config(config_yaml, config_path, required=False)
         except _Unreadable as exc:
             raise ValueError(exc.finding.message) from None
-        return _suggest(model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
+        return _suggest(model, config=config, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
                         global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
                         allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k,
                         memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps, strategies=strategies)

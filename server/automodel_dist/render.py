@@ -231,6 +231,23 @@ def suggest_text(rep: Any) -> str:
              f"{rep.precision}: {rep.searched} layouts searched"
              f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
              f"with {rep.headroom:.0%} headroom"]
+    if rep.from_recipe:
+        values = {"model": rep.model, "nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
+                  "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
+        lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))
+    cur = rep.current
+    if cur is not None:
+        mine = f"the recipe's layout {_brief(cur.distributed)}"
+        if not cur.valid:
+            lines.append(f"{mine} is invalid on {rep.world_size} GPUs: " + "; ".join(cur.errors[:3]))
+        else:
+            faster = cur.best_speedup is not None and cur.best_speedup > 1.005
+            verdict = ("" if cur.best_speedup is None else
+                       f"; #1 is {cur.best_speedup:.2f}x faster" if cur.fits and faster else
+                       "; #1 is as fast" if cur.fits else
+                       "; #1 fits" + (f" and is {cur.best_speedup:.2f}x faster" if faster else ""))
+            lines.append(f"{mine}: est. {cur.step_time_s:.2f} s/step, {cur.memory_gib:.1f} GiB/GPU, "
+                         + ("fits" if cur.fits else "does NOT fit") + verdict)
     for c in rep.candidates:
         lines.append("")
         lines.append(f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
@@ -247,6 +264,18 @@ def suggest_text(rep: Any) -> str:
     if rep.note:
         lines += ["", rep.note]
     return "\n".join(lines)
+
+
+def _brief(block: dict[str, Any]) -> str:
+    """A distributed: block's layout keys (values other than the defaults 1, null, false), as a flow mapping."""
+    keys = ("strategy", "dp_size", "dp_replicate_size", "tp_size", "cp_size", "pp_size", "ep_size", "sequence_parallel",
+            "activation_checkpointing")
+    kept = {k: block[k] for k in keys if k in block and block[k] is not None and block[k] is not False
+            and not (type(block[k]) is int and block[k] == 1)}
+    pipe = block.get("pipeline")
+    if isinstance(pipe, dict) and "pp_size" in kept:
+        kept["pipeline"] = {k: pipe[k] for k in ("pp_schedule", "pp_microbatch_size") if k in pipe}
+    return flow(kept) if kept else "(AutoModel's defaults)"
 
 
 def flow(block: dict[str, Any]) -> str:

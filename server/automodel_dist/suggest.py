@@ -29,6 +29,8 @@ from .estimate import (
     check_positive_ints,
     evaluate,
     make_cluster,
+    model_of,
+    recipe_training,
 )
 from .estimate.comm import estimate_comm
 from .layout import Layout, StageError, ep_shard_size, virtual_stages
@@ -36,7 +38,7 @@ from .render import flow
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
-from .suggestion import Candidate, Rejected, SuggestReport
+from .suggestion import Candidate, CurrentLayout, Rejected, SuggestReport
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
 
@@ -165,21 +167,36 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
     return out
 
 
-def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = None, gpu: str = "H100-80GB",
-                     seq_len: int = 4096, global_batch_size: int | None = None, micro_batch_size: int = 1,
+def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None = None,
+                     gpus_per_node: int | None = None, gpu: str = "H100-80GB", seq_len: int | None = None,
+                     global_batch_size: int | None = None, micro_batch_size: int | None = None,
                      precision: str = "bf16", optimizer: str = "adamw", allow_activation_checkpointing: bool = True,
                      headroom: float = 0.1, top_k: int = 5, strategies: str | Iterable[str] | None = None,
                      memory_gib: float | None = None, intra_gbps: float | None = None,
                      inter_gbps: float | None = None) -> SuggestReport:
-    """Ranked layouts for ``model`` on ``nodes`` x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
-    ``strategies`` (names or AutoModel's aliases, default all three) limits the search."""
+    """Ranked layouts for ``model`` on ``nodes`` (1) x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
+    ``strategies`` (names or AutoModel's aliases, default all three) limits the search.
+
+    ``config`` (a recipe: YAML text, path or mapping) fills what is not passed, as validate reads it: the model
+    (``model.pretrained_model_name_or_path``), nodes and GPUs per node (``ci:``), ``seq_len`` (``dataset``), the
+    batch sizes (``step_scheduler``); the report says which, and how the recipe's own layout compares."""
     strategies = search_strategies(strategies)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    check_positive_ints({"nodes": nodes, "seq_len": seq_len, "micro_batch_size": micro_batch_size, "top_k": top_k})
-    check_positive_ints({"global_batch_size": global_batch_size}, optional=True)
+    check_positive_ints({"nodes": nodes, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
+                         "global_batch_size": global_batch_size}, optional=True)
+    check_positive_ints({"top_k": top_k})
     check_headroom(headroom)
-    spec = resolve_model(model)
+    from_recipe: dict[str, str] = {}
+    if config is not None:
+        spec, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size = _recipe_defaults(
+            config, from_recipe, model=model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
+            global_batch_size=global_batch_size, micro_batch_size=micro_batch_size)
+    elif model is None:
+        raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
+    else:
+        spec = resolve_model(model)
+    nodes, seq_len, micro_batch_size = nodes or 1, seq_len or 4096, micro_batch_size or 1
     cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     gpn = cluster.gpus_per_node
     world = nodes * gpn
@@ -255,12 +272,67 @@ def suggest_strategy(model: Any, *, nodes: int = 1, gpus_per_node: int | None = 
         note = (f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
                 f"({flow(best[1].block(micro_batch_size))}): add GPUs, use a larger GPU, shorten seq_len or lower the "
                 "micro batch" if best else "no layout could be built for this model and cluster")
+    current = None
+    if config is not None:
+        current = _current(config, spec, nodes, gpn, cluster, seq_len, global_batch_size, precision, optimizer,
+                           headroom, candidates)
     return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
                          gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
                          inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
                          micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
                          strategies=list(strategies), candidates=candidates, rejected=rejected[:8],
-                         searched=searched, fitting=len(scored), note=note)
+                         searched=searched, fitting=len(scored), note=note, from_recipe=from_recipe, current=current)
+
+
+def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: int | None, gpus_per_node: int | None,
+                     seq_len: int | None, global_batch_size: int | None, micro_batch_size: int | None
+                     ) -> tuple[ModelSpec, int | None, int | None, int | None, int | None, int | None]:
+    """The arguments not passed, from the recipe (``used`` records each one's source key)."""
+    from .api import _validate
+
+    report, ctx = _validate(config, None, nodes, gpus_per_node, None if model is None else resolve_model(model),
+                            None, None)
+    if ctx is None:
+        raise ValueError("the recipe cannot be read: " + "; ".join(f.message for f in report.errors[:3]))
+    spec = model_of(ctx)
+    if model is None:
+        used["model"] = next((f.path for f in report.findings if f.rule == "model-from-recipe"),
+                             "model.pretrained_model_name_or_path")
+    if nodes is None and gpus_per_node is None and report.world_size_source == "ci: block":
+        nodes, gpus_per_node = ctx.nodes, ctx.gpus_per_node
+        used.update(nodes="ci.nodes", gpus_per_node="ci.nproc_per_node")
+    facts = recipe_training(ctx)
+    if seq_len is None and "seq_len" in facts:
+        seq_len, used["seq_len"] = facts["seq_len"]
+    if global_batch_size is None and "global_batch_size" in facts:
+        global_batch_size, used["global_batch_size"] = facts["global_batch_size"]
+    if micro_batch_size is None:  # sequences per microbatch: the pipeline's, else the per-rank batch
+        key = "pp_microbatch_size" if (ctx.sizes.get("pp_size") or 1) > 1 else "local_batch_size"
+        if key in facts:
+            micro_batch_size, used["micro_batch_size"] = facts[key]
+    return spec, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
+
+
+def _current(config: Any, spec: ModelSpec, nodes: int, gpn: int, cluster: Cluster, seq_len: int, gbs: int | None,
+             precision: str, optimizer: str, headroom: float, candidates: list[Candidate]) -> CurrentLayout:
+    """The recipe's own layout on the same cluster and training sizes, measured as the candidates are."""
+    from .api import _split, load_config
+    from .estimate import estimate_memory
+    from .report import ConfigError
+
+    block = _split(load_config(config)).block
+    shown = block if isinstance(block, dict) else {}
+    try:
+        est = estimate_memory(config, model=spec, nodes=nodes, gpus_per_node=gpn, gpu=cluster.gpu.name,
+                              seq_len=seq_len, global_batch_size=gbs, precision=precision, optimizer=optimizer,
+                              headroom=headroom, memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
+                              inter_gbps=cluster.inter_gbps)
+    except ConfigError as exc:
+        return CurrentLayout(distributed=shown, valid=False, errors=[f.message for f in exc.report.errors])
+    best = candidates[0].step_time_s if candidates else None
+    return CurrentLayout(distributed=shown, valid=True, memory_gib=est.memory_gib.total, fits=est.fits,
+                         step_time_s=est.step_time_s,
+                         best_speedup=round(est.step_time_s / best, 2) if best and est.step_time_s else None)
 
 
 def _complexity(p: Parallelism) -> tuple[int, int]:

@@ -28,6 +28,18 @@ class Rejected(BaseModel):
     reason: str
 
 
+class CurrentLayout(BaseModel):
+    """The recipe's own layout, estimated on the same cluster and sizes as the candidates."""
+
+    distributed: dict[str, Any]
+    valid: bool
+    errors: list[str] = Field(default_factory=list, description="Why validate_config rejects it on this cluster.")
+    memory_gib: float | None = Field(default=None, description="Peak per GPU (worst pipeline rank).")
+    fits: bool | None = None
+    step_time_s: float | None = None
+    best_speedup: float | None = Field(default=None, description="Its step time over the #1 candidate's.")
+
+
 class SuggestReport(BaseModel):
     model: str
     nodes: int
@@ -49,3 +61,6 @@ class SuggestReport(BaseModel):
     searched: int = Field(description="Layouts evaluated.")
     fitting: int = Field(description="Layouts that fit in memory.")
     note: str | None = None
+    from_recipe: dict[str, str] = Field(default_factory=dict, description="Arguments taken from the recipe, and the "
+                                        "key each came from.")
+    current: CurrentLayout | None = Field(default=None, description="The recipe's own layout, when a recipe was given.")

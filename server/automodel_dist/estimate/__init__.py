@@ -87,6 +87,39 @@ def check_headroom(headroom: float) -> None:
         raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
 
 
+SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
+
+
+def recipe_training(ctx: Any) -> dict[str, tuple[int, str]]:
+    """What a recipe says about the training run: ``seq_len``, ``global_batch_size``, ``local_batch_size`` and
+    ``pp_microbatch_size`` (each with the key it came from) where the recipe states a positive integer."""
+    out: dict[str, tuple[int, str]] = {}
+    if ctx is None or not ctx.recipe:
+        return out
+    for key in SEQ_LEN_KEYS:
+        if is_positive_int(v := ctx.recipe_get(key)):
+            out["seq_len"] = (v, key)
+            break
+    for name in ("global_batch_size", "local_batch_size"):
+        if is_positive_int(v := ctx.recipe_get(f"step_scheduler.{name}")):
+            out[name] = (v, f"step_scheduler.{name}")
+    pipe = ctx.block.get("pipeline") if isinstance(ctx.block, dict) else None
+    if isinstance(pipe, dict) and is_positive_int(v := pipe.get("pp_microbatch_size")):
+        out["pp_microbatch_size"] = (v, ".".join(ctx.base + ("pipeline", "pp_microbatch_size")))
+    return out
+
+
+def model_of(ctx: Any) -> ModelSpec:
+    """The model a check resolved (the argument, else the recipe's); ``ValueError`` saying how to name one."""
+    if ctx is not None and ctx.model is not None:
+        return ctx.model
+    named = ctx.recipe_get("model.pretrained_model_name_or_path") if ctx is not None and ctx.recipe else None
+    raise ValueError("no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
+                     "or a config.json path)"
+                     + (f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the "
+                        "catalog" if named is not None else ""))
+
+
 def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int | None = None) -> Parallelism:
     moe = block.get("moe") if isinstance(block.get("moe"), dict) else {}
     return Parallelism(
@@ -138,35 +171,24 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
     report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec, None, overrides)
-    if ctx is not None and ctx.model is None:
-        named = ctx.recipe_get("model.pretrained_model_name_or_path") if ctx.recipe else None
-        raise ValueError("no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
-                         "or a config.json path)"
-                         + (f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the "
-                            "catalog" if named is not None else ""))
-    if not report.valid or ctx is None or report.world_size is None:
+    if ctx is not None:
+        spec = model_of(ctx)
+    if not report.valid or ctx is None or report.world_size is None or spec is None:
         raise ConfigError(report)
-    spec = ctx.model
     r = report.resolved
     block = ctx.block
-    step = ctx.recipe_get("step_scheduler") if ctx.recipe else None
-    lbs = step.get("local_batch_size") if isinstance(step, dict) else None
-    if global_batch_size is None and isinstance(step, dict) and is_positive_int(step.get("global_batch_size")):
-        global_batch_size = step["global_batch_size"]
-    if seq_len is None:
-        for key in ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size"):
-            v = ctx.recipe_get(key) if ctx.recipe else None
-            if is_positive_int(v):
-                seq_len = v
-                break
-    seq_len = seq_len or 4096
+    facts = recipe_training(ctx)
+    lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None
+    if global_batch_size is None and "global_batch_size" in facts:
+        global_batch_size = facts["global_batch_size"][0]
+    seq_len = seq_len or (facts["seq_len"][0] if "seq_len" in facts else 4096)
     n_mb = None
     if (r.pp or 1) > 1:
         mbs = micro_batch_size or r.pp_microbatch_size or 1
-        if is_positive_int(lbs):
+        if lbs is not None:
             n_mb = max(1, lbs // mbs)
     else:
-        mbs = micro_batch_size or (lbs if is_positive_int(lbs) else 1)
+        mbs = micro_batch_size or lbs or 1
     storage, compute = PRECISIONS[precision]
     tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
                   compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
@@ -188,4 +210,4 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
 
 
 __all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Parallelism", "Training", "MemoryBreakdown", "evaluate",
-           "make_cluster", "parallelism_from"]
+           "make_cluster", "parallelism_from", "recipe_training", "model_of"]

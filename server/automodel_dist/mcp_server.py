@@ -47,7 +47,8 @@ INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, 
   fix; apply the fixes and re-validate.
 - To see which ranks form each tp/cp/pp/dp/ep group (and which groups cross nodes): build_mesh.
 - "Which layout for model M on N nodes of G GPUs?": suggest_strategy (ranked layouts, each with a ready YAML block,
-  per-GPU memory, step time and rationale). For memory of a given config: estimate_memory.
+  per-GPU memory, step time and rationale; give the recipe as config_yaml/config_path to take its model, cluster
+  and sizes and compare its own layout). For memory of a given config: estimate_memory.
 - To prove a layout really runs and matches one process before spending GPU hours: run_smoke_test (launches real
   processes on this machine; takes 10-60 s; reports progress; cancellable).
 - When the user pastes an AutoModel/torch error or traceback: explain_error.

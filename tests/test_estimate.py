@@ -285,6 +285,12 @@ def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
     assert not small.current.valid and any("must be a multiple of ep_size=4" in e for e in small.current.errors), \
         small.current.errors
     assert "the recipe's layout {strategy: fsdp2, cp_size: 2" in suggest_text(small)
+    assert rep.assumed == [] and same.assumed == []
+    guessed = suggest_strategy(config=EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml", top_k=1)
+    assert guessed.assumed == ["seq_len"]
+    assert "assumed (neither passed nor in the recipe): seq_len 4096" in suggest_text(guessed).splitlines()[2]
+    assert suggest_strategy(L8, top_k=1).assumed == ["nodes", "gpus_per_node", "seq_len", "global_batch_size",
+                                                      "micro_batch_size"]
     oom = suggest_strategy(config=EXAMPLES / "llama3_2_1b_squad_megatron_fsdp.yaml", top_k=1)
     assert oom.current.valid and oom.current.fits is False and oom.candidates
     assert "does NOT fit; #1 fits" in suggest_text(oom)

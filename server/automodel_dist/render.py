@@ -235,6 +235,11 @@ def suggest_text(rep: Any) -> str:
         values = {"model": rep.model, "nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
                   "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
         lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))
+    if rep.current is not None and rep.assumed:
+        values = {"nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
+                  "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
+        lines.append("assumed (neither passed nor in the recipe): " + ", ".join(f"{k} {values[k]}"
+                                                                             for k in rep.assumed))
     cur = rep.current
     if cur is not None:
         mine = f"the recipe's layout {_brief(cur.distributed)}"

@@ -196,6 +196,9 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
         spec = resolve_model(model)
+    assumed = [k for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len),
+                              ("global_batch_size", global_batch_size), ("micro_batch_size", micro_batch_size))
+               if v is None]
     nodes, seq_len, micro_batch_size = nodes or 1, seq_len or 4096, micro_batch_size or 1
     cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     gpn = cluster.gpus_per_node
@@ -281,7 +284,8 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
                          inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
                          micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
                          strategies=list(strategies), candidates=candidates, rejected=rejected[:8],
-                         searched=searched, fitting=len(scored), note=note, from_recipe=from_recipe, current=current)
+                         searched=searched, fitting=len(scored), note=note, from_recipe=from_recipe, current=current,
+                         assumed=assumed)
 
 
 def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: int | None, gpus_per_node: int | None,

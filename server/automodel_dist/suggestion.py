@@ -64,3 +64,6 @@ class SuggestReport(BaseModel):
     from_recipe: dict[str, str] = Field(default_factory=dict, description="Arguments taken from the recipe, and the "
                                         "key each came from.")
     current: CurrentLayout | None = Field(default=None, description="The recipe's own layout, when a recipe was given.")
+    assumed: list[str] = Field(default_factory=list, description="Sizes neither passed nor in the recipe: built-in "
+                               "defaults (nodes 1, the GPU's usual node, seq_len 4096, micro batch 1, one micro "
+                               "batch per GPU).")

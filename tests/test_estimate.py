@@ -10,6 +10,8 @@ from pathlib import Path
 import memtrack
 import pytest
 from conftest import torch_version
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from automodel_dist import estimate_memory, suggest_strategy, validate_config
 from automodel_dist.catalog.models import lookup
@@ -137,6 +139,58 @@ def test_estimate_takes_the_model_from_the_recipe(capsys):
         estimate_memory("tp_size: 2\n", world_size=8)
     assert main(["estimate", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
     assert "no model to size" in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-30B-A3B",
+                              "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "deepseek-ai/DeepSeek-V3"]),
+       tp=st.sampled_from([1, 2, 8]), cp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 4]),
+       dp=st.sampled_from([1, 8, 64]), ac=st.sampled_from([False, "selective", True]),
+       seq=st.sampled_from([1024, 4096, 32768]), mbs=st.sampled_from([1, 2, 8]),
+       budget=st.sampled_from([20.0, 72.0, 126.0]))
+def test_fit_limits_are_the_largest_sizes_that_fit(model, tp, cp, pp, dp, ac, seq, mbs, budget):
+    """max_seq_len fits and one more step (128 tokens, times what CP/SP split by) does not; the same for the micro
+    batch; None only when the smallest size does not fit."""
+    import math
+
+    from automodel_dist.estimate import fit_limits
+
+    spec = lookup(model)
+    p = Parallelism("fsdp2", dp=dp, tp=tp, cp=cp, pp=pp, sequence_parallel=tp > 1, activation_checkpointing=ac)
+    tr = Training(seq_len=seq, micro_batch_size=mbs)
+    max_seq, max_mbs = fit_limits(spec, p, tr, budget)
+    step = math.lcm(128, 2 * cp if cp > 1 else 1, tp if tp > 1 else 1)
+
+    def peak(**kw):
+        return memory_per_rank(spec, p, dataclasses.replace(tr, **kw)).total
+
+    if max_seq is None:
+        assert peak(seq_len=step) > budget
+    else:
+        assert max_seq % step == 0 and peak(seq_len=max_seq) <= budget
+        assert max_seq + step > 1 << 21 or peak(seq_len=max_seq + step) > budget
+    if max_mbs is None:
+        assert peak(micro_batch_size=1) > budget
+    else:
+        assert peak(micro_batch_size=max_mbs) <= budget
+        assert max_mbs == 4096 or peak(micro_batch_size=max_mbs + 1) > budget
+
+
+def test_estimate_reports_the_limits_of_its_layout(capsys):
+    est = estimate_memory(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")
+    assert not est.fits and est.seq_len == 4096 and est.micro_batch_size == 4
+    assert est.max_seq_len is not None and est.max_seq_len < 4096 and est.max_micro_batch_size == 1
+    assert main(["estimate", str(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")]) == 1
+    assert (f"limits of this layout with 10% headroom: seq_len up to {est.max_seq_len:,} at micro batch 4; micro "
+            "batch up to 1 at seq_len 4,096") in capsys.readouterr().out
+    long = estimate_memory("tp_size: 1\n", model=L8, world_size=8, seq_len=65536)
+    assert not long.fits and long.max_seq_len < 65536 and long.max_micro_batch_size is None
+    huge = estimate_memory("tp_size: 2\n", model="meta-llama/Llama-3.1-405B", world_size=8)
+    assert huge.max_seq_len is None and huge.max_micro_batch_size is None
+    from automodel_dist.render import estimate_text
+
+    assert "no micro batch fits at seq_len 65,536" in estimate_text(long)
+    assert "not even 128 tokens at micro batch 1 fit (model states alone: 378.0 GiB)" in estimate_text(huge)
 
 
 def test_estimate_memory_rejects_invalid_configs():

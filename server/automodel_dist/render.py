@@ -217,6 +217,15 @@ def estimate_text(est: Any) -> str:
         lines.append("communication per step per GPU: " + ", ".join(
             f"{k} {_bytes(v)} ({est.comm_time_s[k]:.2f} s{', crosses nodes' if est.crosses_nodes.get(k) else ''})"
             for k, v in est.comm_bytes_per_step.items()))
+    limits = f"limits of this layout with {est.headroom:.0%} headroom: "
+    if est.max_seq_len is None:
+        limits += (f"not even 128 tokens at micro batch {est.micro_batch_size} fit (model states alone: "
+                   f"{mem.params + mem.grads + mem.optimizer:.1f} GiB)")
+    else:
+        limits += (f"seq_len up to {est.max_seq_len:,} at micro batch {est.micro_batch_size}; "
+                   + (f"micro batch up to {est.max_micro_batch_size:,}" if est.max_micro_batch_size else
+                      "no micro batch fits") + f" at seq_len {est.seq_len:,}")
+    lines.append(limits)
     lines.append(f"step time ~{est.step_time_s:.2f} s ({est.tokens_per_step} tokens, {est.grad_accumulation_steps} "
                  f"grad-accumulation step(s), bubble {est.bubble_fraction:.0%}), MFU ~{est.mfu:.0%}")
     for f in est.findings:

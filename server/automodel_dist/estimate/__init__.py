@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -56,6 +57,11 @@ class Estimate(BaseModel):
     tokens_per_step: int | None = None
     grad_accumulation_steps: int | None = None
     bubble_fraction: float = 0.0
+    max_seq_len: int | None = Field(default=None, description=(
+        "Longest seq_len (a multiple of 128 and of what CP/SP split it by) that fits with headroom at this micro "
+        "batch; null if none does."))
+    max_micro_batch_size: int | None = Field(default=None, description=(
+        "Largest micro batch that fits with headroom at this seq_len; null if none does."))
     findings: list[Finding] = Field(default_factory=list)
     assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
 
@@ -135,6 +141,31 @@ def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int 
     )
 
 
+MAX_SEARCH_SEQ_LEN = 1 << 21
+MAX_SEARCH_MICRO_BATCH = 4096
+
+
+def fit_limits(spec: ModelSpec, p: Parallelism, tr: Training, budget_gib: float) -> tuple[int | None, int | None]:
+    """The longest seq_len (at ``tr``'s micro batch) and the largest micro batch (at its seq_len) whose peak stays
+    within ``budget_gib``: memory grows with both, so each is a binary search over the estimate."""
+    step = math.lcm(128, 2 * p.cp if p.cp > 1 else 1, p.tp if p.sequence_parallel else 1)
+
+    def largest(fits: Any, top: int) -> int | None:
+        if not fits(1):
+            return None
+        lo, hi = 1, top  # fits(lo) holds
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
+    seq_steps = largest(lambda k: memory_per_rank(spec, p, replace(tr, seq_len=k * step)).total <= budget_gib,
+                        MAX_SEARCH_SEQ_LEN // step)
+    mbs = largest(lambda b: memory_per_rank(spec, p, replace(tr, micro_batch_size=b)).total <= budget_gib,
+                  MAX_SEARCH_MICRO_BATCH)
+    return (seq_steps * step if seq_steps else None), mbs
+
+
 def evaluate(spec: ModelSpec, p: Parallelism, tr: Training, cluster: Cluster | None, *, layout: Any = None,
              headroom: float = 0.0) -> tuple[MemoryBreakdown, CommEstimate | None, bool | None]:
     """The one place memory and communication are combined (estimate_memory and the search use it)."""
@@ -197,6 +228,7 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     mem, comm, fits = evaluate(spec, p, tr, cluster, layout=ctx.layout, headroom=headroom)
     assert comm is not None
+    max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
     return Estimate(
         model=spec.name, world_size=report.world_size, layout=r, gpu=cluster.gpu.name,
         gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps, inter_gbps=cluster.inter_gbps,
@@ -205,9 +237,10 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         comm_bytes_per_step=comm.bytes_per_step, comm_time_s=comm.time_s, crosses_nodes=comm.crosses_nodes,
         step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
         grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
+        max_seq_len=max_seq, max_micro_batch_size=max_mbs,
         findings=[f for f in report.findings if f.severity != "info"],
     )
 
 
 __all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Parallelism", "Training", "MemoryBreakdown", "evaluate",
-           "make_cluster", "parallelism_from", "recipe_training", "model_of"]
+           "make_cluster", "parallelism_from", "recipe_training", "model_of", "fit_limits"]

@@ -178,11 +178,15 @@ def test_fit_limits_are_the_largest_sizes_that_fit(model, tp, cp, pp, dp, ac, se
 
 def test_estimate_reports_the_limits_of_its_layout(capsys):
     est = estimate_memory(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")
-    assert not est.fits and est.seq_len == 4096 and est.micro_batch_size == 4
+    assert not est.fits and est.seq_len == 4096 and est.micro_batch_size == 4 and est.assumed == ["seq_len"]
+    assert estimate_memory(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml").assumed == []
+    assert estimate_memory("tp_size: 2\n", model=L8, world_size=8).assumed == ["seq_len", "micro_batch_size"]
     assert est.max_seq_len is not None and est.max_seq_len < 4096 and est.max_micro_batch_size == 1
     assert main(["estimate", str(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")]) == 1
+    printed = capsys.readouterr().out
     assert (f"limits of this layout with 10% headroom: seq_len up to {est.max_seq_len:,} at micro batch 4; micro "
-            "batch up to 1 at seq_len 4,096") in capsys.readouterr().out
+            "batch up to 1 at seq_len 4,096") in printed
+    assert printed.splitlines()[1] == "assumed (neither passed nor in the recipe): seq_len 4096"
     long = estimate_memory("tp_size: 1\n", model=L8, world_size=8, seq_len=65536)
     assert not long.fits and long.max_seq_len < 65536 and long.max_micro_batch_size is None
     huge = estimate_memory("tp_size: 2\n", model="meta-llama/Llama-3.1-405B", world_size=8)

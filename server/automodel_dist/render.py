@@ -209,6 +209,9 @@ def estimate_text(est: Any) -> str:
     lines = [f"{est.model} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
              f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
              f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"]
+    if est.assumed:
+        values = {"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}
+        lines.append("assumed (neither passed nor in the recipe): " + ", ".join(f"{k} {values[k]}" for k in est.assumed))
     mem = est.memory_gib
     verdict = "fits" if est.fits else "DOES NOT FIT"
     lines.append(f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "

@@ -62,6 +62,8 @@ class Estimate(BaseModel):
         "batch; null if none does."))
     max_micro_batch_size: int | None = Field(default=None, description=(
         "Largest micro batch that fits with headroom at this seq_len; null if none does."))
+    assumed: list[str] = Field(default_factory=list, description=(
+        "Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1."))
     findings: list[Finding] = Field(default_factory=list)
     assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
 
@@ -212,14 +214,17 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None
     if global_batch_size is None and "global_batch_size" in facts:
         global_batch_size = facts["global_batch_size"][0]
+    assumed = ["seq_len"] if seq_len is None and "seq_len" not in facts else []
     seq_len = seq_len or (facts["seq_len"][0] if "seq_len" in facts else 4096)
     n_mb = None
     if (r.pp or 1) > 1:
         mbs = micro_batch_size or r.pp_microbatch_size or 1
+        assumed += ["micro_batch_size"] if not (micro_batch_size or r.pp_microbatch_size) else []
         if lbs is not None:
             n_mb = max(1, lbs // mbs)
     else:
         mbs = micro_batch_size or lbs or 1
+        assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
     storage, compute = PRECISIONS[precision]
     tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
                   compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
@@ -237,7 +242,7 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         comm_bytes_per_step=comm.bytes_per_step, comm_time_s=comm.time_s, crosses_nodes=comm.crosses_nodes,
         step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
         grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
-        max_seq_len=max_seq, max_micro_batch_size=max_mbs,
+        max_seq_len=max_seq, max_micro_batch_size=max_mbs, assumed=assumed,
         findings=[f for f in report.findings if f.severity != "info"],
     )
 

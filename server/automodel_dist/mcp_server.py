@@ -50,7 +50,9 @@ INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, 
   per-GPU memory, step time and rationale; give the recipe as config_yaml/config_path to take its model, cluster
   and sizes and compare its own layout). For memory of a given config: estimate_memory.
 - To prove a layout really runs and matches one process before spending GPU hours: run_smoke_test (launches real
-  processes on this machine; takes 10-60 s; reports progress; cancellable).
+  processes on this machine; takes 10-60 s; reports progress; cancellable). For the same check on the cluster's
+  GPUs at full size, the CLI: `automodel-dist smoke RECIPE --world-size N --export DIR`, the printed
+  torchrun/srun line, then `automodel-dist smoke --judge DIR`.
 - When the user pastes an AutoModel/torch error or traceback: explain_error.
 - list_models: the model and GPU catalogs (names accepted by `model` and `gpu`).
 Sizes: world = dp*cp*tp*pp; ep must divide dp*cp*tp (not dp*cp); megatron_fsdp has no pp/ep; ddp has no tp/pp/cp/ep."""

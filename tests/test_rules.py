@@ -1004,6 +1004,39 @@ def test_launch_and_nccl_failures_are_explained(text, rule):
     assert [m.rule for m in explain_error(text).matches] == [rule]
 
 
+MULTI_RANK_LOG = """\
+[rank0]:[E1201 10:00:01 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: \
+WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600032 milliseconds
+[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a total capacity of 79 GiB
+[rank3]: Traceback (most recent call last):
+[rank3]:   File "/opt/Automodel/nemo_automodel/components/distributed/pipelining/functional.py", line 880
+[rank3]: ValueError: Batch size 4 must be divisible by number of microbatches 3. Check local_batch_size
+[rank1]:[E1201 10:00:01 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout
+E1201 10:00:05 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 3
+"""
+
+
+def test_a_multi_rank_log_is_explained_root_causes_first_with_lines_and_ranks(capsys):
+    """A whole torchrun log: every failure, root causes in the order they appear, then what usually follows another
+    rank's failure (the collective timeouts that come first in the log); each with its first line and its ranks."""
+    from automodel_dist.cli import main
+    from automodel_dist.explain import explain_error
+
+    rep = explain_error(MULTI_RANK_LOG)
+    got = [(m.rule, m.line, m.ranks, m.consequence) for m in rep.matches]
+    assert got == [("runtime-oom", 2, [2], False), ("pp-batch-divisibility", 5, [3], False),
+                   ("runtime-collective-timeout", 1, [0, 1], True)]
+    assert rep.matches[2].matched == "Watchdog caught collective operation timeout"
+    one = explain_error("RuntimeError: CUDA error: invalid device ordinal").matches[0]
+    assert (one.line, one.ranks, one.consequence) == (1, [], False)
+    assert main(["explain", "CUDA out of memory " + "x" * 5000]) == 0  # a long pasted line is text, not a path
+    assert main(["explain", MULTI_RANK_LOG]) == 0  # this crashed (OSError: File name too long) before
+    out = capsys.readouterr().out
+    assert "  matched: CUDA out of memory  (line 2, rank 2)" in out
+    assert "[runtime-collective-timeout] Collective timed out  (usually a consequence of an earlier failure on " \
+           "another rank)" in out and "(line 1, ranks 0, 1)" in out
+
+
 def test_world_size_missing_says_why_when_half_a_cluster_is_given():
     recipe = "distributed:\n  tp_size: 2\nci:\n  nodes: 2\n  nproc_per_node: 8\n"
     assert validate_config(recipe).world_size == 16  # no cluster option: the ci: block

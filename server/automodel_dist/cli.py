@@ -318,18 +318,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _names_file(text: str) -> bool:
+    """Whether an argument that may be a pasted error text names an existing file (a long text is no path)."""
+    try:
+        return "\n" not in text and Path(text).is_file()
+    except (OSError, ValueError):  # too long for a path, or a NUL byte
+        return False
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_error
 
     text = sys.stdin.read() if args.text in (None, "-") else args.text
-    if args.text and args.text != "-" and Path(args.text).is_file():
+    if args.text and args.text != "-" and _names_file(args.text):
         text = Path(args.text).read_text(encoding="utf-8", errors="replace")
     report = explain_error(text)
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
         for m in report.matches:
-            print(f"[{m.rule}] {m.title}\n  matched: {m.matched}\n  cause:   {m.cause}\n  fix:     {m.fix}")
+            where = ", ".join(x for x in (f"line {m.line}" if m.line and "\n" in text.strip() else "",
+                                          ("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks))
+                                          if m.ranks else "") if x)
+            after = "  (usually a consequence of an earlier failure on another rank)" if m.consequence else ""
+            print(f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}" + (f"  ({where})" if where else "")
+                  + f"\n  cause:   {m.cause}\n  fix:     {m.fix}")
         if report.hint:
             print(report.hint)
     return EXIT_OK if report.matches else EXIT_FAIL

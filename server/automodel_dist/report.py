@@ -138,6 +138,11 @@ class Explanation(BaseModel):
     matched: str = Field(description="The part of the text that matched.")
     cause: str
     fix: str
+    line: int | None = Field(default=None, description="Line of the text (1-based) where it first matched.")
+    ranks: list[int] = Field(default_factory=list, description="Ranks whose lines matched ([rankN]: / [Rank N] "
+                             "prefixes of torchrun and NCCL logs).")
+    consequence: bool = Field(default=False, description="Usually a consequence of another rank's failure (a "
+                              "timeout, a vanished peer): look at the matches before it first.")
 
 
 class ExplainReport(BaseModel):

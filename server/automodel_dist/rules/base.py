@@ -96,6 +96,7 @@ class Rule:
     fix: str = ""
     when: frozenset[str] = frozenset()  # facets (see ``facets``), one of which must hold to find anything
     needs: frozenset[str] = frozenset()  # facets that must all hold to find anything (e.g. @model)
+    consequence: bool = False  # explain: usually caused by another rank's failure (timeouts, vanished peers)
 
 
 RULES: dict[str, Rule] = {}
@@ -134,9 +135,9 @@ def rule(
 
 
 def note(rule_id: str, title: str, *, family: str, severity: Severity, patterns: tuple[str, ...] = (),
-         cause: str = "", fix: str = "") -> None:
-    """Register a rule id whose findings are produced elsewhere (the loader, the API)."""
-    RULES[rule_id] = Rule(rule_id, family, severity, title, None, patterns, cause, fix)
+         cause: str = "", fix: str = "", consequence: bool = False) -> None:
+    """Register a rule id whose findings are produced elsewhere (the loader, the API, or only a run)."""
+    RULES[rule_id] = Rule(rule_id, family, severity, title, None, patterns, cause, fix, consequence=consequence)
 
 
 def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fix: str | None = None,

@@ -17,7 +17,8 @@ note("runtime-collective-timeout", "Collective timed out", family=F, severity="e
                r"Timed out waiting .* for (recv|send|collective)", r"gloo.*[Tt]imeout"),
      cause="One rank stopped (crashed, hung, or took a different code path) while its peers waited in a "
            "collective; the real error is usually on another rank.",
-     fix="Look for the first failing rank's traceback; reproduce with `automodel-dist smoke` and a short timeout.")
+     fix="Look for the first failing rank's traceback; reproduce with `automodel-dist smoke` and a short timeout.",
+     consequence=True)
 note("runtime-dtensor-mesh", "FSDP and TP on different meshes", family=F, severity="error",
      patterns=(r"Expected param's DTensor mesh to be the same mesh",),
      cause="FSDP2's data-parallel mesh must be a submesh of the same root mesh TP uses.",
@@ -56,7 +57,7 @@ note("runtime-nccl-system", "NCCL could not set up or keep its transport", famil
            "other on, an InfiniBand/RoCE or firewall problem between nodes, or another rank that died first.",
      fix="Rerun with NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET) and read the first WARN line; in containers run "
          "with --ipc=host or a large --shm-size; set NCCL_SOCKET_IFNAME (and NCCL_IB_HCA) to the interfaces the "
-         "nodes share; check the other ranks' logs for an earlier failure.")
+         "nodes share; check the other ranks' logs for an earlier failure.", consequence=True)
 note("runtime-duplicate-gpu", "Two ranks on one GPU", family=F, severity="error",
      patterns=(r"Duplicate GPU detected",),
      cause="Two ranks of one communicator use the same GPU: the processes were not each given their own device "

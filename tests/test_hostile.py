@@ -185,3 +185,31 @@ model:
         build_mesh(text, world_size=8)
     assert not marker.exists()
     assert "evil_module_xyz" not in sys.modules
+
+
+LONG = "a/" * 3000  # longer than any path the OS accepts: stat() raises OSError (File name too long)
+
+
+@pytest.mark.parametrize("argv", [
+    ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
+    ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG + ".json"],
+    ["estimate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
+    ["suggest", "--model", LONG],
+    ["validate", LONG],
+    ["mesh", LONG, "--world-size", "8"],
+    ["estimate", LONG, "--model", "meta-llama/Llama-3.2-1B"],
+    ["smoke", LONG],
+    ["explain", "CUDA out of memory " + "x" * 5000],
+])
+def test_overlong_names_are_usage_errors_or_findings_not_crashes(argv: list[str], capsys) -> None:
+    """A model name or path the OS cannot stat is an unknown model or an unreadable file (exit 0-2, a clipped
+    message), never an OSError traceback."""
+    from automodel_dist.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [str(root / a) if a.startswith("tests/") else a for a in argv]
+    assert main(argv) in (0, 1, 2)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    if "--model" in argv:
+        assert LONG not in out.err + out.out  # the name is clipped in messages

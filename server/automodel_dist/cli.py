@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .config.files import is_dir, is_file
 from .config.values import STRATEGY_ALIASES
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     files, overrides = _launch(args, args.files)
     if files.count("-") > 1:
         raise UsageError("standard input (-) can be given once")
-    many = len(files) > 1 or any(f != "-" and Path(f).is_dir() for f in files)
+    many = len(files) > 1 or any(f != "-" and is_dir(f) for f in files)
     files = [x for f in files for x in _expand(f)]
     fmt = "json" if args.json else args.format
     reports = [validate_config(_config_arg(f), world_size=args.world_size, nodes=args.nodes,
@@ -127,7 +128,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _expand(name: str) -> list[str]:
     """A directory stands for every ``.yaml``/``.yml`` file under it (hidden folders skipped), in sorted order."""
     path = Path(name)
-    if name == "-" or not path.is_dir():
+    if name == "-" or not is_dir(path):
         return [name]
     found = sorted(str(p) for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))
@@ -243,7 +244,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
               "activation_checkpointing": args.activation_checkpointing}
     files, overrides = _launch(args, [args.file] if args.file else [], need_file=False)
     config = _config_arg(files[0]) if files else None
-    if isinstance(config, Path) and not config.is_file():
+    if isinstance(config, Path) and not is_file(config):
         raise UsageError(f"cannot read {config}")
     if args.export:
         if args.world_size is None:
@@ -318,19 +319,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _names_file(text: str) -> bool:
-    """Whether an argument that may be a pasted error text names an existing file (a long text is no path)."""
-    try:
-        return "\n" not in text and Path(text).is_file()
-    except (OSError, ValueError):  # too long for a path, or a NUL byte
-        return False
-
-
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_error
 
     text = sys.stdin.read() if args.text in (None, "-") else args.text
-    if args.text and args.text != "-" and _names_file(args.text):
+    if args.text and args.text != "-" and "\n" not in args.text and is_file(args.text):
         text = Path(args.text).read_text(encoding="utf-8", errors="replace")
     report = explain_error(text)
     if args.json:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..config.files import is_dir, is_file
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -377,7 +379,13 @@ def lookup(name: str) -> ModelSpec | None:
     return replace(spec, name=spec.name) if spec else None
 
 
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def close_matches(name: str, n: int = 3) -> list[str]:
+    if len(name) > 200:  # no catalog name is near it
+        return []
     names = [s.name for s in _CATALOG]
     lowered = {x.lower(): x for x in names}
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.4)
@@ -563,7 +571,7 @@ def names_a_file(model: Any) -> bool:
         return True
     if not isinstance(model, str):
         return False
-    return model.endswith(".json") or Path(model).is_file()
+    return model.endswith(".json") or is_file(model)
 
 
 def resolve_model(model: Any) -> ModelSpec:
@@ -574,20 +582,21 @@ def resolve_model(model: Any) -> ModelSpec:
         return from_hf_config(model)
     if names_a_file(model):
         path = Path(model)
-        if path.is_dir():
+        if is_dir(path):
             path = path / "config.json"
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
                 raise ModelConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"cannot read model config {path}: {exc}") from exc
+            raise ModelConfigError(f"cannot read model config {_clip(str(path))}: {_clip(str(exc), 300)}") from exc
         return from_hf_config(data, name=str(path))
     if isinstance(model, str):
         spec = lookup(model)
         if spec is None:
             hint = close_matches(model)
             more = f"; did you mean {', '.join(hint)}?" if hint else ""
-            raise ModelConfigError(f"unknown model {model!r} (not in the catalog, not a config.json path){more}")
+            raise ModelConfigError(f"unknown model {_clip(repr(model))} (not in the catalog, not a config.json "
+                                   f"path){more}")
         return spec
     raise ModelConfigError(f"model must be a name, a config.json path or a dict, not {type(model).__name__}")

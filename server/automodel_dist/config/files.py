@@ -18,6 +18,22 @@ def _err(rule: str, message: str, *, line: int | None = None, path: str = "<root
     return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
+def is_file(path: str | os.PathLike[str]) -> bool:
+    """``Path.is_file`` that says False, not OSError/ValueError, for a name no file can have (too long, NUL)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: str | os.PathLike[str]) -> bool:
+    """``Path.is_dir``, False for a name no directory can have (too long, NUL)."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
                allowed_roots: list[Path] | None = None) -> Finding | None:
     """Why ``path`` may not be read as a config: not a regular file, too large, outside the allowed roots."""

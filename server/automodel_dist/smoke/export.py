@@ -43,7 +43,8 @@ def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, worl
                       pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S, fault: str | dict | None = None,
                       overrides: Sequence[str] | None = None, **layout: Any) -> SmokeExport | SmokeReport:
     """Plan ``config``'s layout on ``world_size`` ranks (arguments as in ``run_smoke_test``) and write
-    ``directory/spec.json`` for a launch elsewhere; earlier results in ``directory`` are removed. Returns the
+    ``directory/spec.json`` for a launch elsewhere (nothing else there is touched; earlier results are ignored by the
+    judge, each spec having its own id). Returns the
     commands, or the report of why the layout cannot run. This machine's GPUs and CPU limit do not matter."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise SmokeUsageError(f"world_size must be a positive integer (the ranks the launch will start), got "
@@ -56,9 +57,7 @@ def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, worl
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise SmokeUsageError(f"{out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("rank*.json"):
-        old.unlink()
+    out.mkdir(parents=True, exist_ok=True)  # results already there belong to another spec_id: the judge ignores them
     base = SmokeReport(passed=False, status="not_run", **plan.report_base).model_dump(
         mode="json", include=set(plan.report_base))
     spec = dict(plan.spec, report_base=base)

@@ -381,7 +381,13 @@ def suggest_args(draw: st.DrawFn) -> dict[str, Any]:
         "precision": draw(st.sampled_from(["bf16", "bf16", "bf16-mixed", "fp32", "fp8"])),
         "headroom": draw(st.one_of(st.sampled_from([0.0, 0.1, 0.5]), st.floats(-1, 2))),
         "top_k": draw(st.one_of(st.integers(1, 5), st.integers(1, 5), st.integers(-1, 0))),
-    }
+    } | draw(st.one_of(st.just({}), st.fixed_dictionaries({  # a recipe fills what is left out (None)
+        "config": st.one_of(recipes(), mutated_examples()),
+        "model": st.one_of(st.none(), st.sampled_from(MODELS)),
+        "nodes": st.one_of(st.none(), st.integers(1, 4)),
+        "seq_len": st.one_of(st.none(), st.sampled_from([1024, 4096])),
+        "micro_batch_size": st.none(),
+    })))
 
 
 def check_suggest(args: dict[str, Any], tally: Tally | None = None) -> None:
@@ -397,9 +403,17 @@ def check_suggest(args: dict[str, Any], tally: Tally | None = None) -> None:
         return
     assert len(report.candidates) <= args["top_k"]
     for c in report.candidates:  # every suggestion validates with the model and cluster
-        again = validate_config(c.yaml, nodes=args["nodes"], gpus_per_node=report.gpus_per_node, model=args["model"])
+        again = validate_config(c.yaml, nodes=report.nodes, gpus_per_node=report.gpus_per_node, model=report.model)
         check_report(again)
         assert again.valid, [f.message for f in again.errors]
+    if "config" in args:  # the recipe's own layout: measured when valid, its errors otherwise
+        cur = report.current
+        assert cur is not None and (cur.valid == (cur.step_time_s is not None) == (cur.memory_gib is not None))
+        assert cur.valid or cur.errors
+        assert set(report.from_recipe) <= {"model", "nodes", "gpus_per_node", "seq_len", "global_batch_size",
+                                           "micro_batch_size"}
+    else:
+        assert report.current is None and report.from_recipe == {}
     if tally is not None:
         tally.outcomes[f"suggest: {'candidates' if report.candidates else 'nothing fits'}"] += 1
 

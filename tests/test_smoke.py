@@ -273,6 +273,27 @@ def test_exported_run_launched_with_the_wrong_world_size_says_so(tmp_path):
     assert [r.state for r in report.ranks] == ["failed", "failed", "not_started", "not_started"]
 
 
+def test_a_failed_cluster_run_is_judged_with_the_known_cause(tmp_path):
+    """Ranks of an exported run that failed on the cluster (NCCL transport on rank 1, its peer timing out): the judge
+    names the root rank and attaches explain_error's cause and fix."""
+    from automodel_dist.render import smoke_text
+    from automodel_dist.smoke import export_smoke_test, judge_smoke_test
+
+    exported = export_smoke_test(None, tmp_path, world_size=2, tp=2)
+    spec_id = json.loads(Path(exported.spec_file).read_text())["spec_id"]
+    nccl = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+            "(run with NCCL_DEBUG=INFO for details)")
+    for rank, error, t in ((0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out "
+                               "waiting 60000ms for recv operation to complete", 20.0), (1, nccl, 10.0)):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "error": error, "traceback": ["Traceback (most recent call last):", error],
+            "t_start": 1.0, "t_error": t, "where": {"phase": "init"}, "spec_id": spec_id}))
+    report = judge_smoke_test(tmp_path)
+    assert not report.passed and report.reason.startswith("rank 1 failed: torch.distributed.DistBackendError")
+    assert [e.rule for e in report.explanations][:1] == ["runtime-nccl-system"]
+    assert "known cause [runtime-nccl-system]: A system call inside NCCL failed" in smoke_text(report)
+
+
 def test_export_plans_for_the_cluster_not_this_machine(tmp_path, capsys):
     """64 ranks are over the CPU limit here but fine to export; what cannot run anywhere is still refused; the CLI
     needs a world size for --export and nothing else with --judge."""

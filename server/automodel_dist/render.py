@@ -152,6 +152,8 @@ def smoke_text(report: Any) -> str:
         lines.append(f"{who}: {state}" + (f": {error}" if error else ""))
     if r.traceback_tail and not r.passed:
         lines += ["traceback (last lines):"] + ["  " + t for t in r.traceback_tail[-8:]]
+    for e in r.explanations:
+        lines.append(f"known cause [{e.rule}]: {e.cause} fix: {e.fix}")
     mem = [x for x in r.ranks if x.peak_rss_mib]
     if mem:
         worst = max(mem, key=lambda x: x.peak_rss_mib or 0)

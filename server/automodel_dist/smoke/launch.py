@@ -30,6 +30,7 @@ from typing import Any
 
 from ..api import ConfigInput, _split, load_config, validate_config
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
+from ..explain import explain_error
 from ..layout import Layout
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
@@ -629,9 +630,11 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
             missing = sorted(set(range(world)) - set(results))
             reason = f"torchrun exited with code {returncode} and rank(s) {missing} left no result"
         culprits = [rk.rank for rk in real] or hung or waiting[:1]
+        tail = root.traceback_tail if root else log_tail[-15:]
         return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=culprits, hung_ranks=hung,
-                           error=root.error if root else None,
-                           traceback_tail=root.traceback_tail if root else log_tail[-15:], **base)
+                           error=root.error if root else None, traceback_tail=tail,
+                           explanations=explain_error("\n".join([*tail, root.error if root and root.error else ""])
+                                                      ).matches[:3], **base)
     return _judge(plan, results, base)
 
 

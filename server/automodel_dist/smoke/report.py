@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..report import Finding, Resolved
+from ..report import Explanation, Finding, Resolved
 
 Status = Literal["passed", "failed", "not_run"]
 
@@ -104,3 +104,5 @@ class SmokeReport(BaseModel):
     launcher_log_tail: list[str] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list, description="Validation findings of the config.")
     notes: list[str] = Field(default_factory=list)
+    explanations: list[Explanation] = Field(default_factory=list, description=(
+        "explain_error's matches for the failing rank's error and traceback: known causes and fixes."))

@@ -329,15 +329,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
-        for m in report.matches:
-            where = ", ".join(x for x in (f"line {m.line}" if m.line and "\n" in text.strip() else "",
-                                          ("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks))
-                                          if m.ranks else "") if x)
-            after = "  (usually a consequence of an earlier failure on another rank)" if m.consequence else ""
-            print(f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}" + (f"  ({where})" if where else "")
-                  + f"\n  cause:   {m.cause}\n  fix:     {m.fix}")
-        if report.hint:
-            print(report.hint)
+        from . import render
+
+        print(render.explain_text(report, lines="\n" in text.strip()))
     return EXIT_OK if report.matches else EXIT_FAIL
 
 

@@ -186,6 +186,21 @@ def smoke_export_text(e: Any) -> str:
     return "\n".join(lines)
 
 
+def explain_text(report: Any, *, lines: bool = True) -> str:
+    """The matches of explain_error, root causes first; ``lines``: the text had several lines (say which matched)."""
+    out = []
+    for m in report.matches:
+        where = [f"line {m.line}"] if lines and m.line else []
+        if m.ranks:
+            where.append(("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks)))
+        after = "  (usually a consequence of an earlier failure on another rank)" if m.consequence else ""
+        out.append(f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}"
+                   + (f"  ({', '.join(where)})" if where else "") + f"\n  cause:   {m.cause}\n  fix:     {m.fix}")
+    if report.hint:
+        out.append(report.hint)
+    return "\n".join(out)
+
+
 def _gib_line(mem: Any) -> str:
     return (f"params {mem.params:.1f} + grads {mem.grads:.1f} + optimizer {mem.optimizer:.1f} + activations "
             f"{mem.activations:.1f} + buffers {mem.buffers:.1f} + overhead {mem.overhead:.1f} = {mem.total:.1f} GiB")

@@ -428,7 +428,7 @@ def test_not_run_and_invalid_cases_never_pass():
     bad = run_smoke_test(world_size=4, tp=3)
     assert bad.status == "failed" and "config is invalid" in bad.reason and bad.ranks == []
     big = run_smoke_test(world_size=64, tp=2)
-    assert big.status == "not_run" and "CPU limit" in big.reason
+    assert big.status == "not_run" and "CPU limit" in big.reason and "--export DIR" in big.reason
 
 
 @pytest.mark.parametrize("kwargs", [dict(steps=0), dict(model="gpt5"), dict(fault="explode@1:1"),

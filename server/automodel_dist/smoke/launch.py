@@ -195,7 +195,9 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     if local and on_cpu and world_size > MAX_CPU_WORLD:
         return SmokeReport(passed=False, status="not_run", **base,
                            reason=f"not run: world_size {world_size} is above the CPU limit of {MAX_CPU_WORLD} "
-                                  "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it)")
+                                  "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it, or run it on the "
+                                  "cluster's GPUs: `automodel-dist smoke ... --export DIR` prints the torchrun/srun "
+                                  "commands, then `--judge DIR`)")
     lay = Layout.build(r.strategy, world_size=world_size, tp=r.tp or 1, pp=r.pp or 1, cp=r.cp or 1, ep=r.ep or 1,
                        dp_size=r.dp, dp_replicate=r.dp_replicate or 1)
     if lay.mesh_ranks != world_size:

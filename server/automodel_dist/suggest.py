@@ -189,7 +189,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     check_headroom(headroom)
     from_recipe: dict[str, str] = {}
     if config is not None:
-        spec, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size = _recipe_defaults(
+        spec, recipe_block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size = _recipe_defaults(
             config, from_recipe, model=model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
             global_batch_size=global_batch_size, micro_batch_size=micro_batch_size)
     elif model is None:
@@ -277,8 +277,8 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
                 "micro batch" if best else "no layout could be built for this model and cluster")
     current = None
     if config is not None:
-        current = _current(config, spec, nodes, gpn, cluster, seq_len, global_batch_size, precision, optimizer,
-                           headroom, candidates)
+        current = _current(config, recipe_block, spec, nodes, gpn, cluster, seq_len, global_batch_size, precision,
+                           optimizer, headroom, candidates)
     return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
                          gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
                          inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
@@ -290,8 +290,9 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
 
 def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: int | None, gpus_per_node: int | None,
                      seq_len: int | None, global_batch_size: int | None, micro_batch_size: int | None
-                     ) -> tuple[ModelSpec, int | None, int | None, int | None, int | None, int | None]:
-    """The arguments not passed, from the recipe (``used`` records each one's source key)."""
+                     ) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None]:
+    """The model, the recipe's distributed: block and the arguments not passed, from the recipe (``used`` records
+    each one's source key)."""
     from .api import _validate
 
     report, ctx = _validate(config, None, nodes, gpus_per_node, None if model is None else resolve_model(model),
@@ -314,27 +315,25 @@ def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: in
         key = "pp_microbatch_size" if (ctx.sizes.get("pp_size") or 1) > 1 else "local_batch_size"
         if key in facts:
             micro_batch_size, used["micro_batch_size"] = facts[key]
-    return spec, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
+    return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
 
 
-def _current(config: Any, spec: ModelSpec, nodes: int, gpn: int, cluster: Cluster, seq_len: int, gbs: int | None,
-             precision: str, optimizer: str, headroom: float, candidates: list[Candidate]) -> CurrentLayout:
+def _current(config: Any, block: dict[str, Any], spec: ModelSpec, nodes: int, gpn: int, cluster: Cluster,
+             seq_len: int, gbs: int | None, precision: str, optimizer: str, headroom: float,
+             candidates: list[Candidate]) -> CurrentLayout:
     """The recipe's own layout on the same cluster and training sizes, measured as the candidates are."""
-    from .api import _split, load_config
     from .estimate import estimate_memory
     from .report import ConfigError
 
-    block = _split(load_config(config)).block
-    shown = block if isinstance(block, dict) else {}
     try:
         est = estimate_memory(config, model=spec, nodes=nodes, gpus_per_node=gpn, gpu=cluster.gpu.name,
                               seq_len=seq_len, global_batch_size=gbs, precision=precision, optimizer=optimizer,
                               headroom=headroom, memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
                               inter_gbps=cluster.inter_gbps)
     except ConfigError as exc:
-        return CurrentLayout(distributed=shown, valid=False, errors=[f.message for f in exc.report.errors])
+        return CurrentLayout(distributed=block, valid=False, errors=[f.message for f in exc.report.errors])
     best = candidates[0].step_time_s if candidates else None
-    return CurrentLayout(distributed=shown, valid=True, memory_gib=est.memory_gib.total, fits=est.fits,
+    return CurrentLayout(distributed=block, valid=True, memory_gib=est.memory_gib.total, fits=est.fits,
                          step_time_s=est.step_time_s,
                          best_speedup=round(est.step_time_s / best, 2) if best and est.step_time_s else None)
 

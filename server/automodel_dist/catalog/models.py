@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.files import is_dir, is_file
+from ..config.values import clip
 
 
 @dataclass(frozen=True)
@@ -379,10 +380,6 @@ def lookup(name: str) -> ModelSpec | None:
     return replace(spec, name=spec.name) if spec else None
 
 
-def _clip(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def close_matches(name: str, n: int = 3) -> list[str]:
     if len(name) > 200:  # no catalog name is near it
         return []
@@ -589,14 +586,14 @@ def resolve_model(model: Any) -> ModelSpec:
                 raise ModelConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"cannot read model config {_clip(str(path))}: {_clip(str(exc), 300)}") from exc
+            raise ModelConfigError(f"cannot read model config {clip(str(path), 120)}: {clip(str(exc), 300)}") from exc
         return from_hf_config(data, name=str(path))
     if isinstance(model, str):
         spec = lookup(model)
         if spec is None:
             hint = close_matches(model)
             more = f"; did you mean {', '.join(hint)}?" if hint else ""
-            raise ModelConfigError(f"unknown model {_clip(repr(model))} (not in the catalog, not a config.json "
+            raise ModelConfigError(f"unknown model {clip(repr(model), 120)} (not in the catalog, not a config.json "
                                    f"path){more}")
         return spec
     raise ModelConfigError(f"model must be a name, a config.json path or a dict, not {type(model).__name__}")

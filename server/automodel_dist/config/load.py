@@ -21,7 +21,7 @@ from ..report import Finding
 from .files import MAX_BYTES, _err, check_path
 from .scalars import MEMO_CHARS, scalar_tag, scalar_value
 from .simple_yaml import read_simple
-from .values import import_path_problem, translate_value
+from .values import clip, import_path_problem, translate_value
 
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
 MAX_DEPTH = 64
@@ -86,11 +86,6 @@ class _TooBig(Exception):
 _SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
     "null", "bool", "int", "float", "str", "binary", "timestamp", "seq", "map", "merge", "omap", "pairs", "set",
     "value"))
-
-
-def clip(text: str, limit: int = 40) -> str:
-    """``text`` shortened for a message (huge values must not flood a report)."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _dotted(path: PathKey) -> str:

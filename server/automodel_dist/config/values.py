@@ -18,6 +18,12 @@ import ast
 from pathlib import PurePosixPath
 from typing import Any
 
+
+def clip(text: str, limit: int = 40) -> str:
+    """``text`` shortened for a message (huge values must not flood a report)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 # --------------------------------------------------------------------------- strategy
 STRATEGY_ALIASES: dict[str, str] = {
     "fsdp2": "fsdp2",

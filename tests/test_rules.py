@@ -1033,8 +1033,48 @@ def test_a_multi_rank_log_is_explained_root_causes_first_with_lines_and_ranks(ca
     assert main(["explain", MULTI_RANK_LOG]) == 0  # this crashed (OSError: File name too long) before
     out = capsys.readouterr().out
     assert "  matched: CUDA out of memory  (line 2, rank 2)" in out
-    assert "[runtime-collective-timeout] Collective timed out  (usually a consequence of an earlier failure on " \
-           "another rank)" in out and "(line 1, ranks 0, 1)" in out
+    assert "[runtime-collective-timeout] Collective timed out  (usually a consequence: find the root cause first)" \
+        in out and "(line 1, ranks 0, 1)" in out
+
+
+TORCHRUN_SIGKILL = """\
+[2026-12-01 10:00:00,000] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 4312 closing signal \
+SIGTERM
+[2026-12-01 10:00:01,000] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9) local_rank: 1 \
+(pid: 4313) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/local/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train_ft.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4313)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4313
+"""
+
+
+@pytest.mark.parametrize("text, rules", [
+    (TORCHRUN_SIGKILL, ["runtime-host-oom", "runtime-child-failed"]),
+    ("[E ProcessGroupNCCL.cpp] NCCL WARN Cuda failure 'out of memory'", ["runtime-oom"]),
+    ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", ["runtime-oom"]),
+    ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n  traceback : To enable traceback see: "
+     "https://pytorch.org/docs/stable/elastic/errors.html", ["runtime-child-failed"]),
+])
+def test_killed_ranks_and_torchrun_summaries_are_explained(text, rules):
+    """A rank killed by SIGKILL (no traceback: host memory, usually) is a root cause; torchrun's ChildFailedError
+    summary comes after it, marked as pointing elsewhere; NCCL's and cuBLAS's allocation failures are GPU OOM."""
+    from automodel_dist.explain import explain_error
+
+    rep = explain_error(text)
+    assert [m.rule for m in rep.matches] == rules
+    assert [m.consequence for m in rep.matches] == [r == "runtime-child-failed" for r in rules]
 
 
 def test_world_size_missing_says_why_when_half_a_cluster_is_given():

@@ -193,7 +193,7 @@ def explain_text(report: Any, *, lines: bool = True) -> str:
         where = [f"line {m.line}"] if lines and m.line else []
         if m.ranks:
             where.append(("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks)))
-        after = "  (usually a consequence of an earlier failure on another rank)" if m.consequence else ""
+        after = "  (usually a consequence: find the root cause first)" if m.consequence else ""
         out.append(f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}"
                    + (f"  ({', '.join(where)})" if where else "") + f"\n  cause:   {m.cause}\n  fix:     {m.fix}")
     if report.hint:

@@ -8,7 +8,8 @@ from .base import note
 F = "runtime"
 # Failures that only happen at run time: in the table so one lookup explains them too.
 note("runtime-oom", "Out of GPU memory", family=F, severity="error",
-     patterns=(r"CUDA out of memory", r"OutOfMemoryError", r"Tried to allocate [\d.]+ [GM]iB"),
+     patterns=(r"CUDA out of memory", r"OutOfMemoryError", r"Tried to allocate [\d.]+ [GM]iB",
+               r"Cuda failure '?out of memory", r"CUBLAS_STATUS_ALLOC_FAILED"),
      cause="Parameters, gradients, optimizer states and activations of this layout exceed the GPU's memory.",
      fix="Run `automodel-dist estimate` / `suggest`: raise dp sharding (FSDP2), add tp/pp, enable activation "
          "checkpointing, or lower the micro batch.")
@@ -18,6 +19,23 @@ note("runtime-collective-timeout", "Collective timed out", family=F, severity="e
      cause="One rank stopped (crashed, hung, or took a different code path) while its peers waited in a "
            "collective; the real error is usually on another rank.",
      fix="Look for the first failing rank's traceback; reproduce with `automodel-dist smoke` and a short timeout.",
+     consequence=True)
+note("runtime-host-oom", "A rank was killed (SIGKILL), usually for host memory", family=F, severity="error",
+     patterns=(r"exitcode\s*:\s*-9\b", r"Signal 9 \(SIGKILL\) received", r"<Signals\.SIGKILL: 9>",
+               r"Out of memory: Killed process"),
+     cause="A rank process was killed with SIGKILL, which leaves no Python traceback: most often the kernel's OOM "
+           "killer when the node's host RAM runs out (every rank of the node holding a full copy of the weights while "
+           "loading a checkpoint, dataloader workers, pinned buffers), or the scheduler enforcing the job's memory "
+           "limit.",
+     fix="Read `dmesg` / `journalctl -k` on the node for 'Out of memory: Killed process' and the scheduler's memory "
+         "accounting; request more host memory per node (Slurm --mem), lower dataloader num_workers, or run fewer "
+         "ranks per node; GPU memory is not the cause here.")
+note("runtime-child-failed", "torchrun's summary of a failed rank", family=F, severity="error",
+     patterns=(r"ChildFailedError", r"Failures:\s*\n\s*<NO_OTHER_FAILURES>", r"Root Cause \(first observed failure\)"),
+     cause="torchrun reports that a rank exited with an error; the rank's own error is earlier in the log (lines "
+           "prefixed [rankN]:) or in its log file, and 'traceback : Signal N' means it was killed by a signal.",
+     fix="Find the root-cause rank torchrun names and read its own traceback (paste the whole log here); an exit code "
+         "of -9 or SIGKILL points at host memory, -6/SIGABRT at a C++ abort (NCCL, CUDA).",
      consequence=True)
 note("runtime-dtensor-mesh", "FSDP and TP on different meshes", family=F, severity="error",
      patterns=(r"Expected param's DTensor mesh to be the same mesh",),

@@ -1037,6 +1037,21 @@ def test_a_multi_rank_log_is_explained_root_causes_first_with_lines_and_ranks(ca
         in out and "(line 1, ranks 0, 1)" in out
 
 
+def test_a_long_log_is_read_from_its_end(tmp_path):
+    """The root cause followed by a megabyte of other ranks' output (and preceded by a long training log) is still
+    found, in a file too (read from its end)."""
+    from automodel_dist.cli import main
+    from automodel_dist.explain import MAX_TEXT, explain_error
+
+    noise = "[rank1]:[E1201] ProcessGroupNCCL.cpp:616 step 100 loss 2.345 watchdog heartbeat ok\n"
+    root = "[rank3]: ValueError: Batch size 4 must be divisible by number of microbatches 3.\n"
+    log = noise * (4 * MAX_TEXT // len(noise)) + root + noise * (1_000_000 // len(noise))
+    assert [m.rule for m in explain_error(log).matches] == ["pp-batch-divisibility"]
+    path = tmp_path / "job.log"
+    path.write_text(log)
+    assert main(["explain", str(path), "--json"]) == 0
+
+
 TORCHRUN_SIGKILL = """\
 [2026-12-01 10:00:00,000] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 4312 closing signal \
 SIGTERM

@@ -320,11 +320,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import explain_error
+    from .explain import MAX_TEXT, explain_error
 
     text = sys.stdin.read() if args.text in (None, "-") else args.text
     if args.text and args.text != "-" and "\n" not in args.text and is_file(args.text):
-        text = Path(args.text).read_text(encoding="utf-8", errors="replace")
+        with open(args.text, "rb") as fh:  # a job log can be huge: its end holds the failure
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4 * MAX_TEXT))
+            text = fh.read().decode("utf-8", errors="replace")
     report = explain_error(text)
     if args.json:
         _print_json(report.model_dump(mode="json"))

@@ -240,6 +240,13 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     exported = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
     assert exported.spec_file == str(out / "spec.json") and "--nproc-per-node 4" in exported.command
     assert exported.judge_command == f"automodel-dist smoke --judge {out}"
+    from automodel_dist.render import smoke_text
+
+    local = run_smoke_test(world_size=4, tp=2, precision="fp32")  # its reproduce line gives a working export
+    assert_passed(local)
+    assert (f"reproduce: add `--export DIR --world-size 4` to this command (it prints the torchrun/srun lines for a "
+            f"cluster too), run `{exported.command}` in DIR, then `automodel-dist smoke --judge DIR`"
+            ) in smoke_text(local)
     assert "--nnodes $SLURM_NNODES" in exported.srun_command
     done = run_exported(exported)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -166,8 +166,8 @@ def smoke_text(report: Any) -> str:
                  if getattr(t, k + "_s") is not None]
         lines.append(f"time: {t.total_s:.1f}s total" + (" (" + ", ".join(parts) + ")" if parts else ""))
     if r.command:
-        lines.append(f"reproduce: add --export DIR to this command, run `{r.command}` in DIR (or on a cluster: "
-                     "`automodel-dist smoke --export DIR` prints its torchrun/srun commands), then "
+        lines.append(f"reproduce: add `--export DIR --world-size {r.world_size}` to this command (it prints the "
+                     f"torchrun/srun lines for a cluster too), run `{r.command}` in DIR, then "
                      "`automodel-dist smoke --judge DIR`")
     return "\n".join(lines)
 

@@ -227,8 +227,7 @@ def estimate_text(est: Any) -> str:
              f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
              f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"]
     if est.assumed:
-        values = {"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}
-        lines.append("assumed (neither passed nor in the recipe): " + ", ".join(f"{k} {values[k]}" for k in est.assumed))
+        lines.append(_assumed({"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}, est.assumed))
     mem = est.memory_gib
     verdict = "fits" if est.fits else "DOES NOT FIT"
     lines.append(f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
@@ -260,15 +259,12 @@ def suggest_text(rep: Any) -> str:
              f"{rep.precision}: {rep.searched} layouts searched"
              f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
              f"with {rep.headroom:.0%} headroom"]
+    values = {"model": rep.model, "nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
+              "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
     if rep.from_recipe:
-        values = {"model": rep.model, "nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
-                  "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
         lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))
     if rep.current is not None and rep.assumed:
-        values = {"nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
-                  "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
-        lines.append("assumed (neither passed nor in the recipe): " + ", ".join(f"{k} {values[k]}"
-                                                                             for k in rep.assumed))
+        lines.append(_assumed(values, rep.assumed))
     cur = rep.current
     if cur is not None:
         mine = f"the recipe's layout {_brief(cur.distributed)}"
@@ -298,6 +294,10 @@ def suggest_text(rep: Any) -> str:
     if rep.note:
         lines += ["", rep.note]
     return "\n".join(lines)
+
+
+def _assumed(values: dict[str, Any], keys: list[str]) -> str:
+    return "assumed (neither passed nor in the recipe): " + ", ".join(f"{k} {values[k]}" for k in keys)
 
 
 def _brief(block: dict[str, Any]) -> str:

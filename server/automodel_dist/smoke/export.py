@@ -44,11 +44,10 @@ def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, worl
                       overrides: Sequence[str] | None = None, **layout: Any) -> SmokeExport | SmokeReport:
     """Plan ``config``'s layout on ``world_size`` ranks (arguments as in ``run_smoke_test``) and write
     ``directory/spec.json`` for a launch elsewhere (nothing else there is touched; earlier results are ignored by the
-    judge, each spec having its own id). Returns the
-    commands, or the report of why the layout cannot run. This machine's GPUs and CPU limit do not matter."""
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise SmokeUsageError(f"world_size must be a positive integer (the ranks the launch will start), got "
-                              f"{world_size!r}")
+    judge, each spec having its own id). Returns the commands, or the report of why the layout cannot run. This
+    machine's GPUs and CPU limit do not matter."""
+    if world_size is None:  # run_smoke_test would pick a size for this machine; a cluster's must be given
+        raise SmokeUsageError("world_size must be a positive integer: the ranks the launch will start")
     plan = plan_smoke_test(config, world_size=world_size, steps=steps, model=model, backend=backend,
                            pg_timeout_s=pg_timeout_s, precision=precision, fault=fault, overrides=overrides,
                            local=False, caller="export_smoke_test", **layout)

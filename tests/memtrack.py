@@ -120,7 +120,7 @@ def measure(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1
             if ep > 1:
                 par.apply_ep(model, meshes.moe["ep"])
             par.apply_ac(model, activation_checkpointing)
-            par.apply_fsdp(model, meshes.fsdp, mp=mp, reshard=None, pp=False,
+            par.apply_fsdp(model, meshes.fsdp, mp=mp, reshard=None, ep=ep,
                            expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
             local_seq = seq_len // cp

@@ -232,14 +232,20 @@ def estimate_text(est: Any) -> str:
     verdict = "fits" if est.fits else "DOES NOT FIT"
     lines.append(f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
                  f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom")
+    if mem.deferred_grads:
+        lines.append(f"of the buffers, {mem.deferred_grads:.1f} GiB are gradients held unsharded in fp32 until the "
+                     "step's last backward (defer_fsdp_grad_sync: true, AutoModel's default, with gradient "
+                     "accumulation or PP); defer_fsdp_grad_sync: false reduce-scatters after every backward instead")
     if est.comm_bytes_per_step:
         lines.append("communication per step per GPU: " + ", ".join(
             f"{k} {_bytes(v)} ({est.comm_time_s[k]:.2f} s{', crosses nodes' if est.crosses_nodes.get(k) else ''})"
             for k, v in est.comm_bytes_per_step.items()))
     limits = f"limits of this layout with {est.headroom:.0%} headroom: "
     if est.max_seq_len is None:
-        limits += (f"not even 128 tokens at micro batch {est.micro_batch_size} fit (model states alone: "
-                   f"{mem.params + mem.grads + mem.optimizer:.1f} GiB)")
+        low = est.shortest
+        limits += (f"not even {est.shortest_seq_len} tokens at micro batch {est.micro_batch_size} fit: they need "
+                   f"{_gib_line(low)}" if low is not None else
+                   f"not even the shortest seq_len at micro batch {est.micro_batch_size} fits")
     else:
         limits += (f"seq_len up to {est.max_seq_len:,} at micro batch {est.micro_batch_size}; "
                    + (f"micro batch up to {est.max_micro_batch_size:,}" if est.max_micro_batch_size else

@@ -60,6 +60,8 @@ class _Option:
             out["sequence_parallel"] = True
         if p.activation_checkpointing:
             out["activation_checkpointing"] = p.activation_checkpointing
+        if p.strategy == "fsdp2" and not p.defer_grad_sync:
+            out["defer_fsdp_grad_sync"] = False
         if p.pp > 1:
             out["pipeline"] = {"pp_schedule": (p.pp_schedule or "1F1B").lower(), "pp_microbatch_size": mbs}
         return out
@@ -126,7 +128,7 @@ def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:
 
 
 def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m: ModelSpec, tr: Training,
-               no_ac_gib: float | None) -> list[str]:
+               no_ac_gib: float | None, freed_gib: float | None = None) -> list[str]:
     p = o.p
     out = [f"peak {mem.total:.1f} GiB per GPU of {cluster.gpu.memory_gib:.0f} GiB (model states "
            f"{mem.model_states:.1f}, activations {mem.activations:.1f}, buffers {mem.buffers:.1f}, overhead "
@@ -161,6 +163,13 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
         out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, " + (
             f"experts FSDP-sharded over ep_shard={p.ep_shard}" if p.ep_shard > 1 else
             "expert weights not sharded further (ep_shard=1)"))
+    if freed_gib is not None:
+        out.append(f"defer_fsdp_grad_sync: false: gradients are reduce-scattered after every backward pass, "
+                   f"not held unsharded in fp32 until the step's last ({freed_gib:.1f} GiB with AutoModel's default); "
+                   "needed to fit, at the cost of one reduce-scatter per microbatch")
+    elif mem.deferred_grads:
+        out.append(f"holds {mem.deferred_grads:.1f} GiB of unsharded fp32 gradients across the step's backward "
+                   "passes (defer_fsdp_grad_sync, AutoModel's default); it fits with them")
     if p.activation_checkpointing and no_ac_gib is not None:
         out.append(f"activation checkpointing ({'full' if p.activation_checkpointing is True else 'selective'}): "
                    f"needed to fit (without it: {no_ac_gib:.1f} GiB)")
@@ -214,6 +223,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     scored: list[tuple[float, _Option, MemoryBreakdown, Any]] = []
     oom: list[tuple[float, _Option, MemoryBreakdown]] = []
     no_ac: dict[tuple, float] = {}  # layout (without its AC mode) -> peak GiB without checkpointing
+    held: dict[_Option, float] = {}  # layouts that fit only with defer_fsdp_grad_sync: false -> GiB it frees
     fits_without_ac: set[tuple] = set()
     searched = 0
     for o in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
@@ -234,6 +244,11 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             no_ac[base_key] = mem.total
             if fits:
                 fits_without_ac.add(base_key)
+        if not fits and mem.deferred_grads:  # reduce-scatter after every backward instead of holding fp32 grads
+            eager_mem, _, _ = evaluate(spec, replace(p, defer_grad_sync=False), tr, None)
+            if eager_mem.total <= budget:
+                p = replace(p, defer_grad_sync=False)
+                o, held[replace(o, p=p)], mem, fits = replace(o, p=p), mem.deferred_grads, eager_mem, True
         if fits:  # communication and time only for layouts that fit (and near misses, below)
             comm = estimate_comm(spec, p, tr, layouts[key], cluster)
             scored.append((comm.step_time_s, o, mem, comm))
@@ -265,7 +280,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             memory_gib=mem, comm_bytes_per_step=comm.bytes_per_step, step_time_s=step, mfu=comm.mfu,
             tokens_per_second=tps,
             rationale=_rationale(o, mem, comm, cluster, spec, base_tr, no_ac.get(
-                (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule))),
+                (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule)), held.get(o)),
             findings=[f for f in report.findings if f.severity == "warning"]))
     rejected += _alternatives(spec, world, gpn, cluster, budget, oom, candidates[0].step_time_s if candidates else None,
                               micro_batch_size, strategies)

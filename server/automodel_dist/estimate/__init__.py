@@ -62,6 +62,10 @@ class Estimate(BaseModel):
         "batch; null if none does."))
     max_micro_batch_size: int | None = Field(default=None, description=(
         "Largest micro batch that fits with headroom at this seq_len; null if none does."))
+    shortest_seq_len: int | None = Field(default=None, description=(
+        "When no seq_len fits (max_seq_len null): the shortest one searched (128, or what CP/SP split by)."))
+    shortest: MemoryBreakdown | None = Field(default=None, description=(
+        "The memory at shortest_seq_len: what does not shrink with the sequence."))
     assumed: list[str] = Field(default_factory=list, description=(
         "Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1."))
     findings: list[Finding] = Field(default_factory=list)
@@ -140,6 +144,7 @@ def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int 
         zero_dp_strategy=block.get("zero_dp_strategy", 3) if resolved.strategy == "megatron_fsdp" else 3,
         reshard_after_forward=block.get("reshard_after_forward") if resolved.strategy == "fsdp2" else None,
         moe_reshard_after_forward=bool(moe.get("reshard_after_forward", False)),
+        defer_grad_sync=bool(block.get("defer_fsdp_grad_sync", True)) if resolved.strategy == "fsdp2" else True,
     )
 
 
@@ -147,10 +152,15 @@ MAX_SEARCH_SEQ_LEN = 1 << 21
 MAX_SEARCH_MICRO_BATCH = 4096
 
 
+def seq_len_step(p: Parallelism) -> int:
+    """The seq_len granularity of the limits search: 128 tokens, and a multiple of what CP and SP split by."""
+    return math.lcm(128, 2 * p.cp if p.cp > 1 else 1, p.tp if p.sequence_parallel else 1)
+
+
 def fit_limits(spec: ModelSpec, p: Parallelism, tr: Training, budget_gib: float) -> tuple[int | None, int | None]:
     """The longest seq_len (at ``tr``'s micro batch) and the largest micro batch (at its seq_len) whose peak stays
     within ``budget_gib``: memory grows with both, so each is a binary search over the estimate."""
-    step = math.lcm(128, 2 * p.cp if p.cp > 1 else 1, p.tp if p.sequence_parallel else 1)
+    step = seq_len_step(p)
 
     def largest(fits: Any, top: int) -> int | None:
         if not fits(1):
@@ -243,6 +253,8 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
         grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
         max_seq_len=max_seq, max_micro_batch_size=max_mbs, assumed=assumed,
+        shortest_seq_len=seq_len_step(p) if max_seq is None else None,
+        shortest=memory_per_rank(spec, p, replace(tr, seq_len=seq_len_step(p))) if max_seq is None else None,
         findings=[f for f in report.findings if f.severity != "info"],
     )
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from ..catalog.gpus import GPU
 from ..catalog.models import ModelSpec
 from ..layout import Layout
-from .memory import DTYPE_BYTES, Parallelism, Training, _rank_groups, in_flight_microbatches
+from .memory import DTYPE_BYTES, Parallelism, Training, _rank_groups, in_flight_microbatches, microbatches
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
 MATMUL_EFFICIENCY = 0.55  # achieved / peak bf16 FLOP/s for transformer training kernels
@@ -73,35 +73,33 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
     store = DTYPE_BYTES[tr.storage_dtype]
     gbs = tr.global_batch_size or tr.micro_batch_size * p.dp
     tokens_step = gbs * tr.seq_len
-    if p.pp > 1:
-        n_mb = tr.pp_microbatches or 2 * p.pp
-        grad_acc = max(1, gbs // (p.dp * tr.micro_batch_size * n_mb))
-        mb_per_step = n_mb * grad_acc
-    else:
-        n_mb = 1
-        grad_acc = max(1, gbs // (p.dp * tr.micro_batch_size))
-        mb_per_step = grad_acc
+    n_mb, grad_acc = microbatches(p, tr)
+    mb_per_step = n_mb * grad_acc
     tok_mb = tr.micro_batch_size * tr.seq_len / p.cp  # local tokens per microbatch
     g = _rank_groups(m, p, 0)
     n_layers = g.n_layers
     h = m.hidden_size
     out: dict[str, float] = {}
 
-    # data parallel: parameters gathered (per microbatch unless kept unsharded), gradients reduced once
+    # data parallel: parameters gathered in each forward and, once resharded, again in backward; gradients
+    # reduce-scattered once per step when the sync is deferred, else after every backward
     if p.strategy == "ddp":
         out["dp"] = _ar(p.dp, (g.dense + g.experts) * store)
     else:
         shard = p.dp_shard * p.cp if p.strategy == "fsdp2" else p.dp * p.cp
-        keep = p.reshard_after_forward is False or (p.reshard_after_forward is None and p.pp > 1)
-        gathers = 1 if keep else 2 * mb_per_step  # forward + backward re-gather per microbatch
+        deferred = p.deferred_sync(mb_per_step)
+        if deferred and p.pp > 1:  # backward leaves blocks gathered: a forward after it finds them, until the end
+            gathers = grad_acc * (n_mb + 1 if p.blocks_reshard else 1)  # ~ one gather per backward, + the first
+        else:  # gathered in each forward, and again in backward when the forward resharded them
+            gathers = mb_per_step * (2 if p.blocks_reshard else 1)
+        reduces = 1 if deferred or p.strategy != "fsdp2" else mb_per_step
         dense = g.dense
         key = "dp_shard_cp" if p.strategy == "fsdp2" else "dp_cp"
-        out[key] = _ag(shard, dense * comp) * gathers + _ag(shard, dense * 4.0)
+        out[key] = _ag(shard, dense * comp) * gathers + _ag(shard, dense * 4.0) * reduces
         if p.strategy == "fsdp2" and p.dp_replicate > 1:
-            out["dp_replicate"] = _ar(p.dp_replicate, dense / shard * 4.0)
+            out["dp_replicate"] = _ar(p.dp_replicate, dense / shard * 4.0) * reduces
         if g.experts and p.ep_shard > 1:
-            out["ep_shard"] = _ag(p.ep_shard, g.experts * comp) * (1 if not p.moe_reshard_after_forward else
-                                                                    2 * mb_per_step) + _ag(p.ep_shard, g.experts * 4)
+            out["ep_shard"] = _ag(p.ep_shard, g.experts * comp) * gathers + _ag(p.ep_shard, g.experts * 4) * reduces
     per_mb_act = tok_mb * h * comp
     recompute = 1 if p.activation_checkpointing is True else 0
     if p.tp > 1:  # two all-reduces per layer forward (attention, MLP) and two in backward

@@ -44,6 +44,17 @@ FRAGMENTATION = 0.08  # allocator fragmentation margin, fraction of the tracked 
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, NCCL/gloo workspaces, kernels (per GPU)
 
 
+def block_reshard(reshard_after_forward: bool | None, moe_reshard_after_forward: bool, ep: int) -> bool | None:
+    """``reshard_after_forward`` of the FSDP2 blocks as AutoModel 0.7.0 wraps them; None for its dense default
+    (every block but the last reshards). With ep_size > 1 its MoE parallelizer gives every block and the EP-sharded
+    experts ``reshard_after_forward``, else ``moe.reshard_after_forward`` (default false). Its dense path's "keep
+    blocks gathered under PP" default never engages (it looks for a ``pp`` dim in the data-parallel mesh, which has
+    none), so PP changes nothing here."""
+    if reshard_after_forward is not None:
+        return reshard_after_forward
+    return moe_reshard_after_forward if ep > 1 else None
+
+
 @dataclass(frozen=True)
 class Parallelism:
     """Resolved sizes of one layout (what ``Resolved`` holds, with the strategy options used here)."""
@@ -60,8 +71,24 @@ class Parallelism:
     activation_checkpointing: bool | str = False
     pp_schedule: str | None = None
     zero_dp_strategy: int = 3  # megatron_fsdp
-    reshard_after_forward: bool | None = None  # FSDP2 blocks; None = AutoModel's heuristic (not under PP)
+    reshard_after_forward: bool | None = None  # distributed.reshard_after_forward (FSDP2); None = AutoModel's default
     moe_reshard_after_forward: bool = False  # moe.reshard_after_forward (AutoModel default False)
+    defer_grad_sync: bool = True  # distributed.defer_fsdp_grad_sync (FSDP2; AutoModel default True)
+
+    @property
+    def blocks_reshard(self) -> bool:
+        """Whether FSDP2 reshards the transformer blocks (and EP-sharded experts) after forward (see
+        :func:`block_reshard`; the dense default leaves only the last block gathered)."""
+        chosen = block_reshard(self.reshard_after_forward, self.moe_reshard_after_forward, self.ep)
+        return True if chosen is None else chosen
+
+    def deferred_sync(self, backward_passes: int) -> bool:
+        """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step (AutoModel's
+        ``defer_fsdp_grad_sync``, default true): with gradient accumulation, and always under PP (torch's pipeline
+        stages run every backward without sync and reduce once at the end). FSDP then keeps every block's
+        gradients unsharded, upcast to the reduce dtype (fp32), until that last reduce-scatter; under PP the
+        blocks' parameters also stay gathered after each backward."""
+        return self.strategy == "fsdp2" and self.defer_grad_sync and (self.pp > 1 or backward_passes > 1)
 
     @property
     def dp_shard(self) -> int:
@@ -110,6 +137,10 @@ class MemoryBreakdown(BaseModel):
     worst_pp_rank: int = 0
     peak_phase: str = Field(default="", description="start-of-backward, in-backward (a block's gradients and the "
                                                     "next block's gather) or end-of-backward.")
+    deferred_grads: float = Field(default=0.0, description=(
+        "Part of buffers: the unsharded fp32 gradients FSDP2 holds across the backward passes of a step when "
+        "defer_fsdp_grad_sync is true (AutoModel's default) and a step has several (gradient accumulation) or runs "
+        "under PP; defer_fsdp_grad_sync: false reduce-scatters after every backward instead."))
 
 
 @dataclass
@@ -305,6 +336,16 @@ def in_flight_microbatches(p: Parallelism, n_mb: int, pp_rank: int = 0) -> float
     return min(n_mb * v, warm) / v
 
 
+def microbatches(p: Parallelism, tr: Training) -> tuple[int, int]:
+    """(pipeline microbatches per batch, gradient-accumulation steps) of one optimizer step on a rank; their product
+    is the number of backward passes."""
+    gbs = tr.global_batch_size or tr.micro_batch_size * p.dp
+    if p.pp > 1:
+        n_mb = tr.pp_microbatches or 2 * p.pp
+        return n_mb, max(1, gbs // (p.dp * tr.micro_batch_size * n_mb))
+    return 1, max(1, gbs // (p.dp * tr.micro_batch_size))
+
+
 def memory_per_rank(m: ModelSpec, p: Parallelism, tr: Training) -> MemoryBreakdown:
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
     # The first ranks hold the most in-flight microbatches and the embedding, the last the lm_head and
@@ -324,7 +365,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     grads = dense / sg * store + experts / se * store
     optimizer = tr.optimizer_states * (dense / so + experts / se) * store
     tokens = tr.micro_batch_size * tr.seq_len / p.cp
-    n_mb = tr.pp_microbatches or 2 * p.pp
+    n_mb, grad_acc = microbatches(p, tr)
     inflight = in_flight_microbatches(p, n_mb, pp_rank)
     saved = 0.0
     recompute = 0.0
@@ -347,12 +388,17 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     # blocks that do not reshard after forward (all of them under PP, by AutoModel's default) stay too,
     # and so do the experts with moe.reshard_after_forward false (AutoModel's default).
     sharded = p.strategy != "ddp" and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
-    keep_blocks = p.reshard_after_forward is False or (p.reshard_after_forward is None and p.pp > 1)
+    deferred = sharded and p.deferred_sync(n_mb * grad_acc)
+    # Under PP a deferred backward leaves its blocks gathered (reshard_after_backward false) until their next forward.
+    keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     unsharded = (g.root + (g.dense_layers if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
     if sharded and g.experts and p.ep_shard > 1:
-        unsharded += (g.layer_experts if p.moe_reshard_after_forward else g.experts) * comp
+        unsharded += (g.experts if keep_blocks else g.layer_experts) * comp
+    # Deferred sync: every FSDP-managed gradient on this rank, unsharded and fp32 (the reduce dtype), held from the
+    # first backward of a step to the last one's reduce-scatter.
+    held_grads = (g.dense + (g.experts if p.ep_shard > 1 else 0.0)) * 4.0 if deferred else 0.0
     p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
-    start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p
+    start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p + held_grads
     # At the end of the last block's backward (the loss temporaries and that block's activations are gone):
     # its unsharded gradients in the compute dtype and their fp32 copy for the reduce-scatter, plus the next
     # block's prefetched all-gather (experts stay gathered unless moe.reshard_after_forward), while every
@@ -362,14 +408,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     if sharded:
         gather = 0.0 if keep_blocks else comp
         exp = g.layer_experts if p.ep_shard > 1 else 0.0
-        grads_now = g.layer_dense * (comp + 4.0 + gather) + exp * (comp + 4.0 + (comp if p.moe_reshard_after_forward
-                                                                                   else 0.0))
-        mid_bw = unsharded + acts - last_block * tokens + recompute * tokens + p2p + grads_now
+        grads_now = (g.layer_dense + exp) * (comp + 4.0 + gather)
+        mid_bw = unsharded + acts - last_block * tokens + recompute * tokens + p2p + grads_now + held_grads
     # End of backward: layer grads are sharded, the root's unsharded grads (reduce dtype, fp32) and the
     # embedding backward's temporaries are alive before the root's reduce-scatter.
     if sharded:
         layer_grads = (dense - g.root) / sg * store + experts / se * store
-        end_bw = layer_grads + g.lm_head * 4.0 + 2 * g.embed * 4.0
+        end_bw = layer_grads + g.lm_head * 4.0 + 2 * g.embed * 4.0 + held_grads
     else:
         end_bw = grads
     tracked_states = params + optimizer
@@ -386,7 +431,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     return dict(params=float(params), grads=float(grads), optimizer=float(optimizer), activations=float(activations),
                 buffers=float(max(buffers, 0.0)), overhead=float(overhead), total=float(total),
                 model_states=float(params + grads + optimizer), tracked_peak=float(tracked), worst_pp_rank=pp_rank,
-                peak_phase=phase)
+                peak_phase=phase, deferred_grads=float(held_grads))
 
 
 def activation_formula_korthikanti(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,

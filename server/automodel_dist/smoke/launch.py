@@ -252,6 +252,8 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
         "sequence_parallel": bool(r.sequence_parallel),
         "activation_checkpointing": r.activation_checkpointing or False,
         "reshard_after_forward": block.get("reshard_after_forward") if r.strategy == "fsdp2" else None,
+        "moe_reshard_after_forward": bool((block.get("moe") if isinstance(block.get("moe"), dict) else {})
+                                          .get("reshard_after_forward", False)),
         "mp_policy": mp,
         "ddp": {k: block.get(k) for k in ("broadcast_buffers", "find_unused_parameters", "static_graph",
                                           "bucket_cap_mb", "gradient_as_bucket_view")} if r.strategy == "ddp" else {},

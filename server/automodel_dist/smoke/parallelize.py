@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..estimate.memory import block_reshard
 from ..layout import Layout
 from .tiny_models import MoE, TinyLM
 
@@ -161,9 +162,11 @@ def apply_ac(model: TinyLM, mode: bool | str) -> None:
 
 
 # --------------------------------------------------------------------------- FSDP2 / DDP
-def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, reshard: bool | None, pp: bool,
-               expert_mesh: DeviceMesh | None = None) -> None:
-    """fully_shard each block, then the root, on AutoModel's data-parallel mesh (HSDP when 2-D).
+def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, reshard: bool | None,
+               moe_reshard: bool = False, ep: int = 1, expert_mesh: DeviceMesh | None = None) -> None:
+    """fully_shard each block, then the root, on AutoModel's data-parallel mesh (HSDP when 2-D), resharding after
+    forward as AutoModel 0.7.0 does (``block_reshard``: with EP every block and the experts follow
+    ``reshard``/``moe_reshard``, else every block but the last reshards; PP changes nothing).
 
     With EP the experts are sharded on ep_shard first (their own FSDP unit, averaging over
     ep_shard); ``scale_expert_grads`` then completes the 1/(dp*cp*tp) average.
@@ -171,15 +174,16 @@ def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, re
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(**_mp(mp)) if mp else MixedPrecisionPolicy()
+    chosen = block_reshard(reshard, moe_reshard, ep)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
+        rfa = chosen if chosen is not None else i < len(blocks) - 1
         if expert_mesh is not None:
             for sub in block.modules():
                 if isinstance(sub, MoE):  # dim 1, as AutoModel's _moe_shard_placement: shards may outnumber experts
-                    fully_shard(sub.experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=False,
+                    fully_shard(sub.experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=rfa,
                                 shard_placement_fn=_expert_placement)
-        default = False if pp else i < len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=default if reshard is None else reshard)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=rfa)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 

@@ -167,7 +167,8 @@ def run(spec: dict[str, Any], t_start: float = T_START,
         par.apply_ac(m, spec.get("activation_checkpointing") or False)
         if layout.strategy == "fsdp2":
             par.apply_fsdp(m, meshes.fsdp, mp=spec.get("mp_policy"), reshard=spec.get("reshard_after_forward"),
-                           pp=pp > 1, expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
+                           moe_reshard=bool(spec.get("moe_reshard_after_forward")), ep=ep,
+                           expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
         elif layout.strategy == "ddp":
             m = par.apply_ddp(m, spec.get("ddp") or {}, device)
         parts.append((sid, m))

@@ -1,0 +1,77 @@
+"""torchrun worker for test_estimate: what an FSDP2 pipeline stage holds between microbatches (4 gloo ranks, pp=2 x dp=2).
+
+Three FSDP2 blocks (bf16 compute, fp32 reduce: AutoModel's mixed precision), the first two resharding after forward,
+run by torch's own Schedule1F1B over 4 microbatches. Before each forward it records the bytes of unsharded accumulated
+gradients and of gathered parameters the stage holds; rank 0 and rank 2 (one per stage) print them as JSON.
+MODES (comma-separated): torch = torch's stage backward (AutoModel's default), automodel-defer /
+automodel-eager = AutoModel 0.7.0's patched one with defer_fsdp_grad_sync true / false.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+H = 64
+
+
+def held(blocks: nn.Module) -> tuple[int, int]:
+    grads = gathered = 0
+    for m in blocks.modules():
+        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        group = state._fsdp_param_group if state is not None else None
+        for p in group.fsdp_params if group is not None else ():
+            if p.unsharded_accumulated_grad is not None:
+                grads += p.unsharded_accumulated_grad.numel() * p.unsharded_accumulated_grad.element_size()
+            unsharded = getattr(p, "_unsharded_param", None)
+            if unsharded is not None:
+                gathered += unsharded.untyped_storage().size()
+    return grads, gathered
+
+
+def run(mode: str, mesh) -> dict:
+    stage_index = mesh["pp"].get_local_rank()
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Linear(H, H) for _ in range(3)])
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=i < 2)
+    fully_shard(blocks, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
+    log: list[tuple[int, int]] = []
+    blocks[0].register_forward_pre_hook(lambda *_: log.append(held(blocks)))
+    stage = PipelineStage(blocks, stage_index=stage_index, num_stages=2, device=torch.device("cpu"),
+                          group=mesh["pp"].get_group())
+    if mode != "torch":  # AutoModel 0.7.0's own stage backward, installed as its pipeline_model does
+        from nemo_automodel.components.moe.fsdp_mixin import patched_backward_maybe_with_nosync
+
+        stage.backward_maybe_with_nosync = types.MethodType(patched_backward_maybe_with_nosync, stage)
+        stage._reduce_grad_per_microbatch = mode == "automodel-eager"  # = not defer_fsdp_grad_sync
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=lambda out, target: ((out.float() - target) ** 2).mean())
+    x, y = torch.randn(8, H), torch.randn(8, H)
+    schedule.step(x) if stage_index == 0 else schedule.step(target=y)
+    log.append(held(blocks))
+    full = sum(p.numel() for p in blocks.parameters())  # DTensors: the global (unsharded) element count
+    return {"mode": mode, "stage": stage_index, "elements": full, "held": log}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    for mode in os.environ.get("MODES", "torch").split(","):
+        result = run(mode, mesh)
+        if dist.get_rank() in (0, 2):
+            print("RESULT " + json.dumps(result), flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

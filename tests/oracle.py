@@ -439,3 +439,20 @@ def raised_messages(relpath: str, filler: str = "8") -> list[str]:
             if message is not None:
                 out.append(f"{name}: {message}")
     return out
+
+
+def block_reshards(block: dict[str, Any], world_size: int, n_blocks: int = 4) -> list[bool]:
+    """Whether AutoModel 0.7.0's own dense FSDP2 wrapping (``apply_fsdp2_sharding_recursively`` on the
+    data-parallel mesh ``get_fsdp_dp_mesh`` gives it, as its parallelizer calls them) reshards each of
+    ``n_blocks`` blocks after forward, for ``{"distributed": block}`` at ``world_size``."""
+    from nemo_automodel.components.distributed.mesh_utils import get_fsdp_dp_mesh
+    from nemo_automodel.components.distributed.parallelizer import apply_fsdp2_sharding_recursively
+    from torch import nn
+
+    with _fake_world(world_size):
+        setup = _setup(block, world_size)
+        dp_mesh = get_fsdp_dp_mesh(setup.mesh_context.device_mesh, "dp_replicate", "dp_shard_cp")
+        layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(n_blocks)])
+        apply_fsdp2_sharding_recursively(layers, dp_mesh, None,
+                                         reshard_after_forward=setup.strategy_config.reshard_after_forward)
+        return [layer._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None for layer in layers]

@@ -566,3 +566,19 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
             assert held[-2] == [0, block]
         else:  # the fourth microbatch's forward comes after at least one backward on both stages
             assert held[-2] == [n * 4, n * 2]  # all gradients unsharded in fp32, all blocks gathered in bf16
+
+
+@pytest.mark.parametrize("block", [
+    {"pp_size": 2, "pipeline": {}}, {"pp_size": 2, "cp_size": 2, "dp_replicate_size": 2, "pipeline": {}}, {},
+    {"pp_size": 2, "pipeline": {}, "reshard_after_forward": False}, {"reshard_after_forward": True}])
+def test_block_resharding_is_automodels_own(block):
+    """The estimate's and the smoke runner's block_reshard against AutoModel 0.7.0's own wrapping on its own meshes:
+    blocks reshard after forward but the last, PP included (its keep-gathered-under-PP branch looks for a pp dim in
+    the data-parallel mesh, which has none), unless reshard_after_forward says otherwise."""
+    import oracle
+
+    from automodel_dist.estimate.memory import block_reshard
+
+    theirs = oracle.block_reshards(block, 16)
+    chosen = block_reshard(block.get("reshard_after_forward"), False, 1)
+    assert theirs == ([i < 3 for i in range(4)] if chosen is None else [chosen] * 4)

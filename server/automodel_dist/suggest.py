@@ -33,6 +33,7 @@ from .estimate import (
     recipe_training,
 )
 from .estimate.comm import estimate_comm
+from .estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
 from .layout import Layout, StageError, ep_shard_size, virtual_stages
 from .render import flow
 from .rules.helpers import divisors
@@ -114,6 +115,12 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                                         strategy=strategy, dp=dp, dp_replicate=rep, tp=tp, pp=pp, cp=cp, ep=ep,
                                         ep_shard=ep_shard, sequence_parallel=tp > 1 and strategy == "fsdp2",
                                         activation_checkpointing=ac, pp_schedule=sched), n_mb)
+
+
+def _may_fit_eagerly(mem: MemoryBreakdown, budget: float) -> bool:
+    """False when the layout cannot fit even without deferred gradient sync: that keeps the parameters, the
+    optimizer states and (at the same peak moment) the activations, plus the overhead on them."""
+    return (mem.params + mem.optimizer + mem.activations) * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB <= budget
 
 
 def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:
@@ -226,6 +233,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     held: dict[_Option, float] = {}  # layouts that fit only with defer_fsdp_grad_sync: false -> GiB it frees
     fits_without_ac: set[tuple] = set()
     searched = 0
+    trainings: dict[int | None, Training] = {}  # one per microbatch count (replace() is slow)
     for o in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
                       strategies):
         p = o.p
@@ -233,7 +241,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
         if p.activation_checkpointing and base_key in fits_without_ac:
             continue  # checkpointing only adds recompute once the layout already fits
         searched += 1
-        tr = replace(base_tr, pp_microbatches=o.n_mb)
+        tr = trainings.get(o.n_mb) or trainings.setdefault(o.n_mb, replace(base_tr, pp_microbatches=o.n_mb))
         key = (p.strategy, p.tp, p.pp, p.cp, p.ep, p.dp_replicate)
         if key not in layouts:
             layouts[key] = Layout.build(p.strategy, world_size=world, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
@@ -244,7 +252,8 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             no_ac[base_key] = mem.total
             if fits:
                 fits_without_ac.add(base_key)
-        if not fits and mem.deferred_grads:  # reduce-scatter after every backward instead of holding fp32 grads
+        if not fits and mem.deferred_grads and _may_fit_eagerly(mem, budget):
+            # reduce-scatter after every backward instead of holding fp32 grads
             eager_mem, _, _ = evaluate(spec, replace(p, defer_grad_sync=False), tr, None)
             if eager_mem.total <= budget:
                 p = replace(p, defer_grad_sync=False)

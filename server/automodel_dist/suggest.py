@@ -254,10 +254,12 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
                 fits_without_ac.add(base_key)
         if not fits and mem.deferred_grads and _may_fit_eagerly(mem, budget):
             # reduce-scatter after every backward instead of holding fp32 grads
-            eager_mem, _, _ = evaluate(spec, replace(p, defer_grad_sync=False), tr, None)
+            eager = replace(p, defer_grad_sync=False)
+            eager_mem, _, _ = evaluate(spec, eager, tr, None)
             if eager_mem.total <= budget:
-                p = replace(p, defer_grad_sync=False)
-                o, held[replace(o, p=p)], mem, fits = replace(o, p=p), mem.deferred_grads, eager_mem, True
+                o, p = replace(o, p=eager), eager
+                held[o] = mem.deferred_grads
+                mem, fits = eager_mem, True
         if fits:  # communication and time only for layouts that fit (and near misses, below)
             comm = estimate_comm(spec, p, tr, layouts[key], cluster)
             scored.append((comm.step_time_s, o, mem, comm))

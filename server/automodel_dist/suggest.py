@@ -33,7 +33,7 @@ from .estimate import (
     recipe_training,
 )
 from .estimate.comm import estimate_comm
-from .estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION
+from .estimate.memory import GIB, overhead_bytes
 from .layout import Layout, StageError, ep_shard_size, virtual_stages
 from .render import flow
 from .rules.helpers import divisors
@@ -120,7 +120,8 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
 def _may_fit_eagerly(mem: MemoryBreakdown, budget: float) -> bool:
     """False when the layout cannot fit even without deferred gradient sync: that keeps the parameters, the
     optimizer states and (at the same peak moment) the activations, plus the overhead on them."""
-    return (mem.params + mem.optimizer + mem.activations) * (1 + FRAGMENTATION) + CUDA_CONTEXT_GIB <= budget
+    kept = (mem.params + mem.optimizer + mem.activations) * GIB
+    return (kept + overhead_bytes(kept)) / GIB <= budget
 
 
 def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:

@@ -244,6 +244,7 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     mem, comm, fits = evaluate(spec, p, tr, cluster, layout=ctx.layout, headroom=headroom)
     assert comm is not None
     max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
+    shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
         model=spec.name, world_size=report.world_size, layout=r, gpu=cluster.gpu.name,
         gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps, inter_gbps=cluster.inter_gbps,
@@ -253,8 +254,8 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
         grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
         max_seq_len=max_seq, max_micro_batch_size=max_mbs, assumed=assumed,
-        shortest_seq_len=seq_len_step(p) if max_seq is None else None,
-        shortest=memory_per_rank(spec, p, replace(tr, seq_len=seq_len_step(p))) if max_seq is None else None,
+        shortest_seq_len=shortest,
+        shortest=memory_per_rank(spec, p, replace(tr, seq_len=shortest)) if shortest is not None else None,
         findings=[f for f in report.findings if f.severity != "info"],
     )
 

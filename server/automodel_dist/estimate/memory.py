@@ -336,6 +336,11 @@ def in_flight_microbatches(p: Parallelism, n_mb: int, pp_rank: int = 0) -> float
     return min(n_mb * v, warm) / v
 
 
+def overhead_bytes(tracked: float) -> float:
+    """CUDA context, NCCL workspaces and allocator fragmentation on top of ``tracked`` bytes."""
+    return CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
+
+
 def microbatches(p: Parallelism, tr: Training) -> tuple[int, int]:
     """(pipeline microbatches per batch, gradient-accumulation steps) of one optimizer step on a rank; their product
     is the number of backward passes."""
@@ -424,7 +429,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
     if end_bw > transient:
         phase, transient = "end-of-backward", end_bw
     tracked = tracked_states + transient
-    overhead = CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
+    overhead = overhead_bytes(tracked)
     buffers = transient - grads if phase == "end-of-backward" else transient - acts
     activations = 0.0 if phase == "end-of-backward" else acts
     total = tracked + overhead

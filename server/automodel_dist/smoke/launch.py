@@ -30,6 +30,7 @@ from typing import Any
 
 from ..api import ConfigInput, _split, load_config, validate_config
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
+from ..estimate import parallelism_from
 from ..explain import explain_error
 from ..layout import Layout
 from ..report import Finding
@@ -244,6 +245,7 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
             base["notes"].append(_MOE_ROUNDING + ", so a bf16 run can fail parity on rounding alone (--precision "
                                  "auto checks this layout in fp32)")
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
+    options = parallelism_from(r, block)  # the FSDP2 options, read as the estimate reads them
     spec = {
         "world_size": world_size,
         "spec_id": uuid.uuid4().hex,  # each rank echoes it: results of another spec in the same directory are stale
@@ -251,9 +253,8 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
         "sizes": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": r.dp, "dp_replicate": r.dp_replicate or 1},
         "sequence_parallel": bool(r.sequence_parallel),
         "activation_checkpointing": r.activation_checkpointing or False,
-        "reshard_after_forward": block.get("reshard_after_forward") if r.strategy == "fsdp2" else None,
-        "moe_reshard_after_forward": bool((block.get("moe") if isinstance(block.get("moe"), dict) else {})
-                                          .get("reshard_after_forward", False)),
+        "reshard_after_forward": options.reshard_after_forward,
+        "moe_reshard_after_forward": options.moe_reshard_after_forward,
         "mp_policy": mp,
         "ddp": {k: block.get(k) for k in ("broadcast_buffers", "find_unused_parameters", "static_graph",
                                           "bucket_cap_mb", "gradient_as_bucket_view")} if r.strategy == "ddp" else {},

@@ -312,6 +312,28 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+def _moe_recipe_runs_at_8(out: str) -> None:
+    """`smoke recipe.yaml` on the MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8 can."""
+    assert out.startswith("PASSED") and "on 8 ranks" in out
+    assert "note: world_size 8: the smallest number of processes this layout is valid on (4, the default, is not)" in out
+
+
+def _smoke_json_passes_with_ep2(out: str) -> None:
+    report = json.loads(out)
+    assert report["passed"] and report["world_size"] == 4 and report["layout"]["ep"] == 2
+
+
+EXPECTED_OUTPUT = {
+    "automodel-dist smoke tests/examples/qwen3_moe_30b_te_chat_thd.yaml --quiet": _moe_recipe_runs_at_8,
+    "automodel-dist smoke --world-size 4 --ep 2 --model tiny-moe --json": _smoke_json_passes_with_ep2,
+}
+"""What a README command must print besides exiting 0 (each is the only run of its case in the default suite)."""
+
+
+def test_expected_outputs_are_readme_commands() -> None:
+    assert set(EXPECTED_OUTPUT) <= set(README_COMMANDS)
+
+
 @pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" not in c])
 def test_readme_command_runs(cmd: str) -> None:
     argv = shlex.split(cmd)
@@ -320,6 +342,8 @@ def test_readme_command_runs(cmd: str) -> None:
                           text=True, timeout=300)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr
+    if cmd in EXPECTED_OUTPUT:
+        EXPECTED_OUTPUT[cmd](proc.stdout)
 
 
 @pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" in c])

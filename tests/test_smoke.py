@@ -237,14 +237,14 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     from automodel_dist.smoke import export_smoke_test, judge_smoke_test
 
     out = tmp_path / "run"
-    exported = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
-    assert exported.spec_file == str(out / "spec.json") and "--nproc-per-node 4" in exported.command
+    exported = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32")
+    assert exported.spec_file == str(out / "spec.json") and "--nproc-per-node 2" in exported.command
     assert exported.judge_command == f"automodel-dist smoke --judge {out}"
     from automodel_dist.render import smoke_text
 
-    local = run_smoke_test(world_size=4, tp=2, precision="fp32")  # its reproduce line gives a working export
+    local = run_smoke_test(world_size=2, tp=2, precision="fp32")  # its reproduce line gives a working export
     assert_passed(local)
-    assert (f"reproduce: add `--export DIR --world-size 4` to this command (it prints the torchrun/srun lines for a "
+    assert (f"reproduce: add `--export DIR --world-size 2` to this command (it prints the torchrun/srun lines for a "
             f"cluster too), run `{exported.command}` in DIR, then `automodel-dist smoke --judge DIR`"
             ) in smoke_text(local)
     assert "--nnodes $SLURM_NNODES" in exported.srun_command
@@ -252,7 +252,7 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     report = judge_smoke_test(out)
     assert_passed(report.model_copy(update={"command": "OMP_NUM_THREADS=1 torchrun --standalone"}))
-    assert report.launcher == "external" and report.world_size == 4 and report.layout.tp == 2
+    assert report.launcher == "external" and report.world_size == 2 and report.layout.tp == 2
     assert report.ranks[1].groups["tp"] == [0, 1] and report.timing.launch_s is None
     cli = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--judge", str(out), "--json"],
                          capture_output=True, text=True, timeout=60)
@@ -263,10 +263,10 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
         judge_smoke_test(out)
     (out / "rank0.json").write_text(good)
     (out / "notes.txt").write_text("mine")
-    again = export_smoke_test(None, out, world_size=4, tp=2, precision="fp32")
-    assert len(list(out.glob("rank*.json"))) == 4 and (out / "notes.txt").read_text() == "mine"  # nothing removed
+    again = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32")
+    assert len(list(out.glob("rank*.json"))) == 2 and (out / "notes.txt").read_text() == "mine"  # nothing removed
     missing = judge_smoke_test(out)  # the first spec's results are not this spec's
-    assert not missing.passed and missing.failed_ranks == [0, 1, 2, 3] and "left no result" in missing.reason
+    assert not missing.passed and missing.failed_ranks == [0, 1] and "left no result" in missing.reason
     assert {r.state for r in missing.ranks} == {"not_started"} and again.spec_file == exported.spec_file
 
 
@@ -277,7 +277,10 @@ def test_exported_run_launched_with_the_wrong_world_size_says_so(tmp_path):
     assert run_exported(exported, nproc=2).returncode != 0
     report = judge_smoke_test(tmp_path)
     assert not report.passed and "this spec is for 4 ranks, but the launcher started 2" in report.reason
-    assert [r.state for r in report.ranks] == ["failed", "failed", "not_started", "not_started"]
+    states = [r.state for r in report.ranks]
+    # both started ranks refuse the spec; the launcher may stop one before it gets there once the other has failed
+    assert "failed" in states[:2] and set(states[:2]) <= {"failed", "terminated"}, states
+    assert states[2:] == ["not_started", "not_started"]
 
 
 def test_a_failed_cluster_run_is_judged_with_the_known_cause(tmp_path):
@@ -446,11 +449,7 @@ def test_usage_errors(kwargs):
 
 
 def test_cli_smoke_json_and_exit_codes(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--tp", "2",
-                          "--precision", "fp32", "--json"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    assert report["passed"] and report["layout"]["tp"] == 2
+    """Exit codes 2 (usage) and 1 (failed run); a passing `--json` run (0) is the README's, checked in test_docs."""
     bad = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2",
                           "--fault", "oops"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--fault must look like" in bad.stderr
@@ -587,6 +586,7 @@ def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
         assert prec == "bf16" and "rounding" not in notes and "fp32" not in notes, notes
 
 
+@pytest.mark.slow  # the README's `smoke tests/examples/qwen3_moe_30b_te_chat_thd.yaml` checks the same in test_docs
 def test_a_moe_recipe_runs_at_its_smallest_world_without_options():
     """`smoke recipe.yaml` on an MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8 can."""
     report = run_smoke_test(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml")

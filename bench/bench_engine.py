@@ -8,7 +8,7 @@
    return (a pydantic ValidationReport with its Resolved sizes, no findings): the ratio we would reach if
    the context, every check and the size resolution were free. Below 100x, no validate_config with this
    API reaches the goal on that config.
-   The three are sampled in turn (so a shared machine's drift hits all alike), sub-millisecond calls in
+   The four are sampled in turn (so a shared machine's drift hits all alike), sub-millisecond calls in
    batches of >= 5 ms, with the imported modules frozen out of the garbage collector.
 2. build_mesh layout + one rank's groups at 16,384 and 131,072 ranks vs torch ``init_device_mesh`` on a
    fake process group of that size. Goal: <= 200 ms at 16,384.

@@ -1,0 +1,74 @@
+"""The JSON every surface returns for the project's own configs, recorded so a refactor can prove it changed nothing.
+
+``python tests/golden.py --write`` records ``tests/golden/outputs.json``; ``tests/test_golden.py`` recomputes every
+case and compares. A change in behaviour that is intended re-records the file in the same commit, so its diff shows
+exactly which outputs changed.
+
+Cases: the recipes under ``tests/examples`` and ``tests/calibration/recipes`` (validate at their own ``ci:`` world and
+at 8 and 64 ranks, build_mesh, estimate_memory and suggest_strategy where they apply), every rule case of
+``tests/test_rules.py`` and every YAML block of the docs (validate_config).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "golden" / "outputs.json"
+RECIPES = sorted((ROOT / "tests" / "examples").glob("*.yaml")) + sorted(
+    (ROOT / "tests" / "calibration" / "recipes").glob("*.yaml")
+)
+
+
+def _dump(value: Any) -> Any:
+    return json.loads(value.model_dump_json())
+
+
+def _guard(fn: Callable[[], Any]) -> Any:
+    """The JSON of a call, or the error it raised (the error is part of the behaviour)."""
+    try:
+        return _dump(fn())
+    except ValueError as exc:  # ConfigError included
+        return {"raised": type(exc).__name__, "message": str(exc)}
+
+
+def cases() -> Iterator[tuple[str, Callable[[], Any]]]:
+    from automodel_dist import build_mesh, estimate_memory, suggest_strategy, validate_config
+
+    for path in RECIPES:
+        name = f"{path.parent.name}/{path.name}"
+        yield f"validate:{name}", lambda p=path: _guard(lambda: validate_config(p))
+        for world in (8, 64):
+            yield f"validate:{name}@{world}", lambda p=path, w=world: _guard(lambda: validate_config(p, world_size=w))
+        yield f"mesh:{name}", lambda p=path: _guard(lambda: build_mesh(p, ranks=[0], gpus_per_node=8))
+        yield f"mesh:{name}@64", lambda p=path: _guard(lambda: build_mesh(p, ranks=[0, 63], world_size=64, gpus_per_node=8))
+        yield f"estimate:{name}", lambda p=path: _guard(lambda: estimate_memory(p))
+        yield f"estimate:{name}@64", lambda p=path: _guard(lambda: estimate_memory(p, world_size=64, gpus_per_node=8))
+        yield f"suggest:{name}", lambda p=path: _guard(lambda: suggest_strategy(config=p, top_k=3))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_rules
+
+    for param in test_rules.CASES:
+        text, kwargs = param.values[0], param.values[1]
+        yield f"rule:{param.id}", lambda t=text, k=kwargs: _guard(lambda: validate_config(t, **k))
+    import test_docs
+
+    for block in test_docs.YAML_BLOCKS:
+        kwargs = test_docs._kwargs(block.check)
+        yield f"doc:{block.where}", lambda b=block, k=kwargs: _guard(lambda: validate_config(b.text, **k))
+
+
+def compute() -> dict[str, Any]:
+    return {name: fn() for name, fn in cases()}
+
+
+if __name__ == "__main__":
+    if "--write" not in sys.argv:
+        sys.exit("usage: python tests/golden.py --write")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps(compute(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {OUT}")

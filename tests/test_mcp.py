@@ -295,7 +295,7 @@ INSPECTOR = ["npx", "-y", "-p", "node@22", "-p", "@modelcontextprotocol/inspecto
 @pytest.mark.node
 @pytest.mark.skipif(shutil.which("npx") is None, reason="Node.js (npx) is not installed")
 def test_mcp_inspector_cli_lists_and_calls_tools():
-    server = [sys.executable, "-m", "automodel_dist.mcp_stdio"]  # what automodel-dist-mcp runs (the relay)
+    server = [sys.executable, "-m", "automodel_dist.mcp_server"]  # what automodel-dist-mcp runs
     env = dict(os.environ, npm_config_loglevel="error")
     listed = subprocess.run(INSPECTOR + server + ["--method", "tools/list"], capture_output=True, text=True,
                             timeout=600, env=env)

@@ -84,12 +84,12 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
     assert bare.returncode == 2 and str(skill) in bare.stderr, bare.stderr
 
     # the installed copy of the MCP server itself starts and answers (its own code, not this checkout's),
-    # through the stdio relay agents spawn (automodel-dist-mcp) with the installed copy's recording
+    # as agents spawn it over stdio
     from mcp import Client, StdioServerParameters
 
     async def main() -> tuple[list[str], bool]:
-        relay = f'exec "{sys.executable}" -m automodel_dist.mcp_stdio 2>"{errlog}"'
-        params = StdioServerParameters(command="/bin/sh", args=["-c", relay],
+        server = f'exec "{sys.executable}" -m automodel_dist.mcp_server 2>"{errlog}"'
+        params = StdioServerParameters(command="/bin/sh", args=["-c", server],
                                        env={**os.environ, "PYTHONPATH": str(skill / "server")}, cwd=str(project))
         async with Client(params) as client:
             tools = [t.name for t in (await client.list_tools()).tools]

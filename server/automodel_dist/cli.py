@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config.files import is_dir, is_file
 from .config.values import STRATEGY_ALIASES
 
 if TYPE_CHECKING:
@@ -96,6 +95,7 @@ def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = Tru
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import render
     from .api import validate_config
+    from .config.files import is_dir
 
     files, overrides = _launch(args, args.files)
     if files.count("-") > 1:
@@ -127,6 +127,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _expand(name: str) -> list[str]:
     """A directory stands for every ``.yaml``/``.yml`` file under it (hidden folders skipped), in sorted order."""
+    from .config.files import is_dir
+
     path = Path(name)
     if name == "-" or not is_dir(path):
         return [name]
@@ -227,6 +229,7 @@ def _ac_flag(value: str) -> bool | str:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
+    from .config.files import is_file
     from .smoke import SmokeReport, SmokeUsageError, export_smoke_test, judge_smoke_test, run_smoke_test
 
     if args.judge:
@@ -313,13 +316,52 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return EXIT_OK if report.candidates else EXIT_FAIL
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from .mcp_stdio import run
+def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--allowed-host", action="append", default=[], help="extra Host header allowed over HTTP")
+    ap.add_argument(
+        "--allow-root",
+        action="append",
+        default=[],
+        help="only read config_path files under these directories (repeatable)",
+    )
 
-    return run(args)
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # The server is built before the transport starts, so an install that cannot import the SDK or build the
+    # tools fails here, on stderr, before a client sees any handshake.
+    try:
+        from .mcp_server import create_server, serve
+
+        server = create_server()
+    except Exception as exc:  # noqa: BLE001 - any import or build failure means the server cannot start
+        print(
+            f"automodel-dist: error: the MCP server cannot start: {type(exc).__name__}: {exc}\n"
+            "  it needs the `mcp` SDK (>=2,<3) and pydantic>=2: reinstall with `pip install automodel-dist` "
+            "(or `pip install -e .` in a checkout)",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
+    serve(
+        "stdio" if args.transport == "stdio" else "http",
+        host=args.host,
+        port=args.port,
+        allowed_hosts=args.allowed_host,
+        allowed_roots=args.allow_root,
+        server=server,
+    )
+    return EXIT_OK
+
+
+def mcp_main(argv: Sequence[str] | None = None) -> int:
+    """``automodel-dist-mcp``: the MCP server, as ``automodel-dist serve``."""
+    return main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from .config.files import is_file
     from .explain import MAX_TEXT, explain_error
 
     text = sys.stdin.read() if args.text in (None, "-") else args.text
@@ -488,8 +530,6 @@ def build_parser() -> argparse.ArgumentParser:
     su.set_defaults(func=cmd_suggest)
 
     sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")
-    from .mcp_stdio import add_serve_arguments
-
     add_serve_arguments(sv)
     sv.set_defaults(func=cmd_serve)
 
@@ -497,12 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--json", action="store_true", help="print the catalogs as JSON")
     mo.set_defaults(func=cmd_models)
 
-    for extra in _EXTRA_COMMANDS:
-        extra(sub)
     return p
-
-
-_EXTRA_COMMANDS: list[Any] = []
 
 
 _LAUNCH_COMMANDS = ("validate", "mesh", "estimate", "smoke")

@@ -1,16 +1,15 @@
 """The MCP server (official ``mcp`` SDK, v2 API): the engine's functions as typed tools.
 
 Start-up imports only the SDK and the report models (no torch, no rule table); the engine loads on
-the first tool call and torch only in the smoke runner's processes. On stdio, ``automodel-dist-mcp``
-(:mod:`automodel_dist.mcp_stdio`) runs this server as its child and answers the handshake from the
-recording in :mod:`automodel_dist.mcp_snapshot` while the SDK imports. Invalid configs come back as
-findings (structured content), never as protocol errors; bad arguments come back as error results
-and the server keeps serving.
+the first tool call and torch only in the smoke runner's processes. ``automodel-dist serve`` and
+``automodel-dist-mcp`` (both :func:`automodel_dist.cli.cmd_serve`) build the server before the
+transport starts, so a broken install fails on stderr before any handshake. Invalid configs come
+back as findings (structured content), never as protocol errors; bad arguments come back as error
+results and the server keeps serving.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import functools
 import inspect
@@ -32,7 +31,6 @@ from .catalog.listing import Catalogs, catalogs
 from .catalog.models import names_a_file
 from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
 from .estimate import Estimate
-from .mcp_stdio import add_serve_arguments
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
 from .suggestion import SuggestReport
@@ -392,15 +390,17 @@ def _version() -> str:
 
 
 def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000,
-          allowed_hosts: list[str] | None = None, allowed_roots: list[str] | None = None) -> None:
-    """Run the server on stdio (default) or streamable HTTP (loopback, DNS-rebinding protection on)."""
+          allowed_hosts: list[str] | None = None, allowed_roots: list[str] | None = None,
+          server: MCPServer | None = None) -> None:
+    """Run ``server`` (default: :func:`create_server`) on stdio or streamable HTTP (loopback, DNS-rebinding
+    protection on)."""
     from .smoke import kill_all_active
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if allowed_roots:
         os.environ[ALLOWED_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in allowed_roots)
     atexit.register(kill_all_active)
-    server = create_server()
+    server = server or create_server()
     if transport == "stdio":
         server.run("stdio")
         return
@@ -416,14 +416,10 @@ def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The SDK server in this process (``automodel-dist-mcp`` is :func:`automodel_dist.mcp_stdio.main`)."""
-    ap = argparse.ArgumentParser(prog="python -m automodel_dist.mcp_server",
-                                 description="MCP server for NeMo AutoModel configs (no fast start)")
-    add_serve_arguments(ap)
-    args = ap.parse_args(argv)
-    serve("stdio" if args.transport == "stdio" else "http", host=args.host, port=args.port,
-          allowed_hosts=args.allowed_host, allowed_roots=args.allow_root)
-    return 0
+    """``python -m automodel_dist.mcp_server``: the same as ``automodel-dist serve``."""
+    from .cli import main as cli_main
+
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,7 @@
 """Load a config (YAML text, file or mapping) with line numbers and AutoModel's value semantics.
 
-Plain block mappings are read directly (:mod:`.simple_yaml`); anything else is composed into
-PyYAML's node tree (with marks), from which this module builds the Python values itself so
-that it can (a) remember the line of every key, (b) report duplicate keys instead of silently
+The text is composed into PyYAML's node tree (its C loader, with marks), from which this module
+builds the Python values itself so that it can (a) remember the line of every key, (b) report duplicate keys instead of silently
 keeping the last, (c) bound alias expansion and nesting, and (d) apply AutoModel's own YAML
 value semantics (``none`` -> None, ``"2"`` -> 2, ...). Nothing read is ever imported or run.
 """
@@ -19,8 +18,6 @@ import yaml
 
 from ..report import Finding
 from .files import MAX_BYTES, _err, check_path
-from .scalars import MEMO_CHARS, scalar_tag, scalar_value
-from .simple_yaml import read_simple
 from .values import clip, import_path_problem, translate_value
 
 MAX_NODES = 200_000  # values built, counting alias re-use: stops "billion laughs"
@@ -29,22 +26,9 @@ MAX_DEPTH = 64
 PathKey = tuple[Any, ...]
 
 try:  # libyaml is ~10x faster and bounds flow nesting itself
-    _Base: type = yaml.CSafeLoader
+    _Loader: type = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - PyYAML without libyaml
-    _Base = yaml.SafeLoader
-
-
-class _Loader(_Base):  # type: ignore[misc, valid-type]
-    """The safe loader, with the implicit tag of short plain scalars memoized.
-
-    Tag resolution is PyYAML's own pure function of (value, implicit), run in Python for every
-    scalar; keys such as ``tp_size`` recur in every config.
-    """
-
-    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
-        if kind is yaml.ScalarNode and len(value) <= MEMO_CHARS:
-            return scalar_tag(value, implicit)
-        return super().resolve(kind, value, implicit)
+    _Loader = yaml.SafeLoader
 
 
 _ENV_BRACED = re.compile(r"\$\{([^}]+)\}")
@@ -119,7 +103,7 @@ class _Builder:
             return None
         if isinstance(node, yaml.ScalarNode):
             try:
-                return scalar_value(node.tag, node.value, node, self.constructor)
+                return self.constructor.construct_object(node)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(
                     _err("yaml-syntax", f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
@@ -276,13 +260,8 @@ def _string(value: str, doc: Document, parent: PathKey, key: Any) -> Any:
     return translate_value(value)
 
 
-def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = MAX_BYTES,
-              simple: bool = True) -> Document:
-    """Load YAML text. Never raises for bad input: problems become findings on the document.
-
-    ``simple``: read plain block mappings directly (:mod:`.simple_yaml`); ``False`` always composes
-    PyYAML's node tree (the tests compare the two).
-    """
+def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = MAX_BYTES) -> Document:
+    """Load YAML text. Never raises for bad input: problems become findings on the document."""
     doc = Document(data=None, source=source, from_yaml=True)
     size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
     if size > max_bytes:
@@ -311,11 +290,6 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
                      f"{exc.start})", line=line, fix="save the file as UTF-8")
             )
             return doc
-    direct = read_simple(text) if simple else None
-    if direct is not None:
-        raw, doc.lines = direct
-        doc.data = apply_value_semantics(raw, doc)
-        return doc
     try:
         nodes = []
         for i, node in enumerate(yaml.compose_all(text, Loader=_Loader)):

@@ -62,7 +62,7 @@ def _raw_strategy(ctx: Context) -> Any:
 
 
 # =========================================================================== strategy
-@rule("strategy-unknown", when=("strategy",), family=F, severity="error", title="Unknown or non-string strategy",
+@rule("strategy-unknown", family=F, severity="error", title="Unknown or non-string strategy",
       patterns=(r"Unknown strategy: .*Valid strategies", r"'NoneType' object has no attribute 'lower'",
                 r"object has no attribute 'lower'"),
       cause="distributed.strategy is not one of fsdp2, megatron_fsdp (megatron-fsdp, mfsdp) or ddp.",
@@ -101,7 +101,7 @@ def _size_consequence(key: str, raw: Any) -> str:
     return "AutoModel silently uses 1 instead"
 
 
-@rule("size-invalid", when=SIZE_KEYS, family=F, severity="error", title="A parallel size is not a positive integer",
+@rule("size-invalid", family=F, severity="error", title="A parallel size is not a positive integer",
       patterns=(r"sizes \(True,?\) and strides", r"Expected \w+ to be an int", r"Expected \w+ > 0",
                 r"'[<>]=?' not supported between instances of 'str' and 'int'"),
       cause="A *_size is 0, negative, a float such as 2.0, a boolean or a string. AutoModel's mesh code "
@@ -126,7 +126,6 @@ def size_invalid(ctx: Context) -> Iterator[Finding]:
 
 # =========================================================================== activation checkpointing
 @rule("ac-invalid", family=F, severity="error", title="activation_checkpointing value not accepted",
-      when=("activation_checkpointing",),
       patterns=(r"activation_checkpointing must be a boolean or one of",),
       cause="activation_checkpointing must be a boolean, or full/true/on/yes, false/off/none/no, or selective.",
       fix="activation_checkpointing: true (full), selective, or false.")
@@ -143,7 +142,6 @@ def ac_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("ac-selective-strategy", family=F, severity="error", title="Selective AC with megatron_fsdp",
-      when=("activation_checkpointing",),
       patterns=(r"selective activation checkpointing is supported only for FSDP2 and DDP",),
       cause="activation_checkpointing: selective is implemented only on the fsdp2 and ddp paths (and megatron_fsdp "
             "skips full checkpointing too, see megatron-fsdp-ac-ignored).",
@@ -162,7 +160,6 @@ def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("ac-scope-invalid", family=F, severity="error", title="activation_checkpointing_scope not accepted",
-      when=("activation_checkpointing_scope",),
       patterns=(r"activation_checkpointing_scope (entries )?must", r"activation_checkpointing_scope='all' cannot"),
       cause="activation_checkpointing_scope takes all, language, vision, audio, multimodal (all alone).",
       fix="activation_checkpointing_scope: all")
@@ -178,7 +175,7 @@ def ac_scope_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 # =========================================================================== _target_
-@rule("hydra-target", when=("_target_",), family=F, severity="warning", title="_target_ in distributed: is ignored",
+@rule("hydra-target", family=F, severity="warning", title="_target_ in distributed: is ignored",
       cause="AutoModel 0.7.0 drops _target_/_recursive_/_convert_ from distributed:; only strategy: selects "
             "the strategy (default fsdp2).",
       fix="Replace _target_ with strategy: fsdp2 | megatron_fsdp | ddp.")
@@ -277,7 +274,6 @@ def _dtype_problem(value: Any, *, floating: bool = True) -> str | None:
 
 
 @rule("dtype-invalid", family=F, severity="error", title="Unknown or non-float dtype",
-      when=("autocast_dtype", "pipeline"),
       patterns=(r"Unknown dtype string: (\S+)",),
       cause="Dtype strings go through AutoModel's dtype_from_str, which knows float32/float/bfloat16/bf16/"
             "float16/half/float64/... (torch. prefix optional).",
@@ -346,7 +342,7 @@ def _policy_findings(ctx: Context, parts: tuple[Any, ...], value: Any, *, fields
                           f"{key}: false", severity=severity)
 
 
-@rule("mp-policy-invalid", when=("mp_policy",), family=F, severity="error", title="mp_policy malformed",
+@rule("mp-policy-invalid", family=F, severity="error", title="mp_policy malformed",
       patterns=(r"MixedPrecisionPolicy.__init__\(\) got an unexpected keyword argument '(\w+)'",),
       cause="mp_policy must map param_dtype/reduce_dtype/output_dtype/cast_forward_inputs (optional _target_: "
             "torch.distributed.fsdp.MixedPrecisionPolicy).",
@@ -359,7 +355,7 @@ def mp_policy_invalid(ctx: Context) -> Iterator[Finding]:
                                 what="MixedPrecisionPolicy", rule_id="mp-policy-invalid")
 
 
-@rule("offload-policy-invalid", when=("offload_policy",), family=F, severity="error", title="offload_policy malformed",
+@rule("offload-policy-invalid", family=F, severity="error", title="offload_policy malformed",
       patterns=(r"CPUOffloadPolicy.__init__\(\) got an unexpected keyword argument",),
       cause="offload_policy must be a mapping of CPUOffloadPolicy fields (pin_memory); a _target_ string there "
             "is imported by AutoModel.",
@@ -372,7 +368,7 @@ def offload_policy_invalid(ctx: Context) -> Iterator[Finding]:
                                 what="CPUOffloadPolicy", rule_id="offload-policy-invalid")
 
 
-@rule("multimodal-invalid", when=("multimodal",), family=F, severity="error", title="multimodal: malformed",
+@rule("multimodal-invalid", family=F, severity="error", title="multimodal: malformed",
       patterns=(r"distributed\.multimodal\.", r"MultimodalDistributedConfig", r"MultimodalVisionConfig",
                 r"CpVisionFrameShardingConfig", r"frame_sharding"),
       cause="multimodal: takes frozen_sharding (root|per_layer|replicate) and vision.frame_sharding settings.",
@@ -405,7 +401,7 @@ def _pipeline(ctx: Context) -> Any:
     return ctx.block.get("pipeline")
 
 
-@rule("pipeline-ignored", when=("pipeline",), family=F, severity="warning", title="pipeline: with pp_size 1 is ignored",
+@rule("pipeline-ignored", family=F, severity="warning", title="pipeline: with pp_size 1 is ignored",
       patterns=(r"`distributed.pipeline` is set but pp_size=\d+",),
       cause="A pipeline: block only takes effect when pp_size > 1 (AutoModel logs a warning and drops it).",
       fix="Set pp_size > 1, or keep the block on purpose for launch-time overrides.")
@@ -416,7 +412,7 @@ def pipeline_ignored(ctx: Context) -> Iterator[Finding]:
                       "AutoModel ignores the block", "set pp_size > 1 to use it, or remove the block")
 
 
-@rule("pipeline-missing", when=("pp_size",), family=F, severity="error", title="pp_size > 1 without a pipeline: block",
+@rule("pipeline-missing", family=F, severity="error", title="pp_size > 1 without a pipeline: block",
       patterns=(r"enables pipeline parallelism but no `distributed.pipeline` block",),
       cause="pp_size > 1 needs a distributed.pipeline block (an empty `pipeline: {}` selects defaults). A bare "
             "`pipeline:` line is YAML null and counts as missing.",
@@ -449,7 +445,6 @@ def _pipeline_note(ctx: Context) -> str:
 
 
 @rule("pipeline-invalid", family=F, severity="error", title="pipeline: has unknown keys or bad values",
-      when=("pipeline",),
       patterns=(r"PipelineConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",
                 r"PipelineConfig\(\) argument after \*\* must be a mapping", r"object has no attribute 'copy'"),
       cause="pipeline: keys go to PipelineConfig(**pipeline); an unknown key raises TypeError.",
@@ -469,7 +464,6 @@ def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pipeline-recv-slack", family=F, severity="error", title="pp_recv_buffer_pool_slack not an integer >= 0",
-      when=("pipeline",),
       patterns=(r"pp_recv_buffer_pool_slack must be >= 0",
                 r"'<' not supported between instances of '(?:NoneType|str|list|dict)' and 'int'"),
       cause="PipelineConfig rejects a negative pp_recv_buffer_pool_slack and fails (TypeError) on null, a string or "
@@ -486,7 +480,7 @@ def pipeline_recv_slack(ctx: Context) -> Iterator[Finding]:
                   "pp_recv_buffer_pool_slack: 2 (the default)", severity=_pipeline_severity(ctx))
 
 
-@rule("pp-schedule-unknown", when=("pipeline",), family=F, severity="error", title="pp_schedule torch does not know",
+@rule("pp-schedule-unknown", family=F, severity="error", title="pp_schedule torch does not know",
       patterns=(r"Unknown schedule name '([^']*)'",),
       cause="pp_schedule goes to torch's get_schedule_class (case-insensitive): 1F1B, GPipe, Interleaved1F1B, "
             "LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV. AutoModel's own docstring lists "
@@ -534,7 +528,7 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
                   severity=sev)
 
 
-@rule("pp-microbatch-invalid", when=("pipeline",), family=F, severity="error", title="pp_microbatch_size < 1",
+@rule("pp-microbatch-invalid", family=F, severity="error", title="pp_microbatch_size < 1",
       patterns=(r"integer division or modulo by zero",),
       cause="pp_microbatch_size must be a positive integer; 0 divides by zero in the schedule build, negative "
             "values give a negative microbatch count.",
@@ -569,7 +563,6 @@ def _activation_dtype(ctx: Context) -> str | None:
 
 
 @rule("pipeline-dtype-mismatch", family=F, severity="warning", title="pipeline.dtype differs from mp_policy's",
-      when=("pipeline",),
       patterns=(r"pipeline\.dtype=\S+ does not match the FSDP activation dtype",),
       cause="Tensors crossing stages have the FSDP activation dtype; a different pipeline.dtype can corrupt "
             "stage shape inference and recv buffers.",
@@ -587,7 +580,6 @@ def pipeline_dtype_mismatch(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pipeline-overwritten", family=F, severity="info", title="pipeline: keys the recipe overwrites",
-      when=("pipeline",),
       cause="The recipe sets pp_batch_size from step_scheduler.local_batch_size, loss_fn from the recipe's loss_fn "
             "and patch_stage_backward_maybe_with_nosync from model.backend.enable_fsdp_optimizations.",
       fix="Set these in their recipe sections instead.")
@@ -606,7 +598,6 @@ def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pp-schedule-dualpipev", family=F, severity="warning", title="DualPipeV with AutoModel's stage placement",
-      when=("pipeline",),
       cause="AutoModel 0.7.0 places stages V-style only for ZBVZeroBubble; DualPipeV gets loop placement while "
             "torch's DualPipeV routes stages V-style, so stage peers disagree.",
       fix="Use ZBVZeroBubble (V-style) or Interleaved1F1B.")
@@ -620,7 +611,7 @@ def pp_schedule_dualpipev(ctx: Context) -> Iterator[Finding]:
 
 
 # =========================================================================== moe
-@rule("moe-ignored", when=("moe",), family=F, severity="warning", title="moe: with ep_size 1 is dropped",
+@rule("moe-ignored", family=F, severity="warning", title="moe: with ep_size 1 is dropped",
       cause="AutoModel silently drops the moe: block unless ep_size > 1.", fix="Set ep_size > 1 or remove moe:.")
 def moe_ignored(ctx: Context) -> Iterator[Finding]:
     if ctx.block.get("moe") is not None and ctx.size("ep_size") <= 1:
@@ -629,7 +620,7 @@ def moe_ignored(ctx: Context) -> Iterator[Finding]:
                       "set ep_size > 1 to use it, or remove moe:")
 
 
-@rule("moe-invalid", when=("moe",), family=F, severity="error", title="moe: has unknown keys or bad values",
+@rule("moe-invalid", family=F, severity="error", title="moe: has unknown keys or bad values",
       patterns=(r"MoEParallelizerConfig.__init__\(\) got an unexpected keyword argument '(\w+)'",
                 r"MoEParallelizerConfig\(\) argument after \*\* must be a mapping"),
       cause="moe: keys go to MoEParallelizerConfig(**moe): ignore_router_for_ac, reshard_after_forward, "
@@ -659,7 +650,6 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("moe-ac-router", family=F, severity="warning", title="MoE router recomputed under activation checkpointing",
-      when=("moe",),
       cause="With activation checkpointing and ignore_router_for_ac: false, the MoE router's top-k is recomputed in "
             "backward and can pick a different token count per expert, which raises CheckpointError.",
       fix="Keep moe.ignore_router_for_ac: true (the default).")
@@ -678,7 +668,6 @@ _FEATURES = {"tp_size": "tensor parallelism", "pp_size": "pipeline parallelism",
 
 
 @rule("strategy-unsupported", family=F, severity="error", title="Parallelism the strategy cannot do",
-      when=("@megatron_fsdp", "@ddp"),
       patterns=(r"(megatron_fsdp|ddp) does not support (tensor|pipeline|context|expert) parallelism",
                 r"MegatronFSDPConfig is not supported when pipeline parallelism is enabled"),
       cause="megatron_fsdp has no pp or ep; ddp has no tp, pp, cp or ep (AutoModel 0.7.0 mesh_utils).",
@@ -693,7 +682,6 @@ def strategy_unsupported(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("dp-replicate-strategy", family=F, severity="error", title="dp_replicate_size with a non-FSDP2 strategy",
-      when=("@dp_replicate",),
       patterns=(r"dp_replicate_size is only supported with FSDP2Config",),
       cause="HSDP (dp_replicate_size > 1) exists only for fsdp2.", fix="Remove dp_replicate_size or use fsdp2.")
 def dp_replicate_strategy(ctx: Context) -> Iterator[Finding]:
@@ -713,7 +701,7 @@ def _world_options(world: int, factor: int) -> str:
     return " or ".join(str(x) for x in opts)
 
 
-@rule("world-not-divisible", when=("@world",), family=F, severity="error", title="World size not divisible by tp*cp*pp",
+@rule("world-not-divisible", family=F, severity="error", title="World size not divisible by tp*cp*pp",
       patterns=(r"world_size \((\d+)\) must be divisible by \(tp_size \* cp_size(?: \* pp_size)?\)",),
       cause="With dp_size unset, dp = world_size // (tp*cp*pp) (tp*cp for megatron_fsdp), which must divide.",
       fix="Pick sizes whose product divides the world size, or change the number of GPUs.")
@@ -754,7 +742,6 @@ def _mesh_product(ctx: Context) -> int | None:
 
 
 @rule("dp-size-exceeds-world", family=F, severity="error", title="Explicit dp_size makes the mesh too big",
-      when=("dp_size",),
       patterns=(r"Mesh should not be bigger than default world size (\d+), but found (\d+) ranks",),
       cause="An explicit dp_size is not cross-checked by AutoModel; dp*tp*cp*pp above the world size fails in "
             "torch's mesh build.",
@@ -773,7 +760,6 @@ def dp_size_exceeds_world(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("dp-size-leaves-ranks", family=F, severity="warning", title="Explicit dp_size leaves ranks outside the mesh",
-      when=("dp_size",),
       patterns=(r"needs to either have all its original dimensions \(e\.g\., no slicing\) or it needs to contain "
                 r"the local rank",),
       cause="dp*tp*cp*pp smaller than the world leaves the last ranks outside the device mesh; with the standard "
@@ -793,7 +779,6 @@ def dp_size_leaves_ranks(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("dp-replicate-not-multiple", family=F, severity="error", title="dp not a multiple of dp_replicate_size",
-      when=("@dp_replicate",),
       patterns=(r"dp_size must be a multiple of dp_replicate_size",),
       cause="HSDP splits dp into dp_replicate x dp_shard.", fix="Pick dp_replicate_size dividing dp.")
 def dp_replicate_not_multiple(ctx: Context) -> Iterator[Finding]:
@@ -806,7 +791,7 @@ def dp_replicate_not_multiple(ctx: Context) -> Iterator[Finding]:
                   f"dp_replicate_size in {fmt_set(ok)}" if ok else "remove dp_replicate_size")
 
 
-@rule("dp-replicate-too-large", when=("@dp_replicate",), family=F, severity="error", title="dp_replicate_size >= dp",
+@rule("dp-replicate-too-large", family=F, severity="error", title="dp_replicate_size >= dp",
       patterns=(r"dp_replicate_size=(\d+) must be less than dp_size=(\d+)",),
       cause="dp_replicate == dp would mean pure replication (DDP), which FSDP2's HSDP path does not support.",
       fix="Use a smaller dp_replicate_size, or strategy: ddp for pure replication.")
@@ -821,7 +806,7 @@ def dp_replicate_too_large(ctx: Context) -> Iterator[Finding]:
                   f"dp_replicate_size in {fmt_set(ok)} or strategy: ddp" if ok else "strategy: ddp")
 
 
-@rule("ep-not-divisible", when=("@ep",), family=F, severity="error", title="ep_size does not divide dp*cp*tp",
+@rule("ep-not-divisible", family=F, severity="error", title="ep_size does not divide dp*cp*tp",
       patterns=(r"non_pp_size=(\d+) must be a multiple of ep_size=(\d+)",),
       cause="AutoModel 0.7.0 requires (dp*cp*tp) % ep == 0 (older docs say dp*cp: the code uses dp*cp*tp); "
             "ep_shard = dp*cp*tp // ep.",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -94,8 +93,6 @@ class Rule:
     patterns: tuple[str, ...] = ()  # regexes matching AutoModel / torch error text
     cause: str = ""
     fix: str = ""
-    when: frozenset[str] = frozenset()  # facets (see ``facets``), one of which must hold to find anything
-    needs: frozenset[str] = frozenset()  # facets that must all hold to find anything (e.g. @model)
     consequence: bool = False  # explain: usually caused by another rank's failure (timeouts, vanished peers)
 
 
@@ -111,24 +108,14 @@ def rule(
     patterns: tuple[str, ...] = (),
     cause: str = "",
     fix: str = "",
-    when: Iterable[str] = (),
-    needs: Iterable[str] = (),
 ) -> Callable[[Check], Check]:
-    """Register a check under a stable id.
-
-    ``when`` names the facets (see :func:`facets`) one of which must hold for the check to be able
-    to find anything, ``needs`` those that must all hold (``@model`` for a check of the model against
-    a block key); the check is skipped otherwise. It only saves time: every check still
-    tests its own conditions, and the tests (``fuzzing.check_gates``) run the whole table ungated
-    against the gated one on every rule's cases, the doc blocks, the blocks generated for the
-    AutoModel comparison and the fuzz corpus.
-    """
+    """Register a check under a stable id. Every check runs on every config and returns early where it has
+    nothing to look at (``if ctx.model is None: return``)."""
 
     def deco(fn: Check) -> Check:
         if rule_id in RULES:
             raise ValueError(f"duplicate rule id {rule_id}")
-        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix, frozenset(when),
-                              frozenset(needs))
+        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix)
         return fn
 
     return deco
@@ -151,45 +138,12 @@ def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fi
     return Finding(rule=rule_id, severity=severity or r.severity, path=path, line=line, message=message, fix=fix)
 
 
-_AXIS_FACETS = tuple((f"{a}_size", f"@{a}") for a in ("tp", "pp", "cp", "ep", "dp_replicate"))
-
-
-def facets(ctx: Context) -> frozenset[str]:
-    """What a rule's ``when`` is matched against: the block's keys, ``recipe:<section>`` for the other
-    sections of a recipe, ``@model``, ``@world``, ``@gpus_per_node``, ``@torch``, ``@<axis>`` for each of
-    tp/pp/cp/ep/dp_replicate over 1, and ``@<strategy>``."""
-    out = {k for k in ctx.block if isinstance(k, str)}
-    if ctx.recipe is not None:
-        out.update("recipe:" + k for k in ctx.recipe if isinstance(k, str) and k != "distributed")
-    if ctx.model is not None:
-        out.add("@model")
-    if ctx.world_size is not None:
-        out.add("@world")
-    if ctx.gpus_per_node:
-        out.add("@gpus_per_node")
-    if ctx.torch_version is not None:
-        out.add("@torch")
-    sizes = ctx.sizes
-    for key, facet in _AXIS_FACETS:
-        if (sizes.get(key) or 1) > 1:
-            out.add(facet)
-    if ctx.strategy is not None:
-        out.add("@" + ctx.strategy)
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _selected(present: frozenset[str], registered: int) -> tuple[Rule, ...]:
-    return tuple(r for r in RULES.values() if r.check is not None and r.needs <= present
-                 and (not r.when or not r.when.isdisjoint(present)))
-
-
-def run_rules(ctx: Context, *, gated: bool = True) -> list[Finding]:
-    """Run the rules (``gated``: those whose ``when`` holds); a rule that crashes becomes a warning
-    finding, never an exception."""
+def run_rules(ctx: Context) -> list[Finding]:
+    """Run every rule; a rule that crashes becomes a warning finding, never an exception."""
     out: list[Finding] = []
-    table = _selected(facets(ctx), len(RULES)) if gated else [r for r in RULES.values() if r.check is not None]
-    for r in table:
+    for r in RULES.values():
+        if r.check is None:
+            continue
         try:
             out.extend(r.check(ctx))
         except Exception as exc:  # noqa: BLE001 - a bug in one rule must not hide the others

@@ -11,7 +11,6 @@ F = "cluster"
 
 
 @rule("world-mismatch", family=F, severity="error", title="world_size != nodes x gpus_per_node",
-      when=("@gpus_per_node",),
       cause="The world size must equal nodes x gpus_per_node.", fix="Make them agree.")
 def world_mismatch(ctx: Context) -> Iterator[Finding]:
     if ctx.nodes and ctx.gpus_per_node and ctx.world_size and ctx.nodes * ctx.gpus_per_node != ctx.world_size:
@@ -20,7 +19,7 @@ def world_mismatch(ctx: Context) -> Iterator[Finding]:
                       f"{ctx.nodes * ctx.gpus_per_node}", f"world_size: {ctx.nodes * ctx.gpus_per_node}")
 
 
-@rule("world-partial-node", when=("@gpus_per_node",), family=F, severity="error", title="World size is not whole nodes",
+@rule("world-partial-node", family=F, severity="error", title="World size is not whole nodes",
       cause="A world size that is not a multiple of gpus_per_node leaves a partial node.",
       fix="Use whole nodes.")
 def world_partial_node(ctx: Context) -> Iterator[Finding]:
@@ -51,7 +50,7 @@ def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Findi
                   f"{why}", fix)
 
 
-@rule("tp-cross-node", when=("@gpus_per_node",), family=F, severity="warning", title="TP groups span nodes",
+@rule("tp-cross-node", family=F, severity="warning", title="TP groups span nodes",
       cause="Tensor parallelism all-reduces activations every layer; across nodes it runs at network speed.",
       fix="Keep tp_size within a node (a divisor of gpus_per_node).")
 def tp_cross_node(ctx: Context) -> Iterator[Finding]:
@@ -59,7 +58,7 @@ def tp_cross_node(ctx: Context) -> Iterator[Finding]:
                          "TP collectives run every layer and are bound by the inter-node network")
 
 
-@rule("cp-cross-node", when=("@gpus_per_node",), family=F, severity="warning", title="CP groups span nodes",
+@rule("cp-cross-node", family=F, severity="warning", title="CP groups span nodes",
       cause="Context parallelism exchanges K/V every attention layer; across nodes it is network bound.",
       fix="Keep tp_size*cp_size within a node where possible.")
 def cp_cross_node(ctx: Context) -> Iterator[Finding]:

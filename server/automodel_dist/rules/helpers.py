@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Iterator
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -91,21 +91,12 @@ def describe(model: type[BaseModel], name: str) -> str:
 
 def value_ok(model: type[BaseModel], name: str, value: Any) -> bool:
     """Whether ``value`` is valid for field ``name`` of ``model`` (strict)."""
-    if type(value) in _SCALARS:  # containers are not memoized: (1,) == (True,) would share an entry
-        return _value_ok_memo(model, name, value)
-    return _value_ok(model, name, value)
-
-
-def _value_ok(model: type[BaseModel], name: str, value: Any) -> bool:
     try:
         field_adapter(model, name).validate_python(value)
     except ValidationError:
         return False
     return True
 
-
-_SCALARS = frozenset({int, float, bool, str, type(None)})
-_value_ok_memo = lru_cache(maxsize=4096, typed=True)(_value_ok)  # typed: 1, 1.0 and True stay apart
 
 
 def _plain(value: Any) -> Any:

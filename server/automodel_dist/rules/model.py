@@ -90,7 +90,7 @@ note("model-unknown", "Model not found", family=F, severity="warning",
 note("model-from-recipe", "Model taken from the recipe", family=F, severity="info")
 
 
-@rule("tp-heads", when=("@model",), family=F, severity="error", title="tp_size does not divide the attention heads",
+@rule("tp-heads", family=F, severity="error", title="tp_size does not divide the attention heads",
       patterns=(r"num_key_value_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
                 r"num_attention_heads \((\d+)\) must be divisible by TP size \((\d+)\)",
                 r"num_(?:key_value|attention)_heads in config does not match the TP size",
@@ -112,7 +112,7 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
                   "after launch", f"use tp_size in {fmt_set(head_tp_sizes(m))}")
 
 
-@rule("ep-experts", when=("@model",), family=F, severity="error", title="ep_size does not divide the routed experts",
+@rule("ep-experts", family=F, severity="error", title="ep_size does not divide the routed experts",
       patterns=(r"n_routed_experts (\d+) must be divisible by expert_parallel_degree (\d+)",
                 r"requires n_routed_experts \((\d+)\) to be divisible by ep_size \((\d+)\)"),
       cause="Expert parallelism places num_experts / ep_size whole experts on each EP rank.",
@@ -133,7 +133,7 @@ def expert_shard_ok(m: ModelSpec, ep_shard: int) -> bool:
     return ep_shard <= 1 or (m.hidden_size % ep_shard == 0 and m.moe_intermediate_size % ep_shard == 0)
 
 
-@rule("ep-shard-uneven", when=("ep_size",), needs=("@model",), family=F, severity="error",
+@rule("ep-shard-uneven", family=F, severity="error",
       title="ep_shard does not divide the expert weights' dim 1",
       patterns=(r"FSDP does not support uneven sharding on dim 1",),
       cause="With ep_size > 1 AutoModel FSDP-shards each MoE layer's grouped expert weights over the ep_shard ranks "
@@ -168,7 +168,7 @@ def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
 _EP_NEEDS_MOE = r"Expert parallelism \(ep_size=(\d+)\) requires a MoE model"
 
 
-@rule("ep-dense-model", when=("@model",), family=F, severity="error", title="ep_size > 1 on a dense model",
+@rule("ep-dense-model", family=F, severity="error", title="ep_size > 1 on a dense model",
       patterns=(_EP_NEEDS_MOE,),
       cause="A dense model has no experts; when AutoModel builds it, validate_for_mesh raises 'Expert parallelism "
             "(ep_size=N) requires a MoE model' (no dense class inherits its MoEFSDPSyncMixin).",
@@ -184,7 +184,7 @@ def ep_dense_model(ctx: Context) -> Iterator[Finding]:
                       "the model, after launch", "ep_size: 1")
 
 
-@rule("ep-no-experts", when=("ep_size",), needs=("@model",), family=F, severity="warning", title="ep_size > 1 on a model without experts",
+@rule("ep-no-experts", family=F, severity="warning", title="ep_size > 1 on a model without experts",
       cause="AutoModel's Nemotron-H class carries its MoE mixin for dense configs too, so validate_for_mesh accepts "
             "ep_size > 1 on a dense Nemotron-H; the expert-parallel path then finds no experts to place: the ep "
             "split shards nothing and the job is plain data parallel.",
@@ -210,7 +210,6 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
 
 
 @rule("model-capability", family=F, severity="error", title="Parallelism AutoModel's implementation of the model lacks",
-      when=("@model",),
       patterns=(r"Tensor parallelism \(tp_size=(\d+)\) requested but (\w+) has no TP plan",
                 r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan", _EP_NEEDS_MOE,
                 r"Hugging Face TP plan is not supported for (\w+)",
@@ -244,7 +243,7 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
                       _INSTEAD[what])
 
 
-@rule("model-sp-unsupported", when=("sequence_parallel",), needs=("@model",), family=F, severity="error",
+@rule("model-sp-unsupported", family=F, severity="error",
       title="sequence_parallel on a model class that refuses it",
       patterns=(r"Sequence parallelism is not supported for (\w+)",),
       cause="AutoModel 0.7.0's own Nemotron-H class (NemotronHForCausalLM, dense and MoE) brings its own FSDP2 "
@@ -263,7 +262,7 @@ def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
                   "(at any tp_size) when it parallelizes the model, after launch", "remove sequence_parallel")
 
 
-@rule("cp-mamba-heads", when=("cp_size",), needs=("@model",), family=F, severity="error",
+@rule("cp-mamba-heads", family=F, severity="error",
       title="cp_size does not divide the Mamba heads or groups",
       patterns=(r"num_heads \((\d+)\) must be divisible by cp_size \((\d+)\)",
                 r"cp_size \((\d+)\) must be divisible by n_groups \((\d+)\)",
@@ -290,7 +289,7 @@ def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
                   "parallelizes the model, after launch", f"use cp_size in {fmt_set(good)}" if good else "cp_size: 1")
 
 
-@rule("pp-stages", when=("@model",), family=F, severity="error", title="Pipeline split does not fit the model",
+@rule("pp-stages", family=F, severity="error", title="Pipeline split does not fit the model",
       patterns=(r"Number of virtual stages \((\d+)\) must be divisible by pipeline parallel size",
                 r"Single stage schedule requires exactly 1 stage per rank",
                 r"Multi-stage schedule requires at least 2 stages per rank",
@@ -335,7 +334,6 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
 
 
 @rule("model-cp-backend", family=F, severity="error", title="Context parallelism with an attention backend it lacks",
-      when=("@model",),
       patterns=(r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",
                 r"Context parallelism \(cp_size=(\d+)\) for hybrid model (\w+) requires the TE or SDPA"),
       cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
@@ -358,7 +356,6 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pp-tied-embeddings", family=F, severity="error", title="Pipeline parallelism with tied embeddings",
-      when=("@model",),
       patterns=(r"Pipeline parallelism does not support tie_word_embeddings=True",),
       cause="AutoModel's pipeline builder (AutoPipeline.build -> validate_hf_model_for_pipeline_support) rejects a "
             "model whose lm_head shares the embedding weight, and overriding tie_word_embeddings to false is not "
@@ -376,7 +373,6 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("model-cp-packing", family=F, severity="error", title="Packed sequences with CP on a Hugging Face model class",
-      when=("recipe:packed_sequence",),
       patterns=(r"Packed sequence is only supported with CP size 1",
                 r"Context parallelism \(cp_size=(\d+)\) with packed sequences is not supported for (\w+)"),
       cause="For a Hugging Face model class (an architecture AutoModel has no class of its own for, or "

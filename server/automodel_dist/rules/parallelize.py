@@ -24,7 +24,6 @@ def _on(ctx: Context, key: str) -> bool:
 
 
 @rule("tp-async-needs-sp", family=F, severity="error", title="Async TP without sequence parallelism",
-      when=("enable_async_tensor_parallel",),
       patterns=(r"enable_async_tensor_parallel=True requires sequence_parallel=True",),
       cause="With tp_size > 1 (and ep_size 1), AutoModel's FSDP2 parallelizer raises when "
             "enable_async_tensor_parallel is on and sequence_parallel is off; its docstring says SP is forced on, "
@@ -47,7 +46,7 @@ def moe_tp_unplanned(tp: int, ep: int, tp_plan: Any = None) -> bool:
     return tp > 1 and ep > 1 and tp_plan is None
 
 
-@rule("moe-tp", when=("@ep",), family=F, severity="error", title="TP settings AutoModel's MoE path rejects",
+@rule("moe-tp", family=F, severity="error", title="TP settings AutoModel's MoE path rejects",
       patterns=(r"enable_async_tensor_parallel=True is not supported by the custom MoE TP path",
                 r"sequence_parallel=True is not supported by the custom MoE TP path",
                 r"No safe tensor-parallel plan is registered for custom MoE model"),
@@ -82,7 +81,6 @@ def moe_tp(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("tp-option-no-effect", family=F, severity="info", title="TP option that does nothing at tp_size 1",
-      when=("sequence_parallel", "enable_async_tensor_parallel"),
       cause="sequence_parallel and enable_async_tensor_parallel act on the TP mesh only; with tp_size 1 AutoModel "
             "ignores them.",
       fix="Remove them, or set tp_size > 1.")
@@ -98,7 +96,6 @@ def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("megatron-fsdp-ac-ignored", family=F, severity="warning", title="Activation checkpointing megatron_fsdp skips",
-      when=("activation_checkpointing",),
       patterns=(r"Activation checkpointing is not yet supported with MegatronFSDP",),
       cause="AutoModel 0.7.0's MegatronFSDP parallelizer logs 'Activation checkpointing is not yet supported with "
             "MegatronFSDP. Skipping.' and trains without it (on more than one rank): every activation is kept.",
@@ -114,7 +111,6 @@ def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("megatron-fsdp-unsharded", family=F, severity="warning", title="megatron_fsdp that shards nothing",
-      when=("@megatron_fsdp",),
       patterns=(r"MegatronFSDP DP shard group size is 1; skipping MegatronFSDP wrapping",
                 r"MegatronFSDP zero_dp_strategy is not 3\. Parameters will not be sharded"),
       cause="With dp * cp = 1 AutoModel's MegatronFSDP path skips the MegatronFSDP wrapper and trains the "
@@ -142,7 +138,7 @@ def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
 _REMOVED = ".".join(map(str, FSDP2_PATCH_REMOVED_IN))
 
 
-@rule("torch-version", when=("@torch",), family=F, severity="error",
+@rule("torch-version", family=F, severity="error",
       title="A torch release AutoModel 0.7.0's FSDP2 path cannot run on",
       patterns=(r"type object 'FSDPParam' has no attribute 'to_accumulated_grad_if_needed'",),
       cause=f"AutoModel 0.7.0's FSDP2 parallelizers (dense and MoE) patch torch's "

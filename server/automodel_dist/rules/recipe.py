@@ -30,7 +30,6 @@ def _mbs(ctx: Context) -> int | None:
 
 
 @rule("batch-size-invalid", family=F, severity="error", title="Batch size not a positive integer",
-      when=("recipe:step_scheduler",),
       patterns=(r"(global|local)_batch_size must be greater than 0",),
       cause="step_scheduler.global_batch_size and local_batch_size must be positive integers.",
       fix="Give positive integers.")
@@ -76,7 +75,6 @@ def _batch_fix(lbs: int, mbs: int, pp: int, schedule: str | None) -> str:
 
 
 @rule("pp-batch-divisibility", family=F, severity="error", title="local_batch_size not divisible by pp_microbatch_size",
-      when=("recipe:step_scheduler",),
       patterns=(r"Batch size (\d+) must be divisible by number of microbatches",
                 r"local_batch_size must be divisible by microbatch_size"),
       cause="With pp_size > 1 the local batch is cut into local_batch_size // pp_microbatch_size microbatches.",
@@ -94,7 +92,6 @@ def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("pp-microbatches", family=F, severity="error", title="Too few pipeline microbatches",
-      when=("recipe:step_scheduler",),
       patterns=(r"pp_batch_size (\d+) // pp_microbatch_size (\d+) must be >= pp_size (\d+)",
                 r"requires the number of microbatches to be a multiple of the number of rounds",
                 r"DualPipeV requires at least as many microbatches as stages"),
@@ -119,7 +116,7 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
                   recipe_path="step_scheduler.local_batch_size")
 
 
-@rule("global-batch-divisibility", when=("recipe:step_scheduler",), family=F, severity="error",
+@rule("global-batch-divisibility", family=F, severity="error",
       title="global_batch_size not divisible by local_batch_size * dp",
       patterns=(r"global_batch_size \((\d+)\) must be divisible by local_batch_size \* dp_size",),
       cause="StepScheduler needs global_batch_size % (local_batch_size * dp) == 0 (grad accumulation steps).",
@@ -147,7 +144,6 @@ _SEQ_SECTIONS = frozenset(d.split(".", 1)[0] for d in _SEQ_LENGTHS)
 
 
 @rule("cp-seq-divisibility", family=F, severity="error", title="Sequence length not divisible by 2*cp_size",
-      when=("@cp",),
       patterns=(r"must be divisible by 2 \* cp_size", r"CP sequence length (\d+) must be divisible by (\d+)",
                 r"CP sequence length must be divisible by cp_size after padding",
                 r"padded_seq_len must be divisible by cp_size",
@@ -204,7 +200,6 @@ def recipe_class(ctx: Context) -> tuple[str | None, str, bool]:
 
 
 @rule("recipe-unknown", family=F, severity="error", title="recipe: names no AutoModel 0.7.0 recipe class",
-      when=("recipe:recipe",),
       patterns=(r"Unknown recipe class '([^']*)'",),
       cause="AutoModel's CLI resolves a bare `recipe:` name among its recipe classes and exits when none matches.",
       fix="Use a recipe class name, e.g. TrainFinetuneRecipeForNextTokenPrediction.")
@@ -218,7 +213,6 @@ def recipe_unknown(ctx: Context) -> Iterator[Finding]:
 
 
 @rule("recipe-pp-unsupported", family=F, severity="error", title="Recipe without pipeline parallelism",
-      when=("recipe:recipe",),
       patterns=(r"Pipeline parallelism is not supported for (\w+)", r"Encoder does not support pipeline parallelism"),
       cause="The multimodal and retrieval (bi-/cross-encoder) recipes raise NotImplementedError in setup when "
             "pp_size > 1.",
@@ -232,7 +226,7 @@ def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
                       "pp_size: 1 (use tp_size or more FSDP2 ranks instead)")
 
 
-@rule("recipe-feature-parallelism", when=("recipe:recipe",), family=F, severity="error",
+@rule("recipe-feature-parallelism", family=F, severity="error",
       title="Recipe feature that pipeline/context parallelism does not support",
       patterns=(r"domain_mixture does not currently support (pipeline|context) parallelism",
                 r"embedding_row_repair is not currently supported with pipeline parallelism"),

@@ -207,9 +207,6 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     if (r.ep or 1) > 1 and model != "tiny-moe":
         model = "tiny-moe"
         base["model"] = model
-    limitation = _limitation(r, model)
-    if limitation:
-        return SmokeReport(passed=False, status="not_run", reason=f"not run: {limitation}", **base)
 
     pp, tp, cp, ep = r.pp or 1, r.tp or 1, r.cp or 1, r.ep or 1
     pipeline = None
@@ -284,11 +281,6 @@ def _installed_torch() -> str | None:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _limitation(r: Any, model: str) -> str | None:
-    """Layout combinations the smoke runner cannot execute (reported as not_run, never silently passed)."""
-    return None
 
 
 def _mp_policy(block: dict[str, Any], strategy: str, precision: str) -> dict[str, Any] | None:

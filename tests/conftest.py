@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
@@ -18,6 +19,14 @@ EXAMPLES = Path(os.environ.get("AUTOMODEL_DIST_EXAMPLES", ROOT / "tests" / "exam
 settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def dims(strategy: str = "fsdp2", *, dp: int = 1, **kw: Any) -> Any:
+    """A :class:`ParallelDims` with ``dp`` data-parallel ranks (the world is dp*tp*cp*pp)."""
+    from automodel_dist.dims import ParallelDims
+
+    world = dp * kw.get("tp", 1) * kw.get("cp", 1) * kw.get("pp", 1)
+    return ParallelDims(strategy, world_size=world, **kw)
 
 
 def torch_version() -> tuple[int, int]:

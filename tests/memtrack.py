@@ -16,7 +16,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from automodel_dist.estimate.memory import MemoryBreakdown, Parallelism, Training, memory_per_rank
+from automodel_dist.dims import ParallelDims
+from automodel_dist.estimate.memory import MemoryBreakdown, Training, memory_per_rank
 from automodel_dist.layout import Layout
 
 
@@ -26,9 +27,8 @@ def estimate_fsdp2(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: 
     """The engine's per-rank estimate for the FSDP2 layout ``measure`` builds with the same arguments."""
     if num_layers:
         spec = dataclasses.replace(spec, num_layers=num_layers)
-    lay = Layout.build("fsdp2", world_size=world_size, tp=tp, cp=cp, ep=ep, dp_replicate=dp_replicate)
-    p = Parallelism("fsdp2", dp=lay.dp, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep, ep_shard=lay.ep_shard,
-                    sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
+    p = ParallelDims("fsdp2", world_size=world_size, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep,
+                     sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
     return memory_per_rank(spec, p, Training(seq_len=seq_len, storage_dtype=storage_dtype))
 
 
@@ -94,7 +94,6 @@ def measure(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from automodel_dist.layout import Layout
     from automodel_dist.smoke import parallelize as par
     from automodel_dist.smoke.tiny_models import TinyLM, loss_fn
 

@@ -7,18 +7,19 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import memtrack
 import pytest
-from conftest import torch_version
+from conftest import dims, torch_version
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from automodel_dist import estimate_memory, suggest_strategy, validate_config
+from automodel_dist.api import analyze
 from automodel_dist.catalog.models import lookup
 from automodel_dist.cli import main
-from automodel_dist.estimate import parallelism_from
-from automodel_dist.estimate.memory import Parallelism, Training, activation_formula_korthikanti, memory_per_rank
+from automodel_dist.estimate.memory import Training, activation_formula_korthikanti, memory_per_rank
 from automodel_dist.report import ConfigError
 
 GIB = float(1 << 30)
@@ -87,11 +88,11 @@ def test_estimate_matches_fsdp_mem_tracker_full_size(model, kwargs):
 # --------------------------------------------------------------------------- published facts
 def test_mixed_precision_adam_is_16_bytes_per_param():
     spec = lookup(L8)  # ZeRO (Rajbhandari et al. 2020): 2 + 2 + 12 = 16 bytes/param for mixed-precision Adam
-    mem = memory_per_rank(spec, Parallelism("ddp", dp=1), Training(storage_dtype="float32"))
+    mem = memory_per_rank(spec, dims("ddp", dp=1), Training(storage_dtype="float32"))
     assert mem.model_states * GIB == pytest.approx(16 * spec.param_count())
-    bf16 = memory_per_rank(spec, Parallelism("ddp", dp=1), Training(storage_dtype="bfloat16"))
+    bf16 = memory_per_rank(spec, dims("ddp", dp=1), Training(storage_dtype="bfloat16"))
     assert bf16.model_states * GIB == pytest.approx(8 * spec.param_count())  # AutoModel's default bf16 weights
-    sharded = memory_per_rank(spec, Parallelism("fsdp2", dp=8), Training(storage_dtype="float32"))
+    sharded = memory_per_rank(spec, dims("fsdp2", dp=8), Training(storage_dtype="float32"))
     assert sharded.model_states == pytest.approx(mem.model_states / 8)
 
 
@@ -133,7 +134,7 @@ def test_estimate_memory_api_on_a_real_recipe():
     # doing it)
     from automodel_dist.estimate.memory import GIB, _rank_groups
 
-    p = parallelism_from(est.layout, {}, 16)
+    p = analyze(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml", model="Qwen/Qwen3-30B-A3B").dims
     g = _rank_groups(lookup("Qwen/Qwen3-30B-A3B"), p, m.worst_pp_rank)
     assert m.deferred_grads == pytest.approx((g.dense + g.experts) * 4 / GIB, rel=1e-9) and m.deferred_grads > 13
     # defer_fsdp_grad_sync: false reduce-scatters after every backward: no held gradients, more traffic. The peak
@@ -155,20 +156,20 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     spec = lookup("meta-llama/Llama-3.1-8B")
     tr = Training(seq_len=2048, micro_batch_size=1, storage_dtype="bfloat16")
 
-    def held(p: Parallelism, gbs: int | None = None, n_mb: int | None = None) -> float:
+    def held(p: Any, gbs: int | None = None, n_mb: int | None = None) -> float:
         return memory_per_rank(spec, p, dataclasses.replace(tr, global_batch_size=gbs,
                                                             pp_microbatches=n_mb)).deferred_grads
 
-    assert held(Parallelism("fsdp2", dp=8)) == 0  # one backward per step
-    assert held(Parallelism("fsdp2", dp=8), gbs=16) > 25  # two: all 8B gradients unsharded in fp32 (~30 GiB)
-    assert held(Parallelism("fsdp2", dp=8, defer_grad_sync=False), gbs=16) == 0
-    assert held(Parallelism("megatron_fsdp", dp=8), gbs=16) == 0
-    assert held(Parallelism("ddp", dp=8), gbs=16) == 0
-    assert held(Parallelism("fsdp2", dp=4, pp=2, pp_schedule="1F1B"), n_mb=1) > 12  # PP: always deferred
-    assert held(Parallelism("fsdp2", dp=4, pp=2, pp_schedule="1F1B", defer_grad_sync=False), n_mb=4) == 0
-    assert Parallelism("fsdp2", pp=2).blocks_reshard and Parallelism("fsdp2", ep=2).blocks_reshard is False
-    assert Parallelism("fsdp2", ep=2, moe_reshard_after_forward=True).blocks_reshard
-    assert Parallelism("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
+    assert held(dims("fsdp2", dp=8)) == 0  # one backward per step
+    assert held(dims("fsdp2", dp=8), gbs=16) > 25  # two: all 8B gradients unsharded in fp32 (~30 GiB)
+    assert held(dims("fsdp2", dp=8, defer_fsdp_grad_sync=False), gbs=16) == 0
+    assert held(dims("megatron_fsdp", dp=8), gbs=16) == 0
+    assert held(dims("ddp", dp=8), gbs=16) == 0
+    assert held(dims("fsdp2", dp=4, pp=2, pp_schedule="1F1B"), n_mb=1) > 12  # PP: always deferred
+    assert held(dims("fsdp2", dp=4, pp=2, pp_schedule="1F1B", defer_fsdp_grad_sync=False), n_mb=4) == 0
+    assert dims("fsdp2", pp=2).blocks_reshard and dims("fsdp2", ep=2).blocks_reshard is False
+    assert dims("fsdp2", ep=2, moe_reshard_after_forward=True).blocks_reshard
+    assert dims("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
 
 
 def test_estimate_takes_the_model_from_the_recipe(capsys):
@@ -201,7 +202,7 @@ def test_fit_limits_are_the_largest_sizes_that_fit(model, tp, cp, pp, dp, ac, se
     from automodel_dist.estimate import fit_limits
 
     spec = lookup(model)
-    p = Parallelism("fsdp2", dp=dp, tp=tp, cp=cp, pp=pp, sequence_parallel=tp > 1, activation_checkpointing=ac)
+    p = dims("fsdp2", dp=dp, tp=tp, cp=cp, pp=pp, sequence_parallel=tp > 1, activation_checkpointing=ac)
     tr = Training(seq_len=seq, micro_batch_size=mbs)
     max_seq, max_mbs = fit_limits(spec, p, tr, budget)
     step = math.lcm(128, 2 * cp if cp > 1 else 1, tp if tp > 1 else 1)
@@ -452,7 +453,7 @@ NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 def test_hybrid_model_states_are_exact(model, ep):
     """Nemotron-H on 8 ranks: FSDP over 8 (or EP 8 with ep_shard 1) leaves 1/8 of every parameter on each rank."""
     spec = lookup(model)
-    est = memory_per_rank(spec, Parallelism("fsdp2", dp=8, ep=ep), Training(seq_len=4096))
+    est = memory_per_rank(spec, dims("fsdp2", dp=8, ep=ep), Training(seq_len=4096))
     assert est.params * GIB * 8 == pytest.approx(spec.param_count() * 4, rel=1e-9)
     assert est.optimizer == pytest.approx(2 * est.params, rel=1e-9)
 
@@ -463,7 +464,7 @@ def test_hybrid_activations_follow_automodel_checkpointing_policy():
     tr = Training(seq_len=16384)  # long enough that the peak holds every saved activation
 
     def acts(model, **kw):
-        est = memory_per_rank(lookup(model), Parallelism("fsdp2", **{"dp": 8, **kw}), tr)
+        est = memory_per_rank(lookup(model), dims("fsdp2", **{"dp": 8, **kw}), tr)
         assert est.peak_phase != "end-of-backward"
         return est.activations
 
@@ -505,9 +506,9 @@ def test_suggest_on_24_gpus_skips_uneven_expert_shards_but_keeps_plain_fsdp():
 
     spec = lookup("Qwen/Qwen3-30B-A3B")
     opts = list(_options(spec, 24, 8, 4096, 24, 1, False, ("fsdp2",)))
-    assert all(o.p.ep == 1 or expert_shard_ok(spec, o.p.ep_shard) for o in opts)
-    assert {o.p.ep for o in opts if o.p.pp == o.p.cp == 1} == {1}  # ep_shard 24/ep always has a factor 3
-    assert {o.p.ep for o in opts if o.p.pp == 3} >= {2, 4, 8}  # 8 ranks per stage split evenly
+    assert all(o.ep == 1 or expert_shard_ok(spec, o.ep_shard) for o in opts)
+    assert {o.ep for o in opts if o.pp == o.cp == 1} == {1}  # ep_shard 24/ep always has a factor 3
+    assert {o.ep for o in opts if o.pp == 3} >= {2, 4, 8}  # 8 ranks per stage split evenly
 
 
 @pytest.mark.parametrize("world", [1, 8])
@@ -516,7 +517,7 @@ def test_suggest_searches_only_megatron_fsdp_layouts_automodel_runs(world):
     from automodel_dist.suggest import _options
 
     opts = list(_options(lookup("meta-llama/Llama-3.2-1B"), world, 8, 4096, 8, 1, True, ("megatron_fsdp",)))
-    acs = {o.p.activation_checkpointing for o in opts}
+    acs = {o.activation_checkpointing for o in opts}
     # selective is rejected for megatron_fsdp; full is skipped by it on more than one rank
     assert acs == ({False, True} if world == 1 else {False})
 
@@ -580,7 +581,7 @@ def test_block_resharding_is_automodels_own(block):
     the data-parallel mesh, which has none), unless reshard_after_forward says otherwise."""
     import oracle
 
-    from automodel_dist.estimate.memory import block_reshard
+    from automodel_dist.dims import block_reshard
 
     theirs = oracle.block_reshards(block, 16)
     chosen = block_reshard(block.get("reshard_after_forward"), False, 1)

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from automodel_dist import build_mesh, validate_config
-from automodel_dist.api import _context
+from automodel_dist.api import analyze
 from automodel_dist.cli import main
 from automodel_dist.config.overrides import parse_launch_args
 from automodel_dist.estimate import estimate_memory
@@ -210,7 +210,7 @@ def test_overrides_match_automodel(tmp_path_factory, case):
     path = tmp_path_factory.mktemp("launch") / "recipe.yaml"
     path.write_text(yaml.safe_dump({"distributed": block}))
     overrides = parse_launch_args([str(path)] + argv).overrides
-    ctx = _context(path, world, None, None, None, None, overrides)[0]
+    ctx = analyze(path, world_size=world, overrides=overrides).context
     theirs = oracle.load_with_overrides(str(path), argv)
     assert ctx is not None and ctx.block == theirs.distributed.to_dict()
     o = oracle.run(None, world, [0, world - 1], make_cfg=lambda: oracle.load_with_overrides(str(path), argv))
@@ -297,7 +297,7 @@ def test_any_override_reads_as_automodel_reads_it(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("any") / "recipe.yaml"
     path.write_text("distributed:\n  tp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\na: [1, 2]\nb: text\n")
     overrides = [f"{'.'.join(keys)}={value}" for keys, value in items]
-    doc = _context(path, 8, None, None, None, None, overrides)[1]
+    doc = analyze(path, world_size=8, overrides=overrides).document
     theirs = oracle.load_with_overrides(str(path), [f"--{o}" for o in overrides]).to_dict()
 
     def same(a, b):
@@ -320,7 +320,7 @@ def test_smoke_plan_applies_overrides_then_layout_keywords(monkeypatch):
                             overrides=["distributed.tp_size=4", "distributed.pp_size=2"])
     assert isinstance(plan, launch.Plan), plan.reason
     assert (plan.report_base["layout"].tp, plan.report_base["layout"].pp) == (2, 2)  # the keyword wins over --tp 4
-    assert plan.spec["pipeline"]["schedule"] == "1F1B"  # the recipe's pipeline: block, kept
+    assert plan.spec.pipeline.schedule == "1F1B"  # the recipe's pipeline: block, kept
 
 
 def test_smoke_refuses_a_launch_command_automodel_would_refuse():

@@ -575,7 +575,7 @@ def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
                               "sequence_parallel", "activation_checkpointing"))
         p = make_plan({}, world_size=4, steps=1, model=model, backend=None, precision=precision, fault=None,
                       pg_timeout_s=30, layout={**keys, **layout})
-        return p.spec["precision"], " ".join(p.report_base["notes"])
+        return p.spec.precision, " ".join(p.report_base["notes"])
 
     prec, notes = plan("tiny-moe", "auto", cp=2, ep=2)
     assert prec == "fp32" and "this run and its reference therefore use fp32" in notes

@@ -11,14 +11,9 @@ from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
 from .config import schema
 from .config.load import Document, clip, from_mapping, load_path, load_text
 from .config.overrides import apply_overrides
-from .config.values import (
-    STRATEGY_ALIASES,
-    TOP_LEVEL_KEYS,
-    is_positive_int,
-    normalize_activation_checkpointing,
-    schedule_class_name,
-)
-from .layout import MAX_LISTED, Layout, dp_shard_of, infer_dp
+from .config.values import TOP_LEVEL_KEYS, is_positive_int
+from .dims import ParallelDims, read_dims
+from .layout import MAX_LISTED, Layout
 from .report import (
     SEVERITY_ORDER,
     AxisInfo,
@@ -31,8 +26,6 @@ from .report import (
     ValidationReport,
 )
 from .rules import Context, run_rules
-from .rules.automodel import ep_shard_of
-from .rules.base import effective_sizes
 
 ConfigInput = Union[str, Path, Mapping[str, Any]]
 ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
@@ -181,82 +174,35 @@ def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
     return None
 
 
-def _context(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
-             torch_version: Any = None, overrides: Overrides = None
-             ) -> tuple[Context | None, Document, list[Finding], str | None]:
-    doc = load_config(config, overrides)
-    findings: list[Finding] = []
+@dataclass(frozen=True)
+class Analysis:
+    """A validation's report and what it was computed from: the loaded document and, when the config has a
+    ``distributed:`` block, the :class:`~automodel_dist.rules.Context` (the block, the recipe, the model and
+    AutoModel's reading of the block, ``context.dims``) that the estimate, suggest and the smoke runner build on."""
+
+    report: ValidationReport
+    context: Context | None
+    document: Document
+
+    @property
+    def dims(self) -> ParallelDims | None:
+        return self.context.dims if self.context is not None else None
+
+
+def _context(doc: Document, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
+             torch_version: Any, findings: list[Finding]) -> tuple[Context | None, str | None]:
     split = _split(doc)
     world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
     if split.block is None:
-        return None, doc, findings, source
+        return None, source
     spec = _model(model, split.recipe, doc, findings)
-    block = split.block
-    ctx = Context(doc=doc, block=block, base=split.base, recipe=split.recipe, world_size=world, nodes=nodes_i,
-                  gpus_per_node=gpn, model=spec, torch_version=torch_version)
-    raw = block.get("strategy", "fsdp2")
-    ctx.strategy = STRATEGY_ALIASES.get(raw.lower()) if isinstance(raw, str) else None
-    ctx.sizes = sizes = effective_sizes(block)
-    tp, pp, cp, ep, rep = (sizes[k] or 1 for k in ("tp_size", "pp_size", "cp_size", "ep_size", "dp_replicate_size"))
-    dp_size = sizes["dp_size"]
-    try:
-        ctx.ac = normalize_activation_checkpointing(block.get("activation_checkpointing", False))
-    except ValueError:
-        ctx.ac = None
-    if ctx.strategy is not None:
-        if world is not None:
-            ctx.dp = infer_dp(ctx.strategy, world_size=world, tp=tp, cp=cp, pp=pp, dp_size=dp_size)
-        elif ctx.strategy != "ddp" and dp_size is not None:
-            ctx.dp = dp_size
-    pipe = block.get("pipeline")
-    if pp > 1 and isinstance(pipe, dict):
-        name = pipe.get("pp_schedule", "1f1b")
-        ctx.pp_schedule = schedule_class_name(name) if isinstance(name, str) else None
-    ctx.ep_shard = ep_shard_of(ctx)
-    if ctx.strategy is not None and world is not None:
-        ctx.layout = ctx.tp_cp_layout = _layout(ctx.strategy, world, tp, pp, cp, ep, dp_size, rep)
-        if ctx.layout is None and (ep > 1 or rep > 1):  # tp/cp groups depend on neither: still checked
-            ctx.tp_cp_layout = _layout(ctx.strategy, world, tp, pp, cp, 1, dp_size, 1)
-    return ctx, doc, findings, source
-
-
-def _layout(strategy: str, world: int, tp: int, pp: int, cp: int, ep: int, dp_size: int | None,
-            rep: int) -> Layout | None:
-    try:
-        return Layout.build(strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep, dp_size=dp_size, dp_replicate=rep)
-    except ValueError:
-        return None
+    ctx = Context(doc=doc, block=split.block, base=split.base, dims=read_dims(split.block, world),
+                  recipe=split.recipe, nodes=nodes_i, gpus_per_node=gpn, model=spec, torch_version=torch_version)
+    return ctx, source
 
 
 def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.line if f.line is not None else 1 << 30))
-
-
-def _resolved(ctx: Context | None) -> Resolved:
-    if ctx is None:
-        return Resolved()
-    if ctx.strategy is None:
-        return Resolved(activation_checkpointing=ctx.ac)
-    sizes = ctx.sizes
-    tp, pp, cp, ep = sizes["tp_size"] or 1, sizes["pp_size"] or 1, sizes["cp_size"] or 1, sizes["ep_size"] or 1
-    rep = (sizes["dp_replicate_size"] or 1) if ctx.strategy == "fsdp2" else 1
-    shard = None
-    if ctx.strategy == "ddp":  # no mesh: every rank holds a full replica
-        tp = pp = cp = ep = 1
-        rep, shard = ctx.dp, 1
-    elif ctx.dp is not None and (ctx.strategy != "fsdp2" or ctx.dp % rep == 0):
-        shard = dp_shard_of(ctx.strategy, ctx.dp, rep)
-    fields: dict[str, Any] = dict(
-        strategy=ctx.strategy, activation_checkpointing=ctx.ac, dp=ctx.dp, dp_replicate=rep, dp_shard=shard,
-        tp=tp, pp=pp, cp=cp, ep=ep, ep_shard=ctx.ep_shard,
-        sequence_parallel=ctx.strategy == "fsdp2" and ctx.block.get("sequence_parallel") is True,
-        mesh_ranks=ctx.layout.mesh_ranks if ctx.layout is not None else None,
-    )
-    if pp > 1:
-        pipe = ctx.block.get("pipeline")
-        mbs = pipe.get("pp_microbatch_size", 1) if isinstance(pipe, dict) else None
-        fields.update(pp_schedule=ctx.pp_schedule, pp_microbatch_size=mbs if is_positive_int(mbs) else None)
-    return Resolved(**fields)
 
 
 def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
@@ -270,12 +216,17 @@ def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes
     (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is
     returned at once; nothing raises for bad input.
     """
-    return _validate(config, world_size, nodes, gpus_per_node, model, torch_version, overrides)[0]
+    return analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=model,
+                   torch_version=torch_version, overrides=overrides).report
 
 
-def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
-              torch_version: Any = None, overrides: Overrides = None) -> tuple[ValidationReport, Context | None]:
-    ctx, doc, findings, source = _context(config, world_size, nodes, gpus_per_node, model, torch_version, overrides)
+def analyze(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
+            gpus_per_node: int | None = None, model: ModelInput = None, torch_version: str | None = None,
+            overrides: Overrides = None) -> Analysis:
+    """:func:`validate_config`, keeping what the report was computed from (see :class:`Analysis`)."""
+    doc = load_config(config, overrides)
+    findings: list[Finding] = []
+    ctx, source = _context(doc, world_size, nodes, gpus_per_node, model, torch_version, findings)
     all_findings = list(doc.findings) + findings
     if ctx is not None:
         all_findings += run_rules(ctx)
@@ -285,15 +236,15 @@ def _validate(config: ConfigInput, world_size: Any, nodes: Any, gpus_per_node: A
                 all_findings[i] = f.model_copy(update={"severity": "error"})
     report = ValidationReport(
         valid=not any(f.severity == "error" for f in all_findings),
-        world_size=ctx.world_size if ctx else None,
+        world_size=ctx.dims.world_size if ctx else None,
         world_size_source=source,
         gpus_per_node=ctx.gpus_per_node if ctx else None,
         source=doc.source,
         model=ctx.model.name if ctx and ctx.model else None,
         findings=_sorted(all_findings),
-        resolved=_resolved(ctx),
+        resolved=ctx.dims.resolved() if ctx else Resolved(),
     )
-    return report, ctx
+    return Analysis(report, ctx, doc)
 
 
 def _default_ranks(world_size: int) -> list[int]:
@@ -305,10 +256,10 @@ def build_layout(config: ConfigInput, *, world_size: int | None, gpus_per_node: 
     """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`.
     ``world_size=None``: ``nodes`` x ``gpus_per_node``, else the recipe's ``ci:`` block gives it (and GPUs per
     node), as in :func:`validate_config`."""
-    report, ctx = _validate(config, world_size, nodes, gpus_per_node, None, None, overrides)
-    if not report.valid or ctx is None or ctx.layout is None:
-        raise ConfigError(report)
-    return ctx.layout, report
+    result = analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, overrides=overrides)
+    if not result.report.valid or result.dims is None or result.dims.layout is None:
+        raise ConfigError(result.report)
+    return result.dims.layout, result.report
 
 
 def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] | None = None,
@@ -383,13 +334,5 @@ def build_mesh(config: ConfigInput, *, world_size: int | None = None, ranks: Seq
                        picture_axis=picture_axis, max_listed=max_listed)
 
 
-def layout_for(report: ValidationReport) -> Layout:
-    """The :class:`Layout` of a valid report (used by the estimator and the smoke runner)."""
-    r = report.resolved
-    if not report.valid or r.strategy is None or r.dp is None or report.world_size is None:
-        raise ConfigError(report)
-    return Layout.build(r.strategy, world_size=report.world_size, tp=r.tp or 1, pp=r.pp or 1, cp=r.cp or 1,
-                        ep=r.ep or 1, dp_size=r.dp, dp_replicate=r.dp_replicate or 1)
-
-
-__all__ = ["validate_config", "build_mesh", "build_layout", "mesh_report", "load_config", "layout_for", "ConfigError"]
+__all__ = ["validate_config", "analyze", "Analysis", "build_mesh", "build_layout", "mesh_report", "load_config",
+           "ConfigError"]

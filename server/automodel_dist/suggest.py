@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -19,11 +19,11 @@ from .api import validate_config
 from .catalog.implementations import implementation
 from .catalog.models import ModelSpec, resolve_model
 from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
+from .dims import FSDP2_DEFAULT_MP, ParallelDims
 from .estimate import (
     PRECISIONS,
     Cluster,
     MemoryBreakdown,
-    Parallelism,
     Training,
     check_headroom,
     check_positive_ints,
@@ -34,7 +34,7 @@ from .estimate import (
 )
 from .estimate.comm import estimate_comm
 from .estimate.memory import GIB, overhead_bytes
-from .layout import Layout, StageError, ep_shard_size, virtual_stages
+from .layout import StageError, ep_shard_size, virtual_stages
 from .render import flow
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
@@ -44,32 +44,13 @@ from .suggestion import Candidate, CurrentLayout, Rejected, SuggestReport
 SCHEDULES = ("1F1B", "Interleaved1F1B")
 
 
-@dataclass(frozen=True)
-class _Option:
-    p: Parallelism
-    n_mb: int | None
-
-    def block(self, mbs: int) -> dict[str, Any]:
-        p = self.p
-        out: dict[str, Any] = {"strategy": p.strategy}
-        if p.strategy == "fsdp2" and p.dp_replicate > 1:
-            out["dp_replicate_size"] = p.dp_replicate
-        for key, value in (("tp_size", p.tp), ("cp_size", p.cp), ("pp_size", p.pp), ("ep_size", p.ep)):
-            if value > 1:
-                out[key] = value
-        if p.sequence_parallel:
-            out["sequence_parallel"] = True
-        if p.activation_checkpointing:
-            out["activation_checkpointing"] = p.activation_checkpointing
-        if p.strategy == "fsdp2" and not p.defer_grad_sync:
-            out["defer_fsdp_grad_sync"] = False
-        if p.pp > 1:
-            out["pipeline"] = {"pp_schedule": (p.pp_schedule or "1F1B").lower(), "pp_microbatch_size": mbs}
-        return out
+def _microbatches(p: ParallelDims, gbs: int, mbs: int) -> int | None:
+    """Pipeline microbatches per step of a layout the search built (None without PP)."""
+    return gbs // p.dp // mbs if p.pp > 1 and p.dp else None
 
 
 def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, allow_ac: bool,
-             strategies: tuple[str, ...]) -> Iterator[_Option]:
+             strategies: tuple[str, ...]) -> Iterator[ParallelDims]:
     tps = [t for t in valid_tp_sizes(m) if world % t == 0 and t <= max(gpn, 1) * 2]
     eps = valid_ep_sizes(m)
     acs: list[bool | str] = [False, "selective", True] if allow_ac else [False]
@@ -104,17 +85,18 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                         for ep in ([1] if strategy != "fsdp2" else [
                                 e for e in eps if (dp * cp * tp) % e == 0 and not moe_tp_unplanned(tp, e)
                                 and (e == 1 or expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e)))]):
-                            ep_shard = ep_shard_size(dp=dp, cp=cp, tp=tp, ep=ep)
                             for sched in schedules:
                                 for ac in acs:
                                     if ac == "selective" and strategy == "megatron_fsdp":
                                         continue  # AutoModel rejects it (ac-selective-strategy)
                                     if ac and applied_ac(strategy, ac, world) is False:  # megatron_fsdp skips AC
                                         continue
-                                    yield _Option(Parallelism(
-                                        strategy=strategy, dp=dp, dp_replicate=rep, tp=tp, pp=pp, cp=cp, ep=ep,
-                                        ep_shard=ep_shard, sequence_parallel=tp > 1 and strategy == "fsdp2",
-                                        activation_checkpointing=ac, pp_schedule=sched), n_mb)
+                                    yield ParallelDims(
+                                        strategy=strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep,
+                                        dp_replicate=rep, sequence_parallel=tp > 1 and strategy == "fsdp2",
+                                        activation_checkpointing=ac, pp_schedule=sched,
+                                        pp_microbatch_size=mbs if pp > 1 else None,
+                                        mp_policy=FSDP2_DEFAULT_MP if strategy == "fsdp2" else None)
 
 
 def _may_fit_eagerly(mem: MemoryBreakdown, budget: float) -> bool:
@@ -135,9 +117,8 @@ def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:
     return True
 
 
-def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m: ModelSpec, tr: Training,
+def _rationale(p: ParallelDims, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m: ModelSpec, tr: Training,
                no_ac_gib: float | None, freed_gib: float | None = None) -> list[str]:
-    p = o.p
     out = [f"peak {mem.total:.1f} GiB per GPU of {cluster.gpu.memory_gib:.0f} GiB (model states "
            f"{mem.model_states:.1f}, activations {mem.activations:.1f}, buffers {mem.buffers:.1f}, overhead "
            f"{mem.overhead:.1f}); est. step {comm.step_time_s:.2f} s, MFU {comm.mfu:.0%}"]
@@ -165,7 +146,7 @@ def _rationale(o: _Option, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m:
         out.append(f"cp={p.cp}: seq_len {tr.seq_len} is split into {p.cp} chunks, cutting activations to "
                    f"1/{p.cp} for long sequences")
     if p.pp > 1:
-        out.append(f"pp={p.pp} ({p.pp_schedule}, {o.n_mb} microbatches, bubble {comm.bubble_fraction:.0%}): "
+        out.append(f"pp={p.pp} ({p.pp_schedule}, {_microbatches(p, tr.global_batch_size or 0, tr.micro_batch_size)} microbatches, bubble {comm.bubble_fraction:.0%}): "
                    "layers split across stages so each GPU holds a fraction of the model")
     if p.ep > 1:
         out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, " + (
@@ -227,26 +208,21 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     base_tr = Training(seq_len=seq_len, micro_batch_size=micro_batch_size, global_batch_size=gbs,
                        storage_dtype=storage, compute_dtype=compute, optimizer=optimizer)
     budget = cluster.gpu.memory_gib * (1 - headroom)
-    layouts: dict[tuple, Layout] = {}
-    scored: list[tuple[float, _Option, MemoryBreakdown, Any]] = []
-    oom: list[tuple[float, _Option, MemoryBreakdown]] = []
+    scored: list[tuple[float, ParallelDims, MemoryBreakdown, Any]] = []
+    oom: list[tuple[float, ParallelDims, MemoryBreakdown]] = []
     no_ac: dict[tuple, float] = {}  # layout (without its AC mode) -> peak GiB without checkpointing
-    held: dict[_Option, float] = {}  # layouts that fit only with defer_fsdp_grad_sync: false -> GiB it frees
+    held: dict[ParallelDims, float] = {}  # layouts that fit only with defer_fsdp_grad_sync: false -> GiB it frees
     fits_without_ac: set[tuple] = set()
     searched = 0
     trainings: dict[int | None, Training] = {}  # one per microbatch count (replace() is slow)
-    for o in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
+    for p in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
                       strategies):
-        p = o.p
         base_key = (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)
         if p.activation_checkpointing and base_key in fits_without_ac:
             continue  # checkpointing only adds recompute once the layout already fits
         searched += 1
-        tr = trainings.get(o.n_mb) or trainings.setdefault(o.n_mb, replace(base_tr, pp_microbatches=o.n_mb))
-        key = (p.strategy, p.tp, p.pp, p.cp, p.ep, p.dp_replicate)
-        if key not in layouts:
-            layouts[key] = Layout.build(p.strategy, world_size=world, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep,
-                                        dp_replicate=p.dp_replicate)
+        n_mb = _microbatches(p, gbs, micro_batch_size)
+        tr = trainings.get(n_mb) or trainings.setdefault(n_mb, replace(base_tr, pp_microbatches=n_mb))
         mem, _, _ = evaluate(spec, p, tr, None)
         fits = mem.total <= budget
         if not p.activation_checkpointing:
@@ -255,33 +231,33 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
                 fits_without_ac.add(base_key)
         if not fits and mem.deferred_grads and _may_fit_eagerly(mem, budget):
             # reduce-scatter after every backward instead of holding fp32 grads
-            eager = replace(p, defer_grad_sync=False)
+            eager = replace(p, defer_fsdp_grad_sync=False)
             eager_mem, _, _ = evaluate(spec, eager, tr, None)
             if eager_mem.total <= budget:
-                o, p = replace(o, p=eager), eager
-                held[o] = mem.deferred_grads
+                p = eager
+                held[p] = mem.deferred_grads
                 mem, fits = eager_mem, True
         if fits:  # communication and time only for layouts that fit (and near misses, below)
-            comm = estimate_comm(spec, p, tr, layouts[key], cluster)
-            scored.append((comm.step_time_s, o, mem, comm))
+            comm = estimate_comm(spec, p, tr, cluster)
+            scored.append((comm.step_time_s, p, mem, comm))
         elif mem.total <= 2 * budget:
-            oom.append((estimate_comm(spec, p, tr, layouts[key], cluster).step_time_s, o, mem))
+            oom.append((estimate_comm(spec, p, tr, cluster).step_time_s, p, mem))
         else:
-            oom.append((float("inf"), o, mem))
+            oom.append((float("inf"), p, mem))
     scored.sort(key=lambda x: (round(x[0], 3 - int(math.floor(math.log10(max(x[0], 1e-9))))),
-                               _complexity(x[1].p), x[2].total))
+                               _complexity(x[1]), x[2].total))
     candidates: list[Candidate] = []
     rejected: list[Rejected] = []
     shapes: set[tuple] = set()
-    for step, o, mem, comm in scored:
+    for step, p, mem, comm in scored:
         if len(candidates) >= top_k:
             break
-        shape = (o.p.strategy, o.p.tp, o.p.cp, o.p.pp, o.p.ep)
+        shape = (p.strategy, p.tp, p.cp, p.pp, p.ep)
         if shape in shapes:
             continue  # one candidate per layout shape (its best HSDP / checkpointing / schedule variant)
         shapes.add(shape)
-        block = o.block(micro_batch_size)
-        recipe = {"distributed": block, "step_scheduler": _batches(o, gbs, micro_batch_size)}
+        block = p.to_block()
+        recipe = {"distributed": block, "step_scheduler": _batches(p, gbs, micro_batch_size)}
         report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
@@ -291,8 +267,8 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             rank=len(candidates) + 1, yaml=yaml.safe_dump(recipe, sort_keys=False), distributed=block,
             memory_gib=mem, comm_bytes_per_step=comm.bytes_per_step, step_time_s=step, mfu=comm.mfu,
             tokens_per_second=tps,
-            rationale=_rationale(o, mem, comm, cluster, spec, base_tr, no_ac.get(
-                (o.p.strategy, o.p.dp_replicate, o.p.tp, o.p.pp, o.p.cp, o.p.ep, o.p.pp_schedule)), held.get(o)),
+            rationale=_rationale(p, mem, comm, cluster, spec, base_tr, no_ac.get(
+                (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)), held.get(p)),
             findings=[f for f in report.findings if f.severity == "warning"]))
     rejected += _alternatives(spec, world, gpn, cluster, budget, oom, candidates[0].step_time_s if candidates else None,
                               micro_batch_size, strategies)
@@ -300,7 +276,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     if not candidates:
         best = min(oom, key=lambda x: x[2].total) if oom else None
         note = (f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
-                f"({flow(best[1].block(micro_batch_size))}): add GPUs, use a larger GPU, shorten seq_len or lower the "
+                f"({flow(best[1].to_block())}): add GPUs, use a larger GPU, shorten seq_len or lower the "
                 "micro batch" if best else "no layout could be built for this model and cluster")
     current = None
     if config is not None:
@@ -320,10 +296,11 @@ def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: in
                      ) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None]:
     """The model, the recipe's distributed: block and the arguments not passed, from the recipe (``used`` records
     each one's source key)."""
-    from .api import _validate
+    from .api import analyze
 
-    report, ctx = _validate(config, None, nodes, gpus_per_node, None if model is None else resolve_model(model),
-                            None, None)
+    result = analyze(config, nodes=nodes, gpus_per_node=gpus_per_node,
+                     model=None if model is None else resolve_model(model))
+    report, ctx = result.report, result.context
     if ctx is None:
         raise ValueError("the recipe cannot be read: " + "; ".join(f.message for f in report.errors[:3]))
     spec = model_of(ctx)
@@ -339,7 +316,7 @@ def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: in
     if global_batch_size is None and "global_batch_size" in facts:
         global_batch_size, used["global_batch_size"] = facts["global_batch_size"]
     if micro_batch_size is None:  # sequences per microbatch: the pipeline's, else the per-rank batch
-        key = "pp_microbatch_size" if (ctx.sizes.get("pp_size") or 1) > 1 else "local_batch_size"
+        key = "pp_microbatch_size" if ctx.dims.pp > 1 else "local_batch_size"
         if key in facts:
             micro_batch_size, used["micro_batch_size"] = facts[key]
     return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
@@ -365,7 +342,7 @@ def _current(config: Any, block: dict[str, Any], spec: ModelSpec, nodes: int, gp
                          best_speedup=round(est.step_time_s / best, 2) if best and est.step_time_s else None)
 
 
-def _complexity(p: Parallelism) -> tuple[int, int]:
+def _complexity(p: ParallelDims) -> tuple[int, int]:
     """Tie-breaker: fewer parallel axes, no checkpointing, AutoModel's default strategy first."""
     axes = sum(x > 1 for x in (p.tp, p.cp, p.pp, p.ep, p.dp_replicate))
     return axes + (1 if p.activation_checkpointing else 0), ("fsdp2", "ddp", "megatron_fsdp").index(p.strategy)
@@ -385,14 +362,14 @@ def search_strategies(strategies: str | Iterable[str] | None) -> tuple[str, ...]
     return tuple(s for s in STRATEGIES if s in chosen)
 
 
-def _batches(o: _Option, gbs: int, mbs: int) -> dict[str, int]:
-    if o.p.pp > 1:
-        return {"global_batch_size": gbs, "local_batch_size": gbs // o.p.dp}
+def _batches(p: ParallelDims, gbs: int, mbs: int) -> dict[str, int]:
+    if p.pp > 1:
+        return {"global_batch_size": gbs, "local_batch_size": gbs // p.dp}
     return {"global_batch_size": gbs, "local_batch_size": mbs}
 
 
 def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: float,
-                  oom: list[tuple[float, _Option, MemoryBreakdown]], best: float | None, mbs: int,
+                  oom: list[tuple[float, ParallelDims, MemoryBreakdown]], best: float | None, mbs: int,
                   strategies: tuple[str, ...]) -> list[Rejected]:
     """Why the popular simple layouts, and the layouts that would beat the pick (``best`` s/step), were not
     picked (each in a strategy the search covers)."""
@@ -406,8 +383,7 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
             seen.add(key)
             out.append(Rejected(distributed=block, reason=reason))
 
-    def why(o: _Option, mem: MemoryBreakdown, step: float) -> str:
-        p = o.p
+    def why(p: ParallelDims, mem: MemoryBreakdown, step: float) -> str:
         over = f"OOM, {mem.total:.1f} GiB > {budget:.1f} GiB usable of {cap:.0f} GiB"
         if p.strategy == "ddp" and not p.activation_checkpointing:
             return f"DDP replicates the whole model: {over}"
@@ -420,15 +396,14 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
             return f"{over} (est. {step:.2f} s/step if it fit)"
         return f"{over} (it would be faster: {step:.2f} vs {best:.2f} s/step)" if step < best else over
 
-    for step, o, mem in sorted(oom, key=lambda x: x[0])[:3]:  # the fastest layouts that do not fit
+    for step, p, mem in sorted(oom, key=lambda x: x[0])[:3]:  # the fastest layouts that do not fit
         if step == float("inf") or (best is not None and step >= best):
             break
-        add(o.block(mbs), why(o, mem, step))
-    for step, o, mem in oom:
-        p = o.p
+        add(p.to_block(), why(p, mem, step))
+    for step, p, mem in oom:
         simple = p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and not p.activation_checkpointing
         if simple and p.strategy in ("fsdp2", "ddp"):
-            add(o.block(mbs), why(o, mem, step))
+            add(p.to_block(), why(p, mem, step))
     sharded = next((s for s in strategies if s != "ddp"), None)  # the strategy the TP/EP examples below use
     if sharded is None:
         return out

@@ -5,17 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU, lookup_gpu
 from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
 from ..config.load import clip
-from ..config.values import applied_ac, is_positive_int
+from ..config.values import is_positive_int
+from ..dims import ParallelDims
 from ..report import ConfigError, Finding, Resolved
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
-from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, MemoryBreakdown, Parallelism, Training, memory_per_rank
+from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, MemoryBreakdown, Training, memory_per_rank
+
+if TYPE_CHECKING:
+    from ..rules import Context
 
 PRECISIONS: dict[str, tuple[str, str]] = {
     # name: (storage dtype of params/grads/optimizer states, compute dtype)
@@ -102,7 +106,7 @@ def check_headroom(headroom: float) -> None:
 SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
 
 
-def recipe_training(ctx: Any) -> dict[str, tuple[int, str]]:
+def recipe_training(ctx: Context | None) -> dict[str, tuple[int, str]]:
     """What a recipe says about the training run: ``seq_len``, ``global_batch_size``, ``local_batch_size`` and
     ``pp_microbatch_size`` (each with the key it came from) where the recipe states a positive integer."""
     out: dict[str, tuple[int, str]] = {}
@@ -121,7 +125,7 @@ def recipe_training(ctx: Any) -> dict[str, tuple[int, str]]:
     return out
 
 
-def model_of(ctx: Any) -> ModelSpec:
+def model_of(ctx: Context | None) -> ModelSpec:
     """The model a check resolved (the argument, else the recipe's); ``ValueError`` saying how to name one."""
     if ctx is not None and ctx.model is not None:
         return ctx.model
@@ -132,32 +136,16 @@ def model_of(ctx: Any) -> ModelSpec:
                         "catalog" if named is not None else ""))
 
 
-def parallelism_from(resolved: Resolved, block: dict[str, Any], world_size: int | None = None) -> Parallelism:
-    moe = block.get("moe") if isinstance(block.get("moe"), dict) else {}
-    return Parallelism(
-        strategy=resolved.strategy or "fsdp2", dp=resolved.dp or 1, dp_replicate=resolved.dp_replicate or 1,
-        tp=resolved.tp or 1, pp=resolved.pp or 1, cp=resolved.cp or 1, ep=resolved.ep or 1,
-        ep_shard=resolved.ep_shard or 1, sequence_parallel=bool(resolved.sequence_parallel),
-        activation_checkpointing=applied_ac(resolved.strategy, resolved.activation_checkpointing or False,
-                                            world_size),
-        pp_schedule=resolved.pp_schedule,
-        zero_dp_strategy=block.get("zero_dp_strategy", 3) if resolved.strategy == "megatron_fsdp" else 3,
-        reshard_after_forward=block.get("reshard_after_forward") if resolved.strategy == "fsdp2" else None,
-        moe_reshard_after_forward=bool(moe.get("reshard_after_forward", False)),
-        defer_grad_sync=bool(block.get("defer_fsdp_grad_sync", True)) if resolved.strategy == "fsdp2" else True,
-    )
-
-
 MAX_SEARCH_SEQ_LEN = 1 << 21
 MAX_SEARCH_MICRO_BATCH = 4096
 
 
-def seq_len_step(p: Parallelism) -> int:
+def seq_len_step(p: ParallelDims) -> int:
     """The seq_len granularity of the limits search: 128 tokens, and a multiple of what CP and SP split by."""
     return math.lcm(128, 2 * p.cp if p.cp > 1 else 1, p.tp if p.sequence_parallel else 1)
 
 
-def fit_limits(spec: ModelSpec, p: Parallelism, tr: Training, budget_gib: float) -> tuple[int | None, int | None]:
+def fit_limits(spec: ModelSpec, p: ParallelDims, tr: Training, budget_gib: float) -> tuple[int | None, int | None]:
     """The longest seq_len (at ``tr``'s micro batch) and the largest micro batch (at its seq_len) whose peak stays
     within ``budget_gib``: memory grows with both, so each is a binary search over the estimate."""
     step = seq_len_step(p)
@@ -178,13 +166,13 @@ def fit_limits(spec: ModelSpec, p: Parallelism, tr: Training, budget_gib: float)
     return (seq_steps * step if seq_steps else None), mbs
 
 
-def evaluate(spec: ModelSpec, p: Parallelism, tr: Training, cluster: Cluster | None, *, layout: Any = None,
+def evaluate(spec: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster | None, *,
              headroom: float = 0.0) -> tuple[MemoryBreakdown, CommEstimate | None, bool | None]:
     """The one place memory and communication are combined (estimate_memory and the search use it)."""
     mem = memory_per_rank(spec, p, tr)
     if cluster is None:
         return mem, None, None
-    comm = estimate_comm(spec, p, tr, layout, cluster)
+    comm = estimate_comm(spec, p, tr, cluster)
     fits = mem.total <= cluster.gpu.memory_gib * (1 - headroom)
     return mem, comm, fits
 
@@ -202,7 +190,7 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
 
     Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
     """
-    from ..api import _validate
+    from ..api import analyze
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -213,13 +201,14 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         spec = resolve_model(model) if model is not None else None
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
-    report, ctx = _validate(config, world_size, nodes, gpus_per_node, spec, None, overrides)
+    result = analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec,
+                     overrides=overrides)
+    report, ctx = result.report, result.context
     if ctx is not None:
         spec = model_of(ctx)
     if not report.valid or ctx is None or report.world_size is None or spec is None:
         raise ConfigError(report)
-    r = report.resolved
-    block = ctx.block
+    p = ctx.dims
     facts = recipe_training(ctx)
     lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None
     if global_batch_size is None and "global_batch_size" in facts:
@@ -227,9 +216,9 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     assumed = ["seq_len"] if seq_len is None and "seq_len" not in facts else []
     seq_len = seq_len or (facts["seq_len"][0] if "seq_len" in facts else 4096)
     n_mb = None
-    if (r.pp or 1) > 1:
-        mbs = micro_batch_size or r.pp_microbatch_size or 1
-        assumed += ["micro_batch_size"] if not (micro_batch_size or r.pp_microbatch_size) else []
+    if p.pp > 1:
+        mbs = micro_batch_size or p.pp_microbatch_size or 1
+        assumed += ["micro_batch_size"] if not (micro_batch_size or p.pp_microbatch_size) else []
         if lbs is not None:
             n_mb = max(1, lbs // mbs)
     else:
@@ -238,15 +227,14 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     storage, compute = PRECISIONS[precision]
     tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
                   compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
-    p = parallelism_from(r, block, report.world_size)
     gpn = ctx.gpus_per_node or gpus_per_node
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
-    mem, comm, fits = evaluate(spec, p, tr, cluster, layout=ctx.layout, headroom=headroom)
+    mem, comm, fits = evaluate(spec, p, tr, cluster, headroom=headroom)
     assert comm is not None
     max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
     shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
-        model=spec.name, world_size=report.world_size, layout=r, gpu=cluster.gpu.name,
+        model=spec.name, world_size=report.world_size, layout=report.resolved, gpu=cluster.gpu.name,
         gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps, inter_gbps=cluster.inter_gbps,
         precision=precision, seq_len=seq_len, micro_batch_size=mbs,
         global_batch_size=global_batch_size, memory_gib=mem, fits=fits, headroom=headroom,
@@ -260,5 +248,5 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     )
 
 
-__all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Parallelism", "Training", "MemoryBreakdown", "evaluate",
-           "make_cluster", "parallelism_from", "recipe_training", "model_of", "fit_limits"]
+__all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Training", "MemoryBreakdown", "evaluate", "make_cluster",
+           "recipe_training", "model_of", "fit_limits"]

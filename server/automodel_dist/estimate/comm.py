@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU
 from ..catalog.models import ModelSpec
-from ..layout import Layout
-from .memory import DTYPE_BYTES, Parallelism, Training, _rank_groups, in_flight_microbatches, microbatches
+from ..dims import ParallelDims
+from .memory import DTYPE_BYTES, Training, _rank_groups, in_flight_microbatches, microbatches
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
 MATMUL_EFFICIENCY = 0.55  # achieved / peak bf16 FLOP/s for transformer training kernels
@@ -68,7 +68,7 @@ def step_flops(m: ModelSpec, seq_len: int, tokens: float) -> float:
     return tokens * (6.0 * cached[1] + 6.0 * attn_layers * attn_width * seq_len)
 
 
-def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | None, cluster: Cluster) -> CommEstimate:
+def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster) -> CommEstimate:
     comp = DTYPE_BYTES[tr.compute_dtype]
     store = DTYPE_BYTES[tr.storage_dtype]
     gbs = tr.global_batch_size or tr.micro_batch_size * p.dp
@@ -101,7 +101,7 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
         if g.experts and p.ep_shard > 1:
             out["ep_shard"] = _ag(p.ep_shard, g.experts * comp) * gathers + _ag(p.ep_shard, g.experts * 4) * reduces
     per_mb_act = tok_mb * h * comp
-    recompute = 1 if p.activation_checkpointing is True else 0
+    recompute = 1 if p.ac_applied is True else 0
     if p.tp > 1:  # two all-reduces per layer forward (attention, MLP) and two in backward
         out["tp"] = _ar(p.tp, per_mb_act) * (4 + 2 * recompute) * n_layers * mb_per_step
         if g.last:
@@ -120,6 +120,8 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
         routed = tok_mb * max(m.experts_per_token, 1) * h * comp
         out["ep"] = _ag(p.ep, routed) * (4 + 2 * recompute) * moe_layers * mb_per_step
 
+    layout = p.layout
+
     def crosses(axis: str) -> bool:
         if layout is None or layout.device_mesh() is None:
             return p.dp * p.cp * p.tp * p.pp > cluster.gpus_per_node
@@ -136,12 +138,12 @@ def estimate_comm(m: ModelSpec, p: Parallelism, tr: Training, layout: Layout | N
         bw = (cluster.inter_gbps if cross[axis] else cluster.intra_gbps) * 1e9 * COLLECTIVE_EFFICIENCY
         times[axis] = nbytes / bw
 
-    world = p.world
+    world = p.dp * p.cp * p.tp * p.pp
     flops_rank_base = step_flops(m, tr.seq_len, tokens_step) / world
     flops_rank = flops_rank_base
-    if p.activation_checkpointing is True:
+    if p.ac_applied is True:
         flops_rank *= 8 / 6  # one more forward
-    elif p.activation_checkpointing == "selective":
+    elif p.ac_applied == "selective":
         flops_rank *= 1.03  # pointwise ops and attention recomputed
     compute = flops_rank / (cluster.gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
     bubble = 0.0

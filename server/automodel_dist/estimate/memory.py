@@ -35,74 +35,13 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from ..catalog.models import ModelSpec
-from ..config.values import V_SCHEDULES, is_single_stage
-from ..layout import dp_shard_of, stage_ids, stage_layer_counts
+from ..dims import ParallelDims
+from ..layout import stage_ids, stage_layer_counts
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FRAGMENTATION = 0.08  # allocator fragmentation margin, fraction of the tracked peak
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, NCCL/gloo workspaces, kernels (per GPU)
-
-
-def block_reshard(reshard_after_forward: bool | None, moe_reshard_after_forward: bool, ep: int) -> bool | None:
-    """``reshard_after_forward`` of the FSDP2 blocks as AutoModel 0.7.0 wraps them; None for its dense default
-    (every block but the last reshards). With ep_size > 1 its MoE parallelizer gives every block and the EP-sharded
-    experts ``reshard_after_forward``, else ``moe.reshard_after_forward`` (default false). Its dense path's "keep
-    blocks gathered under PP" default never engages (it looks for a ``pp`` dim in the data-parallel mesh, which has
-    none), so PP changes nothing here."""
-    if reshard_after_forward is not None:
-        return reshard_after_forward
-    return moe_reshard_after_forward if ep > 1 else None
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """Resolved sizes of one layout (what ``Resolved`` holds, with the strategy options used here)."""
-
-    strategy: str = "fsdp2"
-    dp: int = 1
-    dp_replicate: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    ep_shard: int = 1
-    sequence_parallel: bool = False
-    activation_checkpointing: bool | str = False
-    pp_schedule: str | None = None
-    zero_dp_strategy: int = 3  # megatron_fsdp
-    reshard_after_forward: bool | None = None  # distributed.reshard_after_forward (FSDP2); None = AutoModel's default
-    moe_reshard_after_forward: bool = False  # moe.reshard_after_forward (AutoModel default False)
-    defer_grad_sync: bool = True  # distributed.defer_fsdp_grad_sync (FSDP2; AutoModel default True)
-
-    @property
-    def blocks_reshard(self) -> bool:
-        """Whether FSDP2 reshards the transformer blocks (and EP-sharded experts) after forward (see
-        :func:`block_reshard`; the dense default leaves only the last block gathered)."""
-        chosen = block_reshard(self.reshard_after_forward, self.moe_reshard_after_forward, self.ep)
-        return True if chosen is None else chosen
-
-    def deferred_sync(self, backward_passes: int) -> bool:
-        """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step (AutoModel's
-        ``defer_fsdp_grad_sync``, default true): with gradient accumulation, and always under PP (torch's pipeline
-        stages run every backward without sync and reduce once at the end). FSDP then keeps every block's
-        gradients unsharded, upcast to the reduce dtype (fp32), until that last reduce-scatter; under PP the
-        blocks' parameters also stay gathered after each backward."""
-        return self.strategy == "fsdp2" and self.defer_grad_sync and (self.pp > 1 or backward_passes > 1)
-
-    @property
-    def dp_shard(self) -> int:
-        return dp_shard_of(self.strategy, self.dp, self.dp_replicate)
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.cp * self.tp * self.pp
-
-    @property
-    def stages_per_rank(self) -> int:
-        if self.pp <= 1:
-            return 1
-        return 1 if is_single_stage(self.pp_schedule or "1F1B") else 2
 
 
 @dataclass(frozen=True)
@@ -171,7 +110,7 @@ def _attn_split(m: ModelSpec) -> tuple[float, float]:
     return total - norm, norm
 
 
-def _kind_params(m: ModelSpec, p: Parallelism) -> dict[str, tuple[float, float]]:
+def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]]:
     """(non-expert, expert) parameters on a rank of one layer of each kind (``ModelSpec.layer_kind``). Without
     EP the routed experts are ordinary block parameters (FSDP shards them with the rest of the block)."""
     experts = (m.num_experts / p.ep) * m.expert_params()
@@ -193,9 +132,9 @@ _GROUPS: dict[tuple, _Groups] = {}
 _MODELS: dict[int, ModelSpec] = {}  # keeps the specs keyed by id() alive, so an id is never reused
 
 
-def _rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
+def _rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
     """Parameter groups on one pipeline rank (memoized on small-int keys: the search calls it a lot)."""
-    key = (id(m), p.tp, p.ep, p.pp, p.stages_per_rank, (p.pp_schedule or "") in V_SCHEDULES, pp_rank)
+    key = (id(m), p.tp, p.ep, p.pp, p.stages_per_rank, p.v_schedule, pp_rank)
     g = _GROUPS.get(key)
     if g is None:
         if len(_GROUPS) > 100_000:
@@ -205,11 +144,11 @@ def _rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
     return g
 
 
-def _compute_rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
+def _compute_rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
     g = _Groups()
     n_stages = p.pp * p.stages_per_rank
     counts = stage_layer_counts(m.num_layers, n_stages) if p.pp > 1 else [m.num_layers]
-    v_style = (p.pp_schedule or "") in V_SCHEDULES
+    v_style = p.v_schedule
     my = stage_ids(pp_rank, p.pp, n_stages, v_style=v_style) if p.pp > 1 else (0,)
     per = _kind_params(m, p)
     for sid in my:
@@ -234,7 +173,7 @@ def _compute_rank_groups(m: ModelSpec, p: Parallelism, pp_rank: int) -> _Groups:
     return g
 
 
-def _state_shards(p: Parallelism) -> tuple[float, float, float, float]:
+def _state_shards(p: ParallelDims) -> tuple[float, float, float, float]:
     """Divisors for (params, grads, optimizer) of dense params, and of expert params."""
     if p.strategy == "ddp":
         return 1.0, 1.0, 1.0, 1.0
@@ -246,7 +185,7 @@ def _state_shards(p: Parallelism) -> tuple[float, float, float, float]:
     return n, n, n, float(p.ep_shard)
 
 
-def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
+def _hybrid_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
     """(saved, not-checkpointed) bytes per local token of one hybrid layer (see the module docstring)."""
     h, scale = m.hidden_size, comp_bytes / 2.0
     if kind == "mamba":
@@ -260,9 +199,9 @@ def _hybrid_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: i
         k = max(m.experts_per_token, 1)
         mixer = 6 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 6 * m.shared_expert_intermediate_size
     plain = (8 * h + mixer) * scale
-    if not p.activation_checkpointing:
+    if not p.ac_applied:
         return plain, plain
-    wrapped = kind in ("mamba", "mlp") if p.ep <= 1 else p.activation_checkpointing is True
+    wrapped = kind in ("mamba", "mlp") if p.ep <= 1 else p.ac_applied is True
     return (2 * h * scale if wrapped else plain), plain
 
 
@@ -282,10 +221,10 @@ def _forget() -> None:
     _MODELS.clear()
 
 
-def _act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
+def _act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
     """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed); memoized on
     what it depends on (the search asks for the same few combinations thousands of times)."""
-    key = (id(m), kind, comp_bytes, p.tp, p.sequence_parallel, p.activation_checkpointing, p.cp > 1, p.ep > 1)
+    key = (id(m), kind, comp_bytes, p.tp, p.sequence_parallel, p.ac_applied, p.cp > 1, p.ep > 1)
     hit = _ACTS.get(key)
     if hit is None:
         if len(_ACTS) > 100_000:
@@ -295,7 +234,7 @@ def _act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> 
     return hit
 
 
-def _compute_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: int) -> tuple[float, float]:
+def _compute_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, kind, comp_bytes)
     moe = kind == "moe"
@@ -311,16 +250,16 @@ def _compute_act_per_token(m: ModelSpec, p: Parallelism, kind: str, comp_bytes: 
     rep = (4 + 12 / t) if p.sequence_parallel else 16.0
     plain = (rep * h + _attention_act(m, t) + mlp_plain) * scale
     inp = 2 * h / (t if p.sequence_parallel else 1)
-    if p.activation_checkpointing == "selective":
+    if p.ac_applied == "selective":
         saved = (inp + 2 * h / t + 4 * kvd / t + 4 * h + mlp_sel) * scale
-    elif p.activation_checkpointing:
+    elif p.ac_applied:
         saved = inp * scale
     else:
         saved = plain
     return saved, plain
 
 
-def in_flight_microbatches(p: Parallelism, n_mb: int, pp_rank: int = 0) -> float:
+def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0) -> float:
     """Microbatches whose activations a pipeline rank holds at once, in units of its whole stage set."""
     if p.pp <= 1:
         return 1.0
@@ -341,7 +280,7 @@ def overhead_bytes(tracked: float) -> float:
     return CUDA_CONTEXT_GIB * GIB + FRAGMENTATION * tracked
 
 
-def microbatches(p: Parallelism, tr: Training) -> tuple[int, int]:
+def microbatches(p: ParallelDims, tr: Training) -> tuple[int, int]:
     """(pipeline microbatches per batch, gradient-accumulation steps) of one optimizer step on a rank; their product
     is the number of backward passes."""
     gbs = tr.global_batch_size or tr.micro_batch_size * p.dp
@@ -351,7 +290,7 @@ def microbatches(p: Parallelism, tr: Training) -> tuple[int, int]:
     return 1, max(1, gbs // (p.dp * tr.micro_batch_size))
 
 
-def memory_per_rank(m: ModelSpec, p: Parallelism, tr: Training) -> MemoryBreakdown:
+def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakdown:
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
     # The first ranks hold the most in-flight microbatches and the embedding, the last the lm_head and
     # the loss; with V schedules rank 0 holds both ends.
@@ -360,7 +299,7 @@ def memory_per_rank(m: ModelSpec, p: Parallelism, tr: Training) -> MemoryBreakdo
     return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
 
 
-def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int) -> dict:
+def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int) -> dict:
     store = DTYPE_BYTES[tr.storage_dtype]
     comp = DTYPE_BYTES[tr.compute_dtype]
     g = _rank_groups(m, p, pp_rank)
@@ -379,7 +318,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: Parallelism, tr: Training, pp_rank: int)
         s, plain = _act_per_token(m, p, kind, comp)
         saved += s * count
         last_block = max(last_block, s)
-        if p.activation_checkpointing and s < plain:
+        if p.ac_applied and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
     extra = 0.0
@@ -452,5 +391,5 @@ def activation_formula_korthikanti(s: int, b: int, h: int, a: int, t: int = 1, *
     return s * b * h * (34 + attn)
 
 
-__all__ = ["Parallelism", "Training", "MemoryBreakdown", "memory_per_rank", "in_flight_microbatches",
+__all__ = ["Training", "MemoryBreakdown", "memory_per_rank", "in_flight_microbatches",
            "activation_formula_korthikanti", "GIB"]

@@ -24,7 +24,7 @@ from ..config.values import (
     normalize_ac_scope,
     normalize_activation_checkpointing,
 )
-from ..layout import ep_shard_size, non_dp_factor
+from ..layout import non_dp_factor
 from ..report import Finding
 from .base import Context, finding, rule
 from .helpers import closest, describe, did_you_mean, divisors, fmt_set, pydantic_findings, value_ok, yaml_value
@@ -147,7 +147,7 @@ def ac_invalid(ctx: Context) -> Iterator[Finding]:
             "skips full checkpointing too, see megatron-fsdp-ac-ignored).",
       fix="Switch to fsdp2 for activation checkpointing, or remove it.")
 def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
-    if ctx.ac != "selective":
+    if ctx.dims.activation_checkpointing != "selective":
         return
     raw = _raw_strategy(ctx)
     name = raw.lower() if isinstance(raw, str) else raw
@@ -164,7 +164,7 @@ def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
       cause="activation_checkpointing_scope takes all, language, vision, audio, multimodal (all alone).",
       fix="activation_checkpointing_scope: all")
 def ac_scope_invalid(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy not in ("fsdp2", "ddp") or "activation_checkpointing_scope" not in ctx.block:
+    if ctx.dims.strategy not in ("fsdp2", "ddp") or "activation_checkpointing_scope" not in ctx.block:
         return
     raw = ctx.block["activation_checkpointing_scope"]
     try:
@@ -184,7 +184,7 @@ def hydra_target(ctx: Context) -> Iterator[Finding]:
         return
     target = ctx.block["_target_"]
     wanted = MANAGER_TARGETS.get(target) if isinstance(target, str) else None
-    effective = ctx.strategy or "fsdp2"
+    effective = ctx.dims.strategy or "fsdp2"
     if wanted and wanted != effective:
         yield finding(ctx, "hydra-target", ("_target_",),
                       f"_target_ names {target.rsplit('.', 1)[-1]} ({wanted}) but AutoModel 0.7.0 ignores "
@@ -207,13 +207,13 @@ def hydra_target(ctx: Context) -> Iterator[Finding]:
             "(e.g. sequence_parallel under ddp or megatron_fsdp).",
       fix="Remove the key or switch to a strategy that has it (fsdp2 has sequence_parallel, mp_policy, ...).")
 def option_unknown(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy is None:
+    if ctx.dims.strategy is None:
         return
-    fields = schema.fields(schema.STRATEGY_OPTIONS[ctx.strategy])
+    fields = schema.fields(schema.STRATEGY_OPTIONS[ctx.dims.strategy])
     for key in ctx.block:
         if key in TOP_LEVEL_KEYS or key in fields:
             continue
-        others = [s for s, m in schema.STRATEGY_OPTIONS.items() if s != ctx.strategy and key in schema.fields(m)]
+        others = [s for s, m in schema.STRATEGY_OPTIONS.items() if s != ctx.dims.strategy and key in schema.fields(m)]
         if others:
             fix = f"remove {key!r}: it is an option of {' and '.join(others)} only"
             if key == "sequence_parallel":
@@ -222,8 +222,8 @@ def option_unknown(ctx: Context) -> Iterator[Finding]:
             hint = did_you_mean(str(key), list(fields) + list(TOP_LEVEL_KEYS))
             fix = f"remove {key!r}" + (f"; {hint}" if hint else "")
         yield finding(ctx, "option-unknown", (key,),
-                      f"unknown option {key!r} for strategy {ctx.strategy!r}: AutoModel raises "
-                      f"\"Unknown options for strategy '{ctx.strategy}': ['{key}']\"", fix)
+                      f"unknown option {key!r} for strategy {ctx.dims.strategy!r}: AutoModel raises "
+                      f"\"Unknown options for strategy '{ctx.dims.strategy}': ['{key}']\"", fix)
 
 
 _SPECIAL_OPTIONS = frozenset({"mp_policy", "offload_policy", "multimodal", "activation_checkpointing_scope",
@@ -235,9 +235,9 @@ _SPECIAL_OPTIONS = frozenset({"mp_policy", "offload_policy", "multimodal", "acti
             "option on; null turns a default-true option off.",
       fix="Give booleans as true/false and numbers as numbers.")
 def option_type(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy is None:
+    if ctx.dims.strategy is None:
         return
-    model = schema.STRATEGY_OPTIONS[ctx.strategy]
+    model = schema.STRATEGY_OPTIONS[ctx.dims.strategy]
     fields = schema.fields(model)
     for key, value in ctx.block.items():
         if key not in fields or key in _SPECIAL_OPTIONS or value_ok(model, key, value):
@@ -288,7 +288,7 @@ def dtype_invalid(ctx: Context) -> Iterator[Finding]:
     for parts, value in places:
         problem = _dtype_problem(value)
         if problem:
-            sev = "warning" if parts[0] == "pipeline" and ctx.size("pp_size") <= 1 else None
+            sev = "warning" if parts[0] == "pipeline" and ctx.dims.pp <= 1 else None
             yield finding(ctx, "dtype-invalid", parts, f"{parts[-1]}: {problem}",
                           f"{parts[-1]}: bfloat16 (or float32, float16)", severity=sev)
 
@@ -378,7 +378,7 @@ def multimodal_invalid(ctx: Context) -> Iterator[Finding]:
         return
     value = ctx.block["multimodal"]
     if not isinstance(value, dict):
-        if ctx.strategy != "fsdp2":
+        if ctx.dims.strategy != "fsdp2":
             return  # not coerced; option-unknown reports it
         yield finding(ctx, "multimodal-invalid", ("multimodal",),
                       f"multimodal must be a mapping, got {value!r}; AutoModel raises TypeError "
@@ -406,9 +406,9 @@ def _pipeline(ctx: Context) -> Any:
       cause="A pipeline: block only takes effect when pp_size > 1 (AutoModel logs a warning and drops it).",
       fix="Set pp_size > 1, or keep the block on purpose for launch-time overrides.")
 def pipeline_ignored(ctx: Context) -> Iterator[Finding]:
-    if _pipeline(ctx) is not None and ctx.size("pp_size") <= 1:
+    if _pipeline(ctx) is not None and ctx.dims.pp <= 1:
         yield finding(ctx, "pipeline-ignored", ("pipeline",),
-                      f"pipeline: is set but pp_size={ctx.size('pp_size')}: pipeline parallelism is off and "
+                      f"pipeline: is set but pp_size={ctx.dims.pp}: pipeline parallelism is off and "
                       "AutoModel ignores the block", "set pp_size > 1 to use it, or remove the block")
 
 
@@ -437,11 +437,11 @@ _PIPELINE_UNTYPED = _PIPELINE_DEDICATED | frozenset(_PIPELINE_OVERWRITTEN)
 
 
 def _pipeline_severity(ctx: Context) -> Any:
-    return "warning" if ctx.size("pp_size") <= 1 else None
+    return "warning" if ctx.dims.pp <= 1 else None
 
 
 def _pipeline_note(ctx: Context) -> str:
-    return " (ignored now since pp_size=1, an error once pp_size > 1)" if ctx.size("pp_size") <= 1 else ""
+    return " (ignored now since pp_size=1, an error once pp_size > 1)" if ctx.dims.pp <= 1 else ""
 
 
 @rule("pipeline-invalid", family=F, severity="error", title="pipeline: has unknown keys or bad values",
@@ -548,7 +548,7 @@ def pp_microbatch_invalid(ctx: Context) -> Iterator[Finding]:
 
 def _activation_dtype(ctx: Context) -> str | None:
     """The FSDP activation dtype AutoModel derives pipeline.dtype from (mp_policy output or param dtype)."""
-    if ctx.strategy != "fsdp2":
+    if ctx.dims.strategy != "fsdp2":
         return None
     mp = ctx.block.get("mp_policy")
     if mp is None:
@@ -569,7 +569,7 @@ def _activation_dtype(ctx: Context) -> str | None:
       fix="Remove pipeline.dtype; AutoModel derives it from mp_policy.")
 def pipeline_dtype_mismatch(ctx: Context) -> Iterator[Finding]:
     pipe = _pipeline(ctx)
-    if ctx.size("pp_size") <= 1 or not isinstance(pipe, dict) or not isinstance(pipe.get("dtype"), str):
+    if ctx.dims.pp <= 1 or not isinstance(pipe, dict) or not isinstance(pipe.get("dtype"), str):
         return
     chosen, act = dtype_name(pipe["dtype"]), _activation_dtype(ctx)
     if chosen and act and chosen != act:
@@ -585,7 +585,7 @@ def pipeline_dtype_mismatch(ctx: Context) -> Iterator[Finding]:
       fix="Set these in their recipe sections instead.")
 def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
     pipe = _pipeline(ctx)
-    if not isinstance(pipe, dict) or ctx.size("pp_size") <= 1:
+    if not isinstance(pipe, dict) or ctx.dims.pp <= 1:
         return
     for key, src in _PIPELINE_OVERWRITTEN.items():
         if key in pipe:
@@ -602,7 +602,7 @@ def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
             "torch's DualPipeV routes stages V-style, so stage peers disagree.",
       fix="Use ZBVZeroBubble (V-style) or Interleaved1F1B.")
 def pp_schedule_dualpipev(ctx: Context) -> Iterator[Finding]:
-    if ctx.pp_schedule == "DualPipeV" and ctx.size("pp_size") > 1:
+    if ctx.dims.pp_schedule == "DualPipeV" and ctx.dims.pp > 1:
         yield finding(ctx, "pp-schedule-dualpipev", ("pipeline", "pp_schedule"),
                       "AutoModel 0.7.0 assigns pipeline stages loop-style for DualPipeV (stages r and r+pp on rank r) "
                       "but torch's DualPipeV expects V-style placement (r and 2*pp-1-r): stage-to-rank maps disagree "
@@ -614,9 +614,9 @@ def pp_schedule_dualpipev(ctx: Context) -> Iterator[Finding]:
 @rule("moe-ignored", family=F, severity="warning", title="moe: with ep_size 1 is dropped",
       cause="AutoModel silently drops the moe: block unless ep_size > 1.", fix="Set ep_size > 1 or remove moe:.")
 def moe_ignored(ctx: Context) -> Iterator[Finding]:
-    if ctx.block.get("moe") is not None and ctx.size("ep_size") <= 1:
+    if ctx.block.get("moe") is not None and ctx.dims.ep <= 1:
         yield finding(ctx, "moe-ignored", ("moe",),
-                      f"moe: is set but ep_size={ctx.size('ep_size')}: AutoModel silently drops the block",
+                      f"moe: is set but ep_size={ctx.dims.ep}: AutoModel silently drops the block",
                       "set ep_size > 1 to use it, or remove moe:")
 
 
@@ -630,7 +630,7 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
     moe = ctx.block.get("moe")
     if moe is None:
         return
-    sev = "warning" if ctx.size("ep_size") <= 1 else None
+    sev = "warning" if ctx.dims.ep <= 1 else None
     if not isinstance(moe, dict):
         yield finding(ctx, "moe-invalid", ("moe",), f"moe must be a mapping, got {moe!r}",
                       "moe: {} (or remove it)", severity=sev)
@@ -655,7 +655,7 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
       fix="Keep moe.ignore_router_for_ac: true (the default).")
 def moe_ac_router(ctx: Context) -> Iterator[Finding]:
     moe = ctx.block.get("moe")
-    if ctx.ac and ctx.size("ep_size") > 1 and isinstance(moe, dict) and moe.get("ignore_router_for_ac") is False:
+    if ctx.dims.activation_checkpointing and ctx.dims.ep > 1 and isinstance(moe, dict) and moe.get("ignore_router_for_ac") is False:
         yield finding(ctx, "moe-ac-router", ("moe", "ignore_router_for_ac"),
                       "ignore_router_for_ac: false with activation checkpointing recomputes the router in backward; "
                       "tied top-k picks can route a different number of tokens per expert and torch.utils.checkpoint "
@@ -674,10 +674,10 @@ _FEATURES = {"tp_size": "tensor parallelism", "pp_size": "pipeline parallelism",
       fix="Use strategy: fsdp2 for tp/pp/cp/ep, or set the size to 1.")
 def strategy_unsupported(ctx: Context) -> Iterator[Finding]:
     banned = {"megatron_fsdp": ("pp_size", "ep_size"), "ddp": ("tp_size", "pp_size", "cp_size", "ep_size")}
-    for key in banned.get(ctx.strategy or "", ()):
-        if ctx.size(key) > 1:
+    for key in banned.get(ctx.dims.strategy or "", ()):
+        if ctx.dims.degree(key) > 1:
             yield finding(ctx, "strategy-unsupported", (key,),
-                          f"{ctx.strategy} does not support {_FEATURES[key]} ({key}={ctx.size(key)})",
+                          f"{ctx.dims.strategy} does not support {_FEATURES[key]} ({key}={ctx.dims.degree(key)})",
                           f"set {key}: 1, or use strategy: fsdp2 which supports it")
 
 
@@ -685,14 +685,14 @@ def strategy_unsupported(ctx: Context) -> Iterator[Finding]:
       patterns=(r"dp_replicate_size is only supported with FSDP2Config",),
       cause="HSDP (dp_replicate_size > 1) exists only for fsdp2.", fix="Remove dp_replicate_size or use fsdp2.")
 def dp_replicate_strategy(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy in ("megatron_fsdp", "ddp") and ctx.size("dp_replicate_size") > 1:
+    if ctx.dims.strategy in ("megatron_fsdp", "ddp") and ctx.dims.dp_replicate > 1:
         yield finding(ctx, "dp-replicate-strategy", ("dp_replicate_size",),
-                      f"dp_replicate_size={ctx.size('dp_replicate_size')} (HSDP) is only supported with fsdp2, "
-                      f"not {ctx.strategy}", "remove dp_replicate_size, or use strategy: fsdp2")
+                      f"dp_replicate_size={ctx.dims.dp_replicate} (HSDP) is only supported with fsdp2, "
+                      f"not {ctx.dims.strategy}", "remove dp_replicate_size, or use strategy: fsdp2")
 
 
 def _mesh_strategy(ctx: Context) -> bool:
-    return ctx.strategy in ("fsdp2", "megatron_fsdp")
+    return ctx.dims.strategy in ("fsdp2", "megatron_fsdp")
 
 
 def _world_options(world: int, factor: int) -> str:
@@ -706,21 +706,21 @@ def _world_options(world: int, factor: int) -> str:
       cause="With dp_size unset, dp = world_size // (tp*cp*pp) (tp*cp for megatron_fsdp), which must divide.",
       fix="Pick sizes whose product divides the world size, or change the number of GPUs.")
 def world_not_divisible(ctx: Context) -> Iterator[Finding]:
-    if not _mesh_strategy(ctx) or ctx.world_size is None or ctx.sizes.get("dp_size") is not None:
+    if not _mesh_strategy(ctx) or ctx.dims.world_size is None or ctx.dims.dp_size is not None:
         return
-    tp, cp, pp = ctx.size("tp_size"), ctx.size("cp_size"), ctx.size("pp_size")
-    factor = non_dp_factor(ctx.strategy or "fsdp2", tp=tp, cp=cp, pp=pp)
-    if ctx.world_size % factor == 0:
+    tp, cp, pp = ctx.dims.tp, ctx.dims.cp, ctx.dims.pp
+    factor = non_dp_factor(ctx.dims.strategy or "fsdp2", tp=tp, cp=cp, pp=pp)
+    if ctx.dims.world_size % factor == 0:
         return
-    if ctx.strategy == "fsdp2":
+    if ctx.dims.strategy == "fsdp2":
         expr, nums = "tp_size * cp_size * pp_size", f"{tp} * {cp} * {pp}"
     else:
         expr, nums = "tp_size * cp_size", f"{tp} * {cp}"
-    keys = [k for k in ("tp_size", "cp_size", "pp_size") if ctx.size(k) > 1 and (k != "pp_size" or ctx.strategy == "fsdp2")]
+    keys = [k for k in ("tp_size", "cp_size", "pp_size") if ctx.dims.degree(k) > 1 and (k != "pp_size" or ctx.dims.strategy == "fsdp2")]
     at = (keys[0],) if keys else ()
     yield finding(ctx, "world-not-divisible", at,
-                  f"world_size ({ctx.world_size}) must be divisible by ({expr}) ({nums} = {factor})",
-                  _factor_fix(ctx.world_size, factor, tp))
+                  f"world_size ({ctx.dims.world_size}) must be divisible by ({expr}) ({nums} = {factor})",
+                  _factor_fix(ctx.dims.world_size, factor, tp))
 
 
 def _factor_fix(world: int, factor: int, tp: int) -> str:
@@ -733,11 +733,11 @@ def _factor_fix(world: int, factor: int, tp: int) -> str:
 
 
 def _mesh_product(ctx: Context) -> int | None:
-    dp = ctx.sizes.get("dp_size")
+    dp = ctx.dims.dp_size
     if dp is None or not _mesh_strategy(ctx):
         return None
-    factor = non_dp_factor(ctx.strategy or "fsdp2", tp=ctx.size("tp_size"), cp=ctx.size("cp_size"),
-                           pp=ctx.size("pp_size"))
+    factor = non_dp_factor(ctx.dims.strategy or "fsdp2", tp=ctx.dims.tp, cp=ctx.dims.cp,
+                           pp=ctx.dims.pp)
     return dp * factor
 
 
@@ -748,15 +748,15 @@ def _mesh_product(ctx: Context) -> int | None:
       fix="Remove dp_size (AutoModel infers it) or make dp*tp*cp*pp equal the world size.")
 def dp_size_exceeds_world(ctx: Context) -> Iterator[Finding]:
     mesh = _mesh_product(ctx)
-    if mesh is None or ctx.world_size is None or mesh <= ctx.world_size:
+    if mesh is None or ctx.dims.world_size is None or mesh <= ctx.dims.world_size:
         return
-    factor = mesh // (ctx.sizes["dp_size"] or 1)
-    good = ctx.world_size // factor if ctx.world_size % factor == 0 else None
+    factor = mesh // (ctx.dims.dp_size or 1)
+    good = ctx.dims.world_size // factor if ctx.dims.world_size % factor == 0 else None
     yield finding(ctx, "dp-size-exceeds-world", ("dp_size",),
-                  f"dp_size={ctx.sizes['dp_size']} gives a mesh of {mesh} ranks (dp*tp*cp*pp), more than "
-                  f"world_size={ctx.world_size}: torch fails with 'Mesh should not be bigger than default world size'",
+                  f"dp_size={ctx.dims.dp_size} gives a mesh of {mesh} ranks (dp*tp*cp*pp), more than "
+                  f"world_size={ctx.dims.world_size}: torch fails with 'Mesh should not be bigger than default world size'",
                   f"dp_size: {good} (or remove it)" if good else
-                  f"remove dp_size, and {_factor_fix(ctx.world_size, factor, ctx.size('tp_size'))}")
+                  f"remove dp_size, and {_factor_fix(ctx.dims.world_size, factor, ctx.dims.tp)}")
 
 
 @rule("dp-size-leaves-ranks", family=F, severity="warning", title="Explicit dp_size leaves ranks outside the mesh",
@@ -767,13 +767,13 @@ def dp_size_exceeds_world(ctx: Context) -> Iterator[Finding]:
       fix="Remove dp_size or make dp*tp*cp*pp equal the world size.")
 def dp_size_leaves_ranks(ctx: Context) -> Iterator[Finding]:
     mesh = _mesh_product(ctx)
-    if mesh is None or ctx.world_size is None or mesh >= ctx.world_size:
+    if mesh is None or ctx.dims.world_size is None or mesh >= ctx.dims.world_size:
         return
-    factor = mesh // (ctx.sizes["dp_size"] or 1)
-    good = ctx.world_size // factor if ctx.world_size % factor == 0 else None
+    factor = mesh // (ctx.dims.dp_size or 1)
+    good = ctx.dims.world_size // factor if ctx.dims.world_size % factor == 0 else None
     yield finding(ctx, "dp-size-leaves-ranks", ("dp_size",),
-                  f"dp_size={ctx.sizes['dp_size']} gives a mesh of {mesh} ranks but world_size={ctx.world_size}: "
-                  f"ranks {mesh}..{ctx.world_size - 1} are outside the mesh; on torch 2.13 AutoModel's mesh build "
+                  f"dp_size={ctx.dims.dp_size} gives a mesh of {mesh} ranks but world_size={ctx.dims.world_size}: "
+                  f"ranks {mesh}..{ctx.dims.world_size - 1} are outside the mesh; on torch 2.13 AutoModel's mesh build "
                   "fails on those ranks ('needs to contain the local rank') unless they are deliberately idle",
                   f"dp_size: {good} (or remove it)" if good else "remove dp_size")
 
@@ -782,12 +782,12 @@ def dp_size_leaves_ranks(ctx: Context) -> Iterator[Finding]:
       patterns=(r"dp_size must be a multiple of dp_replicate_size",),
       cause="HSDP splits dp into dp_replicate x dp_shard.", fix="Pick dp_replicate_size dividing dp.")
 def dp_replicate_not_multiple(ctx: Context) -> Iterator[Finding]:
-    rep = ctx.size("dp_replicate_size")
-    if ctx.strategy != "fsdp2" or ctx.dp is None or rep <= 1 or ctx.dp % rep == 0:
+    rep = ctx.dims.dp_replicate
+    if ctx.dims.strategy != "fsdp2" or ctx.dims.dp is None or rep <= 1 or ctx.dims.dp % rep == 0:
         return
-    ok = [d for d in divisors(ctx.dp) if d < ctx.dp][-4:]
+    ok = [d for d in divisors(ctx.dims.dp) if d < ctx.dims.dp][-4:]
     yield finding(ctx, "dp-replicate-not-multiple", ("dp_replicate_size",),
-                  f"dp_size ({ctx.dp}) must be a multiple of dp_replicate_size ({rep})",
+                  f"dp_size ({ctx.dims.dp}) must be a multiple of dp_replicate_size ({rep})",
                   f"dp_replicate_size in {fmt_set(ok)}" if ok else "remove dp_replicate_size")
 
 
@@ -796,12 +796,12 @@ def dp_replicate_not_multiple(ctx: Context) -> Iterator[Finding]:
       cause="dp_replicate == dp would mean pure replication (DDP), which FSDP2's HSDP path does not support.",
       fix="Use a smaller dp_replicate_size, or strategy: ddp for pure replication.")
 def dp_replicate_too_large(ctx: Context) -> Iterator[Finding]:
-    rep = ctx.size("dp_replicate_size")
-    if ctx.strategy != "fsdp2" or ctx.dp is None or rep <= 1 or rep < ctx.dp or ctx.dp % rep:
+    rep = ctx.dims.dp_replicate
+    if ctx.dims.strategy != "fsdp2" or ctx.dims.dp is None or rep <= 1 or rep < ctx.dims.dp or ctx.dims.dp % rep:
         return
-    ok = [d for d in divisors(ctx.dp) if d < ctx.dp][-4:]
+    ok = [d for d in divisors(ctx.dims.dp) if d < ctx.dims.dp][-4:]
     yield finding(ctx, "dp-replicate-too-large", ("dp_replicate_size",),
-                  f"dp_replicate_size={rep} must be less than dp_size={ctx.dp} (DDP-style pure replication is not "
+                  f"dp_replicate_size={rep} must be less than dp_size={ctx.dims.dp} (DDP-style pure replication is not "
                   "supported by FSDP2)",
                   f"dp_replicate_size in {fmt_set(ok)} or strategy: ddp" if ok else "strategy: ddp")
 
@@ -812,15 +812,15 @@ def dp_replicate_too_large(ctx: Context) -> Iterator[Finding]:
             "ep_shard = dp*cp*tp // ep.",
       fix="Pick ep_size dividing dp*cp*tp.")
 def ep_not_divisible(ctx: Context) -> Iterator[Finding]:
-    ep = ctx.size("ep_size")
-    if ctx.strategy != "fsdp2" or ep <= 1 or ctx.dp is None:
+    ep = ctx.dims.ep
+    if ctx.dims.strategy != "fsdp2" or ep <= 1 or ctx.dims.dp is None:
         return
-    non_pp = ctx.dp * ctx.size("cp_size") * ctx.size("tp_size")
+    non_pp = ctx.dims.dp * ctx.dims.cp * ctx.dims.tp
     if non_pp % ep == 0:
         return
     ok = [d for d in divisors(non_pp) if d > 1][-6:]
     yield finding(ctx, "ep-not-divisible", ("ep_size",),
-                  f"non_pp_size={non_pp} (dp*cp*tp = {ctx.dp}*{ctx.size('cp_size')}*{ctx.size('tp_size')}) must be a "
+                  f"non_pp_size={non_pp} (dp*cp*tp = {ctx.dims.dp}*{ctx.dims.cp}*{ctx.dims.tp}) must be a "
                   f"multiple of ep_size={ep} (the 0.7.0 code requires dp*cp*tp, not dp*cp as older docs say)",
                   f"ep_size in {fmt_set(ok)}" if ok else "ep_size: 1")
 
@@ -829,7 +829,7 @@ def ep_not_divisible(ctx: Context) -> Iterator[Finding]:
       cause="Without world_size (or nodes x gpus_per_node, or a ci: block) the checks that depend on dp are skipped.",
       fix="Pass --world-size N or --nodes/--gpus-per-node.")
 def world_size_missing(ctx: Context) -> Iterator[Finding]:
-    if ctx.world_size is None and ctx.strategy in ("fsdp2", "megatron_fsdp"):
+    if ctx.dims.world_size is None and ctx.dims.strategy in ("fsdp2", "megatron_fsdp"):
         fix = "pass world_size (or nodes and gpus_per_node)"
         why = ""
         if ctx.gpus_per_node or ctx.nodes:
@@ -844,15 +844,5 @@ def world_size_missing(ctx: Context) -> Iterator[Finding]:
                       "node placement) were skipped", fix)
 
 
-def ep_shard_of(ctx: Context) -> int | None:
-    if ctx.dp is None or ctx.strategy != "fsdp2":
-        return None
-    ep = ctx.size("ep_size")
-    non_pp = ctx.dp * ctx.size("cp_size") * ctx.size("tp_size")
-    if ep <= 1 or non_pp % ep:
-        return 1 if ep <= 1 else None
-    return ep_shard_size(dp=ctx.dp, cp=ctx.size("cp_size"), tp=ctx.size("tp_size"), ep=ep)
-
-
 # Registered here so they exist in the table for explain_error even though other layers emit them.
-__all__ = ["ep_shard_of", "HYDRA_KEYS"]
+__all__ = ["HYDRA_KEYS"]

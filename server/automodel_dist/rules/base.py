@@ -4,40 +4,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config.load import Document, PathKey, Unresolved
-from ..config.values import SIZE_KEYS, automodel_degree, is_positive_int
+from ..config.values import is_positive_int
+from ..dims import ParallelDims
 from ..report import Finding, Severity
 
 if TYPE_CHECKING:
     from ..catalog.models import ModelSpec
-    from ..layout import Layout
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
-    """Everything a rule may look at. Built once per validation by ``api.validate_config``."""
+    """Everything a rule may look at: the raw block and recipe (for the checks of what is written) and AutoModel's
+    reading of the block (:class:`ParallelDims`, for the checks of what it resolves to). Built once per validation
+    by :func:`automodel_dist.api.analyze`."""
 
     doc: Document
     block: dict[str, Any]
     base: PathKey  # ("distributed",) for a recipe, () for a bare block
+    dims: ParallelDims
     recipe: dict[str, Any] | None = None
-    world_size: int | None = None
     nodes: int | None = None
     gpus_per_node: int | None = None
     model: ModelSpec | None = None
-    strategy: str | None = None  # canonical strategy, None when unknown
-    sizes: dict[str, int | None] = field(default_factory=dict)  # effective sizes (AutoModel's reading)
-    dp: int | None = None  # data-parallel size AutoModel derives (None if it cannot)
-    ep_shard: int | None = None
-    pp_schedule: str | None = None  # torch class name, when pp > 1 and it is known
-    ac: bool | str | None = None
-    layout: Layout | None = None  # the meshes, when the sizes resolve to a buildable layout
-    tp_cp_layout: Layout | None = None  # ``layout``, or one without EP and HSDP (same tp/cp groups) when they fail
     torch_version: str | None = None  # the torch release the job will run on, when the caller says
 
     def has(self, key: str) -> bool:
@@ -66,11 +60,6 @@ class Context:
 
     def recipe_line(self, dotted: str) -> int | None:
         return self.doc.line(tuple(dotted.split(".")))
-
-    def size(self, key: str) -> int:
-        """The size AutoModel's mesh code uses (``_degree``): a positive int, else 1."""
-        value = self.sizes.get(key)
-        return value if value is not None else 1
 
     def size_known(self, key: str) -> bool:
         """True when the user's value for ``key`` is usable (absent, null or a positive int)."""
@@ -153,22 +142,6 @@ def run_rules(ctx: Context) -> list[Finding]:
                         message=f"rule {r.id} could not run: {type(exc).__name__}: {exc}")
             )
     return out
-
-
-def effective_sizes(block: dict[str, Any]) -> dict[str, int | None]:
-    """AutoModel's reading of each size key: ``_degree`` for tp/pp/cp/ep/dp_replicate, dp as given."""
-    sizes: dict[str, int | None] = {}
-    for key in SIZE_KEYS:
-        raw = block.get(key)
-        if raw is None:  # absent or null: AutoModel's default
-            sizes[key] = None if key == "dp_size" else 1
-        elif isinstance(raw, Unresolved):
-            sizes[key] = None
-        elif key == "dp_size":
-            sizes[key] = raw if is_positive_int(raw) else None
-        else:
-            sizes[key] = automodel_degree(raw) if not isinstance(raw, bool) else 1
-    return sizes
 
 
 def iter_dict(value: Any) -> Iterator[tuple[Any, Any]]:

@@ -13,9 +13,9 @@ F = "cluster"
 @rule("world-mismatch", family=F, severity="error", title="world_size != nodes x gpus_per_node",
       cause="The world size must equal nodes x gpus_per_node.", fix="Make them agree.")
 def world_mismatch(ctx: Context) -> Iterator[Finding]:
-    if ctx.nodes and ctx.gpus_per_node and ctx.world_size and ctx.nodes * ctx.gpus_per_node != ctx.world_size:
+    if ctx.nodes and ctx.gpus_per_node and ctx.dims.world_size and ctx.nodes * ctx.gpus_per_node != ctx.dims.world_size:
         yield finding(ctx, "world-mismatch", (),
-                      f"world_size={ctx.world_size} but nodes x gpus_per_node = {ctx.nodes} x {ctx.gpus_per_node} = "
+                      f"world_size={ctx.dims.world_size} but nodes x gpus_per_node = {ctx.nodes} x {ctx.gpus_per_node} = "
                       f"{ctx.nodes * ctx.gpus_per_node}", f"world_size: {ctx.nodes * ctx.gpus_per_node}")
 
 
@@ -24,14 +24,14 @@ def world_mismatch(ctx: Context) -> Iterator[Finding]:
       fix="Use whole nodes.")
 def world_partial_node(ctx: Context) -> Iterator[Finding]:
     g = ctx.gpus_per_node
-    if g and ctx.world_size and not ctx.nodes and ctx.world_size % g:
+    if g and ctx.dims.world_size and not ctx.nodes and ctx.dims.world_size % g:
         yield finding(ctx, "world-partial-node", (),
-                      f"world_size={ctx.world_size} is not a whole number of {g}-GPU nodes",
-                      f"world_size: {ctx.world_size + (-ctx.world_size) % g}")
+                      f"world_size={ctx.dims.world_size} is not a whole number of {g}-GPU nodes",
+                      f"world_size: {ctx.dims.world_size + (-ctx.dims.world_size) % g}")
 
 
 def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Finding]:
-    layout, g = ctx.tp_cp_layout, ctx.gpus_per_node  # an EP or dp_replicate error does not hide these
+    layout, g = ctx.dims.tp_cp_layout, ctx.gpus_per_node  # an EP or dp_replicate error does not hide these
     if layout is None or not g or layout.device_mesh() is None:
         return
     if axis not in {a.name for a in layout.axes} or layout.axis_size(axis) <= 1:

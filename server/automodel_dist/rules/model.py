@@ -65,18 +65,18 @@ def cp_possible(m: ModelSpec, cp: int) -> bool:
 
 def sp_refused(ctx: Context) -> Implementation | None:
     """The class AutoModel builds when its FSDP2 parallelizer will raise for ``sequence_parallel: true``."""
-    impl, lay = _impl(ctx), ctx.layout
+    impl, lay = _impl(ctx), ctx.dims.layout
     if impl is None or impl.sequence_parallel or ctx.block.get("sequence_parallel") is not True:
         return None
-    if ctx.world_size == 1 or (lay is not None and lay.dp * lay.cp * lay.tp * lay.pp == 1):
+    if ctx.dims.world_size == 1 or (lay is not None and lay.dp * lay.cp * lay.tp * lay.pp == 1):
         return None  # a one-rank mesh: AutoModel skips parallelization altogether (fsdp2_sharding_enabled)
-    return impl if ctx.strategy == "fsdp2" and ctx.size("ep_size") <= 1 else None
+    return impl if ctx.dims.strategy == "fsdp2" and ctx.dims.ep <= 1 else None
 
 
 def own_fsdp2(ctx: Context) -> Implementation | None:
     """The class AutoModel builds when its own FSDP2 parallelizer (not AutoModel's shared one) shards it."""
     impl = _impl(ctx)
-    return impl if impl is not None and impl.own_fsdp2 and ctx.size("ep_size") <= 1 else None
+    return impl if impl is not None and impl.own_fsdp2 and ctx.dims.ep <= 1 else None
 
 
 def valid_ep_sizes(m: ModelSpec) -> list[int]:
@@ -99,7 +99,7 @@ note("model-from-recipe", "Model taken from the recipe", family=F, severity="inf
             "be divisible by tp_size (AutoModel checks this only after launch, e.g. phi-4's 10 KV heads with tp=4).",
       fix="Use a tp_size that divides both head counts.")
 def tp_heads(ctx: Context) -> Iterator[Finding]:
-    tp, m = ctx.size("tp_size"), ctx.model
+    tp, m = ctx.dims.tp, ctx.model
     impl = _impl(ctx)
     if m is None or tp <= 1 or (impl is not None and not impl.tp) or tp in head_tp_sizes(m, limit=1 << 30):
         return
@@ -118,7 +118,7 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
       cause="Expert parallelism places num_experts / ep_size whole experts on each EP rank.",
       fix="Use an ep_size that divides the number of routed experts.")
 def ep_experts(ctx: Context) -> Iterator[Finding]:
-    ep, m = ctx.size("ep_size"), ctx.model
+    ep, m = ctx.dims.ep, ctx.model
     impl = _impl(ctx)
     if m is None or ep <= 1 or not m.is_moe or (impl is not None and not impl.ep) or m.num_experts % ep == 0:
         return
@@ -144,14 +144,14 @@ def expert_shard_ok(m: ModelSpec, ep_shard: int) -> bool:
       fix="Pick ep_size (or the number of ranks) so that ep_shard divides hidden_size and moe_intermediate_size.")
 def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
     # ep_shard needs dp, cp and tp, not the whole layout: an HSDP error elsewhere does not hide this one
-    m, impl, ep, shard = ctx.model, _impl(ctx), ctx.size("ep_size"), ctx.ep_shard
-    if m is None or impl is None or not impl.ep or not m.is_moe or ep <= 1 or ctx.strategy != "fsdp2":
+    m, impl, ep, shard = ctx.model, _impl(ctx), ctx.dims.ep, ctx.dims.ep_shard
+    if m is None or impl is None or not impl.ep or not m.is_moe or ep <= 1 or ctx.dims.strategy != "fsdp2":
         return
-    if ctx.dp is None or shard is None or expert_shard_ok(m, shard) or m.num_experts % ep:
+    if ctx.dims.dp is None or shard is None or expert_shard_ok(m, shard) or m.num_experts % ep:
         return
     bad = " and ".join(f"{k}={v}" for k, v in (("hidden_size", m.hidden_size), ("moe_intermediate_size",
                                                 m.moe_intermediate_size)) if v % shard)
-    dp, cp, tp = ctx.dp, ctx.size("cp_size"), ctx.size("tp_size")
+    dp, cp, tp = ctx.dims.dp, ctx.dims.cp, ctx.dims.tp
     non_pp = dp * cp * tp
     good = [e for e in valid_ep_sizes(m) if e > 1 and non_pp % e == 0
             and expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e))]
@@ -177,10 +177,10 @@ def ep_dense_model(ctx: Context) -> Iterator[Finding]:
     impl = _impl(ctx)
     if impl is not None and impl.ep:
         return  # a class with AutoModel's MoE mixin (Nemotron-H) takes ep_size on a dense config: ep-no-experts
-    if ctx.model is not None and ctx.size("ep_size") > 1 and not ctx.model.is_moe:
+    if ctx.model is not None and ctx.dims.ep > 1 and not ctx.model.is_moe:
         yield finding(ctx, "ep-dense-model", ("ep_size",),
-                      f"ep_size={ctx.size('ep_size')} but {ctx.model.name} is a dense model (no experts): AutoModel "
-                      f"raises 'Expert parallelism (ep_size={ctx.size('ep_size')}) requires a MoE model' when it builds "
+                      f"ep_size={ctx.dims.ep} but {ctx.model.name} is a dense model (no experts): AutoModel "
+                      f"raises 'Expert parallelism (ep_size={ctx.dims.ep}) requires a MoE model' when it builds "
                       "the model, after launch", "ep_size: 1")
 
 
@@ -190,7 +190,7 @@ def ep_dense_model(ctx: Context) -> Iterator[Finding]:
             "split shards nothing and the job is plain data parallel.",
       fix="ep_size: 1")
 def ep_no_experts(ctx: Context) -> Iterator[Finding]:
-    impl, m, ep = _impl(ctx), ctx.model, ctx.size("ep_size")
+    impl, m, ep = _impl(ctx), ctx.model, ctx.dims.ep
     if impl is None or not impl.ep or m is None or m.is_moe or ep <= 1:
         return
     yield finding(ctx, "ep-no-experts", ("ep_size",),
@@ -223,10 +223,10 @@ _INSTEAD = {"tp": "tp_size: 1, and shard with FSDP (dp) plus ep_size / pp_size /
       fix="Set that size to 1 and shard with the parallelisms the model supports (for TP, or give distributed.tp_plan).")
 def model_capability(ctx: Context) -> Iterator[Finding]:
     m, impl = ctx.model, _impl(ctx)
-    if m is not None and m.is_moe and ctx.size("ep_size") > 1 and ctx.recipe_get("model.force_hf") is True:
+    if m is not None and m.is_moe and ctx.dims.ep > 1 and ctx.recipe_get("model.force_hf") is True:
         # no Hugging Face class inherits AutoModel's MoEFSDPSyncMixin, whatever the architecture
         arch = m.architecture or "the Hugging Face class"
-        ep = ctx.size("ep_size")
+        ep = ctx.dims.ep
         yield finding(ctx, "model-capability", ("ep_size",),
                       f"ep_size={ep} with model.force_hf: true: AutoModel builds {m.name} with the Hugging Face class "
                       f"and raises '{_REFUSAL['ep'][1].format(n=ep, arch=arch)}' right after building it, after launch",
@@ -234,7 +234,7 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
     if m is None or impl is None:
         return
     for what, (key, refusal) in _REFUSAL.items():
-        size = ctx.size(key)
+        size = ctx.dims.degree(key)
         if getattr(impl, what) or size <= 1 or (what == "ep" and not m.is_moe):  # dense + ep: ep-dense-model
             continue
         yield finding(ctx, "model-capability", (key,),
@@ -273,7 +273,7 @@ def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
             "parallelizes the model, after launch.",
       fix="Use a cp_size that divides the Mamba heads and fits the groups.")
 def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
-    impl, m, cp = _impl(ctx), ctx.model, ctx.size("cp_size")
+    impl, m, cp = _impl(ctx), ctx.model, ctx.dims.cp
     if impl is None or not impl.mamba_cp or m is None or mamba_cp_ok(m, cp):
         return
     heads, groups = m.mamba_num_heads, m.mamba_n_groups
@@ -300,9 +300,9 @@ def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
             "(ZBVZeroBubble, DualPipeV) exactly 2.",
       fix="Adjust pipeline.layers_per_stage / pp_size / pp_schedule.")
 def pp_stages(ctx: Context) -> Iterator[Finding]:
-    pp, m = ctx.size("pp_size"), ctx.model
+    pp, m = ctx.dims.pp, ctx.model
     pipe = ctx.block.get("pipeline")
-    if m is None or pp <= 1 or ctx.pp_schedule is None or not isinstance(pipe, dict):
+    if m is None or pp <= 1 or ctx.dims.pp_schedule is None or not isinstance(pipe, dict):
         return
     if pipe.get("module_fqns_per_model_part"):
         return
@@ -311,13 +311,13 @@ def pp_stages(ctx: Context) -> Iterator[Finding]:
         return
     round_to = pipe.get("round_virtual_stages_to_pp_multiple")
     try:
-        total, per_rank = virtual_stages(m.num_layers, pp=pp, single_stage=is_single_stage(ctx.pp_schedule),
+        total, per_rank = virtual_stages(m.num_layers, pp=pp, single_stage=is_single_stage(ctx.dims.pp_schedule),
                                          layers_per_stage=lps, round_to=round_to if round_to in ("up", "down") else None,
-                                         v_style=ctx.pp_schedule in V_SCHEDULES)
+                                         v_style=ctx.dims.pp_schedule in V_SCHEDULES)
     except StageError as exc:
         at = ("pipeline", "layers_per_stage") if lps is not None else ("pipeline", "pp_schedule")
         yield finding(ctx, "pp-stages", at, f"{m.name} ({m.num_layers} layers), pp_size={pp}, "
-                      f"{ctx.pp_schedule}: {exc}", _stage_fix(m.num_layers, pp, ctx.pp_schedule))
+                      f"{ctx.dims.pp_schedule}: {exc}", _stage_fix(m.num_layers, pp, ctx.dims.pp_schedule))
 
 
 def _stage_fix(layers: int, pp: int, schedule: str) -> str:
@@ -341,7 +341,7 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
             "validate_for_mesh raises right after building the model.",
       fix="Set model.backend.attn: te, or cp_size: 1.")
 def model_cp_backend(ctx: Context) -> Iterator[Finding]:
-    impl, cp = _impl(ctx), ctx.size("cp_size")
+    impl, cp = _impl(ctx), ctx.dims.cp
     attn = ctx.recipe_get("model.backend.attn")
     if impl is None or impl.cp_attn is None or cp <= 1 or not isinstance(attn, str) or attn in impl.cp_attn:
         return
@@ -362,7 +362,7 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
             "supported either.",
       fix="pp_size: 1 (shard with FSDP, tp_size or cp_size), or pick an untied model.")
 def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
-    m, pp = ctx.model, ctx.size("pp_size")
+    m, pp = ctx.model, ctx.dims.pp
     if m is None or pp <= 1 or pp_possible(m):
         return
     yield finding(ctx, "pp-tied-embeddings", ("pp_size",),
@@ -380,7 +380,7 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
             "when the LLM recipe packs sequences and cp_size > 1; only attn_implementation: magi is exempt.",
       fix="packed_sequence_size: 0 or cp_size: 1 (AutoModel's own classes run CP with packing on the TE backend).")
 def model_cp_packing(ctx: Context) -> Iterator[Finding]:
-    cp, packed, m = ctx.size("cp_size"), ctx.recipe_get("packed_sequence.packed_sequence_size"), ctx.model
+    cp, packed, m = ctx.dims.cp, ctx.recipe_get("packed_sequence.packed_sequence_size"), ctx.model
     if cp <= 1 or not is_positive_int(packed) or recipe_class(ctx)[0] not in TRAIN_FT_RECIPES:
         return
     if ctx.recipe_get("model.attn_implementation") == "magi":

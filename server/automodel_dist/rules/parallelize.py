@@ -30,8 +30,8 @@ def _on(ctx: Context, key: str) -> bool:
             "the 0.7.0 code raises.",
       fix="Add sequence_parallel: true, or remove enable_async_tensor_parallel.")
 def tp_async_needs_sp(ctx: Context) -> Iterator[Finding]:
-    tp = ctx.size("tp_size")
-    if (ctx.strategy == "fsdp2" and tp > 1 and ctx.size("ep_size") == 1
+    tp = ctx.dims.tp
+    if (ctx.dims.strategy == "fsdp2" and tp > 1 and ctx.dims.ep == 1
             and _on(ctx, "enable_async_tensor_parallel") and not _on(ctx, "sequence_parallel")):
         yield finding(ctx, "tp-async-needs-sp", ("enable_async_tensor_parallel",),
                       f"enable_async_tensor_parallel: true with tp_size={tp} needs sequence_parallel: true; AutoModel's "
@@ -56,8 +56,8 @@ def moe_tp_unplanned(tp: int, ep: int, tp_plan: Any = None) -> bool:
       fix="Use tp_size: 1 with ep_size > 1 (split with ep/cp/pp instead), or give tp_plan and turn "
           "sequence_parallel and enable_async_tensor_parallel off.")
 def moe_tp(ctx: Context) -> Iterator[Finding]:
-    tp, ep = ctx.size("tp_size"), ctx.size("ep_size")
-    if ctx.strategy != "fsdp2" or tp <= 1 or ep <= 1:
+    tp, ep = ctx.dims.tp, ctx.dims.ep
+    if ctx.dims.strategy != "fsdp2" or tp <= 1 or ep <= 1:
         return
     where = f"with ep_size={ep} and tp_size={tp} AutoModel parallelizes through its MoE path, which"
     if _on(ctx, "enable_async_tensor_parallel"):
@@ -85,7 +85,7 @@ def moe_tp(ctx: Context) -> Iterator[Finding]:
             "ignores them.",
       fix="Remove them, or set tp_size > 1.")
 def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy != "fsdp2" or ctx.size("tp_size") > 1 or not ctx.size_known("tp_size"):
+    if ctx.dims.strategy != "fsdp2" or ctx.dims.tp > 1 or not ctx.size_known("tp_size"):
         return
     for key in ("sequence_parallel", "enable_async_tensor_parallel"):
         if key == "sequence_parallel" and sp_refused(ctx) is not None:
@@ -101,7 +101,7 @@ def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
             "MegatronFSDP. Skipping.' and trains without it (on more than one rank): every activation is kept.",
       fix="Use strategy: fsdp2 for activation checkpointing, or budget the memory without it.")
 def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
-    if ctx.ac is True and applied_ac(ctx.strategy, ctx.ac, ctx.world_size) is False:
+    if ctx.dims.activation_checkpointing is True and applied_ac(ctx.dims.strategy, ctx.dims.activation_checkpointing, ctx.dims.world_size) is False:
         yield finding(ctx, "megatron-fsdp-ac-ignored", ("activation_checkpointing",),
                       "activation_checkpointing: true with megatron_fsdp: AutoModel 0.7.0 logs 'Activation "
                       "checkpointing is not yet supported with MegatronFSDP. Skipping.' and keeps every activation, "
@@ -118,13 +118,13 @@ def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
             "replicated (it logs both).",
       fix="Leave dp * cp > 1 ranks for sharding (fewer tp ranks), or zero_dp_strategy: 3 to shard parameters.")
 def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
-    if ctx.strategy != "megatron_fsdp" or ctx.world_size in (None, 1):
+    if ctx.dims.strategy != "megatron_fsdp" or ctx.dims.world_size in (None, 1):
         return
-    cp, tp = ctx.size("cp_size"), ctx.size("tp_size")
-    if tp > 1 and ctx.dp is not None and ctx.dp * cp == 1:
+    cp, tp = ctx.dims.cp, ctx.dims.tp
+    if tp > 1 and ctx.dims.dp is not None and ctx.dims.dp * cp == 1:
         smaller = "tp_size: 1" if tp == 2 else f"tp_size: {tp // 2} or less"
         yield finding(ctx, "megatron-fsdp-unsharded", ("tp_size",),
-                      f"dp * cp = 1 (tp_size={tp} on {ctx.world_size} ranks): AutoModel logs 'MegatronFSDP DP shard "
+                      f"dp * cp = 1 (tp_size={tp} on {ctx.dims.world_size} ranks): AutoModel logs 'MegatronFSDP DP shard "
                       "group size is 1; skipping MegatronFSDP wrapping' and trains the tensor-parallel model without "
                       "any sharding", f"{smaller} to leave ranks for MegatronFSDP, or strategy: fsdp2")
     zero = ctx.block.get("zero_dp_strategy", 3)
@@ -158,11 +158,11 @@ def torch_version(ctx: Context) -> Iterator[Finding]:
                       "pass what `python -c 'import torch; print(torch.__version__)'` prints where the job runs",
                       severity="warning")
         return
-    if ctx.strategy != "fsdp2" or ctx.world_size == 1 or not fsdp2_unusable(release):
+    if ctx.dims.strategy != "fsdp2" or ctx.dims.world_size == 1 or not fsdp2_unusable(release):
         return
     if own_fsdp2(ctx) is not None:
         return  # Nemotron-H's own FSDP2 parallelizer (ep_size 1) does not install the patch
-    where = f"on {ctx.world_size} ranks" if ctx.world_size else "on more than one rank"
+    where = f"on {ctx.dims.world_size} ranks" if ctx.dims.world_size else "on more than one rank"
     yield finding(ctx, "torch-version", ("strategy",) if ctx.has("strategy") else (),
                   f"torch {clip(given)} with strategy fsdp2 {where}: AutoModel 0.7.0's FSDP2 parallelizer patches "
                   f"FSDPParam.to_accumulated_grad_if_needed, which torch {_REMOVED} removed, and raises "

@@ -82,13 +82,13 @@ def _batch_fix(lbs: int, mbs: int, pp: int, schedule: str | None) -> str:
 def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
     lbs, present = _lbs(ctx)
     mbs = _mbs(ctx)
-    pp = ctx.size("pp_size")
+    pp = ctx.dims.pp
     if not present or pp <= 1 or mbs is None or not is_positive_int(lbs):
         return
     if lbs % mbs:
         yield finding(ctx, "pp-batch-divisibility", ("pipeline", "pp_microbatch_size"),
                       f"step_scheduler.local_batch_size={lbs} is not divisible by pipeline.pp_microbatch_size={mbs}: "
-                      "AutoModel's pipeline schedule build raises ValueError", _batch_fix(lbs, mbs, pp, ctx.pp_schedule))
+                      "AutoModel's pipeline schedule build raises ValueError", _batch_fix(lbs, mbs, pp, ctx.dims.pp_schedule))
 
 
 @rule("pp-microbatches", family=F, severity="error", title="Too few pipeline microbatches",
@@ -101,18 +101,18 @@ def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
 def pp_microbatches(ctx: Context) -> Iterator[Finding]:
     lbs, present = _lbs(ctx)
     mbs = _mbs(ctx)
-    pp = ctx.size("pp_size")
+    pp = ctx.dims.pp
     if not present or pp <= 1 or mbs is None or not is_positive_int(lbs) or lbs % mbs:
         return
     nmb = lbs // mbs
     if nmb < pp:
         problem = (f"local_batch_size {lbs} // pp_microbatch_size {mbs} = {nmb} microbatches, fewer than "
                    f"pp_size={pp}: the recipe's assertion fails")
-    elif (problem := _nmb_requirements(ctx.pp_schedule, pp, nmb)) is not None:
+    elif (problem := _nmb_requirements(ctx.dims.pp_schedule, pp, nmb)) is not None:
         problem += ": torch raises ValueError when building the schedule"
     else:
         return
-    yield finding(ctx, "pp-microbatches", (), problem, _batch_fix(lbs, mbs, pp, ctx.pp_schedule),
+    yield finding(ctx, "pp-microbatches", (), problem, _batch_fix(lbs, mbs, pp, ctx.dims.pp_schedule),
                   recipe_path="step_scheduler.local_batch_size")
 
 
@@ -122,17 +122,17 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
       cause="StepScheduler needs global_batch_size % (local_batch_size * dp) == 0 (grad accumulation steps).",
       fix="Make global_batch_size a multiple of local_batch_size * dp.")
 def global_batch_divisibility(ctx: Context) -> Iterator[Finding]:
-    if not isinstance(ctx.recipe_get("step_scheduler"), dict) or ctx.dp is None:
+    if not isinstance(ctx.recipe_get("step_scheduler"), dict) or ctx.dims.dp is None:
         return
     gbs = ctx.recipe_get("step_scheduler.global_batch_size", 32)
     lbs = ctx.recipe_get("step_scheduler.local_batch_size", 1)
     if not (is_positive_int(gbs) and is_positive_int(lbs)):
         return
-    per_step = lbs * ctx.dp
+    per_step = lbs * ctx.dims.dp
     if gbs % per_step:
         lower = max(per_step, gbs - gbs % per_step)
         yield finding(ctx, "global-batch-divisibility", (),
-                      f"global_batch_size ({gbs}) must be divisible by local_batch_size * dp_size ({lbs} * {ctx.dp} = "
+                      f"global_batch_size ({gbs}) must be divisible by local_batch_size * dp_size ({lbs} * {ctx.dims.dp} = "
                       f"{per_step}): StepScheduler raises ValueError",
                       f"global_batch_size: {lower} or {lower + per_step}",
                       recipe_path="step_scheduler.global_batch_size")
@@ -151,7 +151,7 @@ _SEQ_SECTIONS = frozenset(d.split(".", 1)[0] for d in _SEQ_LENGTHS)
       cause="Load-balanced context parallelism cuts each sequence into 2*cp_size chunks (head-tail pairing).",
       fix="Make packed_sequence_size / seq_len multiples of 2*cp_size.")
 def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:
-    cp = ctx.size("cp_size")
+    cp = ctx.dims.cp
     if cp <= 1 or ctx.recipe is None or _SEQ_SECTIONS.isdisjoint(ctx.recipe):
         return
     need = 2 * cp
@@ -219,9 +219,9 @@ def recipe_unknown(ctx: Context) -> Iterator[Finding]:
       fix="Use pp_size: 1 with these recipes (shard with FSDP2/TP instead).")
 def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
     name, where, _ = recipe_class(ctx)
-    if name in NO_PP_RECIPES and ctx.size("pp_size") > 1:
+    if name in NO_PP_RECIPES and ctx.dims.pp > 1:
         yield finding(ctx, "recipe-pp-unsupported", ("pp_size",),
-                      f"pp_size={ctx.size('pp_size')} with recipe {name} ({where}): its setup raises "
+                      f"pp_size={ctx.dims.pp} with recipe {name} ({where}): its setup raises "
                       "NotImplementedError (no pipeline parallelism) after the job has started",
                       "pp_size: 1 (use tp_size or more FSDP2 ranks instead)")
 
@@ -237,7 +237,7 @@ def recipe_feature_parallelism(ctx: Context) -> Iterator[Finding]:
     name, _, _ = recipe_class(ctx)
     if name not in TRAIN_FT_RECIPES:
         return
-    pp, cp = ctx.size("pp_size"), ctx.size("cp_size")
+    pp, cp = ctx.dims.pp, ctx.dims.cp
     if ctx.recipe_get("domain_mixture") is not None:
         for key, size in (("pp_size", pp), ("cp_size", cp)):
             if size > 1:

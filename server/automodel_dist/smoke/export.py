@@ -7,9 +7,9 @@ spec plus what the judge needs); the ranks, launched by any torchrun (one node o
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..report import Finding
 from .launch import DEFAULT_PG_TIMEOUT_S, Plan, SmokeUsageError, collect_results, read_results, reproduce_commands
 from .report import RankReport, SmokeReport
 from .run import plan_smoke_test
+from .spec import SmokeSpec
 
 SPEC_FILE = "spec.json"
 
@@ -59,8 +60,7 @@ def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, worl
     out.mkdir(parents=True, exist_ok=True)  # results already there belong to another spec_id: the judge ignores them
     base = SmokeReport(passed=False, status="not_run", **plan.report_base).model_dump(
         mode="json", include=set(plan.report_base))
-    spec = dict(plan.spec, report_base=base)
-    (out / SPEC_FILE).write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    replace(plan.spec, report_base=base).write(out / SPEC_FILE)
     single, multi, srun = reproduce_commands(world_size, SPEC_FILE)
     return SmokeExport(directory=str(out), spec_file=str(out / SPEC_FILE), world_size=world_size, command=single,
                        multinode_command=multi, srun_command=srun,
@@ -73,12 +73,14 @@ def judge_smoke_test(directory: str | Path) -> SmokeReport:
     meshes, every rank finished), as a local run is judged."""
     d = Path(directory)
     try:
-        spec = json.loads((d / SPEC_FILE).read_text(encoding="utf-8"))
-        world, base = int(spec["world_size"]), dict(spec["report_base"])
+        spec = SmokeSpec.read(d / SPEC_FILE)
+        world, base = spec.world_size, dict(spec.report_base or {})
+        if not base:
+            raise ValueError("it has no report_base")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SmokeUsageError(f"{d / SPEC_FILE} is not a smoke spec written by export_smoke_test ({exc})") from None
     plan = Plan(spec=spec, world_size=world, report_base=base)
-    results = read_results(d, world, spec.get("spec_id"))
+    results = read_results(d, world, spec.spec_id)
     missing = [r for r in range(world) if r not in results]
     failed = [r for r, res in results.items() if "error" in res or "terminated" in res]
     if missing and not failed:

@@ -24,17 +24,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..api import ConfigInput, _split, load_config, validate_config
-from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
-from ..estimate import parallelism_from
+from ..api import ConfigInput, analyze, validate_config
+from ..config.values import is_positive_int
+from ..dims import ParallelDims
 from ..explain import explain_error
-from ..layout import Layout
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
+from .spec import PipelineSpec, SmokeSpec
 
 ProgressFn = Callable[[str, int, int, str], None]
 
@@ -86,7 +86,7 @@ def parse_fault(fault: str | dict | None) -> dict | None:
 # --------------------------------------------------------------------------- plan
 @dataclass
 class Plan:
-    spec: dict[str, Any]
+    spec: SmokeSpec
     world_size: int
     findings: list[Finding] = field(default_factory=list)
     report_base: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +107,8 @@ def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequen
     over = list(launch) if launch is not None else []
     active = {k: v for k, v in layout.items() if v is not None}
     over += [f"distributed.{LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
-    block = dict(_split(load_config(config, over)).block or {})
+    ctx = analyze(config, overrides=over).context
+    block = dict(ctx.block) if ctx is not None else {}
     if active and is_positive_int(block.get("pp_size")) and block["pp_size"] > 1 and block.get("pipeline") is None:
         over.append("distributed.pipeline={}")
         block["pipeline"] = {}
@@ -123,6 +124,7 @@ def _split_findings(report: Any) -> tuple[list[str], list[Any]]:
     return env, [f for f in report.findings if f.severity != "info" and not (f.rule == "torch-version" and env)]
 
 
+DDP_OPTIONS = ("broadcast_buffers", "find_unused_parameters", "static_graph", "bucket_cap_mb", "gradient_as_bucket_view")
 DEFAULT_WORLD = 4
 _MOE_ROUNDING = ("with bf16 compute, context or tensor parallelism rounds attention differently from one process and "
                  "the MoE router then sends near-tied tokens to other experts (router gradients 0.1-0.3 off with no "
@@ -169,7 +171,8 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
         raise SmokeUsageError(f"backend must be gloo or nccl, got {backend!r}")
     fault_d = parse_fault(fault)
     over, block = merged_overrides(config, layout, overrides)
-    report = validate_config(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
+    result = analyze(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
+    report = result.report
     env, findings = _split_findings(report)
     base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings,
                 notes=env)
@@ -177,8 +180,8 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     if errors:
         return SmokeReport(passed=False, status="failed", reason=f"the config is invalid ({len(errors)} error(s)): "
                            + "; ".join(f.message for f in errors[:3]), **base)
-    r = report.resolved
-    assert r.strategy is not None and r.dp is not None
+    d = result.dims
+    assert d is not None and d.strategy is not None and d.dp is not None and d.layout is not None
     if fault_d and fault_d["rank"] >= world_size:
         raise SmokeUsageError(f"fault rank {fault_d['rank']} is outside [0, {world_size})")
     if fault_d and fault_d["step"] >= steps:
@@ -186,7 +189,7 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     cuda = _cuda_count()
     want_backend = backend or "auto"
     on_cpu = want_backend == "gloo" or cuda < world_size
-    if r.strategy == "megatron_fsdp":
+    if d.strategy == "megatron_fsdp":
         have_pkg = _has_module("megatron_fsdp") or _has_module("megatron.core")
         why = ("MegatronFSDP runs only with the megatron-fsdp package and CUDA GPUs; "
                f"here: package {'present' if have_pkg else 'missing'}, {cuda} CUDA device(s)")
@@ -199,27 +202,22 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
                                   "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it, or run it on the "
                                   "cluster's GPUs: `automodel-dist smoke ... --export DIR` prints the torchrun/srun "
                                   "commands, then `--judge DIR`)")
-    lay = Layout.build(r.strategy, world_size=world_size, tp=r.tp or 1, pp=r.pp or 1, cp=r.cp or 1, ep=r.ep or 1,
-                       dp_size=r.dp, dp_replicate=r.dp_replicate or 1)
-    if lay.mesh_ranks != world_size:
-        return SmokeReport(passed=False, status="not_run", **base,
-                           reason=f"not run: the mesh covers {lay.mesh_ranks} of {world_size} ranks (explicit dp_size)")
-    if (r.ep or 1) > 1 and model != "tiny-moe":
+    if d.layout.mesh_ranks != world_size:
+        return SmokeReport(passed=False, status="not_run", **base, reason=f"not run: the mesh covers "
+                           f"{d.layout.mesh_ranks} of {world_size} ranks (explicit dp_size)")
+    if d.ep > 1 and model != "tiny-moe":
         model = "tiny-moe"
         base["model"] = model
 
-    pp, tp, cp, ep = r.pp or 1, r.tp or 1, r.cp or 1, r.ep or 1
+    pp, tp, cp, ep = d.pp, d.tp, d.cp, d.ep
     pipeline = None
     stages_total = 1
     if pp > 1:
-        sched = r.pp_schedule or "1F1B"
-        per_rank = 1 if is_single_stage(sched) else 2
-        mbs = r.pp_microbatch_size or 1
         n_mb = 2 * pp
-        pipeline = {"schedule": sched, "stages_per_rank": per_rank, "v_style": sched in V_SCHEDULES,
-                    "n_microbatches": n_mb, "microbatch_size": mbs}
-        stages_total = pp * per_rank
-        per_dp = n_mb * mbs
+        pipeline = PipelineSpec(schedule=d.pp_schedule or "1F1B", stages_per_rank=d.stages_per_rank,
+                                v_style=d.v_schedule, n_microbatches=n_mb, microbatch_size=d.pp_microbatch_size or 1)
+        stages_total = pp * d.stages_per_rank
+        per_dp = n_mb * pipeline.microbatch_size
     else:
         per_dp = 2
     from .model_size import param_count, tiny_config
@@ -231,7 +229,7 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
                            reason=f"not run: the {model} model for this layout has {n_params:,} parameters, above the "
                                   f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)")
     seq = 8 * math.lcm(2 * cp, max(tp, 1))
-    mp = _mp_policy(block, r.strategy, precision)
+    mp = _mp_policy(d, precision)
     if mp and mp.get("param_dtype") not in (None, "float32") and model == "tiny-moe" and (cp > 1 or tp > 1):
         if precision == "auto":
             mp = None
@@ -242,32 +240,25 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
             base["notes"].append(_MOE_ROUNDING + ", so a bf16 run can fail parity on rounding alone (--precision "
                                  "auto checks this layout in fp32)")
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
-    options = parallelism_from(r, block)  # the FSDP2 options, read as the estimate reads them
-    spec = {
-        "world_size": world_size,
-        "spec_id": uuid.uuid4().hex,  # each rank echoes it: results of another spec in the same directory are stale
-        "strategy": r.strategy,
-        "sizes": {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "dp": r.dp, "dp_replicate": r.dp_replicate or 1},
-        "sequence_parallel": bool(r.sequence_parallel),
-        "activation_checkpointing": r.activation_checkpointing or False,
-        "reshard_after_forward": options.reshard_after_forward,
-        "moe_reshard_after_forward": options.moe_reshard_after_forward,
-        "mp_policy": mp,
-        "ddp": {k: block.get(k) for k in ("broadcast_buffers", "find_unused_parameters", "static_graph",
-                                          "bucket_cap_mb", "gradient_as_bucket_view")} if r.strategy == "ddp" else {},
-        "pipeline": pipeline,
-        "model": model,
-        "model_config": cfg,
-        "seq_len": seq,
-        "global_batch": per_dp * r.dp,
-        "steps": steps,
-        "lr": lr,
-        "seed": seed,
-        "backend": want_backend,
-        "pg_timeout_s": pg_timeout_s,
-        "fault": fault_d,
-        "precision": prec,
-    }
+    spec = SmokeSpec(
+        world_size=world_size,
+        spec_id=uuid.uuid4().hex,
+        dims=d,
+        model=model,
+        model_config=cfg,
+        seq_len=seq,
+        global_batch=per_dp * d.dp,
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        backend=want_backend,
+        pg_timeout_s=pg_timeout_s,
+        precision=prec,
+        mp_policy=mp,
+        ddp={k: block.get(k) for k in DDP_OPTIONS} if d.strategy == "ddp" else {},
+        pipeline=pipeline,
+        fault=fault_d,
+    )
     base.update(model_dims=cfg, tolerance=TOLERANCES[prec])
     if tp > 1 and block.get("tp_plan") is not None:
         base["notes"].append("tp_plan is not applied: the smoke runner shards its tiny model with its own TP plan "
@@ -283,20 +274,17 @@ def _installed_torch() -> str | None:
         return None
 
 
-def _mp_policy(block: dict[str, Any], strategy: str, precision: str) -> dict[str, Any] | None:
-    if strategy != "fsdp2" or precision == "fp32":
-        return None
-    if precision == "bf16":
-        return {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None, "cast_forward_inputs": False}
-    from ..config.values import dtype_name
+_BF16 = {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None, "cast_forward_inputs": False}
 
-    mp = block.get("mp_policy")
-    if mp is None:  # AutoModel's FSDP2 default
-        return {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None, "cast_forward_inputs": False}
-    out = {k: (dtype_name(mp[k]) if isinstance(mp.get(k), str) else None)
-           for k in ("param_dtype", "reduce_dtype", "output_dtype")}
-    out["cast_forward_inputs"] = bool(mp.get("cast_forward_inputs", False))
-    return out if out["param_dtype"] or out["reduce_dtype"] else None
+
+def _mp_policy(d: ParallelDims, precision: str) -> dict[str, Any] | None:
+    """The FSDP2 mixed precision this run uses: the block's (``auto``), bf16 or none (fp32)."""
+    if d.strategy != "fsdp2" or precision == "fp32":
+        return None
+    if precision == "bf16" or d.mp_policy is None:
+        return dict(_BF16)
+    mp = asdict(d.mp_policy)
+    return mp if mp["param_dtype"] or mp["reduce_dtype"] else None
 
 
 def _has_module(name: str) -> bool:
@@ -443,9 +431,9 @@ def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel
 
 def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any,
              launcher: str) -> SmokeReport:
-    spec = dict(plan.spec, run_dir=str(run_dir), progress_file=str(run_dir / "progress.jsonl"))
+    spec = replace(plan.spec, run_dir=str(run_dir), progress_file=str(run_dir / "progress.jsonl"))
     spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    spec.write(spec_path)
     (run_dir / "logs").mkdir()
     args = launcher_args(launcher, plan.world_size, run_dir, spec_path)
     single, multi, srun = reproduce_commands(plan.world_size)
@@ -454,7 +442,7 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
     pkg_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     notify = progress or (lambda *a: None)
-    notify("launch", 0, plan.spec["steps"], f"{launcher} launcher, {plan.world_size} ranks")
+    notify("launch", 0, plan.spec.steps, f"{launcher} launcher, {plan.world_size} ranks")
     log_path = run_dir / "torchrun.log"
     t0 = time.time()
     interrupted: str | None = None
@@ -508,7 +496,7 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
     report.command = single
     report.multinode_command = multi
     report.srun_command = srun
-    notify("done", plan.spec["steps"], plan.spec["steps"], "passed" if report.passed else f"failed: {report.reason}")
+    notify("done", plan.spec.steps, plan.spec.steps, "passed" if report.passed else f"failed: {report.reason}")
     return report
 
 
@@ -543,7 +531,7 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
                     timed_out: bool, interrupted: str | None, timeout_s: float) -> SmokeReport:
     """The report of a finished launch from the results, progress and logs its ranks left in ``run_dir``."""
     world = plan.world_size
-    results = read_results(run_dir, world, plan.spec.get("spec_id"))
+    results = read_results(run_dir, world, plan.spec.spec_id)
     log_tail = []
     with contextlib.suppress(OSError):
         log_tail = (run_dir / "torchrun.log").read_text(errors="replace").splitlines()[-30:]
@@ -617,7 +605,7 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
             reason = f"rank(s) {hung} hung (last progress: {last})"
             if waiting:
                 reason += (f"; rank(s) {waiting} timed out waiting for them in a collective after "
-                           f"{plan.spec['pg_timeout_s']:.0f}s")
+                           f"{plan.spec.pg_timeout_s:.0f}s")
         elif waiting:
             root = next(rk for rk in ranks if rk.rank == waiting[0])
             reason = f"rank {root.rank} failed: {root.error}"
@@ -696,7 +684,7 @@ def _rank_log_tail(run_dir: Path, rank: int) -> list[str]:
 
 
 def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any]) -> SmokeReport:
-    tol = TOLERANCES[plan.spec["precision"]]
+    tol = TOLERANCES[plan.spec.precision]
     r0 = results[0]
     losses, ref = r0["losses"], r0["reference_losses"]
     rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref)]

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ..estimate.memory import block_reshard
+from ..dims import block_reshard
 from ..layout import Layout
 from .tiny_models import MoE, TinyLM
 

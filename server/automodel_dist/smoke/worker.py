@@ -24,6 +24,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from .spec import SmokeSpec
+
 T_START = time.time()
 
 
@@ -47,8 +49,8 @@ class _Progress:
             fh.write(line + "\n")
 
 
-def _fault(spec: dict[str, Any], rank: int, step: int, kind: str) -> bool:
-    f = spec.get("fault") or {}
+def _fault(spec: SmokeSpec, rank: int, step: int, kind: str) -> bool:
+    f = spec.fault or {}
     return f.get("kind") == kind and f.get("rank") == rank and f.get("step") == step
 
 
@@ -67,7 +69,7 @@ def _peak_rss_mib() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
 
-def run(spec: dict[str, Any], t_start: float = T_START,
+def run(spec: SmokeSpec, t_start: float = T_START,
         publish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """One rank's smoke run; ``publish`` gets the result before the process group is torn down."""
     from ._exec import set_pdeathsig
@@ -78,21 +80,21 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     import torch.distributed as dist
 
     t_imported = time.time()
-    from ..layout import Layout, stage_ids
+    from ..layout import stage_ids
     from . import parallelize as par
     from .tiny_models import TinyConfig, TinyLM, build_full, loss_fn, synthetic_batch
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if spec.get("world_size") not in (None, world):
-        raise RuntimeError(f"this spec is for {spec['world_size']} ranks, but the launcher started {world} "
-                           f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec['world_size']}")
-    progress = _Progress(spec.get("progress_file"), rank)
+    if spec.world_size != world:
+        raise RuntimeError(f"this spec is for {spec.world_size} ranks, but the launcher started {world} "
+                           f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec.world_size}")
+    progress = _Progress(spec.progress_file, rank)
     notes: list[str] = []  # workarounds this rank applied (reported once per run)
     result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads(), "notes": notes}
     timings: dict[str, float] = {"import_s": t_imported - t_import}
 
-    backend = spec.get("backend") or "auto"
+    backend = spec.backend or "auto"
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(
             os.environ.get("LOCAL_WORLD_SIZE", world)) else "gloo"
@@ -105,10 +107,9 @@ def run(spec: dict[str, Any], t_start: float = T_START,
 
     t0 = t_imported  # init covers the parallelism imports, the process group, meshes, model and wrapping
     progress("init", message=f"init_process_group({backend}), {world} ranks")
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.get("pg_timeout_s", 60))))
-    s = spec["sizes"]
-    layout = Layout.build(spec["strategy"], world_size=world, tp=s["tp"], pp=s["pp"], cp=s["cp"], ep=s["ep"],
-                          dp_size=s["dp"], dp_replicate=s["dp_replicate"])
+    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.pg_timeout_s)))
+    layout = spec.dims.layout
+    assert layout is not None, "the planner only writes specs whose layout builds"
     meshes = par.build_meshes(layout, device.type)
     mismatch = par.mesh_mismatches(meshes, layout, rank)
     result["groups"] = {a: meshes.group_ranks(a) for a in meshes.axes}
@@ -117,11 +118,11 @@ def run(spec: dict[str, Any], t_start: float = T_START,
         raise RuntimeError(f"torch DeviceMesh groups differ from the engine's layout on rank {rank}: {mismatch}")
     progress("init", message="device meshes match the engine's layout")
 
-    cfg = TinyConfig(**spec["model_config"])
-    seed, steps, lr = spec["seed"], spec["steps"], spec["lr"]
+    cfg = TinyConfig(**spec.model_config)
+    seed, steps, lr = spec.seed, spec.steps, spec.lr
     pp, tp, cp, ep = layout.pp, layout.tp, layout.cp, layout.ep
-    pipe = spec.get("pipeline") or {}
-    global_batch, seq = spec["global_batch"], spec["seq_len"]
+    pipe = spec.pipeline
+    global_batch, seq = spec.global_batch, spec.seq_len
     ids_all, labels_all = synthetic_batch(cfg, global_batch, seq, seed)
     dp_world = layout.dp
     if layout.strategy == "ddp":
@@ -139,9 +140,10 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     if pp > 1:
         from ..layout import stage_layer_counts
 
-        n_stages = pp * pipe["stages_per_rank"]
+        assert pipe is not None
+        n_stages = pp * pipe.stages_per_rank
         counts = stage_layer_counts(cfg.num_layers, n_stages)
-        my_stages = stage_ids(pp_rank, pp, n_stages, v_style=pipe.get("v_style", False))
+        my_stages = stage_ids(pp_rank, pp, n_stages, v_style=pipe.v_style)
         modules = []
         for sid in my_stages:
             first_layer = sum(counts[:sid])
@@ -161,16 +163,16 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     parts = []
     for sid, m in modules:
         if tp > 1:
-            par.apply_tp(m, meshes.axes["tp"], sequence_parallel=bool(spec.get("sequence_parallel")))
+            par.apply_tp(m, meshes.axes["tp"], sequence_parallel=spec.dims.sequence_parallel)
         if ep > 1:
             expert_params += par.apply_ep(m, meshes.moe["ep"])
-        par.apply_ac(m, spec.get("activation_checkpointing") or False)
+        par.apply_ac(m, spec.dims.activation_checkpointing or False)
         if layout.strategy == "fsdp2":
-            par.apply_fsdp(m, meshes.fsdp, mp=spec.get("mp_policy"), reshard=spec.get("reshard_after_forward"),
-                           moe_reshard=bool(spec.get("moe_reshard_after_forward")), ep=ep,
+            par.apply_fsdp(m, meshes.fsdp, mp=spec.mp_policy, reshard=spec.dims.reshard_after_forward,
+                           moe_reshard=spec.dims.moe_reshard_after_forward, ep=ep,
                            expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
         elif layout.strategy == "ddp":
-            m = par.apply_ddp(m, spec.get("ddp") or {}, device)
+            m = par.apply_ddp(m, spec.ddp, device)
         parts.append((sid, m))
     params = [p for _, m in parts for p in m.parameters()]
     # foreach=False on both sides (as in AutoModel's MoE recipes): a DTensor foreach step pays ~0.7 s of uncached
@@ -183,7 +185,7 @@ def run(spec: dict[str, Any], t_start: float = T_START,
     progress("reference", message="single-process reference")
     ref = build_full(cfg, seed).to(device)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=False)
-    low = _compute_copy(ref, spec.get("mp_policy"))
+    low = _compute_copy(ref, spec.mp_policy)
     ref_losses, ref_grads0 = [], {}
     for ref_step in range(steps):
         ref_opt.zero_grad(set_to_none=True)
@@ -210,9 +212,9 @@ def run(spec: dict[str, Any], t_start: float = T_START,
         if backend == "gloo":
             for stage in stages:
                 _skip_self_p2p_warmup(stage, notes)
-        cls = get_schedule_class(pipe["schedule"])
-        multi = len(stages) > 1 or pipe["schedule"] not in ("1F1B", "GPipe")
-        schedule = cls(stages if multi else stages[0], n_microbatches=pipe["n_microbatches"], loss_fn=loss_fn,
+        cls = get_schedule_class(pipe.schedule)
+        multi = len(stages) > 1 or pipe.schedule not in ("1F1B", "GPipe")
+        schedule = cls(stages if multi else stages[0], n_microbatches=pipe.n_microbatches, loss_fn=loss_fn,
                        scale_grads=True)
 
     cp_ctx = _cp_context(meshes, cp, device) if cp > 1 else None
@@ -224,7 +226,7 @@ def run(spec: dict[str, Any], t_start: float = T_START,
             for mod in m.modules():
                 if isinstance(mod, Attention):
                     mod.cp = cp_info
-    skew = float((spec.get("fault") or {}).get("factor", 0.5))
+    skew = float((spec.fault or {}).get("factor", 0.5))
 
     # ---------------------------------------------------------------- train
     losses, step_times = [], []
@@ -314,11 +316,11 @@ def run(spec: dict[str, Any], t_start: float = T_START,
              f"{worst_t[1].item():.2e}")
     if publish is not None:  # before teardown: a teardown that hangs cannot hold the result back
         publish(result)
-    if (spec.get("fault") or {}).get("kind") == "stall" and spec["fault"].get("rank") == rank:
+    if (spec.fault or {}).get("kind") == "stall" and (spec.fault or {}).get("rank") == rank:
         time.sleep(10**9)  # injected: this rank never exits (the launcher's teardown grace stops it)
     dist.barrier()
     dist.destroy_process_group()
-    if (spec.get("fault") or {}).get("kind") == "abort" and spec["fault"].get("rank") == rank:
+    if (spec.fault or {}).get("kind") == "abort" and (spec.fault or {}).get("rank") == rank:
         os.abort()  # injected: dies by SIGABRT at exit, after its result and teardown (torch 2.14 was seen to)
     return result
 
@@ -445,13 +447,13 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):  # a fresh rank (fork server, spawn) has no handler of its own
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _raise_on_signal)
-    spec = json.loads(Path(spec_path).read_text())
+    spec = SmokeSpec.read(spec_path)
     rank = int(os.environ.get("RANK", "0"))
-    out_dir = Path(spec.get("run_dir") or Path(spec_path).parent)
+    out_dir = Path(spec.run_dir or Path(spec_path).parent)
     published: list[dict[str, Any]] = []
 
     def publish(res: dict[str, Any]) -> None:
-        res = dict(res, spec_id=spec.get("spec_id"))  # the judge ignores results of another spec
+        res = dict(res, spec_id=spec.spec_id)  # the judge ignores results of another spec
         tmp = out_dir / f"rank{rank}.json.tmp"
         tmp.write_text(json.dumps(res))
         tmp.replace(out_dir / f"rank{rank}.json")
@@ -468,7 +470,7 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
             tb = traceback.format_exc()
             result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb.splitlines()[-25:],
                       "t_error": time.time(), "t_start": t_start, "where": dict(_WHERE)}
-            _Progress(spec.get("progress_file"), rank)("error", message=result["error"], force=True)
+            _Progress(spec.progress_file, rank)("error", message=result["error"], force=True)
         code = 1
         if published and "terminated" in result:
             return code  # stopped during teardown (the launcher's grace period): the published result stands

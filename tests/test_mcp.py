@@ -229,7 +229,7 @@ def test_cancelling_run_smoke_test_kills_its_ranks():
 def test_stdio_subprocess_server():
     async def go():
         t = time.perf_counter()
-        params = StdioServerParameters(command=sys.executable, args=["-m", "automodel_dist.mcp_server"])
+        params = StdioServerParameters(command=sys.executable, args=["-m", "automodel_dist.serve"])
         async with Client(params) as c:
             tools = await c.list_tools()
             elapsed = time.perf_counter() - t
@@ -295,7 +295,7 @@ INSPECTOR = ["npx", "-y", "-p", "node@22", "-p", "@modelcontextprotocol/inspecto
 @pytest.mark.node
 @pytest.mark.skipif(shutil.which("npx") is None, reason="Node.js (npx) is not installed")
 def test_mcp_inspector_cli_lists_and_calls_tools():
-    server = [sys.executable, "-m", "automodel_dist.mcp_server"]  # what automodel-dist-mcp runs
+    server = [sys.executable, "-m", "automodel_dist.serve"]  # what automodel-dist-mcp runs
     env = dict(os.environ, npm_config_loglevel="error")
     listed = subprocess.run(INSPECTOR + server + ["--method", "tools/list"], capture_output=True, text=True,
                             timeout=600, env=env)

@@ -18,7 +18,7 @@ from mcp import Client, StdioServerParameters
 ENTRY_POINTS = {
     "automodel-dist-mcp": [str(Path(sys.executable).parent / "automodel-dist-mcp")],
     "automodel-dist serve": [sys.executable, "-m", "automodel_dist.cli", "serve"],
-    "python -m automodel_dist.mcp_server": [sys.executable, "-m", "automodel_dist.mcp_server"],
+    "python -m automodel_dist.serve": [sys.executable, "-m", "automodel_dist.serve"],
 }
 INIT = {
     "jsonrpc": "2.0",

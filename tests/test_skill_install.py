@@ -88,7 +88,7 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
     from mcp import Client, StdioServerParameters
 
     async def main() -> tuple[list[str], bool]:
-        server = f'exec "{sys.executable}" -m automodel_dist.mcp_server 2>"{errlog}"'
+        server = f'exec "{sys.executable}" -m automodel_dist.serve 2>"{errlog}"'
         params = StdioServerParameters(command="/bin/sh", args=["-c", server],
                                        env={**os.environ, "PYTHONPATH": str(skill / "server")}, cwd=str(project))
         async with Client(params) as client:

@@ -316,48 +316,10 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     return EXIT_OK if report.candidates else EXIT_FAIL
 
 
-def add_serve_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--transport", choices=["stdio", "http"], default="stdio")
-    ap.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--allowed-host", action="append", default=[], help="extra Host header allowed over HTTP")
-    ap.add_argument(
-        "--allow-root",
-        action="append",
-        default=[],
-        help="only read config_path files under these directories (repeatable)",
-    )
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    # The server is built before the transport starts, so an install that cannot import the SDK or build the
-    # tools fails here, on stderr, before a client sees any handshake.
-    try:
-        from .mcp_server import create_server, serve
+    from .serve import run
 
-        server = create_server()
-    except Exception as exc:  # noqa: BLE001 - any import or build failure means the server cannot start
-        print(
-            f"automodel-dist: error: the MCP server cannot start: {type(exc).__name__}: {exc}\n"
-            "  it needs the `mcp` SDK (>=2,<3) and pydantic>=2: reinstall with `pip install automodel-dist` "
-            "(or `pip install -e .` in a checkout)",
-            file=sys.stderr,
-        )
-        return EXIT_FAIL
-    serve(
-        "stdio" if args.transport == "stdio" else "http",
-        host=args.host,
-        port=args.port,
-        allowed_hosts=args.allowed_host,
-        allowed_roots=args.allow_root,
-        server=server,
-    )
-    return EXIT_OK
-
-
-def mcp_main(argv: Sequence[str] | None = None) -> int:
-    """``automodel-dist-mcp``: the MCP server, as ``automodel-dist serve``."""
-    return main(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -530,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     su.set_defaults(func=cmd_suggest)
 
     sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")
+    from .serve import add_serve_arguments
+
     add_serve_arguments(sv)
     sv.set_defaults(func=cmd_serve)
 

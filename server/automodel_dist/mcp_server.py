@@ -2,8 +2,8 @@
 
 Start-up imports only the SDK and the report models (no torch, no rule table); the engine loads on
 the first tool call and torch only in the smoke runner's processes. ``automodel-dist serve`` and
-``automodel-dist-mcp`` (both :func:`automodel_dist.cli.cmd_serve`) build the server before the
-transport starts, so a broken install fails on stderr before any handshake. Invalid configs come
+``automodel-dist-mcp`` (both :mod:`automodel_dist.serve`) build the server before the transport
+starts, so a broken install fails on stderr before any handshake. Invalid configs come
 back as findings (structured content), never as protocol errors; bad arguments come back as error
 results and the server keeps serving.
 """
@@ -413,14 +413,3 @@ def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: reachable beyond this machine; DNS-rebinding protection stays on", host)
     server.run("streamable-http", host=host, port=port, transport_security=security)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m automodel_dist.mcp_server``: the same as ``automodel-dist serve``."""
-    from .cli import main as cli_main
-
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -41,10 +41,11 @@ CONFIGS = {
     "fsdp2 tp2 (8)": ("distributed:\n  tp_size: 2\n", 8),
     "megatron_fsdp cp2 (16)": ("distributed:\n  strategy: megatron_fsdp\n  cp_size: 2\n", 16),
     "hsdp cp2 tp4 (64)": ("distributed:\n  dp_replicate_size: 2\n  cp_size: 2\n  tp_size: 4\n", 64),
-    "pp4 ep8 interleaved (128)": ("distributed:\n  pp_size: 4\n  ep_size: 8\n  pipeline:\n"
-                                  "    pp_schedule: interleaved1f1b\n", 128),
-    "tp8 pp4 hsdp (512)": ("distributed:\n  tp_size: 8\n  pp_size: 4\n  dp_replicate_size: 4\n"
-                           "  pipeline: {}\n", 512),
+    "pp4 ep8 interleaved (128)": (
+        "distributed:\n  pp_size: 4\n  ep_size: 8\n  pipeline:\n    pp_schedule: interleaved1f1b\n",
+        128,
+    ),
+    "tp8 pp4 hsdp (512)": ("distributed:\n  tp_size: 8\n  pp_size: 4\n  dp_replicate_size: 4\n  pipeline: {}\n", 512),
     "tp8 cp4 ep64 (2048)": ("distributed:\n  tp_size: 8\n  cp_size: 4\n  ep_size: 64\n", 2048),
 }
 for _p in sorted((ROOT / "tests" / "examples").glob("*.yaml")):  # the real recipes at their ci world sizes
@@ -90,8 +91,9 @@ def floor_fn(text: str, world: int):
 
     def fn() -> ValidationReport:
         load_text(text)
-        return ValidationReport(valid=True, world_size=world, world_size_source="argument", findings=[],
-                                resolved=Resolved(**resolved))
+        return ValidationReport(
+            valid=True, world_size=world, world_size_source="argument", findings=[], resolved=Resolved(**resolved)
+        )
 
     return fn
 
@@ -155,15 +157,23 @@ def main() -> None:
         ours_fn = lambda t=text, w=world: validate_config(t, world_size=w)  # noqa: E731
         if have_oracle:
             automodel_path(text, world)  # warm imports
-            ours, theirs, parse, floor = _interleaved([
-                ours_fn, lambda t=text, w=world: automodel_path(t, w),
-                lambda t=text: load_text(t), floor_fn(text, world)], args.repeat)
+            ours, theirs, parse, floor = _interleaved(
+                [
+                    ours_fn,
+                    lambda t=text, w=world: automodel_path(t, w),
+                    lambda t=text: load_text(t),
+                    floor_fn(text, world),
+                ],
+                args.repeat,
+            )
             ours_all.append(ours)
             theirs_all.append(theirs)
             parse_ratios.append(theirs / parse)
             ceilings.append(theirs / floor)
-            print(f"{name:<30} {ours:>8.2f} {theirs:>10.2f} {theirs / ours:>7.0f}x {theirs / parse:>7.0f}x "
-                  f"{theirs / floor:>7.0f}x")
+            print(
+                f"{name:<30} {ours:>8.2f} {theirs:>10.2f} {theirs / ours:>7.0f}x {theirs / parse:>7.0f}x "
+                f"{theirs / floor:>7.0f}x"
+            )
         else:
             ours_all.append(ours := _median_ms(ours_fn, args.repeat))
             print(f"{name:<30} {ours:>8.2f} {'n/a':>10}")
@@ -171,20 +181,27 @@ def main() -> None:
     if have_oracle:
         ratios = [t / o for t, o in zip(theirs_all, ours_all)]
         big = [r for r, (_, w) in zip(ratios, CONFIGS.values()) if w >= 64]
-        print(f"speed-up, warm: median {statistics.median(ratios):.0f}x over all configs; "
-              f"median {statistics.median(big):.0f}x at >= 64 ranks (goal >= 100x)")
+        print(
+            f"speed-up, warm: median {statistics.median(ratios):.0f}x over all configs; "
+            f"median {statistics.median(big):.0f}x at >= 64 ranks (goal >= 100x)"
+        )
         met = [n for n, r in zip(CONFIGS, ratios) if r >= 100]
         print(f"configs at >= 100x: {len(met)} of {len(ratios)}" + (f" ({', '.join(met)})" if met else ""))
         parse_bound = [n for n, c in zip(CONFIGS, parse_ratios) if c < 100]
         if parse_bound:
-            print(f"configs where our loader alone already costs over 1/100 of AutoModel's path: "
-                  f"{', '.join(parse_bound)}")
+            print(
+                f"configs where our loader alone already costs over 1/100 of AutoModel's path: {', '.join(parse_bound)}"
+            )
         out_of_reach = [n for n, c in zip(CONFIGS, ceilings) if c < 100]
         if out_of_reach:
-            print(f"configs where 100x is out of reach by construction (loader + the bare report object alone "
-                  f"cost over 1/100 of AutoModel's path): {', '.join(out_of_reach)}")
-        print(f"all {len(ours_all)} configs one after another: ours {sum(ours_all):.2f} ms, AutoModel "
-              f"{sum(theirs_all):.1f} ms, {sum(theirs_all) / sum(ours_all):.0f}x")
+            print(
+                f"configs where 100x is out of reach by construction (loader + the bare report object alone "
+                f"cost over 1/100 of AutoModel's path): {', '.join(out_of_reach)}"
+            )
+        print(
+            f"all {len(ours_all)} configs one after another: ours {sum(ours_all):.2f} ms, AutoModel "
+            f"{sum(theirs_all):.1f} ms, {sum(theirs_all) / sum(ours_all):.0f}x"
+        )
         text, world = CONFIGS["hsdp cp2 tp4 (64)"]
         ours_cold = cold(f"from automodel_dist import validate_config; validate_config({text!r}, world_size={world})")
         theirs_cold = cold(
@@ -193,9 +210,12 @@ def main() -> None:
             "from nemo_automodel.components.config.loader import ConfigNode\n"
             "from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config\n"
             f"dist.init_process_group('fake', store=FakeStore(), rank=0, world_size={world})\n"
-            f"create_distributed_setup_from_config(ConfigNode(yaml.safe_load({text!r})), world_size={world})\n")
-        print(f"cold start (fresh process, imports + one config): ours {ours_cold:.0f} ms, AutoModel "
-              f"{theirs_cold:.0f} ms, {theirs_cold / ours_cold:.1f}x")
+            f"create_distributed_setup_from_config(ConfigNode(yaml.safe_load({text!r})), world_size={world})\n"
+        )
+        print(
+            f"cold start (fresh process, imports + one config): ours {ours_cold:.0f} ms, AutoModel "
+            f"{theirs_cold:.0f} ms, {theirs_cold / ours_cold:.1f}x"
+        )
 
     print("\n== build_mesh (layout + one rank's groups) vs torch init_device_mesh on a fake process group")
     print(f"{'world':>8} {'ours ms':>9} {'torch ms':>9} {'ratio':>7}")

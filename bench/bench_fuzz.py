@@ -69,8 +69,10 @@ def main() -> None:
     for what, xs in sorted(tally.times_ms.items()):
         xs = sorted(xs)
         p99 = xs[min(len(xs) - 1, int(len(xs) * 0.99))]
-        print(f"{what:<18} {len(xs):>7,} {statistics.median(xs):8.2f} {p99:8.2f} {xs[-1]:8.1f} "
-              f"{sum(x > 100 for x in xs):>8}")
+        print(
+            f"{what:<18} {len(xs):>7,} {statistics.median(xs):8.2f} {p99:8.2f} {xs[-1]:8.1f} "
+            f"{sum(x > 100 for x in xs):>8}"
+        )
     import automodel_dist
 
     print("\nslowest input per call, and the same input re-timed (best of 3: an outlier that does not repeat is")

@@ -36,8 +36,12 @@ def bare_torchrun(n: int) -> float:
         script.write_text(BARE)
         env = dict(os.environ, OMP_NUM_THREADS="1")
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-                        str(script)], check=True, capture_output=True, env=env)
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), str(script)],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
         return time.perf_counter() - t
 
 
@@ -62,8 +66,11 @@ def main() -> None:
         tr = statistics.median(smoke(n, "torchrun")[0] for _ in range(args.repeat))
         print(f"{n:>3} {bare:>13.1f}s {el:>15.1f}s {el / bare:>5.2f}x {tr:>16.1f}s {tr / bare:>5.2f}x")
         timing = sorted(runs, key=lambda r: r[0])[len(runs) // 2][1]
-        split = ", ".join(f"{k} {getattr(timing, k + '_s'):.2f}s" for k in
-                          ("launch", "import", "init", "steps", "check", "teardown") if getattr(timing, k + "_s"))
+        split = ", ".join(
+            f"{k} {getattr(timing, k + '_s'):.2f}s"
+            for k in ("launch", "import", "init", "steps", "check", "teardown")
+            if getattr(timing, k + "_s")
+        )
         print(f"    elastic phase split (N={n}): {split}")
     print("goal: smoke (elastic, the default) <= 1.3x bare torchrun")
 

@@ -30,21 +30,67 @@ EXAMPLES = sorted((Path(__file__).parent / "examples").glob("*.yaml"))
 MODELS = [m.name for m in catalog()]
 
 TOP_KEYS = [k for k in schema.DistributedConfig.model_fields if k != "options"]
-OPTION_KEYS = sorted({*schema.FSDP2Options.model_fields, *schema.MegatronFSDPOptions.model_fields,
-                      *schema.DDPOptions.model_fields})
+OPTION_KEYS = sorted(
+    {*schema.FSDP2Options.model_fields, *schema.MegatronFSDPOptions.model_fields, *schema.DDPOptions.model_fields}
+)
 PIPELINE_KEYS = list(schema.PipelineConfig.model_fields)
 MOE_KEYS = list(schema.MoEConfig.model_fields)
-NESTED = {"mp_policy": schema.MixedPrecisionPolicy, "offload_policy": schema.CPUOffloadPolicy,
-          "multimodal": schema.Multimodal, "pipeline": schema.PipelineConfig, "moe": schema.MoEConfig}
-ODD_STRINGS = ["none", "None", "null", "~", "2", "2.0", "two", "true", "yes", "off", "selective", "full", "fsdp2",
-               "ddp", "mfsdp", "megatron-fsdp", "1f1b", "interleaved1f1b", "interleaved_1f1b", "DualPipeV",
-               "bfloat16", "bf16", "torch.float32", "fp8", "1e5", "-3", "0x10", "[1, 2]", "{a: 1}", "${X}",
-               "${X,2}", "$HOME", "_target_", "", " ", "\t", "é", "\u202e", "nan", "inf", "9" * 40]
+NESTED = {
+    "mp_policy": schema.MixedPrecisionPolicy,
+    "offload_policy": schema.CPUOffloadPolicy,
+    "multimodal": schema.Multimodal,
+    "pipeline": schema.PipelineConfig,
+    "moe": schema.MoEConfig,
+}
+ODD_STRINGS = [
+    "none",
+    "None",
+    "null",
+    "~",
+    "2",
+    "2.0",
+    "two",
+    "true",
+    "yes",
+    "off",
+    "selective",
+    "full",
+    "fsdp2",
+    "ddp",
+    "mfsdp",
+    "megatron-fsdp",
+    "1f1b",
+    "interleaved1f1b",
+    "interleaved_1f1b",
+    "DualPipeV",
+    "bfloat16",
+    "bf16",
+    "torch.float32",
+    "fp8",
+    "1e5",
+    "-3",
+    "0x10",
+    "[1, 2]",
+    "{a: 1}",
+    "${X}",
+    "${X,2}",
+    "$HOME",
+    "_target_",
+    "",
+    " ",
+    "\t",
+    "é",
+    "\u202e",
+    "nan",
+    "inf",
+    "9" * 40,
+]
 
 
 def scalars() -> st.SearchStrategy[Any]:
     return st.one_of(
-        st.none(), st.booleans(),
+        st.none(),
+        st.booleans(),
         st.sampled_from([0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 128, -1, -8, 2**31, 2**40, 10**12]),
         st.integers(min_value=-(2**70), max_value=2**70),
         st.floats(allow_nan=True, allow_infinity=True),
@@ -57,9 +103,13 @@ def values(depth: int = 2) -> st.SearchStrategy[Any]:
     if depth <= 0:
         return scalars()
     inner = values(depth - 1)
-    return st.one_of(scalars(), st.lists(inner, max_size=4),
-                     st.dictionaries(st.one_of(st.sampled_from(PIPELINE_KEYS + MOE_KEYS + OPTION_KEYS),
-                                               st.text(max_size=8)), inner, max_size=4))
+    return st.one_of(
+        scalars(),
+        st.lists(inner, max_size=4),
+        st.dictionaries(
+            st.one_of(st.sampled_from(PIPELINE_KEYS + MOE_KEYS + OPTION_KEYS), st.text(max_size=8)), inner, max_size=4
+        ),
+    )
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -76,8 +126,9 @@ def shaped(model: type[BaseModel]) -> st.SearchStrategy[Any]:
     optional = {}
     for name, info in model.model_fields.items():
         sub = _model_of(info.annotation)
-        optional[name] = st.one_of(scalars(), st.lists(scalars(), max_size=2),
-                                   *([st.deferred(lambda sub=sub: shaped(sub))] if sub else []))
+        optional[name] = st.one_of(
+            scalars(), st.lists(scalars(), max_size=2), *([st.deferred(lambda sub=sub: shaped(sub))] if sub else [])
+        )
     return st.fixed_dictionaries({}, optional=optional)
 
 
@@ -97,12 +148,15 @@ def blocks(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.integers(0, 3)) == 0:
             block[key] = draw(_sizes())
     if draw(st.integers(0, 3)) == 0:
-        block["pipeline"] = draw(shaped(schema.PipelineConfig) if draw(st.booleans()) else st.one_of(st.none(), values(1)))
+        block["pipeline"] = draw(
+            shaped(schema.PipelineConfig) if draw(st.booleans()) else st.one_of(st.none(), values(1))
+        )
     if draw(st.integers(0, 4)) == 0:
         block["moe"] = draw(shaped(schema.MoEConfig) if draw(st.booleans()) else st.one_of(st.none(), values(1)))
     if draw(st.integers(0, 3)) == 0:
-        block["activation_checkpointing"] = draw(st.one_of(st.sampled_from([True, False, "selective", "full",
-                                                                            "none", "off"]), scalars()))
+        block["activation_checkpointing"] = draw(
+            st.one_of(st.sampled_from([True, False, "selective", "full", "none", "off"]), scalars())
+        )
     for key in draw(st.lists(st.sampled_from(OPTION_KEYS), max_size=3)):
         nested = key in NESTED and draw(st.booleans())  # half the time the block's own shape, all levels deep
         block[key] = draw(shaped(NESTED[key]) if nested else values(1))
@@ -116,8 +170,9 @@ def recipes(draw: st.DrawFn) -> dict[str, Any]:
     """A whole recipe: distributed: plus the sections rules read, any of them odd."""
     recipe: dict[str, Any] = {"distributed": draw(blocks()) if draw(st.integers(0, 9)) else draw(values(1))}
     if draw(st.booleans()):
-        recipe["step_scheduler"] = draw(st.fixed_dictionaries(
-            {}, optional={"global_batch_size": _sizes(), "local_batch_size": _sizes()}))
+        recipe["step_scheduler"] = draw(
+            st.fixed_dictionaries({}, optional={"global_batch_size": _sizes(), "local_batch_size": _sizes()})
+        )
     if draw(st.integers(0, 2)) == 0:
         recipe["dataset"] = draw(st.fixed_dictionaries({}, optional={"seq_length": _sizes(), "seq_len": _sizes()}))
     if draw(st.integers(0, 3)) == 0:
@@ -125,14 +180,20 @@ def recipes(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)) == 0:
         recipe["model"] = {"pretrained_model_name_or_path": draw(st.one_of(st.sampled_from(MODELS), scalars()))}
         if draw(st.booleans()):  # what the model-class rules read: backend.attn and force_hf, in odd shapes too
-            recipe["model"]["backend"] = draw(st.one_of(
-                st.fixed_dictionaries({}, optional={"attn": st.one_of(st.sampled_from(["te", "sdpa", "flex"]),
-                                                                       scalars())}), scalars()))
+            recipe["model"]["backend"] = draw(
+                st.one_of(
+                    st.fixed_dictionaries(
+                        {}, optional={"attn": st.one_of(st.sampled_from(["te", "sdpa", "flex"]), scalars())}
+                    ),
+                    scalars(),
+                )
+            )
         if draw(st.integers(0, 3)) == 0:
             recipe["model"]["force_hf"] = draw(st.one_of(st.booleans(), scalars()))
     if draw(st.integers(0, 4)) == 0:
-        recipe["ci"] = draw(st.one_of(st.fixed_dictionaries({}, optional={"nodes": _sizes(),
-                                                                           "nproc_per_node": _sizes()}), values(1)))
+        recipe["ci"] = draw(
+            st.one_of(st.fixed_dictionaries({}, optional={"nodes": _sizes(), "nproc_per_node": _sizes()}), values(1))
+        )
     return recipe
 
 
@@ -162,12 +223,19 @@ def mutated_examples(draw: st.DrawFn) -> str:
             j = draw(st.integers(0, len(lines) - 1))
             lines[i], lines[j] = lines[j], lines[i]
         elif op == "number":
-            lines[i] = lines[i].rstrip() + f" {draw(st.integers(-(2**40), 2**40))}" if ":" not in lines[i] else (
-                lines[i].split(":", 1)[0] + f": {draw(st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0, 3])))}")
+            lines[i] = (
+                lines[i].rstrip() + f" {draw(st.integers(-(2**40), 2**40))}"
+                if ":" not in lines[i]
+                else (
+                    lines[i].split(":", 1)[0]
+                    + f": {draw(st.one_of(st.integers(-(2**40), 2**40), st.sampled_from([0, 3])))}"
+                )
+            )
         elif op == "char":
             pos = draw(st.integers(0, len(lines[i])))
-            lines[i] = lines[i][:pos] + draw(st.sampled_from(list(":-[]{}&*!|>'\"%@`#,?") + ["\t", "\x00"])) + \
-                lines[i][pos:]
+            lines[i] = (
+                lines[i][:pos] + draw(st.sampled_from(list(":-[]{}&*!|>'\"%@`#,?") + ["\t", "\x00"])) + lines[i][pos:]
+            )
         elif op == "truncate":
             lines = lines[: i + 1]
             lines[-1] = lines[-1][: draw(st.integers(0, len(lines[-1])))]
@@ -178,22 +246,60 @@ def mutated_examples(draw: st.DrawFn) -> str:
         elif op == "value" and ":" in lines[i]:
             lines[i] = lines[i].split(":", 1)[0] + ": " + _dump(draw(scalars())).splitlines()[0]
         elif op == "nest":
-            lines.insert(i, "distributed:\n  " + draw(st.sampled_from(TOP_KEYS + OPTION_KEYS)) + ": " +
-                         _dump(draw(scalars())).splitlines()[0])
+            lines.insert(
+                i,
+                "distributed:\n  "
+                + draw(st.sampled_from(TOP_KEYS + OPTION_KEYS))
+                + ": "
+                + _dump(draw(scalars())).splitlines()[0],
+            )
         text = "\n".join(lines) + "\n"
     return text
 
 
 CONFIG_JSONS = [  # config.json shapes the model rules parse: a dense transformer, an MoE, a hybrid Mamba MoE
-    {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
-     "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256},
-    {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 4,
-     "num_attention_heads": 4, "n_routed_experts": 8, "moe_intermediate_size": 32, "kv_lora_rank": 16,
-     "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8, "first_k_dense_replace": 1},
-    {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64, "num_hidden_layers": 5,
-     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hybrid_override_pattern": "M*-ME",
-     "mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "n_routed_experts": 4,
-     "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 32, "num_experts_per_tok": 2},
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+    },
+    {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "n_routed_experts": 8,
+        "moe_intermediate_size": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 8,
+        "first_k_dense_replace": 1,
+    },
+    {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "hidden_size": 64,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hybrid_override_pattern": "M*-ME",
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "n_groups": 2,
+        "ssm_state_size": 16,
+        "n_routed_experts": 4,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 32,
+        "num_experts_per_tok": 2,
+    },
 ]
 
 
@@ -202,9 +308,16 @@ def config_jsons(draw: st.DrawFn) -> dict[str, Any]:
     """A config.json dict with some fields replaced by odd values (or odd layer patterns)."""
     cfg = dict(draw(st.sampled_from(CONFIG_JSONS)))
     for key in draw(st.lists(st.sampled_from(sorted({k for c in CONFIG_JSONS for k in c})), max_size=3)):
-        cfg[key] = draw(st.one_of(scalars(), st.text(alphabet="M*-EX ", max_size=8),
-                                  st.lists(st.sampled_from(["mamba", "attention", "full_attention", "linear_attention",
-                                                            "mlp", "moe", "x"]), max_size=6)))
+        cfg[key] = draw(
+            st.one_of(
+                scalars(),
+                st.text(alphabet="M*-EX ", max_size=8),
+                st.lists(
+                    st.sampled_from(["mamba", "attention", "full_attention", "linear_attention", "mlp", "moe", "x"]),
+                    max_size=6,
+                ),
+            )
+        )
     return cfg
 
 
@@ -214,30 +327,57 @@ def contexts(draw: st.DrawFn) -> dict[str, Any]:
     kw: dict[str, Any] = {}
     how = draw(st.integers(0, 5))
     if how <= 2:
-        kw["world_size"] = draw(st.one_of(st.sampled_from([1, 2, 4, 8, 12, 16, 32, 64, 128, 1024]),
-                                          st.integers(-4, 1 << 25)))
+        kw["world_size"] = draw(
+            st.one_of(st.sampled_from([1, 2, 4, 8, 12, 16, 32, 64, 128, 1024]), st.integers(-4, 1 << 25))
+        )
     elif how <= 4:
         kw["nodes"] = draw(st.one_of(st.integers(1, 64), st.integers(-2, 10**9)))
         kw["gpus_per_node"] = draw(st.one_of(st.sampled_from([1, 2, 4, 8, 16]), st.integers(-2, 10**6)))
     if draw(st.booleans()):
-        kw["model"] = draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such-model", "llama", ""]),
-                                     config_jsons()))
+        kw["model"] = draw(
+            st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such-model", "llama", ""]), config_jsons())
+        )
     if draw(st.integers(0, 3)) == 0:
-        kw["torch_version"] = draw(st.one_of(st.sampled_from(["2.13.0+cpu", "2.14.1", "2.15.0+cu132", "3.0"]),
-                                             st.text(max_size=12)))
+        kw["torch_version"] = draw(
+            st.one_of(st.sampled_from(["2.13.0+cpu", "2.14.1", "2.15.0+cu132", "3.0"]), st.text(max_size=12))
+        )
     if draw(st.integers(0, 3)) == 0:
-        kw["overrides"] = draw(st.lists(st.one_of(st.sampled_from(OVERRIDES), st.builds(
-            "{}={}".format, st.text(alphabet="distrbuteo._pz", max_size=24), st.text(max_size=12))), max_size=4))
+        kw["overrides"] = draw(
+            st.lists(
+                st.one_of(
+                    st.sampled_from(OVERRIDES),
+                    st.builds("{}={}".format, st.text(alphabet="distrbuteo._pz", max_size=24), st.text(max_size=12)),
+                ),
+                max_size=4,
+            )
+        )
     return kw
 
 
 OVERRIDES = [  # launch-command overrides: usual, odd and malformed
-    "distributed.tp_size=2", "distributed.tp_size='4'", "distributed.pp_size=2", "distributed.cp_size=none",
-    "distributed.ep_size=8", "distributed.strategy=ddp", "distributed.strategy=megatron_fsdp", "distributed=None",
-    "distributed={'tp_size': 2}", "distributed.pipeline={}", "distributed.pipeline.pp_schedule=interleaved1f1b",
-    "distributed.pipeline=[1, 2]", "distributed.sequence_parallel=True", "distributed.dp_replicate_size=2",
-    "step_scheduler.local_batch_size=3", "step_scheduler=None", "model._target_=os.system", "distributed.tp_size",
-    "=", "distributed..tp_size=2", "a.b.c.d=[1, [2, {'x': None}]]", "distributed.tp_size=${TP,2}", "ci.nodes=0",
+    "distributed.tp_size=2",
+    "distributed.tp_size='4'",
+    "distributed.pp_size=2",
+    "distributed.cp_size=none",
+    "distributed.ep_size=8",
+    "distributed.strategy=ddp",
+    "distributed.strategy=megatron_fsdp",
+    "distributed=None",
+    "distributed={'tp_size': 2}",
+    "distributed.pipeline={}",
+    "distributed.pipeline.pp_schedule=interleaved1f1b",
+    "distributed.pipeline=[1, 2]",
+    "distributed.sequence_parallel=True",
+    "distributed.dp_replicate_size=2",
+    "step_scheduler.local_batch_size=3",
+    "step_scheduler=None",
+    "model._target_=os.system",
+    "distributed.tp_size",
+    "=",
+    "distributed..tp_size=2",
+    "a.b.c.d=[1, [2, {'x': None}]]",
+    "distributed.tp_size=${TP,2}",
+    "ci.nodes=0",
     "distributed.tp_size=" + "9" * 5000,
 ]
 
@@ -318,21 +458,38 @@ def check_input(kind: str, config: Any, ctx: dict[str, Any], tally: Tally | None
     gpn = ctx.get("gpus_per_node")
     # build_mesh sees only world_size and gpus_per_node: it builds iff validation with those alone passes
     over = ctx.get("overrides")
-    plain = report if set(ctx) <= {"world_size", "gpus_per_node", "overrides"} else validate_config(
-        config, world_size=world, gpus_per_node=gpn, overrides=over)
+    plain = (
+        report
+        if set(ctx) <= {"world_size", "gpus_per_node", "overrides"}
+        else validate_config(config, world_size=world, gpus_per_node=gpn, overrides=over)
+    )
     check_report(plain)
     assert report.valid <= plain.valid  # the model and cluster only ever add findings
     if plain.valid:
-        mesh = _timed(tally, "build_mesh", build_mesh, config, world_size=world, ranks=[0, world - 1],
-                      gpus_per_node=gpn, overrides=over)
+        mesh = _timed(
+            tally,
+            "build_mesh",
+            build_mesh,
+            config,
+            world_size=world,
+            ranks=[0, world - 1],
+            gpus_per_node=gpn,
+            overrides=over,
+        )
         assert isinstance(mesh, MeshReport)
         if mesh.device_mesh is not None:
             assert math.prod(mesh.device_mesh.shape) == mesh.mesh_ranks <= world
         if report.valid and ctx.get("model") in MODELS and report.resolved.strategy:
             from automodel_dist import estimate_memory
 
-            est = _timed(tally, "estimate_memory", estimate_memory, config, model=ctx["model"], **{
-                k: v for k, v in ctx.items() if k not in ("model", "torch_version")})
+            est = _timed(
+                tally,
+                "estimate_memory",
+                estimate_memory,
+                config,
+                model=ctx["model"],
+                **{k: v for k, v in ctx.items() if k not in ("model", "torch_version")},
+            )
             assert est.memory_gib.total > 0
     else:
         try:
@@ -349,21 +506,33 @@ def suggest_args(draw: st.DrawFn) -> dict[str, Any]:
         "model": draw(st.one_of(st.sampled_from(MODELS), st.sampled_from(["no/such", "", "x.json"]))),
         "nodes": draw(st.one_of(st.integers(1, 16), st.integers(1, 16), st.sampled_from([0, -1, 10**7]))),
         "gpus_per_node": draw(st.one_of(st.none(), st.sampled_from([1, 2, 4, 8]), st.integers(-1, 10**5))),
-        "gpu": draw(st.one_of(st.sampled_from(["H100-80GB", "A100-40GB", "B200", "L40S", "h200"]),
-                              st.sampled_from(["H100-80GB", "GB200"]), st.text(max_size=8))),
+        "gpu": draw(
+            st.one_of(
+                st.sampled_from(["H100-80GB", "A100-40GB", "B200", "L40S", "h200"]),
+                st.sampled_from(["H100-80GB", "GB200"]),
+                st.text(max_size=8),
+            )
+        ),
         "seq_len": draw(st.one_of(st.sampled_from([512, 4096, 32768, 131072]), st.integers(-5, 1 << 22))),
         "global_batch_size": draw(st.one_of(st.none(), st.integers(-1, 4096))),
         "micro_batch_size": draw(st.one_of(st.sampled_from([1, 2]), st.integers(-1, 64))),
         "precision": draw(st.sampled_from(["bf16", "bf16", "bf16-mixed", "fp32", "fp8"])),
         "headroom": draw(st.one_of(st.sampled_from([0.0, 0.1, 0.5]), st.floats(-1, 2))),
         "top_k": draw(st.one_of(st.integers(1, 5), st.integers(1, 5), st.integers(-1, 0))),
-    } | draw(st.one_of(st.just({}), st.fixed_dictionaries({  # a recipe fills what is left out (None)
-        "config": st.one_of(recipes(), mutated_examples()),
-        "model": st.one_of(st.none(), st.sampled_from(MODELS)),
-        "nodes": st.one_of(st.none(), st.integers(1, 4)),
-        "seq_len": st.one_of(st.none(), st.sampled_from([1024, 4096])),
-        "micro_batch_size": st.none(),
-    })))
+    } | draw(
+        st.one_of(
+            st.just({}),
+            st.fixed_dictionaries(
+                {  # a recipe fills what is left out (None)
+                    "config": st.one_of(recipes(), mutated_examples()),
+                    "model": st.one_of(st.none(), st.sampled_from(MODELS)),
+                    "nodes": st.one_of(st.none(), st.integers(1, 4)),
+                    "seq_len": st.one_of(st.none(), st.sampled_from([1024, 4096])),
+                    "micro_batch_size": st.none(),
+                }
+            ),
+        )
+    )
 
 
 def check_suggest(args: dict[str, Any], tally: Tally | None = None) -> None:
@@ -386,18 +555,46 @@ def check_suggest(args: dict[str, Any], tally: Tally | None = None) -> None:
         cur = report.current
         assert cur is not None and (cur.valid == (cur.step_time_s is not None) == (cur.memory_gib is not None))
         assert cur.valid or cur.errors
-        assert set(report.from_recipe) <= {"model", "nodes", "gpus_per_node", "seq_len", "global_batch_size",
-                                           "micro_batch_size"}
+        assert set(report.from_recipe) <= {
+            "model",
+            "nodes",
+            "gpus_per_node",
+            "seq_len",
+            "global_batch_size",
+            "micro_batch_size",
+        }
     else:
         assert report.current is None and report.from_recipe == {}
     if tally is not None:
         tally.outcomes[f"suggest: {'candidates' if report.candidates else 'nothing fits'}"] += 1
 
 
-TOOLS = ["validate_config", "build_mesh", "suggest_strategy", "estimate_memory", "explain_error", "list_models",
-         "no_such_tool"]
-ARG_NAMES = ["config_yaml", "config_path", "world_size", "nodes", "gpus_per_node", "model", "ranks", "text",
-             "picture_axis", "seq_len", "gpu", "top_k", "precision", "headroom", "extra"]
+TOOLS = [
+    "validate_config",
+    "build_mesh",
+    "suggest_strategy",
+    "estimate_memory",
+    "explain_error",
+    "list_models",
+    "no_such_tool",
+]
+ARG_NAMES = [
+    "config_yaml",
+    "config_path",
+    "world_size",
+    "nodes",
+    "gpus_per_node",
+    "model",
+    "ranks",
+    "text",
+    "picture_axis",
+    "seq_len",
+    "gpu",
+    "top_k",
+    "precision",
+    "headroom",
+    "extra",
+]
 
 
 @st.composite
@@ -406,8 +603,20 @@ def mcp_calls(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     tool = draw(st.sampled_from(TOOLS))
     args: dict[str, Any] = {}
     for name in draw(st.lists(st.sampled_from(ARG_NAMES), max_size=5, unique=True)):
-        args[name] = draw(st.one_of(
-            values(1), st.sampled_from(["tp_size: 2\n", "distributed:\n  tp_size: 3\n", "/etc/passwd", "/dev/zero",
-                                        "x" * 300_000, "meta-llama/Llama-3.1-8B"]),
-            st.integers(-(2**70), 2**70)))
+        args[name] = draw(
+            st.one_of(
+                values(1),
+                st.sampled_from(
+                    [
+                        "tp_size: 2\n",
+                        "distributed:\n  tp_size: 3\n",
+                        "/etc/passwd",
+                        "/dev/zero",
+                        "x" * 300_000,
+                        "meta-llama/Llama-3.1-8B",
+                    ]
+                ),
+                st.integers(-(2**70), 2**70),
+            )
+        )
     return tool, args

@@ -45,7 +45,10 @@ def cases() -> Iterator[tuple[str, Callable[[], Any]]]:
         for world in (8, 64):
             yield f"validate:{name}@{world}", lambda p=path, w=world: _guard(lambda: validate_config(p, world_size=w))
         yield f"mesh:{name}", lambda p=path: _guard(lambda: build_mesh(p, ranks=[0], gpus_per_node=8))
-        yield f"mesh:{name}@64", lambda p=path: _guard(lambda: build_mesh(p, ranks=[0, 63], world_size=64, gpus_per_node=8))
+        yield (
+            f"mesh:{name}@64",
+            lambda p=path: _guard(lambda: build_mesh(p, ranks=[0, 63], world_size=64, gpus_per_node=8)),
+        )
         yield f"estimate:{name}", lambda p=path: _guard(lambda: estimate_memory(p))
         yield f"estimate:{name}@64", lambda p=path: _guard(lambda: estimate_memory(p, world_size=64, gpus_per_node=8))
         yield f"suggest:{name}", lambda p=path: _guard(lambda: suggest_strategy(config=p, top_k=3))

@@ -21,14 +21,33 @@ from automodel_dist.estimate.memory import MemoryBreakdown, Training, memory_per
 from automodel_dist.layout import Layout
 
 
-def estimate_fsdp2(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1, dp_replicate: int = 1,
-                   seq_len: int = 2048, activation_checkpointing: bool | str = False, sequence_parallel: bool = False,
-                   storage_dtype: str = "float32", num_layers: int | None = None) -> MemoryBreakdown:
+def estimate_fsdp2(
+    spec: Any,
+    *,
+    world_size: int,
+    tp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    dp_replicate: int = 1,
+    seq_len: int = 2048,
+    activation_checkpointing: bool | str = False,
+    sequence_parallel: bool = False,
+    storage_dtype: str = "float32",
+    num_layers: int | None = None,
+) -> MemoryBreakdown:
     """The engine's per-rank estimate for the FSDP2 layout ``measure`` builds with the same arguments."""
     if num_layers:
         spec = dataclasses.replace(spec, num_layers=num_layers)
-    p = ParallelDims("fsdp2", world_size=world_size, dp_replicate=dp_replicate, tp=tp, cp=cp, ep=ep,
-                     sequence_parallel=sequence_parallel, activation_checkpointing=activation_checkpointing)
+    p = ParallelDims(
+        "fsdp2",
+        world_size=world_size,
+        dp_replicate=dp_replicate,
+        tp=tp,
+        cp=cp,
+        ep=ep,
+        sequence_parallel=sequence_parallel,
+        activation_checkpointing=activation_checkpointing,
+    )
     return memory_per_rank(spec, p, Training(seq_len=seq_len, storage_dtype=storage_dtype))
 
 
@@ -49,12 +68,21 @@ class Measured:
 def _cfg(spec: Any) -> Any:
     from automodel_dist.smoke.tiny_models import TinyConfig
 
-    return TinyConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
-                      num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads, head_dim=spec.hd,
-                      intermediate_size=spec.intermediate_size, num_experts=spec.num_experts,
-                      top_k=spec.experts_per_token or 2, moe_intermediate_size=spec.moe_intermediate_size or 1,
-                      shared_expert=spec.shared_expert_intermediate_size > 0,
-                      tie_word_embeddings=spec.tie_word_embeddings, balanced_routing=True)
+    return TinyConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_key_value_heads,
+        head_dim=spec.hd,
+        intermediate_size=spec.intermediate_size,
+        num_experts=spec.num_experts,
+        top_k=spec.experts_per_token or 2,
+        moe_intermediate_size=spec.moe_intermediate_size or 1,
+        shared_expert=spec.shared_expert_intermediate_size > 0,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        balanced_routing=True,
+    )
 
 
 @contextlib.contextmanager
@@ -83,10 +111,22 @@ def _private_propagation_fake_mode():
         DeviceMesh._concatenate = concatenate
 
 
-def measure(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1, dp_replicate: int = 1,
-            seq_len: int = 2048, micro_batch: int = 1, activation_checkpointing: bool | str = False,
-            sequence_parallel: bool = False, storage_dtype: str = "float32", compute_dtype: str = "bfloat16",
-            num_layers: int | None = None) -> Measured:
+def measure(
+    spec: Any,
+    *,
+    world_size: int,
+    tp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    dp_replicate: int = 1,
+    seq_len: int = 2048,
+    micro_batch: int = 1,
+    activation_checkpointing: bool | str = False,
+    sequence_parallel: bool = False,
+    storage_dtype: str = "float32",
+    compute_dtype: str = "bfloat16",
+    num_layers: int | None = None,
+) -> Measured:
     import torch
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -119,8 +159,9 @@ def measure(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1
             if ep > 1:
                 par.apply_ep(model, meshes.moe["ep"])
             par.apply_ac(model, activation_checkpointing)
-            par.apply_fsdp(model, meshes.fsdp, mp=mp, reshard=None, ep=ep,
-                           expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
+            par.apply_fsdp(
+                model, meshes.fsdp, mp=mp, reshard=None, ep=ep, expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None
+            )
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
             local_seq = seq_len // cp
             ids = torch.randint(0, cfg.vocab_size, (micro_batch, local_seq))
@@ -141,8 +182,13 @@ def measure(spec: Any, *, world_size: int, tp: int = 1, cp: int = 1, ep: int = 1
         dev = next(iter(peak))
         cats = {str(k).split(".")[-1]: float(v) for k, v in peak[dev].items()}
         cur = {str(k).split(".")[-1]: float(v) for k, v in now[dev].items()}
-        return Measured(params=cur.get("SHARDED_PARAM", 0.0), grads=cur.get("SHARDED_GRAD", 0.0),
-                        optimizer=cur.get("OPT", 0.0), peak=cats["Total"], categories=cats,
-                        after_forward=after_forward)
+        return Measured(
+            params=cur.get("SHARDED_PARAM", 0.0),
+            grads=cur.get("SHARDED_GRAD", 0.0),
+            optimizer=cur.get("OPT", 0.0),
+            peak=cats["Total"],
+            categories=cats,
+            after_forward=after_forward,
+        )
     finally:
         dist.destroy_process_group()

@@ -47,8 +47,13 @@ class _Capture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run(block: dict[str, Any] | None, world_size: int, ranks: list[int] | None = None, *,
-        make_cfg: Callable[[], Any] | None = None) -> OracleResult:
+def run(
+    block: dict[str, Any] | None,
+    world_size: int,
+    ranks: list[int] | None = None,
+    *,
+    make_cfg: Callable[[], Any] | None = None,
+) -> OracleResult:
     """AutoModel's verdict and meshes for ``{"distributed": block}`` at ``world_size`` (or for the
     ``ConfigNode`` that ``make_cfg`` builds afresh for each rank)."""
     import torch.distributed as dist
@@ -76,8 +81,10 @@ def run(block: dict[str, Any] | None, world_size: int, ranks: list[int] | None =
                 groups: dict[str, list[int]] = {}
                 dm, mm = mc.device_mesh, mc.moe_mesh
                 if dm is not None:
-                    result.device_mesh = ([str(n.value if hasattr(n, "value") else n) for n in dm.mesh_dim_names],
-                                          list(dm.mesh.shape))
+                    result.device_mesh = (
+                        [str(n.value if hasattr(n, "value") else n) for n in dm.mesh_dim_names],
+                        list(dm.mesh.shape),
+                    )
                     for name in dm.mesh_dim_names:
                         groups[str(getattr(name, "value", name))] = dist.get_process_group_ranks(dm[name].get_group())
                     for name, flat in getattr(dm, "_flatten_mapping", {}).items():
@@ -139,8 +146,10 @@ def _setup(block: dict[str, Any], world_size: int) -> Any:
     from nemo_automodel.components.config.loader import ConfigNode
     from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
 
-    return create_distributed_setup_from_config(ConfigNode({"distributed": copy.deepcopy(block)}),
-                                                world_size=world_size)
+    return create_distributed_setup_from_config(
+        ConfigNode({"distributed": copy.deepcopy(block)}), world_size=world_size
+    )
+
 
 def parallelize(block: dict[str, Any], world_size: int, device: str = "meta") -> str | None:
     """AutoModel's ``parallelize_model`` on a tiny decoder (on the meta device; DDP needs ``device="cpu"``:
@@ -180,21 +189,44 @@ def parallelize(block: dict[str, Any], world_size: int, device: str = "meta") ->
             return f"{type(exc).__name__}: {exc}"
     return None
 
+
 def _tiny_config(model_type: str, **overrides: Any) -> Any:
     """A two-layer Hugging Face config of ``model_type`` (built on the meta device by the callers)."""
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(model_type, **{**dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                                      num_key_value_heads=2, intermediate_size=128, vocab_size=256,
-                                                      head_dim=16), **overrides})
+    return AutoConfig.for_model(
+        model_type,
+        **{
+            **dict(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=128,
+                vocab_size=256,
+                head_dim=16,
+            ),
+            **overrides,
+        },
+    )
 
 
 ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "eager", "torch")
 # AutoModel classes whose capabilities read the model's config (the hybrid check looks for Mamba layers in it)
 CONFIG_READERS = {"NemotronHForCausalLM": "nemotron_h"}
-NEMOTRON_H_TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                       mamba_head_dim=16, ssm_state_size=16, moe_intermediate_size=32, vocab_size=256,
-                       moe_shared_expert_intermediate_size=32, num_experts_per_tok=2)
+NEMOTRON_H_TINY = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    mamba_head_dim=16,
+    ssm_state_size=16,
+    moe_intermediate_size=32,
+    vocab_size=256,
+    moe_shared_expert_intermediate_size=32,
+    num_experts_per_tok=2,
+)
 
 
 def implementation_of(architecture: str) -> tuple[str, dict[str, Any]]:
@@ -289,8 +321,15 @@ def _cuda_device_index() -> Iterator[None]:
         yield
 
 
-def build_and_parallelize(architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any],
-                          world_size: int, *, attn: str | None = None) -> str | None:
+def build_and_parallelize(
+    architecture: str,
+    model_type: str,
+    config: dict[str, Any],
+    block: dict[str, Any],
+    world_size: int,
+    *,
+    attn: str | None = None,
+) -> str | None:
     """What ``NeMoAutoModelForCausalLM`` does with AutoModel's own class for ``architecture`` after its setup for
     ``block``, at rank 0 on the meta device: build it from ``config``, ``attach_capabilities_and_validate`` (its
     ``validate_for_mesh``), then ``parallelize_model`` (with :func:`_transformer_engine_stub`); ``attn``: the
@@ -385,8 +424,9 @@ def megatron_fsdp_log(block: dict[str, Any], world_size: int) -> list[str]:
     return capture.messages
 
 
-def parallelize_model_class(architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any],
-                            world_size: int) -> str | None:
+def parallelize_model_class(
+    architecture: str, model_type: str, config: dict[str, Any], block: dict[str, Any], world_size: int
+) -> str | None:
     """AutoModel's setup for ``block`` and ``parallelize_model`` on its own class for ``architecture`` (or the
     Hugging Face one it would use), built on the meta device from ``config``: the first error text, or None."""
     import torch
@@ -453,6 +493,7 @@ def block_reshards(block: dict[str, Any], world_size: int, n_blocks: int = 4) ->
         setup = _setup(block, world_size)
         dp_mesh = get_fsdp_dp_mesh(setup.mesh_context.device_mesh, "dp_replicate", "dp_shard_cp")
         layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(n_blocks)])
-        apply_fsdp2_sharding_recursively(layers, dp_mesh, None,
-                                         reshard_after_forward=setup.strategy_config.reshard_after_forward)
+        apply_fsdp2_sharding_recursively(
+            layers, dp_mesh, None, reshard_after_forward=setup.strategy_config.reshard_after_forward
+        )
         return [layer._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None for layer in layers]

@@ -47,8 +47,9 @@ def run(mode: str, mesh) -> dict:
     fully_shard(blocks, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
     log: list[tuple[int, int]] = []
     blocks[0].register_forward_pre_hook(lambda *_: log.append(held(blocks)))
-    stage = PipelineStage(blocks, stage_index=stage_index, num_stages=2, device=torch.device("cpu"),
-                          group=mesh["pp"].get_group())
+    stage = PipelineStage(
+        blocks, stage_index=stage_index, num_stages=2, device=torch.device("cpu"), group=mesh["pp"].get_group()
+    )
     if mode != "torch":  # AutoModel 0.7.0's own stage backward, installed as its pipeline_model does
         from nemo_automodel.components.moe.fsdp_mixin import patched_backward_maybe_with_nosync
 

@@ -8,8 +8,17 @@ import pytest
 
 from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup, resolve_model
 
-REQUIRED_FAMILIES = ["Llama-3.2-1B", "Llama-3.1-405B", "Qwen2.5-", "Qwen3-8B", "Qwen3-30B-A3B", "Mixtral",
-                     "DeepSeek-V3", "gpt-oss", "gemma"]
+REQUIRED_FAMILIES = [
+    "Llama-3.2-1B",
+    "Llama-3.1-405B",
+    "Qwen2.5-",
+    "Qwen3-8B",
+    "Qwen3-30B-A3B",
+    "Mixtral",
+    "DeepSeek-V3",
+    "gpt-oss",
+    "gemma",
+]
 
 
 @pytest.mark.parametrize("spec", catalog(), ids=lambda s: s.name)
@@ -37,24 +46,45 @@ def test_moe_active_params():
 
 
 def test_hf_config_round_trip(tmp_path):
-    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     spec = resolve_model(str(path))
     assert spec.param_count() == lookup("meta-llama/Llama-3.1-8B").param_count()
     assert resolve_model(tmp_path).num_layers == 32  # a directory holding config.json
-    moe = from_hf_config({"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
-                          "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-                          "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
-                          "intermediate_size": 6144, "vocab_size": 151936})
+    moe = from_hf_config(
+        {
+            "model_type": "qwen3_moe",
+            "hidden_size": 2048,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "moe_intermediate_size": 768,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "intermediate_size": 6144,
+            "vocab_size": 151936,
+        }
+    )
     assert abs(moe.param_count() - lookup("Qwen/Qwen3-30B-A3B").param_count()) < 1e6
     vlm = from_hf_config({"model_type": "x", "text_config": cfg})
     assert vlm.num_attention_heads == 32
 
 
-@pytest.mark.parametrize("bad", ["unknown/model", {"hidden_size": 8}, {"hidden_size": "x", "num_attention_heads": 2,
-                                                                       "num_hidden_layers": 1}, 42])
+@pytest.mark.parametrize(
+    "bad",
+    ["unknown/model", {"hidden_size": 8}, {"hidden_size": "x", "num_attention_heads": 2, "num_hidden_layers": 1}, 42],
+)
 def test_bad_models_raise_model_config_error(bad):
     with pytest.raises(ModelConfigError):
         resolve_model(bad)
@@ -68,22 +98,44 @@ def test_every_catalog_model_has_a_tabled_automodel_implementation():
 
 
 def test_hf_config_architecture_is_read():
-    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-           "num_hidden_layers": 2, "num_experts": 8}
+    cfg = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "num_experts": 8,
+    }
     assert from_hf_config(cfg).architecture == "Qwen3MoeForCausalLM"
-    vlm = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {k: v for k, v in cfg.items()
-                                                                                if k != "architectures"}}
+    vlm = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "text_config": {k: v for k, v in cfg.items() if k != "architectures"},
+    }
     assert from_hf_config(vlm).architecture == "Gemma3ForConditionalGeneration"
     assert from_hf_config({**cfg, "architectures": ["not an identifier"]}).architecture is None
 
 
 NANO_CONFIG = {  # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 config.json (the fields that shape parameters)
-    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688,
-    "intermediate_size": 1856, "num_hidden_layers": 52, "num_attention_heads": 32, "head_dim": 128,
-    "num_key_value_heads": 2, "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-    "mamba_num_heads": 64, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4,
-    "n_routed_experts": 128, "n_shared_experts": 1, "moe_intermediate_size": 1856,
-    "moe_shared_expert_intermediate_size": 3712, "num_experts_per_tok": 6, "tie_word_embeddings": False,
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "vocab_size": 131072,
+    "hidden_size": 2688,
+    "intermediate_size": 1856,
+    "num_hidden_layers": 52,
+    "num_attention_heads": 32,
+    "head_dim": 128,
+    "num_key_value_heads": 2,
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "mamba_num_heads": 64,
+    "mamba_head_dim": 64,
+    "n_groups": 8,
+    "ssm_state_size": 128,
+    "conv_kernel": 4,
+    "n_routed_experts": 128,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712,
+    "num_experts_per_tok": 6,
+    "tie_word_embeddings": False,
     "mlp_hidden_act": "relu2",
 }
 
@@ -98,8 +150,12 @@ def test_nemotron_h_config_json_matches_the_catalog_and_layer_types():
     legacy = {k: v for k, v in NANO_CONFIG.items() if k != "hybrid_override_pattern"}
     legacy["layers_block_type"] = [names[c] for c in NANO_CONFIG["hybrid_override_pattern"]]
     assert from_hf_config(legacy).layer_types == spec.layer_types
-    current = {**legacy, "layers_block_type": [{"mamba": "linear_attention", "attention": "full_attention"}.get(t, t)
-                                               for t in legacy["layers_block_type"]]}
+    current = {
+        **legacy,
+        "layers_block_type": [
+            {"mamba": "linear_attention", "attention": "full_attention"}.get(t, t) for t in legacy["layers_block_type"]
+        ],
+    }
     assert from_hf_config(current).layer_types == spec.layer_types
     dense = from_hf_config({**NANO_CONFIG, "hybrid_override_pattern": "M-M*" * 13})
     assert not dense.is_moe and dense.count("mlp") == 13  # n_routed_experts without MoE layers: a dense model
@@ -113,14 +169,25 @@ def test_nemotron_h_param_count_equals_the_hugging_face_model(name):
     spec = lookup(name)
     codes = {"mamba": "M", "moe": "E", "attention": "*", "mlp": "-"}
     config = transformers.NemotronHConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, hybrid_override_pattern="".join(codes[t] for t in spec.layer_types),
-        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.hd, mamba_num_heads=spec.mamba_num_heads, mamba_head_dim=spec.mamba_head_dim,
-        n_groups=spec.mamba_n_groups, ssm_state_size=spec.ssm_state_size, conv_kernel=spec.conv_kernel,
-        n_routed_experts=spec.num_experts or 8, moe_intermediate_size=spec.moe_intermediate_size or 8,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        hybrid_override_pattern="".join(codes[t] for t in spec.layer_types),
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hd,
+        mamba_num_heads=spec.mamba_num_heads,
+        mamba_head_dim=spec.mamba_head_dim,
+        n_groups=spec.mamba_n_groups,
+        ssm_state_size=spec.ssm_state_size,
+        conv_kernel=spec.conv_kernel,
+        n_routed_experts=spec.num_experts or 8,
+        moe_intermediate_size=spec.moe_intermediate_size or 8,
         moe_shared_expert_intermediate_size=spec.shared_expert_intermediate_size or 8,
-        num_experts_per_tok=spec.experts_per_token or 2, tie_word_embeddings=spec.tie_word_embeddings)
+        num_experts_per_tok=spec.experts_per_token or 2,
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
     with torch.device("meta"):
         model = transformers.NemotronHForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
@@ -137,28 +204,49 @@ _HF_MOE = {  # catalog name -> (transformers class, model_type) for the exact co
 
 def _hf_config(spec, model_type: str) -> dict:
     """The config.json keys of ``spec`` as its Hugging Face config names them."""
-    cfg = {"model_type": model_type, "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
-           "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
-           "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size, "head_dim": spec.hd,
-           "tie_word_embeddings": spec.tie_word_embeddings, "architectures": [spec.architecture]}
+    cfg = {
+        "model_type": model_type,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "head_dim": spec.hd,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "architectures": [spec.architecture],
+    }
     if not spec.is_moe:
         return cfg
     cfg.update(moe_intermediate_size=spec.moe_intermediate_size, num_experts_per_tok=spec.experts_per_token)
     if model_type == "qwen3_moe":
         return {**cfg, "num_experts": spec.num_experts, "norm_topk_prob": True}
-    cfg.update(n_routed_experts=spec.num_experts, first_k_dense_replace=spec.first_dense_layers,
-               n_shared_experts=spec.shared_expert_intermediate_size // spec.moe_intermediate_size)
+    cfg.update(
+        n_routed_experts=spec.num_experts,
+        first_k_dense_replace=spec.first_dense_layers,
+        n_shared_experts=spec.shared_expert_intermediate_size // spec.moe_intermediate_size,
+    )
     if model_type == "glm4_moe":
         return {**cfg, "attention_bias": spec.qkv_bias, "use_qk_norm": spec.qk_norm, "partial_rotary_factor": 0.5}
-    return {**cfg, "q_lora_rank": spec.q_lora_rank, "kv_lora_rank": spec.kv_lora_rank, "n_group": 1, "topk_group": 1,
-            "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
-            "v_head_dim": spec.v_head_dim}
+    return {
+        **cfg,
+        "q_lora_rank": spec.q_lora_rank,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "n_group": 1,
+        "topk_group": 1,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "v_head_dim": spec.v_head_dim,
+    }
 
 
-_HF_DENSE = {"meta-llama/Llama-3.1-8B": ("LlamaForCausalLM", "llama"), "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", "qwen3"),
-             "mistralai/Mistral-7B-v0.3": ("MistralForCausalLM", "mistral"),
-             "mistralai/Mistral-Nemo-Base-2407": ("MistralForCausalLM", "mistral"),
-             "mistralai/Mistral-Small-24B-Base-2501": ("MistralForCausalLM", "mistral")}
+_HF_DENSE = {
+    "meta-llama/Llama-3.1-8B": ("LlamaForCausalLM", "llama"),
+    "Qwen/Qwen3-8B": ("Qwen3ForCausalLM", "qwen3"),
+    "mistralai/Mistral-7B-v0.3": ("MistralForCausalLM", "mistral"),
+    "mistralai/Mistral-Nemo-Base-2407": ("MistralForCausalLM", "mistral"),
+    "mistralai/Mistral-Small-24B-Base-2501": ("MistralForCausalLM", "mistral"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(_HF_DENSE) + sorted(_HF_MOE))
@@ -179,13 +267,16 @@ def test_param_count_equals_the_hugging_face_model(name):
     assert parsed.param_count() == spec.param_count() and parsed.architecture == spec.architecture
 
 
-@pytest.mark.parametrize("bad", [
-    {"hybrid_override_pattern": "MX*"},  # unknown layer code
-    {"hybrid_override_pattern": "M*"},  # 2 layers for num_hidden_layers=3
-    {"hybrid_override_pattern": None},  # neither a pattern nor layers_block_type
-    {"hybrid_override_pattern": "MEM", "n_routed_experts": 0},  # MoE layers without experts
-    {"hybrid_override_pattern": "M*-", "mamba_num_heads": 0},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hybrid_override_pattern": "MX*"},  # unknown layer code
+        {"hybrid_override_pattern": "M*"},  # 2 layers for num_hidden_layers=3
+        {"hybrid_override_pattern": None},  # neither a pattern nor layers_block_type
+        {"hybrid_override_pattern": "MEM", "n_routed_experts": 0},  # MoE layers without experts
+        {"hybrid_override_pattern": "M*-", "mamba_num_heads": 0},
+    ],
+)
 def test_bad_nemotron_h_configs_raise_model_config_error(bad):
     cfg = {"model_type": "nemotron_h", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3, **bad}
     cfg = {k: v for k, v in cfg.items() if v is not None}

@@ -56,8 +56,9 @@ def test_validate_several_files(files, capsys):
     out = capsys.readouterr().out
     assert f"{bad}:2: error[strategy-unsupported]" in out and out.rstrip().endswith(f"1 invalid ({bad})")
     assert main(["validate", good, bad, "--world-size", "8", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out) == [validate_config(files / n, world_size=8).model_dump(mode="json")
-                                                   for n in ("good.yaml", "bad.yaml")]
+    assert json.loads(capsys.readouterr().out) == [
+        validate_config(files / n, world_size=8).model_dump(mode="json") for n in ("good.yaml", "bad.yaml")
+    ]
     assert main(["validate", good, str(files / "missing.yaml"), "--world-size", "8"]) == 2
     assert main(["validate", "-", "-"]) == 2
 
@@ -72,12 +73,20 @@ def test_validate_a_folder(files, capsys):
     (files / "notes.txt").write_text("not yaml")
     assert main(["validate", str(files), "--world-size", "8", "--json"]) == 1
     assert [r["source"] for r in json.loads(capsys.readouterr().out)] == [
-        str(files / "bad.yaml"), str(files / "good.yaml"), str(files / "sub" / "nested.yml")]
+        str(files / "bad.yaml"),
+        str(files / "good.yaml"),
+        str(files / "sub" / "nested.yml"),
+    ]
     assert main(["validate", str(files / "sub"), "--world-size", "8", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 1  # a list, even of one
     assert main(["validate", str(files / "sub"), "--world-size", "8"]) == 0
-    assert capsys.readouterr().out.rstrip().endswith("VALID: 0 error(s), 0 warning(s); world_size=8 (argument); "
-                                                     "strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1")
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith(
+            "VALID: 0 error(s), 0 warning(s); world_size=8 (argument); strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1"
+        )
+    )
     (files / "empty").mkdir()
     assert main(["validate", str(files / "empty")]) == 2
     assert "holds no .yaml or .yml file" in capsys.readouterr().err
@@ -93,8 +102,10 @@ def test_validate_github_annotations(files, capsys):
     assert len(out) == len([f for f in report.findings if f.severity != "info"]) >= 2
     first = report.findings[0]
     escaped = str(path).replace(":", "%3A").replace(",", "%2C")
-    assert out[0] == (f"::error file={escaped},line={first.line},title={first.rule} (distributed.tp_size)::"
-                      f"{first.message}%0Afix: {first.fix}")
+    assert out[0] == (
+        f"::error file={escaped},line={first.line},title={first.rule} (distributed.tp_size)::"
+        f"{first.message}%0Afix: {first.fix}"
+    )
     assert any(line.startswith("::warning ") and "title=pipeline-ignored" in line for line in out)
     assert main(["validate", str(files / "good.yaml"), "--world-size", "8", "--format", "github"]) == 0
     assert capsys.readouterr().out == ""
@@ -112,14 +123,42 @@ def test_validate_stdin(monkeypatch, capsys):
 
 
 def test_mesh_text_json_and_svg(files, capsys, tmp_path):
-    assert main(["mesh", str(files / "good.yaml"), "--world-size", "8", "--rank", "5", "--gpus-per-node", "4",
-                 "--svg", str(tmp_path / "m.svg")]) == 0
+    assert (
+        main(
+            [
+                "mesh",
+                str(files / "good.yaml"),
+                "--world-size",
+                "8",
+                "--rank",
+                "5",
+                "--gpus-per-node",
+                "4",
+                "--svg",
+                str(tmp_path / "m.svg"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "device_mesh: (pp=1, dp_replicate=1, dp_shard=2, cp=2, tp=2)" in out
     assert "rank 5: " in out and "node 1" in out
     assert (tmp_path / "m.svg").read_text().startswith("<svg")
-    assert main(["mesh", str(files / "good.yaml"), "--world-size", "1024", "--gpus-per-node", "8", "--svg",
-                 str(tmp_path / "big.svg")]) == 0
+    assert (
+        main(
+            [
+                "mesh",
+                str(files / "good.yaml"),
+                "--world-size",
+                "1024",
+                "--gpus-per-node",
+                "8",
+                "--svg",
+                str(tmp_path / "big.svg"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     big = (tmp_path / "big.svg").read_text()
     assert "first 64 of 128 nodes" in big and big.count("node ") == 64 and ">r511<" in big and ">r512<" not in big
@@ -142,7 +181,8 @@ def test_mesh_takes_the_cluster_from_the_recipes_ci_block(files, capsys):
     assert out.startswith("world_size 8 (ci: block), 4 GPUs per node\n") and "node 1" in out
     assert main(["mesh", str(recipe), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == build_mesh(recipe, world_size=8, gpus_per_node=4).model_dump(
-        mode="json")
+        mode="json"
+    )
     assert main(["mesh", str(recipe), "--world-size", "16", "--json"]) == 0  # an explicit size wins
     assert json.loads(capsys.readouterr().out)["world_size"] == 16
 
@@ -169,23 +209,30 @@ def test_explain_and_models(capsys):
     assert main(["models", "--json"]) == 0
     cat = json.loads(capsys.readouterr().out)
     assert any(m["name"] == "meta-llama/Llama-3.1-8B" and m["head_dim"] == 128 for m in cat["models"])
-    assert {"name": "H100-80GB", "intra_gbps": 450.0, "inter_gbps": 50.0, "gpus_per_node": 8} .items() <= next(
-        g for g in cat["gpus"] if g["name"] == "H100-80GB").items()
+    assert {"name": "H100-80GB", "intra_gbps": 450.0, "inter_gbps": 50.0, "gpus_per_node": 8}.items() <= next(
+        g for g in cat["gpus"] if g["name"] == "H100-80GB"
+    ).items()
     assert main(["models"]) == 0
     text = capsys.readouterr().out  # both tables
     assert "meta-llama/Llama-3.1-8B" in text and "GB200" in text and "bf16 TFLOP/s" in text
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "validate", "-", "--world-size", "4"],
-                         input="tp_size: 2\n", capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "automodel_dist.cli", "validate", "-", "--world-size", "4"],
+        input="tp_size: 2\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and "VALID" in out.stdout
 
 
 def test_a_closed_pipe_is_not_a_crash():
     """`automodel-dist models | head -1`: the reader is gone; exit 141 (SIGPIPE), no traceback."""
-    proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "models"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "automodel_dist.cli", "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.close()  # gone before anything is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and not err, err

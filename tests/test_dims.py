@@ -39,8 +39,11 @@ def test_every_enumerated_layout_reads_back_from_its_block(model, world, gpn, se
 
 def test_the_round_trip_is_exercised_on_real_layouts():
     """The property above is not vacuous: 64-GPU searches for a dense and an MoE model enumerate every axis."""
-    opts = [o for model in ("meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B")
-            for o in _options(lookup(model), 64, 8, 4096, 512, 1, True, ("fsdp2", "megatron_fsdp"))]
+    opts = [
+        o
+        for model in ("meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B")
+        for o in _options(lookup(model), 64, 8, 4096, 512, 1, True, ("fsdp2", "megatron_fsdp"))
+    ]
     assert len(opts) > 100
     assert {o.strategy for o in opts} == {"fsdp2", "megatron_fsdp"}
     for axis in ("tp", "pp", "cp", "ep", "dp_replicate"):
@@ -70,8 +73,18 @@ def test_written_blocks_read_back_and_report_as_validate_does(block):
 
 
 def test_raw_values_read_as_automodel_reads_them():
-    d = read_dims({"strategy": "MFSDP", "tp_size": 2.0, "cp_size": True, "dp_size": 0, "activation_checkpointing": "on",
-                   "pp_size": 2, "pipeline": {"pp_schedule": "GPIPE", "pp_microbatch_size": "x"}}, 8)
+    d = read_dims(
+        {
+            "strategy": "MFSDP",
+            "tp_size": 2.0,
+            "cp_size": True,
+            "dp_size": 0,
+            "activation_checkpointing": "on",
+            "pp_size": 2,
+            "pipeline": {"pp_schedule": "GPIPE", "pp_microbatch_size": "x"},
+        },
+        8,
+    )
     assert (d.strategy, d.tp, d.cp, d.dp_size, d.activation_checkpointing) == ("megatron_fsdp", 1, 1, None, True)
     assert (d.pp_schedule, d.pp_microbatch_size, d.mp_policy) == ("GPipe", None, None)
     assert read_dims({"strategy": "fsdp"}, 8).strategy is None  # unknown: the rules say so

@@ -61,8 +61,11 @@ YAML_BLOCKS = _blocks("yaml", DOCS + [ROOT / "README.md"])
 
 def test_docs_have_yaml_blocks() -> None:
     assert len(YAML_BLOCKS) >= 15
-    assert {b.where.split(":")[0] for b in YAML_BLOCKS} >= {"SKILL.md", "references/config-reference.md",
-                                                            "references/expert-parallel-moe.md"}
+    assert {b.where.split(":")[0] for b in YAML_BLOCKS} >= {
+        "SKILL.md",
+        "references/config-reference.md",
+        "references/expert-parallel-moe.md",
+    }
 
 
 def _kwargs(check: dict[str, str]) -> dict[str, Any]:
@@ -119,7 +122,8 @@ def test_generated_sections_are_current() -> None:
     for rel, (name, fn) in SECTIONS.items():
         path = ROOT / rel
         assert path.read_text(encoding="utf-8") == render(path, name, fn()), (
-            f"{rel} is stale: run python -m automodel_dist.docgen")
+            f"{rel} is stale: run python -m automodel_dist.docgen"
+        )
 
 
 def _tables(section: str) -> dict[str, dict[str, str]]:
@@ -161,38 +165,50 @@ def test_config_reference_lists_exactly_the_schema() -> None:
     for name in ("tp_size", "pp_size", "cp_size", "ep_size", "strategy", "activation_checkpointing"):
         assert top[name] == _expected_default(schema.field_default(schema.DistributedConfig, name)), name
     assert top["dp_size"] == top["dp_replicate_size"] == "null"
-    nested = {"`strategy: fsdp2`": (schema.FSDP2Options, ""),
-              "`strategy: megatron_fsdp`": (schema.MegatronFSDPOptions, ""),
-              "`strategy: ddp`": (schema.DDPOptions, ""),
-              "`mp_policy:`": (schema.MixedPrecisionPolicy, "mp_policy."),
-              "`offload_policy:`": (schema.CPUOffloadPolicy, "offload_policy."),
-              "`pipeline:`": (schema.PipelineConfig, "pipeline."),
-              "`moe:`": (schema.MoEConfig, "moe.")}
+    nested = {
+        "`strategy: fsdp2`": (schema.FSDP2Options, ""),
+        "`strategy: megatron_fsdp`": (schema.MegatronFSDPOptions, ""),
+        "`strategy: ddp`": (schema.DDPOptions, ""),
+        "`mp_policy:`": (schema.MixedPrecisionPolicy, "mp_policy."),
+        "`offload_policy:`": (schema.CPUOffloadPolicy, "offload_policy."),
+        "`pipeline:`": (schema.PipelineConfig, "pipeline."),
+        "`moe:`": (schema.MoEConfig, "moe."),
+    }
     for title, (model, prefix) in nested.items():
         rows = table(title)
         assert set(rows) == {prefix + n for n in model.model_fields}, title
         for name in model.model_fields:
             assert rows[prefix + name] == _expected_default(schema.field_default(model, name)), (title, name)
     mm = table("`multimodal:`")
-    assert set(mm) == ({f"multimodal.{n}" for n in schema.Multimodal.model_fields}
-                       | {f"multimodal.vision.frame_sharding.{n}" for n in schema.FrameSharding.model_fields})
+    assert set(mm) == (
+        {f"multimodal.{n}" for n in schema.Multimodal.model_fields}
+        | {f"multimodal.vision.frame_sharding.{n}" for n in schema.FrameSharding.model_fields}
+    )
 
 
 def test_rule_table_does_not_depend_on_import_order() -> None:
     import automodel_dist.explain  # noqa: F401  (everything that could register a rule)
     import automodel_dist.mcp_server  # noqa: F401
 
-    fresh = subprocess.run([sys.executable, "-c", "from automodel_dist.rules import RULES; print(sorted(RULES))"],
-                           capture_output=True, text=True, timeout=60, check=True)
+    fresh = subprocess.run(
+        [sys.executable, "-c", "from automodel_dist.rules import RULES; print(sorted(RULES))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert fresh.stdout.strip() == str(sorted(RULES))
 
 
 def test_every_troubleshooting_error_text_is_explained() -> None:
     """The page says any error text in its tables can be pasted into explain_error: each one is matched."""
     text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
-    tables = text[text.index("## Config errors"):text.index("## Values AutoModel")]
-    rows = [line.split(" | ")[0][2:].removeprefix("log ").split(" (then")[0].strip().strip("`").strip()
-            for line in tables.splitlines() if line.startswith(("| `", "| log `"))]
+    tables = text[text.index("## Config errors") : text.index("## Values AutoModel")]
+    rows = [
+        line.split(" | ")[0][2:].removeprefix("log ").split(" (then")[0].strip().strip("`").strip()
+        for line in tables.splitlines()
+        if line.startswith(("| `", "| log `"))
+    ]
     assert len(rows) > 20
     unexplained = [row for row in rows if not explain_error(row).matches]
     assert not unexplained, unexplained
@@ -205,6 +221,7 @@ def test_rule_index_lists_every_rule() -> None:
 
 
 # --- SKILL.md, skill card, evals -------------------------------------------------------------------
+
 
 def _frontmatter(path: Path) -> tuple[dict[str, Any], str]:
     text = path.read_text(encoding="utf-8")
@@ -238,8 +255,18 @@ def test_every_rule_id_named_in_docs_exists() -> None:
 
 def test_skill_card_sections() -> None:
     text = (ROOT / "skill-card.md").read_text(encoding="utf-8")
-    for heading in ("Description", "Owner", "License", "Use Case", "Requirements", "Known Risks",
-                    "Reference", "Skill Output", "Evaluation", "Ethical Considerations"):
+    for heading in (
+        "Description",
+        "Owner",
+        "License",
+        "Use Case",
+        "Requirements",
+        "Known Risks",
+        "Reference",
+        "Skill Output",
+        "Evaluation",
+        "Ethical Considerations",
+    ):
         assert re.search(rf"^#+ .*{heading}", text, re.M | re.I), heading
 
 
@@ -259,7 +286,7 @@ def test_evals_cover_the_topics() -> None:
             report = validate_config(block["yaml"], **_kwargs(block["check"]))
             rules = {f.rule for f in report.errors}
             expect = block["check"].get("expect", "valid")
-            assert (report.valid if expect == "valid" else expect.split(":")[1] in rules), (t["id"], rules)
+            assert report.valid if expect == "valid" else expect.split(":")[1] in rules, (t["id"], rules)
         if "suggest" in t:  # ground truths about layouts are checked against the search itself
             check = t["suggest"]
             report = suggest_strategy(**check["args"], top_k=1)
@@ -282,11 +309,22 @@ def test_evals_cover_the_topics() -> None:
             crossing = sorted(a.name for a in mesh.axes if a.crosses_nodes)
             assert crossing == sorted(check["expect_crossing"]), (t["id"], crossing)
     topics = {topic for t in tasks for topic in t["topics"]}
-    assert topics >= {"strategy-choice", "sizing", "moe-ep", "pp-schedules", "cp", "hsdp", "megatron-fsdp",
-                      "ddp", "troubleshooting", "negative-control"}
+    assert topics >= {
+        "strategy-choice",
+        "sizing",
+        "moe-ep",
+        "pp-schedules",
+        "cp",
+        "hsdp",
+        "megatron-fsdp",
+        "ddp",
+        "troubleshooting",
+        "negative-control",
+    }
 
 
 # --- README examples -------------------------------------------------------------------------------
+
 
 def _commands() -> list[str]:
     cmds = []
@@ -313,7 +351,9 @@ def _env() -> dict[str, str]:
 def _moe_recipe_runs_at_8(out: str) -> None:
     """`smoke recipe.yaml` on the MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8 can."""
     assert out.startswith("PASSED") and "on 8 ranks" in out
-    assert "note: world_size 8: the smallest number of processes this layout is valid on (4, the default, is not)" in out
+    assert (
+        "note: world_size 8: the smallest number of processes this layout is valid on (4, the default, is not)" in out
+    )
 
 
 def _smoke_json_passes_with_ep2(out: str) -> None:
@@ -336,8 +376,9 @@ def test_expected_outputs_are_readme_commands() -> None:
 def test_readme_command_runs(cmd: str) -> None:
     argv = shlex.split(cmd)
     assert argv[0] == "automodel-dist"
-    proc = subprocess.run([str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr
     if cmd in EXPECTED_OUTPUT:
@@ -354,15 +395,22 @@ def test_readme_serve_command_answers(cmd: str) -> None:
         from mcp import Client, StdioServerParameters
 
         async def main() -> list[str]:
-            params = StdioServerParameters(command=str(BIN / "automodel-dist"), args=argv[1:], cwd=str(ROOT),
-                                           env=_env())
+            params = StdioServerParameters(
+                command=str(BIN / "automodel-dist"), args=argv[1:], cwd=str(ROOT), env=_env()
+            )
             async with Client(params) as client:
                 return [t.name for t in (await client.list_tools()).tools]
 
         assert "validate_config" in anyio.run(main)
         return
-    proc = subprocess.Popen([str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(BIN / "automodel-dist"), *argv[1:]],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_port(int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000, proc)
     finally:
@@ -389,16 +437,16 @@ def test_scripts_cover_the_tools() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_runs_with_the_package(script: Path) -> None:
-    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
-                          cwd="/")
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60, cwd="/")
     assert proc.returncode == 0 and "usage: automodel-dist" in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_prints_install_hint_without_the_package(script: Path) -> None:
     # -I -S: no site-packages, no user paths, so automodel_dist cannot be imported.
-    proc = subprocess.run([sys.executable, "-I", "-S", str(script), "--help"], capture_output=True, text=True,
-                          timeout=60, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-I", "-S", str(script), "--help"], capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install" in lines[0] and str(ROOT) in lines[0], proc.stderr
@@ -406,8 +454,11 @@ def test_script_prints_install_hint_without_the_package(script: Path) -> None:
 
 def test_script_validates_a_file() -> None:
     example = ROOT / "tests/examples/llama3_1_8b_hellaswag_pp.yaml"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/validate.py"), str(example), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/validate.py"), str(example), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["valid"] is True
-

@@ -44,19 +44,27 @@ MATRIX = [
     pytest.param("mistralai/Mixtral-8x7B-v0.1", dict(world_size=16, ep=8, num_layers=4), id="mixtral-ep8-16ranks"),
     pytest.param("Qwen/Qwen3-30B-A3B", dict(world_size=16, ep=8, num_layers=4), id="qwen3-moe-ep8-16ranks"),
     # without EP FSDP shards the experts with their block and gathers all of them per layer
-    pytest.param("Qwen/Qwen3-30B-A3B", dict(world_size=8, num_layers=4), id="qwen3-moe-no-ep-8ranks",
-                 marks=pytest.mark.slow),
+    pytest.param(
+        "Qwen/Qwen3-30B-A3B", dict(world_size=8, num_layers=4), id="qwen3-moe-no-ep-8ranks", marks=pytest.mark.slow
+    ),
     pytest.param("mistralai/Mixtral-8x7B-v0.1", dict(world_size=8, num_layers=4), id="mixtral-no-ep-8ranks"),
-    pytest.param("meta-llama/Llama-3.1-70B", dict(world_size=64, tp=8, sequence_parallel=True,
-                                                   activation_checkpointing=True, seq_len=4096, num_layers=8),
-                 id="70b-width-tp8-sp-ac-64ranks"),
+    pytest.param(
+        "meta-llama/Llama-3.1-70B",
+        dict(world_size=64, tp=8, sequence_parallel=True, activation_checkpointing=True, seq_len=4096, num_layers=8),
+        id="70b-width-tp8-sp-ac-64ranks",
+    ),
 ]
 SLOW_MATRIX = [
-    pytest.param("meta-llama/Llama-3.1-70B", dict(world_size=64, tp=8, sequence_parallel=True,
-                                                   activation_checkpointing=True, seq_len=4096),
-                 id="llama3.1-70b-full-depth-tp8-sp-ac-64ranks"),
-    pytest.param(L8, dict(world_size=16, dp_replicate=2, activation_checkpointing="selective"),
-                 id="llama3.1-8b-full-depth-hsdp-selective-16ranks"),
+    pytest.param(
+        "meta-llama/Llama-3.1-70B",
+        dict(world_size=64, tp=8, sequence_parallel=True, activation_checkpointing=True, seq_len=4096),
+        id="llama3.1-70b-full-depth-tp8-sp-ac-64ranks",
+    ),
+    pytest.param(
+        L8,
+        dict(world_size=16, dp_replicate=2, activation_checkpointing="selective"),
+        id="llama3.1-8b-full-depth-hsdp-selective-16ranks",
+    ),
 ]
 
 
@@ -67,11 +75,16 @@ def _compare(model, kwargs):
     states = est.model_states * GIB
     assert abs(states / measured.model_states - 1) <= 0.05, (est.model_states, measured.model_states / GIB)
     if _TORCH < (2, 13) and measured.categories.get("OPT", 0.0) > 2 * measured.optimizer:
-        pytest.skip(f"torch {_TORCH[0]}.{_TORCH[1]}: its FSDPMemTracker counts {measured.categories['OPT'] / GIB:.2f} GiB as "
-                    f"optimizer state at the step peak, {measured.categories['OPT'] / measured.optimizer:.1f}x the "
-                    "AdamW states (torch 2.13+ counts 1x); peaks are calibrated against torch >= 2.13")
-    assert abs(est.tracked_peak * GIB / measured.peak - 1) <= 0.15, (est.tracked_peak, measured.peak / GIB,
-                                                                     measured.categories)
+        pytest.skip(
+            f"torch {_TORCH[0]}.{_TORCH[1]}: its FSDPMemTracker counts {measured.categories['OPT'] / GIB:.2f} GiB as "
+            f"optimizer state at the step peak, {measured.categories['OPT'] / measured.optimizer:.1f}x the "
+            "AdamW states (torch 2.13+ counts 1x); peaks are calibrated against torch >= 2.13"
+        )
+    assert abs(est.tracked_peak * GIB / measured.peak - 1) <= 0.15, (
+        est.tracked_peak,
+        measured.peak / GIB,
+        measured.categories,
+    )
 
 
 @pytest.mark.parametrize("model,kwargs", MATRIX)
@@ -126,8 +139,15 @@ def test_estimate_memory_api_on_a_real_recipe():
     assert set(est.comm_bytes_per_step) == {"dp_shard_cp", "ep_shard", "cp", "pp", "ep"}
     assert est.step_time_s > 0 and 0 < est.mfu < 1
     m = est.memory_gib
-    assert m.total == pytest.approx(m.params + m.optimizer + m.activations + m.buffers + m.overhead
-                                    + (m.grads if m.peak_phase == "end-of-backward" else 0), rel=1e-6)
+    assert m.total == pytest.approx(
+        m.params
+        + m.optimizer
+        + m.activations
+        + m.buffers
+        + m.overhead
+        + (m.grads if m.peak_phase == "end-of-backward" else 0),
+        rel=1e-6,
+    )
     # PP with FSDP2 and AutoModel's default defer_fsdp_grad_sync: true: every backward but the step's last runs
     # without gradient sync, so the rank holds its stage's gradients unsharded in fp32 (the reduce dtype), experts
     # (FSDP-sharded over ep_shard=2 here) included (test_pipeline_backward_holds_unsharded_fp32_grads shows torch
@@ -140,8 +160,11 @@ def test_estimate_memory_api_on_a_real_recipe():
     # defer_fsdp_grad_sync: false reduce-scatters after every backward: no held gradients, more traffic. The peak
     # is then the ~19 GiB/GPU the recipe's comment reports ("Verified at ~19 GiB/GPU"); with the default the
     # estimate is ~17 GiB higher: AutoModel 0.7.0's code and torch's pipeline stages say they are held.
-    eager = estimate_memory(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml", model="Qwen/Qwen3-30B-A3B",
-                            overrides=["distributed.defer_fsdp_grad_sync=false"])
+    eager = estimate_memory(
+        EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml",
+        model="Qwen/Qwen3-30B-A3B",
+        overrides=["distributed.defer_fsdp_grad_sync=false"],
+    )
     assert eager.memory_gib.deferred_grads == 0
     assert 15 <= eager.memory_gib.tracked_peak <= 23
     assert m.tracked_peak - eager.memory_gib.tracked_peak == pytest.approx(m.deferred_grads, rel=0.05)
@@ -157,8 +180,9 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     tr = Training(seq_len=2048, micro_batch_size=1, storage_dtype="bfloat16")
 
     def held(p: Any, gbs: int | None = None, n_mb: int | None = None) -> float:
-        return memory_per_rank(spec, p, dataclasses.replace(tr, global_batch_size=gbs,
-                                                            pp_microbatches=n_mb)).deferred_grads
+        return memory_per_rank(
+            spec, p, dataclasses.replace(tr, global_batch_size=gbs, pp_microbatches=n_mb)
+        ).deferred_grads
 
     assert held(dims("fsdp2", dp=8)) == 0  # one backward per step
     assert held(dims("fsdp2", dp=8), gbs=16) > 25  # two: all 8B gradients unsharded in fp32 (~30 GiB)
@@ -188,12 +212,25 @@ def test_estimate_takes_the_model_from_the_recipe(capsys):
 
 
 @settings(max_examples=40, deadline=None)
-@given(model=st.sampled_from(["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen3-30B-A3B",
-                              "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "deepseek-ai/DeepSeek-V3"]),
-       tp=st.sampled_from([1, 2, 8]), cp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 4]),
-       dp=st.sampled_from([1, 8, 64]), ac=st.sampled_from([False, "selective", True]),
-       seq=st.sampled_from([1024, 4096, 32768]), mbs=st.sampled_from([1, 2, 8]),
-       budget=st.sampled_from([20.0, 72.0, 126.0]))
+@given(
+    model=st.sampled_from(
+        [
+            "meta-llama/Llama-3.1-8B",
+            "meta-llama/Llama-3.1-70B",
+            "Qwen/Qwen3-30B-A3B",
+            "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            "deepseek-ai/DeepSeek-V3",
+        ]
+    ),
+    tp=st.sampled_from([1, 2, 8]),
+    cp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 4]),
+    dp=st.sampled_from([1, 8, 64]),
+    ac=st.sampled_from([False, "selective", True]),
+    seq=st.sampled_from([1024, 4096, 32768]),
+    mbs=st.sampled_from([1, 2, 8]),
+    budget=st.sampled_from([20.0, 72.0, 126.0]),
+)
 def test_fit_limits_are_the_largest_sizes_that_fit(model, tp, cp, pp, dp, ac, seq, mbs, budget):
     """max_seq_len fits and one more step (128 tokens, times what CP/SP split by) does not; the same for the micro
     batch; None only when the smallest size does not fit."""
@@ -230,8 +267,10 @@ def test_estimate_reports_the_limits_of_its_layout(capsys):
     assert est.max_seq_len is not None and est.max_seq_len < 4096 and est.max_micro_batch_size == 1
     assert main(["estimate", str(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")]) == 1
     printed = capsys.readouterr().out
-    assert (f"limits of this layout with 10% headroom: seq_len up to {est.max_seq_len:,} at micro batch 4; micro "
-            "batch up to 1 at seq_len 4,096") in printed
+    assert (
+        f"limits of this layout with 10% headroom: seq_len up to {est.max_seq_len:,} at micro batch 4; micro "
+        "batch up to 1 at seq_len 4,096"
+    ) in printed
     assert printed.splitlines()[1] == "assumed (neither passed nor in the recipe): seq_len 4096"
     long = estimate_memory("tp_size: 1\n", model=L8, world_size=8, seq_len=65536)
     assert not long.fits and long.max_seq_len < 65536 and long.max_micro_batch_size is None
@@ -242,10 +281,13 @@ def test_estimate_reports_the_limits_of_its_layout(capsys):
     assert "no micro batch fits at seq_len 65,536" in estimate_text(long)
     low = huge.shortest
     assert huge.shortest_seq_len == 128 and low.total > 72 and low.model_states == pytest.approx(378.0, abs=0.05)
-    assert low.total == pytest.approx(estimate_memory("tp_size: 2\n", model="meta-llama/Llama-3.1-405B",
-                                                      world_size=8, seq_len=128).memory_gib.total)
-    assert (f"not even 128 tokens at micro batch 1 fit: they need params {low.params:.1f} + grads {low.grads:.1f} "
-            f"+ optimizer {low.optimizer:.1f} + activations {low.activations:.1f}") in estimate_text(huge)
+    assert low.total == pytest.approx(
+        estimate_memory("tp_size: 2\n", model="meta-llama/Llama-3.1-405B", world_size=8, seq_len=128).memory_gib.total
+    )
+    assert (
+        f"not even 128 tokens at micro batch 1 fit: they need params {low.params:.1f} + grads {low.grads:.1f} "
+        f"+ optimizer {low.optimizer:.1f} + activations {low.activations:.1f}"
+    ) in estimate_text(huge)
     assert long.shortest is None and est.shortest is None
 
 
@@ -256,15 +298,18 @@ def test_estimate_memory_rejects_invalid_configs():
         estimate_memory({"tp_size": 2}, model="nope/nope", world_size=8)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"seq_len": 0}, "seq_len must be a positive integer, got 0"),
-    ({"micro_batch_size": -1}, "micro_batch_size must be a positive integer, got -1"),
-    ({"global_batch_size": 2.5}, "global_batch_size must be a positive integer, got 2.5"),
-    ({"headroom": 1.0}, "headroom must be in [0, 1), got 1.0"),
-    ({"memory_gib": -3}, "memory_gib must be a positive number, got -3"),
-    ({"intra_gbps": 0}, "intra_gbps must be a positive number, got 0"),
-    ({"inter_gbps": float("nan")}, "inter_gbps must be a positive number, got nan"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"seq_len": 0}, "seq_len must be a positive integer, got 0"),
+        ({"micro_batch_size": -1}, "micro_batch_size must be a positive integer, got -1"),
+        ({"global_batch_size": 2.5}, "global_batch_size must be a positive integer, got 2.5"),
+        ({"headroom": 1.0}, "headroom must be in [0, 1), got 1.0"),
+        ({"memory_gib": -3}, "memory_gib must be a positive number, got -3"),
+        ({"intra_gbps": 0}, "intra_gbps must be a positive number, got 0"),
+        ({"inter_gbps": float("nan")}, "inter_gbps must be a positive number, got nan"),
+    ],
+)
 def test_estimate_and_suggest_reject_bad_sizing_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         estimate_memory({"tp_size": 2}, model=L8, world_size=8, **kwargs)
@@ -286,8 +331,15 @@ def test_bandwidth_overrides_reach_the_communication_times():
     assert (rep.inter_gbps, rep.gpu_memory_gib) == (12.5, 40.0)
 
 
-@pytest.mark.parametrize("model, nodes", [("meta-llama/Llama-3.1-70B", 4), ("Qwen/Qwen2.5-14B", 1),
-                                           ("meta-llama/Llama-3.1-8B", 1), ("deepseek-ai/DeepSeek-V3", 2)])
+@pytest.mark.parametrize(
+    "model, nodes",
+    [
+        ("meta-llama/Llama-3.1-70B", 4),
+        ("Qwen/Qwen2.5-14B", 1),
+        ("meta-llama/Llama-3.1-8B", 1),
+        ("deepseek-ai/DeepSeek-V3", 2),
+    ],
+)
 def test_rejected_layouts_called_faster_are_faster_than_the_pick(model, nodes):
     rep = suggest_strategy(model, nodes=nodes, gpus_per_node=8, top_k=1)
     best = rep.candidates[0].step_time_s if rep.candidates else None
@@ -356,8 +408,24 @@ def test_suggest_searches_only_the_strategies_asked_for(capsys):
     assert picked <= {c.yaml for c in only.candidates}  # the same layouts, ranked among their own strategy
     ddp = suggest_strategy("meta-llama/Llama-3.1-405B", nodes=1, gpu="L40S", strategies=("ddp",))
     assert not ddp.candidates and "({strategy: ddp})" in ddp.note  # the smallest layout, as YAML
-    assert main(["suggest", "--model", "meta-llama/Llama-3.1-70B", "--nodes", "2", "--strategy", "mfsdp",
-                 "--strategy", "ddp", "--top", "2"]) == 0
+    assert (
+        main(
+            [
+                "suggest",
+                "--model",
+                "meta-llama/Llama-3.1-70B",
+                "--nodes",
+                "2",
+                "--strategy",
+                "mfsdp",
+                "--strategy",
+                "ddp",
+                "--top",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "layouts searched (megatron_fsdp, ddp only)" in out.splitlines()[0] and "strategy: fsdp2" not in out
     assert main(["suggest", "--model", L8, "--strategy", "zero3"]) == 2
@@ -371,36 +439,50 @@ def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
 
     recipe = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
     rep = suggest_strategy(config=recipe, top_k=3)
-    same = suggest_strategy("Qwen/Qwen3-30B-A3B", nodes=2, gpus_per_node=8, seq_len=1024, global_batch_size=16,
-                            micro_batch_size=1, top_k=3)
+    same = suggest_strategy(
+        "Qwen/Qwen3-30B-A3B", nodes=2, gpus_per_node=8, seq_len=1024, global_batch_size=16, micro_batch_size=1, top_k=3
+    )
     assert rep.candidates == same.candidates and same.from_recipe == {} and same.current is None
-    assert rep.from_recipe == {"model": "model.pretrained_model_name_or_path", "nodes": "ci.nodes",
-                               "gpus_per_node": "ci.nproc_per_node", "seq_len": "dataset.seq_length",
-                               "global_batch_size": "step_scheduler.global_batch_size",
-                               "micro_batch_size": "distributed.pipeline.pp_microbatch_size"}
+    assert rep.from_recipe == {
+        "model": "model.pretrained_model_name_or_path",
+        "nodes": "ci.nodes",
+        "gpus_per_node": "ci.nproc_per_node",
+        "seq_len": "dataset.seq_length",
+        "global_batch_size": "step_scheduler.global_batch_size",
+        "micro_batch_size": "distributed.pipeline.pp_microbatch_size",
+    }
     cur = rep.current
     est = estimate_memory(recipe)
     assert cur.valid and cur.fits and cur.distributed["ep_size"] == 4
     assert (cur.step_time_s, cur.memory_gib) == (est.step_time_s, est.memory_gib.total)
     assert cur.best_speedup == round(est.step_time_s / rep.candidates[0].step_time_s, 2)
     text = suggest_text(rep).splitlines()
-    assert text[1].startswith("from the recipe: model Qwen/Qwen3-30B-A3B (model.pretrained_model_name_or_path), "
-                              "nodes 2 (ci.nodes)")
-    assert text[2].startswith("the recipe's layout {strategy: fsdp2, cp_size: 2, pp_size: 2, ep_size: 4, "
-                              "activation_checkpointing: true, pipeline: {pp_schedule: interleaved1f1b, "
-                              "pp_microbatch_size: 1}}: est. ")
+    assert text[1].startswith(
+        "from the recipe: model Qwen/Qwen3-30B-A3B (model.pretrained_model_name_or_path), nodes 2 (ci.nodes)"
+    )
+    assert text[2].startswith(
+        "the recipe's layout {strategy: fsdp2, cp_size: 2, pp_size: 2, ep_size: 4, "
+        "activation_checkpointing: true, pipeline: {pp_schedule: interleaved1f1b, "
+        "pp_microbatch_size: 1}}: est. "
+    )
     assert text[2].endswith(f"fits; #1 is {cur.best_speedup:.2f}x faster")
     small = suggest_strategy(config=recipe, seq_len=4096, nodes=1, gpus_per_node=4, top_k=1)  # arguments win
     assert small.seq_len == 4096 and small.world_size == 4 and not {"seq_len", "nodes"} & set(small.from_recipe)
-    assert not small.current.valid and any("must be a multiple of ep_size=4" in e for e in small.current.errors), \
+    assert not small.current.valid and any("must be a multiple of ep_size=4" in e for e in small.current.errors), (
         small.current.errors
+    )
     assert "the recipe's layout {strategy: fsdp2, cp_size: 2" in suggest_text(small)
     assert rep.assumed == [] and same.assumed == []
     guessed = suggest_strategy(config=EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml", top_k=1)
     assert guessed.assumed == ["seq_len"]
     assert "assumed (neither passed nor in the recipe): seq_len 4096" in suggest_text(guessed).splitlines()[2]
-    assert suggest_strategy(L8, top_k=1).assumed == ["nodes", "gpus_per_node", "seq_len", "global_batch_size",
-                                                      "micro_batch_size"]
+    assert suggest_strategy(L8, top_k=1).assumed == [
+        "nodes",
+        "gpus_per_node",
+        "seq_len",
+        "global_batch_size",
+        "micro_batch_size",
+    ]
     oom = suggest_strategy(config=EXAMPLES / "llama3_2_1b_squad_megatron_fsdp.yaml", top_k=1)
     assert oom.current.valid and oom.current.fits is False and oom.candidates
     assert "does NOT fit; #1 fits" in suggest_text(oom)
@@ -438,8 +520,9 @@ def test_suggest_candidates_are_valid_and_explained():
 
 def test_suggest_long_context_and_moe_and_nothing_fits():
     rep = suggest_strategy("meta-llama/Llama-3.1-70B", nodes=4, seq_len=32768, global_batch_size=32, top_k=3)
-    assert rep.candidates and all(c.distributed.get("cp_size", 1) > 1 or c.distributed.get("pp_size", 1) > 1
-                                  for c in rep.candidates)
+    assert rep.candidates and all(
+        c.distributed.get("cp_size", 1) > 1 or c.distributed.get("pp_size", 1) > 1 for c in rep.candidates
+    )
     moe = suggest_strategy("Qwen/Qwen3-30B-A3B", nodes=2, seq_len=4096, global_batch_size=64, top_k=3)
     assert moe.candidates
     none = suggest_strategy("meta-llama/Llama-3.1-405B", nodes=1, gpu="L40S", seq_len=4096)
@@ -478,9 +561,12 @@ def test_hybrid_activations_follow_automodel_checkpointing_policy():
 
 def test_hybrid_estimate_counts_mamba_context_parallel_traffic():
     base = estimate_memory({"cp_size": 2}, model="nvidia/Nemotron-H-8B-Base-8K", world_size=8, seq_len=8192)
-    attn_only = dataclasses.replace(lookup("nvidia/Nemotron-H-8B-Base-8K"),
-                                    layer_types=tuple("attention" if t == "attention" else "mlp"
-                                                      for t in lookup("nvidia/Nemotron-H-8B-Base-8K").layer_types))
+    attn_only = dataclasses.replace(
+        lookup("nvidia/Nemotron-H-8B-Base-8K"),
+        layer_types=tuple(
+            "attention" if t == "attention" else "mlp" for t in lookup("nvidia/Nemotron-H-8B-Base-8K").layer_types
+        ),
+    )
     ring = estimate_memory({"cp_size": 2}, model=attn_only, world_size=8, seq_len=8192)
     assert base.comm_bytes_per_step["cp"] > 2 * ring.comm_bytes_per_step["cp"] > 0
 
@@ -534,8 +620,25 @@ def test_estimate_and_suggest_cli(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert len(out["candidates"]) == 2 and "yaml" in out["candidates"][0]
     assert main(["suggest", "--model", L8, "--gpu", "TPU-v9"]) == 2
-    assert main(["estimate", str(cfg), "--model", L8, "--nodes", "2", "--gpus-per-node", "8", "--inter-gbps", "12.5",
-                 "--intra-gbps", "900"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                str(cfg),
+                "--model",
+                L8,
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "8",
+                "--inter-gbps",
+                "12.5",
+                "--intra-gbps",
+                "900",
+            ]
+        )
+        == 0
+    )
     assert "(80 GiB, 900 / 12.5 GB/s in / between nodes)" in capsys.readouterr().out
     capsys.readouterr()
     assert main(["estimate", str(cfg), "--model", L8, "--world-size", "8", "--memory-gib", "-3"]) == 2
@@ -555,10 +658,20 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
 
     modes = ["torch", "automodel-defer", "automodel-eager"]
     out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         str(Path(__file__).with_name("pp_defer_worker.py"))],
-        env={**os.environ, "MODES": ",".join(modes), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-        timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(Path(__file__).with_name("pp_defer_worker.py")),
+        ],
+        env={**os.environ, "MODES": ",".join(modes), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line]
     assert out.returncode == 0 and len(results) == 2 * len(modes), out.stdout[-2000:] + out.stderr[-4000:]
     for r in results:
@@ -572,9 +685,16 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
             assert held[-2] == [n * 4, n * 2]  # all gradients unsharded in fp32, all blocks gathered in bf16
 
 
-@pytest.mark.parametrize("block", [
-    {"pp_size": 2, "pipeline": {}}, {"pp_size": 2, "cp_size": 2, "dp_replicate_size": 2, "pipeline": {}}, {},
-    {"pp_size": 2, "pipeline": {}, "reshard_after_forward": False}, {"reshard_after_forward": True}])
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"pp_size": 2, "pipeline": {}},
+        {"pp_size": 2, "cp_size": 2, "dp_replicate_size": 2, "pipeline": {}},
+        {},
+        {"pp_size": 2, "pipeline": {}, "reshard_after_forward": False},
+        {"reshard_after_forward": True},
+    ],
+)
 def test_block_resharding_is_automodels_own(block):
     """The estimate's and the smoke runner's block_reshard against AutoModel 0.7.0's own wrapping on its own meshes:
     blocks reshard after forward but the last, PP included (its keep-gathered-under-PP branch looks for a pp dim in

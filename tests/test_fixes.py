@@ -19,8 +19,11 @@ def _recipe(lbs: int, gbs: int, mbs: int, pp: int, schedule: str, cp: int, seq: 
     block: dict = {"cp_size": cp}
     if pp > 1:
         block.update(pp_size=pp, pipeline={"pp_microbatch_size": mbs, "pp_schedule": schedule})
-    return {"step_scheduler": {"local_batch_size": lbs, "global_batch_size": gbs},
-            "dataset": {"seq_len": seq}, "distributed": block}
+    return {
+        "step_scheduler": {"local_batch_size": lbs, "global_batch_size": gbs},
+        "dataset": {"seq_len": seq},
+        "distributed": block,
+    }
 
 
 def _options(fix: str, key: str) -> list[int]:
@@ -32,17 +35,26 @@ def _options(fix: str, key: str) -> list[int]:
 
 
 @settings(max_examples=int(os.environ.get("FIX_EXAMPLES", "300")), deadline=None)
-@given(lbs=st.integers(1, 64), gbs=st.integers(1, 512), mbs=st.sampled_from([1, 2, 3, 4, 8]),
-       pp=st.sampled_from([1, 2, 4]), schedule=st.sampled_from(SCHEDULES), cp=st.sampled_from([1, 2, 4]),
-       seq=st.integers(1, 9000), world=st.sampled_from([8, 16, 32, 48]))
+@given(
+    lbs=st.integers(1, 64),
+    gbs=st.integers(1, 512),
+    mbs=st.sampled_from([1, 2, 3, 4, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+    schedule=st.sampled_from(SCHEDULES),
+    cp=st.sampled_from([1, 2, 4]),
+    seq=st.integers(1, 9000),
+    world=st.sampled_from([8, 16, 32, 48]),
+)
 def test_suggested_values_clear_the_finding(lbs, gbs, mbs, pp, schedule, cp, seq, world):
     recipe = _recipe(lbs, gbs, mbs, pp, schedule, cp, seq)
     report = validate_config(recipe, world_size=world)
     before = {f.rule for f in report.findings}
-    targets = {"pp-microbatches": ("local_batch_size", "pp_microbatch_size"),
-               "pp-batch-divisibility": ("local_batch_size",),
-               "global-batch-divisibility": ("global_batch_size",),
-               "cp-seq-divisibility": ("seq_len",)}
+    targets = {
+        "pp-microbatches": ("local_batch_size", "pp_microbatch_size"),
+        "pp-batch-divisibility": ("local_batch_size",),
+        "global-batch-divisibility": ("global_batch_size",),
+        "cp-seq-divisibility": ("seq_len",),
+    }
     for f in report.findings:
         if f.rule not in targets:
             continue
@@ -50,9 +62,17 @@ def test_suggested_values_clear_the_finding(lbs, gbs, mbs, pp, schedule, cp, seq
         for key in targets[f.rule]:
             for value in _options(f.fix or "", key):
                 tried += 1
-                fixed = _recipe(**{**dict(lbs=lbs, gbs=gbs, mbs=mbs, pp=pp, schedule=schedule, cp=cp, seq=seq),
-                                   {"local_batch_size": "lbs", "global_batch_size": "gbs",
-                                    "pp_microbatch_size": "mbs", "seq_len": "seq"}[key]: value})
+                fixed = _recipe(
+                    **{
+                        **dict(lbs=lbs, gbs=gbs, mbs=mbs, pp=pp, schedule=schedule, cp=cp, seq=seq),
+                        {
+                            "local_batch_size": "lbs",
+                            "global_batch_size": "gbs",
+                            "pp_microbatch_size": "mbs",
+                            "seq_len": "seq",
+                        }[key]: value,
+                    }
+                )
                 again = {g.rule for g in validate_config(fixed, world_size=world).findings}
                 assert f.rule not in again, (f.rule, f.fix, key, value)
                 traded = (again - before) & BATCH_RULES - {"global-batch-divisibility"}  # lbs moves gbs % (lbs * dp)
@@ -60,25 +80,41 @@ def test_suggested_values_clear_the_finding(lbs, gbs, mbs, pp, schedule, cp, seq
         assert tried, f"no applicable value in the fix of {f.rule}: {f.fix!r}"
 
 
-SIZE_RULES = {"world-not-divisible", "ep-not-divisible", "dp-replicate-too-large", "dp-replicate-not-multiple",
-              "tp-heads", "ep-experts", "dp-size-exceeds-world", "pp-stages"}
+SIZE_RULES = {
+    "world-not-divisible",
+    "ep-not-divisible",
+    "dp-replicate-too-large",
+    "dp-replicate-not-multiple",
+    "tp-heads",
+    "ep-experts",
+    "dp-size-exceeds-world",
+    "pp-stages",
+}
 MODELS = [None, "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B", "mistralai/Mixtral-8x7B-v0.1", "google/gemma-2-9b"]
 
 
 def _size_options(fix: str) -> list[tuple[str, int | None]]:
     """(key, value) pairs a fix offers: 'tp_size in {1, 2, 4}', 'dp_size: 8', 'remove dp_size' (value None)."""
     out: list[tuple[str, int | None]] = [
-        (k, int(v)) for k, vs in re.findall(r"(\w+_size) in \{([\d, ]+)\}", fix) for v in vs.split(",")]
+        (k, int(v)) for k, vs in re.findall(r"(\w+_size) in \{([\d, ]+)\}", fix) for v in vs.split(",")
+    ]
     out += [(k, int(v)) for k, v in re.findall(r"(\w+_size): (\d+)", fix)]
     removed = re.findall(r"remove (\w+_size)", fix)
     return out + [(k, None) for k in removed if not out]  # 'remove X, and Y in {...}': Y is applied with X gone
 
 
 @settings(max_examples=int(os.environ.get("FIX_EXAMPLES", "300")), deadline=None)
-@given(sizes=st.fixed_dictionaries({}, optional={k: st.sampled_from([1, 2, 3, 4, 6, 8, 16, 32]) for k in
-                                                 ("tp_size", "cp_size", "pp_size", "ep_size", "dp_replicate_size",
-                                                  "dp_size")}),
-       world=st.sampled_from([4, 8, 12, 16, 24, 32, 64, 96, 128]), model=st.sampled_from(MODELS))
+@given(
+    sizes=st.fixed_dictionaries(
+        {},
+        optional={
+            k: st.sampled_from([1, 2, 3, 4, 6, 8, 16, 32])
+            for k in ("tp_size", "cp_size", "pp_size", "ep_size", "dp_replicate_size", "dp_size")
+        },
+    ),
+    world=st.sampled_from([4, 8, 12, 16, 24, 32, 64, 96, 128]),
+    model=st.sampled_from(MODELS),
+)
 def test_suggested_sizes_clear_the_finding(sizes, world, model):
     block = dict(sizes, **({"pipeline": {}} if sizes.get("pp_size", 1) > 1 else {}))
     report = validate_config({"distributed": block}, world_size=world, model=model)

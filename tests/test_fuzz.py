@@ -30,9 +30,20 @@ def test_suggest_strategy_never_crashes(args: dict[str, Any]) -> None:
 
 
 @SLICE
-@given(st.one_of(st.text(max_size=400), st.sampled_from([
-    "ValueError: non_pp_size=8 must be a multiple of ep_size=3", "torch.OutOfMemoryError: CUDA out of memory",
-    "(" * 5000, "\\" * 3000, "a" * 200_000 + "b"])))
+@given(
+    st.one_of(
+        st.text(max_size=400),
+        st.sampled_from(
+            [
+                "ValueError: non_pp_size=8 must be a multiple of ep_size=3",
+                "torch.OutOfMemoryError: CUDA out of memory",
+                "(" * 5000,
+                "\\" * 3000,
+                "a" * 200_000 + "b",
+            ]
+        ),
+    )
+)
 def test_explain_error_never_crashes(text: str) -> None:
     report = explain_error(text)
     assert all(m.rule and m.fix is not None for m in report.matches)

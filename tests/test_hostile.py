@@ -65,8 +65,10 @@ def _bomb(levels: int = 9, width: int = 9) -> str:
 CASES: dict[str, tuple[bytes, str]] = {
     "alias-bomb": (_bomb().encode(), "yaml-too-complex"),  # 9^9 = 387M strings if expanded
     "deep-flow-nesting": (b"distributed: " + b"[" * 100_000 + b"]" * 100_000, "yaml-too-deep"),
-    "deep-block-nesting": (("distributed:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 400))).encode(),
-                           "yaml-too-deep"),
+    "deep-block-nesting": (
+        ("distributed:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 400))).encode(),
+        "yaml-too-deep",
+    ),
     "over-size-cap": (b"distributed:\n  tp_size: 2\n" + b"# padding\n" * (MAX_BYTES // 10 + 1), "yaml-too-large"),
     "non-utf8": (b"distributed:\n  tp_size: \xff\xfe\x00\x81\n", "yaml-not-utf8"),
     "binary-garbage": (bytes(range(256)) * 64, "yaml-not-utf8"),
@@ -81,8 +83,10 @@ CASES: dict[str, tuple[bytes, str]] = {
     "distributed-list": (b"distributed:\n  - tp_size: 2\n", "distributed-invalid"),
     "non-scalar-key": (b"distributed:\n  ? [tp_size, cp_size]\n  : 2\n", "yaml-bad-key"),
     "truncated": (b"distributed:\n  tp_size: [2, 4\n", "yaml-syntax"),
-    "python-tag": (b"distributed: !!python/object/apply:os.system ['touch /tmp/automodel-dist-pwned']\n",
-                   "yaml-unsafe-tag"),
+    "python-tag": (
+        b"distributed: !!python/object/apply:os.system ['touch /tmp/automodel-dist-pwned']\n",
+        "yaml-unsafe-tag",
+    ),
     "huge-string": (b"distributed:\n  strategy: " + b"x" * (MAX_BYTES - 64) + b"\n", "strategy-unknown"),
     "huge-int": (b"distributed:\n  tp_size: " + b"9" * 5000 + b"\n", "yaml-syntax"),  # > Python's 4300 digits
     "huge-size": (b"distributed:\n  tp_size: " + b"9" * 4000 + b"\n", "world-not-divisible"),
@@ -110,16 +114,28 @@ def test_hostile_yaml_is_a_clear_finding_in_bounded_memory(name: str, tmp_path: 
 
 
 def test_surrogates_and_control_characters_in_text() -> None:
-    for text in ("distributed:\n  tp_size: \ud800\n", "distributed:\n  tp_size: 2\x00\n", "\ufeffdistributed: {}\n",
-                 "distributed:\n  tp_size: 2\r\n  cp_size: 2\r\n"):
+    for text in (
+        "distributed:\n  tp_size: \ud800\n",
+        "distributed:\n  tp_size: 2\x00\n",
+        "\ufeffdistributed: {}\n",
+        "distributed:\n  tp_size: 2\r\n  cp_size: 2\r\n",
+    ):
         report = validate_config(text, world_size=8)
         assert report.findings or report.valid  # a report either way, never an exception
 
 
-@pytest.mark.parametrize("world,rule", [(10**12, "world-size-invalid"), (-8, "world-size-invalid"),
-                                        (0, "world-size-invalid"), ((1 << 24) + 1, "world-size-invalid"),
-                                        (True, "world-size-invalid"), (8.0, "world-size-invalid"),
-                                        ("8", "world-size-invalid")])
+@pytest.mark.parametrize(
+    "world,rule",
+    [
+        (10**12, "world-size-invalid"),
+        (-8, "world-size-invalid"),
+        (0, "world-size-invalid"),
+        ((1 << 24) + 1, "world-size-invalid"),
+        (True, "world-size-invalid"),
+        (8.0, "world-size-invalid"),
+        ("8", "world-size-invalid"),
+    ],
+)
 def test_odd_world_sizes_are_findings(world: object, rule: str) -> None:
     report = validate_config("distributed:\n  tp_size: 2\n", world_size=world)  # type: ignore[arg-type]
     assert not report.valid and rule in {f.rule for f in report.errors}
@@ -150,8 +166,12 @@ def test_largest_world_is_arithmetic_not_enumeration() -> None:
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    mesh = build_mesh({"tp_size": 8, "cp_size": 2, "pp_size": 4, "pipeline": {}}, world_size=1 << 24,
-                      ranks=[0, (1 << 24) - 1], gpus_per_node=8)
+    mesh = build_mesh(
+        {"tp_size": 8, "cp_size": 2, "pp_size": 4, "pipeline": {}},
+        world_size=1 << 24,
+        ranks=[0, (1 << 24) - 1],
+        gpus_per_node=8,
+    )
     assert mesh.rank_groups[str((1 << 24) - 1)]["tp"][-1] == (1 << 24) - 1
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 256 * 1024
 
@@ -190,17 +210,20 @@ model:
 LONG = "a/" * 3000  # longer than any path the OS accepts: stat() raises OSError (File name too long)
 
 
-@pytest.mark.parametrize("argv", [
-    ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
-    ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG + ".json"],
-    ["estimate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
-    ["suggest", "--model", LONG],
-    ["validate", LONG],
-    ["mesh", LONG, "--world-size", "8"],
-    ["estimate", LONG, "--model", "meta-llama/Llama-3.2-1B"],
-    ["smoke", LONG],
-    ["explain", "CUDA out of memory " + "x" * 5000],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
+        ["validate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG + ".json"],
+        ["estimate", "tests/examples/llama3_2_1b_packed_cp2.yaml", "--model", LONG],
+        ["suggest", "--model", LONG],
+        ["validate", LONG],
+        ["mesh", LONG, "--world-size", "8"],
+        ["estimate", LONG, "--model", "meta-llama/Llama-3.2-1B"],
+        ["smoke", LONG],
+        ["explain", "CUDA out of memory " + "x" * 5000],
+    ],
+)
 def test_overlong_names_are_usage_errors_or_findings_not_crashes(argv: list[str], capsys) -> None:
     """A model name or path the OS cannot stat is an unknown model or an unreadable file (exit 0-2, a clipped
     message), never an OSError traceback."""

@@ -47,8 +47,16 @@ def _fsdp2(sizes: tuple[int, ...]) -> Layout | None:
     pp, rep, shard, cp, tp, ep = sizes
     if rep > 1 and rep >= rep * shard:
         return None
-    return Layout.build("fsdp2", world_size=pp * rep * shard * cp * tp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=rep,
-                        dp_size=rep * shard)
+    return Layout.build(
+        "fsdp2",
+        world_size=pp * rep * shard * cp * tp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        dp_replicate=rep,
+        dp_size=rep * shard,
+    )
 
 
 @settings(max_examples=80)
@@ -69,13 +77,16 @@ def test_fsdp2_groups_match_brute_force(sizes):
         if ep > 1:  # moe mesh: the stage's non-pp ranks, unflattened to (ep_shard, ep)
             stage, local = divmod(rank, non_pp)
             block = list(range(stage * non_pp, (stage + 1) * non_pp))
-            assert groups["ep"] == block[(local // ep) * ep:(local // ep) * ep + ep]
-            assert groups["ep_shard"] == block[local % ep::ep]
+            assert groups["ep"] == block[(local // ep) * ep : (local // ep) * ep + ep]
+            assert groups["ep_shard"] == block[local % ep :: ep]
 
 
 @settings(max_examples=200)
-@given(fsdp2_sizes(), st.integers(1, 40), st.sampled_from(["tp", "cp", "dp_shard", "dp", "dp_shard_cp", "pp", "ep",
-                                                           "ep_shard", "dp_cp"]))
+@given(
+    fsdp2_sizes(),
+    st.integers(1, 40),
+    st.sampled_from(["tp", "cp", "dp_shard", "dp", "dp_shard_cp", "pp", "ep", "ep_shard", "dp_cp"]),
+)
 def test_crossing_matches_brute_force(sizes, gpn, axis):
     lay = _fsdp2(sizes)
     if lay is None or axis not in {a.name for a in lay.axes}:
@@ -144,8 +155,13 @@ SCHEDULE_KIND = {"single": (True, False), "multi": (False, False), "v": (False, 
 
 @pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel oracle not installed")
 @settings(max_examples=300)
-@given(st.integers(1, 96), st.sampled_from([2, 3, 4, 8]), st.sampled_from(["single", "multi"]),
-       st.one_of(st.none(), st.integers(1, 12)), st.sampled_from([None, "up", "down"]))
+@given(
+    st.integers(1, 96),
+    st.sampled_from([2, 3, 4, 8]),
+    st.sampled_from(["single", "multi"]),
+    st.one_of(st.none(), st.integers(1, 12)),
+    st.sampled_from([None, "up", "down"]),
+)
 def test_virtual_stages_match_automodel(layers, pp, kind, lps, round_to):
     from nemo_automodel.components.distributed.pipelining.functional import (
         calculate_virtual_stages,
@@ -160,8 +176,7 @@ def test_virtual_stages_match_automodel(layers, pp, kind, lps, round_to):
     except (ValueError, AssertionError):
         expected = None
     try:
-        ours = virtual_stages(layers, pp=pp, single_stage=single, layers_per_stage=lps, round_to=round_to,
-                              v_style=v)
+        ours = virtual_stages(layers, pp=pp, single_stage=single, layers_per_stage=lps, round_to=round_to, v_style=v)
     except StageError:
         ours = None
     assert ours == expected

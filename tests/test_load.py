@@ -30,11 +30,25 @@ def test_duplicate_keys_reported_with_both_lines():
     assert f.rule == "yaml-duplicate-key" and f.line == 3 and "lines 1 and 3" in f.message
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ("none", None), ("None", None), ("true", True), ("False", False), ("2", 2), ("1e-5", 1e-5),
-    ("[1, 2]", [1, 2]), ("{'a': 1}", {"a": 1}), ("-3", -3), ("bfloat16", "bfloat16"), ("1f1b", "1f1b"),
-    ("__import__('os')", "__import__('os')"), ("2 + 2", "2 + 2"), ("[" * 100 + "]" * 100, "[" * 100 + "]" * 100),
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("none", None),
+        ("None", None),
+        ("true", True),
+        ("False", False),
+        ("2", 2),
+        ("1e-5", 1e-5),
+        ("[1, 2]", [1, 2]),
+        ("{'a': 1}", {"a": 1}),
+        ("-3", -3),
+        ("bfloat16", "bfloat16"),
+        ("1f1b", "1f1b"),
+        ("__import__('os')", "__import__('os')"),
+        ("2 + 2", "2 + 2"),
+        ("[" * 100 + "]" * 100, "[" * 100 + "]" * 100),
+    ],
+)
 def test_translate_value_matches_automodel_semantics(raw, expected):
     assert translate_value(raw) == expected
 
@@ -49,9 +63,36 @@ def test_translate_value_agrees_with_automodel(text):
     assert translate_value(text) == theirs or (theirs != theirs)  # NaN compares unequal
 
 
-_NAME_PARTS = st.sampled_from(["ddp", "fsdp2", "torch", "bfloat16", "None", "True", "false", "none", "if", "not",
-                                "lambda", "__debug__", "_target_", "x1", "1x", "", " ", "\u00e9t\u00e9", "\ufb01",
-                                "b'x'", "r''", "...", "inf", "nan", "e5", "0x1"])
+_NAME_PARTS = st.sampled_from(
+    [
+        "ddp",
+        "fsdp2",
+        "torch",
+        "bfloat16",
+        "None",
+        "True",
+        "false",
+        "none",
+        "if",
+        "not",
+        "lambda",
+        "__debug__",
+        "_target_",
+        "x1",
+        "1x",
+        "",
+        " ",
+        "\u00e9t\u00e9",
+        "\ufb01",
+        "b'x'",
+        "r''",
+        "...",
+        "inf",
+        "nan",
+        "e5",
+        "0x1",
+    ]
+)
 
 
 @given(st.lists(_NAME_PARTS, min_size=1, max_size=4), st.sampled_from(["", " ", "\t", "  "]))
@@ -64,7 +105,7 @@ def test_translate_value_of_name_like_strings_agrees_with_automodel(parts, lead)
 
 
 _SCALARS = st.one_of(
-    st.integers(min_value=-10**30, max_value=10**30).map(str),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
     st.from_regex(r"\A[+-]?(0|0b[01_]+|0x[0-9a-f_]+|0[0-7_]+|[1-9][0-9_]*|[0-9]+(:[0-5][0-9])+)\Z"),
     st.sampled_from(["1.5", "1e3", ".inf", "-.NaN", "~", "null", "yes", "No", "on", "2024-01-01", "0o17", "١٢"]),
     st.text(alphabet="0123456789_-+.:exobXO", min_size=1, max_size=12),
@@ -100,7 +141,9 @@ def test_env_vars_are_not_read_from_this_machine(monkeypatch):
     assert doc.data["cp_size"] == 2
     assert doc.data["tp_size"] == "${TP_FROM_ENV}"  # unresolved marker, value not read
     assert [f.severity for f in doc.findings] == ["warning", "info"] or [f.severity for f in doc.findings] == [
-        "info", "warning"]
+        "info",
+        "warning",
+    ]
 
 
 def test_alias_bomb_is_bounded():

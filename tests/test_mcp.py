@@ -48,8 +48,15 @@ def test_tools_annotations_and_schemas():
             return (await c.list_tools()).tools
 
     tools = {t.name: t for t in run(go)}
-    assert set(tools) == {"validate_config", "build_mesh", "suggest_strategy", "estimate_memory", "run_smoke_test",
-                          "explain_error", "list_models"}
+    assert set(tools) == {
+        "validate_config",
+        "build_mesh",
+        "suggest_strategy",
+        "estimate_memory",
+        "run_smoke_test",
+        "explain_error",
+        "list_models",
+    }
     for name, tool in tools.items():
         assert tool.annotations.read_only_hint is (name != "run_smoke_test"), name
         assert tool.output_schema, f"{name} has no output schema"
@@ -60,8 +67,10 @@ def test_tools_annotations_and_schemas():
 
 
 def test_validate_config_returns_findings_not_errors():
-    r = call("validate_config", {"config_yaml": "distributed:\n  tp_size: 3\n", "world_size": 8,
-                                 "model": "meta-llama/Llama-3.1-8B"})
+    r = call(
+        "validate_config",
+        {"config_yaml": "distributed:\n  tp_size: 3\n", "world_size": 8, "model": "meta-llama/Llama-3.1-8B"},
+    )
     assert not r.is_error
     report = r.structured_content
     assert report["valid"] is False
@@ -87,8 +96,18 @@ def test_config_path_is_checked(tmp_path, monkeypatch):
 
 def test_model_paths_obey_the_allowed_roots(tmp_path, monkeypatch):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
-                               "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "hidden_size": 4096,
+                "num_hidden_layers": 32,
+                "intermediate_size": 14336,
+                "vocab_size": 128256,
+            }
+        )
+    )
     ok = call("validate_config", {"config_yaml": "tp_size: 3\n", "world_size": 3, "model": str(cfg)})
     assert "tp-heads" in {f["rule"] for f in ok.structured_content["findings"]}
     monkeypatch.setenv("AUTOMODEL_DIST_ALLOWED_ROOTS", str(tmp_path / "elsewhere"))
@@ -125,19 +144,23 @@ def test_bad_arguments_are_error_results_and_the_server_keeps_serving():
 
 
 def test_build_mesh_tool():
-    ok = call("build_mesh", {"config_yaml": "tp_size: 2\ncp_size: 2\n", "world_size": 8, "ranks": [5],
-                             "gpus_per_node": 4})
+    ok = call(
+        "build_mesh", {"config_yaml": "tp_size: 2\ncp_size: 2\n", "world_size": 8, "ranks": [5], "gpus_per_node": 4}
+    )
     mesh = ok.structured_content["mesh"]
     assert ok.structured_content["valid"] and mesh["device_mesh"]["shape"] == [1, 1, 2, 2, 2]
     assert mesh["rank_groups"]["5"]["tp"] == [4, 5] and "node 1" in mesh["picture"]
-    by_nodes = call("build_mesh", {"config_yaml": "tp_size: 2\ncp_size: 2\n", "nodes": 2, "gpus_per_node": 4,
-                                   "ranks": [5]})
+    by_nodes = call(
+        "build_mesh", {"config_yaml": "tp_size: 2\ncp_size: 2\n", "nodes": 2, "gpus_per_node": 4, "ranks": [5]}
+    )
     assert by_nodes.structured_content == ok.structured_content
     unknown = call("build_mesh", {"config_yaml": "tp_size: 2\n", "nodes": 2})
     assert unknown.is_error and "the world size is unknown" in unknown.content[0].text
     bad = call("build_mesh", {"config_yaml": "tp_size: 3\n", "world_size": 8})
-    assert bad.structured_content["valid"] is False and bad.structured_content["findings"][0]["rule"] == \
-        "world-not-divisible"
+    assert (
+        bad.structured_content["valid"] is False
+        and bad.structured_content["findings"][0]["rule"] == "world-not-divisible"
+    )
 
 
 def test_suggest_estimate_explain_list_models():
@@ -150,11 +173,26 @@ def test_suggest_estimate_explain_list_models():
     assert from_recipe.structured_content == e.structured_content
     e_bad = call("estimate_memory", {"model": "meta-llama/Llama-3.1-8B", "config_yaml": "tp_size: 3", "world_size": 8})
     assert e_bad.structured_content["valid"] is False
-    x = call("explain_error", {"text": "Traceback ...\nValueError: `pp_size=2` (> 1) enables pipeline parallelism "
-                                       "but no `distributed.pipeline` block was provided."})
+    x = call(
+        "explain_error",
+        {
+            "text": "Traceback ...\nValueError: `pp_size=2` (> 1) enables pipeline parallelism "
+            "but no `distributed.pipeline` block was provided."
+        },
+    )
     assert x.structured_content["matches"][0]["rule"] == "pipeline-missing"
-    slow = call("estimate_memory", {"model": "meta-llama/Llama-3.1-8B", "config_yaml": "tp_size: 2", "nodes": 2,
-                                    "gpus_per_node": 8, "inter_gbps": 12.5, "memory_gib": 40, "headroom": 0.2})
+    slow = call(
+        "estimate_memory",
+        {
+            "model": "meta-llama/Llama-3.1-8B",
+            "config_yaml": "tp_size: 2",
+            "nodes": 2,
+            "gpus_per_node": 8,
+            "inter_gbps": 12.5,
+            "memory_gib": 40,
+            "headroom": 0.2,
+        },
+    )
     est = slow.structured_content["estimate"]
     assert (est["inter_gbps"], est["intra_gbps"], est["gpu_memory_gib"], est["headroom"]) == (12.5, 450.0, 40.0, 0.2)
     s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900})
@@ -205,8 +243,13 @@ def test_cancelling_run_smoke_test_kills_its_ranks():
                     started.set()
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: c.call_tool("run_smoke_test", {"world_size": 2, "steps": 20, "precision": "fp32",
-                                                                     "fault": "hang@1:2"}, progress_callback=progress))
+                tg.start_soon(
+                    lambda: c.call_tool(
+                        "run_smoke_test",
+                        {"world_size": 2, "steps": 20, "precision": "fp32", "fault": "hang@1:2"},
+                        progress_callback=progress,
+                    )
+                )
                 with anyio.fail_after(120):
                     await started.wait()
                 assert survivors()
@@ -249,8 +292,11 @@ def _free_port() -> int:
 
 def test_http_transport_loopback_with_dns_rebinding_protection():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "serve", "--transport", "http", "--port",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "automodel_dist.cli", "serve", "--transport", "http", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}/mcp"
         wait_for_port(port, proc)
@@ -262,9 +308,16 @@ def test_http_transport_loopback_with_dns_rebinding_protection():
 
         assert run(go)
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
-        req = urllib.request.Request(url, data=body, method="POST", headers={
-            "Host": "evil.example.com", "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream"})
+        req = urllib.request.Request(
+            url,
+            data=body,
+            method="POST",
+            headers={
+                "Host": "evil.example.com",
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
         assert err.value.code in (403, 421)
@@ -297,14 +350,30 @@ INSPECTOR = ["npx", "-y", "-p", "node@22", "-p", "@modelcontextprotocol/inspecto
 def test_mcp_inspector_cli_lists_and_calls_tools():
     server = [sys.executable, "-m", "automodel_dist.serve"]  # what automodel-dist-mcp runs
     env = dict(os.environ, npm_config_loglevel="error")
-    listed = subprocess.run(INSPECTOR + server + ["--method", "tools/list"], capture_output=True, text=True,
-                            timeout=600, env=env)
+    listed = subprocess.run(
+        INSPECTOR + server + ["--method", "tools/list"], capture_output=True, text=True, timeout=600, env=env
+    )
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = {t["name"] for t in json.loads(listed.stdout)["tools"]}
     assert {"validate_config", "build_mesh", "run_smoke_test"} <= names
-    called = subprocess.run(INSPECTOR + server + ["--method", "tools/call", "--tool-name", "validate_config",
-                                                  "--tool-arg", "config_yaml=tp_size: 3", "--tool-arg", "world_size=8"],
-                            capture_output=True, text=True, timeout=600, env=env)
+    called = subprocess.run(
+        INSPECTOR
+        + server
+        + [
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "validate_config",
+            "--tool-arg",
+            "config_yaml=tp_size: 3",
+            "--tool-arg",
+            "world_size=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert called.returncode == 0, called.stderr[-2000:]
     result = json.loads(called.stdout)
     report = result.get("structuredContent") or json.loads(result["content"][0]["text"])
@@ -315,8 +384,9 @@ def _readme_tool_examples() -> list[tuple[str, dict]]:
     """The README's `tools/call` arguments table, one (tool, arguments) per row."""
     import re
 
-    rows = re.findall(r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "README.md").read_text(),
-                      re.MULTILINE)
+    rows = re.findall(
+        r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "README.md").read_text(), re.MULTILINE
+    )
     return [(tool, json.loads(args)) for tool, args in rows]
 
 
@@ -324,8 +394,15 @@ def test_readme_tool_arguments_work():
     """Every row of the README's MCP arguments table is a real call that succeeds (its placeholder recipe path
     replaced by a real recipe)."""
     examples = _readme_tool_examples()
-    assert {t for t, _ in examples} == {"validate_config", "build_mesh", "suggest_strategy", "estimate_memory",
-                                        "run_smoke_test", "explain_error", "list_models"}
+    assert {t for t, _ in examples} == {
+        "validate_config",
+        "build_mesh",
+        "suggest_strategy",
+        "estimate_memory",
+        "run_smoke_test",
+        "explain_error",
+        "list_models",
+    }
     recipe = str(Path(__file__).parent / "examples" / "llama3_1_8b_hellaswag_pp.yaml")
 
     async def go():

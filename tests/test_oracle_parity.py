@@ -61,11 +61,16 @@ def _ranks(world: int, extra: int) -> list[int]:
 
 @st.composite
 def well_typed(draw: st.DrawFn) -> tuple[dict, int, int]:
-    strategy = draw(st.sampled_from(["fsdp2"] * 5 + ["megatron_fsdp", "mfsdp", "megatron-fsdp", "MFSDP", "ddp",
-                                                      "DDP", None]))
+    strategy = draw(
+        st.sampled_from(["fsdp2"] * 5 + ["megatron_fsdp", "mfsdp", "megatron-fsdp", "MFSDP", "ddp", "DDP", None])
+    )
     block: dict = {} if strategy is None else {"strategy": strategy}
-    for key, values in (("tp_size", [1, 2, 3, 4, 8]), ("cp_size", [1, 2, 4]), ("pp_size", [1, 2, 4]),
-                        ("ep_size", [1, 2, 4, 8, 16])):
+    for key, values in (
+        ("tp_size", [1, 2, 3, 4, 8]),
+        ("cp_size", [1, 2, 4]),
+        ("pp_size", [1, 2, 4]),
+        ("ep_size", [1, 2, 4, 8, 16]),
+    ):
         if draw(st.booleans()):
             block[key] = draw(st.sampled_from(values))
     if draw(st.integers(0, 3)) == 0:
@@ -74,8 +79,10 @@ def well_typed(draw: st.DrawFn) -> tuple[dict, int, int]:
         block["dp_size"] = draw(st.sampled_from([None, 1, 2, 4, 8]))
     pp = block.get("pp_size", 1)
     if (pp > 1 and draw(st.integers(0, 9)) > 0) or draw(st.integers(0, 9)) == 0:
-        block["pipeline"] = {"pp_schedule": draw(st.sampled_from(SCHEDULES)),
-                             "pp_microbatch_size": draw(st.sampled_from([1, 2, 4]))}
+        block["pipeline"] = {
+            "pp_schedule": draw(st.sampled_from(SCHEDULES)),
+            "pp_microbatch_size": draw(st.sampled_from([1, 2, 4])),
+        }
         if draw(st.booleans()):
             block["pipeline"]["layers_per_stage"] = draw(st.sampled_from([1, 2, 4]))
     ac = draw(st.sampled_from([None, True, False, "selective", "full", "off", "none"]))
@@ -132,13 +139,29 @@ def test_well_typed_blocks_match_automodel(case: tuple[dict, int, int]) -> None:
         assert explained & errors, f"AutoModel said {o.ranks[0].error!r}; our errors {errors} do not explain it"
 
 
-@pytest.mark.parametrize("block", [
-    {"tp_size": 8, "cp_size": 2, "pp_size": 4, "pipeline": {}, "ep_size": 32, "dp_replicate_size": 2,
-     "tp_plan": "my.plans.moe_tp"},  # TP with EP needs a tp_plan (moe-tp)
-    {"strategy": "megatron_fsdp", "tp_size": 4, "cp_size": 4},
-    {"tp_size": 4, "pp_size": 8, "pipeline": {"pp_schedule": "interleaved1f1b"}, "ep_size": 64, "dp_size": 512,
-     "tp_plan": "my.plans.moe_tp"},
-])
+@pytest.mark.parametrize(
+    "block",
+    [
+        {
+            "tp_size": 8,
+            "cp_size": 2,
+            "pp_size": 4,
+            "pipeline": {},
+            "ep_size": 32,
+            "dp_replicate_size": 2,
+            "tp_plan": "my.plans.moe_tp",
+        },  # TP with EP needs a tp_plan (moe-tp)
+        {"strategy": "megatron_fsdp", "tp_size": 4, "cp_size": 4},
+        {
+            "tp_size": 4,
+            "pp_size": 8,
+            "pipeline": {"pp_schedule": "interleaved1f1b"},
+            "ep_size": 64,
+            "dp_size": 512,
+            "tp_plan": "my.plans.moe_tp",
+        },
+    ],
+)
 def test_16k_ranks_match_automodel(block: dict) -> None:
     world = 16384
     ranks = [0, 1, 4097, 9999, world - 1]
@@ -163,14 +186,32 @@ BAD_VALUES = {
     "mp_policy": [{"param_dtype": "fp8"}, {"foo": 1}, {"reduce_dtype": "int8"}, "bf16", {"cast_forward_inputs": 2}],
     "offload_policy": [{"foo": 1}, {"pin_memory": "yes"}],
     "autocast_dtype": ["fp9", "bfloat16"],
-    "multimodal": [None, {"frozen_sharding": "x"}, {"foo": 1}, {"vision": None}, {"vision": {"a": 1}},
-                   {"vision": {"frame_sharding": "cp"}}, {"vision": {"frame_sharding": {"mesh_dims": ["tp"]}}},
-                   {"vision": {"frame_sharding": {"min_tokens": -1}}}],
-    "pipeline": [None, "abc", {"foo": 1}, {"pp_recv_buffer_pool_slack": -1}, {"pp_microbatch_size": 0},
-                 {"pp_schedule": "interleaved_1f1b"}, {"dtype": "fp9"}, {"layers_per_stage": "two"},
-                 {"loss_fn": "masked cross entropy"}, {"loss_fn": "full"},
-                 {"pp_recv_buffer_pool_slack": None}, {"pp_recv_buffer_pool_slack": [1]},
-                 {"pp_recv_buffer_pool_slack": True}, {"pp_recv_buffer_pool_slack": 2.5}],
+    "multimodal": [
+        None,
+        {"frozen_sharding": "x"},
+        {"foo": 1},
+        {"vision": None},
+        {"vision": {"a": 1}},
+        {"vision": {"frame_sharding": "cp"}},
+        {"vision": {"frame_sharding": {"mesh_dims": ["tp"]}}},
+        {"vision": {"frame_sharding": {"min_tokens": -1}}},
+    ],
+    "pipeline": [
+        None,
+        "abc",
+        {"foo": 1},
+        {"pp_recv_buffer_pool_slack": -1},
+        {"pp_microbatch_size": 0},
+        {"pp_schedule": "interleaved_1f1b"},
+        {"dtype": "fp9"},
+        {"layers_per_stage": "two"},
+        {"loss_fn": "masked cross entropy"},
+        {"loss_fn": "full"},
+        {"pp_recv_buffer_pool_slack": None},
+        {"pp_recv_buffer_pool_slack": [1]},
+        {"pp_recv_buffer_pool_slack": True},
+        {"pp_recv_buffer_pool_slack": 2.5},
+    ],
     "_target_": ["not a path", "fsdp2.txt:Manager"],
     "moe": ["abc", {"foo": 1}, {"ignore_router_for_ac": "no"}],
     "zero_dp_strategy": [7],
@@ -200,24 +241,28 @@ def test_rejected_blocks_are_rejected_for_the_same_cause(case: tuple[dict, int])
         explained = {m.rule for m in explain_error(o.error or "").matches}
         # A misread size makes AutoModel fail downstream with unrelated text; size-invalid is the cause.
         assert explained & errors or "size-invalid" in errors, (
-            f"AutoModel: {o.error!r}; ours: {errors}; explain: {explained}")
+            f"AutoModel: {o.error!r}; ours: {errors}; explain: {explained}"
+        )
     elif not ours.valid:
         assert errors <= STRICTER | MID_RUN, f"AutoModel accepts; our non-stricter errors: {errors - STRICTER}"
 
 
-@pytest.mark.parametrize("block,world,rule", [
-    ({"strategy": "fsdp"}, 8, "strategy-unknown"),
-    ({"pp_size": 2}, 8, "pipeline-missing"),
-    ({"pp_size": 2, "pipeline": None}, 8, "pipeline-missing"),
-    ({"tp_size": 3}, 8, "world-not-divisible"),
-    ({"ep_size": 3}, 8, "ep-not-divisible"),
-    ({"tp_size": 2, "ep_size": 8, "tp_plan": "my.plans.moe_tp"}, 16, None),  # dp*cp*tp = 16: ep 8 divides
-    ({"tp_size": 4, "ep_size": 8, "tp_plan": "my.plans.moe_tp"}, 8, None),  # dp*cp = 2, dp*cp*tp = 8: accepted
-    ({"dp_replicate_size": 8}, 8, "dp-replicate-too-large"),
-    ({"strategy": "ddp", "sequence_parallel": True}, 8, "option-unknown"),
-    ({"strategy": "megatron_fsdp", "activation_checkpointing": "selective"}, 8, "ac-selective-strategy"),
-    ({"dp_size": 100}, 8, "dp-size-exceeds-world"),
-])
+@pytest.mark.parametrize(
+    "block,world,rule",
+    [
+        ({"strategy": "fsdp"}, 8, "strategy-unknown"),
+        ({"pp_size": 2}, 8, "pipeline-missing"),
+        ({"pp_size": 2, "pipeline": None}, 8, "pipeline-missing"),
+        ({"tp_size": 3}, 8, "world-not-divisible"),
+        ({"ep_size": 3}, 8, "ep-not-divisible"),
+        ({"tp_size": 2, "ep_size": 8, "tp_plan": "my.plans.moe_tp"}, 16, None),  # dp*cp*tp = 16: ep 8 divides
+        ({"tp_size": 4, "ep_size": 8, "tp_plan": "my.plans.moe_tp"}, 8, None),  # dp*cp = 2, dp*cp*tp = 8: accepted
+        ({"dp_replicate_size": 8}, 8, "dp-replicate-too-large"),
+        ({"strategy": "ddp", "sequence_parallel": True}, 8, "option-unknown"),
+        ({"strategy": "megatron_fsdp", "activation_checkpointing": "selective"}, 8, "ac-selective-strategy"),
+        ({"dp_size": 100}, 8, "dp-size-exceeds-world"),
+    ],
+)
 def test_known_verdicts(block: dict, world: int, rule: str | None) -> None:
     o = oracle.run(block, world, [0])
     ours = validate_config(block, world_size=world)
@@ -244,17 +289,20 @@ def _check_parallelize(block: dict, world: int) -> tuple[set[str], str | None]:
     return errors & MID_RUN, theirs
 
 
-@pytest.mark.parametrize("block,world,rule", [
-    ({"tp_size": 2, "enable_async_tensor_parallel": True}, 8, "tp-async-needs-sp"),
-    ({"tp_size": 2, "enable_async_tensor_parallel": True, "sequence_parallel": True}, 8, None),
-    ({"tp_size": 1, "enable_async_tensor_parallel": True}, 8, None),
-    ({"tp_size": 2, "ep_size": 2}, 8, "moe-tp"),  # no MoE model in 0.7.0 registers a TP plan
-    ({"tp_size": 2, "ep_size": 2, "sequence_parallel": True}, 8, "moe-tp"),
-    ({"tp_size": 2, "ep_size": 4, "enable_async_tensor_parallel": True, "sequence_parallel": True}, 8, "moe-tp"),
-    ({"tp_size": 2, "ep_size": 2, "tp_plan": {"model.layers.*.q_proj": "colwise"}}, 8, None),
-    ({"tp_size": 1, "ep_size": 2, "sequence_parallel": True}, 8, None),
-    ({"tp_size": 2, "pp_size": 2, "pipeline": {}, "enable_async_tensor_parallel": True}, 8, "tp-async-needs-sp"),
-])
+@pytest.mark.parametrize(
+    "block,world,rule",
+    [
+        ({"tp_size": 2, "enable_async_tensor_parallel": True}, 8, "tp-async-needs-sp"),
+        ({"tp_size": 2, "enable_async_tensor_parallel": True, "sequence_parallel": True}, 8, None),
+        ({"tp_size": 1, "enable_async_tensor_parallel": True}, 8, None),
+        ({"tp_size": 2, "ep_size": 2}, 8, "moe-tp"),  # no MoE model in 0.7.0 registers a TP plan
+        ({"tp_size": 2, "ep_size": 2, "sequence_parallel": True}, 8, "moe-tp"),
+        ({"tp_size": 2, "ep_size": 4, "enable_async_tensor_parallel": True, "sequence_parallel": True}, 8, "moe-tp"),
+        ({"tp_size": 2, "ep_size": 2, "tp_plan": {"model.layers.*.q_proj": "colwise"}}, 8, None),
+        ({"tp_size": 1, "ep_size": 2, "sequence_parallel": True}, 8, None),
+        ({"tp_size": 2, "pp_size": 2, "pipeline": {}, "enable_async_tensor_parallel": True}, 8, "tp-async-needs-sp"),
+    ],
+)
 def test_parallelize_verdicts(block: dict, world: int, rule: str | None) -> None:
     ours, theirs = _check_parallelize(block, world)
     assert ours == ({rule} if rule else set()), theirs
@@ -270,8 +318,9 @@ def test_parallelize_rules_match_automodel(case: tuple[dict, int, int]) -> None:
     _check_parallelize(block, world)
 
 
-@pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS.values(), key=lambda i: i.architecture),
-                         ids=lambda i: i.architecture)
+@pytest.mark.parametrize(
+    "impl", sorted(IMPLEMENTATIONS.values(), key=lambda i: i.architecture), ids=lambda i: i.architecture
+)
 def test_implementation_table_matches_automodel(impl) -> None:
     """Which class AutoModel builds for each tabled architecture, and the tp/pp/ep/cp its validate_for_mesh accepts."""
     module, caps = oracle.implementation_of(impl.architecture)
@@ -279,41 +328,62 @@ def test_implementation_table_matches_automodel(impl) -> None:
     assert caps == {"tp": impl.tp, "pp": impl.pp, "ep": impl.ep, "cp_attn": impl.cp_attn}
 
 
-@pytest.mark.parametrize("arch,model_type", [("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"),
-                                             ("Gemma2ForCausalLM", "gemma2")])
+@pytest.mark.parametrize(
+    "arch,model_type", [("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"), ("Gemma2ForCausalLM", "gemma2")]
+)
 @pytest.mark.parametrize("tied", [True, False])
 def test_pipeline_with_tied_embeddings_matches_automodel(arch: str, model_type: str, tied: bool) -> None:
     refusal = oracle.pipeline_refusal(arch, model_type, tied=tied)
-    config = {"architectures": [arch], "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": tied}
+    config = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": tied,
+    }
     ours = validate_config({"pp_size": 2, "pipeline": {}}, world_size=2, model=config)
     assert (refusal is not None) == tied == ("pp-tied-embeddings" in {f.rule for f in ours.errors})
     if tied:
         assert "pp-tied-embeddings" in {m.rule for m in explain_error(refusal).matches}
 
 
-@pytest.mark.parametrize("arch,model_type,catalog_name", [
-    ("MixtralForCausalLM", "mixtral", "mistralai/Mixtral-8x7B-v0.1"),
-    ("LlamaForCausalLM", "llama", "meta-llama/Llama-3.1-8B"),
-    ("Gemma2ForCausalLM", "gemma2", "google/gemma-2-9b"),
-])
+@pytest.mark.parametrize(
+    "arch,model_type,catalog_name",
+    [
+        ("MixtralForCausalLM", "mixtral", "mistralai/Mixtral-8x7B-v0.1"),
+        ("LlamaForCausalLM", "llama", "meta-llama/Llama-3.1-8B"),
+        ("Gemma2ForCausalLM", "gemma2", "google/gemma-2-9b"),
+    ],
+)
 @pytest.mark.parametrize("force_hf", [False, True])
 @pytest.mark.parametrize("attn", ["te", "sdpa", "magi"])
-def test_packed_sequences_under_cp_match_automodel(arch: str, model_type: str, catalog_name: str, force_hf: bool,
-                                                   attn: str) -> None:
+def test_packed_sequences_under_cp_match_automodel(
+    arch: str, model_type: str, catalog_name: str, force_hf: bool, attn: str
+) -> None:
     refusal = oracle.packed_cp_refusal(arch, model_type, force_hf=force_hf, attn=attn, cp_size=2)
-    recipe = {"recipe": "TrainFinetuneRecipeForNextTokenPrediction",
-              "model": {"pretrained_model_name_or_path": catalog_name, "force_hf": force_hf, "attn_implementation": attn,
-                        "backend": {"attn": "te"}},
-              "packed_sequence": {"packed_sequence_size": 4096}, "distributed": {"cp_size": 2}}
+    recipe = {
+        "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+        "model": {
+            "pretrained_model_name_or_path": catalog_name,
+            "force_hf": force_hf,
+            "attn_implementation": attn,
+            "backend": {"attn": "te"},
+        },
+        "packed_sequence": {"packed_sequence_size": 4096},
+        "distributed": {"cp_size": 2},
+    }
     ours = validate_config(recipe, world_size=8)
     assert (refusal is not None) == ("model-cp-packing" in {f.rule for f in ours.errors}), (refusal, ours.errors)
     if refusal:
         assert "model-cp-packing" in {m.rule for m in explain_error(refusal).matches}
 
 
-@pytest.mark.parametrize("arch,model_type", [("Qwen3MoeForCausalLM", "qwen3_moe"), ("MixtralForCausalLM", "mixtral"),
-                                             ("DeepseekV3ForCausalLM", "deepseek_v3")])
+@pytest.mark.parametrize(
+    "arch,model_type",
+    [("Qwen3MoeForCausalLM", "qwen3_moe"), ("MixtralForCausalLM", "mixtral"), ("DeepseekV3ForCausalLM", "deepseek_v3")],
+)
 def test_hugging_face_moe_classes_cannot_take_ep(arch: str, model_type: str) -> None:
     """With model.force_hf: true AutoModel builds the transformers class: none has its MoE mixin (ep > 1 fails)."""
     import warnings
@@ -332,8 +402,10 @@ def test_hugging_face_moe_classes_cannot_take_ep(arch: str, model_type: str) -> 
 @pytest.mark.parametrize("world", [4, 1])
 def test_megatron_fsdp_activation_checkpointing_matches_automodel(ac, world: int) -> None:
     block = {"strategy": "megatron_fsdp", "activation_checkpointing": ac}
-    skipped = any("Activation checkpointing is not yet supported with MegatronFSDP" in m
-                  for m in oracle.megatron_fsdp_log(block, world))
+    skipped = any(
+        "Activation checkpointing is not yet supported with MegatronFSDP" in m
+        for m in oracle.megatron_fsdp_log(block, world)
+    )
     ours = validate_config(block, world_size=world)
     assert skipped == ("megatron-fsdp-ac-ignored" in {f.rule for f in ours.findings}), ours.findings
 
@@ -348,8 +420,16 @@ def test_megatron_fsdp_zero_dp_strategy_log_matches_automodel(zero: int) -> None
 
 @st.composite
 def tp_on_a_model(draw: st.DrawFn) -> tuple[str, str, dict, dict, int]:
-    arch, model_type = draw(st.sampled_from([("LlamaForCausalLM", "llama"), ("Qwen3ForCausalLM", "qwen3"),
-                                             ("Gemma2ForCausalLM", "gemma2"), ("MistralForCausalLM", "mistral")]))
+    arch, model_type = draw(
+        st.sampled_from(
+            [
+                ("LlamaForCausalLM", "llama"),
+                ("Qwen3ForCausalLM", "qwen3"),
+                ("Gemma2ForCausalLM", "gemma2"),
+                ("MistralForCausalLM", "mistral"),
+            ]
+        )
+    )
     heads = draw(st.sampled_from([2, 4, 6, 8, 12, 16]))
     kv = draw(st.sampled_from([d for d in (1, 2, 3, 4, 6, 8, 16) if heads % d == 0]))
     tp = draw(st.sampled_from([1, 2, 3, 4, 8]))
@@ -373,21 +453,41 @@ def test_tp_on_automodel_model_classes_matches_automodel(case: tuple[str, str, d
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
 
 
-DEEPSEEK_TINY = dict(num_attention_heads=4, num_key_value_heads=4, head_dim=None, hidden_size=64, num_experts_per_tok=2,
-                     moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, q_lora_rank=None,
-                     kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1)
+DEEPSEEK_TINY = dict(
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=None,
+    hidden_size=64,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    q_lora_rank=None,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=8,
+    v_head_dim=8,
+    n_group=1,
+    topk_group=1,
+)
 
 
 @settings(max_examples=int(__import__("os").environ.get("ORACLE_EXAMPLES", "160")) // 8, deadline=None)
-@given(st.sampled_from([4, 6, 8, 16]), st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24]))
+@given(
+    st.sampled_from([4, 6, 8, 16]), st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24])
+)
 def test_ep_on_automodel_moe_class_matches_automodel(experts: int, ep: int, world: int) -> None:
     """Expert-count, EP-mesh and expert-sharding (ep_shard must divide hidden and moe_intermediate, e.g. not 3)
     verdicts against AutoModel parallelizing its own DeepSeek-V3 class (meta device)."""
     config = {**DEEPSEEK_TINY, "n_routed_experts": experts}
     block = {"ep_size": ep}
     theirs = oracle.parallelize_model_class("DeepseekV3ForCausalLM", "deepseek_v3", config, block, world)
-    model = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
-             **{k: v for k, v in config.items() if v is not None}}
+    model = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "num_hidden_layers": 2,
+        **{k: v for k, v in config.items() if v is not None},
+    }
     errors = {f.rule for f in validate_config(block, world_size=world, model=model, torch_version=TORCH).errors}
     assert (theirs is None) == (not errors), (theirs, errors)
     if theirs:
@@ -400,8 +500,13 @@ def nemotron_h_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
     heads = draw(st.sampled_from([4, 6, 8, 12, 16]))
     groups = draw(st.sampled_from([g for g in (1, 2, 3, 4, 6, 8) if heads % g == 0]))
     pattern = draw(st.sampled_from(["M*-ME", "M-M*-", "ME*ME", "M*M*", "*-M-"]))
-    config = {**oracle.NEMOTRON_H_TINY, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern),
-              "mamba_num_heads": heads, "n_groups": groups}
+    config = {
+        **oracle.NEMOTRON_H_TINY,
+        "hybrid_override_pattern": pattern,
+        "num_hidden_layers": len(pattern),
+        "mamba_num_heads": heads,
+        "n_groups": groups,
+    }
     if "E" in pattern:
         config["n_routed_experts"] = draw(st.sampled_from([4, 6, 8]))
     tp = draw(st.sampled_from([1, 1, 1, 2]))
@@ -421,15 +526,31 @@ def nemotron_h_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
     return config, block, tp * cp * pp * dp
 
 
-GLM4_MOE_TINY = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=8, hidden_size=64, intermediate_size=96,
-                     num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1,
-                     attention_bias=True, partial_rotary_factor=0.5, n_group=1, topk_group=1)
+GLM4_MOE_TINY = dict(
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=8,
+    hidden_size=64,
+    intermediate_size=96,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    attention_bias=True,
+    partial_rotary_factor=0.5,
+    n_group=1,
+    topk_group=1,
+)
 
 
 @st.composite
 def glm4_moe_case(draw: st.DrawFn) -> tuple[dict, dict, int]:
-    config = {**GLM4_MOE_TINY, "n_routed_experts": draw(st.sampled_from([4, 6, 8])),
-              "use_qk_norm": draw(st.booleans()), "num_hidden_layers": draw(st.sampled_from([2, 3, 4]))}
+    config = {
+        **GLM4_MOE_TINY,
+        "n_routed_experts": draw(st.sampled_from([4, 6, 8])),
+        "use_qk_norm": draw(st.booleans()),
+        "num_hidden_layers": draw(st.sampled_from([2, 3, 4])),
+    }
     tp, cp, pp = (draw(st.sampled_from(v)) for v in ([1, 1, 1, 2], [1, 1, 2], [1, 1, 2]))
     block: dict = {"tp_size": tp, "cp_size": cp, "pp_size": pp}
     if pp > 1:
@@ -472,9 +593,17 @@ def test_nemotron_h_matches_automodel(case: tuple[dict, dict, int]) -> None:
         assert {m.rule for m in explain_error(theirs).matches} & errors, (theirs, errors)
 
 
-@pytest.mark.parametrize("block,world", [({}, 1), ({}, 2), ({"tp_size": 2}, 4), ({"dp_replicate_size": 2}, 4),
-                                         ({"cp_size": 2, "activation_checkpointing": True}, 4),
-                                         ({"strategy": "ddp"}, 2)])
+@pytest.mark.parametrize(
+    "block,world",
+    [
+        ({}, 1),
+        ({}, 2),
+        ({"tp_size": 2}, 4),
+        ({"dp_replicate_size": 2}, 4),
+        ({"cp_size": 2, "activation_checkpointing": True}, 4),
+        ({"strategy": "ddp"}, 2),
+    ],
+)
 def test_torch_release_verdict_matches_automodel(block: dict, world: int) -> None:
     """On the torch installed here AutoModel's FSDP2 parallelizer runs (torch < 2.15) or raises AttributeError
     (torch >= 2.15), and its DDP path runs on both: validate_config given that torch version must say the same."""
@@ -527,42 +656,71 @@ def test_examples_match_automodel(path: Path) -> None:
 # texts are read from AutoModel's code, so a drifted message fails here instead of going unexplained.
 CODE_ERRORS = [
     ("components/distributed/context_parallel/utils.py", "ValueError: CP sequence length", "cp-seq-divisibility"),
-    ("components/distributed/context_parallel/sharder.py", "ValueError: padded_seq_len must be divisible",
-     "cp-seq-divisibility"),
-    ("components/distributed/context_parallel/sharder.py", "ValueError: CP sequence length must be divisible",
-     "cp-seq-divisibility"),
-    ("recipes/llm/train_eagle3.py", "ValueError: Zig-zag context parallelism requires seq_length",
-     "cp-seq-divisibility"),
+    (
+        "components/distributed/context_parallel/sharder.py",
+        "ValueError: padded_seq_len must be divisible",
+        "cp-seq-divisibility",
+    ),
+    (
+        "components/distributed/context_parallel/sharder.py",
+        "ValueError: CP sequence length must be divisible",
+        "cp-seq-divisibility",
+    ),
+    (
+        "recipes/llm/train_eagle3.py",
+        "ValueError: Zig-zag context parallelism requires seq_length",
+        "cp-seq-divisibility",
+    ),
     ("recipes/llm/train_eagle3.py", "ValueError: Context parallelism requires seq_length", "cp-seq-divisibility"),
-    ("components/distributed/context_parallel/utils.py", "ValueError: Transformer Engine attention head counts",
-     "tp-heads"),
+    (
+        "components/distributed/context_parallel/utils.py",
+        "ValueError: Transformer Engine attention head counts",
+        "tp-heads",
+    ),
     ("components/distributed/parallelizer.py", "ValueError: num_key_value_heads (", "tp-heads"),
     ("components/distributed/parallelizer.py", "ValueError: num_attention_heads (", "tp-heads"),
     ("components/distributed/optimized_tp_plans.py", "ValueError: num_attention_heads in config", "tp-heads"),
-    ("components/distributed/optimized_tp_plans.py", "ValueError: layer 8: num_key_value_heads in config",
-     "tp-heads"),
+    ("components/distributed/optimized_tp_plans.py", "ValueError: layer 8: num_key_value_heads in config", "tp-heads"),
     ("components/moe/mok_experts.py", "ValueError: MoK requires n_routed_experts", "ep-experts"),
-    ("components/distributed/parallelizer.py", "ValueError: Hugging Face TP plan is not supported",
-     "model-capability"),
-    ("components/distributed/parallelizer.py", "ValueError: No tensor-parallel plan is registered",
-     "model-capability"),
-    ("components/distributed/pipelining/autopipeline.py", "ValueError: local_batch_size must be divisible",
-     "pp-batch-divisibility"),
+    ("components/distributed/parallelizer.py", "ValueError: Hugging Face TP plan is not supported", "model-capability"),
+    ("components/distributed/parallelizer.py", "ValueError: No tensor-parallel plan is registered", "model-capability"),
+    (
+        "components/distributed/pipelining/autopipeline.py",
+        "ValueError: local_batch_size must be divisible",
+        "pp-batch-divisibility",
+    ),
     ("components/training/step_scheduler.py", "ValueError: global_batch_size (", "global-batch-divisibility"),
-    ("components/distributed/megatron_fsdp.py", "ImportError: MegatronFSDP is not installed",
-     "runtime-missing-package"),
-    ("components/distributed/parallelizer.py", "RuntimeError: unsupported Megatron-FSDP fully_shard API",
-     "runtime-missing-package"),
-    ("components/distributed/parallelizer.py", "RuntimeError: cannot determine the installed Megatron-FSDP",
-     "runtime-missing-package"),
-    ("components/distributed/context_parallel/utils.py", "ImportError: Transformer Engine attention is required",
-     "runtime-missing-package"),
-    ("components/distributed/context_parallel/magi.py", "RuntimeError: The 'magi' attention backend is configured",
-     "runtime-missing-package"),
+    (
+        "components/distributed/megatron_fsdp.py",
+        "ImportError: MegatronFSDP is not installed",
+        "runtime-missing-package",
+    ),
+    (
+        "components/distributed/parallelizer.py",
+        "RuntimeError: unsupported Megatron-FSDP fully_shard API",
+        "runtime-missing-package",
+    ),
+    (
+        "components/distributed/parallelizer.py",
+        "RuntimeError: cannot determine the installed Megatron-FSDP",
+        "runtime-missing-package",
+    ),
+    (
+        "components/distributed/context_parallel/utils.py",
+        "ImportError: Transformer Engine attention is required",
+        "runtime-missing-package",
+    ),
+    (
+        "components/distributed/context_parallel/magi.py",
+        "RuntimeError: The 'magi' attention backend is configured",
+        "runtime-missing-package",
+    ),
 ]
 
 
-@pytest.mark.parametrize("relpath, start, rule", CODE_ERRORS, ids=[f"{r}-{i}" for i, (_, _, r) in enumerate(CODE_ERRORS)])
+@pytest.mark.parametrize(
+    "relpath, start, rule", CODE_ERRORS, ids=[f"{r}-{i}" for i, (_, _, r) in enumerate(CODE_ERRORS)]
+)
 def test_error_texts_in_automodel_code_are_explained(relpath: str, start: str, rule: str) -> None:
     texts = [t for t in oracle.raised_messages(relpath) if t.startswith(start)]
     assert texts, f"AutoModel 0.7.0's {relpath} raises no '{start}...'"

@@ -54,9 +54,16 @@ def test_override_replaces_the_value_and_its_line():
 
 
 def test_new_keys_intermediate_mappings_and_value_semantics():
-    r = validate_config(RECIPE, world_size=8, overrides=[
-        "distributed.pp_size=2", "distributed.pipeline.pp_microbatch_size='4'", "distributed.cp_size=none",
-        "model.extra.items=[1, '2']"])
+    r = validate_config(
+        RECIPE,
+        world_size=8,
+        overrides=[
+            "distributed.pp_size=2",
+            "distributed.pipeline.pp_microbatch_size='4'",
+            "distributed.cp_size=none",
+            "model.extra.items=[1, '2']",
+        ],
+    )
     assert r.valid, [f.message for f in r.errors]
     assert (r.resolved.pp, r.resolved.cp, r.resolved.pp_microbatch_size) == (2, 1, 4)  # '4' -> '4' -> 4, as _wrap
     msgs = [f.message for f in _by_rule(r, "override-applied")]
@@ -75,8 +82,11 @@ def test_a_non_mapping_on_the_way_becomes_a_mapping():
 def test_a_later_override_wins_and_the_callers_mapping_is_untouched():
     block = {"distributed": {"tp_size": 2, "pipeline": {"pp_schedule": "1f1b"}}}
     before = copy.deepcopy(block)
-    r = validate_config(block, world_size=8, overrides=["distributed.tp_size=8", "distributed.tp_size=4",
-                                                        "distributed.pipeline.pp_schedule=gpipe"])
+    r = validate_config(
+        block,
+        world_size=8,
+        overrides=["distributed.tp_size=8", "distributed.tp_size=4", "distributed.pipeline.pp_schedule=gpipe"],
+    )
     assert r.resolved.tp == 4 and block == before
 
 
@@ -85,7 +95,8 @@ def test_malformed_overrides_are_findings_and_the_rest_still_apply():
     bad = _by_rule(r, "override-invalid")
     assert [f.message for f in bad] == [
         "override 'distributed.tp_size' has no '=' (AutoModel fails splitting it: 'not enough values to unpack')",
-        "override 7 is a int, not a 'dotted.key=value' string"]
+        "override 7 is a int, not a 'dotted.key=value' string",
+    ]
     assert all(f.severity == "error" and f.path == "<overrides>" for f in bad)
     assert r.resolved.cp == 2 and not r.valid
     assert _by_rule(validate_config(RECIPE, overrides="distributed.tp_size=2"), "override-invalid")
@@ -95,7 +106,8 @@ def test_bare_block_takes_distributed_keys_only():
     r = validate_config("tp_size: 2\n", world_size=8, overrides=["distributed.tp_size=4", "dataset.seq_len=3"])
     assert r.resolved.tp == 4
     assert [f.message for f in _by_rule(r, "override-invalid")] == [
-        "override 'dataset.seq_len=3' is outside the distributed: block, and the config is a bare block"]
+        "override 'dataset.seq_len=3' is outside the distributed: block, and the config is a bare block"
+    ]
     assert _by_rule(r, "override-applied")[0].path == "tp_size"
 
 
@@ -124,16 +136,40 @@ def test_launch_forms():
     assert (a.config, a.nproc_per_node) == ("r.yaml", None)  # a recipe script has no --nproc-per-node option
     assert a.overrides == ["distributed.tp_size=2", "nproc-per-node=8"]
     assert parse_launch_args(["--nproc_per_node=2", "r.yaml", "--a.b", "-1"]).overrides == ["a.b=-1"]
-    for bad in (["r.yaml", "--nproc-per-node", "x"], ["r.yaml", "--nproc-per-node"], ["-c"],
-                ["r.yaml", "--nproc-per-node", "0"]):
+    for bad in (
+        ["r.yaml", "--nproc-per-node", "x"],
+        ["r.yaml", "--nproc-per-node"],
+        ["-c"],
+        ["r.yaml", "--nproc-per-node", "0"],
+    ):
         with pytest.raises(ValueError):
             parse_launch_args(bad)
 
 
-_TOKENS = st.sampled_from([
-    "--distributed.tp_size", "--distributed.tp_size=4", "4", "none", "--distributed.sequence_parallel",
-    "--nproc-per-node", "--nproc_per_node=2", "8", "--a.b=c=d", "stray", "-1", "--x.y", "[1, 2]", "--nproc-",
-    "--nproc", "--step_scheduler.local_batch_size", "--", "-c", "--config", "other.yaml"])
+_TOKENS = st.sampled_from(
+    [
+        "--distributed.tp_size",
+        "--distributed.tp_size=4",
+        "4",
+        "none",
+        "--distributed.sequence_parallel",
+        "--nproc-per-node",
+        "--nproc_per_node=2",
+        "8",
+        "--a.b=c=d",
+        "stray",
+        "-1",
+        "--x.y",
+        "[1, 2]",
+        "--nproc-",
+        "--nproc",
+        "--step_scheduler.local_batch_size",
+        "--",
+        "-c",
+        "--config",
+        "other.yaml",
+    ]
+)
 
 
 @needs_oracle
@@ -152,6 +188,7 @@ def test_launch_args_are_read_as_automodel_reads_them(tokens, script):
         else:
             import contextlib
             import io
+
             with contextlib.redirect_stderr(io.StringIO()):
                 ns, extra = build_parser().parse_known_args(argv)
             theirs = (*parse_cli_argv(str(ns.config), argv=extra), ns.nproc_per_node)
@@ -219,8 +256,11 @@ def test_overrides_match_automodel(tmp_path_factory, case):
     assert (not errors - MID_RUN) == o.ok, f"AutoModel: {o.error}; ours: {errors}"
     if ours.valid:
         mesh = build_mesh(path, world_size=world, ranks=[0, world - 1], overrides=overrides)
-        assert (mesh.device_mesh.dim_names, mesh.device_mesh.shape) == tuple(o.device_mesh) if mesh.device_mesh \
+        assert (
+            (mesh.device_mesh.dim_names, mesh.device_mesh.shape) == tuple(o.device_mesh)
+            if mesh.device_mesh
             else o.device_mesh is None
+        )
         assert mesh.rank_groups["0"] == o.ranks[0].groups
 
 
@@ -240,17 +280,37 @@ def test_cli_reads_the_launch_command_after_double_dash(recipe, capsys):
     assert main(["validate", "--json", "--", str(recipe), "--nproc-per-node", "4", "--distributed.tp_size=4"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report == validate_config(recipe, world_size=4, overrides=["distributed.tp_size=4"]).model_dump(mode="json")
-    assert main(["validate", "--world-size", "16", "--json", "--", "-c", str(recipe), "--distributed.tp_size",
-                 "4"]) == 0  # the recipe-script form
+    assert (
+        main(["validate", "--world-size", "16", "--json", "--", "-c", str(recipe), "--distributed.tp_size", "4"]) == 0
+    )  # the recipe-script form
     assert json.loads(capsys.readouterr().out)["resolved"]["dp"] == 4
 
 
 def test_cli_mesh_and_estimate_take_the_launch_command(recipe, capsys):
-    assert main(["mesh", str(recipe), "--rank", "0", "--json", "--", "--nproc-per-node", "4",
-                 "--distributed.tp_size=4"]) == 0
+    assert (
+        main(["mesh", str(recipe), "--rank", "0", "--json", "--", "--nproc-per-node", "4", "--distributed.tp_size=4"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["rank_groups"]["0"]["tp"] == [0, 1, 2, 3]
-    assert main(["estimate", "--model", "meta-llama/Llama-3.1-8B", "--micro-batch-size", "1", "--json", "--", str(recipe),
-                 "--nproc-per-node", "8", "--distributed.tp_size", "4"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--micro-batch-size",
+                "1",
+                "--json",
+                "--",
+                str(recipe),
+                "--nproc-per-node",
+                "8",
+                "--distributed.tp_size",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["layout"]["tp"] == 4
 
 
@@ -273,24 +333,62 @@ def test_mcp_tools_take_overrides():
     res = call("validate_config", {"config_yaml": RECIPE, "world_size": 8, "overrides": ["distributed.tp_size=3"]})
     data = res.structured_content
     assert data["valid"] is False and data["resolved"]["tp"] == 3
-    res = call("build_mesh", {"config_yaml": RECIPE, "world_size": 8, "ranks": [0],
-                              "overrides": ["distributed.tp_size=8"]})
+    res = call(
+        "build_mesh", {"config_yaml": RECIPE, "world_size": 8, "ranks": [0], "overrides": ["distributed.tp_size=8"]}
+    )
     assert res.structured_content["mesh"]["rank_groups"]["0"]["tp"] == list(range(8))
-    res = call("estimate_memory", {"config_yaml": RECIPE, "model": "meta-llama/Llama-3.1-8B", "world_size": 8,
-                                   "overrides": ["distributed.tp_size=3"]})
+    res = call(
+        "estimate_memory",
+        {
+            "config_yaml": RECIPE,
+            "model": "meta-llama/Llama-3.1-8B",
+            "world_size": 8,
+            "overrides": ["distributed.tp_size=3"],
+        },
+    )
     assert res.structured_content["valid"] is False
 
 
 _VALUE_TEXT = st.one_of(
     st.text(alphabet="0123456789-+.eE_xob'\"[](){}:, aNnoeTrufls", max_size=12),
-    st.sampled_from(["1_000", "0x10", "1e3", "(1,)", "{1, 2}", "b'x'", "-0", " 5", "5 ", "None", "nan", "[1, 'a']",
-                     "{'a': {'b': '2'}}", "'none'", "\"'3'\"", "inf", "1j", "--x"]))
+    st.sampled_from(
+        [
+            "1_000",
+            "0x10",
+            "1e3",
+            "(1,)",
+            "{1, 2}",
+            "b'x'",
+            "-0",
+            " 5",
+            "5 ",
+            "None",
+            "nan",
+            "[1, 'a']",
+            "{'a': {'b': '2'}}",
+            "'none'",
+            "\"'3'\"",
+            "inf",
+            "1j",
+            "--x",
+        ]
+    ),
+)
 
 
 @needs_oracle
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.sampled_from(["distributed", "pipeline", "tp_size", "a", "b", "0", "x_y"]),
-                                   min_size=1, max_size=3), _VALUE_TEXT), max_size=4))
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from(["distributed", "pipeline", "tp_size", "a", "b", "0", "x_y"]), min_size=1, max_size=3
+            ),
+            _VALUE_TEXT,
+        ),
+        max_size=4,
+    )
+)
 def test_any_override_reads_as_automodel_reads_it(tmp_path_factory, items):
     """Arbitrary keys and value texts (no _target_/*_fn, which AutoModel imports, and no $VAR, which it reads from
     this process's environment): the recipe we check equals the ConfigNode AutoModel builds."""
@@ -315,9 +413,18 @@ def test_smoke_plan_applies_overrides_then_layout_keywords(monkeypatch):
     from automodel_dist.smoke import launch
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")
-    plan = launch.make_plan(RECIPE, world_size=4, steps=2, model="tiny-llama", backend=None, precision="fp32",
-                            fault=None, pg_timeout_s=30, layout={"tp": 2},
-                            overrides=["distributed.tp_size=4", "distributed.pp_size=2"])
+    plan = launch.make_plan(
+        RECIPE,
+        world_size=4,
+        steps=2,
+        model="tiny-llama",
+        backend=None,
+        precision="fp32",
+        fault=None,
+        pg_timeout_s=30,
+        layout={"tp": 2},
+        overrides=["distributed.tp_size=4", "distributed.pp_size=2"],
+    )
     assert isinstance(plan, launch.Plan), plan.reason
     assert (plan.report_base["layout"].tp, plan.report_base["layout"].pp) == (2, 2)  # the keyword wins over --tp 4
     assert plan.spec.pipeline.schedule == "1F1B"  # the recipe's pipeline: block, kept
@@ -333,7 +440,9 @@ def test_smoke_refuses_a_launch_command_automodel_would_refuse():
 
 
 def test_cli_smoke_runs_the_launch_command(recipe, capsys):
-    assert main(["smoke", "--quiet", "--json", "--", str(recipe), "--nproc-per-node", "2",
-                 "--distributed.tp_size", "2"]) == 0
+    assert (
+        main(["smoke", "--quiet", "--json", "--", str(recipe), "--nproc-per-node", "2", "--distributed.tp_size", "2"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["world_size"] == 2 and report["layout"]["tp"] == 2

@@ -37,8 +37,9 @@ def _plain(value):
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     if hasattr(value, "param_dtype"):  # MixedPrecisionPolicy
-        return {k: _plain(getattr(value, k)) for k in ("param_dtype", "reduce_dtype", "output_dtype",
-                                                        "cast_forward_inputs")}
+        return {
+            k: _plain(getattr(value, k)) for k in ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+        }
     return value
 
 
@@ -115,8 +116,25 @@ def test_dtype_names_match_automodel():
     import torch
     from nemo_automodel.shared.utils import dtype_from_str
 
-    for spelling in ["bf16", "BF16", "bfloat16", "torch.bfloat16", "float", "float32", "half", "fp16", "fp8",
-                     "float64", "double", "int", "long", "bool", "torch.float16", "Float32", "nonsense"]:
+    for spelling in [
+        "bf16",
+        "BF16",
+        "bfloat16",
+        "torch.bfloat16",
+        "float",
+        "float32",
+        "half",
+        "fp16",
+        "fp8",
+        "float64",
+        "double",
+        "int",
+        "long",
+        "bool",
+        "torch.float16",
+        "Float32",
+        "nonsense",
+    ]:
         try:
             theirs = str(dtype_from_str(spelling)).removeprefix("torch.")
         except KeyError:

@@ -30,14 +30,21 @@ INSTALLED = {  # where skills 1.5.16 puts the skill for each agent (Codex, Curso
     "github-copilot": Path(".agents/skills") / NAME,
 }
 
-pytestmark = [pytest.mark.node,
-              pytest.mark.skipif(shutil.which("npx") is None, reason="Node.js (npx) is not installed")]
+pytestmark = [
+    pytest.mark.node,
+    pytest.mark.skipif(shutil.which("npx") is None, reason="Node.js (npx) is not installed"),
+]
 
 
 def _export(dest: Path) -> Path:
     """A clean copy of the checkout: what `git clone` of this working tree would contain."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = ROOT / rel
         if src.is_file():
@@ -56,8 +63,14 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
     project = tmp_path / "project"
     project.mkdir()
     env = dict(os.environ, npm_config_loglevel="error", DISABLE_TELEMETRY="1", DO_NOT_TRACK="1")
-    proc = subprocess.run([*SKILLS, str(source), "--agent", agent, "-y"], cwd=project, capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run(
+        [*SKILLS, str(source), "--agent", agent, "-y"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     skill = project / INSTALLED[agent]
 
@@ -65,22 +78,44 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
     text = (skill / "SKILL.md").read_text(encoding="utf-8")
     meta = yaml.safe_load(text.split("---\n")[1])
     assert meta["name"] == NAME and meta["license"] == "Apache-2.0"
-    for ref in ("references/config-reference.md", "references/troubleshooting.md", "skill-card.md",
-                "evals/evals.json", "scripts/validate.py", "pyproject.toml", "server/automodel_dist/mcp_server.py"):
+    for ref in (
+        "references/config-reference.md",
+        "references/troubleshooting.md",
+        "skill-card.md",
+        "evals/evals.json",
+        "scripts/validate.py",
+        "pyproject.toml",
+        "server/automodel_dist/mcp_server.py",
+    ):
         assert (skill / ref).is_file(), ref
     assert not (skill / ".git").exists()
 
     # the installed scripts run (package installed in this Python) ...
     example = skill / "tests/examples/llama3_1_8b_hellaswag_pp.yaml"
-    run = subprocess.run([sys.executable, str(skill / "scripts/validate.py"), str(example), "--json"],
-                         capture_output=True, text=True, timeout=120, cwd=project)
+    run = subprocess.run(
+        [sys.executable, str(skill / "scripts/validate.py"), str(example), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=project,
+    )
     assert run.returncode == 0 and json.loads(run.stdout)["valid"], run.stdout + run.stderr
-    mesh = subprocess.run([sys.executable, str(skill / "scripts/mesh.py"), str(example), "--world-size", "8",
-                           "--rank", "3"], capture_output=True, text=True, timeout=120, cwd=project)
+    mesh = subprocess.run(
+        [sys.executable, str(skill / "scripts/mesh.py"), str(example), "--world-size", "8", "--rank", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=project,
+    )
     assert mesh.returncode == 0 and "device_mesh" in mesh.stdout, mesh.stderr
     # ... and without it they name the installed folder to pip install
-    bare = subprocess.run([sys.executable, "-I", "-S", str(skill / "scripts/suggest.py"), "--help"],
-                          capture_output=True, text=True, timeout=60, cwd=project)
+    bare = subprocess.run(
+        [sys.executable, "-I", "-S", str(skill / "scripts/suggest.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+    )
     assert bare.returncode == 2 and str(skill) in bare.stderr, bare.stderr
 
     # the installed copy of the MCP server itself starts and answers (its own code, not this checkout's),
@@ -89,8 +124,12 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
 
     async def main() -> tuple[list[str], bool]:
         server = f'exec "{sys.executable}" -m automodel_dist.serve 2>"{errlog}"'
-        params = StdioServerParameters(command="/bin/sh", args=["-c", server],
-                                       env={**os.environ, "PYTHONPATH": str(skill / "server")}, cwd=str(project))
+        params = StdioServerParameters(
+            command="/bin/sh",
+            args=["-c", server],
+            env={**os.environ, "PYTHONPATH": str(skill / "server")},
+            cwd=str(project),
+        )
         async with Client(params) as client:
             tools = [t.name for t in (await client.list_tools()).tools]
             r = await client.call_tool("validate_config", {"config_path": str(example), "world_size": 8})
@@ -101,7 +140,12 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
     assert "fast start off" not in errlog.read_text()  # the installed recording was used
     assert {"validate_config", "build_mesh", "suggest_strategy", "run_smoke_test"} <= set(tools)
     assert valid
-    which = subprocess.run([sys.executable, "-c", "import automodel_dist; print(automodel_dist.__file__)"],
-                           env={**os.environ, "PYTHONPATH": str(skill / "server")}, capture_output=True, text=True,
-                           timeout=60, cwd=project)
+    which = subprocess.run(
+        [sys.executable, "-c", "import automodel_dist; print(automodel_dist.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(skill / "server")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+    )
     assert which.stdout.strip().startswith(str(skill)), which.stdout

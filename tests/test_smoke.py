@@ -23,8 +23,11 @@ FP32 = {"precision": "fp32"}
 def survivors() -> list[str]:
     """Processes left by smoke runs (elastic agent, torchrun, ranks)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines()
-            if ("automodel_dist.smoke" in line or "torch.distributed.run" in line) and "ps -eo" not in line]
+    return [
+        line
+        for line in out.splitlines()
+        if ("automodel_dist.smoke" in line or "torch.distributed.run" in line) and "ps -eo" not in line
+    ]
 
 
 def leftover_dirs() -> list[str]:
@@ -88,8 +91,12 @@ SLOW_LAYOUTS = [
     pytest.param(dict(dp_replicate=2, cp=2), 8, FP32, id="hsdp-cp"),
     pytest.param(dict(ep=2), 2, dict(FP32, model="tiny-moe"), id="ep"),
     # TP with EP needs a tp_plan in AutoModel (moe-tp); the smoke runner applies its own plan to the tiny model
-    pytest.param(dict(ep=2, tp=2), 4, dict(FP32, model="tiny-moe", config={"distributed": {"tp_plan": "plans.moe_tp"}}),
-                 id="ep-tp"),
+    pytest.param(
+        dict(ep=2, tp=2),
+        4,
+        dict(FP32, model="tiny-moe", config={"distributed": {"tp_plan": "plans.moe_tp"}}),
+        id="ep-tp",
+    ),
     pytest.param(dict(pp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="pp-ep"),
     pytest.param(dict(cp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="cp-ep"),
     pytest.param(dict(cp=2, pp=2), 4, FP32, id="cp-pp"),
@@ -117,8 +124,9 @@ def test_more_layouts_match_one_process(overrides, world, kwargs):
         from torch.distributed.pipelining import PipelineStage, schedules
 
         # torch < 2.13 warms up by sending rank -> itself (2.13-2.14 vote instead; 2.15 has no such warm-up)
-        legacy_warmup = (hasattr(PipelineStage, "_get_init_p2p_neighbors_ops")
-                         and not hasattr(schedules.PipelineScheduleMulti, "_warmup_p2p"))
+        legacy_warmup = hasattr(PipelineStage, "_get_init_p2p_neighbors_ops") and not hasattr(
+            schedules.PipelineScheduleMulti, "_warmup_p2p"
+        )
         assert any("gloo cannot send to its own rank" in n for n in report.notes) == legacy_warmup, report.notes
 
 
@@ -147,8 +155,10 @@ def test_pipeline_warmup_self_pairs_are_dropped_under_gloo():
 
     from automodel_dist.smoke.worker import _skip_self_p2p_warmup
 
-    ops = [SimpleNamespace(group_peer=p, name=n) for p, n in ((0, "recv-prev"), (1, "send-next"), (1, "recv-next"),
-                                                              (0, "send-prev"))]
+    ops = [
+        SimpleNamespace(group_peer=p, name=n)
+        for p, n in ((0, "recv-prev"), (1, "send-next"), (1, "recv-next"), (0, "send-prev"))
+    ]
     stage = SimpleNamespace(group_rank=1, _get_init_p2p_neighbors_ops=lambda: list(ops))
     notes: list[str] = []
     _skip_self_p2p_warmup(stage, notes)
@@ -168,10 +178,21 @@ def test_tp_plan_is_noted_not_applied(monkeypatch):
     from automodel_dist.smoke.launch import make_plan
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")  # no torch-release note, whatever is here
-    plan = make_plan({"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}}, world_size=4, steps=2,
-                     model="tiny-moe", backend=None, precision="fp32", fault=None, pg_timeout_s=30, layout={})
-    assert plan.report_base["notes"] == ["tp_plan is not applied: the smoke runner shards its tiny model with its own "
-                                         "TP plan (attention and MLP projections; routed experts stay EP-owned)"]
+    plan = make_plan(
+        {"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}},
+        world_size=4,
+        steps=2,
+        model="tiny-moe",
+        backend=None,
+        precision="fp32",
+        fault=None,
+        pg_timeout_s=30,
+        layout={},
+    )
+    assert plan.report_base["notes"] == [
+        "tp_plan is not applied: the smoke runner shards its tiny model with its own "
+        "TP plan (attention and MLP projections; routed experts stay EP-owned)"
+    ]
 
 
 def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch):
@@ -181,16 +202,36 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
     from automodel_dist.smoke.report import SmokeReport
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.15.0+cu132")
-    plan = launch.make_plan({"distributed": {"tp_size": 2}}, world_size=4, steps=2, model="tiny-llama", backend=None,
-                            precision="fp32", fault=None, pg_timeout_s=30, layout={})
+    plan = launch.make_plan(
+        {"distributed": {"tp_size": 2}},
+        world_size=4,
+        steps=2,
+        model="tiny-llama",
+        backend=None,
+        precision="fp32",
+        fault=None,
+        pg_timeout_s=30,
+        layout={},
+    )
     assert isinstance(plan, launch.Plan) and not plan.findings
     [note] = plan.report_base["notes"]
     assert note.startswith("torch 2.15.0+cu132 with strategy fsdp2 on 4 ranks: AutoModel 0.7.0's FSDP2 parallelizer")
-    assert note.endswith("(that is the torch installed here: this smoke run shards with torch's own fully_shard, "
-                         "so it can pass where AutoModel 0.7.0 would fail)")
+    assert note.endswith(
+        "(that is the torch installed here: this smoke run shards with torch's own fully_shard, "
+        "so it can pass where AutoModel 0.7.0 would fail)"
+    )
     assert f"note: {note}" in render.smoke_text(SmokeReport(passed=True, status="passed", **plan.report_base))
-    ddp_plan = launch.make_plan({"distributed": {"strategy": "ddp"}}, world_size=2, steps=2, model="tiny-llama",
-                               backend=None, precision="fp32", fault=None, pg_timeout_s=30, layout={})
+    ddp_plan = launch.make_plan(
+        {"distributed": {"strategy": "ddp"}},
+        world_size=2,
+        steps=2,
+        model="tiny-llama",
+        backend=None,
+        precision="fp32",
+        fault=None,
+        pg_timeout_s=30,
+        layout={},
+    )
     assert isinstance(ddp_plan, launch.Plan) and ddp_plan.report_base["notes"] == []  # ddp does not touch FSDP
 
 
@@ -227,8 +268,7 @@ def run_exported(exported, nproc: int | None = None) -> subprocess.CompletedProc
     command = exported.command.replace("torchrun", f"{sys.executable} -m torch.distributed.run", 1)
     if nproc is not None:
         command = command.replace(f"--nproc-per-node {exported.world_size}", f"--nproc-per-node {nproc}")
-    return subprocess.run(["bash", "-c", command], cwd=exported.directory, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(["bash", "-c", command], cwd=exported.directory, capture_output=True, text=True, timeout=300)
 
 
 def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
@@ -244,9 +284,10 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
 
     local = run_smoke_test(world_size=2, tp=2, precision="fp32")  # its reproduce line gives a working export
     assert_passed(local)
-    assert (f"reproduce: add `--export DIR --world-size 2` to this command (it prints the torchrun/srun lines for a "
-            f"cluster too), run `{exported.command}` in DIR, then `automodel-dist smoke --judge DIR`"
-            ) in smoke_text(local)
+    assert (
+        f"reproduce: add `--export DIR --world-size 2` to this command (it prints the torchrun/srun lines for a "
+        f"cluster too), run `{exported.command}` in DIR, then `automodel-dist smoke --judge DIR`"
+    ) in smoke_text(local)
     assert "--nnodes $SLURM_NNODES" in exported.srun_command
     done = run_exported(exported)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -254,8 +295,12 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     assert_passed(report.model_copy(update={"command": "OMP_NUM_THREADS=1 torchrun --standalone"}))
     assert report.launcher == "external" and report.world_size == 2 and report.layout.tp == 2
     assert report.ranks[1].groups["tp"] == [0, 1] and report.timing.launch_s is None
-    cli = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--judge", str(out), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "automodel_dist.cli", "smoke", "--judge", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 0 and json.loads(cli.stdout)["passed"], cli.stderr
     good = (out / "rank0.json").read_text()
     (out / "rank0.json").write_text(json.dumps(dict(json.loads(good), losses=None)))
@@ -291,13 +336,32 @@ def test_a_failed_cluster_run_is_judged_with_the_known_cause(tmp_path):
 
     exported = export_smoke_test(None, tmp_path, world_size=2, tp=2)
     spec_id = json.loads(Path(exported.spec_file).read_text())["spec_id"]
-    nccl = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
-            "(run with NCCL_DEBUG=INFO for details)")
-    for rank, error, t in ((0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out "
-                               "waiting 60000ms for recv operation to complete", 20.0), (1, nccl, 10.0)):
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
-            "rank": rank, "error": error, "traceback": ["Traceback (most recent call last):", error],
-            "t_start": 1.0, "t_error": t, "where": {"phase": "init"}, "spec_id": spec_id}))
+    nccl = (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+        "(run with NCCL_DEBUG=INFO for details)"
+    )
+    for rank, error, t in (
+        (
+            0,
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out "
+            "waiting 60000ms for recv operation to complete",
+            20.0,
+        ),
+        (1, nccl, 10.0),
+    ):
+        (tmp_path / f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "error": error,
+                    "traceback": ["Traceback (most recent call last):", error],
+                    "t_start": 1.0,
+                    "t_error": t,
+                    "where": {"phase": "init"},
+                    "spec_id": spec_id,
+                }
+            )
+        )
     report = judge_smoke_test(tmp_path)
     assert not report.passed and report.reason.startswith("rank 1 failed: torch.distributed.DistBackendError")
     assert [e.rule for e in report.explanations][:1] == ["runtime-nccl-system"]
@@ -385,8 +449,14 @@ def test_rank_stuck_in_teardown_after_publishing_does_not_hold_the_result(monkey
     grace = 4.0  # the default (20 s) only makes the test slower
     monkeypatch.setattr(launch, "TEARDOWN_GRACE_S", grace)
     t = time.time()
-    report = run_smoke_test({"distributed": {"strategy": "ddp"}}, world_size=2, precision="fp32",
-                            fault="stall@1:0", pg_timeout_s=120, timeout_s=120)
+    report = run_smoke_test(
+        {"distributed": {"strategy": "ddp"}},
+        world_size=2,
+        precision="fp32",
+        fault="stall@1:0",
+        pg_timeout_s=120,
+        timeout_s=120,
+    )
     assert report.passed, report.reason
     assert any("had not exited" in n for n in report.notes)
     assert time.time() - t < grace + 45
@@ -418,10 +488,26 @@ def test_cancel_event_stops_the_run():
 def test_signal_to_the_parent_reaps_every_rank(sig, code, name):
     # A shell starts background jobs with SIGINT ignored, and a Python started so never raises KeyboardInterrupt:
     # give the CLI the default disposition, as a terminal's foreground job has it.
-    proc = subprocess.Popen([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--steps",
-                             "60", "--precision", "fp32", "--fault", "hang@1:2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "automodel_dist.cli",
+            "smoke",
+            "--world-size",
+            "2",
+            "--steps",
+            "60",
+            "--precision",
+            "fp32",
+            "--fault",
+            "hang@1:2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     for line in proc.stderr:  # wait until the ranks are training
         if line.startswith("step"):
             break
@@ -441,8 +527,17 @@ def test_not_run_and_invalid_cases_never_pass():
     assert big.status == "not_run" and "CPU limit" in big.reason and "--export DIR" in big.reason
 
 
-@pytest.mark.parametrize("kwargs", [dict(steps=0), dict(model="gpt5"), dict(fault="explode@1:1"),
-                                    dict(fault="crash@9:0"), dict(precision="fp8"), dict(launcher="mpirun")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(steps=0),
+        dict(model="gpt5"),
+        dict(fault="explode@1:1"),
+        dict(fault="crash@9:0"),
+        dict(precision="fp8"),
+        dict(launcher="mpirun"),
+    ],
+)
 def test_usage_errors(kwargs):
     with pytest.raises(SmokeUsageError):
         run_smoke_test(world_size=2, **kwargs)
@@ -450,12 +545,31 @@ def test_usage_errors(kwargs):
 
 def test_cli_smoke_json_and_exit_codes(tmp_path):
     """Exit codes 2 (usage) and 1 (failed run); a passing `--json` run (0) is the README's, checked in test_docs."""
-    bad = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2",
-                          "--fault", "oops"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2", "--fault", "oops"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--fault must look like" in bad.stderr
-    failed = subprocess.run([sys.executable, "-m", "automodel_dist.cli", "smoke", "--world-size", "2",
-                             "--precision", "fp32", "--fault", "crash@0:0", "--quiet"],
-                            capture_output=True, text=True, timeout=300)
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "automodel_dist.cli",
+            "smoke",
+            "--world-size",
+            "2",
+            "--precision",
+            "fp32",
+            "--fault",
+            "crash@0:0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode == 1 and "FAILED: rank 0 failed" in failed.stdout
     assert os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16") == "16"
 
@@ -508,8 +622,10 @@ def test_two_runs_at_once_do_not_interfere():
     def go(name, **kw):
         reports[name] = run_smoke_test(world_size=2, steps=2, precision="fp32", **kw)
 
-    threads = [threading.Thread(target=go, args=("tp",), kwargs={"tp": 2}),
-               threading.Thread(target=go, args=("ddp",), kwargs={"strategy": "ddp"})]
+    threads = [
+        threading.Thread(target=go, args=("tp",), kwargs={"tp": 2}),
+        threading.Thread(target=go, args=("ddp",), kwargs={"strategy": "ddp"}),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -530,8 +646,11 @@ def test_concurrency_limit_refuses_a_run_beyond_it(monkeypatch):
         if phase == "step":
             started.set()
 
-    first = threading.Thread(target=lambda: box.setdefault("r", run_smoke_test(
-        world_size=2, steps=100, precision="fp32", progress=progress, cancel=cancel)))
+    first = threading.Thread(
+        target=lambda: box.setdefault(
+            "r", run_smoke_test(world_size=2, steps=100, precision="fp32", progress=progress, cancel=cancel)
+        )
+    )
     first.start()
     assert started.wait(120)
     refused = run_smoke_test(world_size=2, precision="fp32")
@@ -571,10 +690,30 @@ def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
     from automodel_dist.smoke.launch import make_plan
 
     def plan(model, precision, **layout):
-        keys = dict.fromkeys(("strategy", "tp", "pp", "cp", "ep", "dp_replicate", "pp_schedule",
-                              "sequence_parallel", "activation_checkpointing"))
-        p = make_plan({}, world_size=4, steps=1, model=model, backend=None, precision=precision, fault=None,
-                      pg_timeout_s=30, layout={**keys, **layout})
+        keys = dict.fromkeys(
+            (
+                "strategy",
+                "tp",
+                "pp",
+                "cp",
+                "ep",
+                "dp_replicate",
+                "pp_schedule",
+                "sequence_parallel",
+                "activation_checkpointing",
+            )
+        )
+        p = make_plan(
+            {},
+            world_size=4,
+            steps=1,
+            model=model,
+            backend=None,
+            precision=precision,
+            fault=None,
+            pg_timeout_s=30,
+            layout={**keys, **layout},
+        )
         return p.spec.precision, " ".join(p.report_base["notes"])
 
     prec, notes = plan("tiny-moe", "auto", cp=2, ep=2)

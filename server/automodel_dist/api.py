@@ -35,17 +35,52 @@ MAX_WORLD_SIZE = 1 << 24  # 16.7M ranks: far beyond any cluster, small enough fo
 MAX_GPUS_PER_NODE = 1024  # NVL72 racks have 72, NVL576 576: a "node" is at most one NVLink domain
 DEFAULT_RANKS_LIMIT = 64  # build_mesh lists every rank's groups up to this world size, else rank 0
 
-_RECIPE_SECTIONS = frozenset({
-    "recipe", "step_scheduler", "dist_env", "rng", "model", "checkpoint", "loss_fn", "dataset", "dataloader",
-    "validation_dataset", "validation_dataloader", "optimizer", "lr_scheduler", "ci", "packed_sequence", "peft",
-    "wandb", "mlflow", "processor", "freeze_config", "clip_grad_norm", "compile", "benchmark", "quantization",
-    "distributed_config", "tokenizer", "qat", "fp8", "autopipeline", "seed",
-})
+_RECIPE_SECTIONS = frozenset(
+    {
+        "recipe",
+        "step_scheduler",
+        "dist_env",
+        "rng",
+        "model",
+        "checkpoint",
+        "loss_fn",
+        "dataset",
+        "dataloader",
+        "validation_dataset",
+        "validation_dataloader",
+        "optimizer",
+        "lr_scheduler",
+        "ci",
+        "packed_sequence",
+        "peft",
+        "wandb",
+        "mlflow",
+        "processor",
+        "freeze_config",
+        "clip_grad_norm",
+        "compile",
+        "benchmark",
+        "quantization",
+        "distributed_config",
+        "tokenizer",
+        "qat",
+        "fp8",
+        "autopipeline",
+        "seed",
+    }
+)
 _BLOCK_KEYS = frozenset(TOP_LEVEL_KEYS) | {k for m in schema.STRATEGY_OPTIONS.values() for k in m.model_fields}
 
 
-def _finding(rule: str, message: str, *, path: str = "<root>", line: int | None = None, fix: str | None = None,
-             severity: str = "error") -> Finding:
+def _finding(
+    rule: str,
+    message: str,
+    *,
+    path: str = "<root>",
+    line: int | None = None,
+    fix: str | None = None,
+    severity: str = "error",
+) -> Finding:
     return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
@@ -60,8 +95,12 @@ def load_config(config: ConfigInput, overrides: Overrides = None) -> Document:
         doc = from_mapping(dict(config))
     else:
         doc = Document(data=None)
-        doc.findings.append(_finding("yaml-root-not-mapping", "config must be YAML text, a file path or a mapping, "
-                                     f"not {type(config).__name__}"))
+        doc.findings.append(
+            _finding(
+                "yaml-root-not-mapping",
+                f"config must be YAML text, a file path or a mapping, not {type(config).__name__}",
+            )
+        )
     if overrides is not None and isinstance(doc.data, dict):
         apply_overrides(doc, overrides, bare=_is_bare_block(doc.data))
     return doc
@@ -89,53 +128,83 @@ def _split(doc: Document) -> _Split:
     if data is None:
         return _Split(None, (), None)
     if not isinstance(data, dict):
-        doc.findings.append(_finding("yaml-root-not-mapping",
-                                     f"the config must be a mapping (a recipe or a distributed: block), "
-                                     f"got a {type(data).__name__}", line=1 if doc.from_yaml else None,
-                                     fix="give a recipe (with a distributed: section) or a bare distributed: block"))
+        doc.findings.append(
+            _finding(
+                "yaml-root-not-mapping",
+                f"the config must be a mapping (a recipe or a distributed: block), got a {type(data).__name__}",
+                line=1 if doc.from_yaml else None,
+                fix="give a recipe (with a distributed: section) or a bare distributed: block",
+            )
+        )
         return _Split(None, (), None)
     if "distributed" in data:
         block = data["distributed"]
         if not isinstance(block, dict):
             what = "empty (YAML null)" if block is None else f"a {type(block).__name__}"
-            doc.findings.append(_finding("distributed-invalid", f"distributed: is {what}, not a mapping; AutoModel "
-                                         "cannot read it", path="distributed", line=doc.line(("distributed",)),
-                                         fix="write `distributed: {}` for the defaults, or give its keys"))
+            doc.findings.append(
+                _finding(
+                    "distributed-invalid",
+                    f"distributed: is {what}, not a mapping; AutoModel cannot read it",
+                    path="distributed",
+                    line=doc.line(("distributed",)),
+                    fix="write `distributed: {}` for the defaults, or give its keys",
+                )
+            )
             return _Split(None, ("distributed",), data)
         return _Split(block, ("distributed",), data)
     if not _is_bare_block(data):
-        doc.findings.append(_finding("no-distributed-section", "the recipe has no distributed: section; AutoModel's "
-                                     "defaults apply (strategy fsdp2, dp = world size)", severity="info"))
+        doc.findings.append(
+            _finding(
+                "no-distributed-section",
+                "the recipe has no distributed: section; AutoModel's defaults apply (strategy fsdp2, dp = world size)",
+                severity="info",
+            )
+        )
         return _Split({}, ("distributed",), data)
     return _Split(data, (), None)
 
 
-def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, Any] | None, doc: Document,
-           findings: list[Finding]) -> tuple[int | None, str | None, int | None, int | None]:
+def _world(
+    world_size: Any,
+    nodes: Any,
+    gpus_per_node: Any,
+    recipe: dict[str, Any] | None,
+    doc: Document,
+    findings: list[Finding],
+) -> tuple[int | None, str | None, int | None, int | None]:
     """Resolve (world_size, source, nodes, gpus_per_node) from the arguments or the recipe's ci: block."""
+
     def positive(name: str, value: Any) -> int | None:
         if value is None:
             return None
         limit = MAX_GPUS_PER_NODE if name == "gpus_per_node" else MAX_WORLD_SIZE
         if not is_positive_int(value) or value > limit:
-            findings.append(_finding("world-size-invalid",
-                                     f"{name} must be a positive integer <= {limit:,}, got {clip(repr(value))}",
-                                     fix=f"pass a positive {name}"))
+            findings.append(
+                _finding(
+                    "world-size-invalid",
+                    f"{name} must be a positive integer <= {limit:,}, got {clip(repr(value))}",
+                    fix=f"pass a positive {name}",
+                )
+            )
             return None
         return value
 
     world = positive("world_size", world_size)
     nodes_i, gpn = positive("nodes", nodes), positive("gpus_per_node", gpus_per_node)
-    bad_args = (world_size is not None and world is None) or (nodes is not None and nodes_i is None) or (
-        gpus_per_node is not None and gpn is None)
+    bad_args = (
+        (world_size is not None and world is None)
+        or (nodes is not None and nodes_i is None)
+        or (gpus_per_node is not None and gpn is None)
+    )
     if bad_args:
         return None, None, nodes_i, gpn
     if world is not None:
         return world, "argument", nodes_i, gpn
     if nodes_i and gpn:
         if nodes_i * gpn > MAX_WORLD_SIZE:
-            findings.append(_finding("world-size-invalid", f"nodes x gpus_per_node = {nodes_i * gpn:,} is over "
-                                     f"{MAX_WORLD_SIZE:,}"))
+            findings.append(
+                _finding("world-size-invalid", f"nodes x gpus_per_node = {nodes_i * gpn:,} is over {MAX_WORLD_SIZE:,}")
+            )
             return None, None, nodes_i, gpn
         return nodes_i * gpn, "nodes x gpus_per_node", nodes_i, gpn
     ci = recipe.get("ci") if recipe else None
@@ -143,21 +212,35 @@ def _world(world_size: Any, nodes: Any, gpus_per_node: Any, recipe: dict[str, An
         ci_nodes = ci.get("nodes", 1)
         ci_gpn = ci.get("nproc_per_node", 8)
         if is_positive_int(ci_nodes) and is_positive_int(ci_gpn) and ci_nodes * ci_gpn <= MAX_WORLD_SIZE:
-            findings.append(_finding("world-from-ci", f"world_size {ci_nodes * ci_gpn} taken from the recipe's ci: "
-                                     f"block (nodes={ci_nodes} x nproc_per_node={ci_gpn})", path="ci",
-                                     line=doc.line(("ci",)), severity="info"))
+            findings.append(
+                _finding(
+                    "world-from-ci",
+                    f"world_size {ci_nodes * ci_gpn} taken from the recipe's ci: "
+                    f"block (nodes={ci_nodes} x nproc_per_node={ci_gpn})",
+                    path="ci",
+                    line=doc.line(("ci",)),
+                    severity="info",
+                )
+            )
             return ci_nodes * ci_gpn, "ci: block", ci_nodes, ci_gpn
     return None, None, nodes_i, gpn
 
 
-def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
-           findings: list[Finding]) -> ModelSpec | None:
+def _model(
+    model: ModelInput, recipe: dict[str, Any] | None, doc: Document, findings: list[Finding]
+) -> ModelSpec | None:
     if model is not None:
         try:
             return resolve_model(model)
         except ModelConfigError as exc:
-            findings.append(_finding("model-unknown", f"{exc}; model-aware checks skipped", severity="warning",
-                                     fix="run `automodel-dist models` for the catalog, or pass a config.json path"))
+            findings.append(
+                _finding(
+                    "model-unknown",
+                    f"{exc}; model-aware checks skipped",
+                    severity="warning",
+                    fix="run `automodel-dist models` for the catalog, or pass a config.json path",
+                )
+            )
             return None
     if not recipe or not isinstance(recipe.get("model"), dict):
         return None
@@ -168,8 +251,15 @@ def _model(model: ModelInput, recipe: dict[str, Any] | None, doc: Document,
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, str) and (spec := lookup(node)) is not None:
             dotted = ".".join(("model",) + path)
-            findings.append(_finding("model-from-recipe", f"model-aware checks use {spec.name} from {dotted}",
-                                     path=dotted, line=doc.line(("model",) + path), severity="info"))
+            findings.append(
+                _finding(
+                    "model-from-recipe",
+                    f"model-aware checks use {spec.name} from {dotted}",
+                    path=dotted,
+                    line=doc.line(("model",) + path),
+                    severity="info",
+                )
+            )
             return spec
     return None
 
@@ -189,15 +279,31 @@ class Analysis:
         return self.context.dims if self.context is not None else None
 
 
-def _context(doc: Document, world_size: Any, nodes: Any, gpus_per_node: Any, model: ModelInput,
-             torch_version: Any, findings: list[Finding]) -> tuple[Context | None, str | None]:
+def _context(
+    doc: Document,
+    world_size: Any,
+    nodes: Any,
+    gpus_per_node: Any,
+    model: ModelInput,
+    torch_version: Any,
+    findings: list[Finding],
+) -> tuple[Context | None, str | None]:
     split = _split(doc)
     world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
     if split.block is None:
         return None, source
     spec = _model(model, split.recipe, doc, findings)
-    ctx = Context(doc=doc, block=split.block, base=split.base, dims=read_dims(split.block, world),
-                  recipe=split.recipe, nodes=nodes_i, gpus_per_node=gpn, model=spec, torch_version=torch_version)
+    ctx = Context(
+        doc=doc,
+        block=split.block,
+        base=split.base,
+        dims=read_dims(split.block, world),
+        recipe=split.recipe,
+        nodes=nodes_i,
+        gpus_per_node=gpn,
+        model=spec,
+        torch_version=torch_version,
+    )
     return ctx, source
 
 
@@ -205,9 +311,16 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.line if f.line is not None else 1 << 30))
 
 
-def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
-                    gpus_per_node: int | None = None, model: ModelInput = None,
-                    torch_version: str | None = None, overrides: Overrides = None) -> ValidationReport:
+def validate_config(
+    config: ConfigInput,
+    *,
+    world_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    model: ModelInput = None,
+    torch_version: str | None = None,
+    overrides: Overrides = None,
+) -> ValidationReport:
     """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
 
     ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``torch_version`` is the torch
@@ -216,13 +329,27 @@ def validate_config(config: ConfigInput, *, world_size: int | None = None, nodes
     (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is
     returned at once; nothing raises for bad input.
     """
-    return analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=model,
-                   torch_version=torch_version, overrides=overrides).report
+    return analyze(
+        config,
+        world_size=world_size,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        model=model,
+        torch_version=torch_version,
+        overrides=overrides,
+    ).report
 
 
-def analyze(config: ConfigInput, *, world_size: int | None = None, nodes: int | None = None,
-            gpus_per_node: int | None = None, model: ModelInput = None, torch_version: str | None = None,
-            overrides: Overrides = None) -> Analysis:
+def analyze(
+    config: ConfigInput,
+    *,
+    world_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    model: ModelInput = None,
+    torch_version: str | None = None,
+    overrides: Overrides = None,
+) -> Analysis:
     """:func:`validate_config`, keeping what the report was computed from (see :class:`Analysis`)."""
     doc = load_config(config, overrides)
     findings: list[Finding] = []
@@ -251,8 +378,14 @@ def _default_ranks(world_size: int) -> list[int]:
     return list(range(world_size)) if world_size <= DEFAULT_RANKS_LIMIT else [0]
 
 
-def build_layout(config: ConfigInput, *, world_size: int | None, gpus_per_node: int | None = None,
-                 overrides: Overrides = None, nodes: int | None = None) -> tuple[Layout, ValidationReport]:
+def build_layout(
+    config: ConfigInput,
+    *,
+    world_size: int | None,
+    gpus_per_node: int | None = None,
+    overrides: Overrides = None,
+    nodes: int | None = None,
+) -> tuple[Layout, ValidationReport]:
     """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`.
     ``world_size=None``: ``nodes`` x ``gpus_per_node``, else the recipe's ``ci:`` block gives it (and GPUs per
     node), as in :func:`validate_config`."""
@@ -262,9 +395,15 @@ def build_layout(config: ConfigInput, *, world_size: int | None, gpus_per_node: 
     return result.dims.layout, result.report
 
 
-def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] | None = None,
-                gpus_per_node: int | None = None, picture_axis: str | None = None,
-                max_listed: int | None = MAX_LISTED) -> MeshReport:
+def mesh_report(
+    lay: Layout,
+    report: ValidationReport,
+    *,
+    ranks: Sequence[int] | None = None,
+    gpus_per_node: int | None = None,
+    picture_axis: str | None = None,
+    max_listed: int | None = MAX_LISTED,
+) -> MeshReport:
     """The :class:`MeshReport` of a layout (groups for ``ranks``, node crossing, picture)."""
     world_size = lay.world_size
     wanted = list(ranks) if ranks is not None else _default_ranks(world_size)
@@ -275,8 +414,13 @@ def mesh_report(lay: Layout, report: ValidationReport, *, ranks: Sequence[int] |
         raise ValueError(f"axis {picture_axis!r} is not in this layout; axes: {[a.name for a in lay.axes]}")
     axes = []
     for a in lay.axes:
-        info = AxisInfo(name=a.name, mesh=a.kind, size=lay.axis_size(a.name), groups=lay.axis_group_count(a.name),
-                        sources=list(a.dims) if a.kind == "flattened" else [])
+        info = AxisInfo(
+            name=a.name,
+            mesh=a.kind,
+            size=lay.axis_size(a.name),
+            groups=lay.axis_group_count(a.name),
+            sources=list(a.dims) if a.kind == "flattened" else [],
+        )
         if gpus_per_node:
             info.crosses_nodes, info.example_crossing = lay.crossing(a.name, gpus_per_node)
         axes.append(info)
@@ -315,10 +459,17 @@ def _large_groups(lay: Layout, ranks: Sequence[int], max_listed: int | None) -> 
     return out
 
 
-def build_mesh(config: ConfigInput, *, world_size: int | None = None, ranks: Sequence[int] | None = None,
-               gpus_per_node: int | None = None, picture_axis: str | None = None,
-               max_listed: int | None = MAX_LISTED, overrides: Overrides = None,
-               nodes: int | None = None) -> MeshReport:
+def build_mesh(
+    config: ConfigInput,
+    *,
+    world_size: int | None = None,
+    ranks: Sequence[int] | None = None,
+    gpus_per_node: int | None = None,
+    picture_axis: str | None = None,
+    max_listed: int | None = MAX_LISTED,
+    overrides: Overrides = None,
+    nodes: int | None = None,
+) -> MeshReport:
     """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``, or
     the recipe's ``ci:`` block), without GPUs.
 
@@ -328,11 +479,26 @@ def build_mesh(config: ConfigInput, *, world_size: int | None = None, ranks: Seq
     (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
     rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
     """
-    lay, report = build_layout(config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides,
-                               nodes=nodes)
-    return mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node or report.gpus_per_node,
-                       picture_axis=picture_axis, max_listed=max_listed)
+    lay, report = build_layout(
+        config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides, nodes=nodes
+    )
+    return mesh_report(
+        lay,
+        report,
+        ranks=ranks,
+        gpus_per_node=gpus_per_node or report.gpus_per_node,
+        picture_axis=picture_axis,
+        max_listed=max_listed,
+    )
 
 
-__all__ = ["validate_config", "analyze", "Analysis", "build_mesh", "build_layout", "mesh_report", "load_config",
-           "ConfigError"]
+__all__ = [
+    "validate_config",
+    "analyze",
+    "Analysis",
+    "build_mesh",
+    "build_layout",
+    "mesh_report",
+    "load_config",
+    "ConfigError",
+]

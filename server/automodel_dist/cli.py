@@ -57,8 +57,9 @@ def _unreadable(report: ValidationReport) -> bool:
 _FILE = "<FILE>"  # stands for the config given before -- when the launch command names none
 
 
-def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = True
-            ) -> tuple[list[str], list[str] | None]:
+def _launch(
+    args: argparse.Namespace, files: list[str], *, need_file: bool = True
+) -> tuple[list[str], list[str] | None]:
     """The files and overrides, with the launch command after ``--`` (AutoModel's own reading of it:
     its config, ``--nproc-per-node`` as the world size when no cluster option is given, its overrides)."""
     if args.launch is None:
@@ -77,16 +78,19 @@ def _launch(args: argparse.Namespace, files: list[str], *, need_file: bool = Tru
     for item in launch.overrides:
         key = item.split("=", 1)[0]
         if key in ours:
-            raise UsageError(f"--{key} after -- would be an AutoModel override (a top-level `{key}:` key); "
-                             "put automodel-dist's own options before --")
+            raise UsageError(
+                f"--{key} after -- would be an AutoModel override (a top-level `{key}:` key); "
+                "put automodel-dist's own options before --"
+            )
     if launch.config not in (None, _FILE):
         if files and launch.config != files[0]:
             raise UsageError(f"the config is given twice: {files[0]} and {launch.config} (after --)")
         files = files or [launch.config]
     if not files and need_file:
         raise UsageError("give the config FILE, or name it in the launch command after --")
-    if launch.nproc_per_node is not None and not (args.world_size or getattr(args, "nodes", None)
-                                                  or getattr(args, "gpus_per_node", None)):
+    if launch.nproc_per_node is not None and not (
+        args.world_size or getattr(args, "nodes", None) or getattr(args, "gpus_per_node", None)
+    ):
         args.world_size = launch.nproc_per_node  # `automodel recipe.yaml --nproc-per-node N`: one node of N
     return files, launch.overrides
 
@@ -103,10 +107,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     many = len(files) > 1 or any(f != "-" and is_dir(f) for f in files)
     files = [x for f in files for x in _expand(f)]
     fmt = "json" if args.json else args.format
-    reports = [validate_config(_config_arg(f), world_size=args.world_size, nodes=args.nodes,
-                               gpus_per_node=args.gpus_per_node, model=args.model, torch_version=args.torch_version,
-                               overrides=overrides)
-               for f in files]
+    reports = [
+        validate_config(
+            _config_arg(f),
+            world_size=args.world_size,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            model=args.model,
+            torch_version=args.torch_version,
+            overrides=overrides,
+        )
+        for f in files
+    ]
     if fmt == "json":  # one file: its report; several: the list of reports (each names its file in "source")
         dumped = [r.model_dump(mode="json") for r in reports]
         _print_json(dumped if many else dumped[0])
@@ -118,8 +130,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print("\n\n".join(render.validation_text(r) for r in reports))
         if len(reports) > 1:
             bad = [r.source or "-" for r in reports if not r.valid]
-            print(f"\n{len(reports)} files: {len(reports) - len(bad)} valid, {len(bad)} invalid"
-                  + (f" ({', '.join(bad)})" if bad else ""))
+            print(
+                f"\n{len(reports)} files: {len(reports) - len(bad)} valid, {len(bad)} invalid"
+                + (f" ({', '.join(bad)})" if bad else "")
+            )
     if any(_unreadable(r) for r in reports):
         return EXIT_USAGE
     return EXIT_OK if all(r.valid for r in reports) else EXIT_FAIL
@@ -132,8 +146,13 @@ def _expand(name: str) -> list[str]:
     path = Path(name)
     if name == "-" or not is_dir(path):
         return [name]
-    found = sorted(str(p) for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
-                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    found = sorted(
+        str(p)
+        for p in path.rglob("*")
+        if p.suffix in (".yaml", ".yml")
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
     if not found:
         raise UsageError(f"{name} holds no .yaml or .yml file")
     return found
@@ -162,23 +181,29 @@ def cmd_mesh(args: argparse.Namespace) -> int:
 
     files, overrides = _launch(args, [args.file] if args.file else [])
     try:  # without --world-size, a recipe's ci: block gives it (and GPUs per node), as validate reads it
-        lay, vreport = build_layout(_config_arg(files[0]), world_size=args.world_size, nodes=args.nodes,
-                                    gpus_per_node=args.gpus_per_node, overrides=overrides)
+        lay, vreport = build_layout(
+            _config_arg(files[0]),
+            world_size=args.world_size,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            overrides=overrides,
+        )
         gpn = args.gpus_per_node or vreport.gpus_per_node
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
         if exc.report.world_size is None and not exc.report.errors:
-            raise UsageError("give --world-size or --nodes with --gpus-per-node (or --nproc-per-node in the launch "
-                             "command after --, or a recipe "
-                             "with a ci: block)") from exc
+            raise UsageError(
+                "give --world-size or --nodes with --gpus-per-node (or --nproc-per-node in the launch "
+                "command after --, or a recipe "
+                "with a ci: block)"
+            ) from exc
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.world_size is None and not args.json:
         print(f"world_size {lay.world_size} ({vreport.world_size_source})" + (f", {gpn} GPUs per node" if gpn else ""))
     if args.svg:
-        Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=gpn),
-                                  encoding="utf-8")
+        Path(args.svg).write_text(render.mesh_svg(lay, args.axis, gpus_per_node=gpn), encoding="utf-8")
     if args.json:
         _print_json(report.model_dump(mode="json"))
     else:
@@ -241,22 +266,40 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
         _show(args, judged, "smoke_text")
         return EXIT_OK if judged.passed else EXIT_FAIL
-    layout = {"strategy": args.strategy, "tp": args.tp, "pp": args.pp, "cp": args.cp, "ep": args.ep,
-              "dp_replicate": args.dp_replicate, "pp_schedule": args.pp_schedule,
-              "sequence_parallel": True if args.sequence_parallel else None,
-              "activation_checkpointing": args.activation_checkpointing}
+    layout = {
+        "strategy": args.strategy,
+        "tp": args.tp,
+        "pp": args.pp,
+        "cp": args.cp,
+        "ep": args.ep,
+        "dp_replicate": args.dp_replicate,
+        "pp_schedule": args.pp_schedule,
+        "sequence_parallel": True if args.sequence_parallel else None,
+        "activation_checkpointing": args.activation_checkpointing,
+    }
     files, overrides = _launch(args, [args.file] if args.file else [], need_file=False)
     config = _config_arg(files[0]) if files else None
     if isinstance(config, Path) and not is_file(config):
         raise UsageError(f"cannot read {config}")
     if args.export:
         if args.world_size is None:
-            raise UsageError("--export needs --world-size (or --nproc-per-node after --): the ranks the cluster's "
-                             "launch will start")
+            raise UsageError(
+                "--export needs --world-size (or --nproc-per-node after --): the ranks the cluster's launch will start"
+            )
         try:
-            exported = export_smoke_test(config, args.export, world_size=args.world_size, steps=args.steps,
-                                         model=args.model, backend=args.backend, precision=args.precision,
-                                         pg_timeout_s=args.pg_timeout, fault=args.fault, overrides=overrides, **layout)
+            exported = export_smoke_test(
+                config,
+                args.export,
+                world_size=args.world_size,
+                steps=args.steps,
+                model=args.model,
+                backend=args.backend,
+                precision=args.precision,
+                pg_timeout_s=args.pg_timeout,
+                fault=args.fault,
+                overrides=overrides,
+                **layout,
+            )
         except SmokeUsageError as exc:
             raise UsageError(str(exc)) from exc
         if isinstance(exported, SmokeReport):
@@ -265,11 +308,21 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         _show(args, exported, "smoke_export_text")
         return EXIT_OK
     try:
-        report = run_smoke_test(config, world_size=args.world_size, steps=args.steps, model=args.model,
-                                backend=args.backend, timeout_s=args.timeout, pg_timeout_s=args.pg_timeout,
-                                precision=args.precision, fault=args.fault, launcher=args.launcher,
-                                progress=None if args.json or args.quiet else _ProgressLine(),
-                                overrides=overrides, **layout)
+        report = run_smoke_test(
+            config,
+            world_size=args.world_size,
+            steps=args.steps,
+            model=args.model,
+            backend=args.backend,
+            timeout_s=args.timeout,
+            pg_timeout_s=args.pg_timeout,
+            precision=args.precision,
+            fault=args.fault,
+            launcher=args.launcher,
+            progress=None if args.json or args.quiet else _ProgressLine(),
+            overrides=overrides,
+            **layout,
+        )
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "smoke_text")
@@ -286,11 +339,23 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     files, overrides = _launch(args, [args.file] if args.file else [])
     try:
-        est = estimate_memory(_config_arg(files[0]), model=args.model, world_size=args.world_size, nodes=args.nodes,
-                              gpus_per_node=args.gpus_per_node, gpu=args.gpu, seq_len=args.seq_len,
-                              micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                              precision=args.precision, headroom=args.headroom, memory_gib=args.memory_gib,
-                              intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, overrides=overrides)
+        est = estimate_memory(
+            _config_arg(files[0]),
+            model=args.model,
+            world_size=args.world_size,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu=args.gpu,
+            seq_len=args.seq_len,
+            micro_batch_size=args.micro_batch_size,
+            global_batch_size=args.global_batch_size,
+            precision=args.precision,
+            headroom=args.headroom,
+            memory_gib=args.memory_gib,
+            intra_gbps=args.intra_gbps,
+            inter_gbps=args.inter_gbps,
+            overrides=overrides,
+        )
     except ConfigError as exc:
         return _show_invalid(args, exc.report)
     except ValueError as exc:
@@ -303,13 +368,24 @@ def cmd_suggest(args: argparse.Namespace) -> int:
     from .suggest import suggest_strategy
 
     try:
-        report = suggest_strategy(args.model, config=_config_arg(args.file) if args.file else None,
-                                  nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu=args.gpu,
-                                  seq_len=args.seq_len, global_batch_size=args.global_batch_size,
-                                  micro_batch_size=args.micro_batch_size, precision=args.precision,
-                                  allow_activation_checkpointing=not args.no_activation_checkpointing,
-                                  headroom=args.headroom, top_k=args.top, memory_gib=args.memory_gib,
-                                  intra_gbps=args.intra_gbps, inter_gbps=args.inter_gbps, strategies=args.strategy)
+        report = suggest_strategy(
+            args.model,
+            config=_config_arg(args.file) if args.file else None,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu=args.gpu,
+            seq_len=args.seq_len,
+            global_batch_size=args.global_batch_size,
+            micro_batch_size=args.micro_batch_size,
+            precision=args.precision,
+            allow_activation_checkpointing=not args.no_activation_checkpointing,
+            headroom=args.headroom,
+            top_k=args.top,
+            memory_gib=args.memory_gib,
+            intra_gbps=args.intra_gbps,
+            inter_gbps=args.inter_gbps,
+            strategies=args.strategy,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "suggest_text")
@@ -352,50 +428,78 @@ def cmd_models(args: argparse.Namespace) -> int:
     print(f"{'model':<{w}} {'params':>8} {'active':>8} {'layers':>6} {'heads':>5} {'kv':>4} {'experts':>7}  hybrid")
     for m in cat.models:
         mix = ", ".join(f"{n} {t}" for t, n in (m.layer_types or {}).items())
-        print(f"{m.name:<{w}} {m.params / 1e9:>7.1f}B {m.active_params / 1e9:>7.1f}B {m.num_layers:>6} "
-              f"{m.num_attention_heads:>5} {m.num_key_value_heads:>4} {m.num_experts or '-':>7}  {mix}".rstrip())
+        print(
+            f"{m.name:<{w}} {m.params / 1e9:>7.1f}B {m.active_params / 1e9:>7.1f}B {m.num_layers:>6} "
+            f"{m.num_attention_heads:>5} {m.num_key_value_heads:>4} {m.num_experts or '-':>7}  {mix}".rstrip()
+        )
     w = max(len(g.name) for g in cat.gpus)
-    print(f"\n{'gpu':<{w}} {'GiB':>6} {'bf16 TFLOP/s':>12} {'per node':>8} {'GB/s in node':>12} {'to network':>10}  "
-          "interconnect")
+    print(
+        f"\n{'gpu':<{w}} {'GiB':>6} {'bf16 TFLOP/s':>12} {'per node':>8} {'GB/s in node':>12} {'to network':>10}  "
+        "interconnect"
+    )
     for g in cat.gpus:
-        print(f"{g.name:<{w}} {g.memory_gib:>6.1f} {g.bf16_tflops:>12.0f} {g.gpus_per_node:>8} {g.intra_gbps:>12.0f} "
-              f"{g.inter_gbps:>10.1f}  {g.interconnect}")
+        print(
+            f"{g.name:<{w}} {g.memory_gib:>6.1f} {g.bf16_tflops:>12.0f} {g.gpus_per_node:>8} {g.intra_gbps:>12.0f} "
+            f"{g.inter_gbps:>10.1f}  {g.interconnect}"
+        )
     return EXIT_OK
 
 
 # --------------------------------------------------------------------------- parser
 def _cluster_arguments(g: argparse._ArgumentGroup, *, mesh: bool = False) -> None:
-    g.add_argument("--world-size", type=_positive, help="total ranks (default: --nodes x --gpus-per-node, "
-                   "--nproc-per-node after --, or the recipe's ci: block)")
+    g.add_argument(
+        "--world-size",
+        type=_positive,
+        help="total ranks (default: --nodes x --gpus-per-node, --nproc-per-node after --, or the recipe's ci: block)",
+    )
     g.add_argument("--nodes", type=_positive, help="nodes in the job (with --gpus-per-node)")
-    g.add_argument("--gpus-per-node", type=_positive, help=(
-        "GPUs per node: node placement, groups that cross nodes and the picture's rows" if mesh else
-        "GPUs per node: turns on the checks of groups that cross nodes"))
+    g.add_argument(
+        "--gpus-per-node",
+        type=_positive,
+        help=(
+            "GPUs per node: node placement, groups that cross nodes and the picture's rows"
+            if mesh
+            else "GPUs per node: turns on the checks of groups that cross nodes"
+        ),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="automodel-dist", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="check a recipe or distributed: block (all findings at once)",
-                       epilog=LAUNCH_HELP)
-    v.add_argument("files", nargs="*", metavar="FILE",
-                   help="recipe YAML(s), bare distributed: block(s), folders (every .yaml/.yml under them) or - "
-                        "for stdin; each is checked on its own (a recipe's ci: block gives its world size when no "
-                        "cluster option is given)")
+    v = sub.add_parser(
+        "validate", help="check a recipe or distributed: block (all findings at once)", epilog=LAUNCH_HELP
+    )
+    v.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="recipe YAML(s), bare distributed: block(s), folders (every .yaml/.yml under them) or - "
+        "for stdin; each is checked on its own (a recipe's ci: block gives its world size when no "
+        "cluster option is given)",
+    )
     g = v.add_argument_group("cluster")
     _cluster_arguments(g)
     v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
-    v.add_argument("--torch-version", help="the torch release the job will run on, e.g. 2.15.0+cu132 "
-                   "(AutoModel 0.7.0's FSDP2 path fails on torch >= 2.15)")
-    v.add_argument("--format", choices=("text", "json", "github"), default="text",
-                   help="text (compiler style), json (the report; a list for several files) or github "
-                        "(GitHub Actions annotations)")
+    v.add_argument(
+        "--torch-version",
+        help="the torch release the job will run on, e.g. 2.15.0+cu132 "
+        "(AutoModel 0.7.0's FSDP2 path fails on torch >= 2.15)",
+    )
+    v.add_argument(
+        "--format",
+        choices=("text", "json", "github"),
+        default="text",
+        help="text (compiler style), json (the report; a list for several files) or github "
+        "(GitHub Actions annotations)",
+    )
     v.add_argument("--json", action="store_true", help="same as --format json")
     v.set_defaults(func=cmd_validate)
 
-    m = sub.add_parser("mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs",
-                       epilog=LAUNCH_HELP)
+    m = sub.add_parser(
+        "mesh", help="AutoModel's device_mesh / moe_mesh and rank groups, without GPUs", epilog=LAUNCH_HELP
+    )
     m.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
     _cluster_arguments(m.add_argument_group("cluster"), mesh=True)
     m.add_argument("--rank", type=int, action="append", help="rank(s) to list groups for (repeatable)")
@@ -409,85 +513,155 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print the matches as JSON")
     e.set_defaults(func=cmd_explain)
 
-    sm = sub.add_parser("smoke", help="really run the layout on N processes (torchrun) and check parity",
-                        epilog=LAUNCH_HELP)
+    sm = sub.add_parser(
+        "smoke", help="really run the layout on N processes (torchrun) and check parity", epilog=LAUNCH_HELP
+    )
     sm.add_argument("file", nargs="?", help="recipe or distributed: block (default: FSDP2 + TP 2)")
-    sm.add_argument("--world-size", type=_positive, help="default: --nproc-per-node after --, else 4, or the "
-                    "smallest number of processes the layout is valid on when 4 is not")
+    sm.add_argument(
+        "--world-size",
+        type=_positive,
+        help="default: --nproc-per-node after --, else 4, or the "
+        "smallest number of processes the layout is valid on when 4 is not",
+    )
     sm.add_argument("--steps", type=_positive, default=3, help="training steps compared with one process (default 3)")
-    sm.add_argument("--model", choices=["tiny-llama", "tiny-moe"], default="tiny-llama",
-                    help="the tiny model to train (default tiny-llama; tiny-moe has experts for ep > 1)")
+    sm.add_argument(
+        "--model",
+        choices=["tiny-llama", "tiny-moe"],
+        default="tiny-llama",
+        help="the tiny model to train (default tiny-llama; tiny-moe has experts for ep > 1)",
+    )
     lay = sm.add_argument_group("layout (overrides the file)")
     lay.add_argument("--strategy", choices=["fsdp2", "megatron_fsdp", "ddp"])
     for flag in ("tp", "pp", "cp", "ep", "dp-replicate"):
-        lay.add_argument(f"--{flag}", type=_positive, dest=flag.replace("-", "_"), help=f"{flag.replace('-', '_')}_size")
-    lay.add_argument("--pp-schedule", help="1f1b, gpipe, interleaved1f1b, loopedbfs, interleavedzerobubble, "
-                     "zbvzerobubble, dualpipev")
+        lay.add_argument(
+            f"--{flag}", type=_positive, dest=flag.replace("-", "_"), help=f"{flag.replace('-', '_')}_size"
+        )
+    lay.add_argument(
+        "--pp-schedule", help="1f1b, gpipe, interleaved1f1b, loopedbfs, interleavedzerobubble, zbvzerobubble, dualpipev"
+    )
     lay.add_argument("--sequence-parallel", action="store_true", help="sequence_parallel: true (with --tp)")
     lay.add_argument("--activation-checkpointing", type=_ac_flag, metavar="{true,false,selective}")
     run = sm.add_argument_group("run")
     run.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with enough GPUs, else gloo")
-    run.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                     help="auto = the config's mp_policy (AutoModel's default: bf16 params, fp32 reduce)")
+    run.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="auto = the config's mp_policy (AutoModel's default: bf16 params, fp32 reduce)",
+    )
     run.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds")
     run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
-    run.add_argument("--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, stall@RANK:0 "
-                     "or abort@RANK:0")
-    run.add_argument("--launcher", choices=["elastic", "torchrun"], default="elastic",
-                     help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI")
+    run.add_argument(
+        "--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, stall@RANK:0 or abort@RANK:0"
+    )
+    run.add_argument(
+        "--launcher",
+        choices=["elastic", "torchrun"],
+        default="elastic",
+        help="elastic: torch's elastic agent, ranks forked from a fork server (fast); torchrun: the torchrun CLI",
+    )
     away = sm.add_argument_group("run elsewhere (a cluster's own torchrun or srun, NCCL on its GPUs)")
-    away.add_argument("--export", metavar="DIR", help="instead of running here, write DIR/spec.json for --world-size "
-                      "ranks and print the torchrun/srun commands that run it")
+    away.add_argument(
+        "--export",
+        metavar="DIR",
+        help="instead of running here, write DIR/spec.json for --world-size "
+        "ranks and print the torchrun/srun commands that run it",
+    )
     away.add_argument("--judge", metavar="DIR", help="judge the results the ranks of an exported run left in DIR")
     sm.add_argument("--json", action="store_true", help="print the smoke report as JSON")
     sm.add_argument("--quiet", action="store_true", help="no progress display")
     sm.set_defaults(func=cmd_smoke)
 
     def sizing(ap: argparse.ArgumentParser, defaults: str) -> None:
-        ap.add_argument("--gpu", default="H100-80GB", help="A100-40GB, A100-80GB, H100-80GB (default), H200-141GB, "
-                        "B200, GB200, L40S")
+        ap.add_argument(
+            "--gpu",
+            default="H100-80GB",
+            help="A100-40GB, A100-80GB, H100-80GB (default), H200-141GB, B200, GB200, L40S",
+        )
         ap.add_argument("--memory-gib", type=_positive_number, help="override the GPU's memory")
-        ap.add_argument("--intra-gbps", type=_positive_number, help="override the GB/s per GPU (one direction) "
-                        "inside a node (default: the GPU's, see `models`)")
-        ap.add_argument("--inter-gbps", type=_positive_number, help="override the GB/s per GPU (one direction) "
-                        "to other nodes (default: the GPU's, see `models`)")
-        ap.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: the recipe's "
-                        "dataset.seq_len, seq_length or packed_sequence_size, else 4096)")
-        ap.add_argument("--micro-batch-size", type=_positive, help="sequences per rank per microbatch (default: the "
-                        "recipe's pipeline.pp_microbatch_size with pp, else step_scheduler.local_batch_size, else 1)")
-        ap.add_argument("--global-batch-size", type=_positive, help="sequences per optimizer step (default: the "
-                        "recipe's step_scheduler.global_batch_size, else " + (
-                            "one micro batch per data-parallel rank)" if defaults == "recipe" else
-                            "one micro batch per GPU, the same for every layout)"))
-        ap.add_argument("--precision", choices=["bf16", "bf16-mixed", "fp32"], default="bf16",
-                        help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
-                        "weights (model.torch_dtype: float32) with bf16 compute")
+        ap.add_argument(
+            "--intra-gbps",
+            type=_positive_number,
+            help="override the GB/s per GPU (one direction) inside a node (default: the GPU's, see `models`)",
+        )
+        ap.add_argument(
+            "--inter-gbps",
+            type=_positive_number,
+            help="override the GB/s per GPU (one direction) to other nodes (default: the GPU's, see `models`)",
+        )
+        ap.add_argument(
+            "--seq-len",
+            type=_positive,
+            help="tokens per sequence (default: the recipe's "
+            "dataset.seq_len, seq_length or packed_sequence_size, else 4096)",
+        )
+        ap.add_argument(
+            "--micro-batch-size",
+            type=_positive,
+            help="sequences per rank per microbatch (default: the "
+            "recipe's pipeline.pp_microbatch_size with pp, else step_scheduler.local_batch_size, else 1)",
+        )
+        ap.add_argument(
+            "--global-batch-size",
+            type=_positive,
+            help="sequences per optimizer step (default: the "
+            "recipe's step_scheduler.global_batch_size, else "
+            + (
+                "one micro batch per data-parallel rank)"
+                if defaults == "recipe"
+                else "one micro batch per GPU, the same for every layout)"
+            ),
+        )
+        ap.add_argument(
+            "--precision",
+            choices=["bf16", "bf16-mixed", "fp32"],
+            default="bf16",
+            help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
+            "weights (model.torch_dtype: float32) with bf16 compute",
+        )
         ap.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
         ap.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    es = sub.add_parser("estimate", help="per-GPU memory, communication and step time of a config's layout",
-                        epilog=LAUNCH_HELP)
+    es = sub.add_parser(
+        "estimate", help="per-GPU memory, communication and step time of a config's layout", epilog=LAUNCH_HELP
+    )
     es.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
-    es.add_argument("--model", help="catalog name or config.json path (default: the recipe's "
-                    "model.pretrained_model_name_or_path when the catalog has it)")
+    es.add_argument(
+        "--model",
+        help="catalog name or config.json path (default: the recipe's "
+        "model.pretrained_model_name_or_path when the catalog has it)",
+    )
     g = es.add_argument_group("cluster")
     _cluster_arguments(g)
     sizing(es, "recipe")
     es.set_defaults(func=cmd_estimate)
 
     su = sub.add_parser("suggest", help="ranked layouts that fit a model on a cluster")
-    su.add_argument("file", nargs="?", help="a recipe: its model, ci: cluster, seq_len and batch sizes fill the "
-                    "options not given, and its own layout is compared with the candidates")
+    su.add_argument(
+        "file",
+        nargs="?",
+        help="a recipe: its model, ci: cluster, seq_len and batch sizes fill the "
+        "options not given, and its own layout is compared with the candidates",
+    )
     su.add_argument("--model", help="catalog name or config.json path (required without a recipe that names one)")
     su.add_argument("--nodes", type=_positive, help="nodes (default: the recipe's ci: block, else 1)")
-    su.add_argument("--gpus-per-node", type=_positive, help="GPUs per node (default: the GPU's usual node, 8; "
-                    "72 for GB200)")
+    su.add_argument(
+        "--gpus-per-node", type=_positive, help="GPUs per node (default: the GPU's usual node, 8; 72 for GB200)"
+    )
     su.add_argument("--top", type=_positive, default=5, help="layouts to show (default 5)")
-    su.add_argument("--no-activation-checkpointing", action="store_true",
-                    help="only layouts that fit without activation checkpointing")
-    su.add_argument("--strategy", action="append", choices=sorted(STRATEGY_ALIASES), metavar="STRATEGY",
-                    help="search only this strategy: fsdp2, megatron_fsdp (megatron-fsdp, mfsdp) or ddp; repeat for "
-                    "several (default: all three)")
+    su.add_argument(
+        "--no-activation-checkpointing",
+        action="store_true",
+        help="only layouts that fit without activation checkpointing",
+    )
+    su.add_argument(
+        "--strategy",
+        action="append",
+        choices=sorted(STRATEGY_ALIASES),
+        metavar="STRATEGY",
+        help="search only this strategy: fsdp2, megatron_fsdp (megatron-fsdp, mfsdp) or ddp; repeat for "
+        "several (default: all three)",
+    )
     sizing(su, "search")
     su.set_defaults(func=cmd_suggest)
 
@@ -505,10 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _LAUNCH_COMMANDS = ("validate", "mesh", "estimate", "smoke")
-LAUNCH_HELP = ("-- LAUNCH...: what follows `automodel` (or `python script.py`) when the job is launched, read as "
-               "AutoModel reads it: [CONFIG] [--nproc-per-node N] [--key.sub=value | --key.sub value | --flag] "
-               "or -c CONFIG [...]; its overrides are applied to the config, and --nproc-per-node is the world "
-               "size when no cluster option is given")
+LAUNCH_HELP = (
+    "-- LAUNCH...: what follows `automodel` (or `python script.py`) when the job is launched, read as "
+    "AutoModel reads it: [CONFIG] [--nproc-per-node N] [--key.sub=value | --key.sub value | --flag] "
+    "or -c CONFIG [...]; its overrides are applied to the config, and --nproc-per-node is the world "
+    "size when no cluster option is given"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -517,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = None
     if "--" in argv:  # the launch command: AutoModel's arguments, not ours
         cut = argv.index("--")
-        argv, launch = argv[:cut], argv[cut + 1:]
+        argv, launch = argv[:cut], argv[cut + 1 :]
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on usage errors already

@@ -97,8 +97,9 @@ class ParallelDims:
         if self.strategy is None:
             return None
         if self.world_size is not None:
-            return infer_dp(self.strategy, world_size=self.world_size, tp=self.tp, cp=self.cp, pp=self.pp,
-                            dp_size=self.dp_size)
+            return infer_dp(
+                self.strategy, world_size=self.world_size, tp=self.tp, cp=self.cp, pp=self.pp, dp_size=self.dp_size
+            )
         return self.dp_size if self.strategy != "ddp" else None
 
     @property
@@ -180,8 +181,15 @@ class ParallelDims:
             tp = pp = cp = ep = 1
             rep, shard = self.dp, 1
         fields: dict[str, Any] = dict(
-            strategy=self.strategy, activation_checkpointing=self.activation_checkpointing, dp=self.dp,
-            dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, cp=cp, ep=ep,
+            strategy=self.strategy,
+            activation_checkpointing=self.activation_checkpointing,
+            dp=self.dp,
+            dp_replicate=rep,
+            dp_shard=shard,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
             ep_shard=self.ep_shard if self.strategy == "fsdp2" else None,
             sequence_parallel=self.sequence_parallel,
             mesh_ranks=self.layout.mesh_ranks if self.layout is not None else None,
@@ -216,8 +224,10 @@ class ParallelDims:
         if self.ep > 1 and self.moe_reshard_after_forward:
             out["moe"] = {"reshard_after_forward": True}
         if self.pp > 1:
-            out["pipeline"] = {"pp_schedule": (self.pp_schedule or "1F1B").lower(),
-                               "pp_microbatch_size": self.pp_microbatch_size or 1}
+            out["pipeline"] = {
+                "pp_schedule": (self.pp_schedule or "1F1B").lower(),
+                "pp_microbatch_size": self.pp_microbatch_size or 1,
+            }
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -232,8 +242,16 @@ class ParallelDims:
 
 def _layout(d: ParallelDims) -> Layout | None:
     try:
-        return Layout.build(d.strategy or "fsdp2", world_size=d.world_size or 1, tp=d.tp, pp=d.pp, cp=d.cp, ep=d.ep,
-                            dp_size=d.dp_size, dp_replicate=d.dp_replicate)
+        return Layout.build(
+            d.strategy or "fsdp2",
+            world_size=d.world_size or 1,
+            tp=d.tp,
+            pp=d.pp,
+            cp=d.cp,
+            ep=d.ep,
+            dp_size=d.dp_size,
+            dp_replicate=d.dp_replicate,
+        )
     except ValueError:
         return None
 
@@ -266,8 +284,9 @@ def _mixed_precision(raw: Any) -> MixedPrecision | None:
         value = raw.get(key)
         return dtype_name(value) if isinstance(value, str) else None
 
-    return MixedPrecision(name("param_dtype"), name("reduce_dtype"), name("output_dtype"),
-                          raw.get("cast_forward_inputs", False) is True)
+    return MixedPrecision(
+        name("param_dtype"), name("reduce_dtype"), name("output_dtype"), raw.get("cast_forward_inputs", False) is True
+    )
 
 
 def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> ParallelDims:
@@ -307,7 +326,8 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         pp_microbatch_size=mbs,
         reshard_after_forward=reshard if isinstance(reshard, bool) else None,
         defer_fsdp_grad_sync=bool(block.get("defer_fsdp_grad_sync", True)) if fsdp2 else True,
-        moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1 and isinstance(moe, Mapping)
+        moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1
+        and isinstance(moe, Mapping)
         and moe.get("reshard_after_forward", False) is True,
         zero_dp_strategy=zero if isinstance(zero, int) and not isinstance(zero, bool) and zero >= 0 else 3,
         mp_policy=_mixed_precision(block.get("mp_policy")) if fsdp2 else None,

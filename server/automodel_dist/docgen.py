@@ -71,8 +71,9 @@ def _default(model: type[BaseModel], name: str) -> str:
 def _table(model: type[BaseModel], prefix: str = "") -> list[str]:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for name, info in model.model_fields.items():
-        rows.append(f"| `{prefix}{name}` | {_cell(_type(info))} | {_default(model, name)} | "
-                    f"{_cell(info.description or '')} |")
+        rows.append(
+            f"| `{prefix}{name}` | {_cell(_type(info))} | {_default(model, name)} | {_cell(info.description or '')} |"
+        )
     return rows
 
 
@@ -88,22 +89,42 @@ def config_reference() -> str:
         if name in ("pipeline", "moe"):
             default = "null (see below)"
         out.append(f"| `{name}` | {_cell(_type(info))} | {default} | {_cell(info.description or '')} |")
-    out.append("| `_target_`, `_recursive_`, `_convert_` | string | absent | Hydra keys: dropped by AutoModel 0.7.0 "
-               "(`_target_` never selects the strategy) |")
-    for title, model in (("`strategy: fsdp2` options", schema.FSDP2Options),
-                         ("`strategy: megatron_fsdp` options (aliases `megatron-fsdp`, `mfsdp`)",
-                          schema.MegatronFSDPOptions),
-                         ("`strategy: ddp` options", schema.DDPOptions)):
+    out.append(
+        "| `_target_`, `_recursive_`, `_convert_` | string | absent | Hydra keys: dropped by AutoModel 0.7.0 "
+        "(`_target_` never selects the strategy) |"
+    )
+    for title, model in (
+        ("`strategy: fsdp2` options", schema.FSDP2Options),
+        ("`strategy: megatron_fsdp` options (aliases `megatron-fsdp`, `mfsdp`)", schema.MegatronFSDPOptions),
+        ("`strategy: ddp` options", schema.DDPOptions),
+    ):
         out += ["", f"### {title}", "", *_table(model)]
-    out += ["", "### `mp_policy:` (fsdp2; a mapping, optional `_target_: torch.distributed.fsdp.MixedPrecisionPolicy`)",
-            "", *_table(schema.MixedPrecisionPolicy, "mp_policy."),
-            "", "Absent or null: `param_dtype: bfloat16`, `reduce_dtype: float32`, `output_dtype: null`, "
-                "`cast_forward_inputs: false`.",
-            "", "### `offload_policy:` (fsdp2)", "", *_table(schema.CPUOffloadPolicy, "offload_policy."),
-            "", "### `multimodal:` (fsdp2)", "", *_table(schema.Multimodal, "multimodal."),
-            *_table(schema.FrameSharding, "multimodal.vision.frame_sharding.")[2:],
-            "", "### `pipeline:` (used when pp_size > 1)", "", *_table(schema.PipelineConfig, "pipeline."),
-            "", "### `moe:` (used when ep_size > 1)", "", *_table(schema.MoEConfig, "moe.")]
+    out += [
+        "",
+        "### `mp_policy:` (fsdp2; a mapping, optional `_target_: torch.distributed.fsdp.MixedPrecisionPolicy`)",
+        "",
+        *_table(schema.MixedPrecisionPolicy, "mp_policy."),
+        "",
+        "Absent or null: `param_dtype: bfloat16`, `reduce_dtype: float32`, `output_dtype: null`, "
+        "`cast_forward_inputs: false`.",
+        "",
+        "### `offload_policy:` (fsdp2)",
+        "",
+        *_table(schema.CPUOffloadPolicy, "offload_policy."),
+        "",
+        "### `multimodal:` (fsdp2)",
+        "",
+        *_table(schema.Multimodal, "multimodal."),
+        *_table(schema.FrameSharding, "multimodal.vision.frame_sharding.")[2:],
+        "",
+        "### `pipeline:` (used when pp_size > 1)",
+        "",
+        *_table(schema.PipelineConfig, "pipeline."),
+        "",
+        "### `moe:` (used when ep_size > 1)",
+        "",
+        *_table(schema.MoEConfig, "moe."),
+    ]
     return "\n".join(out)
 
 

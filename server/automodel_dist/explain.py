@@ -23,7 +23,7 @@ def _line_rank(text: str, pos: int) -> int | None:
     """The rank a log line names: torchrun's ``[rankN]:`` prefix or NCCL's ``[Rank N]``."""
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
-    m = _RANK.search(text[start:end if end >= 0 else len(text)])
+    m = _RANK.search(text[start : end if end >= 0 else len(text)])
     return int(m.group(1) or m.group(2)) if m else None
 
 
@@ -45,12 +45,26 @@ def explain_error(text: str) -> ExplainReport:
             if rank is not None:
                 ranks.setdefault(rule_id, set()).add(rank)
     order = sorted(matched, key=lambda rid: (RULES[rid].consequence, first[rid]))
-    report = ExplainReport(matches=[Explanation(
-        rule=rid, title=RULES[rid].title, family=RULES[rid].family, severity=RULES[rid].severity,
-        matched=matched[rid], cause=RULES[rid].cause or RULES[rid].title, fix=RULES[rid].fix or "",
-        line=text.count("\n", 0, first[rid]) + 1, ranks=sorted(ranks.get(rid, ())),
-        consequence=RULES[rid].consequence) for rid in order])
+    report = ExplainReport(
+        matches=[
+            Explanation(
+                rule=rid,
+                title=RULES[rid].title,
+                family=RULES[rid].family,
+                severity=RULES[rid].severity,
+                matched=matched[rid],
+                cause=RULES[rid].cause or RULES[rid].title,
+                fix=RULES[rid].fix or "",
+                line=text.count("\n", 0, first[rid]) + 1,
+                ranks=sorted(ranks.get(rid, ())),
+                consequence=RULES[rid].consequence,
+            )
+            for rid in order
+        ]
+    )
     if not report.matches:
-        report.hint = ("no known AutoModel/torch distributed error matched; validate the config with "
-                       "`automodel-dist validate` and reproduce with `automodel-dist smoke`")
+        report.hint = (
+            "no known AutoModel/torch distributed error matched; validate the config with "
+            "`automodel-dist validate` and reproduce with `automodel-dist smoke`"
+        )
     return report

@@ -99,8 +99,10 @@ class Axis:
     dims: tuple[str, ...]
 
 
-_FSDP2_AXES = tuple([Axis(n, "device_mesh", (n,)) for n in FSDP2_DIMS]
-                    + [Axis(n, "flattened", src) for n, src in FSDP2_FLATTENED.items()])
+_FSDP2_AXES = tuple(
+    [Axis(n, "device_mesh", (n,)) for n in FSDP2_DIMS]
+    + [Axis(n, "flattened", src) for n, src in FSDP2_FLATTENED.items()]
+)
 _MOE_AXES = tuple(Axis(n, "moe_mesh", (n,)) for n in MOE_DIMS)
 _MFSDP_AXES = tuple(Axis(n, "device_mesh", (n,)) for n in MFSDP_DIMS)
 _MFSDP_DP_CP = Axis("dp_cp", "flattened", ("dp", "cp"))
@@ -130,14 +132,25 @@ class Layout:
     _cross: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, strategy: str, *, world_size: int, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1,
-              dp_size: int | None = None, dp_replicate: int = 1) -> Layout:
+    def build(
+        cls,
+        strategy: str,
+        *,
+        world_size: int,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        dp_size: int | None = None,
+        dp_replicate: int = 1,
+    ) -> Layout:
         """Build from sizes that already passed validation (see ``rules``); raises ``ValueError`` otherwise."""
         dp = infer_dp(strategy, world_size=world_size, tp=tp, cp=cp, pp=pp, dp_size=dp_size)
         if dp is None:
             raise ValueError(f"world_size ({world_size}) is not divisible by tp*cp*pp")
-        lay = cls(strategy=strategy, world_size=world_size, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep,
-                  dp_replicate=dp_replicate)
+        lay = cls(
+            strategy=strategy, world_size=world_size, dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, dp_replicate=dp_replicate
+        )
         if strategy == "fsdp2":
             if dp % dp_replicate:
                 raise ValueError("dp_size must be a multiple of dp_replicate_size")
@@ -233,8 +246,11 @@ class Layout:
             return {} if 0 <= rank < self.world_size else None
         if not self.in_mesh(rank):
             return None
-        return {a.name: self.group(a.name, rank) for a in self.axes
-                if max_members is None or self.axis_size(a.name) <= max_members}
+        return {
+            a.name: self.group(a.name, rank)
+            for a in self.axes
+            if max_members is None or self.axis_size(a.name) <= max_members
+        }
 
     def group_index(self, name: str, rank: int) -> int:
         """Index of ``rank``'s group among all groups of the axis (row-major over the other dims)."""
@@ -296,7 +312,7 @@ class Layout:
             dist[0] = 1
             for n, s in others:
                 dist = _spread(dist, n, s % g)
-            count = sum(dist[g - span:])
+            count = sum(dist[g - span :])
         if not example:
             return count, None
         example = None
@@ -328,8 +344,10 @@ class Layout:
             head = f"{self.strategy}: {self.world_size} ranks, no device mesh (every rank is a data-parallel replica)"
         else:
             size, groups = self.axis_size(axis), self.axis_group_count(axis)
-            head = (f"{axis} groups (size {size}, {groups} groups) over {nodes} node(s) x {g} {label}s; "
-                    f"cell = group number, '-' = outside the mesh")
+            head = (
+                f"{axis} groups (size {size}, {groups} groups) over {nodes} node(s) x {g} {label}s; "
+                f"cell = group number, '-' = outside the mesh"
+            )
         width = max(len(str(max(self.world_size - 1, 0))), 3)
         lines = [head, " " * 9 + " ".join(f"{label[0]}{i}".rjust(width) for i in range(g))]
         shown: list[int] | range = range(nodes)
@@ -380,8 +398,15 @@ class StageError(ValueError):
     """A pipeline split AutoModel rejects (message mirrors ``calculate_virtual_stages``)."""
 
 
-def virtual_stages(num_layers: int, *, pp: int, single_stage: bool, layers_per_stage: int | None = None,
-                   round_to: str | None = None, v_style: bool = False) -> tuple[int, int]:
+def virtual_stages(
+    num_layers: int,
+    *,
+    pp: int,
+    single_stage: bool,
+    layers_per_stage: int | None = None,
+    round_to: str | None = None,
+    v_style: bool = False,
+) -> tuple[int, int]:
     """AutoModel's ``calculate_virtual_stages`` plus the split checks: (total stages, stages per rank).
 
     Raises :class:`StageError` where AutoModel (or torch's schedule) would.

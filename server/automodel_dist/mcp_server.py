@@ -59,30 +59,65 @@ MAX_YAML_CHARS = MAX_BYTES
 MAX_TEXT_CHARS = 200_000
 ALLOWED_ROOTS_ENV = "AUTOMODEL_DIST_ALLOWED_ROOTS"
 
-ConfigYaml = Annotated[str | None, Field(default=None, max_length=MAX_YAML_CHARS,
-                                         description="The recipe or distributed: block as YAML text.")]
-ConfigPath = Annotated[str | None, Field(default=None, max_length=4096,
-                                         description="Path of a YAML file (a regular file, at most 1 MiB).")]
+ConfigYaml = Annotated[
+    str | None,
+    Field(default=None, max_length=MAX_YAML_CHARS, description="The recipe or distributed: block as YAML text."),
+]
+ConfigPath = Annotated[
+    str | None, Field(default=None, max_length=4096, description="Path of a YAML file (a regular file, at most 1 MiB).")
+]
 WorldSize = Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description="Total ranks (GPUs).")]
 Nodes = Annotated[int | None, Field(default=None, ge=1, le=1 << 20, description="Number of nodes.")]
 GpusPerNode = Annotated[int | None, Field(default=None, ge=1, le=1024, description="GPUs per node.")]
-ModelArg = Annotated[str | None, Field(default=None, max_length=4096,
-                                       description="Hugging Face repo id from list_models, or a config.json path.")]
-TorchVersion = Annotated[str | None, Field(default=None, max_length=64, description=(
-    "The torch release the job will run on (torch.__version__ there, e.g. 2.15.0+cu132): AutoModel 0.7.0's FSDP2 "
-    "path fails on torch >= 2.15."))]
+ModelArg = Annotated[
+    str | None,
+    Field(default=None, max_length=4096, description="Hugging Face repo id from list_models, or a config.json path."),
+]
+TorchVersion = Annotated[
+    str | None,
+    Field(
+        default=None,
+        max_length=64,
+        description=(
+            "The torch release the job will run on (torch.__version__ there, e.g. 2.15.0+cu132): AutoModel 0.7.0's FSDP2 "
+            "path fails on torch >= 2.15."
+        ),
+    ),
+]
 
-MemoryGib = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
-    "Override the GPU's memory (GiB)."))]
-IntraGbps = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
-    "Override the GB/s per GPU, one direction, inside a node (default: the GPU's, see list_models)."))]
-InterGbps = Annotated[float | None, Field(default=None, gt=0, le=1 << 20, description=(
-    "Override the GB/s per GPU, one direction, to other nodes (default: the GPU's, see list_models)."))]
+MemoryGib = Annotated[
+    float | None, Field(default=None, gt=0, le=1 << 20, description=("Override the GPU's memory (GiB)."))
+]
+IntraGbps = Annotated[
+    float | None,
+    Field(
+        default=None,
+        gt=0,
+        le=1 << 20,
+        description=("Override the GB/s per GPU, one direction, inside a node (default: the GPU's, see list_models)."),
+    ),
+]
+InterGbps = Annotated[
+    float | None,
+    Field(
+        default=None,
+        gt=0,
+        le=1 << 20,
+        description=("Override the GB/s per GPU, one direction, to other nodes (default: the GPU's, see list_models)."),
+    ),
+]
 Headroom = Annotated[float, Field(ge=0.0, lt=1.0, description="Fraction of GPU memory kept free.")]
-LaunchOverrides = Annotated[list[Annotated[str, Field(max_length=MAX_OVERRIDE_CHARS)]] | None, Field(
-    default=None, max_length=MAX_OVERRIDES, description=(
-        "The launch command's overrides as 'dotted.key=value' (`--distributed.tp_size 4` is "
-        "'distributed.tp_size=4'), applied after the YAML the way AutoModel applies them."))]
+LaunchOverrides = Annotated[
+    list[Annotated[str, Field(max_length=MAX_OVERRIDE_CHARS)]] | None,
+    Field(
+        default=None,
+        max_length=MAX_OVERRIDES,
+        description=(
+            "The launch command's overrides as 'dotted.key=value' (`--distributed.tp_size 4` is "
+            "'distributed.tp_size=4'), applied after the YAML the way AutoModel applies them."
+        ),
+    ),
+]
 
 
 class MeshResult(BaseModel):
@@ -141,12 +176,14 @@ def _anticipated(fn: Any) -> Any:
     an unreadable model file) reach the client as ``ToolError`` carrying their message, so the agent can correct
     the call; the SDK turns anything else into a bare "Error executing tool" (a crash's text stays here)."""
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def run_async(*args: Any, **kwargs: Any) -> Any:
             try:
                 return await fn(*args, **kwargs)
             except ValueError as exc:
                 raise ToolError(str(exc)) from exc
+
         return run_async
 
     @functools.wraps(fn)
@@ -155,6 +192,7 @@ def _anticipated(fn: Any) -> Any:
             return fn(*args, **kwargs)
         except ValueError as exc:
             raise ToolError(str(exc)) from exc
+
     return run
 
 
@@ -164,10 +202,16 @@ def create_server() -> MCPServer:
 
     @server.tool(annotations=ro)
     @_anticipated
-    def validate_config(config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
-                        nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
-                        model: ModelArg = None, torch_version: TorchVersion = None,
-                        overrides: LaunchOverrides = None) -> ValidationReport:
+    def validate_config(
+        config_yaml: ConfigYaml = None,
+        config_path: ConfigPath = None,
+        world_size: WorldSize = None,
+        nodes: Nodes = None,
+        gpus_per_node: GpusPerNode = None,
+        model: ModelArg = None,
+        torch_version: TorchVersion = None,
+        overrides: LaunchOverrides = None,
+    ) -> ValidationReport:
         """Check a NeMo AutoModel 0.7.0 recipe or distributed: block: every error AutoModel raises or hits mid-run
         (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
         try:
@@ -177,20 +221,39 @@ def create_server() -> MCPServer:
             return ValidationReport(valid=False, source=config_path, findings=[exc.finding])
         from .api import validate_config as _validate_config
 
-        return _validate_config(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
-                                model=model, torch_version=torch_version, overrides=overrides)
+        return _validate_config(
+            config,
+            world_size=world_size,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            model=model,
+            torch_version=torch_version,
+            overrides=overrides,
+        )
 
     @server.tool(annotations=ro)
     @_anticipated
-    def build_mesh(world_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description=(
-                       "Total ranks (or nodes x gpus_per_node, or the recipe's ci: block)."))] = None,
-                   config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
-                   ranks: Annotated[list[Annotated[int, Field(ge=0)]] | None,
-                                    Field(default=None, max_length=64,
-                                          description="Ranks to list groups for (default: all up to 64, else 0).")]
-                   = None, gpus_per_node: GpusPerNode = None,
-                   picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None,
-                   overrides: LaunchOverrides = None, nodes: Nodes = None) -> MeshResult:
+    def build_mesh(
+        world_size: Annotated[
+            int | None,
+            Field(
+                default=None,
+                ge=1,
+                le=1 << 24,
+                description=("Total ranks (or nodes x gpus_per_node, or the recipe's ci: block)."),
+            ),
+        ] = None,
+        config_yaml: ConfigYaml = None,
+        config_path: ConfigPath = None,
+        ranks: Annotated[
+            list[Annotated[int, Field(ge=0)]] | None,
+            Field(default=None, max_length=64, description="Ranks to list groups for (default: all up to 64, else 0)."),
+        ] = None,
+        gpus_per_node: GpusPerNode = None,
+        picture_axis: Annotated[str | None, Field(default=None, max_length=32)] = None,
+        overrides: LaunchOverrides = None,
+        nodes: Nodes = None,
+    ) -> MeshResult:
         """AutoModel's exact device_mesh / flattened axes / moe_mesh and each requested rank's groups on every axis,
         which groups cross nodes, and a text picture of ranks per node. No GPUs needed."""
         try:
@@ -200,30 +263,48 @@ def create_server() -> MCPServer:
         from .api import build_layout, mesh_report
 
         try:
-            lay, report = build_layout(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node,
-                                       overrides=overrides)
+            lay, report = build_layout(
+                config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, overrides=overrides
+            )
         except ConfigError as exc:
             if exc.report.world_size is None and not exc.report.errors:
-                raise ValueError("the world size is unknown: give world_size, or nodes and gpus_per_node (or a "
-                                 "recipe with a ci: block)") from None
+                raise ValueError(
+                    "the world size is unknown: give world_size, or nodes and gpus_per_node (or a "
+                    "recipe with a ci: block)"
+                ) from None
             return MeshResult(valid=False, findings=exc.report.findings)
-        mesh = mesh_report(lay, report, ranks=ranks, gpus_per_node=gpus_per_node or report.gpus_per_node,
-                           picture_axis=picture_axis)
+        mesh = mesh_report(
+            lay, report, ranks=ranks, gpus_per_node=gpus_per_node or report.gpus_per_node, picture_axis=picture_axis
+        )
         return MeshResult(valid=True, mesh=mesh, findings=mesh.findings)
 
     @server.tool(annotations=ro)
     @_anticipated
     def suggest_strategy(
-        model: Annotated[str | None, Field(default=None, max_length=4096, description=(
-            "Catalog name (list_models) or config.json path; required unless the recipe names a catalog model."))]
-        = None,
-        nodes: Annotated[int | None, Field(default=None, ge=1, le=1 << 17, description=(
-            "Nodes (default: the recipe's ci: block, else 1)."))] = None,
+        model: Annotated[
+            str | None,
+            Field(
+                default=None,
+                max_length=4096,
+                description=(
+                    "Catalog name (list_models) or config.json path; required unless the recipe names a catalog model."
+                ),
+            ),
+        ] = None,
+        nodes: Annotated[
+            int | None,
+            Field(default=None, ge=1, le=1 << 17, description=("Nodes (default: the recipe's ci: block, else 1).")),
+        ] = None,
         gpus_per_node: GpusPerNode = None,
-        gpu: Annotated[str, Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, "
-                                                             "GB200, L40S")] = "H100-80GB",
-        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22, description=(
-            "Tokens per sequence (default: the recipe's, else 4096)."))] = None,
+        gpu: Annotated[
+            str, Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, GB200, L40S")
+        ] = "H100-80GB",
+        seq_len: Annotated[
+            int | None,
+            Field(
+                default=None, ge=16, le=1 << 22, description=("Tokens per sequence (default: the recipe's, else 4096).")
+            ),
+        ] = None,
         global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
         micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
         precision: Literal["bf16", "bf16-mixed", "fp32"] = "bf16",
@@ -233,12 +314,26 @@ def create_server() -> MCPServer:
         memory_gib: MemoryGib = None,
         intra_gbps: IntraGbps = None,
         inter_gbps: InterGbps = None,
-        strategies: Annotated[list[Literal["fsdp2", "megatron_fsdp", "ddp"]] | None, Field(
-            default=None, min_length=1, max_length=3,
-            description="Search only these strategies (default: all three).")] = None,
-        config_yaml: Annotated[str | None, Field(default=None, max_length=MAX_YAML_CHARS, description=(
-            "A recipe (YAML text): fills model, nodes, seq_len and batch sizes not given, and its own layout is "
-            "compared with the candidates."))] = None,
+        strategies: Annotated[
+            list[Literal["fsdp2", "megatron_fsdp", "ddp"]] | None,
+            Field(
+                default=None,
+                min_length=1,
+                max_length=3,
+                description="Search only these strategies (default: all three).",
+            ),
+        ] = None,
+        config_yaml: Annotated[
+            str | None,
+            Field(
+                default=None,
+                max_length=MAX_YAML_CHARS,
+                description=(
+                    "A recipe (YAML text): fills model, nodes, seq_len and batch sizes not given, and its own layout is "
+                    "compared with the candidates."
+                ),
+            ),
+        ] = None,
         config_path: ConfigPath = None,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
@@ -250,19 +345,44 @@ def create_server() -> MCPServer:
             config = _config(config_yaml, config_path, required=False)
         except _Unreadable as exc:
             raise ValueError(exc.finding.message) from None
-        return _suggest(model, config=config, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len,
-                        global_batch_size=global_batch_size, micro_batch_size=micro_batch_size, precision=precision,
-                        allow_activation_checkpointing=allow_activation_checkpointing, headroom=headroom, top_k=top_k,
-                        memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps, strategies=strategies)
+        return _suggest(
+            model,
+            config=config,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            gpu=gpu,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            precision=precision,
+            allow_activation_checkpointing=allow_activation_checkpointing,
+            headroom=headroom,
+            top_k=top_k,
+            memory_gib=memory_gib,
+            intra_gbps=intra_gbps,
+            inter_gbps=inter_gbps,
+            strategies=strategies,
+        )
 
     @server.tool(annotations=ro)
     @_anticipated
     def estimate_memory(
-        model: Annotated[str | None, Field(default=None, max_length=4096, description=(
-            "Catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path when the "
-            "catalog has it)."))] = None,
-        config_yaml: ConfigYaml = None, config_path: ConfigPath = None, world_size: WorldSize = None,
-        nodes: Nodes = None, gpus_per_node: GpusPerNode = None,
+        model: Annotated[
+            str | None,
+            Field(
+                default=None,
+                max_length=4096,
+                description=(
+                    "Catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path when the "
+                    "catalog has it)."
+                ),
+            ),
+        ] = None,
+        config_yaml: ConfigYaml = None,
+        config_path: ConfigPath = None,
+        world_size: WorldSize = None,
+        nodes: Nodes = None,
+        gpus_per_node: GpusPerNode = None,
         gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
         seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22)] = None,
         micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
@@ -279,24 +399,50 @@ def create_server() -> MCPServer:
         from .estimate import estimate_memory as _estimate
 
         try:
-            est = _estimate(_config(config_yaml, config_path), model=_model_arg(model), world_size=world_size, nodes=nodes,
-                            gpus_per_node=gpus_per_node, gpu=gpu, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                            global_batch_size=global_batch_size, precision=precision, overrides=overrides,
-                            headroom=headroom, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+            est = _estimate(
+                _config(config_yaml, config_path),
+                model=_model_arg(model),
+                world_size=world_size,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                gpu=gpu,
+                seq_len=seq_len,
+                micro_batch_size=micro_batch_size,
+                global_batch_size=global_batch_size,
+                precision=precision,
+                overrides=overrides,
+                headroom=headroom,
+                memory_gib=memory_gib,
+                intra_gbps=intra_gbps,
+                inter_gbps=inter_gbps,
+            )
         except _Unreadable as exc:
             return EstimateResult(valid=False, findings=[exc.finding])
         except ConfigError as exc:
             return EstimateResult(valid=False, findings=exc.report.findings)
         return EstimateResult(valid=True, estimate=est, findings=est.findings)
 
-    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-                                             open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+        )
+    )
     @_anticipated
     async def run_smoke_test(
         ctx: Context,
-        world_size: Annotated[int | None, Field(default=None, ge=1, le=64, description=(
-            "Processes to launch (default 4, or the smallest number the layout is valid on when 4 is not)."))] = None,
-        config_yaml: ConfigYaml = None, config_path: ConfigPath = None,
+        world_size: Annotated[
+            int | None,
+            Field(
+                default=None,
+                ge=1,
+                le=64,
+                description=(
+                    "Processes to launch (default 4, or the smallest number the layout is valid on when 4 is not)."
+                ),
+            ),
+        ] = None,
+        config_yaml: ConfigYaml = None,
+        config_path: ConfigPath = None,
         steps: Annotated[int, Field(ge=1, le=20)] = 3,
         model: Literal["tiny-llama", "tiny-moe"] = "tiny-llama",
         backend: Literal["gloo", "nccl"] | None = None,
@@ -311,8 +457,9 @@ def create_server() -> MCPServer:
         pp_schedule: Annotated[str | None, Field(default=None, max_length=32)] = None,
         sequence_parallel: bool | None = None,
         activation_checkpointing: bool | Literal["selective"] | None = None,
-        fault: Annotated[str | None, Field(default=None, max_length=32,
-                                           description="Testing only: crash@R:S, hang@R:S or skew@R:S.")] = None,
+        fault: Annotated[
+            str | None, Field(default=None, max_length=32, description="Testing only: crash@R:S, hang@R:S or skew@R:S.")
+        ] = None,
         overrides: LaunchOverrides = None,
     ) -> SmokeReport:
         """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs):
@@ -328,12 +475,28 @@ def create_server() -> MCPServer:
 
         def work() -> None:
             try:
-                box["report"] = _smoke(source, world_size=world_size, steps=steps, model=model, backend=backend,
-                                       precision=precision, timeout_s=timeout_s, fault=fault, cancel=cancel,
-                                       progress=lambda *e: events.append(e), strategy=strategy, tp=tp, pp=pp, cp=cp,
-                                       ep=ep, dp_replicate=dp_replicate, pp_schedule=pp_schedule,
-                                       sequence_parallel=sequence_parallel,
-                                       activation_checkpointing=activation_checkpointing, overrides=overrides)
+                box["report"] = _smoke(
+                    source,
+                    world_size=world_size,
+                    steps=steps,
+                    model=model,
+                    backend=backend,
+                    precision=precision,
+                    timeout_s=timeout_s,
+                    fault=fault,
+                    cancel=cancel,
+                    progress=lambda *e: events.append(e),
+                    strategy=strategy,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    ep=ep,
+                    dp_replicate=dp_replicate,
+                    pp_schedule=pp_schedule,
+                    sequence_parallel=sequence_parallel,
+                    activation_checkpointing=activation_checkpointing,
+                    overrides=overrides,
+                )
             except BaseException as exc:  # noqa: BLE001 - surfaced below
                 box["error"] = exc
             finally:
@@ -364,9 +527,11 @@ def create_server() -> MCPServer:
 
     @server.tool(annotations=ro)
     @_anticipated
-    def explain_error(text: Annotated[str, Field(max_length=MAX_TEXT_CHARS,
-                                                 description="An AutoModel/torch error message or traceback.")]
-                      ) -> ExplainReport:
+    def explain_error(
+        text: Annotated[
+            str, Field(max_length=MAX_TEXT_CHARS, description="An AutoModel/torch error message or traceback.")
+        ],
+    ) -> ExplainReport:
         """Match a pasted AutoModel / torch.distributed error or traceback to the rule that explains it: cause and
         fix (e.g. kv heads vs tp, pp_size without a pipeline block, ep vs dp*cp*tp, NCCL timeouts and setup errors,
         rendezvous failures, OOM)."""
@@ -389,9 +554,15 @@ def _version() -> str:
     return __version__
 
 
-def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000,
-          allowed_hosts: list[str] | None = None, allowed_roots: list[str] | None = None,
-          server: MCPServer | None = None) -> None:
+def serve(
+    transport: str = "stdio",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    allowed_hosts: list[str] | None = None,
+    allowed_roots: list[str] | None = None,
+    server: MCPServer | None = None,
+) -> None:
     """Run ``server`` (default: :func:`create_server`) on stdio or streamable HTTP (loopback, DNS-rebinding
     protection on)."""
     from .smoke import kill_all_active
@@ -408,8 +579,9 @@ def serve(transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000
 
     hosts = [f"{h}:*" for h in ("127.0.0.1", "localhost", "[::1]", host)] + [f"{h}:*" for h in allowed_hosts or []]
     origins = [f"http://{h}" for h in hosts]
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                         allowed_origins=origins)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: reachable beyond this machine; DNS-rebinding protection stays on", host)
     server.run("streamable-http", host=host, port=port, transport_security=security)

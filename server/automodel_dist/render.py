@@ -65,7 +65,9 @@ def validation_text(report: ValidationReport) -> str:
     lines = [finding_line(f, report.source) for f in report.findings]
     errors = sum(f.severity == "error" for f in report.findings)
     warnings = sum(f.severity == "warning" for f in report.findings)
-    world = f"world_size={report.world_size} ({report.world_size_source})" if report.world_size else "world_size unknown"
+    world = (
+        f"world_size={report.world_size} ({report.world_size_source})" if report.world_size else "world_size unknown"
+    )
     model = f", model {report.model}" if report.model else ""
     verdict = "VALID" if report.valid else "INVALID"
     lines.append(f"{verdict}: {errors} error(s), {warnings} warning(s); {world}{model}; {resolved_line(report)}")
@@ -120,26 +122,46 @@ def smoke_text(report: Any) -> str:
     lines = [f"{r.status.upper()}: {r.reason or 'every check held'}"]
     lay = r.layout
     if lay.strategy:
-        parts = [f"{k}={getattr(lay, k)}" for k in ("dp", "dp_replicate", "tp", "cp", "pp", "ep")
-                 if getattr(lay, k) not in (None, 1) or k in ("dp", "tp")]
-        extra = [x for x in (lay.pp_schedule, "SP" if lay.sequence_parallel else None,
-                             f"AC={lay.activation_checkpointing}" if lay.activation_checkpointing else None) if x]
-        lines.append(f"layout: {lay.strategy} " + " ".join(parts + extra) + f" on {r.world_size} ranks"
-                     + (f", backend {r.backend} ({r.device})" if r.backend else ""))
+        parts = [
+            f"{k}={getattr(lay, k)}"
+            for k in ("dp", "dp_replicate", "tp", "cp", "pp", "ep")
+            if getattr(lay, k) not in (None, 1) or k in ("dp", "tp")
+        ]
+        extra = [
+            x
+            for x in (
+                lay.pp_schedule,
+                "SP" if lay.sequence_parallel else None,
+                f"AC={lay.activation_checkpointing}" if lay.activation_checkpointing else None,
+            )
+            if x
+        ]
+        lines.append(
+            f"layout: {lay.strategy} "
+            + " ".join(parts + extra)
+            + f" on {r.world_size} ranks"
+            + (f", backend {r.backend} ({r.device})" if r.backend else "")
+        )
     if r.model_dims:
         d = r.model_dims
-        lines.append(f"model: {r.model} ({d['num_layers']} layers, {d['num_heads']} heads / {d['num_kv_heads']} kv, "
-                     f"hidden {d['hidden_size']}" + (f", {d['num_experts']} experts" if d.get("num_experts") else "")
-                     + ")" + (f", {r.tolerance.precision}" if r.tolerance else ""))
+        lines.append(
+            f"model: {r.model} ({d['num_layers']} layers, {d['num_heads']} heads / {d['num_kv_heads']} kv, "
+            f"hidden {d['hidden_size']}"
+            + (f", {d['num_experts']} experts" if d.get("num_experts") else "")
+            + ")"
+            + (f", {r.tolerance.precision}" if r.tolerance else "")
+        )
     if r.losses:
         lines.append("step  loss        reference   rel.diff")
         for i, (a, b, d) in enumerate(zip(r.losses, r.reference_losses, r.loss_rel_diffs)):
             lines.append(f"{i:>4}  {a:<10.6f}  {b:<10.6f}  {d:.1e}")
         tol = r.tolerance
-        lines.append(f"final parameters off by {r.max_param_rel_diff:.1e} (bound {tol.param_rel:.0e}), first-step "
-                     f"gradients by {r.max_grad_rel_diff:.1e} (bound {tol.grad_rel:.0e}), loss bound "
-                     f"{tol.loss_rel:.0e}; loss decreasing: {r.loss_decreasing}; meshes match the engine: "
-                     f"{r.mesh_matches}")
+        lines.append(
+            f"final parameters off by {r.max_param_rel_diff:.1e} (bound {tol.param_rel:.0e}), first-step "
+            f"gradients by {r.max_grad_rel_diff:.1e} (bound {tol.grad_rel:.0e}), loss bound "
+            f"{tol.loss_rel:.0e}; loss decreasing: {r.loss_decreasing}; meshes match the engine: "
+            f"{r.mesh_matches}"
+        )
     for f in r.findings:
         lines.append(f"{f.severity}[{f.rule}]: {f.message}")
     lines += [f"note: {n}" for n in r.notes]
@@ -157,30 +179,39 @@ def smoke_text(report: Any) -> str:
     mem = [x for x in r.ranks if x.peak_rss_mib]
     if mem:
         worst = max(mem, key=lambda x: x.peak_rss_mib or 0)
-        lines.append(f"memory: peak RSS up to {worst.peak_rss_mib:.0f} MiB/rank; params+grads+optimizer "
-                     f"{((worst.param_bytes or 0) + (worst.grad_bytes or 0) + (worst.optim_bytes or 0)) / 1024:.1f} KiB "
-                     f"on rank {worst.rank}")
+        lines.append(
+            f"memory: peak RSS up to {worst.peak_rss_mib:.0f} MiB/rank; params+grads+optimizer "
+            f"{((worst.param_bytes or 0) + (worst.grad_bytes or 0) + (worst.optim_bytes or 0)) / 1024:.1f} KiB "
+            f"on rank {worst.rank}"
+        )
     t = r.timing
     if t.total_s:
-        parts = [f"{k} {getattr(t, k + '_s'):.1f}s" for k in ("launch", "import", "init", "steps", "check", "teardown")
-                 if getattr(t, k + "_s") is not None]
+        parts = [
+            f"{k} {getattr(t, k + '_s'):.1f}s"
+            for k in ("launch", "import", "init", "steps", "check", "teardown")
+            if getattr(t, k + "_s") is not None
+        ]
         lines.append(f"time: {t.total_s:.1f}s total" + (" (" + ", ".join(parts) + ")" if parts else ""))
     if r.command:
-        lines.append(f"reproduce: add `--export DIR --world-size {r.world_size}` to this command (it prints the "
-                     f"torchrun/srun lines for a cluster too), run `{r.command}` in DIR, then "
-                     "`automodel-dist smoke --judge DIR`")
+        lines.append(
+            f"reproduce: add `--export DIR --world-size {r.world_size}` to this command (it prints the "
+            f"torchrun/srun lines for a cluster too), run `{r.command}` in DIR, then "
+            "`automodel-dist smoke --judge DIR`"
+        )
     return "\n".join(lines)
 
 
 def smoke_export_text(e: Any) -> str:
     """How to launch an exported smoke run and judge it."""
-    lines = [f"wrote {e.spec_file}: a smoke run on {e.world_size} ranks",
-             f"run it in {e.directory} with automodel-dist installed (each rank writes rank<R>.json there; on several "
-             "nodes the directory must be on a shared filesystem; NCCL when every rank has a GPU, else gloo):",
-             f"  one node:   {e.command}",
-             f"  multi-node: {e.multinode_command}",
-             f"  slurm:      {e.srun_command}",
-             f"then: {e.judge_command}"]
+    lines = [
+        f"wrote {e.spec_file}: a smoke run on {e.world_size} ranks",
+        f"run it in {e.directory} with automodel-dist installed (each rank writes rank<R>.json there; on several "
+        "nodes the directory must be on a shared filesystem; NCCL when every rank has a GPU, else gloo):",
+        f"  one node:   {e.command}",
+        f"  multi-node: {e.multinode_command}",
+        f"  slurm:      {e.srun_command}",
+        f"then: {e.judge_command}",
+    ]
     lines += [f"{f.severity}[{f.rule}]: {f.message}" for f in e.findings]
     lines += [f"note: {n}" for n in e.notes]
     return "\n".join(lines)
@@ -194,16 +225,21 @@ def explain_text(report: Any, *, lines: bool = True) -> str:
         if m.ranks:
             where.append(("rank " if len(m.ranks) == 1 else "ranks ") + ", ".join(map(str, m.ranks)))
         after = "  (usually a consequence: find the root cause first)" if m.consequence else ""
-        out.append(f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}"
-                   + (f"  ({', '.join(where)})" if where else "") + f"\n  cause:   {m.cause}\n  fix:     {m.fix}")
+        out.append(
+            f"[{m.rule}] {m.title}{after}\n  matched: {m.matched}"
+            + (f"  ({', '.join(where)})" if where else "")
+            + f"\n  cause:   {m.cause}\n  fix:     {m.fix}"
+        )
     if report.hint:
         out.append(report.hint)
     return "\n".join(out)
 
 
 def _gib_line(mem: Any) -> str:
-    return (f"params {mem.params:.1f} + grads {mem.grads:.1f} + optimizer {mem.optimizer:.1f} + activations "
-            f"{mem.activations:.1f} + buffers {mem.buffers:.1f} + overhead {mem.overhead:.1f} = {mem.total:.1f} GiB")
+    return (
+        f"params {mem.params:.1f} + grads {mem.grads:.1f} + optimizer {mem.optimizer:.1f} + activations "
+        f"{mem.activations:.1f} + buffers {mem.buffers:.1f} + overhead {mem.overhead:.1f} = {mem.total:.1f} GiB"
+    )
 
 
 def _bytes(n: float) -> str:
@@ -223,36 +259,53 @@ def _gpu_terms(r: Any) -> str:
 
 def estimate_text(est: Any) -> str:
     lay = est.layout
-    lines = [f"{est.model} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
-             f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
-             f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"]
+    lines = [
+        f"{est.model} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
+        f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
+        f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"
+    ]
     if est.assumed:
         lines.append(_assumed({"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}, est.assumed))
     mem = est.memory_gib
     verdict = "fits" if est.fits else "DOES NOT FIT"
-    lines.append(f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
-                 f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom")
+    lines.append(
+        f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
+        f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom"
+    )
     if mem.deferred_grads:
-        lines.append(f"of the buffers, {mem.deferred_grads:.1f} GiB are gradients held unsharded in fp32 until the "
-                     "step's last backward (defer_fsdp_grad_sync: true, AutoModel's default, with gradient "
-                     "accumulation or PP); defer_fsdp_grad_sync: false reduce-scatters after every backward instead")
+        lines.append(
+            f"of the buffers, {mem.deferred_grads:.1f} GiB are gradients held unsharded in fp32 until the "
+            "step's last backward (defer_fsdp_grad_sync: true, AutoModel's default, with gradient "
+            "accumulation or PP); defer_fsdp_grad_sync: false reduce-scatters after every backward instead"
+        )
     if est.comm_bytes_per_step:
-        lines.append("communication per step per GPU: " + ", ".join(
-            f"{k} {_bytes(v)} ({est.comm_time_s[k]:.2f} s{', crosses nodes' if est.crosses_nodes.get(k) else ''})"
-            for k, v in est.comm_bytes_per_step.items()))
+        lines.append(
+            "communication per step per GPU: "
+            + ", ".join(
+                f"{k} {_bytes(v)} ({est.comm_time_s[k]:.2f} s{', crosses nodes' if est.crosses_nodes.get(k) else ''})"
+                for k, v in est.comm_bytes_per_step.items()
+            )
+        )
     limits = f"limits of this layout with {est.headroom:.0%} headroom: "
     if est.max_seq_len is None:
         low = est.shortest
-        limits += (f"not even {est.shortest_seq_len} tokens at micro batch {est.micro_batch_size} fit: they need "
-                   f"{_gib_line(low)}" if low is not None else
-                   f"not even the shortest seq_len at micro batch {est.micro_batch_size} fits")
+        limits += (
+            f"not even {est.shortest_seq_len} tokens at micro batch {est.micro_batch_size} fit: they need "
+            f"{_gib_line(low)}"
+            if low is not None
+            else f"not even the shortest seq_len at micro batch {est.micro_batch_size} fits"
+        )
     else:
-        limits += (f"seq_len up to {est.max_seq_len:,} at micro batch {est.micro_batch_size}; "
-                   + (f"micro batch up to {est.max_micro_batch_size:,}" if est.max_micro_batch_size else
-                      "no micro batch fits") + f" at seq_len {est.seq_len:,}")
+        limits += (
+            f"seq_len up to {est.max_seq_len:,} at micro batch {est.micro_batch_size}; "
+            + (f"micro batch up to {est.max_micro_batch_size:,}" if est.max_micro_batch_size else "no micro batch fits")
+            + f" at seq_len {est.seq_len:,}"
+        )
     lines.append(limits)
-    lines.append(f"step time ~{est.step_time_s:.2f} s ({est.tokens_per_step} tokens, {est.grad_accumulation_steps} "
-                 f"grad-accumulation step(s), bubble {est.bubble_fraction:.0%}), MFU ~{est.mfu:.0%}")
+    lines.append(
+        f"step time ~{est.step_time_s:.2f} s ({est.tokens_per_step} tokens, {est.grad_accumulation_steps} "
+        f"grad-accumulation step(s), bubble {est.bubble_fraction:.0%}), MFU ~{est.mfu:.0%}"
+    )
     for f in est.findings:
         lines.append(f"{f.severity}[{f.rule}]: {f.message}")
     lines.append("assumptions: " + "; ".join(est.assumptions))
@@ -260,13 +313,21 @@ def estimate_text(est: Any) -> str:
 
 
 def suggest_text(rep: Any) -> str:
-    lines = [f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
-             f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
-             f"{rep.precision}: {rep.searched} layouts searched"
-             f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
-             f"with {rep.headroom:.0%} headroom"]
-    values = {"model": rep.model, "nodes": rep.nodes, "gpus_per_node": rep.gpus_per_node, "seq_len": rep.seq_len,
-              "global_batch_size": rep.global_batch_size, "micro_batch_size": rep.micro_batch_size}
+    lines = [
+        f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
+        f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
+        f"{rep.precision}: {rep.searched} layouts searched"
+        f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
+        f"with {rep.headroom:.0%} headroom"
+    ]
+    values = {
+        "model": rep.model,
+        "nodes": rep.nodes,
+        "gpus_per_node": rep.gpus_per_node,
+        "seq_len": rep.seq_len,
+        "global_batch_size": rep.global_batch_size,
+        "micro_batch_size": rep.micro_batch_size,
+    }
     if rep.from_recipe:
         lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))
     if rep.current is not None and rep.assumed:
@@ -278,16 +339,26 @@ def suggest_text(rep: Any) -> str:
             lines.append(f"{mine} is invalid on {rep.world_size} GPUs: " + "; ".join(cur.errors[:3]))
         else:
             faster = cur.best_speedup is not None and cur.best_speedup > 1.005
-            verdict = ("" if cur.best_speedup is None else
-                       f"; #1 is {cur.best_speedup:.2f}x faster" if cur.fits and faster else
-                       "; #1 is as fast" if cur.fits else
-                       "; #1 fits" + (f" and is {cur.best_speedup:.2f}x faster" if faster else ""))
-            lines.append(f"{mine}: est. {cur.step_time_s:.2f} s/step, {cur.memory_gib:.1f} GiB/GPU, "
-                         + ("fits" if cur.fits else "does NOT fit") + verdict)
+            verdict = (
+                ""
+                if cur.best_speedup is None
+                else f"; #1 is {cur.best_speedup:.2f}x faster"
+                if cur.fits and faster
+                else "; #1 is as fast"
+                if cur.fits
+                else "; #1 fits" + (f" and is {cur.best_speedup:.2f}x faster" if faster else "")
+            )
+            lines.append(
+                f"{mine}: est. {cur.step_time_s:.2f} s/step, {cur.memory_gib:.1f} GiB/GPU, "
+                + ("fits" if cur.fits else "does NOT fit")
+                + verdict
+            )
     for c in rep.candidates:
         lines.append("")
-        lines.append(f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
-                     f"{c.memory_gib.total:.1f} GiB/GPU")
+        lines.append(
+            f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
+            f"{c.memory_gib.total:.1f} GiB/GPU"
+        )
         for r in c.rationale:
             lines.append(f"    - {r}")
         for f in c.findings:
@@ -308,10 +379,25 @@ def _assumed(values: dict[str, Any], keys: list[str]) -> str:
 
 def _brief(block: dict[str, Any]) -> str:
     """A distributed: block's layout keys (values other than the defaults 1, null, false), as a flow mapping."""
-    keys = ("strategy", "dp_size", "dp_replicate_size", "tp_size", "cp_size", "pp_size", "ep_size", "sequence_parallel",
-            "activation_checkpointing")
-    kept = {k: block[k] for k in keys if k in block and block[k] is not None and block[k] is not False
-            and not (type(block[k]) is int and block[k] == 1)}
+    keys = (
+        "strategy",
+        "dp_size",
+        "dp_replicate_size",
+        "tp_size",
+        "cp_size",
+        "pp_size",
+        "ep_size",
+        "sequence_parallel",
+        "activation_checkpointing",
+    )
+    kept = {
+        k: block[k]
+        for k in keys
+        if k in block
+        and block[k] is not None
+        and block[k] is not False
+        and not (type(block[k]) is int and block[k] == 1)
+    }
     pipe = block.get("pipeline")
     if isinstance(pipe, dict) and "pp_size" in kept:
         kept["pipeline"] = {k: pipe[k] for k in ("pp_schedule", "pp_microbatch_size") if k in pipe}
@@ -328,12 +414,21 @@ def _short(ranks: list[int] | None, limit: int = 8) -> str:
         return "-"
     if len(ranks) <= limit:
         return "[" + ",".join(map(str, ranks)) + "]"
-    return "[" + ",".join(map(str, ranks[:limit // 2])) + f",...({len(ranks)})," + ",".join(
-        map(str, ranks[-2:])) + "]"
+    return "[" + ",".join(map(str, ranks[: limit // 2])) + f",...({len(ranks)})," + ",".join(map(str, ranks[-2:])) + "]"
 
 
-_PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
-            "#bab0ac"]
+_PALETTE = [
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+]
 
 
 def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None = None, max_nodes: int = 64) -> str:
@@ -345,11 +440,14 @@ def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None 
     cell, pad, left, top = 34, 4, 70, 30
     width, height = left + g * (cell + pad) + pad, top + nodes * (cell + pad) + pad + 10
     title = f"{axis} groups" if axis else "ranks (no device mesh)"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
-           f'font-size="10">',
-           f'<text x="4" y="16" font-size="12">{html.escape(title)}, {lay.world_size} ranks, '
-           f'{html.escape(lay.strategy)}' + (f", first {nodes} of {total_nodes} nodes" if nodes < total_nodes else "")
-           + '</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+        f'font-size="10">',
+        f'<text x="4" y="16" font-size="12">{html.escape(title)}, {lay.world_size} ranks, '
+        f"{html.escape(lay.strategy)}"
+        + (f", first {nodes} of {total_nodes} nodes" if nodes < total_nodes else "")
+        + "</text>",
+    ]
     for node in range(nodes):
         y = top + node * (cell + pad)
         out.append(f'<text x="4" y="{y + cell // 2 + 4}">node {node}</text>')

@@ -46,8 +46,9 @@ class ValidationReport(BaseModel):
     valid: bool
     world_size: int | None = None
     world_size_source: str | None = Field(default=None, description="Where world_size came from.")
-    gpus_per_node: int | None = Field(default=None, description="GPUs per node the node checks used (argument or "
-                                      "the recipe's ci: block), when known.")
+    gpus_per_node: int | None = Field(
+        default=None, description="GPUs per node the node checks used (argument or the recipe's ci: block), when known."
+    )
     source: str | None = Field(default=None, description="File name, when validated from a file.")
     model: str | None = Field(default=None, description="Model used for model-aware checks.")
     findings: list[Finding] = Field(default_factory=list)
@@ -90,7 +91,8 @@ class AxisInfo(BaseModel):
         default=None, description="How many of the groups span more than one node (when gpus_per_node is known)."
     )
     example_crossing: list[int] | None = Field(
-        default=None, description="One group that spans nodes (listed for groups of at most 4,096 ranks).")
+        default=None, description="One group that spans nodes (listed for groups of at most 4,096 ranks)."
+    )
 
 
 class GroupSpec(BaseModel):
@@ -119,11 +121,15 @@ class MeshReport(BaseModel):
     )
     axes: list[AxisInfo] = Field(default_factory=list)
     rank_groups: dict[str, dict[str, list[int]] | None] = Field(
-        default_factory=dict, description="Per requested rank: its group on every axis (groups of at most 4,096 "
-        "ranks; larger ones are in large_groups). null: the rank is outside the mesh; {}: DDP, no mesh.")
+        default_factory=dict,
+        description="Per requested rank: its group on every axis (groups of at most 4,096 "
+        "ranks; larger ones are in large_groups). null: the rank is outside the mesh; {}: DDP, no mesh.",
+    )
     large_groups: dict[str, dict[str, GroupSpec]] = Field(
-        default_factory=dict, description="Per requested rank: its groups of more than 4,096 ranks, exactly, "
-        "as first rank and (count, stride) dims.")
+        default_factory=dict,
+        description="Per requested rank: its groups of more than 4,096 ranks, exactly, "
+        "as first rank and (count, stride) dims.",
+    )
     findings: list[Finding] = Field(default_factory=list)
     picture: str | None = None
 
@@ -139,10 +145,15 @@ class Explanation(BaseModel):
     cause: str
     fix: str
     line: int | None = Field(default=None, description="Line of the text (1-based) where it first matched.")
-    ranks: list[int] = Field(default_factory=list, description="Ranks whose lines matched ([rankN]: / [Rank N] "
-                             "prefixes of torchrun and NCCL logs).")
-    consequence: bool = Field(default=False, description="Usually a consequence of another rank's failure (a "
-                              "timeout, a vanished peer): look at the matches before it first.")
+    ranks: list[int] = Field(
+        default_factory=list,
+        description="Ranks whose lines matched ([rankN]: / [Rank N] prefixes of torchrun and NCCL logs).",
+    )
+    consequence: bool = Field(
+        default=False,
+        description="Usually a consequence of another rank's failure (a "
+        "timeout, a vanished peer): look at the matches before it first.",
+    )
 
 
 class ExplainReport(BaseModel):

@@ -49,8 +49,9 @@ def _microbatches(p: ParallelDims, gbs: int, mbs: int) -> int | None:
     return gbs // p.dp // mbs if p.pp > 1 and p.dp else None
 
 
-def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, allow_ac: bool,
-             strategies: tuple[str, ...]) -> Iterator[ParallelDims]:
+def _options(
+    m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, allow_ac: bool, strategies: tuple[str, ...]
+) -> Iterator[ParallelDims]:
     tps = [t for t in valid_tp_sizes(m) if world % t == 0 and t <= max(gpn, 1) * 2]
     eps = valid_ep_sizes(m)
     acs: list[bool | str] = [False, "selective", True] if allow_ac else [False]
@@ -82,9 +83,17 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                     if strategy == "fsdp2":  # HSDP: shard groups of at least a node, replicated across them
                         reps += [r for r in divisors(dp) if 1 < r < dp and (dp // r) * cp * tp >= gpn]
                     for rep in reps:
-                        for ep in ([1] if strategy != "fsdp2" else [
-                                e for e in eps if (dp * cp * tp) % e == 0 and not moe_tp_unplanned(tp, e)
-                                and (e == 1 or expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e)))]):
+                        for ep in (
+                            [1]
+                            if strategy != "fsdp2"
+                            else [
+                                e
+                                for e in eps
+                                if (dp * cp * tp) % e == 0
+                                and not moe_tp_unplanned(tp, e)
+                                and (e == 1 or expert_shard_ok(m, ep_shard_size(dp=dp, cp=cp, tp=tp, ep=e)))
+                            ]
+                        ):
                             for sched in schedules:
                                 for ac in acs:
                                     if ac == "selective" and strategy == "megatron_fsdp":
@@ -92,11 +101,19 @@ def _options(m: ModelSpec, world: int, gpn: int, seq: int, gbs: int, mbs: int, a
                                     if ac and applied_ac(strategy, ac, world) is False:  # megatron_fsdp skips AC
                                         continue
                                     yield ParallelDims(
-                                        strategy=strategy, world_size=world, tp=tp, pp=pp, cp=cp, ep=ep,
-                                        dp_replicate=rep, sequence_parallel=tp > 1 and strategy == "fsdp2",
-                                        activation_checkpointing=ac, pp_schedule=sched,
+                                        strategy=strategy,
+                                        world_size=world,
+                                        tp=tp,
+                                        pp=pp,
+                                        cp=cp,
+                                        ep=ep,
+                                        dp_replicate=rep,
+                                        sequence_parallel=tp > 1 and strategy == "fsdp2",
+                                        activation_checkpointing=ac,
+                                        pp_schedule=sched,
                                         pp_microbatch_size=mbs if pp > 1 else None,
-                                        mp_policy=FSDP2_DEFAULT_MP if strategy == "fsdp2" else None)
+                                        mp_policy=FSDP2_DEFAULT_MP if strategy == "fsdp2" else None,
+                                    )
 
 
 def _may_fit_eagerly(mem: MemoryBreakdown, budget: float) -> bool:
@@ -117,61 +134,120 @@ def _stages_ok(m: ModelSpec, pp: int, schedule: str, n_mb: int) -> bool:
     return True
 
 
-def _rationale(p: ParallelDims, mem: MemoryBreakdown, comm: Any, cluster: Cluster, m: ModelSpec, tr: Training,
-               no_ac_gib: float | None, freed_gib: float | None = None) -> list[str]:
-    out = [f"peak {mem.total:.1f} GiB per GPU of {cluster.gpu.memory_gib:.0f} GiB (model states "
-           f"{mem.model_states:.1f}, activations {mem.activations:.1f}, buffers {mem.buffers:.1f}, overhead "
-           f"{mem.overhead:.1f}); est. step {comm.step_time_s:.2f} s, MFU {comm.mfu:.0%}"]
+def _rationale(
+    p: ParallelDims,
+    mem: MemoryBreakdown,
+    comm: Any,
+    cluster: Cluster,
+    m: ModelSpec,
+    tr: Training,
+    no_ac_gib: float | None,
+    freed_gib: float | None = None,
+) -> list[str]:
+    out = [
+        f"peak {mem.total:.1f} GiB per GPU of {cluster.gpu.memory_gib:.0f} GiB (model states "
+        f"{mem.model_states:.1f}, activations {mem.activations:.1f}, buffers {mem.buffers:.1f}, overhead "
+        f"{mem.overhead:.1f}); est. step {comm.step_time_s:.2f} s, MFU {comm.mfu:.0%}"
+    ]
     shard = p.dp_shard * p.cp
     if p.strategy == "fsdp2":
-        held = (f"FSDP2 shards parameters, gradients and optimizer states over {shard} ranks" if shard > 1 else
-                "FSDP2 with a shard group of 1: each GPU holds whole parameters, gradients and optimizer states "
-                "of its tp/pp slice")
-        out.append(held + (f", replicated {p.dp_replicate}x (HSDP: the all-reduce across replicas is the only "
-                           "cross-group gradient traffic)" if p.dp_replicate > 1 else ""))
+        held = (
+            f"FSDP2 shards parameters, gradients and optimizer states over {shard} ranks"
+            if shard > 1
+            else "FSDP2 with a shard group of 1: each GPU holds whole parameters, gradients and optimizer states "
+            "of its tp/pp slice"
+        )
+        out.append(
+            held
+            + (
+                f", replicated {p.dp_replicate}x (HSDP: the all-reduce across replicas is the only "
+                "cross-group gradient traffic)"
+                if p.dp_replicate > 1
+                else ""
+            )
+        )
     elif p.strategy == "ddp":
         out.append("DDP: the model fits replicated; one gradient all-reduce per step, the least communication")
     else:
         sharded = p.dp * p.cp
-        out.append(f"MegatronFSDP (ZeRO-3) shards everything over {sharded} ranks" if sharded > 1 else
-                   "MegatronFSDP with a data-parallel group of 1: nothing is sharded beyond tp/pp")
+        out.append(
+            f"MegatronFSDP (ZeRO-3) shards everything over {sharded} ranks"
+            if sharded > 1
+            else "MegatronFSDP with a data-parallel group of 1: nothing is sharded beyond tp/pp"
+        )
     if p.tp > 1:
-        where = "cross nodes (inter-node bandwidth!)" if comm.crosses_nodes.get("tp") else (
-            f"stay inside a node ({cluster.intra_gbps:.0f} GB/s)")
-        splits = ("every layer's matmuls and activations" if p.sequence_parallel else
-                  "every layer's matmuls (no sequence parallelism: MegatronFSDP's TP plan runs without it)")
-        out.append(f"tp={p.tp}{' with sequence parallelism' if p.sequence_parallel else ''} splits {splits}; "
-                   f"its per-layer collectives {where}")
+        where = (
+            "cross nodes (inter-node bandwidth!)"
+            if comm.crosses_nodes.get("tp")
+            else (f"stay inside a node ({cluster.intra_gbps:.0f} GB/s)")
+        )
+        splits = (
+            "every layer's matmuls and activations"
+            if p.sequence_parallel
+            else "every layer's matmuls (no sequence parallelism: MegatronFSDP's TP plan runs without it)"
+        )
+        out.append(
+            f"tp={p.tp}{' with sequence parallelism' if p.sequence_parallel else ''} splits {splits}; "
+            f"its per-layer collectives {where}"
+        )
     if p.cp > 1:
-        out.append(f"cp={p.cp}: seq_len {tr.seq_len} is split into {p.cp} chunks, cutting activations to "
-                   f"1/{p.cp} for long sequences")
+        out.append(
+            f"cp={p.cp}: seq_len {tr.seq_len} is split into {p.cp} chunks, cutting activations to "
+            f"1/{p.cp} for long sequences"
+        )
     if p.pp > 1:
-        out.append(f"pp={p.pp} ({p.pp_schedule}, {_microbatches(p, tr.global_batch_size or 0, tr.micro_batch_size)} microbatches, bubble {comm.bubble_fraction:.0%}): "
-                   "layers split across stages so each GPU holds a fraction of the model")
+        out.append(
+            f"pp={p.pp} ({p.pp_schedule}, {_microbatches(p, tr.global_batch_size or 0, tr.micro_batch_size)} microbatches, bubble {comm.bubble_fraction:.0%}): "
+            "layers split across stages so each GPU holds a fraction of the model"
+        )
     if p.ep > 1:
-        out.append(f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, " + (
-            f"experts FSDP-sharded over ep_shard={p.ep_shard}" if p.ep_shard > 1 else
-            "expert weights not sharded further (ep_shard=1)"))
+        out.append(
+            f"ep={p.ep}: {m.num_experts // p.ep} of {m.num_experts} experts per rank, "
+            + (
+                f"experts FSDP-sharded over ep_shard={p.ep_shard}"
+                if p.ep_shard > 1
+                else "expert weights not sharded further (ep_shard=1)"
+            )
+        )
     if freed_gib is not None:
-        out.append(f"defer_fsdp_grad_sync: false: gradients are reduce-scattered after every backward pass, "
-                   f"not held unsharded in fp32 until the step's last ({freed_gib:.1f} GiB with AutoModel's default); "
-                   "needed to fit, at the cost of one reduce-scatter per microbatch")
+        out.append(
+            f"defer_fsdp_grad_sync: false: gradients are reduce-scattered after every backward pass, "
+            f"not held unsharded in fp32 until the step's last ({freed_gib:.1f} GiB with AutoModel's default); "
+            "needed to fit, at the cost of one reduce-scatter per microbatch"
+        )
     elif mem.deferred_grads:
-        out.append(f"holds {mem.deferred_grads:.1f} GiB of unsharded fp32 gradients across the step's backward "
-                   "passes (defer_fsdp_grad_sync, AutoModel's default); it fits with them")
+        out.append(
+            f"holds {mem.deferred_grads:.1f} GiB of unsharded fp32 gradients across the step's backward "
+            "passes (defer_fsdp_grad_sync, AutoModel's default); it fits with them"
+        )
     if p.activation_checkpointing and no_ac_gib is not None:
-        out.append(f"activation checkpointing ({'full' if p.activation_checkpointing is True else 'selective'}): "
-                   f"needed to fit (without it: {no_ac_gib:.1f} GiB)")
+        out.append(
+            f"activation checkpointing ({'full' if p.activation_checkpointing is True else 'selective'}): "
+            f"needed to fit (without it: {no_ac_gib:.1f} GiB)"
+        )
     return out
 
 
-def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None = None,
-                     gpus_per_node: int | None = None, gpu: str = "H100-80GB", seq_len: int | None = None,
-                     global_batch_size: int | None = None, micro_batch_size: int | None = None,
-                     precision: str = "bf16", optimizer: str = "adamw", allow_activation_checkpointing: bool = True,
-                     headroom: float = 0.1, top_k: int = 5, strategies: str | Iterable[str] | None = None,
-                     memory_gib: float | None = None, intra_gbps: float | None = None,
-                     inter_gbps: float | None = None) -> SuggestReport:
+def suggest_strategy(
+    model: Any = None,
+    *,
+    config: Any = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str = "H100-80GB",
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    micro_batch_size: int | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    allow_activation_checkpointing: bool = True,
+    headroom: float = 0.1,
+    top_k: int = 5,
+    strategies: str | Iterable[str] | None = None,
+    memory_gib: float | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+) -> SuggestReport:
     """Ranked layouts for ``model`` on ``nodes`` (1) x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
     ``strategies`` (names or AutoModel's aliases, default all three) limits the search.
 
@@ -181,22 +257,44 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     strategies = search_strategies(strategies)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    check_positive_ints({"nodes": nodes, "seq_len": seq_len, "micro_batch_size": micro_batch_size,
-                         "global_batch_size": global_batch_size}, optional=True)
+    check_positive_ints(
+        {
+            "nodes": nodes,
+            "seq_len": seq_len,
+            "micro_batch_size": micro_batch_size,
+            "global_batch_size": global_batch_size,
+        },
+        optional=True,
+    )
     check_positive_ints({"top_k": top_k})
     check_headroom(headroom)
     from_recipe: dict[str, str] = {}
     if config is not None:
         spec, recipe_block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size = _recipe_defaults(
-            config, from_recipe, model=model, nodes=nodes, gpus_per_node=gpus_per_node, seq_len=seq_len,
-            global_batch_size=global_batch_size, micro_batch_size=micro_batch_size)
+            config,
+            from_recipe,
+            model=model,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+        )
     elif model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
         spec = resolve_model(model)
-    assumed = [k for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("seq_len", seq_len),
-                              ("global_batch_size", global_batch_size), ("micro_batch_size", micro_batch_size))
-               if v is None]
+    assumed = [
+        k
+        for k, v in (
+            ("nodes", nodes),
+            ("gpus_per_node", gpus_per_node),
+            ("seq_len", seq_len),
+            ("global_batch_size", global_batch_size),
+            ("micro_batch_size", micro_batch_size),
+        )
+        if v is None
+    ]
     nodes, seq_len, micro_batch_size = nodes or 1, seq_len or 4096, micro_batch_size or 1
     cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     gpn = cluster.gpus_per_node
@@ -205,8 +303,14 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
         raise ValueError(f"world size {world} is too large to search (limit {1 << 20})")
     gbs = global_batch_size or world * micro_batch_size
     storage, compute = PRECISIONS[precision]
-    base_tr = Training(seq_len=seq_len, micro_batch_size=micro_batch_size, global_batch_size=gbs,
-                       storage_dtype=storage, compute_dtype=compute, optimizer=optimizer)
+    base_tr = Training(
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=gbs,
+        storage_dtype=storage,
+        compute_dtype=compute,
+        optimizer=optimizer,
+    )
     budget = cluster.gpu.memory_gib * (1 - headroom)
     scored: list[tuple[float, ParallelDims, MemoryBreakdown, Any]] = []
     oom: list[tuple[float, ParallelDims, MemoryBreakdown]] = []
@@ -215,8 +319,7 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
     fits_without_ac: set[tuple] = set()
     searched = 0
     trainings: dict[int | None, Training] = {}  # one per microbatch count (replace() is slow)
-    for p in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing,
-                      strategies):
+    for p in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing, strategies):
         base_key = (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)
         if p.activation_checkpointing and base_key in fits_without_ac:
             continue  # checkpointing only adds recompute once the layout already fits
@@ -244,8 +347,9 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             oom.append((estimate_comm(spec, p, tr, cluster).step_time_s, p, mem))
         else:
             oom.append((float("inf"), p, mem))
-    scored.sort(key=lambda x: (round(x[0], 3 - int(math.floor(math.log10(max(x[0], 1e-9))))),
-                               _complexity(x[1]), x[2].total))
+    scored.sort(
+        key=lambda x: (round(x[0], 3 - int(math.floor(math.log10(max(x[0], 1e-9))))), _complexity(x[1]), x[2].total)
+    )
     candidates: list[Candidate] = []
     rejected: list[Rejected] = []
     shapes: set[tuple] = set()
@@ -263,50 +367,118 @@ def suggest_strategy(model: Any = None, *, config: Any = None, nodes: int | None
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
             continue
         tps = comm.tokens_per_step / step if step else 0.0
-        candidates.append(Candidate(
-            rank=len(candidates) + 1, yaml=yaml.safe_dump(recipe, sort_keys=False), distributed=block,
-            memory_gib=mem, comm_bytes_per_step=comm.bytes_per_step, step_time_s=step, mfu=comm.mfu,
-            tokens_per_second=tps,
-            rationale=_rationale(p, mem, comm, cluster, spec, base_tr, no_ac.get(
-                (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)), held.get(p)),
-            findings=[f for f in report.findings if f.severity == "warning"]))
-    rejected += _alternatives(spec, world, gpn, cluster, budget, oom, candidates[0].step_time_s if candidates else None,
-                              micro_batch_size, strategies)
+        candidates.append(
+            Candidate(
+                rank=len(candidates) + 1,
+                yaml=yaml.safe_dump(recipe, sort_keys=False),
+                distributed=block,
+                memory_gib=mem,
+                comm_bytes_per_step=comm.bytes_per_step,
+                step_time_s=step,
+                mfu=comm.mfu,
+                tokens_per_second=tps,
+                rationale=_rationale(
+                    p,
+                    mem,
+                    comm,
+                    cluster,
+                    spec,
+                    base_tr,
+                    no_ac.get((p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)),
+                    held.get(p),
+                ),
+                findings=[f for f in report.findings if f.severity == "warning"],
+            )
+        )
+    rejected += _alternatives(
+        spec,
+        world,
+        gpn,
+        cluster,
+        budget,
+        oom,
+        candidates[0].step_time_s if candidates else None,
+        micro_batch_size,
+        strategies,
+    )
     note = None
     if not candidates:
         best = min(oom, key=lambda x: x[2].total) if oom else None
-        note = (f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
-                f"({flow(best[1].to_block())}): add GPUs, use a larger GPU, shorten seq_len or lower the "
-                "micro batch" if best else "no layout could be built for this model and cluster")
+        note = (
+            f"no layout fits {budget:.0f} GiB per GPU; the smallest needs {best[2].total:.1f} GiB "
+            f"({flow(best[1].to_block())}): add GPUs, use a larger GPU, shorten seq_len or lower the "
+            "micro batch"
+            if best
+            else "no layout could be built for this model and cluster"
+        )
     current = None
     if config is not None:
-        current = _current(config, recipe_block, spec, nodes, gpn, cluster, seq_len, global_batch_size, precision,
-                           optimizer, headroom, candidates)
-    return SuggestReport(model=spec.name, nodes=nodes, gpus_per_node=gpn, world_size=world, gpu=cluster.gpu.name,
-                         gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
-                         inter_gbps=cluster.inter_gbps, seq_len=seq_len, global_batch_size=gbs,
-                         micro_batch_size=micro_batch_size, precision=precision, headroom=headroom,
-                         strategies=list(strategies), candidates=candidates, rejected=rejected[:8],
-                         searched=searched, fitting=len(scored), note=note, from_recipe=from_recipe, current=current,
-                         assumed=assumed)
+        current = _current(
+            config,
+            recipe_block,
+            spec,
+            nodes,
+            gpn,
+            cluster,
+            seq_len,
+            global_batch_size,
+            precision,
+            optimizer,
+            headroom,
+            candidates,
+        )
+    return SuggestReport(
+        model=spec.name,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        world_size=world,
+        gpu=cluster.gpu.name,
+        gpu_memory_gib=cluster.gpu.memory_gib,
+        intra_gbps=cluster.intra_gbps,
+        inter_gbps=cluster.inter_gbps,
+        seq_len=seq_len,
+        global_batch_size=gbs,
+        micro_batch_size=micro_batch_size,
+        precision=precision,
+        headroom=headroom,
+        strategies=list(strategies),
+        candidates=candidates,
+        rejected=rejected[:8],
+        searched=searched,
+        fitting=len(scored),
+        note=note,
+        from_recipe=from_recipe,
+        current=current,
+        assumed=assumed,
+    )
 
 
-def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: int | None, gpus_per_node: int | None,
-                     seq_len: int | None, global_batch_size: int | None, micro_batch_size: int | None
-                     ) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None]:
+def _recipe_defaults(
+    config: Any,
+    used: dict[str, str],
+    *,
+    model: Any,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    seq_len: int | None,
+    global_batch_size: int | None,
+    micro_batch_size: int | None,
+) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None]:
     """The model, the recipe's distributed: block and the arguments not passed, from the recipe (``used`` records
     each one's source key)."""
     from .api import analyze
 
-    result = analyze(config, nodes=nodes, gpus_per_node=gpus_per_node,
-                     model=None if model is None else resolve_model(model))
+    result = analyze(
+        config, nodes=nodes, gpus_per_node=gpus_per_node, model=None if model is None else resolve_model(model)
+    )
     report, ctx = result.report, result.context
     if ctx is None:
         raise ValueError("the recipe cannot be read: " + "; ".join(f.message for f in report.errors[:3]))
     spec = model_of(ctx)
     if model is None:
-        used["model"] = next((f.path for f in report.findings if f.rule == "model-from-recipe"),
-                             "model.pretrained_model_name_or_path")
+        used["model"] = next(
+            (f.path for f in report.findings if f.rule == "model-from-recipe"), "model.pretrained_model_name_or_path"
+        )
     if nodes is None and gpus_per_node is None and report.world_size_source == "ci: block":
         nodes, gpus_per_node = ctx.nodes, ctx.gpus_per_node
         used.update(nodes="ci.nodes", gpus_per_node="ci.nproc_per_node")
@@ -322,24 +494,51 @@ def _recipe_defaults(config: Any, used: dict[str, str], *, model: Any, nodes: in
     return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
 
 
-def _current(config: Any, block: dict[str, Any], spec: ModelSpec, nodes: int, gpn: int, cluster: Cluster,
-             seq_len: int, gbs: int | None, precision: str, optimizer: str, headroom: float,
-             candidates: list[Candidate]) -> CurrentLayout:
+def _current(
+    config: Any,
+    block: dict[str, Any],
+    spec: ModelSpec,
+    nodes: int,
+    gpn: int,
+    cluster: Cluster,
+    seq_len: int,
+    gbs: int | None,
+    precision: str,
+    optimizer: str,
+    headroom: float,
+    candidates: list[Candidate],
+) -> CurrentLayout:
     """The recipe's own layout on the same cluster and training sizes, measured as the candidates are."""
     from .estimate import estimate_memory
     from .report import ConfigError
 
     try:
-        est = estimate_memory(config, model=spec, nodes=nodes, gpus_per_node=gpn, gpu=cluster.gpu.name,
-                              seq_len=seq_len, global_batch_size=gbs, precision=precision, optimizer=optimizer,
-                              headroom=headroom, memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps,
-                              inter_gbps=cluster.inter_gbps)
+        est = estimate_memory(
+            config,
+            model=spec,
+            nodes=nodes,
+            gpus_per_node=gpn,
+            gpu=cluster.gpu.name,
+            seq_len=seq_len,
+            global_batch_size=gbs,
+            precision=precision,
+            optimizer=optimizer,
+            headroom=headroom,
+            memory_gib=cluster.gpu.memory_gib,
+            intra_gbps=cluster.intra_gbps,
+            inter_gbps=cluster.inter_gbps,
+        )
     except ConfigError as exc:
         return CurrentLayout(distributed=block, valid=False, errors=[f.message for f in exc.report.errors])
     best = candidates[0].step_time_s if candidates else None
-    return CurrentLayout(distributed=block, valid=True, memory_gib=est.memory_gib.total, fits=est.fits,
-                         step_time_s=est.step_time_s,
-                         best_speedup=round(est.step_time_s / best, 2) if best and est.step_time_s else None)
+    return CurrentLayout(
+        distributed=block,
+        valid=True,
+        memory_gib=est.memory_gib.total,
+        fits=est.fits,
+        step_time_s=est.step_time_s,
+        best_speedup=round(est.step_time_s / best, 2) if best and est.step_time_s else None,
+    )
 
 
 def _complexity(p: ParallelDims) -> tuple[int, int]:
@@ -356,8 +555,10 @@ def search_strategies(strategies: str | Iterable[str] | None) -> tuple[str, ...]
     names = [strategies] if isinstance(strategies, str) else list(strategies)
     unknown = [n for n in names if not isinstance(n, str) or n.lower() not in STRATEGY_ALIASES]
     if unknown or not names:
-        raise ValueError(f"strategies must name at least one of {', '.join(STRATEGIES)} (or megatron-fsdp, mfsdp); "
-                         f"got {unknown or names!r}")
+        raise ValueError(
+            f"strategies must name at least one of {', '.join(STRATEGIES)} (or megatron-fsdp, mfsdp); "
+            f"got {unknown or names!r}"
+        )
     chosen = {STRATEGY_ALIASES[n.lower()] for n in names}
     return tuple(s for s in STRATEGIES if s in chosen)
 
@@ -368,9 +569,17 @@ def _batches(p: ParallelDims, gbs: int, mbs: int) -> dict[str, int]:
     return {"global_batch_size": gbs, "local_batch_size": mbs}
 
 
-def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: float,
-                  oom: list[tuple[float, ParallelDims, MemoryBreakdown]], best: float | None, mbs: int,
-                  strategies: tuple[str, ...]) -> list[Rejected]:
+def _alternatives(
+    m: ModelSpec,
+    world: int,
+    gpn: int,
+    cluster: Cluster,
+    budget: float,
+    oom: list[tuple[float, ParallelDims, MemoryBreakdown]],
+    best: float | None,
+    mbs: int,
+    strategies: tuple[str, ...],
+) -> list[Rejected]:
     """Why the popular simple layouts, and the layouts that would beat the pick (``best`` s/step), were not
     picked (each in a strategy the search covers)."""
     out: list[Rejected] = []
@@ -387,8 +596,11 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
         over = f"OOM, {mem.total:.1f} GiB > {budget:.1f} GiB usable of {cap:.0f} GiB"
         if p.strategy == "ddp" and not p.activation_checkpointing:
             return f"DDP replicates the whole model: {over}"
-        if p.strategy == "fsdp2" and p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1 and \
-                not p.activation_checkpointing:
+        if (
+            p.strategy == "fsdp2"
+            and p.tp == p.pp == p.cp == p.ep == p.dp_replicate == 1
+            and not p.activation_checkpointing
+        ):
             return f"plain FSDP2 over {world} GPUs: {over}"
         if step == float("inf"):
             return over
@@ -409,23 +621,31 @@ def _alternatives(m: ModelSpec, world: int, gpn: int, cluster: Cluster, budget: 
         return out
     impl = implementation(m.architecture)
     if impl is not None and not impl.tp and world % min(gpn, 8) == 0 and min(gpn, 8) > 1:
-        add({"strategy": sharded, "tp_size": min(gpn, 8)},
+        add(
+            {"strategy": sharded, "tp_size": min(gpn, 8)},
             f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which has no TP plan: validate_for_mesh "
-            "raises for tp_size > 1")
+            "raises for tp_size > 1",
+        )
     if sharded == "fsdp2" and impl is not None and not impl.ep and m.is_moe and min(gpn, m.num_experts) > 1:
-        add({"strategy": "fsdp2", "ep_size": min(gpn, m.num_experts)},
+        add(
+            {"strategy": "fsdp2", "ep_size": min(gpn, m.num_experts)},
             f"AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which cannot take ep_size > 1 (no "
-            "MoEFSDPSyncMixin): its experts are FSDP-sharded instead")
+            "MoEFSDPSyncMixin): its experts are FSDP-sharded instead",
+        )
     tps = valid_tp_sizes(m)
     if 2 * gpn in tps and world % (2 * gpn) == 0:
-        add({"strategy": sharded, "tp_size": 2 * gpn},
+        add(
+            {"strategy": sharded, "tp_size": 2 * gpn},
             f"tp={2 * gpn} crosses nodes: per-layer TP collectives would run at {cluster.inter_gbps:.0f} GB/s "
-            f"instead of {cluster.intra_gbps:.0f} GB/s")
+            f"instead of {cluster.intra_gbps:.0f} GB/s",
+        )
     bad_tp = next((t for t in (3, 6, 12) if t not in tps and t <= gpn), None) if tps != [1] else None
     if bad_tp:
-        add({"strategy": sharded, "tp_size": bad_tp},
+        add(
+            {"strategy": sharded, "tp_size": bad_tp},
             f"tp={bad_tp} does not divide num_attention_heads={m.num_attention_heads} and num_key_value_heads="
-            f"{m.num_key_value_heads}; valid tp: {tps}")
+            f"{m.num_key_value_heads}; valid tp: {tps}",
+        )
     return out
 
 

@@ -54,16 +54,21 @@ class SuggestReport(BaseModel):
     micro_batch_size: int
     precision: str
     headroom: float
-    strategies: list[str] = Field(default_factory=lambda: ["fsdp2", "megatron_fsdp", "ddp"],
-                                  description="Strategies searched.")
+    strategies: list[str] = Field(
+        default_factory=lambda: ["fsdp2", "megatron_fsdp", "ddp"], description="Strategies searched."
+    )
     candidates: list[Candidate]
     rejected: list[Rejected] = Field(default_factory=list)
     searched: int = Field(description="Layouts evaluated.")
     fitting: int = Field(description="Layouts that fit in memory.")
     note: str | None = None
-    from_recipe: dict[str, str] = Field(default_factory=dict, description="Arguments taken from the recipe, and the "
-                                        "key each came from.")
+    from_recipe: dict[str, str] = Field(
+        default_factory=dict, description="Arguments taken from the recipe, and the key each came from."
+    )
     current: CurrentLayout | None = Field(default=None, description="The recipe's own layout, when a recipe was given.")
-    assumed: list[str] = Field(default_factory=list, description="Sizes neither passed nor in the recipe: built-in "
-                               "defaults (nodes 1, the GPU's usual node, seq_len 4096, micro batch 1, one micro "
-                               "batch per GPU).")
+    assumed: list[str] = Field(
+        default_factory=list,
+        description="Sizes neither passed nor in the recipe: built-in "
+        "defaults (nodes 1, the GPU's usual node, seq_len 4096, micro batch 1, one micro "
+        "batch per GPU).",
+    )

@@ -26,8 +26,14 @@ _GPUS = [
     GPU("GB200", 184.0, 2500.0, 900.0, 100.0, 72, "NVL72: 72 GPUs in one NVLink 5 domain, 800 Gb/s per GPU"),
     GPU("L40S", 44.7, 362.0, 32.0, 12.5, 8, "PCIe Gen4 x16, 100 Gb/s Ethernet"),
 ]
-_ALIASES = {"A100": "A100-80GB", "H100": "H100-80GB", "H200": "H200-141GB", "H100-SXM": "H100-80GB",
-            "B200-180GB": "B200", "GB200-NVL72": "GB200"}
+_ALIASES = {
+    "A100": "A100-80GB",
+    "H100": "H100-80GB",
+    "H200": "H200-141GB",
+    "H100-SXM": "H100-80GB",
+    "B200-180GB": "B200",
+    "GB200-NVL72": "GB200",
+}
 
 
 def gpu_catalog() -> list[GPU]:
@@ -42,5 +48,7 @@ def lookup_gpu(name: str) -> GPU:
         if g.name.upper() == key:
             return g
     hint = difflib.get_close_matches(name.upper(), [g.name.upper() for g in _GPUS], n=2, cutoff=0.4)
-    raise ValueError(f"unknown GPU {name!r}; known: {', '.join(g.name for g in _GPUS)}"
-                     + (f" (did you mean {', '.join(hint)}?)" if hint else ""))
+    raise ValueError(
+        f"unknown GPU {name!r}; known: {', '.join(g.name for g in _GPUS)}"
+        + (f" (did you mean {', '.join(hint)}?)" if hint else "")
+    )

@@ -50,27 +50,38 @@ def _hf(arch: str, pkg: str, *, tp: bool, pp: bool, ep: bool) -> Implementation:
     return Implementation(arch, f"transformers.models.{pkg}.modeling_{pkg}", tp, pp, ep)
 
 
-IMPLEMENTATIONS: dict[str, Implementation] = {i.architecture: i for i in (
-    _custom("LlamaForCausalLM", "llama", tp=True, pp=True, ep=False),
-    _custom("Qwen2ForCausalLM", "qwen2", tp=True, pp=True, ep=False),
-    _custom("Qwen3ForCausalLM", "qwen3", tp=True, pp=True, ep=False),
-    # AutoModel's MoE models carry no TP plan in 0.7.0: shard them with EP, PP, CP and FSDP.
-    _custom("Qwen3MoeForCausalLM", "qwen3_moe", tp=False, pp=True, ep=True),
-    _custom("DeepseekV3ForCausalLM", "deepseek_v3", tp=False, pp=True, ep=True),
-    _custom("GptOssForCausalLM", "gpt_oss", tp=False, pp=True, ep=True),
-    _custom("Glm4MoeForCausalLM", "glm4_moe", tp=False, pp=True, ep=True),
-    # No AutoModel Mixtral: the Hugging Face class has TP/PP plans but not the MoE mixin EP needs.
-    _hf("MixtralForCausalLM", "mixtral", tp=True, pp=True, ep=False),
-    # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its own FSDP2 parallelizer raises for
-    # sequence_parallel and does not patch FSDP (so it runs on torch 2.15; its EP path does patch); CP runs on TE
-    # or SDPA attention and splits each Mamba layer's heads over the CP ranks.
-    Implementation("NemotronHForCausalLM", "nemo_automodel.components.models.nemotron_v3.model", tp=False, pp=True,
-                   ep=True, cp_attn=frozenset({"te", "sdpa"}), sequence_parallel=False, mamba_cp=True,
-                   own_fsdp2=True),
-    _hf("MistralForCausalLM", "mistral", tp=True, pp=True, ep=False),  # no AutoModel class: the transformers one
-    _hf("Gemma2ForCausalLM", "gemma2", tp=True, pp=True, ep=False),
-    _hf("Gemma3ForCausalLM", "gemma3", tp=True, pp=True, ep=False),
-)}
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    i.architecture: i
+    for i in (
+        _custom("LlamaForCausalLM", "llama", tp=True, pp=True, ep=False),
+        _custom("Qwen2ForCausalLM", "qwen2", tp=True, pp=True, ep=False),
+        _custom("Qwen3ForCausalLM", "qwen3", tp=True, pp=True, ep=False),
+        # AutoModel's MoE models carry no TP plan in 0.7.0: shard them with EP, PP, CP and FSDP.
+        _custom("Qwen3MoeForCausalLM", "qwen3_moe", tp=False, pp=True, ep=True),
+        _custom("DeepseekV3ForCausalLM", "deepseek_v3", tp=False, pp=True, ep=True),
+        _custom("GptOssForCausalLM", "gpt_oss", tp=False, pp=True, ep=True),
+        _custom("Glm4MoeForCausalLM", "glm4_moe", tp=False, pp=True, ep=True),
+        # No AutoModel Mixtral: the Hugging Face class has TP/PP plans but not the MoE mixin EP needs.
+        _hf("MixtralForCausalLM", "mixtral", tp=True, pp=True, ep=False),
+        # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its own FSDP2 parallelizer raises for
+        # sequence_parallel and does not patch FSDP (so it runs on torch 2.15; its EP path does patch); CP runs on TE
+        # or SDPA attention and splits each Mamba layer's heads over the CP ranks.
+        Implementation(
+            "NemotronHForCausalLM",
+            "nemo_automodel.components.models.nemotron_v3.model",
+            tp=False,
+            pp=True,
+            ep=True,
+            cp_attn=frozenset({"te", "sdpa"}),
+            sequence_parallel=False,
+            mamba_cp=True,
+            own_fsdp2=True,
+        ),
+        _hf("MistralForCausalLM", "mistral", tp=True, pp=True, ep=False),  # no AutoModel class: the transformers one
+        _hf("Gemma2ForCausalLM", "gemma2", tp=True, pp=True, ep=False),
+        _hf("Gemma3ForCausalLM", "gemma3", tp=True, pp=True, ep=False),
+    )
+}
 
 
 def implementation(architecture: str | None) -> Implementation | None:

@@ -84,7 +84,7 @@ class ModelSpec:
         return {t: self.count(t) for t in sorted(set(self.layer_types))} or None
 
     def layer_kind(self, layer: int) -> str:
-        """"dense" or "moe" for a transformer layer; the mixer ("mamba", "attention", "mlp", "moe") of a hybrid."""
+        """ "dense" or "moe" for a transformer layer; the mixer ("mamba", "attention", "mlp", "moe") of a hybrid."""
         if self.layer_types:
             return self.layer_types[layer]
         return "moe" if self.is_moe and layer >= self.first_dense_layers else "dense"
@@ -119,7 +119,11 @@ class ModelSpec:
         if self.kv_lora_rank:  # MLA
             nh = self.num_attention_heads
             qk = (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
-            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk) if self.q_lora_rank else h * nh * qk
+            q = (
+                (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk)
+                if self.q_lora_rank
+                else h * nh * qk
+            )
             kv = h * (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) + self.kv_lora_rank
             kv += self.kv_lora_rank * nh * ((self.qk_nope_head_dim or 0) + (self.v_head_dim or 0))
             o = nh * (self.v_head_dim or 0) * h
@@ -156,8 +160,9 @@ class ModelSpec:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
         the gated RMSNorm and out_proj."""
         h, inner, heads = self.hidden_size, self.mamba_inner, self.mamba_num_heads
-        return (h * self.mamba_in_proj_width + self.mamba_conv_dim * (self.conv_kernel + 1) + 3 * heads + inner
-                + inner * h)
+        return (
+            h * self.mamba_in_proj_width + self.mamba_conv_dim * (self.conv_kernel + 1) + 3 * heads + inner + inner * h
+        )
 
     def mixer_params(self, layer_type: str) -> int:
         """Parameters of one hybrid layer's mixer (its norm not included)."""
@@ -189,8 +194,10 @@ class ModelSpec:
     def param_count(self) -> int:
         """Total parameters (embedding + layers + final norm + untied lm_head)."""
         if self.layer_types:
-            layers = sum(self.count(t) * (self.mixer_params(t) + self.norms_per_layer * self.hidden_size)
-                         for t in set(self.layer_types))
+            layers = sum(
+                self.count(t) * (self.mixer_params(t) + self.norms_per_layer * self.hidden_size)
+                for t in set(self.layer_types)
+            )
             return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
         layers = self.num_dense_layers * self.layer_params(0)
         if self.is_moe:
@@ -205,63 +212,225 @@ class ModelSpec:
         return self.param_count() - idle
 
 
-def _llama(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
-           published: float, aliases: tuple[str, ...] = ()) -> ModelSpec:
-    return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, published_params=published,
-                     architecture="LlamaForCausalLM", source=f"https://huggingface.co/{name}", aliases=aliases)
+def _llama(
+    name: str,
+    h: int,
+    layers: int,
+    heads: int,
+    kv: int,
+    inter: int,
+    vocab: int,
+    *,
+    tied: bool,
+    published: float,
+    aliases: tuple[str, ...] = (),
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        h,
+        layers,
+        heads,
+        kv,
+        inter,
+        vocab,
+        tie_word_embeddings=tied,
+        published_params=published,
+        architecture="LlamaForCausalLM",
+        source=f"https://huggingface.co/{name}",
+        aliases=aliases,
+    )
 
 
-def _qwen25(name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool,
-            published: float) -> ModelSpec:
-    return ModelSpec(name, h, layers, heads, kv, inter, vocab, tie_word_embeddings=tied, qkv_bias=True,
-                     published_params=published,
-                     architecture="Qwen2ForCausalLM", source=f"https://huggingface.co/{name}",
-                     aliases=(f"{name}-Instruct",))
+def _qwen25(
+    name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool, published: float
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        h,
+        layers,
+        heads,
+        kv,
+        inter,
+        vocab,
+        tie_word_embeddings=tied,
+        qkv_bias=True,
+        published_params=published,
+        architecture="Qwen2ForCausalLM",
+        source=f"https://huggingface.co/{name}",
+        aliases=(f"{name}-Instruct",),
+    )
 
 
-def _qwen3(name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, tied: bool,
-           published: float) -> ModelSpec:
-    return ModelSpec(name, h, layers, heads, kv, inter, 151936, head_dim=128, tie_word_embeddings=tied, qk_norm=True,
-                     published_params=published, architecture="Qwen3ForCausalLM",
-                     source=f"https://huggingface.co/{name}", aliases=(f"{name}-Base",))
+def _qwen3(
+    name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, tied: bool, published: float
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        h,
+        layers,
+        heads,
+        kv,
+        inter,
+        151936,
+        head_dim=128,
+        tie_word_embeddings=tied,
+        qk_norm=True,
+        published_params=published,
+        architecture="Qwen3ForCausalLM",
+        source=f"https://huggingface.co/{name}",
+        aliases=(f"{name}-Base",),
+    )
 
 
-def _deepseek_v3(name: str, *, heads: int, vocab: int, experts: int, dense_layers: int, published: float,
-                 aliases: tuple[str, ...] = ()) -> ModelSpec:
+def _deepseek_v3(
+    name: str,
+    *,
+    heads: int,
+    vocab: int,
+    experts: int,
+    dense_layers: int,
+    published: float,
+    aliases: tuple[str, ...] = (),
+) -> ModelSpec:
     """The DeepSeek-V3 architecture (MLA, 61 layers of width 7168, 8 of ``experts`` routed plus one shared)."""
-    return ModelSpec(name, 7168, 61, heads, heads, 18432, vocab, num_experts=experts, experts_per_token=8,
-                     moe_intermediate_size=2048, shared_expert_intermediate_size=2048, first_dense_layers=dense_layers,
-                     q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                     head_dim=192, published_params=published, architecture="DeepseekV3ForCausalLM",
-                     source=f"https://huggingface.co/{name}", aliases=aliases)
+    return ModelSpec(
+        name,
+        7168,
+        61,
+        heads,
+        heads,
+        18432,
+        vocab,
+        num_experts=experts,
+        experts_per_token=8,
+        moe_intermediate_size=2048,
+        shared_expert_intermediate_size=2048,
+        first_dense_layers=dense_layers,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        head_dim=192,
+        published_params=published,
+        architecture="DeepseekV3ForCausalLM",
+        source=f"https://huggingface.co/{name}",
+        aliases=aliases,
+    )
 
 
 _LAYER_CODES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H hybrid_override_pattern
 
 
-def _nemotron_h(name: str, h: int, pattern: str, heads: int, kv: int, inter: int, *, mamba_heads: int,
-                published: float, aliases: tuple[str, ...] = (), **moe: int) -> ModelSpec:
-    return ModelSpec(name, h, len(pattern), heads, kv, inter, 131072, head_dim=128, norms_per_layer=1,
-                     layer_types=tuple(_LAYER_CODES[c] for c in pattern), mamba_num_heads=mamba_heads,
-                     mamba_head_dim=64, mamba_n_groups=8, ssm_state_size=128, gated_mlp=False,
-                     published_params=published, architecture="NemotronHForCausalLM",
-                     source=f"https://huggingface.co/{name}", aliases=aliases, **moe)
+def _nemotron_h(
+    name: str,
+    h: int,
+    pattern: str,
+    heads: int,
+    kv: int,
+    inter: int,
+    *,
+    mamba_heads: int,
+    published: float,
+    aliases: tuple[str, ...] = (),
+    **moe: int,
+) -> ModelSpec:
+    return ModelSpec(
+        name,
+        h,
+        len(pattern),
+        heads,
+        kv,
+        inter,
+        131072,
+        head_dim=128,
+        norms_per_layer=1,
+        layer_types=tuple(_LAYER_CODES[c] for c in pattern),
+        mamba_num_heads=mamba_heads,
+        mamba_head_dim=64,
+        mamba_n_groups=8,
+        ssm_state_size=128,
+        gated_mlp=False,
+        published_params=published,
+        architecture="NemotronHForCausalLM",
+        source=f"https://huggingface.co/{name}",
+        aliases=aliases,
+        **moe,
+    )
 
 
 _CATALOG: list[ModelSpec] = [
     # Llama 3.x (Meta)
-    _llama("meta-llama/Llama-3.2-1B", 2048, 16, 32, 8, 8192, 128256, tied=True, published=1.24e9,
-           aliases=("meta-llama/Llama-3.2-1B-Instruct",)),
-    _llama("meta-llama/Llama-3.2-3B", 3072, 28, 24, 8, 8192, 128256, tied=True, published=3.21e9,
-           aliases=("meta-llama/Llama-3.2-3B-Instruct",)),
-    _llama("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, tied=False, published=8.03e9,
-           aliases=("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3-8B",
-                    "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3-8B-Instruct")),
-    _llama("meta-llama/Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, tied=False, published=70.6e9,
-           aliases=("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.3-70B-Instruct",
-                    "meta-llama/Meta-Llama-3-70B", "meta-llama/Meta-Llama-3.1-70B")),
-    _llama("meta-llama/Llama-3.1-405B", 16384, 126, 128, 8, 53248, 128256, tied=False, published=406e9,
-           aliases=("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B")),
+    _llama(
+        "meta-llama/Llama-3.2-1B",
+        2048,
+        16,
+        32,
+        8,
+        8192,
+        128256,
+        tied=True,
+        published=1.24e9,
+        aliases=("meta-llama/Llama-3.2-1B-Instruct",),
+    ),
+    _llama(
+        "meta-llama/Llama-3.2-3B",
+        3072,
+        28,
+        24,
+        8,
+        8192,
+        128256,
+        tied=True,
+        published=3.21e9,
+        aliases=("meta-llama/Llama-3.2-3B-Instruct",),
+    ),
+    _llama(
+        "meta-llama/Llama-3.1-8B",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        128256,
+        tied=False,
+        published=8.03e9,
+        aliases=(
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "meta-llama/Meta-Llama-3-8B",
+            "meta-llama/Meta-Llama-3.1-8B",
+            "meta-llama/Meta-Llama-3-8B-Instruct",
+        ),
+    ),
+    _llama(
+        "meta-llama/Llama-3.1-70B",
+        8192,
+        80,
+        64,
+        8,
+        28672,
+        128256,
+        tied=False,
+        published=70.6e9,
+        aliases=(
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "meta-llama/Llama-3.3-70B-Instruct",
+            "meta-llama/Meta-Llama-3-70B",
+            "meta-llama/Meta-Llama-3.1-70B",
+        ),
+    ),
+    _llama(
+        "meta-llama/Llama-3.1-405B",
+        16384,
+        126,
+        128,
+        8,
+        53248,
+        128256,
+        tied=False,
+        published=406e9,
+        aliases=("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B"),
+    ),
     # Qwen2.5 dense
     _qwen25("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, tied=True, published=0.49e9),
     _qwen25("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, tied=True, published=1.54e9),
@@ -278,89 +447,312 @@ _CATALOG: list[ModelSpec] = [
     _qwen3("Qwen/Qwen3-14B", 5120, 40, 40, 8, 17408, tied=False, published=14.8e9),
     _qwen3("Qwen/Qwen3-32B", 5120, 64, 64, 8, 25600, tied=False, published=32.8e9),
     # Qwen3 MoE
-    ModelSpec("Qwen/Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, 151936, head_dim=128, qk_norm=True, num_experts=128,
-              experts_per_token=8, moe_intermediate_size=768, published_params=30.5e9,
-              architecture="Qwen3MoeForCausalLM", source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
-              aliases=("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507",
-                       "Qwen/Qwen3-30B-A3B-Thinking-2507")),
-    ModelSpec("Qwen/Qwen3-235B-A22B", 4096, 94, 64, 4, 12288, 151936, head_dim=128, qk_norm=True, num_experts=128,
-              experts_per_token=8, moe_intermediate_size=1536, published_params=235e9,
-              architecture="Qwen3MoeForCausalLM", source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
-              aliases=("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507")),
+    ModelSpec(
+        "Qwen/Qwen3-30B-A3B",
+        2048,
+        48,
+        32,
+        4,
+        6144,
+        151936,
+        head_dim=128,
+        qk_norm=True,
+        num_experts=128,
+        experts_per_token=8,
+        moe_intermediate_size=768,
+        published_params=30.5e9,
+        architecture="Qwen3MoeForCausalLM",
+        source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
+        aliases=("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B-Thinking-2507"),
+    ),
+    ModelSpec(
+        "Qwen/Qwen3-235B-A22B",
+        4096,
+        94,
+        64,
+        4,
+        12288,
+        151936,
+        head_dim=128,
+        qk_norm=True,
+        num_experts=128,
+        experts_per_token=8,
+        moe_intermediate_size=1536,
+        published_params=235e9,
+        architecture="Qwen3MoeForCausalLM",
+        source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
+        aliases=("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507"),
+    ),
     # Mixtral
-    ModelSpec("mistralai/Mixtral-8x7B-v0.1", 4096, 32, 32, 8, 14336, 32000, num_experts=8, experts_per_token=2,
-              moe_intermediate_size=14336, published_params=46.7e9,
-              architecture="MixtralForCausalLM", source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
-              aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",)),
-    ModelSpec("mistralai/Mixtral-8x22B-v0.1", 6144, 56, 48, 8, 16384, 32768, num_experts=8, experts_per_token=2,
-              moe_intermediate_size=16384, published_params=141e9,
-              architecture="MixtralForCausalLM", source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
-              aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",)),
+    ModelSpec(
+        "mistralai/Mixtral-8x7B-v0.1",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32000,
+        num_experts=8,
+        experts_per_token=2,
+        moe_intermediate_size=14336,
+        published_params=46.7e9,
+        architecture="MixtralForCausalLM",
+        source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
+        aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",),
+    ),
+    ModelSpec(
+        "mistralai/Mixtral-8x22B-v0.1",
+        6144,
+        56,
+        48,
+        8,
+        16384,
+        32768,
+        num_experts=8,
+        experts_per_token=2,
+        moe_intermediate_size=16384,
+        published_params=141e9,
+        architecture="MixtralForCausalLM",
+        source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
+        aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",),
+    ),
     # DeepSeek-V3 (671B main model; the HF checkpoint adds a 14B multi-token-prediction module)
-    _deepseek_v3("deepseek-ai/DeepSeek-V3", heads=128, vocab=129280, experts=256, dense_layers=3, published=671e9,
-                 aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1")),
+    _deepseek_v3(
+        "deepseek-ai/DeepSeek-V3",
+        heads=128,
+        vocab=129280,
+        experts=256,
+        dense_layers=3,
+        published=671e9,
+        aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1"),
+    ),
     # Mistral (dense; AutoModel 0.7.0 builds the transformers MistralForCausalLM)
-    ModelSpec("mistralai/Mistral-7B-v0.3", 4096, 32, 32, 8, 14336, 32768, published_params=7.25e9,
-              architecture="MistralForCausalLM", source="https://huggingface.co/mistralai/Mistral-7B-v0.3",
-              aliases=("mistralai/Mistral-7B-Instruct-v0.3",)),
-    ModelSpec("mistralai/Mistral-Nemo-Base-2407", 5120, 40, 32, 8, 14336, 131072, head_dim=128,
-              published_params=12.2e9, architecture="MistralForCausalLM",
-              source="https://huggingface.co/mistralai/Mistral-Nemo-Base-2407",
-              aliases=("mistralai/Mistral-Nemo-Instruct-2407",)),
-    ModelSpec("mistralai/Mistral-Small-24B-Base-2501", 5120, 40, 32, 8, 32768, 131072, head_dim=128,
-              published_params=23.6e9, architecture="MistralForCausalLM",
-              source="https://huggingface.co/mistralai/Mistral-Small-24B-Base-2501",
-              aliases=("mistralai/Mistral-Small-24B-Instruct-2501",)),
+    ModelSpec(
+        "mistralai/Mistral-7B-v0.3",
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        32768,
+        published_params=7.25e9,
+        architecture="MistralForCausalLM",
+        source="https://huggingface.co/mistralai/Mistral-7B-v0.3",
+        aliases=("mistralai/Mistral-7B-Instruct-v0.3",),
+    ),
+    ModelSpec(
+        "mistralai/Mistral-Nemo-Base-2407",
+        5120,
+        40,
+        32,
+        8,
+        14336,
+        131072,
+        head_dim=128,
+        published_params=12.2e9,
+        architecture="MistralForCausalLM",
+        source="https://huggingface.co/mistralai/Mistral-Nemo-Base-2407",
+        aliases=("mistralai/Mistral-Nemo-Instruct-2407",),
+    ),
+    ModelSpec(
+        "mistralai/Mistral-Small-24B-Base-2501",
+        5120,
+        40,
+        32,
+        8,
+        32768,
+        131072,
+        head_dim=128,
+        published_params=23.6e9,
+        architecture="MistralForCausalLM",
+        source="https://huggingface.co/mistralai/Mistral-Small-24B-Base-2501",
+        aliases=("mistralai/Mistral-Small-24B-Instruct-2501",),
+    ),
     # Kimi K2 (Moonshot AI): the DeepSeek-V3 architecture (its config.json names DeepseekV3ForCausalLM) with 384
     # experts, 64 heads and one leading dense layer
-    _deepseek_v3("moonshotai/Kimi-K2-Instruct", heads=64, vocab=163840, experts=384, dense_layers=1, published=1.04e12,
-                 aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking")),
+    _deepseek_v3(
+        "moonshotai/Kimi-K2-Instruct",
+        heads=64,
+        vocab=163840,
+        experts=384,
+        dense_layers=1,
+        published=1.04e12,
+        aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking"),
+    ),
     # GLM-4.5 (Z.ai): GQA with q/k/v biases, a shared expert, leading dense layers; the checkpoints' extra
     # multi-token-prediction layer is not part of the model AutoModel trains
-    ModelSpec("zai-org/GLM-4.5", 5120, 92, 96, 8, 12288, 151552, head_dim=128, qkv_bias=True, qk_norm=True,
-              num_experts=160, experts_per_token=8, moe_intermediate_size=1536, shared_expert_intermediate_size=1536,
-              first_dense_layers=3, published_params=355e9,
-              architecture="Glm4MoeForCausalLM", source="https://huggingface.co/zai-org/GLM-4.5",
-              aliases=("zai-org/GLM-4.5-Base", "THUDM/GLM-4.5")),
-    ModelSpec("zai-org/GLM-4.5-Air", 4096, 46, 96, 8, 10944, 151552, head_dim=128, qkv_bias=True,
-              num_experts=128, experts_per_token=8, moe_intermediate_size=1408, shared_expert_intermediate_size=1408,
-              first_dense_layers=1, published_params=106e9,
-              architecture="Glm4MoeForCausalLM", source="https://huggingface.co/zai-org/GLM-4.5-Air",
-              aliases=("zai-org/GLM-4.5-Air-Base", "THUDM/GLM-4.5-Air")),
+    ModelSpec(
+        "zai-org/GLM-4.5",
+        5120,
+        92,
+        96,
+        8,
+        12288,
+        151552,
+        head_dim=128,
+        qkv_bias=True,
+        qk_norm=True,
+        num_experts=160,
+        experts_per_token=8,
+        moe_intermediate_size=1536,
+        shared_expert_intermediate_size=1536,
+        first_dense_layers=3,
+        published_params=355e9,
+        architecture="Glm4MoeForCausalLM",
+        source="https://huggingface.co/zai-org/GLM-4.5",
+        aliases=("zai-org/GLM-4.5-Base", "THUDM/GLM-4.5"),
+    ),
+    ModelSpec(
+        "zai-org/GLM-4.5-Air",
+        4096,
+        46,
+        96,
+        8,
+        10944,
+        151552,
+        head_dim=128,
+        qkv_bias=True,
+        num_experts=128,
+        experts_per_token=8,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=1408,
+        first_dense_layers=1,
+        published_params=106e9,
+        architecture="Glm4MoeForCausalLM",
+        source="https://huggingface.co/zai-org/GLM-4.5-Air",
+        aliases=("zai-org/GLM-4.5-Air-Base", "THUDM/GLM-4.5-Air"),
+    ),
     # gpt-oss (OpenAI)
-    ModelSpec("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
-              num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=20.9e9,
-              architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-20b"),
-    ModelSpec("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, head_dim=64, qkv_bias=True, o_bias=True,
-              num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_bias=True,
-              published_params=116.8e9,
-              architecture="GptOssForCausalLM", source="https://huggingface.co/openai/gpt-oss-120b"),
+    ModelSpec(
+        "openai/gpt-oss-20b",
+        2880,
+        24,
+        64,
+        8,
+        2880,
+        201088,
+        head_dim=64,
+        qkv_bias=True,
+        o_bias=True,
+        num_experts=32,
+        experts_per_token=4,
+        moe_intermediate_size=2880,
+        expert_bias=True,
+        published_params=20.9e9,
+        architecture="GptOssForCausalLM",
+        source="https://huggingface.co/openai/gpt-oss-20b",
+    ),
+    ModelSpec(
+        "openai/gpt-oss-120b",
+        2880,
+        36,
+        64,
+        8,
+        2880,
+        201088,
+        head_dim=64,
+        qkv_bias=True,
+        o_bias=True,
+        num_experts=128,
+        experts_per_token=4,
+        moe_intermediate_size=2880,
+        expert_bias=True,
+        published_params=116.8e9,
+        architecture="GptOssForCausalLM",
+        source="https://huggingface.co/openai/gpt-oss-120b",
+    ),
     # Nemotron-H (NVIDIA): hybrid Mamba-2 / attention, each layer one mixer (M mamba, * attention, - MLP, E MoE)
-    _nemotron_h("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 2688, "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-                32, 2, 1856, mamba_heads=64, num_experts=128, experts_per_token=6, moe_intermediate_size=1856,
-                shared_expert_intermediate_size=3712, published=31.6e9,
-                aliases=("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8")),
-    _nemotron_h("nvidia/Nemotron-H-8B-Base-8K", 4096, "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-                32, 8, 21504, mamba_heads=128, published=8.1e9),
+    _nemotron_h(
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        2688,
+        "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        32,
+        2,
+        1856,
+        mamba_heads=64,
+        num_experts=128,
+        experts_per_token=6,
+        moe_intermediate_size=1856,
+        shared_expert_intermediate_size=3712,
+        published=31.6e9,
+        aliases=("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"),
+    ),
+    _nemotron_h(
+        "nvidia/Nemotron-H-8B-Base-8K",
+        4096,
+        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        32,
+        8,
+        21504,
+        mamba_heads=128,
+        published=8.1e9,
+    ),
     # Gemma (Google)
-    ModelSpec("google/gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=2.61e9,
-              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-2b",
-              aliases=("google/gemma-2-2b-it",)),
-    ModelSpec("google/gemma-2-9b", 3584, 42, 16, 8, 14336, 256000, head_dim=256, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=9.24e9,
-              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-9b",
-              aliases=("google/gemma-2-9b-it",)),
-    ModelSpec("google/gemma-2-27b", 4608, 46, 32, 16, 36864, 256000, head_dim=128, tie_word_embeddings=True,
-              norms_per_layer=4, published_params=27.2e9,
-              architecture="Gemma2ForCausalLM", source="https://huggingface.co/google/gemma-2-27b",
-              aliases=("google/gemma-2-27b-it",)),
-    ModelSpec("google/gemma-3-1b-pt", 1152, 26, 4, 1, 6912, 262144, head_dim=256, tie_word_embeddings=True,
-              qk_norm=True, norms_per_layer=4, published_params=1.0e9,
-
-              architecture="Gemma3ForCausalLM", source="https://huggingface.co/google/gemma-3-1b-pt",
-              aliases=("google/gemma-3-1b-it",)),
+    ModelSpec(
+        "google/gemma-2-2b",
+        2304,
+        26,
+        8,
+        4,
+        9216,
+        256000,
+        head_dim=256,
+        tie_word_embeddings=True,
+        norms_per_layer=4,
+        published_params=2.61e9,
+        architecture="Gemma2ForCausalLM",
+        source="https://huggingface.co/google/gemma-2-2b",
+        aliases=("google/gemma-2-2b-it",),
+    ),
+    ModelSpec(
+        "google/gemma-2-9b",
+        3584,
+        42,
+        16,
+        8,
+        14336,
+        256000,
+        head_dim=256,
+        tie_word_embeddings=True,
+        norms_per_layer=4,
+        published_params=9.24e9,
+        architecture="Gemma2ForCausalLM",
+        source="https://huggingface.co/google/gemma-2-9b",
+        aliases=("google/gemma-2-9b-it",),
+    ),
+    ModelSpec(
+        "google/gemma-2-27b",
+        4608,
+        46,
+        32,
+        16,
+        36864,
+        256000,
+        head_dim=128,
+        tie_word_embeddings=True,
+        norms_per_layer=4,
+        published_params=27.2e9,
+        architecture="Gemma2ForCausalLM",
+        source="https://huggingface.co/google/gemma-2-27b",
+        aliases=("google/gemma-2-27b-it",),
+    ),
+    ModelSpec(
+        "google/gemma-3-1b-pt",
+        1152,
+        26,
+        4,
+        1,
+        6912,
+        262144,
+        head_dim=256,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        norms_per_layer=4,
+        published_params=1.0e9,
+        architecture="Gemma3ForCausalLM",
+        source="https://huggingface.co/google/gemma-3-1b-pt",
+        aliases=("google/gemma-3-1b-it",),
+    ),
 ]
 
 _BY_NAME: dict[str, ModelSpec] = {}
@@ -420,8 +812,11 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     if not isinstance(cfg, dict):
         raise ModelConfigError("a model config must be a JSON object")
     if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
-        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path"),
-               "architectures": cfg.get("architectures")}
+        cfg = {
+            **cfg["text_config"],
+            "_name_or_path": cfg.get("_name_or_path"),
+            "architectures": cfg.get("architectures"),
+        }
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(
@@ -434,8 +829,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
     kv = _int(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads")
-    experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0,
-                   "num_experts")
+    experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0, "num_experts")
     inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
@@ -443,8 +837,9 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         shared = _int(cfg["n_shared_experts"], "n_shared_experts") * moe_inter
     head_dim = _first(cfg, "head_dim", default=None)
     if cfg.get("kv_lora_rank"):
-        head_dim = (_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim")
-                    + _int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim"))
+        head_dim = _int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim") + _int(
+            cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim"
+        )
     if heads == 0 or (head_dim is None and h % heads):
         raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
     spec = ModelSpec(
@@ -462,8 +857,9 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         qk_norm=bool(cfg.get("use_qk_norm")) or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 2,
         num_experts=experts,
-        experts_per_token=_int(_first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0,
-                               "num_experts_per_tok"),
+        experts_per_token=_int(
+            _first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0, "num_experts_per_tok"
+        ),
         moe_intermediate_size=moe_inter if experts else 0,
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
         first_dense_layers=_int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace"),
@@ -478,8 +874,14 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     return spec
 
 
-_LAYER_NAMES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention",
-                "mlp": "mlp", "moe": "moe"}  # layers_block_type, legacy and current Hugging Face names
+_LAYER_NAMES = {
+    "mamba": "mamba",
+    "linear_attention": "mamba",
+    "attention": "attention",
+    "full_attention": "attention",
+    "mlp": "mlp",
+    "moe": "moe",
+}  # layers_block_type, legacy and current Hugging Face names
 
 
 def _is_nemotron_h(cfg: dict[str, Any], mtype: str) -> bool:
@@ -497,12 +899,14 @@ def _hybrid_layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     elif isinstance(names, list) and all(isinstance(n, str) for n in names):
         bad = sorted({n for n in names if n not in _LAYER_NAMES})
         if bad:
-            raise ModelConfigError(f"layers_block_type has unknown layer types {bad[:5]}; expected mamba, "
-                                   "attention, mlp or moe")
+            raise ModelConfigError(
+                f"layers_block_type has unknown layer types {bad[:5]}; expected mamba, attention, mlp or moe"
+            )
         types = tuple(_LAYER_NAMES[n] for n in names)
     else:
-        raise ModelConfigError("a Nemotron-H config.json needs hybrid_override_pattern (e.g. 'M-M*-ME') or "
-                               "layers_block_type")
+        raise ModelConfigError(
+            "a Nemotron-H config.json needs hybrid_override_pattern (e.g. 'M-M*-ME') or layers_block_type"
+        )
     if len(types) != layers:
         raise ModelConfigError(f"the hybrid layer pattern has {len(types)} layers but num_hidden_layers={layers}")
     return types
@@ -535,9 +939,14 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         norms_per_layer=1,
         num_experts=experts if moe else 0,
         experts_per_token=_int(_first(cfg, "num_experts_per_tok", default=0) or 0, "num_experts_per_tok") if moe else 0,
-        moe_intermediate_size=_int(_first(cfg, "moe_intermediate_size", default=0), "moe_intermediate_size") if moe else 0,
-        shared_expert_intermediate_size=_int(_first(cfg, "moe_shared_expert_intermediate_size", default=0),
-                                             "moe_shared_expert_intermediate_size") if moe else 0,
+        moe_intermediate_size=_int(_first(cfg, "moe_intermediate_size", default=0), "moe_intermediate_size")
+        if moe
+        else 0,
+        shared_expert_intermediate_size=_int(
+            _first(cfg, "moe_shared_expert_intermediate_size", default=0), "moe_shared_expert_intermediate_size"
+        )
+        if moe
+        else 0,
         layer_types=types,
         mamba_num_heads=_int(_first(cfg, "mamba_num_heads", default=128), "mamba_num_heads"),
         mamba_head_dim=_int(_first(cfg, "mamba_head_dim", default=64), "mamba_head_dim"),
@@ -593,7 +1002,8 @@ def resolve_model(model: Any) -> ModelSpec:
         if spec is None:
             hint = close_matches(model)
             more = f"; did you mean {', '.join(hint)}?" if hint else ""
-            raise ModelConfigError(f"unknown model {clip(repr(model), 120)} (not in the catalog, not a config.json "
-                                   f"path){more}")
+            raise ModelConfigError(
+                f"unknown model {clip(repr(model), 120)} (not in the catalog, not a config.json path){more}"
+            )
         return spec
     raise ModelConfigError(f"model must be a name, a config.json path or a dict, not {type(model).__name__}")

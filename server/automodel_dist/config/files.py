@@ -13,8 +13,15 @@ MAX_OVERRIDES = 256  # command-line overrides per call
 MAX_OVERRIDE_CHARS = 4096  # characters per override
 
 
-def _err(rule: str, message: str, *, line: int | None = None, path: str = "<root>", fix: str | None = None,
-         severity: str = "error") -> Finding:
+def _err(
+    rule: str,
+    message: str,
+    *,
+    line: int | None = None,
+    path: str = "<root>",
+    fix: str | None = None,
+    severity: str = "error",
+) -> Finding:
     return Finding(rule=rule, severity=severity, path=path, line=line, message=message, fix=fix)
 
 
@@ -34,8 +41,9 @@ def is_dir(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
-               allowed_roots: list[Path] | None = None) -> Finding | None:
+def check_path(
+    path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES, allowed_roots: list[Path] | None = None
+) -> Finding | None:
     """Why ``path`` may not be read as a config: not a regular file, too large, outside the allowed roots."""
     p = Path(path)
     if "\x00" in str(p):
@@ -49,8 +57,9 @@ def check_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
     if allowed_roots is not None:
         real = p.resolve()
         if not any(real.is_relative_to(r.resolve()) for r in allowed_roots):
-            return _err("file-not-allowed", f"{p} is outside the allowed roots "
-                        f"({', '.join(str(r) for r in allowed_roots)})")
+            return _err(
+                "file-not-allowed", f"{p} is outside the allowed roots ({', '.join(str(r) for r in allowed_roots)})"
+            )
     if st.st_size > max_bytes:
         return _err("yaml-too-large", f"{p} is {st.st_size:,} bytes, over the {max_bytes:,}-byte limit")
     return None

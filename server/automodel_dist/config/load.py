@@ -67,9 +67,25 @@ class _TooBig(Exception):
     pass
 
 
-_SAFE_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in (
-    "null", "bool", "int", "float", "str", "binary", "timestamp", "seq", "map", "merge", "omap", "pairs", "set",
-    "value"))
+_SAFE_TAGS = frozenset(
+    f"tag:yaml.org,2002:{t}"
+    for t in (
+        "null",
+        "bool",
+        "int",
+        "float",
+        "str",
+        "binary",
+        "timestamp",
+        "seq",
+        "map",
+        "merge",
+        "omap",
+        "pairs",
+        "set",
+        "value",
+    )
+)
 
 
 def _dotted(path: PathKey) -> str:
@@ -95,10 +111,15 @@ class _Builder:
             raise _TooBig("depth")
         if node.tag not in _SAFE_TAGS:
             self.doc.findings.append(
-                _err("yaml-unsafe-tag", f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not a plain "
-                     "YAML type; AutoModel's yaml.safe_load fails ('could not determine a constructor for the "
-                     "tag') and nothing here constructs or runs it", line=node.start_mark.line + 1,
-                     path=_dotted(path), fix="remove the tag and write the plain value")
+                _err(
+                    "yaml-unsafe-tag",
+                    f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not a plain "
+                    "YAML type; AutoModel's yaml.safe_load fails ('could not determine a constructor for the "
+                    "tag') and nothing here constructs or runs it",
+                    line=node.start_mark.line + 1,
+                    path=_dotted(path),
+                    fix="remove the tag and write the plain value",
+                )
             )
             return None
         if isinstance(node, yaml.ScalarNode):
@@ -106,9 +127,13 @@ class _Builder:
                 return self.constructor.construct_object(node)
             except (ValueError, OverflowError, yaml.YAMLError) as exc:
                 self.doc.findings.append(
-                    _err("yaml-syntax", f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader "
-                         "fails on it too", line=node.start_mark.line + 1, path=_dotted(path),
-                         fix="write a plain number or string")
+                    _err(
+                        "yaml-syntax",
+                        f"value {clip(node.value)!r} cannot be read: {exc}; AutoModel's YAML loader fails on it too",
+                        line=node.start_mark.line + 1,
+                        path=_dotted(path),
+                        fix="write a plain number or string",
+                    )
                 )
                 return None
         if isinstance(node, yaml.SequenceNode):
@@ -130,9 +155,11 @@ class _Builder:
             sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
             for src in sources:
                 if isinstance(src, yaml.MappingNode):
-                    merged = merged + [p for p in self._merged_pairs(src, depth + 1)] + [
-                        p for p in src.value if p[0].tag != "tag:yaml.org,2002:merge"
-                    ]
+                    merged = (
+                        merged
+                        + [p for p in self._merged_pairs(src, depth + 1)]
+                        + [p for p in src.value if p[0].tag != "tag:yaml.org,2002:merge"]
+                    )
         return merged
 
     def _mapping(self, node: yaml.MappingNode, path: PathKey, depth: int) -> dict:
@@ -151,8 +178,13 @@ class _Builder:
             key = self.build(key_node, path, depth + 1)
             if not _hashable(key):
                 self.doc.findings.append(
-                    _err("yaml-bad-key", f"a mapping key must be a scalar, got {type(key).__name__}",
-                         line=line, path=_dotted(path), fix="use a plain string key")
+                    _err(
+                        "yaml-bad-key",
+                        f"a mapping key must be a scalar, got {type(key).__name__}",
+                        line=line,
+                        path=_dotted(path),
+                        fix="use a plain string key",
+                    )
                 )
                 continue
             if key in explicit_seen:
@@ -195,8 +227,13 @@ def _resolve_env(value: str, path: PathKey, doc: Document) -> str:
         if "," in expr:
             name, default = (s.strip() for s in expr.split(",", 1))
             doc.findings.append(
-                _err("env-var", f"value comes from ${{{name}}} at launch; checked with its default {default!r}",
-                     line=doc.line(path), path=_dotted(path), severity="info")
+                _err(
+                    "env-var",
+                    f"value comes from ${{{name}}} at launch; checked with its default {default!r}",
+                    line=doc.line(path),
+                    path=_dotted(path),
+                    severity="info",
+                )
             )
             return default
         missing.append(expr)
@@ -208,10 +245,15 @@ def _resolve_env(value: str, path: PathKey, doc: Document) -> str:
             missing.append(m.group(1))
     if missing:
         doc.findings.append(
-            _err("env-var", f"value comes from environment variable(s) {', '.join(missing)} at launch and was "
-                 "not checked (AutoModel fails at load if they are unset)",
-                 line=doc.line(path), path=_dotted(path), severity="warning",
-                 fix="give a default, e.g. ${VAR,2}, to have it checked")
+            _err(
+                "env-var",
+                f"value comes from environment variable(s) {', '.join(missing)} at launch and was "
+                "not checked (AutoModel fails at load if they are unset)",
+                line=doc.line(path),
+                path=_dotted(path),
+                severity="warning",
+                fix="give a default, e.g. ${VAR,2}, to have it checked",
+            )
         )
         unresolved = Unresolved(value)
         unresolved.variable = missing[0]
@@ -231,9 +273,14 @@ def apply_value_semantics(value: Any, doc: Document, path: PathKey = ()) -> Any:
             out[k] = v
         return out
     if isinstance(value, list):
-        return [_string(v, doc, path, i) if isinstance(v, str) else
-                apply_value_semantics(v, doc, path + (i,)) if isinstance(v, (dict, list)) else v
-                for i, v in enumerate(value)]
+        return [
+            _string(v, doc, path, i)
+            if isinstance(v, str)
+            else apply_value_semantics(v, doc, path + (i,))
+            if isinstance(v, (dict, list))
+            else v
+            for i, v in enumerate(value)
+        ]
     if isinstance(value, str):  # a bare string config
         return _string(value, doc, path, None)
     return value
@@ -246,10 +293,14 @@ def _string(value: str, doc: Document, parent: PathKey, key: Any) -> Any:
         if problem:
             path = parent + (key,)
             doc.findings.append(
-                _err("target-path-invalid", f"{_dotted(path)} is {clip(value)!r}: AutoModel's loader resolves "
-                     f"{key} values as import paths when it loads the recipe, and {problem}",
-                     line=doc.line(path), path=_dotted(path),
-                     fix="write a dotted import path (package.module.function) or path/to/file.py:function")
+                _err(
+                    "target-path-invalid",
+                    f"{_dotted(path)} is {clip(value)!r}: AutoModel's loader resolves "
+                    f"{key} values as import paths when it loads the recipe, and {problem}",
+                    line=doc.line(path),
+                    path=_dotted(path),
+                    fix="write a dotted import path (package.module.function) or path/to/file.py:function",
+                )
             )
         return value
     if "$" in value:
@@ -266,8 +317,11 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
     size = len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else len(text)
     if size > max_bytes:
         doc.findings.append(
-            _err("yaml-too-large", f"config is {size:,} bytes, over the {max_bytes:,}-byte limit",
-                 fix="pass only the recipe (or its distributed: block)")
+            _err(
+                "yaml-too-large",
+                f"config is {size:,} bytes, over the {max_bytes:,}-byte limit",
+                fix="pass only the recipe (or its distributed: block)",
+            )
         )
         return doc
     if isinstance(text, str):
@@ -275,9 +329,13 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
             doc.findings.append(
-                _err("yaml-not-utf8", f"config text holds a lone surrogate ({text[exc.start]!r} at offset {exc.start}), "
-                     "which is not valid Unicode", line=text[: exc.start].count("\n") + 1,
-                     fix="send the config as UTF-8 text")
+                _err(
+                    "yaml-not-utf8",
+                    f"config text holds a lone surrogate ({text[exc.start]!r} at offset {exc.start}), "
+                    "which is not valid Unicode",
+                    line=text[: exc.start].count("\n") + 1,
+                    fix="send the config as UTF-8 text",
+                )
             )
             return doc
     if isinstance(text, bytes):
@@ -286,8 +344,12 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         except UnicodeDecodeError as exc:
             line = text[: exc.start].count(b"\n") + 1
             doc.findings.append(
-                _err("yaml-not-utf8", f"config is not valid UTF-8 (byte 0x{text[exc.start]:02x} at offset "
-                     f"{exc.start})", line=line, fix="save the file as UTF-8")
+                _err(
+                    "yaml-not-utf8",
+                    f"config is not valid UTF-8 (byte 0x{text[exc.start]:02x} at offset {exc.start})",
+                    line=line,
+                    fix="save the file as UTF-8",
+                )
             )
             return doc
     try:
@@ -295,11 +357,13 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         for i, node in enumerate(yaml.compose_all(text, Loader=_Loader)):
             if i == 1:
                 doc.findings.append(
-                    _err("yaml-multiple-documents",
-                         "the YAML has more than one document ('---'); AutoModel's yaml.safe_load rejects it "
-                         "('expected a single document in the stream'); only the first was checked",
-                         line=node.start_mark.line + 1 if node is not None else None,
-                         fix="keep one document per recipe file")
+                    _err(
+                        "yaml-multiple-documents",
+                        "the YAML has more than one document ('---'); AutoModel's yaml.safe_load rejects it "
+                        "('expected a single document in the stream'); only the first was checked",
+                        line=node.start_mark.line + 1 if node is not None else None,
+                        fix="keep one document per recipe file",
+                    )
                 )
                 break
             nodes.append(node)
@@ -310,8 +374,13 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
         tab = "tab" in str(problem) or "\t" in bad_line[: (mark.column + 1) if mark else None]
         fix = "indent with spaces: YAML forbids tab characters in indentation" if tab else "fix the YAML syntax"
         if "nesting depth" in str(problem):  # libyaml's own bound on flow nesting
-            doc.findings.append(_err("yaml-too-deep", f"YAML nesting is deeper than the {MAX_DEPTH}-level limit "
-                                     f"({problem})", line=mark.line + 1 if mark else None))
+            doc.findings.append(
+                _err(
+                    "yaml-too-deep",
+                    f"YAML nesting is deeper than the {MAX_DEPTH}-level limit ({problem})",
+                    line=mark.line + 1 if mark else None,
+                )
+            )
             return doc
         doc.findings.append(
             _err("yaml-syntax", f"YAML syntax error: {problem}", line=mark.line + 1 if mark else None, fix=fix)
@@ -331,8 +400,12 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
             doc.findings.append(_err("yaml-too-deep", f"YAML nesting is deeper than the {MAX_DEPTH}-level limit"))
         else:
             doc.findings.append(
-                _err("yaml-too-complex", f"YAML expands to more than {MAX_NODES:,} values (alias expansion, "
-                     "'billion laughs'); refusing to build it", fix="remove the recursive anchors/aliases")
+                _err(
+                    "yaml-too-complex",
+                    f"YAML expands to more than {MAX_NODES:,} values (alias expansion, "
+                    "'billion laughs'); refusing to build it",
+                    fix="remove the recursive anchors/aliases",
+                )
             )
         doc.data = None
         return doc
@@ -346,8 +419,9 @@ def load_text(text: str | bytes, *, source: str | None = None, max_bytes: int = 
     return doc
 
 
-def load_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
-              allowed_roots: list[Path] | None = None) -> Document:
+def load_path(
+    path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES, allowed_roots: list[Path] | None = None
+) -> Document:
     """Load a YAML file: a regular file under the size cap (and under ``allowed_roots`` if given)."""
     p = Path(path)
     problem = check_path(p, max_bytes=max_bytes, allowed_roots=allowed_roots)
@@ -357,8 +431,12 @@ def load_path(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
         with open(p, "rb") as fh:
             data = fh.read(max_bytes + 1)
     except OSError as exc:
-        return Document(data=None, source=str(p), from_yaml=True,
-                        findings=[_err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}")])
+        return Document(
+            data=None,
+            source=str(p),
+            from_yaml=True,
+            findings=[_err("file-unreadable", f"cannot read {p}: {exc.strerror or exc}")],
+        )
     return load_text(data, source=str(p), max_bytes=max_bytes)
 
 

@@ -98,24 +98,40 @@ def apply_overrides(doc: Document, overrides: Sequence[str], *, bare: bool) -> N
     if not isinstance(doc.data, dict):
         return
     if isinstance(overrides, str) or len(overrides) > MAX_OVERRIDES:
-        doc.findings.append(_err("override-invalid", f"overrides must be a list of at most {MAX_OVERRIDES} "
-                                 "'dotted.key=value' strings", fix="pass e.g. ['distributed.tp_size=4']"))
+        doc.findings.append(
+            _err(
+                "override-invalid",
+                f"overrides must be a list of at most {MAX_OVERRIDES} 'dotted.key=value' strings",
+                fix="pass e.g. ['distributed.tp_size=4']",
+            )
+        )
         return
     data = doc.data = dict(doc.data)  # never modify the caller's mapping
     for item in overrides:
         problem = _malformed(item)
         if problem:
-            doc.findings.append(_err("override-invalid", f"override {clip(repr(item))} {problem}",
-                                     path="<overrides>", fix="write dotted.key=value, e.g. distributed.tp_size=4"))
+            doc.findings.append(
+                _err(
+                    "override-invalid",
+                    f"override {clip(repr(item))} {problem}",
+                    path="<overrides>",
+                    fix="write dotted.key=value, e.g. distributed.tp_size=4",
+                )
+            )
             continue
         dotted, raw = item.split("=", 1)
         parts = dotted.split(".")
         if bare:
             if parts[0] != "distributed" or len(parts) < 2:
-                doc.findings.append(_err(
-                    "override-invalid", f"override {clip(repr(item))} is outside the distributed: block, and the "
-                    "config is a bare block", path="<overrides>",
-                    fix="validate the whole recipe, or override distributed.* keys only"))
+                doc.findings.append(
+                    _err(
+                        "override-invalid",
+                        f"override {clip(repr(item))} is outside the distributed: block, and the "
+                        "config is a bare block",
+                        path="<overrides>",
+                        fix="validate the whole recipe, or override distributed.* keys only",
+                    )
+                )
                 continue
             parts = parts[1:]
         _set(doc, data, parts, raw, dotted)
@@ -151,9 +167,15 @@ def _set(doc: Document, data: dict[str, Any], parts: list[str], raw: str, dotted
     _drop_lines(doc, path)  # first: findings about the new value (env, _target_) must not point at the old line
     node[key] = apply_value_semantics({key: translate_value(raw)}, doc, path[:-1])[key]
     was = f"the config has {clip(repr(old))}" if had else "not in the config"
-    doc.findings.append(Finding(rule="override-applied", severity="info", path=".".join(path),
-                                line=old_line, message=f"{dotted} = {clip(repr(node[key]))} from the command line "
-                                f"({was})"))
+    doc.findings.append(
+        Finding(
+            rule="override-applied",
+            severity="info",
+            path=".".join(path),
+            line=old_line,
+            message=f"{dotted} = {clip(repr(node[key]))} from the command line ({was})",
+        )
+    )
 
 
 def _drop_lines(doc: Document, path: PathKey) -> None:

@@ -100,13 +100,23 @@ class FSDP2Options(_Strict):
     activation_checkpointing_scope: str | list[str] = Field(
         default="all", description="all | language | vision | audio | multimodal (list or comma-separated)."
     )
-    defer_fsdp_grad_sync: bool = Field(default=True, description=(
-        "Defer FSDP grad sync to the step's last backward (also under PP): until then every gradient of the rank is "
-        "held unsharded in fp32; false reduce-scatters after each backward."))
-    reshard_after_forward: bool | None = Field(default=None, description=(
-        "None = AutoModel's default: all but the last block reshard, PP included (its keep-gathered-under-PP branch "
-        "never triggers); with ep_size > 1 every block follows moe.reshard_after_forward."))
-    enable_async_tensor_parallel: bool = Field(default=False, description="Async TP (tp>1): needs sequence_parallel; rejected with ep>1.")
+    defer_fsdp_grad_sync: bool = Field(
+        default=True,
+        description=(
+            "Defer FSDP grad sync to the step's last backward (also under PP): until then every gradient of the rank is "
+            "held unsharded in fp32; false reduce-scatters after each backward."
+        ),
+    )
+    reshard_after_forward: bool | None = Field(
+        default=None,
+        description=(
+            "None = AutoModel's default: all but the last block reshard, PP included (its keep-gathered-under-PP branch "
+            "never triggers); with ep_size > 1 every block follows moe.reshard_after_forward."
+        ),
+    )
+    enable_async_tensor_parallel: bool = Field(
+        default=False, description="Async TP (tp>1): needs sequence_parallel; rejected with ep>1."
+    )
     enable_compile: bool = Field(default=False, description="Per-layer torch.compile.")
     enable_fsdp2_prefetch: bool = Field(default=False, description="Explicit FSDP2 prefetch chains.")
     fsdp2_backward_prefetch_depth: NonNegInt = Field(default=2, description="FSDP units prefetched in backward.")
@@ -184,9 +194,13 @@ class MoEConfig(_Strict):
     """``moe:`` -> MoEParallelizerConfig (used only when ep_size > 1)."""
 
     ignore_router_for_ac: bool = Field(default=True, description="Save router outputs under AC.")
-    reshard_after_forward: bool = Field(default=False, description=(
-        "With ep_size > 1: reshard every block and the experts after forward (unless distributed."
-        "reshard_after_forward is set)."))
+    reshard_after_forward: bool = Field(
+        default=False,
+        description=(
+            "With ep_size > 1: reshard every block and the experts after forward (unless distributed."
+            "reshard_after_forward is set)."
+        ),
+    )
     lm_head_precision: DtypeName | None = Field(default=None, description="lm_head compute dtype.")
     wrap_outer_model: bool = Field(default=True, description="fully_shard the outer model too.")
     mp_policy: MixedPrecisionPolicy | None = Field(default=None, description="MoE mixed precision (_target_ form).")
@@ -204,9 +218,7 @@ class DistributedConfig(_Strict):
     pp_size: PositiveInt = Field(default=1, description="Pipeline parallel degree.")
     cp_size: PositiveInt = Field(default=1, description="Context parallel degree.")
     ep_size: PositiveInt = Field(default=1, description="Expert parallel degree (fsdp2 only).")
-    activation_checkpointing: ACMode = Field(
-        default=False, description="false | true/full | selective (fsdp2, ddp)."
-    )
+    activation_checkpointing: ACMode = Field(default=False, description="false | true/full | selective (fsdp2, ddp).")
     pipeline: PipelineConfig | None = Field(default=None, description="Pipeline settings (pp_size > 1).")
     moe: MoEConfig | None = Field(default=None, description="MoE parallelizer settings (ep_size > 1).")
     options: FSDP2Options | MegatronFSDPOptions | DDPOptions = Field(

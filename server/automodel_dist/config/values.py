@@ -75,8 +75,10 @@ def import_path_problem(value: str) -> str | None:
     if not all(part.isidentifier() for part in value.split(".")):
         return "it is not a dotted import path (ImportError: Cannot resolve target)"
     if "." not in value:  # only a top-level module can match, and a module is neither a class nor a function
-        return ("a bare name with no dots can only resolve to a top-level module, never a class or function "
-                "(ImportError: Cannot resolve target, or a module AutoModel then cannot call)")
+        return (
+            "a bare name with no dots can only resolve to a top-level module, never a class or function "
+            "(ImportError: Cannot resolve target, or a module AutoModel then cannot call)"
+        )
     return None
 
 

@@ -61,34 +61,56 @@ class Estimate(BaseModel):
     tokens_per_step: int | None = None
     grad_accumulation_steps: int | None = None
     bubble_fraction: float = 0.0
-    max_seq_len: int | None = Field(default=None, description=(
-        "Longest seq_len (a multiple of 128 and of what CP/SP split it by) that fits with headroom at this micro "
-        "batch; null if none does."))
-    max_micro_batch_size: int | None = Field(default=None, description=(
-        "Largest micro batch that fits with headroom at this seq_len; null if none does."))
-    shortest_seq_len: int | None = Field(default=None, description=(
-        "When no seq_len fits (max_seq_len null): the shortest one searched (128, or what CP/SP split by)."))
-    shortest: MemoryBreakdown | None = Field(default=None, description=(
-        "The memory at shortest_seq_len: what does not shrink with the sequence."))
-    assumed: list[str] = Field(default_factory=list, description=(
-        "Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1."))
+    max_seq_len: int | None = Field(
+        default=None,
+        description=(
+            "Longest seq_len (a multiple of 128 and of what CP/SP split it by) that fits with headroom at this micro "
+            "batch; null if none does."
+        ),
+    )
+    max_micro_batch_size: int | None = Field(
+        default=None, description=("Largest micro batch that fits with headroom at this seq_len; null if none does.")
+    )
+    shortest_seq_len: int | None = Field(
+        default=None,
+        description=(
+            "When no seq_len fits (max_seq_len null): the shortest one searched (128, or what CP/SP split by)."
+        ),
+    )
+    shortest: MemoryBreakdown | None = Field(
+        default=None, description=("The memory at shortest_seq_len: what does not shrink with the sequence.")
+    )
+    assumed: list[str] = Field(
+        default_factory=list, description=("Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1.")
+    )
     findings: list[Finding] = Field(default_factory=list)
     assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
 
 
-def make_cluster(gpu: str | GPU | None, gpus_per_node: int | None, *, memory_gib: float | None = None,
-                 intra_gbps: float | None = None, inter_gbps: float | None = None) -> Cluster:
+def make_cluster(
+    gpu: str | GPU | None,
+    gpus_per_node: int | None,
+    *,
+    memory_gib: float | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+) -> Cluster:
     """The GPU (a catalog name) with ``memory_gib`` and the per-GPU bandwidths overridden where given; raises
     ``ValueError`` for an unknown GPU or a value that is not a positive, finite number."""
     for name, value in (("memory_gib", memory_gib), ("intra_gbps", intra_gbps), ("inter_gbps", inter_gbps)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not 0 < value < math.inf):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+        ):
             raise ValueError(f"{name} must be a positive number, got {value!r}")
     g = gpu if isinstance(gpu, GPU) else lookup_gpu(gpu or "H100-80GB")
     if memory_gib is not None:
         g = GPU(g.name, float(memory_gib), g.bf16_tflops, g.intra_gbps, g.inter_gbps, g.gpus_per_node, g.interconnect)
-    return Cluster(gpu=g, gpus_per_node=gpus_per_node or g.gpus_per_node, intra_gbps=intra_gbps or g.intra_gbps,
-                   inter_gbps=inter_gbps or g.inter_gbps)
+    return Cluster(
+        gpu=g,
+        gpus_per_node=gpus_per_node or g.gpus_per_node,
+        intra_gbps=intra_gbps or g.intra_gbps,
+        inter_gbps=inter_gbps or g.inter_gbps,
+    )
 
 
 def check_positive_ints(values: dict[str, Any], *, optional: bool = False) -> None:
@@ -130,10 +152,15 @@ def model_of(ctx: Context | None) -> ModelSpec:
     if ctx is not None and ctx.model is not None:
         return ctx.model
     named = ctx.recipe_get("model.pretrained_model_name_or_path") if ctx is not None and ctx.recipe else None
-    raise ValueError("no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
-                     "or a config.json path)"
-                     + (f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the "
-                        "catalog" if named is not None else ""))
+    raise ValueError(
+        "no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
+        "or a config.json path)"
+        + (
+            f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the catalog"
+            if named is not None
+            else ""
+        )
+    )
 
 
 MAX_SEARCH_SEQ_LEN = 1 << 21
@@ -159,15 +186,19 @@ def fit_limits(spec: ModelSpec, p: ParallelDims, tr: Training, budget_gib: float
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
         return lo
 
-    seq_steps = largest(lambda k: memory_per_rank(spec, p, replace(tr, seq_len=k * step)).total <= budget_gib,
-                        MAX_SEARCH_SEQ_LEN // step)
-    mbs = largest(lambda b: memory_per_rank(spec, p, replace(tr, micro_batch_size=b)).total <= budget_gib,
-                  MAX_SEARCH_MICRO_BATCH)
+    seq_steps = largest(
+        lambda k: memory_per_rank(spec, p, replace(tr, seq_len=k * step)).total <= budget_gib,
+        MAX_SEARCH_SEQ_LEN // step,
+    )
+    mbs = largest(
+        lambda b: memory_per_rank(spec, p, replace(tr, micro_batch_size=b)).total <= budget_gib, MAX_SEARCH_MICRO_BATCH
+    )
     return (seq_steps * step if seq_steps else None), mbs
 
 
-def evaluate(spec: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster | None, *,
-             headroom: float = 0.0) -> tuple[MemoryBreakdown, CommEstimate | None, bool | None]:
+def evaluate(
+    spec: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster | None, *, headroom: float = 0.0
+) -> tuple[MemoryBreakdown, CommEstimate | None, bool | None]:
     """The one place memory and communication are combined (estimate_memory and the search use it)."""
     mem = memory_per_rank(spec, p, tr)
     if cluster is None:
@@ -177,12 +208,25 @@ def evaluate(spec: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster | 
     return mem, comm, fits
 
 
-def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = None, nodes: int | None = None,
-                    gpus_per_node: int | None = None, gpu: str | None = None, seq_len: int | None = None,
-                    micro_batch_size: int | None = None, global_batch_size: int | None = None,
-                    precision: str = "bf16", optimizer: str = "adamw", headroom: float = 0.1,
-                    memory_gib: float | None = None, intra_gbps: float | None = None,
-                    inter_gbps: float | None = None, overrides: Sequence[str] | None = None) -> Estimate:
+def estimate_memory(
+    config: Any,
+    *,
+    model: Any = None,
+    world_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str | None = None,
+    seq_len: int | None = None,
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    headroom: float = 0.1,
+    memory_gib: float | None = None,
+    intra_gbps: float | None = None,
+    inter_gbps: float | None = None,
+    overrides: Sequence[str] | None = None,
+) -> Estimate:
     """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
     layout in ``config``, for ``model`` (catalog name, config.json path or dict; default: the recipe's
     ``model.pretrained_model_name_or_path`` when the catalog has it). ``overrides``: the launch command's
@@ -195,14 +239,17 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     check_headroom(headroom)
-    check_positive_ints({"seq_len": seq_len, "micro_batch_size": micro_batch_size,
-                         "global_batch_size": global_batch_size}, optional=True)
+    check_positive_ints(
+        {"seq_len": seq_len, "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size},
+        optional=True,
+    )
     try:
         spec = resolve_model(model) if model is not None else None
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
-    result = analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec,
-                     overrides=overrides)
+    result = analyze(
+        config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec, overrides=overrides
+    )
     report, ctx = result.report, result.context
     if ctx is not None:
         spec = model_of(ctx)
@@ -225,8 +272,15 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
     storage, compute = PRECISIONS[precision]
-    tr = Training(seq_len=seq_len, micro_batch_size=mbs, global_batch_size=global_batch_size, storage_dtype=storage,
-                  compute_dtype=compute, optimizer=optimizer, pp_microbatches=n_mb)
+    tr = Training(
+        seq_len=seq_len,
+        micro_batch_size=mbs,
+        global_batch_size=global_batch_size,
+        storage_dtype=storage,
+        compute_dtype=compute,
+        optimizer=optimizer,
+        pp_microbatches=n_mb,
+    )
     gpn = ctx.gpus_per_node or gpus_per_node
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     mem, comm, fits = evaluate(spec, p, tr, cluster, headroom=headroom)
@@ -234,19 +288,46 @@ def estimate_memory(config: Any, *, model: Any = None, world_size: int | None = 
     max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
     shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
-        model=spec.name, world_size=report.world_size, layout=report.resolved, gpu=cluster.gpu.name,
-        gpu_memory_gib=cluster.gpu.memory_gib, intra_gbps=cluster.intra_gbps, inter_gbps=cluster.inter_gbps,
-        precision=precision, seq_len=seq_len, micro_batch_size=mbs,
-        global_batch_size=global_batch_size, memory_gib=mem, fits=fits, headroom=headroom,
-        comm_bytes_per_step=comm.bytes_per_step, comm_time_s=comm.time_s, crosses_nodes=comm.crosses_nodes,
-        step_time_s=comm.step_time_s, mfu=comm.mfu, tokens_per_step=comm.tokens_per_step,
-        grad_accumulation_steps=comm.grad_accumulation_steps, bubble_fraction=comm.bubble_fraction,
-        max_seq_len=max_seq, max_micro_batch_size=max_mbs, assumed=assumed,
+        model=spec.name,
+        world_size=report.world_size,
+        layout=report.resolved,
+        gpu=cluster.gpu.name,
+        gpu_memory_gib=cluster.gpu.memory_gib,
+        intra_gbps=cluster.intra_gbps,
+        inter_gbps=cluster.inter_gbps,
+        precision=precision,
+        seq_len=seq_len,
+        micro_batch_size=mbs,
+        global_batch_size=global_batch_size,
+        memory_gib=mem,
+        fits=fits,
+        headroom=headroom,
+        comm_bytes_per_step=comm.bytes_per_step,
+        comm_time_s=comm.time_s,
+        crosses_nodes=comm.crosses_nodes,
+        step_time_s=comm.step_time_s,
+        mfu=comm.mfu,
+        tokens_per_step=comm.tokens_per_step,
+        grad_accumulation_steps=comm.grad_accumulation_steps,
+        bubble_fraction=comm.bubble_fraction,
+        max_seq_len=max_seq,
+        max_micro_batch_size=max_mbs,
+        assumed=assumed,
         shortest_seq_len=shortest,
         shortest=memory_per_rank(spec, p, replace(tr, seq_len=shortest)) if shortest is not None else None,
         findings=[f for f in report.findings if f.severity != "info"],
     )
 
 
-__all__ = ["estimate_memory", "Estimate", "PRECISIONS", "Training", "MemoryBreakdown", "evaluate", "make_cluster",
-           "recipe_training", "model_of", "fit_limits"]
+__all__ = [
+    "estimate_memory",
+    "Estimate",
+    "PRECISIONS",
+    "Training",
+    "MemoryBreakdown",
+    "evaluate",
+    "make_cluster",
+    "recipe_training",
+    "model_of",
+    "fit_limits",
+]

@@ -153,17 +153,25 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         if (p.pp_schedule or "") in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
             bubble /= 3
         bubble = min(bubble, 1.0)
-    overlappable = sum(t for a, t in times.items() if a in ("dp", "dp_shard_cp", "dp_cp", "dp_replicate",
-                                                             "ep_shard"))
+    overlappable = sum(t for a, t in times.items() if a in ("dp", "dp_shard_cp", "dp_cp", "dp_replicate", "ep_shard"))
     exposed = max(0.0, overlappable - OVERLAP * compute)
     exposed += times.get("tp", 0.0) + times.get("ep", 0.0) + times.get("pp", 0.0) + 0.5 * times.get("cp", 0.0)
     step = compute * (1 + bubble) + exposed
     model_flops = flops_rank_base * world
     mfu = model_flops / (step * world * cluster.gpu.bf16_tflops * 1e12) if step > 0 else 0.0
-    return CommEstimate(bytes_per_step=out, time_s=times, crosses_nodes=cross, compute_s=compute,
-                        bubble_fraction=bubble, exposed_comm_s=exposed, step_time_s=step, mfu=mfu,
-                        tokens_per_step=int(tokens_step), grad_accumulation_steps=grad_acc,
-                        model_tflops_per_step=model_flops / 1e12)
+    return CommEstimate(
+        bytes_per_step=out,
+        time_s=times,
+        crosses_nodes=cross,
+        compute_s=compute,
+        bubble_fraction=bubble,
+        exposed_comm_s=exposed,
+        step_time_s=step,
+        mfu=mfu,
+        tokens_per_step=int(tokens_step),
+        grad_accumulation_steps=grad_acc,
+        model_tflops_per_step=model_flops / 1e12,
+    )
 
 
 __all__ = ["Cluster", "CommEstimate", "estimate_comm", "step_flops", "in_flight_microbatches"]

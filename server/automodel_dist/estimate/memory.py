@@ -74,12 +74,19 @@ class MemoryBreakdown(BaseModel):
     model_states: float = Field(description="params + grads + optimizer.")
     tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
     worst_pp_rank: int = 0
-    peak_phase: str = Field(default="", description="start-of-backward, in-backward (a block's gradients and the "
-                                                    "next block's gather) or end-of-backward.")
-    deferred_grads: float = Field(default=0.0, description=(
-        "Part of buffers: the unsharded fp32 gradients FSDP2 holds across the backward passes of a step when "
-        "defer_fsdp_grad_sync is true (AutoModel's default) and a step has several (gradient accumulation) or runs "
-        "under PP; defer_fsdp_grad_sync: false reduce-scatters after every backward instead."))
+    peak_phase: str = Field(
+        default="",
+        description="start-of-backward, in-backward (a block's gradients and the "
+        "next block's gather) or end-of-backward.",
+    )
+    deferred_grads: float = Field(
+        default=0.0,
+        description=(
+            "Part of buffers: the unsharded fp32 gradients FSDP2 holds across the backward passes of a step when "
+            "defer_fsdp_grad_sync is true (AutoModel's default) and a step has several (gradient accumulation) or runs "
+            "under PP; defer_fsdp_grad_sync: false reduce-scatters after every backward instead."
+        ),
+    )
 
 
 @dataclass
@@ -120,8 +127,10 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
 
     if m.is_hybrid:  # one norm + one mixer; AutoModel's class has no TP plan, so nothing is split by tp
         h = m.hidden_size
-        return {k: (moe(m.moe_nonexpert_params() + h) if k == "moe" else (m.mixer_params(k) + h, 0.0))
-                for k in set(m.layer_types)}
+        return {
+            k: (moe(m.moe_nonexpert_params() + h) if k == "moe" else (m.mixer_params(k) + h, 0.0))
+            for k in set(m.layer_types)
+        }
     attn_sh, attn_rep = _attn_split(m)
     base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.hidden_size
     dense = (base + m.dense_mlp_params() / p.tp, 0.0)
@@ -243,8 +252,12 @@ def _compute_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes:
     scale = comp_bytes / 2.0  # coefficients were fitted with bf16 compute
     if moe:  # routed tokens: k copies in and out, each expert saves gate/up/act/product
         k = max(m.experts_per_token, 1)
-        mlp_plain = 8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
-        mlp_sel = 4 * k * m.moe_intermediate_size + 4 * k * h + 4 * m.num_experts + 4 * m.shared_expert_intermediate_size
+        mlp_plain = (
+            8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
+        )
+        mlp_sel = (
+            4 * k * m.moe_intermediate_size + 4 * k * h + 4 * m.num_experts + 4 * m.shared_expert_intermediate_size
+        )
     else:
         mlp_plain, mlp_sel = 8 * m.intermediate_size / t, 4 * m.intermediate_size / t
     rep = (4 + 12 / t) if p.sequence_parallel else 16.0
@@ -372,14 +385,25 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     buffers = transient - grads if phase == "end-of-backward" else transient - acts
     activations = 0.0 if phase == "end-of-backward" else acts
     total = tracked + overhead
-    return dict(params=float(params), grads=float(grads), optimizer=float(optimizer), activations=float(activations),
-                buffers=float(max(buffers, 0.0)), overhead=float(overhead), total=float(total),
-                model_states=float(params + grads + optimizer), tracked_peak=float(tracked), worst_pp_rank=pp_rank,
-                peak_phase=phase, deferred_grads=float(held_grads))
+    return dict(
+        params=float(params),
+        grads=float(grads),
+        optimizer=float(optimizer),
+        activations=float(activations),
+        buffers=float(max(buffers, 0.0)),
+        overhead=float(overhead),
+        total=float(total),
+        model_states=float(params + grads + optimizer),
+        tracked_peak=float(tracked),
+        worst_pp_rank=pp_rank,
+        peak_phase=phase,
+        deferred_grads=float(held_grads),
+    )
 
 
-def activation_formula_korthikanti(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
-                                   recompute: str = "none") -> float:
+def activation_formula_korthikanti(
+    s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False, recompute: str = "none"
+) -> float:
     """Korthikanti et al. 2022, Table 2: activation bytes of one transformer layer (16-bit)."""
     if recompute == "full":
         return 2.0 * s * b * h / (t if sp else 1)
@@ -391,5 +415,11 @@ def activation_formula_korthikanti(s: int, b: int, h: int, a: int, t: int = 1, *
     return s * b * h * (34 + attn)
 
 
-__all__ = ["Training", "MemoryBreakdown", "memory_per_rank", "in_flight_microbatches",
-           "activation_formula_korthikanti", "GIB"]
+__all__ = [
+    "Training",
+    "MemoryBreakdown",
+    "memory_per_rank",
+    "in_flight_microbatches",
+    "activation_formula_korthikanti",
+    "GIB",
+]

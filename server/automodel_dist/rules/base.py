@@ -110,14 +110,31 @@ def rule(
     return deco
 
 
-def note(rule_id: str, title: str, *, family: str, severity: Severity, patterns: tuple[str, ...] = (),
-         cause: str = "", fix: str = "", consequence: bool = False) -> None:
+def note(
+    rule_id: str,
+    title: str,
+    *,
+    family: str,
+    severity: Severity,
+    patterns: tuple[str, ...] = (),
+    cause: str = "",
+    fix: str = "",
+    consequence: bool = False,
+) -> None:
     """Register a rule id whose findings are produced elsewhere (the loader, the API, or only a run)."""
     RULES[rule_id] = Rule(rule_id, family, severity, title, None, patterns, cause, fix, consequence=consequence)
 
 
-def finding(ctx: Context, rule_id: str, parts: tuple[Any, ...], message: str, fix: str | None = None,
-            *, severity: Severity | None = None, recipe_path: str | None = None) -> Finding:
+def finding(
+    ctx: Context,
+    rule_id: str,
+    parts: tuple[Any, ...],
+    message: str,
+    fix: str | None = None,
+    *,
+    severity: Severity | None = None,
+    recipe_path: str | None = None,
+) -> Finding:
     """Make a finding for ``rule_id`` at ``parts`` (relative to the block) or at ``recipe_path``."""
     r = RULES[rule_id]
     if recipe_path is not None:
@@ -138,8 +155,13 @@ def run_rules(ctx: Context) -> list[Finding]:
         except Exception as exc:  # noqa: BLE001 - a bug in one rule must not hide the others
             log.exception("rule %s crashed", r.id)
             out.append(
-                Finding(rule="internal-error", severity="warning", path=ctx.path(), line=None,
-                        message=f"rule {r.id} could not run: {type(exc).__name__}: {exc}")
+                Finding(
+                    rule="internal-error",
+                    severity="warning",
+                    path=ctx.path(),
+                    line=None,
+                    message=f"rule {r.id} could not run: {type(exc).__name__}: {exc}",
+                )
             )
     return out
 

@@ -10,24 +10,44 @@ from .base import Context, finding, rule
 F = "cluster"
 
 
-@rule("world-mismatch", family=F, severity="error", title="world_size != nodes x gpus_per_node",
-      cause="The world size must equal nodes x gpus_per_node.", fix="Make them agree.")
+@rule(
+    "world-mismatch",
+    family=F,
+    severity="error",
+    title="world_size != nodes x gpus_per_node",
+    cause="The world size must equal nodes x gpus_per_node.",
+    fix="Make them agree.",
+)
 def world_mismatch(ctx: Context) -> Iterator[Finding]:
     if ctx.nodes and ctx.gpus_per_node and ctx.dims.world_size and ctx.nodes * ctx.gpus_per_node != ctx.dims.world_size:
-        yield finding(ctx, "world-mismatch", (),
-                      f"world_size={ctx.dims.world_size} but nodes x gpus_per_node = {ctx.nodes} x {ctx.gpus_per_node} = "
-                      f"{ctx.nodes * ctx.gpus_per_node}", f"world_size: {ctx.nodes * ctx.gpus_per_node}")
+        yield finding(
+            ctx,
+            "world-mismatch",
+            (),
+            f"world_size={ctx.dims.world_size} but nodes x gpus_per_node = {ctx.nodes} x {ctx.gpus_per_node} = "
+            f"{ctx.nodes * ctx.gpus_per_node}",
+            f"world_size: {ctx.nodes * ctx.gpus_per_node}",
+        )
 
 
-@rule("world-partial-node", family=F, severity="error", title="World size is not whole nodes",
-      cause="A world size that is not a multiple of gpus_per_node leaves a partial node.",
-      fix="Use whole nodes.")
+@rule(
+    "world-partial-node",
+    family=F,
+    severity="error",
+    title="World size is not whole nodes",
+    cause="A world size that is not a multiple of gpus_per_node leaves a partial node.",
+    fix="Use whole nodes.",
+)
 def world_partial_node(ctx: Context) -> Iterator[Finding]:
     g = ctx.gpus_per_node
     if g and ctx.dims.world_size and not ctx.nodes and ctx.dims.world_size % g:
-        yield finding(ctx, "world-partial-node", (),
-                      f"world_size={ctx.dims.world_size} is not a whole number of {g}-GPU nodes",
-                      f"world_size: {ctx.dims.world_size + (-ctx.dims.world_size) % g}")
+        yield finding(
+            ctx,
+            "world-partial-node",
+            (),
+            f"world_size={ctx.dims.world_size} is not a whole number of {g}-GPU nodes",
+            f"world_size: {ctx.dims.world_size + (-ctx.dims.world_size) % g}",
+        )
 
 
 def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Finding]:
@@ -45,22 +65,38 @@ def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Findi
     inner = size if axis == "tp" else size * layout.tp  # a cp group spans tp*cp consecutive ranks
     what = key if axis == "tp" else "tp_size * cp_size"
     fix = f"keep {what} (now {inner}) a divisor of gpus_per_node={g}"
-    yield finding(ctx, rule_id, (key,),
-                  f"{count} of {total} {axis} groups (size {size}) cross a node boundary with {g} GPUs per node{ex}: "
-                  f"{why}", fix)
+    yield finding(
+        ctx,
+        rule_id,
+        (key,),
+        f"{count} of {total} {axis} groups (size {size}) cross a node boundary with {g} GPUs per node{ex}: {why}",
+        fix,
+    )
 
 
-@rule("tp-cross-node", family=F, severity="warning", title="TP groups span nodes",
-      cause="Tensor parallelism all-reduces activations every layer; across nodes it runs at network speed.",
-      fix="Keep tp_size within a node (a divisor of gpus_per_node).")
+@rule(
+    "tp-cross-node",
+    family=F,
+    severity="warning",
+    title="TP groups span nodes",
+    cause="Tensor parallelism all-reduces activations every layer; across nodes it runs at network speed.",
+    fix="Keep tp_size within a node (a divisor of gpus_per_node).",
+)
 def tp_cross_node(ctx: Context) -> Iterator[Finding]:
-    yield from _crossing(ctx, "tp", "tp-cross-node",
-                         "TP collectives run every layer and are bound by the inter-node network")
+    yield from _crossing(
+        ctx, "tp", "tp-cross-node", "TP collectives run every layer and are bound by the inter-node network"
+    )
 
 
-@rule("cp-cross-node", family=F, severity="warning", title="CP groups span nodes",
-      cause="Context parallelism exchanges K/V every attention layer; across nodes it is network bound.",
-      fix="Keep tp_size*cp_size within a node where possible.")
+@rule(
+    "cp-cross-node",
+    family=F,
+    severity="warning",
+    title="CP groups span nodes",
+    cause="Context parallelism exchanges K/V every attention layer; across nodes it is network bound.",
+    fix="Keep tp_size*cp_size within a node where possible.",
+)
 def cp_cross_node(ctx: Context) -> Iterator[Finding]:
-    yield from _crossing(ctx, "cp", "cp-cross-node",
-                         "CP exchanges keys/values every attention layer over the inter-node network")
+    yield from _crossing(
+        ctx, "cp", "cp-cross-node", "CP exchanges keys/values every attention layer over the inter-node network"
+    )

@@ -98,7 +98,6 @@ def value_ok(model: type[BaseModel], name: str, value: Any) -> bool:
     return True
 
 
-
 def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else value
 
@@ -106,8 +105,11 @@ def _plain(value: Any) -> Any:
 @cache
 def _nested(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
     """The fields of ``model`` that are pydantic models themselves."""
-    return {name: info.annotation for name, info in fields(model).items()
-            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)}
+    return {
+        name: info.annotation
+        for name, info in fields(model).items()
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
+    }
 
 
 def pydantic_findings(
@@ -129,7 +131,9 @@ def pydantic_findings(
         if key not in known:
             hint = did_you_mean(key, known)
             yield finding(
-                ctx, rule_id, parts + (key,),
+                ctx,
+                rule_id,
+                parts + (key,),
                 f"unknown key {key!r} in {ctx.path(*parts)}; AutoModel's {model.__name__} has no such field "
                 f"(TypeError: unexpected keyword argument){note}",
                 f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(known))})",

@@ -10,10 +10,19 @@ import importlib
 from typing import Any
 
 _NAMES = {
-    "run_smoke_test": "run", "DEFAULT_CONFIG": "run",
-    "export_smoke_test": "export", "judge_smoke_test": "export", "SmokeExport": "export",
-    "Plan": "launch", "SmokeUsageError": "launch", "kill_all_active": "launch", "parse_fault": "launch",
-    "SmokeReport": "report", "RankReport": "report", "Timing": "report", "Tolerance": "report",
+    "run_smoke_test": "run",
+    "DEFAULT_CONFIG": "run",
+    "export_smoke_test": "export",
+    "judge_smoke_test": "export",
+    "SmokeExport": "export",
+    "Plan": "launch",
+    "SmokeUsageError": "launch",
+    "kill_all_active": "launch",
+    "parse_fault": "launch",
+    "SmokeReport": "report",
+    "RankReport": "report",
+    "Timing": "report",
+    "Tolerance": "report",
     "TOLERANCES": "report",
 }
 

@@ -24,12 +24,23 @@ from pathlib import Path
 
 from ._exec import set_pdeathsig
 
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
-           "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
-           "torch.distributed._functional_collectives", "torch.distributed.tensor.experimental",
-           "torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "torch.nn.parallel",
-           "torch.utils.checkpoint", "automodel_dist.smoke.parallelize", "automodel_dist.smoke.tiny_models",
-           "automodel_dist.smoke.worker")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.device_mesh",
+    "torch.distributed.tensor",
+    "torch.distributed.tensor.parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.pipelining",
+    "torch.distributed._functional_collectives",
+    "torch.distributed.tensor.experimental",
+    "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+    "torch.nn.parallel",
+    "torch.utils.checkpoint",
+    "automodel_dist.smoke.parallelize",
+    "automodel_dist.smoke.tiny_models",
+    "automodel_dist.smoke.worker",
+)
 """What every rank needs, imported by the fork server before it forks them (a name an older torch
 lacks is skipped; the rank imports what exists when it needs it)."""
 
@@ -76,10 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         elastic_launch(config, entry)(str(spec_path))
     except ChildFailedError as exc:
-        (run_dir / "agent_failure.json").write_text(json.dumps({"failures": {
-            str(rank): {"message": f.message if isinstance(f.message, str) else json.dumps(f.message),
-                        "exitcode": f.exitcode}
-            for rank, f in exc.failures.items()}}))
+        (run_dir / "agent_failure.json").write_text(
+            json.dumps(
+                {
+                    "failures": {
+                        str(rank): {
+                            "message": f.message if isinstance(f.message, str) else json.dumps(f.message),
+                            "exitcode": f.exitcode,
+                        }
+                        for rank, f in exc.failures.items()
+                    }
+                }
+            )
+        )
         return 1
     return 0
 

@@ -39,19 +39,40 @@ class SmokeExport(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, world_size: int, steps: int = 3,
-                      model: str = "tiny-llama", backend: str | None = None, precision: str = "auto",
-                      pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S, fault: str | dict | None = None,
-                      overrides: Sequence[str] | None = None, **layout: Any) -> SmokeExport | SmokeReport:
+def export_smoke_test(
+    config: ConfigInput | None,
+    directory: str | Path,
+    *,
+    world_size: int,
+    steps: int = 3,
+    model: str = "tiny-llama",
+    backend: str | None = None,
+    precision: str = "auto",
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+    fault: str | dict | None = None,
+    overrides: Sequence[str] | None = None,
+    **layout: Any,
+) -> SmokeExport | SmokeReport:
     """Plan ``config``'s layout on ``world_size`` ranks (arguments as in ``run_smoke_test``) and write
     ``directory/spec.json`` for a launch elsewhere (nothing else there is touched; earlier results are ignored by the
     judge, each spec having its own id). Returns the commands, or the report of why the layout cannot run. This
     machine's GPUs and CPU limit do not matter."""
     if world_size is None:  # run_smoke_test would pick a size for this machine; a cluster's must be given
         raise SmokeUsageError("world_size must be a positive integer: the ranks the launch will start")
-    plan = plan_smoke_test(config, world_size=world_size, steps=steps, model=model, backend=backend,
-                           pg_timeout_s=pg_timeout_s, precision=precision, fault=fault, overrides=overrides,
-                           local=False, caller="export_smoke_test", **layout)
+    plan = plan_smoke_test(
+        config,
+        world_size=world_size,
+        steps=steps,
+        model=model,
+        backend=backend,
+        pg_timeout_s=pg_timeout_s,
+        precision=precision,
+        fault=fault,
+        overrides=overrides,
+        local=False,
+        caller="export_smoke_test",
+        **layout,
+    )
     if isinstance(plan, SmokeReport):
         return plan
     out = Path(directory)
@@ -59,13 +80,21 @@ def export_smoke_test(config: ConfigInput | None, directory: str | Path, *, worl
         raise SmokeUsageError(f"{out} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)  # results already there belong to another spec_id: the judge ignores them
     base = SmokeReport(passed=False, status="not_run", **plan.report_base).model_dump(
-        mode="json", include=set(plan.report_base))
+        mode="json", include=set(plan.report_base)
+    )
     replace(plan.spec, report_base=base).write(out / SPEC_FILE)
     single, multi, srun = reproduce_commands(world_size, SPEC_FILE)
-    return SmokeExport(directory=str(out), spec_file=str(out / SPEC_FILE), world_size=world_size, command=single,
-                       multinode_command=multi, srun_command=srun,
-                       judge_command=f"automodel-dist smoke --judge {shlex.quote(str(out))}",
-                       findings=plan.findings, notes=list(plan.report_base.get("notes") or []))
+    return SmokeExport(
+        directory=str(out),
+        spec_file=str(out / SPEC_FILE),
+        world_size=world_size,
+        command=single,
+        multinode_command=multi,
+        srun_command=srun,
+        judge_command=f"automodel-dist smoke --judge {shlex.quote(str(out))}",
+        findings=plan.findings,
+        notes=list(plan.report_base.get("notes") or []),
+    )
 
 
 def judge_smoke_test(directory: str | Path) -> SmokeReport:
@@ -84,24 +113,27 @@ def judge_smoke_test(directory: str | Path) -> SmokeReport:
     missing = [r for r in range(world) if r not in results]
     failed = [r for r, res in results.items() if "error" in res or "terminated" in res]
     if missing and not failed:
-        reason = (f"rank(s) {missing} left no result in {d}: every rank writes rank<R>.json next to {SPEC_FILE} (on "
-                  "several nodes the directory must be on a shared filesystem); results of another spec are "
-                  "ignored")
+        reason = (
+            f"rank(s) {missing} left no result in {d}: every rank writes rank<R>.json next to {SPEC_FILE} (on "
+            "several nodes the directory must be on a shared filesystem); results of another spec are "
+            "ignored"
+        )
         ranks = [RankReport(rank=r, ok=False, state="not_started") for r in missing]
         return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=missing, ranks=ranks, **base)
     try:
         t0 = min(float(res.get("t_start", 0.0)) for res in results.values())
         end = max(float(res.get("t_end") or res.get("t_error") or t0) for res in results.values())
-        report = collect_results(plan, d, 0, total=end - t0, t0=t0, timed_out=False, interrupted=None,
-                                 timeout_s=0.0)
+        report = collect_results(plan, d, 0, total=end - t0, t0=t0, timed_out=False, interrupted=None, timeout_s=0.0)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # hand-edited or truncated files
-        raise SmokeUsageError(f"the results in {d} are not what the smoke worker writes ({type(exc).__name__}: "
-                              f"{exc})") from None
+        raise SmokeUsageError(
+            f"the results in {d} are not what the smoke worker writes ({type(exc).__name__}: {exc})"
+        ) from None
     for rk in report.ranks:
         if rk.rank in missing:
             rk.state = "not_started"
     report.launcher = "external"
     report.timing.launch_s = report.timing.teardown_s = None  # the launch happened elsewhere, untimed
     return report
+
 
 __all__ = ["export_smoke_test", "judge_smoke_test", "SmokeExport"]

@@ -76,8 +76,10 @@ def parse_fault(fault: str | dict | None) -> dict | None:
         kind, where = fault.split("@", 1)
         rank, step = (int(x) for x in where.split(":", 1))
     except ValueError as exc:
-        raise SmokeUsageError(f"--fault must look like crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, "
-                              f"stall@RANK:0 or abort@RANK:0, got {fault!r}") from exc
+        raise SmokeUsageError(
+            f"--fault must look like crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, "
+            f"stall@RANK:0 or abort@RANK:0, got {fault!r}"
+        ) from exc
     if kind not in FAULT_KINDS or rank < 0 or step < 0:
         raise SmokeUsageError(f"unknown fault {fault!r}; use {', '.join(k + '@RANK:STEP' for k in FAULT_KINDS)}")
     return {"kind": kind, "rank": rank, "step": step}
@@ -93,14 +95,21 @@ class Plan:
 
 
 LAYOUT_KEYS = {  # run_smoke_test's layout keywords -> their key in distributed:
-    "strategy": "strategy", "tp": "tp_size", "pp": "pp_size", "cp": "cp_size", "ep": "ep_size",
-    "dp_replicate": "dp_replicate_size", "sequence_parallel": "sequence_parallel",
-    "activation_checkpointing": "activation_checkpointing", "pp_schedule": "pipeline.pp_schedule",
+    "strategy": "strategy",
+    "tp": "tp_size",
+    "pp": "pp_size",
+    "cp": "cp_size",
+    "ep": "ep_size",
+    "dp_replicate": "dp_replicate_size",
+    "sequence_parallel": "sequence_parallel",
+    "activation_checkpointing": "activation_checkpointing",
+    "pp_schedule": "pipeline.pp_schedule",
 }
 
 
-def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequence[str] | None
-                     ) -> tuple[list[str] | None, dict[str, Any]]:
+def merged_overrides(
+    config: ConfigInput, layout: dict[str, Any], launch: Sequence[str] | None
+) -> tuple[list[str] | None, dict[str, Any]]:
     """The overrides to validate ``config`` with (the launch command's, then the layout keywords' as
     ``distributed.*`` overrides, so a recipe keeps its other sections and its line numbers) and the
     resulting ``distributed:`` block. With layout keywords, pp > 1 without a ``pipeline:`` block gets ``{}``."""
@@ -118,21 +127,33 @@ def merged_overrides(config: ConfigInput, layout: dict[str, Any], launch: Sequen
 def _split_findings(report: Any) -> tuple[list[str], list[Any]]:
     """(notes, findings) of a run's validation: torch-version is about AutoModel on the torch installed here, not
     about the layout this run proves, so it becomes a note, not a refusal; info findings are dropped."""
-    env = [f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
-           "so it can pass where AutoModel 0.7.0 would fail)" for f in report.findings
-           if f.rule == "torch-version" and f.severity == "error"]
+    env = [
+        f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
+        "so it can pass where AutoModel 0.7.0 would fail)"
+        for f in report.findings
+        if f.rule == "torch-version" and f.severity == "error"
+    ]
     return env, [f for f in report.findings if f.severity != "info" and not (f.rule == "torch-version" and env)]
 
 
-DDP_OPTIONS = ("broadcast_buffers", "find_unused_parameters", "static_graph", "bucket_cap_mb", "gradient_as_bucket_view")
+DDP_OPTIONS = (
+    "broadcast_buffers",
+    "find_unused_parameters",
+    "static_graph",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+)
 DEFAULT_WORLD = 4
-_MOE_ROUNDING = ("with bf16 compute, context or tensor parallelism rounds attention differently from one process and "
-                 "the MoE router then sends near-tied tokens to other experts (router gradients 0.1-0.3 off with no "
-                 "layout error)")
+_MOE_ROUNDING = (
+    "with bf16 compute, context or tensor parallelism rounds attention differently from one process and "
+    "the MoE router then sends near-tied tokens to other experts (router gradients 0.1-0.3 off with no "
+    "layout error)"
+)
 
 
-def default_world_size(config: ConfigInput, layout: dict[str, Any], overrides: Sequence[str] | None = None
-                       ) -> tuple[int, str | None]:
+def default_world_size(
+    config: ConfigInput, layout: dict[str, Any], overrides: Sequence[str] | None = None
+) -> tuple[int, str | None]:
     """The world size a run takes when none is given: 4, or when the layout is invalid on 4 ranks the smallest
     world (up to the CPU limit) it is valid on; with a note saying so (None when 4 is kept)."""
     over, _ = merged_overrides(config, layout, overrides)
@@ -146,17 +167,33 @@ def default_world_size(config: ConfigInput, layout: dict[str, Any], overrides: S
         return DEFAULT_WORLD, None
     for world in (w for w in range(2, MAX_CPU_WORLD + 1) if w != DEFAULT_WORLD):
         if ok(world):
-            return world, (f"world_size {world}: the smallest number of processes this layout is valid on "
-                           f"({DEFAULT_WORLD}, the default, is not)")
-    return DEFAULT_WORLD, (f"no world size from 2 to {MAX_CPU_WORLD} makes this layout valid; the findings are "
-                           f"at the default {DEFAULT_WORLD} (override the sizes, e.g. -- --distributed.dp_size ..., "
-                           "to smoke-test a scaled-down version)")
+            return world, (
+                f"world_size {world}: the smallest number of processes this layout is valid on "
+                f"({DEFAULT_WORLD}, the default, is not)"
+            )
+    return DEFAULT_WORLD, (
+        f"no world size from 2 to {MAX_CPU_WORLD} makes this layout valid; the findings are "
+        f"at the default {DEFAULT_WORLD} (override the sizes, e.g. -- --distributed.dp_size ..., "
+        "to smoke-test a scaled-down version)"
+    )
 
 
-def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, backend: str | None,
-              precision: str, fault: str | dict | None, pg_timeout_s: float, layout: dict[str, Any],
-              overrides: Sequence[str] | None = None, seed: int = 1234, lr: float = 5e-3,
-              local: bool = True) -> Plan | SmokeReport:
+def make_plan(
+    config: ConfigInput,
+    *,
+    world_size: int,
+    steps: int,
+    model: str,
+    backend: str | None,
+    precision: str,
+    fault: str | dict | None,
+    pg_timeout_s: float,
+    layout: dict[str, Any],
+    overrides: Sequence[str] | None = None,
+    seed: int = 1234,
+    lr: float = 5e-3,
+    local: bool = True,
+) -> Plan | SmokeReport:
     """The worker spec of a run, or the report of why it cannot run. ``local=False``: the run is exported to
     another machine, so this machine's GPUs, packages and CPU limit do not decide what can run."""
     if model not in ("tiny-llama", "tiny-moe"):
@@ -174,12 +211,15 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     result = analyze(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
     report = result.report
     env, findings = _split_findings(report)
-    base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings,
-                notes=env)
+    base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings, notes=env)
     errors = [f for f in findings if f.severity == "error"]
     if errors:
-        return SmokeReport(passed=False, status="failed", reason=f"the config is invalid ({len(errors)} error(s)): "
-                           + "; ".join(f.message for f in errors[:3]), **base)
+        return SmokeReport(
+            passed=False,
+            status="failed",
+            reason=f"the config is invalid ({len(errors)} error(s)): " + "; ".join(f.message for f in errors[:3]),
+            **base,
+        )
     d = result.dims
     assert d is not None and d.strategy is not None and d.dp is not None and d.layout is not None
     if fault_d and fault_d["rank"] >= world_size:
@@ -191,20 +231,30 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     on_cpu = want_backend == "gloo" or cuda < world_size
     if d.strategy == "megatron_fsdp":
         have_pkg = _has_module("megatron_fsdp") or _has_module("megatron.core")
-        why = ("MegatronFSDP runs only with the megatron-fsdp package and CUDA GPUs; "
-               f"here: package {'present' if have_pkg else 'missing'}, {cuda} CUDA device(s)")
+        why = (
+            "MegatronFSDP runs only with the megatron-fsdp package and CUDA GPUs; "
+            f"here: package {'present' if have_pkg else 'missing'}, {cuda} CUDA device(s)"
+        )
         if not local or (have_pkg and cuda >= world_size):
             why = "the smoke runner does not implement MegatronFSDP wrapping yet"
         return SmokeReport(passed=False, status="not_run", reason=f"not run: {why}", **base)
     if local and on_cpu and world_size > MAX_CPU_WORLD:
-        return SmokeReport(passed=False, status="not_run", **base,
-                           reason=f"not run: world_size {world_size} is above the CPU limit of {MAX_CPU_WORLD} "
-                                  "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it, or run it on the "
-                                  "cluster's GPUs: `automodel-dist smoke ... --export DIR` prints the torchrun/srun "
-                                  "commands, then `--judge DIR`)")
+        return SmokeReport(
+            passed=False,
+            status="not_run",
+            **base,
+            reason=f"not run: world_size {world_size} is above the CPU limit of {MAX_CPU_WORLD} "
+            "processes (set AUTOMODEL_DIST_MAX_CPU_WORLD to raise it, or run it on the "
+            "cluster's GPUs: `automodel-dist smoke ... --export DIR` prints the torchrun/srun "
+            "commands, then `--judge DIR`)",
+        )
     if d.layout.mesh_ranks != world_size:
-        return SmokeReport(passed=False, status="not_run", **base, reason=f"not run: the mesh covers "
-                           f"{d.layout.mesh_ranks} of {world_size} ranks (explicit dp_size)")
+        return SmokeReport(
+            passed=False,
+            status="not_run",
+            **base,
+            reason=f"not run: the mesh covers {d.layout.mesh_ranks} of {world_size} ranks (explicit dp_size)",
+        )
     if d.ep > 1 and model != "tiny-moe":
         model = "tiny-moe"
         base["model"] = model
@@ -214,8 +264,13 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     stages_total = 1
     if pp > 1:
         n_mb = 2 * pp
-        pipeline = PipelineSpec(schedule=d.pp_schedule or "1F1B", stages_per_rank=d.stages_per_rank,
-                                v_style=d.v_schedule, n_microbatches=n_mb, microbatch_size=d.pp_microbatch_size or 1)
+        pipeline = PipelineSpec(
+            schedule=d.pp_schedule or "1F1B",
+            stages_per_rank=d.stages_per_rank,
+            v_style=d.v_schedule,
+            n_microbatches=n_mb,
+            microbatch_size=d.pp_microbatch_size or 1,
+        )
         stages_total = pp * d.stages_per_rank
         per_dp = n_mb * pipeline.microbatch_size
     else:
@@ -225,20 +280,28 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     cfg = tiny_config(tp=tp, stages=stages_total, ep=ep, moe=model == "tiny-moe")
     n_params = param_count(cfg)
     if n_params > MAX_PARAMS:
-        return SmokeReport(passed=False, status="not_run", **base,
-                           reason=f"not run: the {model} model for this layout has {n_params:,} parameters, above the "
-                                  f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)")
+        return SmokeReport(
+            passed=False,
+            status="not_run",
+            **base,
+            reason=f"not run: the {model} model for this layout has {n_params:,} parameters, above the "
+            f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)",
+        )
     seq = 8 * math.lcm(2 * cp, max(tp, 1))
     mp = _mp_policy(d, precision)
     if mp and mp.get("param_dtype") not in (None, "float32") and model == "tiny-moe" and (cp > 1 or tp > 1):
         if precision == "auto":
             mp = None
-            base["notes"].append(_MOE_ROUNDING + "; this run and its reference therefore use fp32 (the dispatch, "
-                                 "expert sharding and gradient scaling under test are the same; --precision bf16 "
-                                 "forces bf16)")
+            base["notes"].append(
+                _MOE_ROUNDING + "; this run and its reference therefore use fp32 (the dispatch, "
+                "expert sharding and gradient scaling under test are the same; --precision bf16 "
+                "forces bf16)"
+            )
         else:
-            base["notes"].append(_MOE_ROUNDING + ", so a bf16 run can fail parity on rounding alone (--precision "
-                                 "auto checks this layout in fp32)")
+            base["notes"].append(
+                _MOE_ROUNDING + ", so a bf16 run can fail parity on rounding alone (--precision "
+                "auto checks this layout in fp32)"
+            )
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
     spec = SmokeSpec(
         world_size=world_size,
@@ -261,8 +324,10 @@ def make_plan(config: ConfigInput, *, world_size: int, steps: int, model: str, b
     )
     base.update(model_dims=cfg, tolerance=TOLERANCES[prec])
     if tp > 1 and block.get("tp_plan") is not None:
-        base["notes"].append("tp_plan is not applied: the smoke runner shards its tiny model with its own TP plan "
-                             "(attention and MLP projections; routed experts stay EP-owned)")
+        base["notes"].append(
+            "tp_plan is not applied: the smoke runner shards its tiny model with its own TP plan "
+            "(attention and MLP projections; routed experts stay EP-owned)"
+        )
     return Plan(spec=spec, world_size=world_size, findings=base["findings"], report_base=base)
 
 
@@ -322,22 +387,44 @@ def launcher_args(launcher: str, nproc: int, run_dir: Path, spec_path: Path) -> 
     """The command the parent runs: torch's elastic agent (ranks from a fork server), or the torchrun CLI."""
     if launcher == "elastic":
         return [sys.executable, "-m", "automodel_dist.smoke.agent", "--spec", str(spec_path), "--nproc", str(nproc)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                "--nproc-per-node", str(nproc), "--max-restarts", "0", "--monitor-interval", "0.1",
-                "--log-dir", str(run_dir / "logs"), "--redirects", "3",
-                "-m", "automodel_dist.smoke.worker", "--spec", str(spec_path)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.1",
+        "--log-dir",
+        str(run_dir / "logs"),
+        "--redirects",
+        "3",
+        "-m",
+        "automodel_dist.smoke.worker",
+        "--spec",
+        str(spec_path),
+    ]
     return [sys.executable, "-m", "automodel_dist.smoke._exec", *torchrun]
 
 
 def reproduce_commands(nproc: int, spec_name: str = "spec.json") -> tuple[str, str, str]:
     worker = f"-m automodel_dist.smoke.worker --spec {spec_name}"
     single = f"OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node {nproc} {worker}"
-    multi = ("torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE --rdzv-backend c10d "
-             f"--rdzv-endpoint $HEAD_NODE:29500 --rdzv-id $RUN_ID {worker}")
-    srun = ("srun --nodes $SLURM_NNODES --ntasks-per-node 1 bash -c 'torchrun --nnodes $SLURM_NNODES "
-            "--nproc-per-node $SLURM_GPUS_ON_NODE --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID "
-            "--rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 "
-            f"{worker}'")
+    multi = (
+        "torchrun --nnodes $NNODES --nproc-per-node $GPUS_PER_NODE --rdzv-backend c10d "
+        f"--rdzv-endpoint $HEAD_NODE:29500 --rdzv-id $RUN_ID {worker}"
+    )
+    srun = (
+        "srun --nodes $SLURM_NNODES --ntasks-per-node 1 bash -c 'torchrun --nnodes $SLURM_NNODES "
+        "--nproc-per-node $SLURM_GPUS_ON_NODE --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID "
+        "--rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29500 "
+        f"{worker}'"
+    )
     return single, multi, srun
 
 
@@ -413,13 +500,24 @@ def _terminate_as_exception():
         signal.signal(signal.SIGTERM, old)
 
 
-def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel: Any = None,
-            keep_dir: bool = False, launcher: str = "elastic") -> SmokeReport:
+def execute(
+    plan: Plan,
+    *,
+    timeout_s: float,
+    progress: ProgressFn | None,
+    cancel: Any = None,
+    keep_dir: bool = False,
+    launcher: str = "elastic",
+) -> SmokeReport:
     """Launch torchrun for ``plan`` and turn what the ranks wrote into a :class:`SmokeReport`."""
     if not _SLOTS.acquire(blocking=False):
-        return SmokeReport(passed=False, status="not_run", **plan.report_base,
-                           reason=f"not run: {MAX_CONCURRENT} smoke runs are already in flight in this process "
-                                  "(AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE)")
+        return SmokeReport(
+            passed=False,
+            status="not_run",
+            **plan.report_base,
+            reason=f"not run: {MAX_CONCURRENT} smoke runs are already in flight in this process "
+            "(AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE)",
+        )
     run_dir = Path(tempfile.mkdtemp(prefix="automodel-dist-smoke-"))
     try:
         return _execute(plan, run_dir, timeout_s=timeout_s, progress=progress, cancel=cancel, launcher=launcher)
@@ -429,16 +527,22 @@ def execute(plan: Plan, *, timeout_s: float, progress: ProgressFn | None, cancel
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any,
-             launcher: str) -> SmokeReport:
+def _execute(
+    plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressFn | None, cancel: Any, launcher: str
+) -> SmokeReport:
     spec = replace(plan.spec, run_dir=str(run_dir), progress_file=str(run_dir / "progress.jsonl"))
     spec_path = run_dir / "spec.json"
     spec.write(spec_path)
     (run_dir / "logs").mkdir()
     args = launcher_args(launcher, plan.world_size, run_dir, spec_path)
     single, multi, srun = reproduce_commands(plan.world_size)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCH_CPP_LOG_LEVEL="ERROR",
-               AUTOMODEL_DIST_PARENT_PID=str(os.getpid()))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        AUTOMODEL_DIST_PARENT_PID=str(os.getpid()),
+    )
     pkg_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     notify = progress or (lambda *a: None)
@@ -448,9 +552,15 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
     interrupted: str | None = None
     timed_out = False
     with open(log_path, "wb") as log, _terminate_as_exception():
-        proc = subprocess.Popen(args, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=str(run_dir),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(run_dir),
+            start_new_session=True,
+        )
         proc._amd_token = run_dir.name  # type: ignore[attr-defined]
         with _ACTIVE_LOCK:
             _ACTIVE.add(proc)
@@ -486,12 +596,22 @@ def _execute(plan: Plan, run_dir: Path, *, timeout_s: float, progress: ProgressF
                 _ACTIVE.discard(proc)
         _pump_progress(run_dir / "progress.jsonl", offset, notify)
     total = time.time() - t0
-    report = collect_results(plan, run_dir, 0 if stuck_teardown else proc.returncode, total=total, t0=t0,
-                      timed_out=timed_out, interrupted=interrupted, timeout_s=timeout_s)
+    report = collect_results(
+        plan,
+        run_dir,
+        0 if stuck_teardown else proc.returncode,
+        total=total,
+        t0=t0,
+        timed_out=timed_out,
+        interrupted=interrupted,
+        timeout_s=timeout_s,
+    )
     if stuck_teardown:
-        report.notes.append(f"every rank published its result, but rank process(es) had not exited "
-                            f"{TEARDOWN_GRACE_S:.0f}s later (process-group teardown); they were stopped, "
-                            "which does not change the results")
+        report.notes.append(
+            f"every rank published its result, but rank process(es) had not exited "
+            f"{TEARDOWN_GRACE_S:.0f}s later (process-group teardown); they were stopped, "
+            "which does not change the results"
+        )
     report.launcher = launcher
     report.command = single
     report.multinode_command = multi
@@ -523,12 +643,29 @@ def _pump_progress(path: Path, offset: int, notify: ProgressFn) -> int:
     return offset + end + 1
 
 
-_COLLATERAL = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe",
-               "NCCL communicator was aborted", "terminated", "SIGTERM")
+_COLLATERAL = (
+    "timed out",
+    "timeout",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "NCCL communicator was aborted",
+    "terminated",
+    "SIGTERM",
+)
 
 
-def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total: float, t0: float,
-                    timed_out: bool, interrupted: str | None, timeout_s: float) -> SmokeReport:
+def collect_results(
+    plan: Plan,
+    run_dir: Path,
+    returncode: int | None,
+    *,
+    total: float,
+    t0: float,
+    timed_out: bool,
+    interrupted: str | None,
+    timeout_s: float,
+) -> SmokeReport:
     """The report of a finished launch from the results, progress and logs its ranks left in ``run_dir``."""
     world = plan.world_size
     results = read_results(run_dir, world, plan.spec.spec_id)
@@ -546,15 +683,28 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
         ok = "error" not in res and "terminated" not in res
         state = "finished" if ok else ("terminated" if "terminated" in res else "failed")
         where = res.get("where") or {}
-        ranks.append(RankReport(
-            rank=r, ok=ok, state=state, groups=res.get("groups", {}), where=where,
-            mesh_matches=(not res.get("mesh_mismatches")) if "groups" in res else None,
-            stages=res.get("stages", []), step_times_s=res.get("step_times_s", []),
-            peak_rss_mib=res.get("peak_rss_mib"), cuda_max_allocated_mib=res.get("cuda_max_allocated_mib"),
-            param_bytes=res.get("param_bytes"), grad_bytes=res.get("grad_bytes"), optim_bytes=res.get("optim_bytes"),
-            max_param_rel_diff=res.get("max_param_rel_diff"), worst_param=res.get("worst_param"),
-            max_grad_rel_diff=res.get("max_grad_rel_diff"),
-            error=res.get("error"), traceback_tail=res.get("traceback", [])))
+        ranks.append(
+            RankReport(
+                rank=r,
+                ok=ok,
+                state=state,
+                groups=res.get("groups", {}),
+                where=where,
+                mesh_matches=(not res.get("mesh_mismatches")) if "groups" in res else None,
+                stages=res.get("stages", []),
+                step_times_s=res.get("step_times_s", []),
+                peak_rss_mib=res.get("peak_rss_mib"),
+                cuda_max_allocated_mib=res.get("cuda_max_allocated_mib"),
+                param_bytes=res.get("param_bytes"),
+                grad_bytes=res.get("grad_bytes"),
+                optim_bytes=res.get("optim_bytes"),
+                max_param_rel_diff=res.get("max_param_rel_diff"),
+                worst_param=res.get("worst_param"),
+                max_grad_rel_diff=res.get("max_grad_rel_diff"),
+                error=res.get("error"),
+                traceback_tail=res.get("traceback", []),
+            )
+        )
     base = dict(plan.report_base, ranks=ranks, launcher_log_tail=log_tail)
     base["notes"] = list(base.get("notes") or [])
     for res in results.values():  # workarounds the ranks applied, once each
@@ -566,16 +716,23 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
     if first:
         tm = first.get("timings", {})
         last_end = max((res.get("t_end", 0.0) for res in results.values()), default=0.0)
-        timing = Timing(launch_s=max(0.0, first.get("t_start", t0) - t0), import_s=tm.get("import_s"),
-                        init_s=tm.get("init_s"), steps_s=tm.get("steps_s"), check_s=tm.get("check_s"),
-                        teardown_s=max(0.0, t0 + total - last_end) if last_end else None, total_s=total)
+        timing = Timing(
+            launch_s=max(0.0, first.get("t_start", t0) - t0),
+            import_s=tm.get("import_s"),
+            init_s=tm.get("init_s"),
+            steps_s=tm.get("steps_s"),
+            check_s=tm.get("check_s"),
+            teardown_s=max(0.0, t0 + total - last_end) if last_end else None,
+            total_s=total,
+        )
     base["timing"] = timing
     if returncode and not (interrupted or timed_out) and all(rk.state == "finished" for rk in ranks):
         base["notes"].append(
             f"every rank published its result, then the launcher exited with code {returncode} "
             f"({_exit_detail(run_dir, log_tail)}): a process failed while shutting down (process-group teardown "
             "or interpreter exit), after every check here had run, so the results stand (launcher_log_tail has "
-            "the launcher's account)")
+            "the launcher's account)"
+        )
         return _judge(plan, results, base)
     failed = [rk.rank for rk in ranks if rk.state == "failed"]
     if failed and all(_collateral(rk.error) for rk in ranks if rk.state == "failed"):
@@ -585,8 +742,10 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
     hung = [rk.rank for rk in ranks if rk.state == "hung"]
     stopped = [rk.rank for rk in ranks if rk.state == "terminated"]
     if interrupted or timed_out or failed or stopped or len(results) < world or returncode:
-        real = sorted((rk for rk in ranks if rk.state == "failed" and not _collateral(rk.error)),
-                      key=lambda rk: results.get(rk.rank, {}).get("t_error", 0))
+        real = sorted(
+            (rk for rk in ranks if rk.state == "failed" and not _collateral(rk.error)),
+            key=lambda rk: results.get(rk.rank, {}).get("t_error", 0),
+        )
         waiting = [rk.rank for rk in ranks if rk.state == "failed" and _collateral(rk.error)]
         root = real[0] if real else None
         last = _last_progress(run_dir)
@@ -604,8 +763,10 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
         elif hung:
             reason = f"rank(s) {hung} hung (last progress: {last})"
             if waiting:
-                reason += (f"; rank(s) {waiting} timed out waiting for them in a collective after "
-                           f"{plan.spec.pg_timeout_s:.0f}s")
+                reason += (
+                    f"; rank(s) {waiting} timed out waiting for them in a collective after "
+                    f"{plan.spec.pg_timeout_s:.0f}s"
+                )
         elif waiting:
             root = next(rk for rk in ranks if rk.rank == waiting[0])
             reason = f"rank {root.rank} failed: {root.error}"
@@ -616,10 +777,17 @@ def collect_results(plan: Plan, run_dir: Path, returncode: int | None, *, total:
             reason = f"torchrun exited with code {returncode} and rank(s) {missing} left no result"
         culprits = [rk.rank for rk in real] or hung or waiting[:1]
         tail = root.traceback_tail if root else log_tail[-15:]
-        return SmokeReport(passed=False, status="failed", reason=reason, failed_ranks=culprits, hung_ranks=hung,
-                           error=root.error if root else None, traceback_tail=tail,
-                           explanations=explain_error("\n".join([*tail, root.error if root and root.error else ""])
-                                                      ).matches[:3], **base)
+        return SmokeReport(
+            passed=False,
+            status="failed",
+            reason=reason,
+            failed_ranks=culprits,
+            hung_ranks=hung,
+            error=root.error if root else None,
+            traceback_tail=tail,
+            explanations=explain_error("\n".join([*tail, root.error if root and root.error else ""])).matches[:3],
+            **base,
+        )
     return _judge(plan, results, base)
 
 
@@ -700,20 +868,36 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
     if not finite:
         problems.append("non-finite loss")
     if diverged is not None:
-        problems.append(f"loss diverges from the single-process reference at step {diverged} "
-                        f"({losses[diverged]:.6f} vs {ref[diverged]:.6f}, {rel[diverged]:.1e} > {tol.loss_rel:.0e})")
+        problems.append(
+            f"loss diverges from the single-process reference at step {diverged} "
+            f"({losses[diverged]:.6f} vs {ref[diverged]:.6f}, {rel[diverged]:.1e} > {tol.loss_rel:.0e})"
+        )
     if worst_grad > tol.grad_rel:
         who = max(results.values(), key=lambda x: x.get("max_grad_rel_diff", 0.0))
-        problems.append(f"first-step gradients differ from the reference by {worst_grad:.1e} (> {tol.grad_rel:.0e}), "
-                        f"worst {who.get('worst_grad')} on rank {who['rank']}")
+        problems.append(
+            f"first-step gradients differ from the reference by {worst_grad:.1e} (> {tol.grad_rel:.0e}), "
+            f"worst {who.get('worst_grad')} on rank {who['rank']}"
+        )
     if worst > tol.param_rel:
         worst_rank = max(results.values(), key=lambda x: x.get("max_param_rel_diff", 0.0))
-        problems.append(f"final parameters differ from the reference by {worst:.1e} (> {tol.param_rel:.0e}), "
-                        f"worst {worst_rank.get('worst_param')} on rank {worst_rank['rank']}")
+        problems.append(
+            f"final parameters differ from the reference by {worst:.1e} (> {tol.param_rel:.0e}), "
+            f"worst {worst_rank.get('worst_param')} on rank {worst_rank['rank']}"
+        )
     if len(losses) > 1 and not decreasing:
         problems.append("loss did not decrease")
     passed = not problems
-    return SmokeReport(passed=passed, status="passed" if passed else "failed", reason="; ".join(problems) or None,
-                       losses=losses, reference_losses=ref, loss_rel_diffs=rel, max_param_rel_diff=worst,
-                       max_grad_rel_diff=worst_grad,
-                       diverged_at_step=diverged, loss_decreasing=decreasing, mesh_matches=mesh_ok, **base)
+    return SmokeReport(
+        passed=passed,
+        status="passed" if passed else "failed",
+        reason="; ".join(problems) or None,
+        losses=losses,
+        reference_losses=ref,
+        loss_rel_diffs=rel,
+        max_param_rel_diff=worst,
+        max_grad_rel_diff=worst_grad,
+        diverged_at_step=diverged,
+        loss_decreasing=decreasing,
+        mesh_matches=mesh_ok,
+        **base,
+    )

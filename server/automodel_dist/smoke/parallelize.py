@@ -57,8 +57,9 @@ def build_meshes(layout: Layout, device_type: str) -> Meshes:
             out.axes["ep_shard"], out.axes["ep"] = out.moe["ep_shard"], out.moe["ep"]
         fsdp_dims = layout.fsdp_mesh() or ["dp_shard"]
         if fsdp_dims == ["dp_replicate", "dp_shard_cp"]:  # get_submesh: unflatten the flattened dp_cp
-            out.fsdp = _unflatten(out.axes["dp_cp"], (layout.dp_replicate, layout.dp_shard * layout.cp),
-                                  ("dp_replicate", "dp_shard_cp"))
+            out.fsdp = _unflatten(
+                out.axes["dp_cp"], (layout.dp_replicate, layout.dp_shard * layout.cp), ("dp_replicate", "dp_shard_cp")
+            )
         elif len(fsdp_dims) == 2:
             out.fsdp = root[tuple(fsdp_dims)]
         else:
@@ -111,19 +112,29 @@ def apply_tp(model: TinyLM, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> 
         if sp:
             plan["input_layernorm"] = SequenceParallel()
             plan["post_attention_layernorm"] = SequenceParallel()
-            plan["self_attn"] = PrepareModuleInput(input_layouts=(Shard(1), None),
-                                                   desired_input_layouts=(Replicate(), None))
+            plan["self_attn"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+            )
         if isinstance(block.mlp, MoE):  # experts are EP-sharded, not TP: the MoE sees whole tokens
             if sp:
-                plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                 use_local_output=True)
+                plan["mlp"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+                )
                 parallelize_module(block, tp_mesh, plan)
-                parallelize_module(block.mlp, tp_mesh, PrepareModuleOutput(
-                    output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)))
+                parallelize_module(
+                    block.mlp,
+                    tp_mesh,
+                    PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)),
+                )
                 continue
         else:
-            plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                         "mlp.down_proj": RowwiseParallel(output_layouts=seq)})
+            plan.update(
+                {
+                    "mlp.gate_proj": ColwiseParallel(),
+                    "mlp.up_proj": ColwiseParallel(),
+                    "mlp.down_proj": RowwiseParallel(output_layouts=seq),
+                }
+            )
             if sp:
                 plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, tp_mesh, plan)
@@ -162,8 +173,16 @@ def apply_ac(model: TinyLM, mode: bool | str) -> None:
 
 
 # --------------------------------------------------------------------------- FSDP2 / DDP
-def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, reshard: bool | None,
-               moe_reshard: bool = False, ep: int = 1, expert_mesh: DeviceMesh | None = None) -> None:
+def apply_fsdp(
+    model: TinyLM,
+    mesh: DeviceMesh,
+    *,
+    mp: dict[str, Any] | None,
+    reshard: bool | None,
+    moe_reshard: bool = False,
+    ep: int = 1,
+    expert_mesh: DeviceMesh | None = None,
+) -> None:
     """fully_shard each block, then the root, on AutoModel's data-parallel mesh (HSDP when 2-D), resharding after
     forward as AutoModel 0.7.0 does (``block_reshard``: with EP every block and the experts follow
     ``reshard``/``moe_reshard``, else every block but the last reshards; PP changes nothing).
@@ -181,8 +200,13 @@ def apply_fsdp(model: TinyLM, mesh: DeviceMesh, *, mp: dict[str, Any] | None, re
         if expert_mesh is not None:
             for sub in block.modules():
                 if isinstance(sub, MoE):  # dim 1, as AutoModel's _moe_shard_placement: shards may outnumber experts
-                    fully_shard(sub.experts, mesh=expert_mesh, mp_policy=policy, reshard_after_forward=rfa,
-                                shard_placement_fn=_expert_placement)
+                    fully_shard(
+                        sub.experts,
+                        mesh=expert_mesh,
+                        mp_policy=policy,
+                        reshard_after_forward=rfa,
+                        shard_placement_fn=_expert_placement,
+                    )
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=rfa)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 

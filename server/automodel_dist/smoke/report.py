@@ -96,13 +96,18 @@ class SmokeReport(BaseModel):
     traceback_tail: list[str] = Field(default_factory=list)
     ranks: list[RankReport] = Field(default_factory=list)
     timing: Timing = Field(default_factory=Timing)
-    launcher: str | None = Field(default=None, description="elastic (torch elastic agent, ranks from a fork server), "
-                                 "torchrun, or external (an exported run, judged from its results).")
+    launcher: str | None = Field(
+        default=None,
+        description="elastic (torch elastic agent, ranks from a fork server), "
+        "torchrun, or external (an exported run, judged from its results).",
+    )
     command: str | None = Field(default=None, description="torchrun command line that reproduces this run.")
     multinode_command: str | None = None
     srun_command: str | None = None
     launcher_log_tail: list[str] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list, description="Validation findings of the config.")
     notes: list[str] = Field(default_factory=list)
-    explanations: list[Explanation] = Field(default_factory=list, description=(
-        "explain_error's matches for the failing rank's error and traceback: known causes and fixes."))
+    explanations: list[Explanation] = Field(
+        default_factory=list,
+        description=("explain_error's matches for the failing rank's error and traceback: known causes and fixes."),
+    )

@@ -57,18 +57,39 @@ def run_smoke_test(
     """
     if launcher not in ("elastic", "torchrun"):
         raise SmokeUsageError(f"launcher must be elastic or torchrun, got {launcher!r}")
-    plan = plan_smoke_test(config, world_size=world_size, steps=steps, model=model, backend=backend,
-                           pg_timeout_s=pg_timeout_s, precision=precision, fault=fault, overrides=overrides,
-                           caller="run_smoke_test", **layout)
+    plan = plan_smoke_test(
+        config,
+        world_size=world_size,
+        steps=steps,
+        model=model,
+        backend=backend,
+        pg_timeout_s=pg_timeout_s,
+        precision=precision,
+        fault=fault,
+        overrides=overrides,
+        caller="run_smoke_test",
+        **layout,
+    )
     if isinstance(plan, SmokeReport):
         return plan
     return execute(plan, timeout_s=timeout_s, progress=progress, cancel=cancel, keep_dir=keep_dir, launcher=launcher)
 
 
-def plan_smoke_test(config: ConfigInput | None, *, world_size: int | None, steps: int, model: str,
-                    backend: str | None, pg_timeout_s: float, precision: str, fault: str | dict | None,
-                    overrides: Sequence[str] | None, local: bool = True, caller: str = "plan_smoke_test",
-                    **layout: Any) -> Plan | SmokeReport:
+def plan_smoke_test(
+    config: ConfigInput | None,
+    *,
+    world_size: int | None,
+    steps: int,
+    model: str,
+    backend: str | None,
+    pg_timeout_s: float,
+    precision: str,
+    fault: str | dict | None,
+    overrides: Sequence[str] | None,
+    local: bool = True,
+    caller: str = "plan_smoke_test",
+    **layout: Any,
+) -> Plan | SmokeReport:
     """The plan of a smoke run (what run_smoke_test launches and export_smoke_test writes), or the report of why
     it cannot run."""
     unknown = set(layout) - set(LAYOUT_KEYS)
@@ -79,9 +100,19 @@ def plan_smoke_test(config: ConfigInput | None, *, world_size: int | None, steps
     chosen = None
     if world_size is None:
         world_size, chosen = default_world_size(config, layout, overrides)
-    plan = make_plan(config, world_size=world_size, steps=steps, model=model, backend=backend, precision=precision,
-                     fault=fault, pg_timeout_s=pg_timeout_s, layout=layout, overrides=overrides, local=local)
+    plan = make_plan(
+        config,
+        world_size=world_size,
+        steps=steps,
+        model=model,
+        backend=backend,
+        precision=precision,
+        fault=fault,
+        pg_timeout_s=pg_timeout_s,
+        layout=layout,
+        overrides=overrides,
+        local=local,
+    )
     if chosen is not None:
         (plan.notes if isinstance(plan, SmokeReport) else plan.report_base["notes"]).insert(0, chosen)
     return plan
-

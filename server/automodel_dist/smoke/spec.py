@@ -64,8 +64,13 @@ class SmokeSpec:
         if unknown:
             raise ValueError(f"unknown smoke spec keys {unknown}")
         pipe = data.get("pipeline")
-        return cls(**{**data, "dims": ParallelDims.from_json(data["dims"]),
-                      "pipeline": PipelineSpec(**pipe) if pipe is not None else None})
+        return cls(
+            **{
+                **data,
+                "dims": ParallelDims.from_json(data["dims"]),
+                "pipeline": PipelineSpec(**pipe) if pipe is not None else None,
+            }
+        )
 
     @classmethod
     def read(cls, path: str | Path) -> SmokeSpec:

@@ -117,14 +117,14 @@ class Experts(nn.Module):
         self.num_experts, self.first = num_experts, 0
         self.gate_up = nn.Parameter(torch.empty(num_experts, hidden, 2 * inter))
         self.down = nn.Parameter(torch.empty(num_experts, inter, hidden))
-        nn.init.normal_(self.gate_up, std=hidden ** -0.5)
-        nn.init.normal_(self.down, std=inter ** -0.5)
+        nn.init.normal_(self.gate_up, std=hidden**-0.5)
+        nn.init.normal_(self.down, std=inter**-0.5)
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: tokens sorted by local expert; counts: tokens per local expert."""
         outs, start = [], 0
         for e, n in enumerate(counts):
-            xe = x[start:start + n]
+            xe = x[start : start + n]
             g, u = (xe @ self.gate_up[e]).chunk(2, dim=-1)
             outs.append((F.silu(g) * u) @ self.down[e])
             start += n
@@ -149,8 +149,8 @@ class MoE(nn.Module):
         e = self.experts
         local = e.num_experts // ep_size
         e.first = ep_rank * local
-        e.gate_up = nn.Parameter(e.gate_up.detach()[e.first:e.first + local].clone())
-        e.down = nn.Parameter(e.down.detach()[e.first:e.first + local].clone())
+        e.gate_up = nn.Parameter(e.gate_up.detach()[e.first : e.first + local].clone())
+        e.down = nn.Parameter(e.down.detach()[e.first : e.first + local].clone())
         self.ep_group, self.ep_size = group, ep_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,13 +183,14 @@ class MoE(nn.Module):
             combined = combined + self.shared_expert(tokens)
         return combined.view(b, s, h)
 
-    def _dispatch(self, routed: torch.Tensor, counts: torch.Tensor, num_experts: int,
-                  counts_list: list[int]) -> torch.Tensor:
+    def _dispatch(
+        self, routed: torch.Tensor, counts: torch.Tensor, num_experts: int, counts_list: list[int]
+    ) -> torch.Tensor:
         import torch.distributed as dist
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         ep, local = self.ep_size, num_experts // self.ep_size
-        send = [counts_list[r * local:(r + 1) * local] for r in range(ep)]  # per destination rank
+        send = [counts_list[r * local : (r + 1) * local] for r in range(ep)]  # per destination rank
         if self.balanced:  # every rank routes identically: what it sends is what it receives
             per_src = send
         else:
@@ -215,7 +216,7 @@ class MoE(nn.Module):
         for src in range(ep):
             for e in range(local):
                 n = per_src[src][e]
-                back.append(parts[e][offsets[e]:offsets[e] + n])
+                back.append(parts[e][offsets[e] : offsets[e] + n])
                 offsets[e] += n
         returned = torch.cat(back)
         return all_to_all_single_autograd(returned, send_splits, recv_splits, self.ep_group)
@@ -237,8 +238,7 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """embed_tokens -> layers -> norm -> lm_head; any part may be absent (pipeline stages)."""
 
-    def __init__(self, cfg: TinyConfig, layer_ids: list[int] | None = None, *, first: bool = True,
-                 last: bool = True):
+    def __init__(self, cfg: TinyConfig, layer_ids: list[int] | None = None, *, first: bool = True, last: bool = True):
         super().__init__()
         self.cfg = cfg
         ids = list(range(cfg.num_layers)) if layer_ids is None else layer_ids

@@ -43,8 +43,9 @@ class _Progress:
             _WHERE.update(phase=phase, step=step)
         if not self.path or (self.rank != 0 and not force):
             return
-        line = json.dumps({"t": time.time(), "rank": self.rank, "phase": phase, "step": step, "total": total,
-                           "message": message})
+        line = json.dumps(
+            {"t": time.time(), "rank": self.rank, "phase": phase, "step": step, "total": total, "message": message}
+        )
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
 
@@ -69,8 +70,9 @@ def _peak_rss_mib() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / (1024 * 1024)
 
 
-def run(spec: SmokeSpec, t_start: float = T_START,
-        publish: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run(
+    spec: SmokeSpec, t_start: float = T_START, publish: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """One rank's smoke run; ``publish`` gets the result before the process group is torn down."""
     from ._exec import set_pdeathsig
 
@@ -87,8 +89,10 @@ def run(spec: SmokeSpec, t_start: float = T_START,
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if spec.world_size != world:
-        raise RuntimeError(f"this spec is for {spec.world_size} ranks, but the launcher started {world} "
-                           f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec.world_size}")
+        raise RuntimeError(
+            f"this spec is for {spec.world_size} ranks, but the launcher started {world} "
+            f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec.world_size}"
+        )
     progress = _Progress(spec.progress_file, rank)
     notes: list[str] = []  # workarounds this rank applied (reported once per run)
     result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads(), "notes": notes}
@@ -96,8 +100,11 @@ def run(spec: SmokeSpec, t_start: float = T_START,
 
     backend = spec.backend or "auto"
     if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(
-            os.environ.get("LOCAL_WORLD_SIZE", world)) else "gloo"
+        backend = (
+            "nccl"
+            if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            else "gloo"
+        )
     device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -130,8 +137,8 @@ def run(spec: SmokeSpec, t_start: float = T_START,
     else:
         dp_index = meshes.axes["dp"].get_local_rank() if dp_world > 1 else 0
     per_dp = global_batch // dp_world
-    ids = ids_all[dp_index * per_dp:(dp_index + 1) * per_dp].to(device)
-    labels = labels_all[dp_index * per_dp:(dp_index + 1) * per_dp].to(device)
+    ids = ids_all[dp_index * per_dp : (dp_index + 1) * per_dp].to(device)
+    labels = labels_all[dp_index * per_dp : (dp_index + 1) * per_dp].to(device)
     positions = torch.arange(seq, device=device).expand(ids.shape[0], -1).contiguous()
 
     # ---------------------------------------------------------------- build + parallelize
@@ -168,9 +175,15 @@ def run(spec: SmokeSpec, t_start: float = T_START,
             expert_params += par.apply_ep(m, meshes.moe["ep"])
         par.apply_ac(m, spec.dims.activation_checkpointing or False)
         if layout.strategy == "fsdp2":
-            par.apply_fsdp(m, meshes.fsdp, mp=spec.mp_policy, reshard=spec.dims.reshard_after_forward,
-                           moe_reshard=spec.dims.moe_reshard_after_forward, ep=ep,
-                           expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None)
+            par.apply_fsdp(
+                m,
+                meshes.fsdp,
+                mp=spec.mp_policy,
+                reshard=spec.dims.reshard_after_forward,
+                moe_reshard=spec.dims.moe_reshard_after_forward,
+                ep=ep,
+                expert_mesh=meshes.moe["ep_shard"] if ep > 1 else None,
+            )
         elif layout.strategy == "ddp":
             m = par.apply_ddp(m, spec.ddp, device)
         parts.append((sid, m))
@@ -214,8 +227,9 @@ def run(spec: SmokeSpec, t_start: float = T_START,
                 _skip_self_p2p_warmup(stage, notes)
         cls = get_schedule_class(pipe.schedule)
         multi = len(stages) > 1 or pipe.schedule not in ("1F1B", "GPipe")
-        schedule = cls(stages if multi else stages[0], n_microbatches=pipe.n_microbatches, loss_fn=loss_fn,
-                       scale_grads=True)
+        schedule = cls(
+            stages if multi else stages[0], n_microbatches=pipe.n_microbatches, loss_fn=loss_fn, scale_grads=True
+        )
 
     cp_ctx = _cp_context(meshes, cp, device) if cp > 1 else None
     if cp_ctx is not None:
@@ -284,8 +298,11 @@ def run(spec: SmokeSpec, t_start: float = T_START,
                 for p in params:
                     if p.grad is not None:
                         g = par.local_tensor(p.grad)
-                        g.add_(torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
-                               * skew * g.float().pow(2).mean().sqrt().to(g.dtype))
+                        g.add_(
+                            torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
+                            * skew
+                            * g.float().pow(2).mean().sqrt().to(g.dtype)
+                        )
         if step == 0:  # AdamW hides gradient scale errors: compare the first gradients directly
             grad_diff, grad_name = _compare(parts, ref_grads0, par, ep, grads=True)
         opt.step()
@@ -295,10 +312,15 @@ def run(spec: SmokeSpec, t_start: float = T_START,
         step_times.append(time.time() - ts)
         progress("step", step + 1, steps, f"loss {losses[-1]:.5f}")
     timings["steps_s"] = time.time() - t_steps
-    result["grad_bytes"] = sum(par.local_tensor(p.grad).numel() * par.local_tensor(p.grad).element_size()
-                               for p in params if p.grad is not None)
-    result["optim_bytes"] = sum(par.local_tensor(v).numel() * par.local_tensor(v).element_size()
-                                for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+    result["grad_bytes"] = sum(
+        par.local_tensor(p.grad).numel() * par.local_tensor(p.grad).element_size() for p in params if p.grad is not None
+    )
+    result["optim_bytes"] = sum(
+        par.local_tensor(v).numel() * par.local_tensor(v).element_size()
+        for st in opt.state.values()
+        for v in st.values()
+        if torch.is_tensor(v)
+    )
 
     # ---------------------------------------------------------------- compare
     t1 = time.time()
@@ -306,14 +328,27 @@ def run(spec: SmokeSpec, t_start: float = T_START,
     worst_t = torch.tensor([worst, grad_diff], device=device)
     dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
     timings["check_s"] = time.time() - t1 + timings["reference_s"]
-    result.update(losses=losses, reference_losses=ref_losses, step_times_s=step_times, max_param_rel_diff=worst,
-                  worst_param=worst_name, global_max_param_rel_diff=worst_t[0].item(), max_grad_rel_diff=grad_diff,
-                  worst_grad=grad_name, global_max_grad_rel_diff=worst_t[1].item(), timings=timings,
-                  peak_rss_mib=_peak_rss_mib(), t_end=time.time(), stages=list(my_stages))
+    result.update(
+        losses=losses,
+        reference_losses=ref_losses,
+        step_times_s=step_times,
+        max_param_rel_diff=worst,
+        worst_param=worst_name,
+        global_max_param_rel_diff=worst_t[0].item(),
+        max_grad_rel_diff=grad_diff,
+        worst_grad=grad_name,
+        global_max_grad_rel_diff=worst_t[1].item(),
+        timings=timings,
+        peak_rss_mib=_peak_rss_mib(),
+        t_end=time.time(),
+        stages=list(my_stages),
+    )
     if device.type == "cuda":
         result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    progress("compare", message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients "
-             f"{worst_t[1].item():.2e}")
+    progress(
+        "compare",
+        message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients {worst_t[1].item():.2e}",
+    )
     if publish is not None:  # before teardown: a teardown that hangs cannot hold the result back
         publish(result)
     if (spec.fault or {}).get("kind") == "stall" and (spec.fault or {}).get("rank") == rank:
@@ -366,7 +401,7 @@ def _compare(parts: list, reference: dict, par: Any, ep: int, *, grads: bool) ->
             want = reference[key].detach().float()
             if "experts." in key and ep > 1:
                 owner = _owner_experts(m, key)
-                want = want[owner.first:owner.first + got.shape[0]]
+                want = want[owner.first : owner.first + got.shape[0]]
             diff = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
             if diff > worst:
                 worst, worst_name = diff, key
@@ -388,8 +423,10 @@ def _skip_self_p2p_warmup(stage: Any, notes: list[str]) -> None:
         all_ops = warm()
         kept = [op for op in all_ops if getattr(op, "group_peer", None) != stage.group_rank]
         if len(kept) < len(all_ops):
-            msg = ("gloo cannot send to its own rank: this torch release's pipeline warm-up send/recv between "
-                   "adjacent stages on the same rank was skipped (NCCL sends it; torch 2.13+ does not)")
+            msg = (
+                "gloo cannot send to its own rank: this torch release's pipeline warm-up send/recv between "
+                "adjacent stages on the same rank was skipped (NCCL sends it; torch 2.13+ does not)"
+            )
             if msg not in notes:
                 notes.append(msg)
         return kept
@@ -464,12 +501,22 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
         code = 0
     except BaseException as exc:  # noqa: BLE001 - report every failure, then exit non-zero
         if type(exc).__name__ in ("SignalException", "KeyboardInterrupt", "SystemExit"):
-            result = {"rank": rank, "terminated": f"{type(exc).__name__}: {exc}", "where": dict(_WHERE),
-                      "t_start": t_start}  # stopped from outside (the launcher, a signal)
+            result = {
+                "rank": rank,
+                "terminated": f"{type(exc).__name__}: {exc}",
+                "where": dict(_WHERE),
+                "t_start": t_start,
+            }  # stopped from outside (the launcher, a signal)
         else:
             tb = traceback.format_exc()
-            result = {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "traceback": tb.splitlines()[-25:],
-                      "t_error": time.time(), "t_start": t_start, "where": dict(_WHERE)}
+            result = {
+                "rank": rank,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": tb.splitlines()[-25:],
+                "t_error": time.time(),
+                "t_start": t_start,
+                "where": dict(_WHERE),
+            }
             _Progress(spec.progress_file, rank)("error", message=result["error"], force=True)
         code = 1
         if published and "terminated" in result:

@@ -55,17 +55,11 @@ def _ar(n: int, v: float) -> float:
     return 2 * (n - 1) / n * v if n > 1 else 0.0
 
 
-_ACTIVE: dict[int, tuple[ModelSpec, float]] = {}
-
-
 def step_flops(m: ModelSpec, seq_len: int, tokens: float) -> float:
     """Model FLOPs for ``tokens`` trained tokens: 6 * active params + causal attention (6*L*h_attn*s)."""
-    cached = _ACTIVE.get(id(m))
-    if cached is None or cached[0] is not m:
-        cached = _ACTIVE[id(m)] = (m, float(m.active_param_count()))
     attn_width = m.num_attention_heads * m.hd
     attn_layers = m.count("attention") if m.is_hybrid else m.num_layers
-    return tokens * (6.0 * cached[1] + 6.0 * attn_layers * attn_width * seq_len)
+    return tokens * (6.0 * m.active_param_count() + 6.0 * attn_layers * attn_width * seq_len)
 
 
 def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster) -> CommEstimate:

@@ -31,6 +31,7 @@ ep_size > 1 the MoE path wraps every block (``selective`` is counted as not chec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
@@ -137,27 +138,18 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
     return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
 
-_GROUPS: dict[tuple, _Groups] = {}
-_MODELS: dict[int, ModelSpec] = {}  # keeps the specs keyed by id() alive, so an id is never reused
-
-
 def _rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
-    """Parameter groups on one pipeline rank (memoized on small-int keys: the search calls it a lot)."""
-    key = (id(m), p.tp, p.ep, p.pp, p.stages_per_rank, p.v_schedule, pp_rank)
-    g = _GROUPS.get(key)
-    if g is None:
-        if len(_GROUPS) > 100_000:
-            _forget()
-        _MODELS[id(m)] = m
-        g = _GROUPS[key] = _compute_rank_groups(m, p, pp_rank)
-    return g
+    """Parameter groups on one pipeline rank (they depend on tp, ep and the stage split only)."""
+    return _groups_of(m, p.tp, p.ep, p.pp, p.stages_per_rank, p.v_schedule, pp_rank)
 
 
-def _compute_rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
+# A 4,096-GPU search asks for the same few splits thousands of times: the memo halves its time (bench_suggest).
+@lru_cache(maxsize=4096)
+def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_style: bool, pp_rank: int) -> _Groups:
+    p = ParallelDims(tp=tp, ep=ep, pp=pp)  # only what the split depends on
     g = _Groups()
-    n_stages = p.pp * p.stages_per_rank
-    counts = stage_layer_counts(m.num_layers, n_stages) if p.pp > 1 else [m.num_layers]
-    v_style = p.v_schedule
+    n_stages = pp * stages_per_rank
+    counts = stage_layer_counts(m.num_layers, n_stages) if pp > 1 else [m.num_layers]
     my = stage_ids(pp_rank, p.pp, n_stages, v_style=v_style) if p.pp > 1 else (0,)
     per = _kind_params(m, p)
     for sid in my:
@@ -214,36 +206,14 @@ def _hybrid_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: 
     return (2 * h * scale if wrapped else plain), plain
 
 
-_ACTS: dict[tuple, tuple[float, float]] = {}
-
-
 def _attention_act(m: ModelSpec, t: int) -> float:
     """Bytes per token an attention block saves besides its norms and residuals (q/k/v/o inputs and outputs,
     RoPE, the SDPA output and its statistics), fitted with bf16 compute: ``8h/t + 8d + 4a/t + 8``."""
     return 8 * m.hidden_size / t + 8 * m.hd + 4 * m.num_attention_heads / t + 8
 
 
-def _forget() -> None:
-    """Drop both memo tables and the specs their id() keys keep alive (together: an id is never reused)."""
-    _GROUPS.clear()
-    _ACTS.clear()
-    _MODELS.clear()
-
-
 def _act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
-    """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed); memoized on
-    what it depends on (the search asks for the same few combinations thousands of times)."""
-    key = (id(m), kind, comp_bytes, p.tp, p.sequence_parallel, p.ac_applied, p.cp > 1, p.ep > 1)
-    hit = _ACTS.get(key)
-    if hit is None:
-        if len(_ACTS) > 100_000:
-            _forget()
-        _MODELS[id(m)] = m
-        hit = _ACTS[key] = _compute_act_per_token(m, p, kind, comp_bytes)
-    return hit
-
-
-def _compute_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
+    """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, kind, comp_bytes)
     moe = kind == "moe"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-OURS = [sys.executable, "-m", "automodel_dist.cli", "serve"]
+OURS = [sys.executable, "-m", "automodel_dist.serve"]  # what automodel-dist-mcp runs
 BARE_SDK = [
     sys.executable,
     "-c",
@@ -93,7 +93,7 @@ def main() -> None:
         o, b = [x[i] for x in ours], [x[i] for x in bare]
         ratio = med(o) / med(b)
         print(
-            f"{label:<28} automodel-dist serve {med(o):.3f} / {min(o):.3f}   bare SDK {med(b):.3f} / {min(b):.3f}   "
+            f"{label:<28} automodel-dist-mcp {med(o):.3f} / {min(o):.3f}   bare SDK {med(b):.3f} / {min(b):.3f}   "
             f"ratio {ratio:.3f}x  goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}"
         )
 

@@ -27,10 +27,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from .catalog.listing import Catalogs, catalogs
-from .catalog.models import names_a_file
+from .catalog.listing import Catalogs
 from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
-from .estimate import Estimate
+from .estimation import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
 from .suggestion import SuggestReport
@@ -163,6 +162,8 @@ def _config(config_yaml: str | None, config_path: str | None, *, required: bool 
 
 def _model_arg(model: str | None) -> str | None:
     """A model argument that names a file (config.json) passes the same checks as config_path."""
+    from .catalog.models import names_a_file
+
     if model is None or not names_a_file(model):
         return model  # a catalog name
     problem = check_path(model, allowed_roots=_allowed_roots())
@@ -543,6 +544,8 @@ def create_server() -> MCPServer:
     @_anticipated
     def list_models() -> Catalogs:
         """The built-in model catalog (Hugging Face repo ids with their dimensions) and the GPU catalog."""
+        from .catalog.listing import catalogs
+
         return catalogs()
 
     return server
@@ -552,6 +555,20 @@ def _version() -> str:
     from . import __version__
 
     return __version__
+
+
+def _load_engine() -> None:
+    import importlib
+
+    for module in ("automodel_dist.api", "automodel_dist.explain"):
+        importlib.import_module(module)
+
+
+def _reap_smoke_runs() -> None:
+    """At exit, kill the smoke runs still in flight (none unless a run_smoke_test call loaded the runner)."""
+    launch = sys.modules.get("automodel_dist.smoke.launch")
+    if launch is not None:
+        launch.kill_all_active()
 
 
 def serve(
@@ -565,13 +582,13 @@ def serve(
 ) -> None:
     """Run ``server`` (default: :func:`create_server`) on stdio or streamable HTTP (loopback, DNS-rebinding
     protection on)."""
-    from .smoke import kill_all_active
-
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if allowed_roots:
         os.environ[ALLOWED_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in allowed_roots)
-    atexit.register(kill_all_active)
+    atexit.register(_reap_smoke_runs)
     server = server or create_server()
+    # The engine (rule table, loaders) loads while the client handshakes, so the first call does not wait for it.
+    threading.Thread(target=_load_engine, name="load-engine", daemon=True).start()
     if transport == "stdio":
         server.run("stdio")
         return

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .estimate.memory import MemoryBreakdown
+from .estimation import MemoryBreakdown
 from .report import Finding
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, Field
 
 from .gpus import GPU, gpu_catalog
-from .models import ModelSpec, catalog
+
+if TYPE_CHECKING:
+    from .models import ModelSpec
 
 
 class ModelEntry(BaseModel):
@@ -83,4 +87,6 @@ class Catalogs(BaseModel):
 
 def catalogs() -> Catalogs:
     """Every built-in model and GPU, as ``--model`` and ``--gpu`` (``model`` and ``gpu``) accept them."""
+    from .models import catalog
+
     return Catalogs(models=[ModelEntry.of(m) for m in catalog()], gpus=[GpuEntry.of(g) for g in gpu_catalog()])

@@ -7,16 +7,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
-
 from ..catalog.gpus import GPU, lookup_gpu
 from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
-from ..config.load import clip
-from ..config.values import is_positive_int
+from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
-from ..report import ConfigError, Finding, Resolved
+from ..estimation import Estimate, MemoryBreakdown
+from ..report import ConfigError
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
-from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, MemoryBreakdown, Training, memory_per_rank
+from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
 
 if TYPE_CHECKING:
     from ..rules import Context
@@ -34,57 +32,6 @@ ASSUMPTIONS = [
     f"overhead = {CUDA_CONTEXT_GIB:.0f} GiB CUDA context/NCCL + {FRAGMENTATION:.0%} allocator fragmentation",
     "activations: SDPA flash attention, no dropout; loss on full-vocabulary fp32 logits",
 ]
-
-
-class Estimate(BaseModel):
-    """Memory and communication of one layout, per GPU."""
-
-    model: str
-    world_size: int
-    layout: Resolved
-    gpu: str | None = None
-    gpu_memory_gib: float | None = None
-    intra_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed inside a node.")
-    inter_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed between nodes.")
-    precision: str
-    seq_len: int
-    micro_batch_size: int
-    global_batch_size: int | None = None
-    memory_gib: MemoryBreakdown
-    fits: bool | None = Field(default=None, description="total <= GPU memory x (1 - headroom), when a GPU is known.")
-    headroom: float = 0.0
-    comm_bytes_per_step: dict[str, float] = Field(default_factory=dict)
-    comm_time_s: dict[str, float] = Field(default_factory=dict)
-    crosses_nodes: dict[str, bool] = Field(default_factory=dict)
-    step_time_s: float | None = None
-    mfu: float | None = None
-    tokens_per_step: int | None = None
-    grad_accumulation_steps: int | None = None
-    bubble_fraction: float = 0.0
-    max_seq_len: int | None = Field(
-        default=None,
-        description=(
-            "Longest seq_len (a multiple of 128 and of what CP/SP split it by) that fits with headroom at this micro "
-            "batch; null if none does."
-        ),
-    )
-    max_micro_batch_size: int | None = Field(
-        default=None, description=("Largest micro batch that fits with headroom at this seq_len; null if none does.")
-    )
-    shortest_seq_len: int | None = Field(
-        default=None,
-        description=(
-            "When no seq_len fits (max_seq_len null): the shortest one searched (128, or what CP/SP split by)."
-        ),
-    )
-    shortest: MemoryBreakdown | None = Field(
-        default=None, description=("The memory at shortest_seq_len: what does not shrink with the sequence.")
-    )
-    assumed: list[str] = Field(
-        default_factory=list, description=("Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1.")
-    )
-    findings: list[Finding] = Field(default_factory=list)
-    assumptions: list[str] = Field(default_factory=lambda: list(ASSUMPTIONS))
 
 
 def make_cluster(
@@ -316,6 +263,7 @@ def estimate_memory(
         shortest_seq_len=shortest,
         shortest=memory_per_rank(spec, p, replace(tr, seq_len=shortest)) if shortest is not None else None,
         findings=[f for f in report.findings if f.severity != "info"],
+        assumptions=list(ASSUMPTIONS),
     )
 
 

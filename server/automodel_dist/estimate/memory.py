@@ -33,10 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from pydantic import BaseModel, Field
-
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
+from ..estimation import MemoryBreakdown
 from ..layout import stage_ids, stage_layer_counts
 
 GIB = float(1 << 30)
@@ -60,34 +59,6 @@ class Training:
     @property
     def optimizer_states(self) -> int:
         return {"adamw": 2, "adam": 2, "sgd": 1}.get(self.optimizer, 2)
-
-
-class MemoryBreakdown(BaseModel):
-    """Per-GPU memory in GiB for the worst rank."""
-
-    params: float = Field(description="Sharded parameters (storage dtype).")
-    grads: float = Field(description="Sharded gradients.")
-    optimizer: float = Field(description="Optimizer states.")
-    activations: float = Field(description="Saved activations of in-flight microbatches, logits and loss.")
-    buffers: float = Field(description="Unsharded FSDP parameters/gradients, loss temporaries, PP p2p buffers.")
-    overhead: float = Field(description="CUDA context and allocator fragmentation margin.")
-    total: float
-    model_states: float = Field(description="params + grads + optimizer.")
-    tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
-    worst_pp_rank: int = 0
-    peak_phase: str = Field(
-        default="",
-        description="start-of-backward, in-backward (a block's gradients and the "
-        "next block's gather) or end-of-backward.",
-    )
-    deferred_grads: float = Field(
-        default=0.0,
-        description=(
-            "Part of buffers: the unsharded fp32 gradients FSDP2 holds across the backward passes of a step when "
-            "defer_fsdp_grad_sync is true (AutoModel's default) and a step has several (gradient accumulation) or runs "
-            "under PP; defer_fsdp_grad_sync: false reduce-scatters after every backward instead."
-        ),
-    )
 
 
 @dataclass

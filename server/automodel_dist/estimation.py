@@ -1,0 +1,90 @@
+"""The estimate's report models (per-GPU memory and the whole estimate), apart from the arithmetic so that the MCP
+server can declare its tools' output without importing the estimator."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from .report import Finding, Resolved
+
+
+class MemoryBreakdown(BaseModel):
+    """Per-GPU memory in GiB for the worst rank."""
+
+    params: float = Field(description="Sharded parameters (storage dtype).")
+    grads: float = Field(description="Sharded gradients.")
+    optimizer: float = Field(description="Optimizer states.")
+    activations: float = Field(description="Saved activations of in-flight microbatches, logits and loss.")
+    buffers: float = Field(description="Unsharded FSDP parameters/gradients, loss temporaries, PP p2p buffers.")
+    overhead: float = Field(description="CUDA context and allocator fragmentation margin.")
+    total: float
+    model_states: float = Field(description="params + grads + optimizer.")
+    tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
+    worst_pp_rank: int = 0
+    peak_phase: str = Field(
+        default="",
+        description="start-of-backward, in-backward (a block's gradients and the "
+        "next block's gather) or end-of-backward.",
+    )
+    deferred_grads: float = Field(
+        default=0.0,
+        description=(
+            "Part of buffers: the unsharded fp32 gradients FSDP2 holds across the backward passes of a step when "
+            "defer_fsdp_grad_sync is true (AutoModel's default) and a step has several (gradient accumulation) or runs "
+            "under PP; defer_fsdp_grad_sync: false reduce-scatters after every backward instead."
+        ),
+    )
+
+
+class Estimate(BaseModel):
+    """Memory and communication of one layout, per GPU."""
+
+    model: str
+    world_size: int
+    layout: Resolved
+    gpu: str | None = None
+    gpu_memory_gib: float | None = None
+    intra_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed inside a node.")
+    inter_gbps: float | None = Field(default=None, description="GB/s per GPU, one direction, assumed between nodes.")
+    precision: str
+    seq_len: int
+    micro_batch_size: int
+    global_batch_size: int | None = None
+    memory_gib: MemoryBreakdown
+    fits: bool | None = Field(default=None, description="total <= GPU memory x (1 - headroom), when a GPU is known.")
+    headroom: float = 0.0
+    comm_bytes_per_step: dict[str, float] = Field(default_factory=dict)
+    comm_time_s: dict[str, float] = Field(default_factory=dict)
+    crosses_nodes: dict[str, bool] = Field(default_factory=dict)
+    step_time_s: float | None = None
+    mfu: float | None = None
+    tokens_per_step: int | None = None
+    grad_accumulation_steps: int | None = None
+    bubble_fraction: float = 0.0
+    max_seq_len: int | None = Field(
+        default=None,
+        description=(
+            "Longest seq_len (a multiple of 128 and of what CP/SP split it by) that fits with headroom at this micro "
+            "batch; null if none does."
+        ),
+    )
+    max_micro_batch_size: int | None = Field(
+        default=None, description=("Largest micro batch that fits with headroom at this seq_len; null if none does.")
+    )
+    shortest_seq_len: int | None = Field(
+        default=None,
+        description=(
+            "When no seq_len fits (max_seq_len null): the shortest one searched (128, or what CP/SP split by)."
+        ),
+    )
+    shortest: MemoryBreakdown | None = Field(
+        default=None, description=("The memory at shortest_seq_len: what does not shrink with the sequence.")
+    )
+    assumed: list[str] = Field(
+        default_factory=list, description=("Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1.")
+    )
+    findings: list[Finding] = Field(default_factory=list)
+    assumptions: list[str] = Field(default_factory=list, description="What the estimate assumes, stated.")
+
+
+__all__ = ["Estimate", "MemoryBreakdown"]

@@ -73,6 +73,36 @@ def server_start(cmd: list[str], call: dict) -> tuple[float, float]:
         proc.wait(timeout=30)
 
 
+BREAKDOWN = """
+import time
+t0 = time.perf_counter()
+import mcp.server.mcpserver
+t1 = time.perf_counter()
+s = mcp.server.mcpserver.MCPServer(name="bare")
+def echo(text: str) -> str:
+    return text
+s.tool()(echo)
+t2 = time.perf_counter()
+import automodel_dist.mcp_server as m
+t3 = time.perf_counter()
+m.create_server()
+t4 = time.perf_counter()
+import automodel_dist.api, automodel_dist.explain
+t5 = time.perf_counter()
+print(" ".join(f"{1e3 * x:.0f}" for x in (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)))
+"""
+
+
+def breakdown(repeat: int) -> list[float]:
+    """Median ms, in a fresh process each: SDK import, bare server + 1 tool, our tools' report models, our
+    create_server (7 tools), the engine the first validate_config imports."""
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", BREAKDOWN], capture_output=True, text=True, check=True).stdout
+        runs.append([float(x) for x in out.split()])
+    return [statistics.median(col) for col in zip(*runs)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=9)
@@ -96,6 +126,11 @@ def main() -> None:
             f"{label:<28} automodel-dist-mcp {med(o):.3f} / {min(o):.3f}   bare SDK {med(b):.3f} / {min(b):.3f}   "
             f"ratio {ratio:.3f}x  goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}"
         )
+    sdk, bare, models, create, engine = breakdown(max(3, args.repeat // 2))
+    print(
+        f"in process (ms, medians): SDK import {sdk:.0f}; bare MCPServer + 1 tool {bare:.0f}; ours: the tools' report "
+        f"models {models:.0f}, create_server with 7 tools {create:.0f}, the engine the first call imports {engine:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from automodel_dist.explain import explain_error
 from automodel_dist.rules import RULES
 
 DOCS = [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the newcomer's page and its depth
 BIN = Path(sys.executable).parent
 
 
@@ -56,7 +57,7 @@ def _blocks(lang: str, paths: list[Path]) -> list[Block]:
     return out
 
 
-YAML_BLOCKS = _blocks("yaml", DOCS + [ROOT / "README.md"])
+YAML_BLOCKS = _blocks("yaml", DOCS + PAGES)
 
 
 def test_docs_have_yaml_blocks() -> None:
@@ -239,7 +240,7 @@ def test_skill_md_frontmatter_and_size() -> None:
 
 
 def test_doc_paths_and_links_exist() -> None:
-    for path in [*DOCS, ROOT / "README.md", ROOT / "skill-card.md"]:
+    for path in [*DOCS, *PAGES, ROOT / "skill-card.md"]:
         text = path.read_text(encoding="utf-8")
         for ref in re.findall(r"`((?:references|scripts|bench|tests|evals)/[\w./-]+\.(?:md|py|json|yaml|sh))`", text):
             assert (ROOT / ref).exists(), f"{path.name} names {ref}, which does not exist"
@@ -248,7 +249,7 @@ def test_doc_paths_and_links_exist() -> None:
 
 
 def test_every_rule_id_named_in_docs_exists() -> None:
-    for path in [*DOCS, ROOT / "README.md"]:
+    for path in [*DOCS, *PAGES]:
         for rule in re.findall(r"(?:error|warning|info)\[([a-z0-9-]+)\]", path.read_text(encoding="utf-8")):
             assert rule in RULES, f"{path.name} names rule {rule}"
 
@@ -326,22 +327,59 @@ def test_evals_cover_the_topics() -> None:
 # --- README examples -------------------------------------------------------------------------------
 
 
-def _commands() -> list[str]:
-    cmds = []
-    for block in _blocks("bash", [ROOT / "README.md"]):
-        for cmd in block.text.replace("\\\n", " ").splitlines():
-            cmd = re.sub(r"\s+#.*$", "", cmd).strip()
-            if cmd.startswith("automodel-dist"):
-                cmds.append(cmd)
-    return cmds
+@dataclass(frozen=True)
+class Example:
+    """A command of a ```bash block in the README or docs/: its expected exit code (``# exit N`` comment, else 0)
+    and, when the next block is ```text, the output it must print: each line verbatim, in order, where a line
+    ending in ``...`` stands for any line that starts with what precedes it, and a bare ``...`` for any lines."""
+
+    where: str
+    cmd: str
+    exit_code: int = 0
+    shown: tuple[str, ...] | None = None
 
 
-README_COMMANDS = _commands()
+def _examples() -> list[Example]:
+    out = []
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"^```bash\n(.*?)^```\n(?:\n```text\n(.*?)^```)?", text, re.S | re.M):
+            lines = [ln for ln in m.group(1).replace("\\\n", " ").splitlines() if ln.startswith("automodel-dist")]
+            shown = tuple(m.group(2).splitlines()) if m.group(2) is not None else None
+            for i, line in enumerate(lines):
+                code = re.search(r"#\s*exit\s+(\d+)", line)
+                cmd = re.sub(r"\s+#.*$", "", line).strip()
+                where = f"{path.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 1}"
+                out.append(
+                    Example(where, cmd, int(code.group(1)) if code else 0, shown if i == len(lines) - 1 else None)
+                )
+    return out
+
+
+EXAMPLES_RUN = _examples()
+README_COMMANDS = [e.cmd for e in EXAMPLES_RUN]
 
 
 def test_readme_shows_every_command() -> None:
-    shown = {c.split()[1] for c in README_COMMANDS if len(c.split()) > 1}
-    assert shown >= {"validate", "mesh", "smoke", "estimate", "suggest", "explain", "models", "serve"}
+    readme = {e.cmd.split()[1] for e in EXAMPLES_RUN if e.where.startswith("README.md") and len(e.cmd.split()) > 1}
+    assert readme >= {"validate", "mesh", "smoke", "estimate", "suggest", "explain", "models", "serve"}
+
+
+def shows(output: str, shown: tuple[str, ...]) -> str | None:
+    """None when ``output`` has the ``shown`` lines in order (see :class:`Example`), else the first it lacks."""
+    lines = [ln.rstrip() for ln in output.splitlines()]
+    at = 0
+    for want in (w.rstrip() for w in shown):
+        if want == "...":
+            continue
+        prefix = want[:-3] if want.endswith("...") else None
+        for i in range(at, len(lines)):
+            if lines[i].startswith(prefix) if prefix is not None else lines[i] == want:
+                at = i + 1
+                break
+        else:
+            return want
+    return None
 
 
 def _env() -> dict[str, str]:
@@ -372,17 +410,27 @@ def test_expected_outputs_are_readme_commands() -> None:
     assert set(EXPECTED_OUTPUT) <= set(README_COMMANDS)
 
 
-@pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" not in c])
-def test_readme_command_runs(cmd: str) -> None:
-    argv = shlex.split(cmd)
+@pytest.mark.parametrize("example", [e for e in EXAMPLES_RUN if " serve" not in e.cmd], ids=lambda e: e.where)
+def test_readme_command_runs(example: Example) -> None:
+    argv = shlex.split(example.cmd)
     assert argv[0] == "automodel-dist"
     proc = subprocess.run(
         [str(BIN / "automodel-dist"), *argv[1:]], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
     )
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    said = f"{example.where}: {example.cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == example.exit_code, said
     assert "Traceback" not in proc.stderr
-    if cmd in EXPECTED_OUTPUT:
-        EXPECTED_OUTPUT[cmd](proc.stdout)
+    if example.shown is not None:
+        missing = shows(proc.stdout, example.shown)
+        assert missing is None, f"{example.where}: the output lacks the line shown as {missing!r}\n{said}"
+    if example.cmd in EXPECTED_OUTPUT:
+        EXPECTED_OUTPUT[example.cmd](proc.stdout)
+
+
+def test_shown_output_matching() -> None:
+    out = "a\nb 1\nc\nd\n"
+    assert shows(out, ("a", "b ...", "...", "d")) is None
+    assert shows(out, ("a", "c")) is None and shows(out, ("b 2",)) == "b 2" and shows(out, ("c", "a")) == "a"
 
 
 @pytest.mark.parametrize("cmd", [c for c in README_COMMANDS if " serve" in c])
@@ -418,8 +466,10 @@ def test_readme_serve_command_answers(cmd: str) -> None:
         proc.wait(timeout=30)
 
 
-def test_readme_python_example_runs(tmp_path: Path) -> None:
-    [block] = [b for b in _blocks("python", [ROOT / "README.md"]) if "automodel_dist" in b.text]
+@pytest.mark.parametrize(
+    "block", [b for b in _blocks("python", PAGES) if "automodel_dist" in b.text], ids=lambda b: b.where
+)
+def test_readme_python_example_runs(tmp_path: Path, block: Block) -> None:
     script = tmp_path / "example.py"
     script.write_text(block.text, encoding="utf-8")
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -381,17 +381,17 @@ def test_mcp_inspector_cli_lists_and_calls_tools():
 
 
 def _readme_tool_examples() -> list[tuple[str, dict]]:
-    """The README's `tools/call` arguments table, one (tool, arguments) per row."""
+    """The `tools/call` arguments table of docs/mcp.md, one (tool, arguments) per row."""
     import re
 
     rows = re.findall(
-        r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "README.md").read_text(), re.MULTILINE
+        r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "docs" / "mcp.md").read_text(), re.MULTILINE
     )
     return [(tool, json.loads(args)) for tool, args in rows]
 
 
 def test_readme_tool_arguments_work():
-    """Every row of the README's MCP arguments table is a real call that succeeds (its placeholder recipe path
+    """Every row of docs/mcp.md's MCP arguments table is a real call that succeeds (its placeholder recipe path
     replaced by a real recipe)."""
     examples = _readme_tool_examples()
     assert {t for t, _ in examples} == {

@@ -557,13 +557,6 @@ def _version() -> str:
     return __version__
 
 
-def _load_engine() -> None:
-    import importlib
-
-    for module in ("automodel_dist.api", "automodel_dist.explain"):
-        importlib.import_module(module)
-
-
 def _reap_smoke_runs() -> None:
     """At exit, kill the smoke runs still in flight (none unless a run_smoke_test call loaded the runner)."""
     launch = sys.modules.get("automodel_dist.smoke.launch")
@@ -587,8 +580,6 @@ def serve(
         os.environ[ALLOWED_ROOTS_ENV] = os.pathsep.join(str(Path(r).resolve()) for r in allowed_roots)
     atexit.register(_reap_smoke_runs)
     server = server or create_server()
-    # The engine (rule table, loaders) loads while the client handshakes, so the first call does not wait for it.
-    threading.Thread(target=_load_engine, name="load-engine", daemon=True).start()
     if transport == "stdio":
         server.run("stdio")
         return

@@ -282,3 +282,23 @@ def test_bad_nemotron_h_configs_raise_model_config_error(bad):
     cfg = {k: v for k, v in cfg.items() if v is not None}
     with pytest.raises(ModelConfigError):
         from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("spec", catalog(), ids=lambda s: s.name)
+def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(spec):
+    """catalog.hf_config writes each entry under its architecture's Hugging Face field names: the transformers class
+    built from it on the meta device (four layers, or every layer of a hybrid pattern) has exactly the spec's
+    parameters, and reading the dict back gives the same spec."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from automodel_dist.catalog.hf_config import hf_config
+
+    assert from_hf_config(hf_config(spec)).param_count() == spec.param_count()
+    small = spec if spec.layer_types else dataclasses.replace(spec, num_layers=min(spec.num_layers, 4))
+    cfg = hf_config(small)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == small.param_count()

@@ -362,7 +362,7 @@ README_COMMANDS = [e.cmd for e in EXAMPLES_RUN]
 
 def test_readme_shows_every_command() -> None:
     readme = {e.cmd.split()[1] for e in EXAMPLES_RUN if e.where.startswith("README.md") and len(e.cmd.split()) > 1}
-    assert readme >= {"validate", "mesh", "smoke", "estimate", "suggest", "explain", "models", "serve"}
+    assert readme >= {"validate", "mesh", "smoke", "estimate", "dryrun", "suggest", "explain", "models", "serve"}
 
 
 def shows(output: str, shown: tuple[str, ...]) -> str | None:
@@ -482,7 +482,16 @@ SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if not p.name.starts
 
 
 def test_scripts_cover_the_tools() -> None:
-    assert {p.stem for p in SCRIPTS} >= {"validate", "mesh", "suggest", "smoke", "estimate", "explain", "models"}
+    assert {p.stem for p in SCRIPTS} >= {
+        "validate",
+        "mesh",
+        "suggest",
+        "smoke",
+        "estimate",
+        "dryrun",
+        "explain",
+        "models",
+    }
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -54,6 +54,7 @@ def test_tools_annotations_and_schemas():
         "suggest_strategy",
         "estimate_memory",
         "run_smoke_test",
+        "dry_run",
         "explain_error",
         "list_models",
     }
@@ -225,6 +226,51 @@ def test_run_smoke_test_reports_progress():
     assert "launch" in messages and "step 3/3" in messages and "done" in messages
 
 
+def test_dry_run_reports_progress_and_cancels_its_processes():
+    """dry_run over MCP: progress per phase and rank; a cancelled call leaves no worker process behind."""
+    pytest.importorskip("nemo_automodel")
+    seen = []
+
+    async def progress(p, total, message):
+        seen.append(message)
+
+    args = {
+        "config_yaml": "distributed: {}\n",
+        "world_size": 8,
+        "model": "meta-llama/Llama-3.2-1B",
+        "num_layers": 2,
+        "seq_len": 128,
+    }
+    r = call("dry_run", args, progress_callback=progress)
+    assert not r.is_error and r.structured_content["status"] == "measured"
+    assert any(m.startswith("build") for m in seen) and any(m.startswith("backward") for m in seen)
+
+    def workers() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if "automodel_dist.dry_run.worker" in line and "ps -eo" not in line]
+
+    async def go():
+        async with Client(create_server()) as c:
+            started = anyio.Event()
+
+            async def on_progress(p, total, message):
+                if message.startswith("import"):
+                    started.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: c.call_tool("dry_run", args, progress_callback=on_progress))
+                with anyio.fail_after(120):
+                    await started.wait()
+                assert workers()
+                tg.cancel_scope.cancel()
+
+    run(go)
+    deadline = time.time() + 15
+    while workers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert workers() == []
+
+
 def _run_dirs() -> set[str]:
     import tempfile
 
@@ -280,7 +326,7 @@ def test_stdio_subprocess_server():
             return tools, r, elapsed
 
     tools, r, elapsed = run(go)
-    assert len(tools.tools) == 7 and r.structured_content["valid"]
+    assert len(tools.tools) == 8 and r.structured_content["valid"]
     assert elapsed < 20  # the bench measures start-up precisely; this only guards against hangs
 
 
@@ -400,6 +446,7 @@ def test_readme_tool_arguments_work():
         "suggest_strategy",
         "estimate_memory",
         "run_smoke_test",
+        "dry_run",
         "explain_error",
         "list_models",
     }
@@ -421,3 +468,5 @@ def test_readme_tool_arguments_work():
             assert body["valid"], (tool, args, body)
         if tool == "run_smoke_test":
             assert body["passed"], body
+        if tool == "dry_run":
+            assert body["status"] == "measured", body

@@ -65,7 +65,7 @@ def test_sdk_client_through_every_entry_point(entry: str) -> None:
             return c.instructions, len(tools.tools), r.structured_content["findings"][0]["rule"]
 
     instructions, n_tools, rule = anyio.run(go)
-    assert n_tools == 7 and rule == "world-not-divisible"
+    assert n_tools == 8 and rule == "world-not-divisible"
     assert instructions and "validate_config" in instructions
 
 

@@ -232,6 +232,16 @@ class _ProgressLine:
         sys.stderr.flush()
 
 
+def _nonneg(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a rank (an integer >= 0), got {value!r}") from exc
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a rank (an integer >= 0), got {value!r}")
+    return n
+
+
 def _positive_number(value: str) -> float:
     try:
         x = float(value)
@@ -362,6 +372,42 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     _show(args, est, "estimate_text")
     return EXIT_OK if est.fits in (True, None) else EXIT_FAIL
+
+
+def cmd_dryrun(args: argparse.Namespace) -> int:
+    from .dry_run import DryRunUnavailable, DryRunUsageError, dry_run
+
+    files, overrides = _launch(args, [args.file] if args.file else [])
+    quiet = args.quiet or args.json
+
+    def progress(phase: str, step: int, total: int, message: str) -> None:
+        print(f"{phase:<18} {message}", file=sys.stderr, flush=True)
+
+    try:
+        report = dry_run(
+            _config_arg(files[0]),
+            world_size=args.world_size,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            ranks=args.rank,
+            model=args.model,
+            seq_len=args.seq_len,
+            micro_batch_size=args.micro_batch_size,
+            global_batch_size=args.global_batch_size,
+            overrides=overrides,
+            timeout_s=args.timeout,
+            num_layers=args.num_layers,
+            gpu=args.gpu,
+            headroom=args.headroom,
+            host_gib=args.host_memory_gib,
+            progress=None if quiet else progress,
+        )
+    except DryRunUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    except DryRunUsageError as exc:
+        raise UsageError(str(exc)) from exc
+    _show(args, report, "dry_run_text")
+    return EXIT_OK if report.status == "measured" and report.fits is not False else EXIT_FAIL
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:
@@ -636,6 +682,42 @@ def build_parser() -> argparse.ArgumentParser:
     sizing(es, "recipe")
     es.set_defaults(func=cmd_estimate)
 
+    dr = sub.add_parser(
+        "dryrun",
+        help="AutoModel's own training step at full size and world size on fake tensors: its real per-GPU memory",
+        epilog=LAUNCH_HELP,
+    )
+    dr.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
+    dr.add_argument(
+        "--model", help="catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path)"
+    )
+    g = dr.add_argument_group("cluster")
+    _cluster_arguments(g)
+    dr.add_argument(
+        "--rank",
+        type=_nonneg,
+        action="append",
+        help="a rank to measure (repeatable; default: rank 0, or the first rank of every pipeline stage)",
+    )
+    dr.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: the recipe's, else 4096)")
+    dr.add_argument(
+        "--micro-batch-size",
+        type=_positive,
+        help="sequences per rank per microbatch (default: the recipe's pp_microbatch_size with pp, else "
+        "local_batch_size, else 1)",
+    )
+    dr.add_argument("--global-batch-size", type=_positive, help="sequences per step (default: the recipe's)")
+    dr.add_argument(
+        "--num-layers", type=_positive, help="build only the first N layers (quick looks; the report says so)"
+    )
+    dr.add_argument("--gpu", default="H100-80GB", help="the GPU the verdict is for (default H100-80GB)")
+    dr.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+    dr.add_argument("--timeout", type=float, default=900.0, help="wall-clock limit per rank, seconds")
+    dr.add_argument("--host-memory-gib", type=_positive_number, default=4.0, help="host memory cap per rank process")
+    dr.add_argument("--json", action="store_true", help="print the report as JSON")
+    dr.add_argument("--quiet", action="store_true", help="no progress lines")
+    dr.set_defaults(func=cmd_dryrun)
+
     su = sub.add_parser("suggest", help="ranked layouts that fit a model on a cluster")
     su.add_argument(
         "file",
@@ -678,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_LAUNCH_COMMANDS = ("validate", "mesh", "estimate", "smoke")
+_LAUNCH_COMMANDS = ("validate", "mesh", "estimate", "smoke", "dryrun")
 LAUNCH_HELP = (
     "-- LAUNCH...: what follows `automodel` (or `python script.py`) when the job is launched, read as "
     "AutoModel reads it: [CONFIG] [--nproc-per-node N] [--key.sub=value | --key.sub value | --flag] "

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from .catalog.listing import Catalogs
 from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
+from .dry_run.report import DryRunReport
 from .estimation import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
@@ -50,6 +51,9 @@ INSTRUCTIONS = """Tools for NeMo AutoModel 0.7.0 `distributed:` configs (FSDP2, 
   processes on this machine; takes 10-60 s; reports progress; cancellable). For the same check on the cluster's
   GPUs at full size, the CLI: `automodel-dist smoke RECIPE --world-size N --export DIR`, the printed
   torchrun/srun line, then `automodel-dist smoke --judge DIR`.
+- Before booking the cluster for a recipe: dry_run runs AutoModel's own code for it at full size and world size on
+  fake tensors (about a minute): its real per-GPU memory, or the exception AutoModel would raise. estimate_memory is
+  the instant analytic figure, for comparing many layouts.
 - When the user pastes an AutoModel/torch error or traceback: explain_error.
 - list_models: the model and GPU catalogs (names accepted by `model` and `gpu`).
 Sizes: world = dp*cp*tp*pp; ep must divide dp*cp*tp (not dp*cp); megatron_fsdp has no pp/ep; ddp has no tp/pp/cp/ep."""
@@ -170,6 +174,45 @@ def _model_arg(model: str | None) -> str | None:
     if problem is not None:
         raise _Unreadable(problem)
     return model
+
+
+async def _with_progress(ctx: Context, work: Any, name: str) -> Any:
+    """Run ``work(progress, cancel)`` in a thread, relaying its progress events as MCP progress notifications;
+    when the client cancels (or the server goes down), set ``cancel`` and wait for the work to stop its processes."""
+    import anyio
+
+    cancel = threading.Event()
+    events: deque[tuple[str, int, int, str]] = deque()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["result"] = work(lambda *e: events.append(e), cancel)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    count = 0
+    try:
+        while not done.is_set() or events:
+            while events:
+                phase, step, total, message = events.popleft()
+                count += 1
+                await ctx.report_progress(count, None, f"{phase} {step}/{total} {message}".strip())
+            await anyio.sleep(0.1)
+    except BaseException:
+        cancel.set()
+        with anyio.CancelScope(shield=True):
+            deadline = time.time() + 30
+            while not done.is_set() and time.time() < deadline:
+                await anyio.sleep(0.05)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _anticipated(fn: Any) -> Any:
@@ -469,62 +512,106 @@ def create_server() -> MCPServer:
         from .smoke import run_smoke_test as _smoke
 
         source = _config(config_yaml, config_path, required=False)
-        cancel = threading.Event()
-        events: deque[tuple[str, int, int, str]] = deque()
-        box: dict[str, Any] = {}
-        done = threading.Event()
 
-        def work() -> None:
+        def work(progress: Any, cancel: threading.Event) -> SmokeReport:
+            return _smoke(
+                source,
+                world_size=world_size,
+                steps=steps,
+                model=model,
+                backend=backend,
+                precision=precision,
+                timeout_s=timeout_s,
+                fault=fault,
+                cancel=cancel,
+                progress=progress,
+                strategy=strategy,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                ep=ep,
+                dp_replicate=dp_replicate,
+                pp_schedule=pp_schedule,
+                sequence_parallel=sequence_parallel,
+                activation_checkpointing=activation_checkpointing,
+                overrides=overrides,
+            )
+
+        return await _with_progress(ctx, work, "smoke-run")
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+        )
+    )
+    @_anticipated
+    async def dry_run(
+        ctx: Context,
+        config_yaml: ConfigYaml = None,
+        config_path: ConfigPath = None,
+        world_size: WorldSize = None,
+        nodes: Nodes = None,
+        gpus_per_node: GpusPerNode = None,
+        model: ModelArg = None,
+        ranks: Annotated[
+            list[Annotated[int, Field(ge=0)]] | None,
+            Field(
+                default=None,
+                max_length=16,
+                description=("Ranks to measure (default: rank 0, or the first rank of every pipeline stage)."),
+            ),
+        ] = None,
+        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22)] = None,
+        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
+        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
+        num_layers: Annotated[
+            int | None,
+            Field(
+                default=None,
+                ge=1,
+                le=1024,
+                description=("Build only the first N layers (a quick look; the report says so)."),
+            ),
+        ] = None,
+        gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
+        headroom: Headroom = 0.1,
+        timeout_s: Annotated[float, Field(ge=10, le=3600)] = 900.0,
+        overrides: LaunchOverrides = None,
+    ) -> DryRunReport:
+        """Run NeMo AutoModel's own training step (its setup, model class, PEFT, parallelizer, loss and optimizer) for
+        the recipe at full model size and world size on fake tensors: per measured rank the peak allocated memory and
+        its split, or AutoModel's own exception. Needs AutoModel installed; takes about a minute; reports progress;
+        cancellable."""
+        from .dry_run import DryRunUnavailable
+        from .dry_run import dry_run as _dry_run
+
+        config = _config(config_yaml, config_path)
+        model = _model_arg(model)
+
+        def work(progress: Any, cancel: threading.Event) -> DryRunReport:
             try:
-                box["report"] = _smoke(
-                    source,
+                return _dry_run(
+                    config,
                     world_size=world_size,
-                    steps=steps,
+                    nodes=nodes,
+                    gpus_per_node=gpus_per_node,
+                    ranks=ranks,
                     model=model,
-                    backend=backend,
-                    precision=precision,
-                    timeout_s=timeout_s,
-                    fault=fault,
-                    cancel=cancel,
-                    progress=lambda *e: events.append(e),
-                    strategy=strategy,
-                    tp=tp,
-                    pp=pp,
-                    cp=cp,
-                    ep=ep,
-                    dp_replicate=dp_replicate,
-                    pp_schedule=pp_schedule,
-                    sequence_parallel=sequence_parallel,
-                    activation_checkpointing=activation_checkpointing,
+                    seq_len=seq_len,
+                    micro_batch_size=micro_batch_size,
+                    global_batch_size=global_batch_size,
                     overrides=overrides,
+                    timeout_s=timeout_s,
+                    num_layers=num_layers,
+                    gpu=gpu,
+                    headroom=headroom,
+                    progress=progress,
+                    cancel=cancel,
                 )
-            except BaseException as exc:  # noqa: BLE001 - surfaced below
-                box["error"] = exc
-            finally:
-                done.set()
+            except DryRunUnavailable as exc:
+                raise ValueError(str(exc)) from exc
 
-        import anyio
-
-        worker = threading.Thread(target=work, name="smoke-run", daemon=True)
-        worker.start()
-        count = 0
-        try:
-            while not done.is_set() or events:
-                while events:
-                    phase, step, total, message = events.popleft()
-                    count += 1
-                    await ctx.report_progress(count, None, f"{phase} {step}/{total} {message}".strip())
-                await anyio.sleep(0.1)
-        except BaseException:
-            cancel.set()  # client cancelled (or the server is going down): stop and reap every rank
-            with anyio.CancelScope(shield=True):
-                deadline = time.time() + 30
-                while not done.is_set() and time.time() < deadline:
-                    await anyio.sleep(0.05)
-            raise
-        if "error" in box:
-            raise box["error"]
-        return box["report"]
+        return await _with_progress(ctx, work, "dry-run")
 
     @server.tool(annotations=ro)
     @_anticipated

@@ -463,3 +463,60 @@ def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None 
             out.append(f'<text x="{x + 3}" y="{y + 27}" fill="#fff">g{"-" if grp is None else grp}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+def dry_run_text(r: Any) -> str:
+    """A dry run: verdict, then per measured rank its peak, split and phase, then what was substituted or not run."""
+    head = {"measured": "MEASURED", "failed": "FAILED", "partial": "PARTIAL"}[r.status]
+    verdict = ""
+    if r.fits is not None:
+        verdict = (
+            f": peak {r.peak_with_overhead_gib:.1f} GiB with overhead {'fits' if r.fits else 'does NOT fit'} in "
+            f"{r.gpu_memory_gib * (1 - r.headroom):.1f} GiB usable of {r.gpu} ({r.headroom:.0%} headroom)"
+        )
+    lines = [f"{head}{verdict}"]
+    lines.append(
+        f"{r.model} (dims from the {r.model_source}, {r.num_layers} layers) on {r.world_size} ranks; seq_len {r.seq_len}, micro batch "
+        f"{r.micro_batch_size}; {r.measured_microbatches} of {r.microbatches} microbatch(es) run; AutoModel "
+        f"{r.versions.get('nemo_automodel', '?')}, torch {r.versions.get('torch', '?')}"
+    )
+    if r.params_total is not None:
+        lines.append(f"parameters: {r.params_total:,} ({r.params_trainable:,} trainable)")
+    for rk in r.ranks:
+        stages = f" (pipeline stage {', '.join(map(str, rk.pp_stages))})" if rk.pp_stages else ""
+        if rk.status == "measured" and rk.peak is not None:
+            p = rk.peak
+            lines.append(
+                f"rank {rk.rank}{stages}: peak {p.total:.2f} GiB allocated in {rk.peak_phase}: params "
+                f"{p.params:.2f} + grads {p.grads:.2f} + optimizer {p.optimizer:.2f} + activations "
+                f"{p.activations:.2f} + temporaries {p.temporaries:.2f}"
+            )
+            if rk.tracker == "MemTracker":
+                lines.append(
+                    "    (several stage modules on this rank: torch's MemTracker counts gathered FSDP "
+                    "parameters as params)"
+                )
+            if rk.largest_modules:
+                top = ", ".join(f"{name} {gib:.2f}" for name, gib in rk.largest_modules[:3])
+                lines.append(f"    largest while running (GiB): {top}")
+            wall = sum(rk.phases_s.values())
+            lines.append(
+                f"    {wall:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in rk.phases_s.items())}), host RSS "
+                f"{rk.host_peak_rss_mib:.0f} MiB"
+            )
+        elif rk.error:
+            lines.append(f"rank {rk.rank}{stages}: FAILED in {rk.error_phase}: {rk.error}")
+            lines += [f"    {t}" for t in rk.traceback[-3:]]
+            for m in rk.explanations[:2]:
+                lines.append(f"    known cause [{m.rule}]: {m.cause} fix: {m.fix}")
+        else:
+            lines.append(f"rank {rk.rank}{stages}: {rk.status.replace('_', ' ')}: {rk.reason}")
+    if r.estimate_vs_dry_run:
+        parts = ", ".join(f"{d.category} {d.estimate_gib:.2f} vs {d.dry_run_gib:.2f}" for d in r.estimate_vs_dry_run)
+        lines.append(f"analytic estimate vs dry run (GiB): {parts}")
+    lines += [f"assumed: {a}" for a in r.assumed]
+    lines += [f"substituted: {s}" for s in r.substitutions]
+    lines += [f"not measured: {s}" for s in r.not_measured]
+    lines += [f"note: {n}" for n in r.notes]
+    lines += [finding_line(f, None) for f in r.findings if f.severity == "error"]
+    return "\n".join(lines)

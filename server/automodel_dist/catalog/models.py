@@ -34,6 +34,7 @@ class ModelSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    attention_sinks: bool = False  # one learned logit per head (gpt-oss)
     norms_per_layer: int = 2
     # MoE
     num_experts: int = 0  # routed experts (0 = dense)
@@ -60,6 +61,8 @@ class ModelSpec:
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
     source: str | None = None
     aliases: tuple[str, ...] = field(default=())
+    # The config.json this spec was read from (None for a catalog entry): what the dry run builds the model from.
+    hf_config: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -137,6 +140,8 @@ class ModelSpec:
             params += h
         if self.qk_norm:
             params += 2 * self.hd
+        if self.attention_sinks:
+            params += self.num_attention_heads
         return params
 
     @property
@@ -638,6 +643,7 @@ _CATALOG: list[ModelSpec] = [
         experts_per_token=4,
         moe_intermediate_size=2880,
         expert_bias=True,
+        attention_sinks=True,
         published_params=20.9e9,
         architecture="GptOssForCausalLM",
         source="https://huggingface.co/openai/gpt-oss-20b",
@@ -657,6 +663,7 @@ _CATALOG: list[ModelSpec] = [
         experts_per_token=4,
         moe_intermediate_size=2880,
         expert_bias=True,
+        attention_sinks=True,
         published_params=116.8e9,
         architecture="GptOssForCausalLM",
         source="https://huggingface.co/openai/gpt-oss-120b",
@@ -808,9 +815,14 @@ def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
 
 
 def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec:
-    """Build a spec from a Hugging Face ``config.json`` dict (text_config is used for multimodal)."""
+    """Build a spec from a Hugging Face ``config.json`` dict (text_config is used for multimodal); the spec keeps
+    the dict (``hf_config``)."""
     if not isinstance(cfg, dict):
         raise ModelConfigError("a model config must be a JSON object")
+    return replace(_spec_of(cfg, name=name), hf_config=cfg)
+
+
+def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
         cfg = {
             **cfg["text_config"],
@@ -864,6 +876,7 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
         first_dense_layers=_int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace"),
         expert_bias=mtype == "gpt_oss",
+        attention_sinks=mtype == "gpt_oss",
         q_lora_rank=_opt_int(cfg, "q_lora_rank"),
         kv_lora_rank=_opt_int(cfg, "kv_lora_rank"),
         qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim"),

@@ -13,6 +13,7 @@ from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..estimation import Estimate, MemoryBreakdown
 from ..report import ConfigError
+from ..workload import workload_of
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
 
@@ -72,22 +73,16 @@ def check_headroom(headroom: float) -> None:
         raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
 
 
-SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
-
-
 def recipe_training(ctx: Context | None) -> dict[str, tuple[int, str]]:
     """What a recipe says about the training run: ``seq_len``, ``global_batch_size``, ``local_batch_size`` and
     ``pp_microbatch_size`` (each with the key it came from) where the recipe states a positive integer."""
     out: dict[str, tuple[int, str]] = {}
     if ctx is None or not ctx.recipe:
         return out
-    for key in SEQ_LEN_KEYS:
-        if is_positive_int(v := ctx.recipe_get(key)):
-            out["seq_len"] = (v, key)
-            break
-    for name in ("global_batch_size", "local_batch_size"):
-        if is_positive_int(v := ctx.recipe_get(f"step_scheduler.{name}")):
-            out[name] = (v, f"step_scheduler.{name}")
+    w = workload_of(ctx)
+    for name in ("seq_len", "global_batch_size", "local_batch_size"):
+        if getattr(w, name) is not None:
+            out[name] = getattr(w, name)
     pipe = ctx.block.get("pipeline") if isinstance(ctx.block, dict) else None
     if isinstance(pipe, dict) and is_positive_int(v := pipe.get("pp_microbatch_size")):
         out["pp_microbatch_size"] = (v, ".".join(ctx.base + ("pipeline", "pp_microbatch_size")))

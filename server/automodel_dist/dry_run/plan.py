@@ -1,0 +1,322 @@
+"""What a dry run measures, decided without torch: the layout AutoModel reads at the world size, the ranks that stand
+for every distinct rank, the model's config, the batch shapes, and the recipe's PEFT, loss, optimizer and kernels
+with what a CPU has to run instead (each substitution stated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import ConfigInput, ModelInput, Overrides, analyze
+from ..catalog.hf_config import NoConfigError, hf_config
+from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
+from ..dims import ParallelDims
+from ..estimate import model_of
+from ..report import ValidationReport
+from ..workload import Workload, workload_of
+
+DEFAULT_SEQ_LEN = 4096
+
+
+class DryRunUsageError(ValueError):
+    """Arguments that cannot describe a dry run (CLI exit 2)."""
+
+
+# model.backend values that need CUDA kernels -> what AutoModel itself uses without them
+_CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
+    "attn": (frozenset({"te", "flex", "tilelang", "cudnn", "fa4", "magi"}), "sdpa"),
+    "linear": (frozenset({"te", "quack"}), "torch"),
+    "rms_norm": (frozenset({"te", "quack"}), "torch_fp32"),
+    "rope": (frozenset({"quack", "triton"}), "torch"),
+    "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
+    "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
+}
+_CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
+_TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
+_ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+@dataclass
+class Plan:
+    """The dry run of one config: a worker spec per measured rank, and what the report states about them."""
+
+    report: ValidationReport
+    dims: ParallelDims
+    model: ModelSpec
+    model_source: str
+    specs: list[dict[str, Any]]
+    seq_len: int
+    micro_batch_size: int
+    local_batch_size: int
+    microbatches: int
+    measured_microbatches: int
+    num_layers: int
+    assumed: list[str] = field(default_factory=list)
+    substitutions: list[str] = field(default_factory=list)
+    not_measured: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    unmeasured_ranks: dict[int, str] = field(default_factory=dict)
+
+
+def _backend(w: Workload, moe: bool, out: list[str]) -> dict[str, Any]:
+    backend = dict(w.backend)
+    for key, (cuda_only, cpu) in _CPU_BACKEND.items():
+        if backend.get(key) in cuda_only:
+            out.append(
+                f"model.backend.{key}: {backend[key]} runs as {cpu} (it needs CUDA kernels); its workspaces "
+                "are not measured"
+            )
+            backend[key] = cpu
+    for flag in _CUDA_FLAGS:
+        if backend.get(flag):
+            out.append(f"model.backend.{flag}: false (CUDA only)")
+            backend[flag] = False
+    if backend.get("te_fp8") is not None:
+        out.append("model.backend.te_fp8 is not applied (Transformer Engine FP8 needs CUDA): bf16 compute measured")
+        backend["te_fp8"] = None
+    if moe and "experts" not in backend:
+        backend["experts"] = "torch_mm"  # AutoModel's default on a GPU (it loops over experts on a CPU)
+    return backend
+
+
+def _loss(w: Workload, out: list[str]) -> dict[str, Any]:
+    name, kwargs = w.loss, dict(w.loss_kwargs)
+    if name == "FusedLinearCrossEntropy":
+        out.append(
+            "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "
+            "ChunkedCrossEntropy: neither materialises the whole logits; the kernel's own workspace is not "
+            "measured"
+        )
+        return {"name": "ChunkedCrossEntropy", "kwargs": {}}
+    if name == "TEParallelCrossEntropy":
+        out.append("loss TEParallelCrossEntropy (Transformer Engine) measured as MaskedCrossEntropy")
+        return {"name": "MaskedCrossEntropy", "kwargs": {}}
+    if name not in ("MaskedCrossEntropy", "ChunkedCrossEntropy"):
+        out.append(f"loss {name} is not one AutoModel's typed losses: measured with MaskedCrossEntropy")
+        return {"name": "MaskedCrossEntropy", "kwargs": {}}
+    return {"name": name, "kwargs": kwargs}
+
+
+def _optimizer(w: Workload, out: list[str]) -> dict[str, Any]:
+    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k not in ("fused", "foreach")}
+    if w.optimizer in _TORCH_OPTIMIZERS:
+        return {
+            "target": _TORCH_OPTIMIZERS[w.optimizer],
+            "kwargs": kwargs,
+            "state_dtype": None,
+            "master_weights": False,
+        }
+    if w.optimizer == "TEFusedAdam":
+        master = w.optimizer_kwargs.get("master_weights") is True
+        out.append(
+            "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its state dtypes: "
+            "fp32 moments" + (" and fp32 master weights" if master else "") + " (TE's defaults)"
+        )
+        return {
+            "target": "torch.optim.AdamW",
+            "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
+            "state_dtype": "float32",
+            "master_weights": master,
+        }
+    out.append(
+        f"optimizer {w.optimizer} is not available to the dry run: torch AdamW measured in its place (its "
+        "states: two per trainable parameter, in the parameter dtype)"
+    )
+    return {
+        "target": "torch.optim.AdamW",
+        "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
+        "state_dtype": None,
+        "master_weights": False,
+    }
+
+
+def _truncated(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    cfg = dict(cfg)
+    cfg["num_hidden_layers"] = layers
+    if isinstance(cfg.get("hybrid_override_pattern"), str):
+        cfg["hybrid_override_pattern"] = cfg["hybrid_override_pattern"][:layers]
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(cfg.get(key), list):
+            cfg[key] = cfg[key][:layers]
+    return cfg
+
+
+def plan_dry_run(
+    config: ConfigInput,
+    *,
+    world_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    ranks: list[int] | None = None,
+    model: ModelInput = None,
+    seq_len: int | None = None,
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    overrides: Overrides = None,
+    num_layers: int | None = None,
+) -> Plan:
+    """Raises :class:`DryRunUsageError` where the arguments or the config cannot describe one."""
+    for name, value in (
+        ("seq_len", seq_len),
+        ("micro_batch_size", micro_batch_size),
+        ("global_batch_size", global_batch_size),
+        ("num_layers", num_layers),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DryRunUsageError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        spec_arg = resolve_model(model) if model is not None else None
+    except ModelConfigError as exc:
+        raise DryRunUsageError(str(exc)) from exc
+    result = analyze(
+        config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec_arg, overrides=overrides
+    )
+    ctx = result.context
+    if ctx is None:
+        raise DryRunUsageError("the config cannot be read: " + "; ".join(f.message for f in result.report.errors[:3]))
+    d = ctx.dims
+    if d.world_size is None:
+        raise DryRunUsageError(
+            "the world size is unknown: pass world_size, or nodes and gpus_per_node (or a recipe "
+            "with a ci: block, or --nproc-per-node after --)"
+        )
+    try:
+        spec = model_of(ctx)
+    except ValueError as exc:
+        raise DryRunUsageError(str(exc)) from exc
+    try:
+        cfg = hf_config(spec)
+    except NoConfigError as exc:
+        raise DryRunUsageError(str(exc)) from exc
+    source = "config.json" if spec.hf_config is not None else "built-in catalog"
+    layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
+    if layers != spec.num_layers:
+        cfg = _truncated(cfg, layers)
+    w = workload_of(ctx)
+    subs: list[str] = []
+    not_measured: list[str] = []
+    notes: list[str] = []
+    assumed: list[str] = []
+    if seq_len is None and w.seq_len is None:
+        assumed.append(f"seq_len {DEFAULT_SEQ_LEN} (neither passed nor in the recipe: memory grows with it)")
+    seq = seq_len or (w.seq_len[0] if w.seq_len else DEFAULT_SEQ_LEN)
+    dp = d.dp or 1
+    if d.pp > 1:
+        mbs = micro_batch_size or d.pp_microbatch_size or 1
+        lbs = w.local_batch_size[0] if w.local_batch_size else 2 * d.pp * mbs
+        if not w.local_batch_size:
+            assumed.append(f"local_batch_size {lbs} (2 x pp microbatches of {mbs})")
+        n_mb = max(1, lbs // mbs)
+        gbs = global_batch_size or (w.global_batch_size[0] if w.global_batch_size else lbs * dp)
+        # Every schedule but GPipe / LoopedBFS reaches its steady in-flight count within 2 x pp microbatches.
+        measured = n_mb if d.pp_schedule in ("GPipe", "LoopedBFS") else min(n_mb, 2 * d.pp * d.stages_per_rank)
+        microbatches = n_mb * max(1, gbs // (lbs * dp))
+        if measured < n_mb:
+            notes.append(
+                f"the pipeline schedule ran {measured} of the step's {n_mb} microbatches per rank: "
+                f"{d.pp_schedule} holds at most that many in flight, so the peak is the step's (the held "
+                "FSDP gradients included: every pipeline backward defers the gradient sync)"
+            )
+    else:
+        mbs = micro_batch_size or (w.local_batch_size[0] if w.local_batch_size else 1)
+        if not (micro_batch_size or w.local_batch_size):
+            assumed.append("micro batch 1 (neither passed nor in the recipe)")
+        lbs = mbs
+        gbs = global_batch_size or (w.global_batch_size[0] if w.global_batch_size else mbs * dp)
+        microbatches = max(1, gbs // (mbs * dp))
+        measured = min(microbatches, 2)
+        if microbatches > 2:
+            notes.append(
+                f"{microbatches} gradient-accumulation microbatches per step; the dry run ran 2: the second "
+                "backward runs with every gradient the first left (unsharded fp32 with "
+                "defer_fsdp_grad_sync, AutoModel's default), which is the most any later one holds"
+            )
+    if layers != spec.num_layers:
+        notes.append(
+            f"built with {layers} of the model's {spec.num_layers} layers (num_layers): the peak is not "
+            "the full model's"
+        )
+    backend = _backend(w, spec.is_moe, subs)
+    if spec.is_moe:
+        subs.append(
+            "MoE routing assumed balanced: each rank's experts receive 1/ep of the token assignments (a "
+            "real router's imbalance raises the hottest rank's peak)"
+        )
+    if d.cp > 1 and not w.force_hf and w.backend.get("attn", "te") == "te":
+        reason = (
+            "context parallelism on AutoModel's own model classes runs only with Transformer Engine attention "
+            "(model.backend.attn: te), which needs CUDA: not measured (never counted as zero)"
+        )
+        not_measured.append(reason)
+    if w.quantization is not None:
+        not_measured.append(
+            "quantization: (QLoRA) is not applied: the frozen base weights are measured in bf16; "
+            "4-bit weights take about a quarter of those bytes, plus their scales"
+        )
+    if d.strategy in ("megatron_fsdp",):
+        not_measured.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
+    loss = _loss(w, subs)
+    optimizer = _optimizer(w, subs)
+    subs.append(
+        "attention runs as PyTorch SDPA on the CPU and the gradient-norm clip takes its per-tensor CPU path "
+        "(its temporaries are larger than the fused CUDA kernel's)"
+    )
+    if ranks is None:
+        lay = d.layout
+        ranks = lay.group("pp", 0) if d.pp > 1 and lay is not None and lay.device_mesh() is not None else [0]
+    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
+    if bad or not ranks:
+        raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")
+    ranks = sorted(set(ranks))
+    unmeasured = (
+        {r: not_measured[0] for r in ranks}
+        if any(x.startswith(("context parallelism", "MegatronFSDP")) for x in not_measured)
+        else {}
+    )
+    base = {
+        "world_size": d.world_size,
+        "distributed": _jsonable(ctx.block),
+        "hf_config": cfg,
+        "torch_dtype": w.torch_dtype,
+        "force_hf": w.force_hf,
+        "backend": backend or None,
+        "peft": w.peft,
+        "loss": loss,
+        "optimizer": optimizer,
+        "micro_batch_size": mbs,
+        "local_batch_size": measured * mbs if d.pp > 1 else mbs,
+        "microbatches": measured,
+        "seq_len": seq,
+        "clip_grad_norm": w.clip_grad_norm,
+    }
+    return Plan(
+        report=result.report,
+        dims=d,
+        model=spec,
+        model_source=source,
+        specs=[dict(base, rank=r) for r in ranks if r not in unmeasured],
+        seq_len=seq,
+        micro_batch_size=mbs,
+        local_batch_size=lbs,
+        microbatches=microbatches,
+        measured_microbatches=measured,
+        num_layers=layers,
+        assumed=assumed,
+        substitutions=subs,
+        not_measured=not_measured,
+        notes=notes,
+        unmeasured_ranks=unmeasured,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value if type(value) in (str, int, float, bool) or value is None else str(value)
+    return str(value)
+
+
+__all__ = ["Plan", "plan_dry_run", "DryRunUsageError", "DEFAULT_SEQ_LEN"]

@@ -1,0 +1,122 @@
+"""The dry run's report models (pydantic, like the other reports; no torch)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from ..report import Explanation, Finding, Resolved
+
+RankStatus = Literal["measured", "failed", "not_measured", "timeout", "host_memory_cap", "cancelled"]
+
+
+class MemorySplit(BaseModel):
+    """Bytes on one rank, in GiB, split the way the estimate splits them."""
+
+    params: float = Field(description="Local parameter shards (FSDP's sharded parameters, buffers).")
+    grads: float = Field(description="Local gradient shards.")
+    optimizer: float = Field(description="Optimizer states.")
+    activations: float = Field(description="Tensors autograd saved for backward, and the inputs.")
+    temporaries: float = Field(
+        description="Gathered parameters and gradients, all-gather / reduce-scatter buffers, other temporaries."
+    )
+    total: float
+
+
+class RankResult(BaseModel):
+    """One measured rank: AutoModel's own step on fake tensors, under torch's memory tracker."""
+
+    rank: int
+    status: RankStatus
+    pp_stages: list[int] = Field(default_factory=list, description="Pipeline stages this rank holds (PP only).")
+    peak_allocated_gib: float | None = Field(default=None, description="Peak allocated bytes, no allocator model.")
+    peak: MemorySplit | None = None
+    peak_phase: str | None = Field(default=None, description="Phase of the step where the peak falls.")
+    tracker: str | None = Field(
+        default=None,
+        description="torch's tracker: FSDPMemTracker for one FSDP root (gathered parameters are "
+        "temporaries), else MemTracker (gathered parameters count as parameters).",
+    )
+    tracker_categories_gib: dict[str, float] = Field(
+        default_factory=dict, description="torch's own categories at the peak (FSDPMemTracker / MemTracker)."
+    )
+    phase_peaks_gib: dict[str, float] = Field(default_factory=dict)
+    largest_modules: list[tuple[str, float]] = Field(
+        default_factory=list, description="Modules with the largest memory while they ran (GiB, torch's local peak)."
+    )
+    forward_retained: list[tuple[str, float]] = Field(
+        default_factory=list, description="What each module's forward left allocated (GiB): mostly saved activations."
+    )
+    after_forward: MemorySplit | None = Field(
+        default=None, description="What was allocated when the first microbatch's forward and loss were done."
+    )
+    local_param_bytes: int | None = None
+    local_grad_bytes: int | None = Field(default=None, description="Gradients the backward left on this rank.")
+    local_trainable_param_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    phases_s: dict[str, float] = Field(default_factory=dict, description="Wall time per phase.")
+    host_peak_rss_mib: float | None = None
+    error: str | None = Field(default=None, description="AutoModel's own exception, when it raised.")
+    error_phase: str | None = None
+    traceback: list[str] = Field(default_factory=list)
+    explanations: list[Explanation] = Field(default_factory=list)
+    reason: str | None = Field(default=None, description="Why the rank was not measured, when it was not.")
+
+
+class CategoryDiff(BaseModel):
+    category: str
+    dry_run_gib: float
+    estimate_gib: float
+    difference: float = Field(description="(estimate - dry run) / dry run.")
+
+
+class DryRunReport(BaseModel):
+    """Result of ``dry_run``: AutoModel 0.7.0's own code at full size and world size on fake tensors."""
+
+    status: Literal["measured", "failed", "partial"] = Field(
+        description="measured: every requested rank ran; failed: AutoModel raised (or a limit stopped it); "
+        "partial: some ranks were not measured (the reasons are given)."
+    )
+    fits: bool | None = Field(
+        default=None, description="Every measured rank's peak, with the overhead terms, within the GPU's memory."
+    )
+    model: str
+    model_source: str
+    world_size: int
+    gpus_per_node: int | None = None
+    layout: Resolved
+    seq_len: int
+    micro_batch_size: int
+    local_batch_size: int
+    microbatches: int = Field(description="Microbatches of a step on a rank (pipeline or gradient accumulation).")
+    measured_microbatches: int = Field(description="Of those, how many the dry run ran (see notes).")
+    num_layers: int = Field(description="Layers built (fewer than the model's only when asked).")
+    assumed: list[str] = Field(default_factory=list, description="Sizes neither passed nor in the recipe.")
+    ranks: list[RankResult] = Field(default_factory=list)
+    params_total: int | None = None
+    params_trainable: int | None = None
+    gpu: str
+    gpu_memory_gib: float
+    headroom: float
+    overhead: dict[str, float] = Field(
+        default_factory=dict,
+        description="Added to the allocated peak for the verdict: CUDA context (GiB) and "
+        "allocator fragmentation (fraction of the peak).",
+    )
+    peak_with_overhead_gib: float | None = None
+    estimate: dict[str, float] | None = Field(
+        default=None, description="The analytic estimate of the same layout (GiB per category), when it has one."
+    )
+    estimate_vs_dry_run: list[CategoryDiff] = Field(default_factory=list)
+    substitutions: list[str] = Field(
+        default_factory=list, description="What ran differently from a GPU, and why (kernels, routing, optimizer)."
+    )
+    not_measured: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    versions: dict[str, str] = Field(default_factory=dict, description="AutoModel, torch and transformers.")
+    wall_s: float = 0.0
+    findings: list[Finding] = Field(default_factory=list, description="validate_config's errors and warnings.")
+
+
+__all__ = ["DryRunReport", "RankResult", "MemorySplit", "CategoryDiff"]

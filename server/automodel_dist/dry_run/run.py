@@ -1,0 +1,409 @@
+"""Run the planned ranks, each in its own process (the fake process group and AutoModel's module state are per
+process), with a wall-time limit, a host-memory cap, progress and cancellation; then assemble the report."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..api import ConfigInput, ModelInput, Overrides
+from ..catalog.gpus import lookup_gpu
+from ..estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
+from ..explain import explain_error
+from .plan import DryRunUsageError, Plan, plan_dry_run
+from .report import CategoryDiff, DryRunReport, MemorySplit, RankResult
+
+ProgressFn = Callable[[str, int, int, str], None]
+PHASES = (
+    "import",
+    "setup",
+    "build",
+    "optimizer",
+    "forward",
+    "loss",
+    "backward",
+    "pipeline_schedule",
+    "clip_grad_norm",
+    "done",
+)
+REQUIRED = {"torch": "torch", "nemo_automodel": "nemo-automodel==0.7.0", "transformers": "transformers"}
+INSTALL = (
+    "pip install --no-deps nemo-automodel==0.7.0 && pip install transformers==5.18.0 (beside the torch of the "
+    "training environment; nemo-automodel's full dependency set also works)"
+)
+DEFAULT_TIMEOUT_S = 900.0
+DEFAULT_HOST_GIB = 4.0  # per rank process; a rank takes about 0.5 GiB at any model size
+
+
+class DryRunUnavailable(RuntimeError):
+    """NeMo AutoModel, torch or transformers is not installed here (CLI exit 2)."""
+
+
+def missing_packages() -> list[str]:
+    """What the dry run needs and this environment lacks (found without importing anything)."""
+    return [pkg for module, pkg in REQUIRED.items() if importlib.util.find_spec(module) is None]
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in ("nemo_automodel", "torch", "transformers"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    return out
+
+
+def _rss_mib(pgid: int) -> float:
+    """Resident memory of every process in the group (Linux /proc), MiB."""
+    total = 0
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+def _run_rank(
+    spec: dict[str, Any],
+    *,
+    timeout_s: float,
+    host_gib: float,
+    cancel: threading.Event,
+    progress: Callable[[int, str], None],
+) -> dict[str, Any]:
+    rank = spec["rank"]
+    with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONUNBUFFERED="1",
+            TORCH_CPP_LOG_LEVEL="ERROR",
+        )
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "automodel_dist.dry_run.worker", str(spec_path), str(out_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        stopped: list[str] = []
+        peak_rss = [0.0]
+
+        def read_progress() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("PHASE "):
+                    progress(rank, line[6:].strip())
+
+        def watch() -> None:
+            start = time.monotonic()
+            while proc.poll() is None:
+                rss = _rss_mib(proc.pid)
+                peak_rss[0] = max(peak_rss[0], rss)
+                why = (
+                    "cancelled"
+                    if cancel.is_set()
+                    else "timeout"
+                    if time.monotonic() - start > timeout_s
+                    else "host_memory_cap"
+                    if rss > host_gib * 1024
+                    else None
+                )
+                if why:
+                    stopped.append(why)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    return
+                time.sleep(0.2)
+
+        readers = [threading.Thread(target=f, daemon=True) for f in (read_progress, watch)]
+        for t in readers:
+            t.start()
+        stderr = proc.stderr.read() if proc.stderr else ""
+        proc.wait()
+        for t in readers:
+            t.join(timeout=5)
+        if stopped:
+            limit = {
+                "timeout": f"the wall-time limit of {timeout_s:.0f} s",
+                "host_memory_cap": f"the host-memory cap of {host_gib:g} GiB",
+                "cancelled": "cancellation",
+            }[stopped[0]]
+            return {
+                "rank": rank,
+                "status": stopped[0],
+                "reason": f"stopped by {limit}",
+                "host_peak_rss_mib": round(peak_rss[0], 1),
+            }
+        try:
+            result = json.loads(out_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {
+                "rank": rank,
+                "status": "failed",
+                "error": f"the dry-run process exited with {proc.returncode} and wrote no result",
+                "traceback": stderr.strip().splitlines()[-12:],
+            }
+        result["host_peak_rss_mib"] = max(float(result.get("host_peak_rss_mib") or 0), round(peak_rss[0], 1))
+        return result
+
+
+def _rank_result(raw: dict[str, Any]) -> RankResult:
+    peak = raw.get("peak")
+    error = raw.get("error")
+    explanations = []
+    if error:
+        text = error + "\n" + "\n".join(raw.get("traceback") or [])
+        explanations = explain_error(text).matches
+    loc = raw.get("local_bytes") or {}
+    return RankResult(
+        rank=raw["rank"],
+        status=raw["status"],
+        pp_stages=raw.get("pp_stages") or [],
+        peak_allocated_gib=peak["total"] if peak else None,
+        peak=MemorySplit(**peak) if peak else None,
+        peak_phase=raw.get("peak_phase"),
+        tracker=raw.get("tracker"),
+        tracker_categories_gib=raw.get("peak_categories") or {},
+        phase_peaks_gib=raw.get("phase_peaks") or {},
+        largest_modules=[tuple(x) for x in raw.get("largest_modules") or []],
+        forward_retained=[tuple(x) for x in raw.get("forward_retained") or []],
+        after_forward=MemorySplit(**raw["after_forward"]) if raw.get("after_forward") else None,
+        local_param_bytes=loc.get("params"),
+        local_grad_bytes=loc.get("grads"),
+        local_trainable_param_bytes=loc.get("trainable_params"),
+        optimizer_state_bytes=loc.get("optimizer_states"),
+        phases_s=raw.get("phases_s") or {},
+        host_peak_rss_mib=raw.get("host_peak_rss_mib"),
+        error=error,
+        error_phase=raw.get("error_phase"),
+        traceback=raw.get("traceback") or [],
+        explanations=explanations,
+        reason=raw.get("reason"),
+    )
+
+
+def _estimate(config: ConfigInput, plan: Plan, overrides: Overrides, gpu: str) -> dict[str, float] | None:
+    """The analytic estimate of the same layout and sizes (None where it cannot size it)."""
+    from ..estimate import estimate_memory
+    from ..report import ConfigError
+
+    if plan.num_layers != plan.model.num_layers:
+        import dataclasses
+
+        model: Any = dataclasses.replace(
+            plan.model,
+            num_layers=plan.num_layers,
+            layer_types=plan.model.layer_types[: plan.num_layers],
+            hf_config=None,
+        )
+    else:
+        model = plan.model
+    try:
+        est = estimate_memory(
+            config,
+            model=model,
+            world_size=plan.dims.world_size,
+            seq_len=plan.seq_len,
+            micro_batch_size=plan.micro_batch_size,
+            overrides=overrides,
+            gpu=gpu,
+        )
+    except (ConfigError, ValueError):
+        return None
+    m = est.memory_gib
+    return {
+        "params": m.params,
+        "grads": m.grads,
+        "optimizer": m.optimizer,
+        "activations": m.activations,
+        "temporaries": m.buffers,
+        "total": m.tracked_peak,
+    }
+
+
+def dry_run(
+    config: ConfigInput,
+    *,
+    world_size: int | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    ranks: list[int] | None = None,
+    model: ModelInput = None,
+    seq_len: int | None = None,
+    micro_batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    overrides: Overrides = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    num_layers: int | None = None,
+    gpu: str = "H100-80GB",
+    headroom: float = 0.1,
+    host_gib: float = DEFAULT_HOST_GIB,
+) -> DryRunReport:
+    """AutoModel 0.7.0's own setup, model build (its registry's class, its PEFT, its TP/SP/EP/AC/FSDP2
+    parallelizer), weight materialisation, loss and optimizer step for ``config`` at the full model size and world
+    size, on a fake process group under FakeTensorMode: nothing is allocated. Measures the first rank of every
+    pipeline stage (or ``ranks``) with torch's memory tracker.
+
+    ``num_layers`` builds only the first N layers (tests, quick looks; the report says so). Raises
+    :class:`DryRunUnavailable` without AutoModel, torch or transformers, :class:`DryRunUsageError` (a ValueError)
+    for arguments that do not describe a run. A layout AutoModel rejects comes back as a FAILED report carrying
+    AutoModel's own exception.
+    """
+    missing = missing_packages()
+    if missing:
+        raise DryRunUnavailable(
+            f"the dry run runs NeMo AutoModel's own code and needs {', '.join(missing)} installed here: {INSTALL}"
+        )
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise DryRunUsageError(f"timeout_s must be positive, got {timeout_s!r}")
+    if not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
+        raise DryRunUsageError(f"headroom must be in [0, 1), got {headroom!r}")
+    try:
+        gpu_spec = lookup_gpu(gpu)
+    except ValueError as exc:
+        raise DryRunUsageError(str(exc)) from exc
+    t0 = time.monotonic()
+    plan = plan_dry_run(
+        config,
+        world_size=world_size,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        ranks=ranks,
+        model=model,
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size,
+        overrides=overrides,
+        num_layers=num_layers,
+    )
+    cancel = cancel or threading.Event()
+    notify = progress or (lambda *a: None)
+    done: dict[int, int] = {}
+
+    def on_phase(rank: int, phase: str) -> None:
+        done[rank] = done.get(rank, 0) + 1
+        notify(phase, sum(done.values()), len(plan.specs) * len(PHASES), f"rank {rank}")
+
+    workers = max(1, min(len(plan.specs), os.cpu_count() or 1, 4))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        raws = list(
+            pool.map(
+                lambda s: _run_rank(s, timeout_s=timeout_s, host_gib=host_gib, cancel=cancel, progress=on_phase),
+                plan.specs,
+            )
+        )
+    results = [_rank_result(r) for r in raws]
+    results += [RankResult(rank=r, status="not_measured", reason=why) for r, why in plan.unmeasured_ranks.items()]
+    results.sort(key=lambda r: r.rank)
+    measured = [r for r in results if r.status == "measured"]
+    if measured and len(measured) == len(results):
+        status = "measured"
+    elif any(r.status in ("failed", "timeout", "host_memory_cap", "cancelled") for r in results):
+        status = "failed"
+    else:
+        status = "partial"
+    rewrites = sorted({x for raw in raws for x in raw.get("rewrites") or []})
+    first = next((raw for raw in raws if raw.get("params")), None)
+    budget = gpu_spec.memory_gib * (1 - headroom)
+    worst = max((r.peak_allocated_gib or 0.0 for r in measured), default=None)
+    with_overhead = worst + CUDA_CONTEXT_GIB + FRAGMENTATION * worst if worst is not None else None
+    estimate = _estimate(config, plan, overrides, gpu) if measured else None
+    diffs = []
+    if estimate is not None:
+        top = max(measured, key=lambda r: r.peak_allocated_gib or 0.0)
+        assert top.peak is not None
+        for cat in ("params", "grads", "optimizer", "activations", "temporaries", "total"):
+            ours = getattr(top.peak, cat)
+            diffs.append(
+                CategoryDiff(
+                    category=cat,
+                    dry_run_gib=round(ours, 4),
+                    estimate_gib=round(estimate[cat], 4),
+                    difference=round((estimate[cat] - ours) / ours, 4) if ours else 0.0,
+                )
+            )
+    notes = list(plan.notes) + [
+        "figures are bytes torch's allocator would be asked for (FakeTensorMode: nothing allocated), without its "
+        "caching and fragmentation, CUDA context or NCCL buffers; not yet compared with a GPU run",
+    ]
+    expected = plan.model.param_count() if plan.num_layers == plan.model.num_layers else None
+    if (
+        first
+        and plan.dims.pp > 1
+        and plan.model.tie_word_embeddings
+        and (expected is None or first["params"]["total"] > expected)
+    ):
+        notes.append(
+            "AutoModel 0.7.0 trains a separate lm_head under pipeline parallelism for this tied model (its "
+            "meta-device init breaks the tie and only the path without PP ties it again): the parameters "
+            "above include it"
+        )
+    version = versions().get("nemo_automodel", "?")
+    if version.split("+")[0] != "0.7.0":
+        notes.append(f"AutoModel {version} is installed, not 0.7.0: the dry run ran that release's own code")
+    return DryRunReport(
+        status=status,
+        fits=(with_overhead <= budget) if with_overhead is not None and status == "measured" else None,
+        model=plan.model.name,
+        model_source=plan.model_source,
+        world_size=plan.dims.world_size or 0,
+        gpus_per_node=plan.report.gpus_per_node,
+        layout=plan.report.resolved,
+        seq_len=plan.seq_len,
+        micro_batch_size=plan.micro_batch_size,
+        local_batch_size=plan.local_batch_size,
+        microbatches=plan.microbatches,
+        measured_microbatches=plan.measured_microbatches,
+        num_layers=plan.num_layers,
+        assumed=plan.assumed,
+        ranks=results,
+        params_total=first["params"]["total"] if first else None,
+        params_trainable=first["params"]["trainable"] if first else None,
+        gpu=gpu_spec.name,
+        gpu_memory_gib=gpu_spec.memory_gib,
+        headroom=headroom,
+        overhead={"cuda_context_gib": CUDA_CONTEXT_GIB, "fragmentation": FRAGMENTATION},
+        peak_with_overhead_gib=round(with_overhead, 3) if with_overhead is not None else None,
+        estimate=estimate,
+        estimate_vs_dry_run=diffs,
+        substitutions=plan.substitutions + rewrites,
+        not_measured=plan.not_measured,
+        notes=notes,
+        versions=versions(),
+        wall_s=round(time.monotonic() - t0, 2),
+        findings=[f for f in plan.report.findings if f.severity != "info"],
+    )
+
+
+__all__ = ["dry_run", "DryRunUnavailable", "DryRunUsageError", "missing_packages", "GIB"]

@@ -1,0 +1,521 @@
+"""What it takes to run AutoModel 0.7.0's own build and step on a CPU, on fake tensors: small patches, each hooking one
+AutoModel or torch internal by name.
+
+None changes what AutoModel decides (its layout, wrapping, dtypes, checkpointing); each lets a CUDA-only call or a
+data-dependent value pass on fake tensors. Every shim has a ``check`` that the target still exists and looks as
+expected: :func:`broken` lists the shims an installed release breaks, so the dry run names the phase it cannot run
+instead of failing inside AutoModel. Only the dry run's worker process imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Shim:
+    name: str
+    phase: str  # the phase that cannot run without it
+    target: str
+    why: str
+    check: Callable[[], None]
+    hits: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+SHIMS: dict[str, Shim] = {}
+
+
+def _register(name: str, phase: str, target: str, why: str, check: Callable[[], None]) -> Shim:
+    SHIMS[name] = shim = Shim(name, phase, target, why, check)
+    return shim
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
+    return obj
+
+
+def _has_params(path: str, *names: str) -> Callable[[], None]:
+    def check() -> None:
+        fn = _resolve(path)
+        fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        params = inspect.signature(fn).parameters
+        missing = [n for n in names if n not in params]
+        if missing:
+            raise RuntimeError(f"{path} no longer takes {missing}")
+
+    return check
+
+
+def _source_has(path: str, *needles: str) -> Callable[[], None]:
+    def check() -> None:
+        fn = _resolve(path)
+        fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        source = inspect.getsource(fn)
+        missing = [n for n in needles if n not in source]
+        if missing:
+            raise RuntimeError(f"{path} no longer contains {missing}")
+
+    return check
+
+
+def _file_has(module: str, needle: str) -> Callable[[], None]:
+    def check() -> None:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise RuntimeError(f"{module} is gone")
+        with open(spec.origin, encoding="utf-8") as fh:
+            if needle not in fh.read():
+                raise RuntimeError(f"{module} no longer contains {needle!r}")
+
+    return check
+
+
+def _fake_op(*ops: str) -> Callable[[], None]:
+    def check() -> None:
+        import torch
+        from torch._subclasses import fake_impls
+
+        for name in ops:
+            op = getattr(torch.ops.aten, name.split(".")[0]).default
+            if op not in fake_impls.op_implementations_dict:
+                raise RuntimeError(f"torch's fake tensors have no implementation entry for aten.{name}")
+
+    return check
+
+
+def broken() -> list[str]:
+    """``"<shim> (phase <p>): <what changed>"`` for every shim whose target this install no longer has."""
+    out = []
+    try:
+        import_automodel()
+    except Exception as exc:  # noqa: BLE001
+        return [f"{TORCHAO.name} (phase import): AutoModel cannot be imported: {type(exc).__name__}: {exc}"]
+    for shim in SHIMS.values():
+        try:
+            shim.check()
+        except Exception as exc:  # noqa: BLE001 - any failure means the target moved
+            out.append(f"{shim.name} (phase {shim.phase}): {type(exc).__name__}: {exc}")
+    return out
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, new: Any) -> Iterator[None]:
+    old = obj.__dict__[name] if isinstance(obj, type) else getattr(obj, name)
+    setattr(obj, name, new)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+# ----------------------------------------------------------------------------------------------------- import
+TORCHAO = _register(
+    "torchao_import_stub",
+    "import",
+    "sys.modules['torchao.quantization.qat', ...] while nemo_automodel.components.quantization.qat is imported",
+    "qat.py imports torchao's QAT quantizers at module level and auto_model.py imports qat.py, so AutoModel cannot be "
+    "imported without torchao. Stub modules stand in for that one import and are removed right after, so AutoModel's "
+    "own torchao checks (fp8, init_empty_weights) still see it missing.",
+    _file_has("nemo_automodel.components.quantization.qat", "from torchao.quantization.qat import"),
+)
+
+
+def import_automodel() -> None:
+    """Import AutoModel's model builder (with the torchao stub around qat.py's import when torchao is missing)."""
+    if importlib.util.find_spec("torchao") is None and "nemo_automodel.components.quantization.qat" not in sys.modules:
+        import nemo_automodel.components.quantization.fp8  # noqa: F401 - its guarded import must see no torchao
+
+        names = ["torchao", "torchao.quantization", "torchao.quantization.qat", "torchao.quantization.qat.linear"]
+        mods = {n: types.ModuleType(n) for n in names}
+
+        def unavailable(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise ImportError("torchao is not installed: QAT cannot run in the dry run")
+
+        for cls in ("Int4WeightOnlyQATQuantizer", "Int8DynActInt4WeightQATQuantizer"):
+            setattr(mods["torchao.quantization.qat"], cls, type(cls, (), {"__init__": unavailable}))
+        for fn in (
+            "disable_4w_fake_quant",
+            "disable_8da4w_fake_quant",
+            "enable_4w_fake_quant",
+            "enable_8da4w_fake_quant",
+        ):
+            setattr(mods["torchao.quantization.qat.linear"], fn, lambda *a, **k: None)
+        mods["torchao"].quantization = mods["torchao.quantization"]  # type: ignore[attr-defined]
+        mods["torchao.quantization"].qat = mods["torchao.quantization.qat"]  # type: ignore[attr-defined]
+        mods["torchao.quantization.qat"].linear = mods["torchao.quantization.qat.linear"]  # type: ignore[attr-defined]
+        sys.modules.update(mods)
+        try:
+            importlib.import_module("nemo_automodel.components.quantization.qat")
+            TORCHAO.hits += 1
+        finally:
+            for n in names:
+                sys.modules.pop(n, None)
+    import nemo_automodel._transformers.auto_model  # noqa: F401
+
+
+# ----------------------------------------------------------------------------------------------------- build
+CUDA_DEVICE = _register(
+    "cuda_current_device",
+    "build",
+    "torch.cuda.current_device (answers 0)",
+    "from_config and _build_model call torch.cuda.current_device() unconditionally; only the index is used (the "
+    "device itself is replaced by infrastructure_cpu_device).",
+    _source_has(
+        "nemo_automodel._transformers.auto_model:_BaseNeMoAutoModelClass._build_model",
+        "torch.cuda.current_device()",
+    ),
+)
+CPU_DEVICE = _register(
+    "infrastructure_cpu_device",
+    "build",
+    "nemo_automodel._transformers.auto_model.apply_model_infrastructure / instantiate_infrastructure (device= cpu)",
+    "_build_model hands cuda:0 to apply_model_infrastructure and from_config to instantiate_infrastructure; the meshes "
+    "are CPU meshes on the fake process group, so the weights must be materialised on the CPU device.",
+    lambda: (
+        _has_params("nemo_automodel._transformers.auto_model:apply_model_infrastructure", "device")(),
+        _has_params("nemo_automodel._transformers.auto_model:instantiate_infrastructure", "device")(),
+    ),
+)
+FAKE_INIT = _register(
+    "fake_weight_materialisation",
+    "build",
+    "Checkpointer.initialize_model_weights (run inside the dry run's FakeTensorMode)",
+    "AutoModel builds on the meta device and materialises the weights after wrapping; running only that step under "
+    "FakeTensorMode makes every local shard a fake tensor (nothing allocated) while everything before it (PEFT "
+    "surgery, dtype casts, TP/FSDP wrapping) runs on meta exactly as AutoModel runs it.",
+    _has_params(
+        "nemo_automodel.components.checkpoint.checkpointing:Checkpointer.initialize_model_weights",
+        "model",
+        "device",
+        "peft_init_method",
+    ),
+)
+RETIE = _register(
+    "fake_init_retie",
+    "build",
+    "parameters shared by several modules before initialize_model_weights are shared again after it",
+    "to_empty keeps a parameter's identity only when old and new tensors have compatible types; meta -> fake is not "
+    "(meta -> cuda is), so plain-tensor layouts (one rank) would untie lm_head from the embedding.",
+    _has_params("nemo_automodel.components.checkpoint.checkpointing:to_empty_parameters_only", "model", "device"),
+)
+PP_WARMUP = _register(
+    "pp_warmup_noop",
+    "build",
+    "nemo_automodel.components.distributed.pipelining.functional._warmup_pipeline_stage_neighbors (no-op)",
+    "It sleeps 2 s per global rank of the first stage when no GPU is visible, exchanges one element with the "
+    "neighbour stages (NCCL warm-up) and calls torch.cuda.synchronize(); none of it touches memory.",
+    _source_has(
+        "nemo_automodel.components.distributed.pipelining.functional:pipeline_model",
+        "_warmup_pipeline_stage_neighbors(stages[0])",
+    ),
+)
+MODULE_TO = _register(
+    "module_to_on_fake_params",
+    "build",
+    "torch.nn.Module.to (returns the module when its fake parameters are already on the target device)",
+    "apply_model_infrastructure ends with model.to(device) when no parameter is a DTensor (one rank); moving fake "
+    "parameters to the device they are on fails in nn.Module._apply's tensor swap.",
+    _source_has("nemo_automodel._transformers.infrastructure:apply_model_infrastructure", "model.to(device"),
+)
+
+
+def _shared_params(model: Any) -> list[list[tuple[Any, str]]]:
+    groups: dict[int, list[tuple[Any, str]]] = {}
+    for _, mod in model.named_modules(remove_duplicate=False):
+        for pname, p in mod._parameters.items():
+            if p is not None:
+                groups.setdefault(id(p), []).append((mod, pname))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+@contextlib.contextmanager
+def build_patches(fake_mode: Any) -> Iterator[None]:
+    """What from_config needs on a CPU, on fake tensors."""
+    import nemo_automodel._transformers.auto_model as am
+    import nemo_automodel.components.distributed.pipelining.functional as pp_functional
+    import torch
+    from nemo_automodel.components.checkpoint.checkpointing import Checkpointer
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    cpu = torch.device("cpu")
+    with contextlib.ExitStack() as stack:
+        if not torch.cuda.is_available():
+
+            def current_device() -> int:
+                CUDA_DEVICE.hits += 1
+                return 0
+
+            stack.enter_context(_patched(torch.cuda, "current_device", current_device))
+
+        def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                CPU_DEVICE.hits += 1
+                kwargs["device"] = cpu
+                return fn(*args, **kwargs)
+
+            return wrapper
+
+        stack.enter_context(_patched(am, "apply_model_infrastructure", on_cpu(am.apply_model_infrastructure)))
+        stack.enter_context(_patched(am, "instantiate_infrastructure", on_cpu(am.instantiate_infrastructure)))
+
+        init = Checkpointer.__dict__["initialize_model_weights"]
+        init_fn = init.__func__ if isinstance(init, staticmethod) else init
+
+        @functools.wraps(init_fn)
+        def initialize_model_weights(model: Any, device: Any, peft_init_method: Any = None) -> Any:
+            FAKE_INIT.hits += 1
+            ties = _shared_params(model)
+            with fake_mode:
+                out = init_fn(model, device, peft_init_method=peft_init_method)
+            for group in ties:
+                keep = group[0][0]._parameters[group[0][1]]
+                for mod, name in group[1:]:
+                    if mod._parameters[name] is not keep:
+                        RETIE.hits += 1
+                        mod._parameters[name] = keep
+            return out
+
+        stack.enter_context(_patched(Checkpointer, "initialize_model_weights", staticmethod(initialize_model_weights)))
+
+        def no_warmup(stage: Any) -> None:
+            PP_WARMUP.hits += 1
+
+        stack.enter_context(_patched(pp_functional, "_warmup_pipeline_stage_neighbors", no_warmup))
+
+        original_to = torch.nn.Module.to
+
+        def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+            device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+            params = list(self.parameters())
+            if (
+                params
+                and dtype is None
+                and device is not None
+                and all(isinstance(p, FakeTensor) for p in params)
+                and all(t.device.type == torch.device(device).type for t in [*params, *self.buffers()])
+            ):
+                MODULE_TO.hits += 1
+                return self
+            return original_to(self, *args, **kwargs)
+
+        stack.enter_context(_patched(torch.nn.Module, "to", to))
+        yield
+
+
+# ----------------------------------------------------------------------------------------------------- values
+ITEM = _register(
+    "item_oracle",
+    "forward",
+    "torch's fake implementations of aten._local_scalar_dense / aten.item (.item(), float(t), int(t), bool(t))",
+    "A fake tensor has no values. AutoModel reads a few (a logged parameter norm, RoPE's cache length from "
+    "position_ids.max(), the TP-replica gradient counts, torch's truncated-normal init loop). Each is answered from a "
+    "table keyed by the calling function; an unknown call site raises, so a new read in a release is seen.",
+    _fake_op("_local_scalar_dense", "item"),
+)
+SHAPES = _register(
+    "dynamic_shape_oracle",
+    "forward",
+    "torch's fake implementation of aten.nonzero (and boolean-mask indexing) plus one for aten.bincount",
+    "AutoModel's MoE experts select their tokens with boolean masks and count them with bincount, whose output sizes "
+    "depend on values. They are answered for balanced routing: each rank's experts receive 1/ep of the assignments.",
+    _fake_op("nonzero"),
+)
+MESH = _register(
+    "device_mesh_real_tensors",
+    "backward",
+    "DeviceMesh.mesh, DeviceMesh._concatenate and tp_replicas._is_tp_replicated run outside the fake mode",
+    "They read a mesh's small rank tensor, which inside the fake mode would come out fake; mesh coordinates are not "
+    "training data.",
+    lambda: (
+        _resolve("torch.distributed.device_mesh:DeviceMesh.mesh"),
+        _resolve("torch.distributed.device_mesh:DeviceMesh._concatenate"),
+        _resolve("nemo_automodel.components.distributed.tp_replicas:_is_tp_replicated"),
+    ),
+)
+PROPAGATION = _register(
+    "dtensor_propagation_private_fake_mode",
+    "forward",
+    "torch.distributed.tensor._sharding_prop.detect_fake_mode (returns None during the step)",
+    "DTensor's sharding propagation runs ops on global-shape scratch tensors in the active fake mode; given none, it "
+    "uses a private one, so the memory tracker does not charge those scratch tensors to the rank (TP layouts).",
+    lambda: _resolve("torch.distributed.tensor._sharding_prop:detect_fake_mode"),
+)
+CP_SDPA = _register(
+    "cp_sdpa_as_flash",
+    "forward",
+    "torch.nn.functional.scaled_dot_product_attention -> aten._scaled_dot_product_flash_attention (cp > 1)",
+    "torch's context parallelism shards the CUDA attention kernels only; on fake CPU tensors the CUDA flash kernel's "
+    "shape function runs, so ring attention runs as on a GPU.",
+    _file_has(
+        "torch.distributed.tensor.experimental._context_parallel._attention",
+        "aten._scaled_dot_product_flash_attention.default",
+    ),
+)
+
+_SKIPPED = (
+    "/torch/_ops.py",
+    "/torch/_subclasses/",
+    "/torch/utils/",
+    "/torch/_compile.py",
+    "/torch/_dynamo/",
+    "/torch/_tensor.py",
+    "/torch/overrides.py",
+    "/torch/distributed/_tools/",
+    "/torch/distributed/tensor/_dispatch.py",
+    "/torch/distributed/tensor/_api.py",
+    "/torch/_prims_common/",
+    "/torch/_refs/",
+    "/torch/_decomp/",
+    "/automodel_dist/dry_run/",
+)
+CALLS: dict[str, dict[str, Any]] = {}  # every answered (or refused) call site: what was asked, the answer, how often
+
+
+def _call_chain(limit: int = 10) -> list[str]:
+    """``file:function`` of the callers that asked for a value, innermost first (torch internals skipped)."""
+    out = []
+    frame = sys._getframe(2)
+    while frame is not None and len(out) < limit:
+        name = frame.f_code.co_filename
+        if not any(s in name for s in _SKIPPED):
+            out.append(f"{name.split('site-packages/')[-1]}:{frame.f_code.co_name}")
+        frame = frame.f_back
+    return out or ["?"]
+
+
+def _answer(table: dict[str, Any], what: str, arg: Any) -> tuple[str, Any]:
+    chain = _call_chain()
+    for site, answer in table.items():
+        hit = next((c for c in chain if c.endswith(site)), None)
+        if hit is not None:
+            return hit, answer(arg) if callable(answer) else answer
+    CALLS.setdefault(f"{what}@{chain[0]}", {"answer": "refused", "calls": 0, "chain": chain})["calls"] += 1
+    return chain[0], None
+
+
+@contextlib.contextmanager
+def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[None]:
+    """Answer ``.item()`` reads and data-dependent shapes from the tables (``site suffix -> value | fn(tensor)``)."""
+    import torch
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    table = fake_impls.op_implementations_dict
+    aten = torch.ops.aten
+    ops = (aten._local_scalar_dense.default, aten.item.default, aten.nonzero.default, aten.bincount.default)
+    saved = {op: table.get(op) for op in ops}
+
+    def item(fake_mode: Any, func: Any, arg: Any) -> Any:
+        if arg.item_memo is not None:  # a constant (e.g. a Python scalar turned tensor): its value is known
+            return arg.item_memo
+        site, value = _answer(items, "item", arg)
+        if value is None:
+            raise DataDependentOutputException(func)
+        value = float(value) if arg.dtype.is_floating_point else bool(value) if arg.dtype == torch.bool else int(value)
+        record = CALLS.setdefault(f"item@{site}", {"answer": value, "calls": 0})
+        record["calls"] += 1
+        ITEM.hits += 1
+        return value
+
+    def nonzero_impl(fake_mode: Any, func: Any, arg: Any) -> Any:
+        site, count = _answer(nonzero, "nonzero", arg)
+        if count is None:
+            raise DynamicOutputShapeException(func)
+        record = CALLS.setdefault(f"nonzero@{site}", {"answer": f"{list(arg.shape)} -> {int(count)}", "calls": 0})
+        record["calls"] += 1
+        SHAPES.hits += 1
+        return arg.new_empty((int(count), arg.dim()), dtype=torch.int64)
+
+    def bincount_impl(fake_mode: Any, func: Any, arg: Any, weights: Any = None, minlength: int = 0) -> Any:
+        if not minlength:  # AutoModel passes minlength = local experts; without it the size depends on values
+            raise DynamicOutputShapeException(func)
+        SHAPES.hits += 1
+        return arg.new_empty((minlength,), dtype=weights.dtype if weights is not None else torch.int64)
+
+    table[ops[0]] = table[ops[1]] = item
+    table[ops[2]] = nonzero_impl
+    table[ops[3]] = bincount_impl
+    try:
+        yield
+    finally:
+        for op, impl in saved.items():
+            if impl is None:
+                table.pop(op, None)
+            else:
+                table[op] = impl
+
+
+@contextlib.contextmanager
+def step_patches(cp: int) -> Iterator[None]:
+    """What the training step needs on fake tensors."""
+    import nemo_automodel.components.distributed.tp_replicas as tp_replicas
+    import torch
+    import torch.distributed.tensor._sharding_prop as sharding_prop
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with contextlib.ExitStack() as stack:
+
+        def no_fake_mode(*args: Any, **kwargs: Any) -> None:
+            PROPAGATION.hits += 1
+            return None
+
+        stack.enter_context(_patched(sharding_prop, "detect_fake_mode", no_fake_mode))
+
+        def real(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                MESH.hits += 1
+                with unset_fake_temporarily():
+                    return fn(*args, **kwargs)
+
+            return wrapper
+
+        concatenate = DeviceMesh.__dict__["_concatenate"]
+        mesh = DeviceMesh.__dict__["mesh"]
+        stack.enter_context(_patched(DeviceMesh, "_concatenate", staticmethod(real(concatenate.__func__))))
+        stack.enter_context(_patched(DeviceMesh, "mesh", property(real(mesh.fget))))
+        stack.enter_context(_patched(tp_replicas, "_is_tp_replicated", real(tp_replicas._is_tp_replicated)))
+        if cp > 1:
+
+            def sdpa_flash(
+                query: Any,
+                key: Any,
+                value: Any,
+                attn_mask: Any = None,
+                dropout_p: float = 0.0,
+                is_causal: bool = False,
+                scale: Any = None,
+                enable_gqa: bool = False,
+            ) -> Any:
+                CP_SDPA.hits += 1
+                if attn_mask is not None:
+                    raise RuntimeError("context parallelism runs causal attention without a mask")
+                heads, kv_heads = query.shape[-3], key.shape[-3]
+                if kv_heads != heads:  # the flash kernel takes equal head counts
+                    key = key.repeat_interleave(heads // kv_heads, dim=-3)
+                    value = value.repeat_interleave(heads // kv_heads, dim=-3)
+                op = torch.ops.aten._scaled_dot_product_flash_attention.default
+                return op(query, key, value, dropout_p, is_causal, scale=scale)[0]
+
+            stack.enter_context(_patched(F, "scaled_dot_product_attention", sdpa_flash))
+        yield
+
+
+__all__ = ["SHIMS", "CALLS", "broken", "import_automodel", "build_patches", "step_patches", "value_oracles"]

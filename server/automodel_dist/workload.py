@@ -1,0 +1,115 @@
+"""What a recipe trains, read where AutoModel 0.7.0 reads it: sequence length and batch sizes, PEFT, the loss, the
+optimizer, the model's dtype and kernel backends. Pure: the ``_target_`` strings are compared as names, never
+imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .config.values import is_positive_int
+
+if TYPE_CHECKING:
+    from .rules import Context
+
+SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
+
+# Loss classes AutoModel has typed configs for (components/loss/loss.py LOSS_CONFIG_REGISTRY); its default is the
+# masked cross entropy.
+LOSSES = ("MaskedCrossEntropy", "FusedLinearCrossEntropy", "ChunkedCrossEntropy", "TEParallelCrossEntropy")
+DEFAULT_LOSS = "MaskedCrossEntropy"
+OPTIMIZERS = {  # _target_ -> a canonical name
+    "torch.optim.AdamW": "AdamW",
+    "torch.optim.Adam": "Adam",
+    "torch.optim.SGD": "SGD",
+    "transformer_engine.pytorch.optimizers.FusedAdam": "TEFusedAdam",
+    "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam": "TEFusedAdam",
+    "dion.Muon": "Muon",
+}
+
+
+def _name(target: Any) -> str | None:
+    return target.rsplit(".", 1)[-1] if isinstance(target, str) else None
+
+
+def _kwargs(section: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in section.items() if isinstance(k, str) and not k.startswith("_")}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The training run a recipe describes (each value with the key it came from; None where it says nothing)."""
+
+    seq_len: tuple[int, str] | None = None
+    global_batch_size: tuple[int, str] | None = None
+    local_batch_size: tuple[int, str] | None = None
+    peft: dict[str, Any] | None = None  # the peft: section's PeftConfig fields
+    quantization: dict[str, Any] | None = None
+    loss: str = DEFAULT_LOSS  # a LOSSES name; an unknown target is kept by name
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    optimizer: str = "AdamW"  # an OPTIMIZERS value, or the target's last name when unknown
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    torch_dtype: str | None = None  # model.torch_dtype
+    backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
+    force_hf: bool = False
+    clip_grad_norm: float | None = 1.0
+
+
+def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
+    node: Any = recipe
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
+    """The workload of a recipe (an empty one for a bare ``distributed:`` block)."""
+    if not recipe:
+        return Workload()
+    facts: dict[str, Any] = {}
+    for key in SEQ_LEN_KEYS:
+        if is_positive_int(v := _get(recipe, key)):
+            facts["seq_len"] = (v, key)
+            break
+    for name in ("global_batch_size", "local_batch_size"):
+        if is_positive_int(v := _get(recipe, f"step_scheduler.{name}")):
+            facts[name] = (v, f"step_scheduler.{name}")
+    peft = recipe.get("peft")
+    if isinstance(peft, Mapping):
+        facts["peft"] = _kwargs(peft)
+    quant = recipe.get("quantization")
+    if isinstance(quant, Mapping):
+        facts["quantization"] = _kwargs(quant)
+    loss = recipe.get("loss_fn")
+    if isinstance(loss, Mapping) and _name(loss.get("_target_")):
+        facts["loss"] = _name(loss["_target_"])
+        facts["loss_kwargs"] = _kwargs(loss)
+    opt = recipe.get("optimizer")
+    if isinstance(opt, Mapping) and isinstance(opt.get("_target_"), str):
+        facts["optimizer"] = OPTIMIZERS.get(opt["_target_"], _name(opt["_target_"]))
+        facts["optimizer_kwargs"] = _kwargs(opt)
+    model = recipe.get("model")
+    if isinstance(model, Mapping):
+        if isinstance(model.get("torch_dtype"), str):
+            facts["torch_dtype"] = model["torch_dtype"]
+        if isinstance(model.get("backend"), Mapping):
+            facts["backend"] = _kwargs(model["backend"])
+        facts["force_hf"] = model.get("force_hf") is True
+    clip = recipe.get("clip_grad_norm")
+    if isinstance(clip, Mapping):
+        value = clip.get("max_norm")
+        facts["clip_grad_norm"] = (
+            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        )
+    return Workload(**facts)
+
+
+def workload_of(ctx: Context | None) -> Workload:
+    return read_workload(ctx.recipe if ctx is not None else None)
+
+
+__all__ = ["Workload", "read_workload", "workload_of", "LOSSES", "OPTIMIZERS", "SEQ_LEN_KEYS"]

@@ -1,0 +1,283 @@
+"""dry_run: AutoModel 0.7.0's own step on fake tensors. Per layout, the exact per-rank parameter, gradient and
+optimizer bytes against hand counts (real architecture dims, two layers); a layout AutoModel rejects comes back FAILED
+with AutoModel's own message; the shims are checked against the installed release; nothing is imported until called;
+without AutoModel the install line and exit 2. Full sizes run under the slow marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_automodel = pytest.mark.skipif(
+    bool(missing_packages()), reason="the dry run needs AutoModel, torch, transformers"
+)
+L1B = "meta-llama/Llama-3.2-1B"
+# Llama-3.2-1B, bf16 (AutoModel's torch_dtype auto): one layer, the tied embedding, the final norm
+LAYER = 2048 * 2048 * 2 + 2 * 512 * 2048 + 3 * 2048 * 8192 + 2 * 2048  # q, o; k, v; gate, up, down; two norms
+EMBED, NORM = 128256 * 2048, 2048
+P2 = 2 * LAYER + EMBED + NORM  # two layers
+STEP = 4  # AdamW's per-parameter step counter: one fp32 scalar per tensor
+
+
+def _run(text: str, **kw):
+    return dry_run(text, seq_len=256, num_layers=2, **{"micro_batch_size": 2, "model": L1B, **kw})
+
+
+def _only(report):
+    assert report.status == "measured", [(r.status, r.error, r.reason) for r in report.ranks]
+    [rank] = report.ranks
+    return rank
+
+
+@needs_automodel
+def test_dense_fsdp2_bytes_are_exact():
+    assert P2 == 384_313_344
+    report = _run("distributed: {}\n", world_size=8)
+    r = _only(report)
+    assert report.params_total == report.params_trainable == P2
+    assert r.local_param_bytes == r.local_grad_bytes == 2 * P2 // 8  # bf16, sharded over 8
+    assert r.optimizer_state_bytes == 2 * (2 * P2 // 8) + STEP * 20  # exp_avg, exp_avg_sq; 20 tensors
+    assert r.peak_allocated_gib > 2 and r.peak_phase == "backward" and report.fits is True
+    assert r.peak.params * (1 << 30) == pytest.approx(2 * P2 / 8, rel=1e-6)
+    assert report.versions["nemo_automodel"].startswith("0.7.0") and report.estimate is not None
+
+
+@needs_automodel
+def test_lora_trains_only_its_adapters():
+    peft = "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  target_modules: '*_proj'\n  dim: 8\n"
+    report = _run("distributed: {}\n" + peft + "  use_triton: true\n", world_size=8)
+    r = _only(report)
+    lora = 8 * ((2048 + 2048) * 2 + (2048 + 512) * 2 + 3 * (2048 + 8192))  # A and B of the seven projections
+    assert report.params_trainable == 2 * lora == 704_512 and report.params_total == P2 + 2 * lora
+    assert r.local_trainable_param_bytes == 2 * 2 * lora // 8
+    assert r.local_param_bytes == 2 * P2 // 8 + 2 * 2 * lora // 8
+    assert r.optimizer_state_bytes == 2 * (2 * 2 * lora // 8) + STEP * 28  # 14 adapters x (A, B)
+    assert r.local_grad_bytes == 2 * 2 * lora // 8  # the frozen base has no gradients
+    assert any("use_triton" in s for s in report.substitutions)
+
+
+@needs_automodel
+def test_tp_with_sequence_parallel():
+    r = _only(_run("distributed:\n  tp_size: 2\n  sequence_parallel: true\n", world_size=8))
+    norms = 5 * NORM * 2  # replicated over tp: sharded by FSDP over dp=4 only
+    assert r.local_param_bytes == (2 * P2 - norms) // 8 + norms // 4
+    assert r.optimizer_state_bytes == 2 * r.local_param_bytes + STEP * 20
+
+
+@needs_automodel
+def test_hsdp_shards_over_the_shard_group_only():
+    r = _only(_run("distributed:\n  dp_replicate_size: 2\n", world_size=8))
+    assert r.local_param_bytes == r.local_grad_bytes == 2 * P2 // 4
+
+
+@needs_automodel
+def test_activation_checkpointing_keeps_less_after_forward():
+    plain = _only(_run("distributed: {}\n", world_size=8))
+    ac = _only(_run("distributed:\n  activation_checkpointing: true\n", world_size=8))
+    assert ac.local_param_bytes == plain.local_param_bytes
+    assert ac.after_forward.activations < 0.8 * plain.after_forward.activations
+
+
+@needs_automodel
+def test_expert_parallelism_on_automodels_qwen3_moe_class():
+    report = dry_run(
+        "distributed:\n  ep_size: 8\n",
+        world_size=8,
+        model="Qwen/Qwen3-30B-A3B",
+        seq_len=256,
+        micro_batch_size=2,
+        num_layers=2,
+    )
+    r = _only(report)
+    attn = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128  # q, o; k, v; q_norm, k_norm
+    layer = attn + 2 * 2048 + 2048 * 128 + 128 * 3 * 2048 * 768  # norms, router, experts
+    total = 2 * layer + 2 * 151936 * 2048 + 2048  # untied embedding and lm_head, final norm
+    assert report.params_total == total
+    assert r.local_param_bytes == 2 * total // 8  # experts over ep 8, the rest FSDP over 8
+    assert r.optimizer_state_bytes == 2 * r.local_param_bytes + STEP * 25
+    assert any("balanced" in s for s in report.substitutions)
+
+
+@needs_automodel
+def test_pipeline_stages_are_measured_on_their_own_ranks():
+    report = _run(
+        "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n"
+        "step_scheduler:\n  local_batch_size: 2\n",
+        world_size=8,
+        micro_batch_size=None,
+    )
+    assert report.status == "measured" and [r.rank for r in report.ranks] == [0, 4]
+    first, last = report.ranks
+    assert first.pp_stages == [0] and last.pp_stages == [1]
+    assert first.local_param_bytes == 2 * (EMBED + LAYER) // 4  # dp 4 per stage
+    assert last.local_param_bytes == 2 * (LAYER + NORM + EMBED) // 4  # AutoModel's PP path unties lm_head
+    assert any("separate lm_head" in n for n in report.notes)
+
+
+@needs_automodel
+def test_a_layout_automodel_rejects_comes_back_failed_with_its_own_message():
+    report = _run("distributed:\n  tp_size: 3\n", world_size=6)
+    [r] = report.ranks
+    assert report.status == "failed" and r.status == "failed" and r.error_phase == "build"
+    assert r.error == "ValueError: num_key_value_heads (8) must be divisible by TP size (3)"
+    assert "tp-heads" in {m.rule for m in r.explanations}
+    assert {f.rule for f in report.findings} >= {"tp-heads"}  # validate said so before the run
+
+
+@needs_automodel
+def test_context_parallelism_on_automodels_classes_is_reported_not_measured():
+    report = _run("distributed:\n  cp_size: 2\n", world_size=8)
+    assert report.status == "partial" and report.fits is None
+    assert report.ranks[0].status == "not_measured" and "Transformer Engine" in report.ranks[0].reason
+
+
+@needs_automodel
+def test_every_shim_target_exists_in_the_installed_release():
+    out = subprocess.run(
+        [sys.executable, "-c", "from automodel_dist.dry_run import shims; print(shims.broken())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@needs_automodel
+def test_a_moved_target_is_named_with_its_phase_not_a_traceback():
+    """A release where pipeline_model no longer warms its neighbours up: the shim's check names the phase that cannot
+    run, and the worker reports the rank not measured with that reason instead of running into it."""
+    code = (
+        "import json\n"
+        "from automodel_dist.dry_run import shims, worker\n"
+        "from automodel_dist.dry_run.plan import plan_dry_run\n"
+        "shims.import_automodel()\n"
+        "import nemo_automodel.components.distributed.pipelining.functional as f\n"
+        "f.pipeline_model = lambda *a, **k: None\n"
+        f"plan = plan_dry_run('distributed: {{}}\\n', world_size=8, model={L1B!r}, num_layers=2, seq_len=64)\n"
+        "print(json.dumps(worker.run(plan.specs[0])))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["status"] == "not_measured" and "pp_warmup_noop (phase build)" in result["reason"]
+    assert "error" not in result
+
+
+def test_nothing_from_automodel_or_torch_is_imported_until_a_run():
+    code = (
+        "import sys\n"
+        "import automodel_dist.dry_run, automodel_dist.dry_run.plan, automodel_dist.dry_run.run\n"
+        "import automodel_dist.dry_run.report, automodel_dist.mcp_server, automodel_dist.cli\n"
+        "from automodel_dist.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'nemo_automodel', 'transformers'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+_BLOCK_AUTOMODEL = (
+    "import importlib.abc, sys\n"
+    "class Block(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name.split('.')[0] == 'nemo_automodel':\n"
+    "            raise ModuleNotFoundError(name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+)
+
+
+def test_without_automodel_it_says_what_to_install_and_exits_2(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "nemo_automodel" else real(n, *a))
+    with pytest.raises(DryRunUnavailable, match=r"nemo-automodel==0\.7\.0 .*pip install --no-deps nemo-automodel"):
+        dry_run("distributed: {}\n", world_size=8, model=L1B)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("distributed: {}\n")
+    code = _BLOCK_AUTOMODEL + (
+        "import importlib.util\n"
+        "_real = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n.split('.')[0] == 'nemo_automodel' else _real(n, *a)\n"
+        f"from automodel_dist.cli import main\nsys.exit(main(['dryrun', {str(recipe)!r}, '--world-size', '8', "
+        f"'--model', {L1B!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "pip install --no-deps nemo-automodel==0.7.0" in out.stderr and "Traceback" not in out.stderr
+    # the other tools keep working without it
+    code = _BLOCK_AUTOMODEL + f"from automodel_dist.cli import main\nsys.exit(main(['validate', {str(recipe)!r}]))\n"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+def test_usage_errors_are_named(tmp_path):
+    from automodel_dist.dry_run import DryRunUsageError
+
+    if missing_packages():
+        pytest.skip("the availability check comes first")
+    with pytest.raises(DryRunUsageError, match="world size is unknown"):
+        dry_run("distributed: {}\n", model=L1B)
+    with pytest.raises(DryRunUsageError, match="no model to size"):
+        dry_run("distributed: {}\n", world_size=8)
+    with pytest.raises(DryRunUsageError, match=r"ranks must be in \[0, 8\)"):
+        dry_run("distributed: {}\n", world_size=8, model=L1B, ranks=[8])
+
+
+@needs_automodel
+def test_cli_json_and_exit_code(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("distributed: {}\n")
+    env = dict(os.environ)
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "automodel-dist"),
+            "dryrun",
+            str(recipe),
+            "--world-size",
+            "8",
+            "--model",
+            L1B,
+            "--num-layers",
+            "2",
+            "--seq-len",
+            "256",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["status"] == "measured" and report["ranks"][0]["local_param_bytes"] == 2 * P2 // 8
+
+
+@pytest.mark.slow
+@needs_automodel
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("meta-llama/Llama-3.2-1B", "distributed: {}\n", 8, 4096, 1),
+        ("meta-llama/Llama-3.1-70B", "distributed:\n  activation_checkpointing: true\n", 64, 8192, 1),
+        ("Qwen/Qwen3-30B-A3B", "distributed:\n  ep_size: 8\n  activation_checkpointing: true\n", 8, 4096, 1),
+    ],
+    ids=["llama-3.2-1b@8", "llama-3.1-70b@64", "qwen3-30b-a3b-ep8"],
+)
+def test_full_size(case):
+    model, text, world, seq, mbs = case
+    report = dry_run(text, world_size=world, model=model, seq_len=seq, micro_batch_size=mbs)
+    r = _only(report)
+    print(
+        f"\n{model} on {world}: peak {r.peak_allocated_gib:.2f} GiB ({r.peak}), {sum(r.phases_s.values()):.0f} s, "
+        f"RSS {r.host_peak_rss_mib:.0f} MiB"
+    )
+    assert r.peak_allocated_gib > 1 and r.host_peak_rss_mib < 2048

@@ -140,6 +140,22 @@ def test_context_parallelism_on_automodels_classes_is_reported_not_measured():
 
 
 @needs_automodel
+def test_context_parallelism_runs_on_hugging_face_classes():
+    report = _run("distributed:\n  cp_size: 2\nmodel:\n  force_hf: true\n", world_size=8)
+    r = _only(report)
+    assert r.local_param_bytes == 2 * P2 // 8  # FSDP over dp_shard x cp = 8
+
+
+@needs_automodel
+@pytest.mark.parametrize("limit,status", [({"host_gib": 0.1}, "host_memory_cap"), ({"timeout_s": 1}, "timeout")])
+def test_limits_stop_a_rank_cleanly(limit, status):
+    report = _run("distributed: {}\n", world_size=8, **limit)
+    assert report.status == "failed" and report.ranks[0].status == status and "stopped by" in report.ranks[0].reason
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "automodel_dist.dry_run.worker" not in out
+
+
+@needs_automodel
 def test_every_shim_target_exists_in_the_installed_release():
     out = subprocess.run(
         [sys.executable, "-c", "from automodel_dist.dry_run import shims; print(shims.broken())"],
@@ -216,6 +232,18 @@ def test_without_automodel_it_says_what_to_install_and_exits_2(monkeypatch, tmp_
     # the other tools keep working without it
     code = _BLOCK_AUTOMODEL + f"from automodel_dist.cli import main\nsys.exit(main(['validate', {str(recipe)!r}]))\n"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+def test_a_block_naming_a_class_to_import_is_refused_before_anything_runs():
+    from automodel_dist.dry_run.plan import DryRunUsageError, plan_dry_run
+
+    with pytest.raises(DryRunUsageError, match="never imports a name from a config"):
+        plan_dry_run("distributed:\n  offload_policy:\n    _target_: os.system\n", world_size=8, model=L1B)
+    plan = plan_dry_run(
+        "distributed:\n  _target_: x.y.FSDP2Manager\n  tp_size: 2\n  tp_plan: my.module.PLAN\n", world_size=8, model=L1B
+    )
+    assert "_target_" not in plan.specs[0]["distributed"] and "tp_plan" not in plan.specs[0]["distributed"]
+    assert any("tp_plan" in s for s in plan.substitutions)
 
 
 def test_usage_errors_are_named(tmp_path):

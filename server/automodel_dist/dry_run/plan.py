@@ -130,6 +130,42 @@ def _optimizer(w: Workload, out: list[str]) -> dict[str, Any]:
     }
 
 
+# _target_ values AutoModel may instantiate from a distributed: block that are torch's own classes
+_SAFE_TARGETS = frozenset({
+    "torch.distributed.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.CPUOffloadPolicy",
+    "torch.distributed.fsdp.OffloadPolicy",
+})
+
+
+def _sanitized(block: dict[str, Any], subs: list[str]) -> dict[str, Any]:
+    """The block AutoModel's parser gets: nothing in it that AutoModel would import (it imports ``_target_`` strings
+    and a ``tp_plan`` import path; this tool never imports a name from a config)."""
+
+    def walk(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "_target_":
+                if path == "":
+                    continue  # AutoModel drops it at the top level
+                if item not in _SAFE_TARGETS:
+                    raise DryRunUsageError(
+                        f"distributed.{where} is {str(item)[:80]!r}: AutoModel would import and call it, and the dry "
+                        "run never imports a name from a config; write torch's own class or drop the _target_"
+                    )
+            if where == "tp_plan" and isinstance(item, str):
+                subs.append("distributed.tp_plan (an import path) is not imported: AutoModel's own plan for the class "
+                            "is measured")
+                continue
+            out[key] = walk(item, where)
+        return out
+
+    return walk(block, "")
+
+
 def _truncated(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
     cfg = dict(cfg)
     cfg["num_hidden_layers"] = layers
@@ -275,7 +311,7 @@ def plan_dry_run(
     )
     base = {
         "world_size": d.world_size,
-        "distributed": _jsonable(ctx.block),
+        "distributed": _jsonable(_sanitized(ctx.block, subs)),
         "hf_config": cfg,
         "torch_dtype": w.torch_dtype,
         "force_hf": w.force_hf,

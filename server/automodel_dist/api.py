@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
 from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
 from .config import schema
+from .config.kinds import DIFFUSION_FSDP_DEFAULTS, DIFFUSION_FSDP_KEYS, RecipeKind, recipe_kind
 from .config.load import Document, clip, from_mapping, load_path, load_text
 from .config.overrides import apply_overrides
 from .config.values import TOP_LEVEL_KEYS, is_positive_int
@@ -26,6 +27,8 @@ from .report import (
     ValidationReport,
 )
 from .rules import Context, run_rules
+
+TRAINING = RecipeKind("training", None)
 
 ConfigInput = Union[str, Path, Mapping[str, Any]]
 ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
@@ -111,6 +114,7 @@ class _Split:
     block: dict[str, Any] | None
     base: tuple[Any, ...]
     recipe: dict[str, Any] | None
+    kind: RecipeKind = TRAINING
 
 
 def _is_bare_block(data: dict[Any, Any]) -> bool:
@@ -123,7 +127,8 @@ def _is_bare_block(data: dict[Any, Any]) -> bool:
 
 
 def _split(doc: Document) -> _Split:
-    """Find the distributed block: a recipe's ``distributed:`` or a bare block."""
+    """Find what AutoModel parses as the distributed setup: a recipe's ``distributed:`` (or, for the kinds that
+    read another section or none, that), or a bare block."""
     data = doc.data
     if data is None:
         return _Split(None, (), None)
@@ -137,8 +142,57 @@ def _split(doc: Document) -> _Split:
             )
         )
         return _Split(None, (), None)
+    if "distributed" not in data and _is_bare_block(data):
+        return _Split(data, (), None)
+    kind = recipe_kind(data)
+    if kind.name == "diffusion-training":
+        return _diffusion_block(doc, data, kind)
+    if kind.name == "diffusion-generation":
+        what = "is null" if data.get("distributed") is None else "is given"
+        doc.findings.append(
+            _finding(
+                "recipe-kind",
+                f"a diffusion generation config (inference:, no recipe: class): AutoModel's generate.py reads "
+                f"distributed: only to start a process group; it {what}, so "
+                + (
+                    "it runs one process with no process group"
+                    if data.get("distributed") is None
+                    else "its parallel_scheme is not the training distributed: block and is not checked here"
+                ),
+                path="distributed",
+                line=doc.line(("distributed",)),
+                severity="info",
+            )
+        )
+        return _Split({}, ("distributed",), data, kind)
+    if not kind.reads_distributed:
+        if "distributed" in data:
+            doc.findings.append(
+                _finding(
+                    "recipe-distributed-ignored",
+                    f"{kind.recipe} never reads distributed: (it only initialises the process group): the block is "
+                    "ignored",
+                    path="distributed",
+                    line=doc.line(("distributed",)),
+                    severity="warning",
+                    fix="remove distributed:",
+                )
+            )
+        return _Split({}, ("distributed",), data, kind)
     if "distributed" in data:
         block = data["distributed"]
+        if block is None and kind.distributed_optional:
+            doc.findings.append(
+                _finding(
+                    "recipe-kind",
+                    f"{kind.recipe or 'this speculative-decoding recipe'} reads distributed: only when it is given: "
+                    "with distributed: null every rank holds a whole replica of the target model",
+                    path="distributed",
+                    line=doc.line(("distributed",)),
+                    severity="info",
+                )
+            )
+            return _Split({}, ("distributed",), data, replace(kind, section=None))
         if not isinstance(block, dict):
             what = "empty (YAML null)" if block is None else f"a {type(block).__name__}"
             doc.findings.append(
@@ -150,18 +204,55 @@ def _split(doc: Document) -> _Split:
                     fix="write `distributed: {}` for the defaults, or give its keys",
                 )
             )
-            return _Split(None, ("distributed",), data)
-        return _Split(block, ("distributed",), data)
-    if not _is_bare_block(data):
+            return _Split(None, ("distributed",), data, kind)
+        return _Split(block, ("distributed",), data, kind)
+    if kind.distributed_optional:
+        return _Split({}, ("distributed",), data, replace(kind, section=None))
+    doc.findings.append(
+        _finding(
+            "no-distributed-section",
+            "the recipe has no distributed: section; AutoModel's defaults apply (strategy fsdp2, dp = world size)",
+            severity="info",
+        )
+    )
+    return _Split({}, ("distributed",), data, kind)
+
+
+def _diffusion_block(doc: Document, data: dict[str, Any], kind: RecipeKind) -> _Split:
+    """TrainDiffusionRecipe's distributed setup: its fsdp: (or ddp:) section through AutoModel's own parser, with
+    the recipe's defaults (diffusion/train.py _build_diffusion_mesh_context)."""
+    if "distributed" in data:
         doc.findings.append(
             _finding(
-                "no-distributed-section",
-                "the recipe has no distributed: section; AutoModel's defaults apply (strategy fsdp2, dp = world size)",
-                severity="info",
+                "recipe-distributed-ignored",
+                "TrainDiffusionRecipe never reads distributed:: it builds its setup from the fsdp: (or ddp:) section, "
+                "so this block is ignored",
+                path="distributed",
+                line=doc.line(("distributed",)),
+                severity="warning",
+                fix="move the sizes and options into fsdp: (or ddp:)",
             )
         )
-        return _Split({}, ("distributed",), data)
-    return _Split(data, (), None)
+    if "fsdp" in data and "ddp" in data:
+        doc.findings.append(
+            _finding(
+                "recipe-distributed-ignored",
+                "both fsdp: and ddp: are given: TrainDiffusionRecipe raises ValueError ('Cannot specify both 'fsdp' "
+                "and 'ddp' configurations')",
+                path="ddp",
+                line=doc.line(("ddp",)),
+                fix="keep one of fsdp: and ddp:",
+            )
+        )
+    section = kind.section or "fsdp"
+    raw = data.get(section)
+    options = {k: v for k, v in raw.items() if k not in DIFFUSION_FSDP_KEYS} if isinstance(raw, dict) else {}
+    if section == "ddp":
+        block = {"strategy": "ddp", **options}
+    else:  # the recipe sets mp_policy and offload_policy itself
+        options = {k: v for k, v in options.items() if k not in ("mp_policy", "offload_policy")}
+        block = {**DIFFUSION_FSDP_DEFAULTS, **options}
+    return _Split(block, (section,), data, kind)
 
 
 def _world(
@@ -297,6 +388,7 @@ def _context(
         doc=doc,
         block=split.block,
         base=split.base,
+        kind=split.kind,
         dims=read_dims(split.block, world),
         recipe=split.recipe,
         nodes=nodes_i,

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .config.values import is_positive_int
-
-if TYPE_CHECKING:
-    from .rules import Context
 
 SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
 
@@ -55,6 +52,10 @@ class Workload:
     backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
     force_hf: bool = False
     clip_grad_norm: float | None = 1.0
+    # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
+    teacher: str | None = None
+    teacher_offloaded: bool = False  # offload_teacher_model: on the CPU between its forwards
+    teacher_separate_mesh: bool = False  # separate_meshes: on ranks of its own (teacher_distributed:)
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -99,6 +100,11 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
+    teacher = recipe.get("teacher_model")
+    if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):
+        facts["teacher"] = teacher["pretrained_model_name_or_path"]
+    facts["teacher_offloaded"] = recipe.get("offload_teacher_model") is True
+    facts["teacher_separate_mesh"] = recipe.get("separate_meshes") is True
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")
@@ -108,8 +114,4 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     return Workload(**facts)
 
 
-def workload_of(ctx: Context | None) -> Workload:
-    return read_workload(ctx.recipe if ctx is not None else None)
-
-
-__all__ = ["Workload", "read_workload", "workload_of", "LOSSES", "OPTIMIZERS", "SEQ_LEN_KEYS"]
+__all__ = ["Workload", "read_workload", "LOSSES", "OPTIMIZERS", "SEQ_LEN_KEYS"]

@@ -13,9 +13,10 @@ from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
 from ..dims import ParallelDims
 from ..estimate import model_of
 from ..report import ValidationReport
-from ..workload import Workload, workload_of
+from ..workload import Workload, read_workload
 
 DEFAULT_SEQ_LEN = 4096
+TEACHER_NOT_BUILT = "knowledge distillation: the teacher_model is not built or run"
 
 
 class DryRunUsageError(ValueError):
@@ -131,11 +132,13 @@ def _optimizer(w: Workload, out: list[str]) -> dict[str, Any]:
 
 
 # _target_ values AutoModel may instantiate from a distributed: block that are torch's own classes
-_SAFE_TARGETS = frozenset({
-    "torch.distributed.fsdp.MixedPrecisionPolicy",
-    "torch.distributed.fsdp.CPUOffloadPolicy",
-    "torch.distributed.fsdp.OffloadPolicy",
-})
+_SAFE_TARGETS = frozenset(
+    {
+        "torch.distributed.fsdp.MixedPrecisionPolicy",
+        "torch.distributed.fsdp.CPUOffloadPolicy",
+        "torch.distributed.fsdp.OffloadPolicy",
+    }
+)
 
 
 def _sanitized(block: dict[str, Any], subs: list[str]) -> dict[str, Any]:
@@ -157,8 +160,10 @@ def _sanitized(block: dict[str, Any], subs: list[str]) -> dict[str, Any]:
                         "run never imports a name from a config; write torch's own class or drop the _target_"
                     )
             if where == "tp_plan" and isinstance(item, str):
-                subs.append("distributed.tp_plan (an import path) is not imported: AutoModel's own plan for the class "
-                            "is measured")
+                subs.append(
+                    "distributed.tp_plan (an import path) is not imported: AutoModel's own plan for the class "
+                    "is measured"
+                )
                 continue
             out[key] = walk(item, where)
         return out
@@ -228,7 +233,7 @@ def plan_dry_run(
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
         cfg = _truncated(cfg, layers)
-    w = workload_of(ctx)
+    w = read_workload(ctx.recipe)
     subs: list[str] = []
     not_measured: list[str] = []
     notes: list[str] = []
@@ -288,6 +293,11 @@ def plan_dry_run(
         not_measured.append(
             "quantization: (QLoRA) is not applied: the frozen base weights are measured in bf16; "
             "4-bit weights take about a quarter of those bytes, plus their scales"
+        )
+    if ctx.kind.teacher:
+        not_measured.append(
+            f"{TEACHER_NOT_BUILT}: the figures are the student's alone, so there is no fit verdict (estimate counts "
+            "the teacher on the student's GPUs)"
         )
     if d.strategy in ("megatron_fsdp",):
         not_measured.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")

@@ -23,7 +23,7 @@ from ..api import ConfigInput, ModelInput, Overrides
 from ..catalog.gpus import lookup_gpu
 from ..estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
 from ..explain import explain_error
-from .plan import DryRunUsageError, Plan, plan_dry_run
+from .plan import TEACHER_NOT_BUILT, DryRunUsageError, Plan, plan_dry_run
 from .report import CategoryDiff, DryRunReport, MemorySplit, RankResult
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -374,7 +374,13 @@ def dry_run(
         notes.append(f"AutoModel {version} is installed, not 0.7.0: the dry run ran that release's own code")
     return DryRunReport(
         status=status,
-        fits=(with_overhead <= budget) if with_overhead is not None and status == "measured" else None,
+        fits=(
+            (with_overhead <= budget)
+            if with_overhead is not None
+            and status == "measured"
+            and not any(x.startswith(TEACHER_NOT_BUILT) for x in plan.not_measured)
+            else None
+        ),
         model=plan.model.name,
         model_source=plan.model_source,
         world_size=plan.dims.world_size or 0,

@@ -1,6 +1,6 @@
 """The rule table. Importing this package registers every rule (one module per family)."""
 
-from . import automodel, cluster, model, parallelize, recipe, runtime  # noqa: F401  (registration side effects)
+from . import automodel, checkpoint, cluster, fallbacks, model, parallelize, recipe, runtime  # noqa: F401
 from .base import RULES, Context, Rule, note, run_rules
 
 F = "input"
@@ -79,6 +79,17 @@ note("file-not-allowed", "File outside the allowed roots", family=F, severity="e
 note("world-size-invalid", "World size is not a usable positive integer", family=F, severity="error")
 note("world-from-ci", "World size taken from the recipe's ci: block", family=F, severity="info")
 note("internal-error", "A rule failed to run", family=F, severity="warning")
+note("recipe-kind", "A config kind with no distributed setup to check", family=F, severity="info")
+note(
+    "recipe-distributed-ignored",
+    "distributed: that this kind of recipe never reads",
+    family=F,
+    severity="warning",
+    patterns=(r"Cannot specify both 'fsdp' and 'ddp' configurations",),
+    cause="TrainDiffusionRecipe builds its setup from fsdp: or ddp: (not both), MineHardNegativesRecipe only starts "
+    "the process group: a distributed: block there changes nothing.",
+    fix="Put the settings where the recipe reads them (fsdp: / ddp: for diffusion), or remove them.",
+)
 note("override-applied", "Value set by a command-line override", family=F, severity="info")
 note(
     "override-invalid",

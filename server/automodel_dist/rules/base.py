@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..config.kinds import RecipeKind
 from ..config.load import Document, PathKey, Unresolved
 from ..config.values import is_positive_int
 from ..dims import ParallelDims
@@ -28,6 +29,7 @@ class Context:
     block: dict[str, Any]
     base: PathKey  # ("distributed",) for a recipe, () for a bare block
     dims: ParallelDims
+    kind: RecipeKind = field(default_factory=lambda: RecipeKind("training", None))
     recipe: dict[str, Any] | None = None
     nodes: int | None = None
     gpus_per_node: int | None = None
@@ -83,6 +85,7 @@ class Rule:
     cause: str = ""
     fix: str = ""
     consequence: bool = False  # explain: usually caused by another rank's failure (timeouts, vanished peers)
+    section: str = "distributed"  # what it checks: the distributed setup, or the rest of the recipe ("recipe")
 
 
 RULES: dict[str, Rule] = {}
@@ -97,6 +100,7 @@ def rule(
     patterns: tuple[str, ...] = (),
     cause: str = "",
     fix: str = "",
+    section: str = "distributed",
 ) -> Callable[[Check], Check]:
     """Register a check under a stable id. Every check runs on every config and returns early where it has
     nothing to look at (``if ctx.model is None: return``)."""
@@ -104,7 +108,7 @@ def rule(
     def deco(fn: Check) -> Check:
         if rule_id in RULES:
             raise ValueError(f"duplicate rule id {rule_id}")
-        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix)
+        RULES[rule_id] = Rule(rule_id, family, severity, title, fn, patterns, cause, fix, section=section)
         return fn
 
     return deco
@@ -145,10 +149,11 @@ def finding(
 
 
 def run_rules(ctx: Context) -> list[Finding]:
-    """Run every rule; a rule that crashes becomes a warning finding, never an exception."""
+    """Run every rule of what this kind of config has (a kind AutoModel builds no distributed setup for gets only
+    the recipe-level rules); a rule that crashes becomes a warning finding, never an exception."""
     out: list[Finding] = []
     for r in RULES.values():
-        if r.check is None:
+        if r.check is None or (r.section == "distributed" and ctx.kind.section is None):
             continue
         try:
             out.extend(r.check(ctx))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ..config import kinds
+from ..config.kinds import NO_PP_RECIPES, RECIPE_CLASSES, TRAIN_FT_RECIPES
 from ..config.load import clip
 from ..config.values import is_positive_int
 from ..report import Finding
@@ -232,70 +234,9 @@ def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:
 
 
 # --------------------------------------------------------------------------- recipe class
-# The short names AutoModel 0.7.0's CLI accepts for `recipe:` (cli/utils.py::_discover_recipe_classes).
-RECIPE_CLASSES = frozenset(
-    {
-        "BenchmarkingRecipeForNextTokenPrediction",
-        "DiffusionGemmaSFTRecipe",
-        "DiffusionLMSFTRecipe",
-        "EmbeddingDistillRecipe",
-        "FinetuneRecipeForMultimodal",
-        "FinetuneRecipeForVLM",
-        "KnowledgeDistillationRecipeForNextTokenPrediction",
-        "KnowledgeDistillationRecipeForVLM",
-        "MineHardNegativesRecipe",
-        "PeagleRecipeMixin",
-        "PretrainRecipeForMultimodal",
-        "TrainBiEncoderRecipe",
-        "TrainCrossEncoderRecipe",
-        "TrainDFlash2Recipe",
-        "TrainDFlashRecipe",
-        "TrainDSparkRecipe",
-        "TrainDiffusionRecipe",
-        "TrainDominoRecipe",
-        "TrainEagle1Recipe",
-        "TrainEagle2Recipe",
-        "TrainEagle3Recipe",
-        "TrainFinetuneRecipeForNextTokenPrediction",
-        "TrainFinetuneRecipeForSequenceClassification",
-        "TrainJetSpecRecipe",
-        "TrainVispecRecipe",
-        "TrainVispecStage1Recipe",
-    }
-)
-# Recipes whose setup raises NotImplementedError when pp_size > 1 (and their subclasses).
-NO_PP_RECIPES = frozenset(
-    {
-        "FinetuneRecipeForMultimodal",
-        "PretrainRecipeForMultimodal",
-        "TrainBiEncoderRecipe",
-        "EmbeddingDistillRecipe",
-        "TrainCrossEncoderRecipe",
-    }
-)
-# llm/train_ft.py's recipe and the subclasses that run its setup.
-TRAIN_FT_RECIPES = frozenset(
-    {
-        "TrainFinetuneRecipeForNextTokenPrediction",
-        "BenchmarkingRecipeForNextTokenPrediction",
-        "KnowledgeDistillationRecipeForNextTokenPrediction",
-        "DiffusionLMSFTRecipe",
-        "DiffusionGemmaSFTRecipe",
-    }
-)
-
-
 def recipe_class(ctx: Context) -> tuple[str | None, str, bool]:
-    """The recipe's `recipe:` (a name, a dotted path or {_target_: ...}): (class name, YAML path of the
-    value, whether it is a bare name that AutoModel's CLI looks up among its own classes)."""
-    raw = ctx.recipe_get("recipe")
-    where = "recipe"
-    if isinstance(raw, dict):
-        raw, where = raw.get("_target_"), "recipe._target_"
-    if not isinstance(raw, str) or not raw.strip():
-        return None, where, False
-    name = raw.strip()
-    return name.rsplit(".", 1)[-1], where, where == "recipe" and "." not in name
+    """The recipe's class name, the YAML path it is given at, and whether it is a bare name (see config.kinds)."""
+    return kinds.recipe_class(ctx.recipe)
 
 
 @rule(
@@ -306,6 +247,7 @@ def recipe_class(ctx: Context) -> tuple[str | None, str, bool]:
     patterns=(r"Unknown recipe class '([^']*)'",),
     cause="AutoModel's CLI resolves a bare `recipe:` name among its recipe classes and exits when none matches.",
     fix="Use a recipe class name, e.g. TrainFinetuneRecipeForNextTokenPrediction.",
+    section="recipe",
 )
 def recipe_unknown(ctx: Context) -> Iterator[Finding]:
     name, where, bare = recipe_class(ctx)  # dotted paths import on the cluster (the loader checks their form)

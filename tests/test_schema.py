@@ -44,6 +44,7 @@ def _plain(value):
 
 
 def _pairs():
+    from nemo_automodel.components.checkpoint.config import CheckpointingConfig
     from nemo_automodel.components.distributed import config as amc
     from nemo_automodel.components.distributed.cp_vision_frame_shard import CpVisionFrameShardingConfig
     from nemo_automodel.components.distributed.pipelining.config import PipelineConfig
@@ -57,10 +58,11 @@ def _pairs():
         (schema.Multimodal, amc.MultimodalDistributedConfig),
         (schema.MultimodalVision, amc.MultimodalVisionConfig),
         (schema.FrameSharding, CpVisionFrameShardingConfig),
+        (schema.CheckpointOptions, CheckpointingConfig),
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_fields_and_defaults_match_automodel(index):
     ours, theirs = _pairs()[index]
     their_fields = {f.name: f for f in dataclasses.fields(theirs)} if dataclasses.is_dataclass(theirs) else {}

@@ -124,6 +124,10 @@ def config_reference() -> str:
         "### `moe:` (used when ep_size > 1)",
         "",
         *_table(schema.MoEConfig, "moe."),
+        "",
+        "### `checkpoint:` (a recipe section beside `distributed:`; `restore_from` is read apart)",
+        "",
+        *_table(schema.CheckpointOptions, "checkpoint."),
     ]
     return "\n".join(out)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import cache
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
@@ -224,6 +224,60 @@ class DistributedConfig(_Strict):
     options: FSDP2Options | MegatronFSDPOptions | DDPOptions = Field(
         default_factory=FSDP2Options, description="Strategy-specific options (top-level keys in YAML)."
     )
+
+
+class CheckpointOptions(_Strict):
+    """``checkpoint:`` -> CheckpointingConfig (components/checkpoint/config.py); ``restore_from`` is read apart."""
+
+    AUTOMODEL_CLASS: ClassVar[str] = "CheckpointingConfig"  # the name messages give (it is AutoModel's TypeError)
+
+    enabled: bool = Field(default=True, description="Save checkpoints at all.")
+    checkpoint_dir: str = Field(default="checkpoints/", description="Saves go to <dir>/epoch_E_step_S.")
+    model_save_format: Literal["safetensors", "torch_save"] = Field(
+        default="safetensors", description="safetensors (Hugging Face shards) or torch_save (DCP .distcp)."
+    )
+    model_cache_dir: str | None = Field(
+        default=None, description="Overwritten by the recipe from model.cache_dir (the Hugging Face cache if unset)."
+    )
+    model_repo_id: str | None = Field(default=None, description="Overwritten by the recipe from the model section.")
+    save_consolidated: bool | Literal["false", "final", "every", "true"] = Field(
+        default="final",
+        description="Also write a consolidated Hugging Face checkpoint: final (the last step's save), every (every "
+        "save, inline), false.",
+    )
+    is_peft: bool = Field(default=False, description="Overwritten by the recipe (whether peft: is given).")
+    model_state_dict_keys: list[str] | None = Field(default=None, description="Kept for compatibility.")
+    is_async: bool = Field(default=False, description="Asynchronous save (torch >= 2.9).")
+    wait_for_staging: bool = Field(default=False, description="Drain async staging buffers after each save.")
+    cpu_offload: bool = Field(default=False, description="State-dict tensors on the CPU before saving.")
+    allow_legacy_pickle_restore: bool = Field(default=False, description="Allow pickled legacy checkpoints.")
+    dequantize_base_checkpoint: bool | None = Field(
+        default=None, description="Dequantize a quantized base checkpoint on load (null: when it is quantized)."
+    )
+    original_model_root_dir: str | None = Field(default=None, description="Set by AutoModel when it loads a base.")
+    skip_task_head_prefixes_for_base_model: list[str] | None = Field(
+        default=None, description="Prefixes skipped when loading the base model."
+    )
+    single_rank_consolidation: bool = Field(
+        default=False, description="Rank 0 alone writes the consolidated checkpoint while the others wait."
+    )
+    staging_dir: str | None = Field(
+        default=None, description="Consolidation writes here first, then copies (no truncated final shards)."
+    )
+    v4_compatible: bool = Field(default=False, description="Save the original transformers-v4 config.json.")
+    legacy_paramwrapper_layout: bool = Field(default=False, description="PEFT fused-expert LoRA export for peft<=0.19.")
+    diffusers_compatible: bool = Field(default=False, description="diffusers index file name.")
+    best_metric_key: str = Field(default="default", description="Metric that names the best checkpoint.")
+    consolidation_timeout_minutes: PositiveInt = Field(
+        default=30, description="Timeout of the Gloo group the ranks consolidate on."
+    )
+    max_recent_checkpoints: PositiveInt | None = Field(
+        default=None, description="Keep this many checkpoints (older ones are deleted by rank 0)."
+    )
+
+
+CHECKPOINT_READ_APART = ("restore_from",)  # popped by the recipe before CheckpointingConfig(**kwargs)
+CHECKPOINT_FROM_MODEL = ("model_repo_id", "model_cache_dir", "is_peft")  # RecipeConfig.checkpoint overwrites them
 
 
 @cache

@@ -122,22 +122,32 @@ def pydantic_findings(
     severity: Severity | None = None,
     skip: frozenset[str] = frozenset(),
     note: str = "",
+    section: str | None = None,
 ) -> Iterator[Finding]:
-    """Validate ``value`` against ``model`` strictly, one finding per bad key (with its line)."""
+    """Validate ``value`` against ``model`` strictly, one finding per bad key (with its line). ``parts`` are relative
+    to the distributed block, or, with ``section``, to that recipe section (``checkpoint``)."""
     known = fields(model)
+
+    def where(*keys: Any) -> str:
+        if section is None:
+            return ctx.path(*parts, *keys)
+        return ".".join([section, *map(str, parts), *map(str, keys)])
+
+    def at(key: Any, message: str, fix: str) -> Finding:
+        if section is None:
+            return finding(ctx, rule_id, parts + (key,), message, fix, severity=severity)
+        return finding(ctx, rule_id, (), message, fix, severity=severity, recipe_path=where(key))
+
     for key, item in value.items():
         if key in skip:
             continue
         if key not in known:
             hint = did_you_mean(key, known)
-            yield finding(
-                ctx,
-                rule_id,
-                parts + (key,),
-                f"unknown key {key!r} in {ctx.path(*parts)}; AutoModel's {model.__name__} has no such field "
+            yield at(
+                key,
+                f"unknown key {key!r} in {where()}; AutoModel's {getattr(model, 'AUTOMODEL_CLASS', model.__name__)} has no such field "
                 f"(TypeError: unexpected keyword argument){note}",
                 f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(known))})",
-                severity=severity,
             )
             continue
         nested = _nested(model).get(key)
@@ -145,7 +155,9 @@ def pydantic_findings(
             continue
         info = known[key]
         if nested is not None and isinstance(item, dict):
-            yield from pydantic_findings(ctx, nested, item, parts + (key,), rule_id, severity=severity, note=note)
+            yield from pydantic_findings(
+                ctx, nested, item, parts + (key,), rule_id, severity=severity, note=note, section=section
+            )
             continue
         if nested is not None:
             message = f"must be a mapping, got {clip(repr(item))}; AutoModel raises TypeError when it builds the config"
@@ -153,4 +165,4 @@ def pydantic_findings(
         else:
             message = f"must be {describe(model, key)}, got {clip(repr(item))}"
             fix = f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value"
-        yield finding(ctx, rule_id, parts + (key,), f"{ctx.path(*parts, key)} {message}{note}", fix, severity=severity)
+        yield at(key, f"{where(key)} {message}{note}", fix)

@@ -1,0 +1,244 @@
+"""What AutoModel 0.7.0 silently does differently at run time from what the recipe says, where it changes what
+trains or how much memory it needs, and the recipe-kind refusals that come with them. Each rule names the code
+that decides it; ``tests/test_oracle_parity.py`` checks the tables here against that code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..config.kinds import TRAIN_FT_RECIPES
+from ..report import Finding
+from ..workload import read_workload
+from .base import Context, finding, rule
+
+F = "fallback"
+LINEAR_CE = ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")  # LinearCrossEntropy subclasses (loss/linear_ce_base)
+# AutoModel classes that keep their own forward under pipeline parallelism (``_pp_keep_self_forward``) and do not
+# declare ``_pp_return_hidden_states_supported``: their last stage returns logits, not hidden states.
+KEEPS_OWN_PIPELINE_FORWARD = frozenset(
+    {
+        "BailingMoeV2ForCausalLM",
+        "InklingForConditionalGeneration",
+        "KimiK25ForConditionalGeneration",
+        "KimiK25VLForConditionalGeneration",
+        "KimiVLForConditionalGeneration",
+        "MiMoV25ForCausalLM",
+        "MiniMaxM3SparseForConditionalGeneration",
+        "NemotronHForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Step3p6ForConditionalGeneration",
+        "Step3p7ForConditionalGeneration",
+    }
+)
+
+# AutoModel classes whose forward takes no ``logits_to_keep`` (model_utils._supports_logits_to_keep is False).
+NO_LOGITS_TO_KEEP = frozenset(
+    {
+        "BagelForConditionalGeneration",
+        "BagelForUnifiedMultimodal",
+        "DiffusionGemmaForBlockDiffusion",
+        "Gemma4AssistantForCausalLM",
+        "HunyuanImage3ForCausalMM",
+        "LlamaBidirectionalForSequenceClassification",
+        "LlamaBidirectionalModel",
+        "LlamaNemotronVLModel",
+        "Ministral3BidirectionalModel",
+        "Mistral3BidirectionalModel",
+        "Mistral3ForConditionalGeneration",
+        "Mistral3VLBidirectionalForSequenceClassification",
+        "Qwen3RerankerForCausalReranking",
+    }
+)
+VLM_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
+
+
+def _no_hidden_states(ctx: Context) -> str | None:
+    """Why the last pipeline stage returns no hidden states (train_ft._maybe_downgrade_loss_fn's condition), or
+    None when it does or the model is not known."""
+    pipe = ctx.block.get("pipeline")
+    if isinstance(pipe, dict) and pipe.get("patch_causal_lm_model") is False:
+        return "distributed.pipeline.patch_causal_lm_model: false leaves the model's own forward in place"
+    m, w = ctx.model, read_workload(ctx.recipe)
+    if m is not None and not w.force_hf and m.architecture in KEEPS_OWN_PIPELINE_FORWARD:
+        return f"AutoModel's {m.architecture} keeps its own forward under pipeline parallelism"
+    return None
+
+
+@rule(
+    "pp-linear-ce-fallback",
+    family=F,
+    severity="warning",
+    title="Linear cross entropy AutoModel replaces under pipeline parallelism",
+    patterns=(
+        r"FusedLinearCrossEntropy is not supported under pipeline parallelism for this model\. Using "
+        r"MaskedCrossEntropy instead",
+        r"ChunkedCrossEntropy requires pipeline stages that can return hidden states",
+    ),
+    cause="Under pp_size > 1 AutoModel's train_ft (_maybe_downgrade_loss_fn) needs the last stage to return hidden "
+    "states for a linear cross entropy; when the model keeps its own forward (or patch_causal_lm_model is false) "
+    "it swaps FusedLinearCrossEntropy for MaskedCrossEntropy with one warning on rank 0, so the last stage "
+    "materialises the whole [micro batch, seq, vocab] logits; ChunkedCrossEntropy raises ValueError instead.",
+    fix="Expect the logits' memory on the last stage (`automodel-dist dryrun` measures what runs), or keep "
+    "patch_causal_lm_model: true on a model whose forward AutoModel patches.",
+    section="recipe",
+)
+def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
+    w = read_workload(ctx.recipe)
+    if ctx.kind.section is None or ctx.dims.pp <= 1 or w.loss not in LINEAR_CE:
+        return
+    if ctx.kind.recipe is not None and ctx.kind.recipe not in TRAIN_FT_RECIPES:
+        return  # only llm/train_ft.py (and its subclasses) checks the last stage's hidden states
+    why = _no_hidden_states(ctx)
+    if why is None or _probe_has_no_logits_to_keep(ctx) is not None:
+        return  # train_ft's logits_to_keep check comes first and replaces the loss already
+    if w.loss == "ChunkedCrossEntropy":
+        yield finding(
+            ctx,
+            "pp-linear-ce-fallback",
+            (),
+            f"loss_fn ChunkedCrossEntropy with pp_size={ctx.dims.pp}: "
+            f"{why}, so train_ft raises ValueError ('ChunkedCrossEntropy requires pipeline stages that can "
+            "return hidden states') in setup",
+            "loss_fn: MaskedCrossEntropy, or FusedLinearCrossEntropy (which AutoModel then replaces by it)",
+            severity="error",
+            recipe_path="loss_fn",
+        )
+        return
+    yield finding(
+        ctx,
+        "pp-linear-ce-fallback",
+        (),
+        f"loss_fn FusedLinearCrossEntropy with pp_size={ctx.dims.pp}: "
+        f"{why}, so AutoModel trains with MaskedCrossEntropy instead (one warning on rank 0): the last stage "
+        "holds the full-vocabulary logits the fused loss was meant to avoid",
+        "loss_fn: MaskedCrossEntropy to say what runs (`automodel-dist dryrun` measures the logits it holds)",
+        recipe_path="loss_fn",
+    )
+
+
+def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
+    """Why the module AutoModel probes for ``logits_to_keep`` has none (train_ft._maybe_downgrade_loss_fn on the
+    first model part; vlm/finetune.py on the model, which under PP is the AutoPipeline), or None."""
+    recipe, m, w = ctx.kind.recipe, ctx.model, read_workload(ctx.recipe)
+    pp = ctx.dims.pp > 1
+    if recipe in VLM_RECIPES:
+        if pp:
+            return (
+                f"{recipe} asks the pipeline object (AutoPipeline, which has no forward) for logits_to_keep under "
+                "pipeline parallelism"
+            )
+    elif recipe is not None and recipe not in TRAIN_FT_RECIPES:
+        return None  # the other recipes do not downgrade their loss
+    if m is None or w.force_hf or m.architecture not in NO_LOGITS_TO_KEEP:
+        return None
+    pipe = ctx.block.get("pipeline")
+    patched = pp and m.architecture not in KEEPS_OWN_PIPELINE_FORWARD
+    if patched and not (isinstance(pipe, dict) and pipe.get("patch_causal_lm_model") is False):
+        return None  # the pipeline forward AutoModel puts in place takes logits_to_keep
+    return f"AutoModel's {m.architecture} forward takes no logits_to_keep"
+
+
+@rule(
+    "linear-ce-no-logits-to-keep",
+    family=F,
+    severity="warning",
+    title="Linear cross entropy AutoModel replaces for want of logits_to_keep",
+    patterns=(
+        r"logits_to_keep not found in model\.forward\. Using MaskedCrossEntropy instead",
+        r"ChunkedCrossEntropy requires a model supporting logits_to_keep",
+    ),
+    cause="The LLM and VLM recipes check the model's forward for a logits_to_keep parameter before training: "
+    "without one FusedLinearCrossEntropy is swapped for MaskedCrossEntropy with one warning (the full logits are "
+    "materialised) and ChunkedCrossEntropy raises ValueError. The VLM recipe asks the AutoPipeline object under "
+    "pipeline parallelism, which has no forward, so there it always happens.",
+    fix="loss_fn: MaskedCrossEntropy to say what runs (and size the logits), or a model class whose forward takes "
+    "logits_to_keep.",
+    section="recipe",
+)
+def linear_ce_no_logits_to_keep(ctx: Context) -> Iterator[Finding]:
+    w = read_workload(ctx.recipe)
+    if ctx.kind.section is None or w.loss not in LINEAR_CE:
+        return
+    why = _probe_has_no_logits_to_keep(ctx)
+    if why is None:
+        return
+    if w.loss == "ChunkedCrossEntropy":
+        yield finding(
+            ctx,
+            "linear-ce-no-logits-to-keep",
+            (),
+            f"loss_fn ChunkedCrossEntropy: {why}, so the recipe raises ValueError in setup ('ChunkedCrossEntropy "
+            "requires a model supporting logits_to_keep')",
+            "loss_fn: MaskedCrossEntropy",
+            severity="error",
+            recipe_path="loss_fn",
+        )
+        return
+    yield finding(
+        ctx,
+        "linear-ce-no-logits-to-keep",
+        (),
+        f"loss_fn FusedLinearCrossEntropy: {why}, so AutoModel trains with MaskedCrossEntropy instead (one warning "
+        "on rank 0) and materialises the full-vocabulary logits",
+        "loss_fn: MaskedCrossEntropy to say what runs (`automodel-dist dryrun` measures the logits it holds)",
+        recipe_path="loss_fn",
+    )
+
+
+@rule(
+    "kd-pp-linear-ce",
+    family=F,
+    severity="error",
+    title="Knowledge distillation under PP with a linear cross entropy",
+    patterns=(r"Pipeline parallelism with KD requires a loss that uses only logits and labels",),
+    cause="KnowledgeDistillationRecipeForNextTokenPrediction raises ValueError in setup when pp_size > 1 and the "
+    "loss is a linear cross entropy (the last stage has only logits for the KD loss).",
+    fix="loss_fn: MaskedCrossEntropy with pipeline parallelism under KD.",
+    section="recipe",
+)
+def kd_pp_linear_ce(ctx: Context) -> Iterator[Finding]:
+    w = read_workload(ctx.recipe)
+    if not ctx.kind.teacher or ctx.dims.pp <= 1 or w.loss not in LINEAR_CE or _no_hidden_states(ctx):
+        return  # without hidden states the loss was already replaced by masked cross entropy
+    yield finding(
+        ctx,
+        "kd-pp-linear-ce",
+        (),
+        f"knowledge distillation with pp_size={ctx.dims.pp} and loss_fn "
+        f"{w.loss}: the KD recipe raises ValueError in setup (PP KD needs a loss on logits and labels)",
+        "loss_fn: MaskedCrossEntropy",
+        recipe_path="loss_fn",
+    )
+
+
+@rule(
+    "recipe-distributed-unsupported",
+    family=F,
+    severity="error",
+    title="distributed: on a recipe that refuses one",
+    patterns=(r"TrainVispecStage1Recipe does not support target-model sharding yet",),
+    cause="TrainVispecStage1Recipe raises NotImplementedError when a distributed: section is given: it runs one "
+    "target replica per rank.",
+    fix="Remove distributed: (or set it to null).",
+    section="recipe",
+)
+def recipe_distributed_unsupported(ctx: Context) -> Iterator[Finding]:
+    if ctx.kind.recipe != "TrainVispecStage1Recipe" or not ctx.recipe:
+        return
+    if isinstance(ctx.recipe.get("distributed"), dict):
+        yield finding(
+            ctx,
+            "recipe-distributed-unsupported",
+            (),
+            "TrainVispecStage1Recipe with a distributed: "
+            "section: it raises NotImplementedError in setup (no target-model sharding yet)",
+            "remove distributed: (one target replica per rank)",
+            recipe_path="distributed",
+        )
+
+
+__all__ = ["KEEPS_OWN_PIPELINE_FORWARD", "LINEAR_CE", "NO_LOGITS_TO_KEEP", "VLM_RECIPES"]

@@ -41,6 +41,21 @@ note(
     consequence=True,
 )
 note(
+    "runtime-checkpoint-straggler",
+    "A collective timed out inside a checkpoint save",
+    family=F,
+    severity="error",
+    patterns=(r"Failed to synchronize safetensors consolidation status across ranks",),
+    cause="The timeout fell inside a checkpoint save (after 'Saving checkpoint to' or 'Consolidating safetensors "
+    "files from', before the save finished): no rank failed; the few ranks doing the save's file work (rank 0, "
+    "or the ranks a consolidated Hugging Face export gave output files) took longer than the others were allowed "
+    "to wait.",
+    fix="save_consolidated: false (or final) and bash <checkpoint>/model/consolidate.sh after training, off the job; "
+    "raise dist_env.timeout_minutes (the recipes' default is 1 minute) and checkpoint.consolidation_timeout_minutes "
+    "(30); single_rank_consolidation: false; staging_dir on a local disk; `automodel-dist validate` with the model "
+    "and cluster size says how much each rank writes.",
+)
+note(
     "runtime-host-oom",
     "A rank was killed (SIGKILL), usually for host memory",
     family=F,

@@ -309,3 +309,15 @@ def test_full_size(case):
         f"RSS {r.host_peak_rss_mib:.0f} MiB"
     )
     assert r.peak_allocated_gib > 1 and r.host_peak_rss_mib < 2048
+
+
+def test_a_distillation_run_says_its_teacher_is_not_measured():
+    from automodel_dist.dry_run.plan import TEACHER_NOT_BUILT, plan_dry_run
+
+    recipe = (
+        "recipe: KnowledgeDistillationRecipeForNextTokenPrediction\nteacher_model:\n"
+        "  pretrained_model_name_or_path: meta-llama/Llama-3.1-70B\ndistributed: {}\n"
+    )
+    plan = plan_dry_run(recipe, world_size=8, model=L1B, num_layers=2, seq_len=64)
+    assert any(x.startswith(TEACHER_NOT_BUILT) and "no fit verdict" in x for x in plan.not_measured)
+    assert not plan_dry_run("distributed: {}\n", world_size=8, model=L1B, num_layers=2).not_measured

@@ -706,3 +706,60 @@ def test_block_resharding_is_automodels_own(block):
     theirs = oracle.block_reshards(block, 16)
     chosen = block_reshard(block.get("reshard_after_forward"), False, 1)
     assert theirs == ([i < 3 for i in range(4)] if chosen is None else [chosen] * 4)
+
+
+KD = (
+    "recipe: KnowledgeDistillationRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: "
+    "meta-llama/Llama-3.1-8B\nteacher_model:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-70B\n"
+    "distributed:\n  tp_size: 1\n"
+)
+
+
+def test_a_distillation_teacher_counts_on_the_students_gpus():
+    """The teacher, built with the student's setup: sharded bf16 weights, its root and head gathered, its fp32
+    probabilities for the KD loss; none of it when it is offloaded or on ranks of its own."""
+    kd = estimate_memory(KD, world_size=8, seq_len=4096)
+    plain = estimate_memory(KD.replace("KnowledgeDistillation", "TrainFinetune"), world_size=8, seq_len=4096)
+    t = lookup("meta-llama/Llama-3.1-70B")
+    expected = (t.param_count() / 8 + t.lm_head_params() + t.hidden_size) * 2 + 4 * t.vocab_size * 4096
+    assert kd.memory_gib.teacher * (1 << 30) == pytest.approx(expected, rel=1e-9)
+    assert kd.memory_gib.params == plain.memory_gib.params
+    # its forward is 2 FLOPs per parameter per token against the student's 6: 70B over 8B adds ~3x the compute
+    assert 3.0 < kd.step_time_s / plain.step_time_s < 4.5
+    assert kd.memory_gib.total > plain.memory_gib.total + kd.memory_gib.teacher  # its share of the overhead too
+    assert any(a.startswith("teacher meta-llama/Llama-3.1-70B: sharded like the student") for a in kd.assumptions)
+    for extra in ("offload_teacher_model: true\n", "separate_meshes: true\n"):
+        moved = estimate_memory(KD + extra, world_size=8, seq_len=4096)
+        assert moved.memory_gib.teacher == 0 and moved.memory_gib.total == plain.memory_gib.total
+    unknown = estimate_memory(KD.replace("Llama-3.1-70B", "Llama-9-1T"), world_size=8, seq_len=4096)
+    assert unknown.fits is None and "is not in the catalog: its memory is NOT counted" in unknown.assumptions[-1]
+
+
+TEACHER_FSDP = """
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+mesh = init_device_mesh("cpu", (2,))
+m = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 16), torch.nn.Linear(16, 64))
+fully_shard(m[1], mesh=mesh)
+fully_shard(m[2], mesh=mesh, reshard_after_forward=False)  # AutoModel's output-embedding unit
+fully_shard(m, mesh=mesh, reshard_after_forward=False)  # AutoModel's root unit
+m.requires_grad_(False)
+with torch.inference_mode():
+    m(torch.randint(0, 64, (2, 8)))
+state = lambda mod: mod._get_fsdp_state()._fsdp_param_group.fsdp_params[0].sharded_state.name
+print(state(m), state(m[1]), state(m[2]))
+"""
+
+
+def test_fsdp2_keeps_a_gradient_free_forwards_unresharded_units_gathered():
+    """The fact the teacher's memory rests on: after a forward without gradients, FSDP2 units built with
+    reshard_after_forward=False stay gathered (no backward comes to reshard them); the others reshard."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TEACHER_FSDP], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["UNSHARDED", "SHARDED", "UNSHARDED"]

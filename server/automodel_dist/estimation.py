@@ -26,6 +26,12 @@ class MemoryBreakdown(BaseModel):
         description="start-of-backward, in-backward (a block's gradients and the "
         "next block's gather) or end-of-backward.",
     )
+    teacher: float = Field(
+        default=0.0,
+        description="Knowledge distillation: the teacher's weights on this GPU (sharded like the student's, in the "
+        "compute dtype, no gradients or optimizer states; its root unit and output embedding stay gathered after "
+        "its gradient-free forward) and its probabilities kept for the KD loss; included in total, not in params.",
+    )
     deferred_grads: float = Field(
         default=0.0,
         description=(

@@ -236,9 +236,11 @@ def explain_text(report: Any, *, lines: bool = True) -> str:
 
 
 def _gib_line(mem: Any) -> str:
+    teacher = f" + KD teacher {mem.teacher:.1f}" if getattr(mem, "teacher", 0.0) else ""
     return (
         f"params {mem.params:.1f} + grads {mem.grads:.1f} + optimizer {mem.optimizer:.1f} + activations "
-        f"{mem.activations:.1f} + buffers {mem.buffers:.1f} + overhead {mem.overhead:.1f} = {mem.total:.1f} GiB"
+        f"{mem.activations:.1f} + buffers {mem.buffers:.1f}{teacher} + overhead {mem.overhead:.1f} = "
+        f"{mem.total:.1f} GiB"
     )
 
 
@@ -267,7 +269,7 @@ def estimate_text(est: Any) -> str:
     if est.assumed:
         lines.append(_assumed({"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}, est.assumed))
     mem = est.memory_gib
-    verdict = "fits" if est.fits else "DOES NOT FIT"
+    verdict = "fits" if est.fits else "fit NOT JUDGED (see the assumptions)" if est.fits is None else "DOES NOT FIT"
     lines.append(
         f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
         f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom"
@@ -327,6 +329,7 @@ def suggest_text(rep: Any) -> str:
         "seq_len": rep.seq_len,
         "global_batch_size": rep.global_batch_size,
         "micro_batch_size": rep.micro_batch_size,
+        "teacher": rep.teacher,
     }
     if rep.from_recipe:
         lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))

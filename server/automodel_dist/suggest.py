@@ -31,6 +31,7 @@ from .estimate import (
     make_cluster,
     model_of,
     recipe_training,
+    teacher_of,
 )
 from .estimate.comm import estimate_comm
 from .estimate.memory import GIB, overhead_bytes
@@ -269,16 +270,19 @@ def suggest_strategy(
     check_positive_ints({"top_k": top_k})
     check_headroom(headroom)
     from_recipe: dict[str, str] = {}
+    teacher: ModelSpec | None = None
     if config is not None:
-        spec, recipe_block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size = _recipe_defaults(
-            config,
-            from_recipe,
-            model=model,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
+        spec, recipe_block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size, teacher = (
+            _recipe_defaults(
+                config,
+                from_recipe,
+                model=model,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                seq_len=seq_len,
+                global_batch_size=global_batch_size,
+                micro_batch_size=micro_batch_size,
+            )
         )
     elif model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
@@ -310,6 +314,7 @@ def suggest_strategy(
         storage_dtype=storage,
         compute_dtype=compute,
         optimizer=optimizer,
+        teacher=teacher,
     )
     budget = cluster.gpu.memory_gib * (1 - headroom)
     scored: list[tuple[float, ParallelDims, MemoryBreakdown, Any]] = []
@@ -447,6 +452,7 @@ def suggest_strategy(
         searched=searched,
         fitting=len(scored),
         note=note,
+        teacher=teacher.name if teacher is not None else None,
         from_recipe=from_recipe,
         current=current,
         assumed=assumed,
@@ -463,9 +469,9 @@ def _recipe_defaults(
     seq_len: int | None,
     global_batch_size: int | None,
     micro_batch_size: int | None,
-) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None]:
-    """The model, the recipe's distributed: block and the arguments not passed, from the recipe (``used`` records
-    each one's source key)."""
+) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None, ModelSpec | None]:
+    """The model, the recipe's distributed: block, the arguments not passed and a knowledge-distillation teacher on
+    the same GPUs, from the recipe (``used`` records each one's source key)."""
     from .api import analyze
 
     result = analyze(
@@ -491,7 +497,15 @@ def _recipe_defaults(
         key = "pp_microbatch_size" if ctx.dims.pp > 1 else "local_batch_size"
         if key in facts:
             micro_batch_size, used["micro_batch_size"] = facts[key]
-    return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size
+    teacher, _, known = teacher_of(ctx)
+    if not known:
+        raise ValueError(
+            "the recipe distils from a teacher_model that is not in the catalog: its memory on the student's GPUs "
+            "cannot be sized"
+        )
+    if teacher is not None:
+        used["teacher"] = "teacher_model.pretrained_model_name_or_path"
+    return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size, teacher
 
 
 def _current(

@@ -62,6 +62,11 @@ class SuggestReport(BaseModel):
     searched: int = Field(description="Layouts evaluated.")
     fitting: int = Field(description="Layouts that fit in memory.")
     note: str | None = None
+    teacher: str | None = Field(
+        default=None,
+        description="A knowledge-distillation teacher on the student's GPUs, counted in every layout (its sharded "
+        "weights, its gathered root and head, its probabilities, its forward's time).",
+    )
     from_recipe: dict[str, str] = Field(
         default_factory=dict, description="Arguments taken from the recipe, and the key each came from."
     )

@@ -8,12 +8,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..catalog.gpus import GPU, lookup_gpu
-from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
+from ..catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
 from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..estimation import Estimate, MemoryBreakdown
 from ..report import ConfigError
-from ..workload import workload_of
+from ..workload import read_workload
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
 
@@ -79,7 +79,7 @@ def recipe_training(ctx: Context | None) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     if ctx is None or not ctx.recipe:
         return out
-    w = workload_of(ctx)
+    w = read_workload(ctx.recipe)
     for name in ("seq_len", "global_batch_size", "local_batch_size"):
         if getattr(w, name) is not None:
             out[name] = getattr(w, name)
@@ -103,6 +103,34 @@ def model_of(ctx: Context | None) -> ModelSpec:
             else ""
         )
     )
+
+
+def teacher_of(ctx: Context | None) -> tuple[ModelSpec | None, str | None, bool]:
+    """The knowledge-distillation teacher resident on the student's GPUs, what is assumed about it, and whether
+    its memory is known (False: the teacher is on these GPUs but not in the catalog)."""
+    if ctx is None or not ctx.kind.teacher:
+        return None, None, True
+    w = read_workload(ctx.recipe)
+    if w.teacher is None:
+        return None, "knowledge distillation with no teacher_model.pretrained_model_name_or_path: not counted", False
+    if w.teacher_separate_mesh:
+        return None, f"teacher {w.teacher}: separate_meshes puts it on ranks of its own, not on these GPUs", True
+    if w.teacher_offloaded:
+        return (
+            None,
+            f"teacher {w.teacher}: offload_teacher_model keeps it on the CPU and moves it to the GPU only for its "
+            "forward, before the student's backward (its host memory and the transfer are not counted)",
+            True,
+        )
+    spec = lookup(w.teacher)
+    if spec is None:
+        return None, f"teacher {w.teacher!r} is not in the catalog: its memory is NOT counted (no fit verdict)", False
+    note = (
+        f"teacher {spec.name}: sharded like the student (kd.py builds it with the same setup), weights in the "
+        "compute dtype, no gradients or optimizer states, its fp32 probabilities kept for the KD loss; its forward "
+        "(2 FLOPs per active parameter per token) and its layers' all-gathers count in the step time"
+    )
+    return spec, note, True
 
 
 MAX_SEARCH_SEQ_LEN = 1 << 21
@@ -214,6 +242,7 @@ def estimate_memory(
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
     storage, compute = PRECISIONS[precision]
+    teacher, teacher_note, teacher_known = teacher_of(ctx)
     tr = Training(
         seq_len=seq_len,
         micro_batch_size=mbs,
@@ -222,11 +251,14 @@ def estimate_memory(
         compute_dtype=compute,
         optimizer=optimizer,
         pp_microbatches=n_mb,
+        teacher=teacher,
     )
     gpn = ctx.gpus_per_node or gpus_per_node
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     mem, comm, fits = evaluate(spec, p, tr, cluster, headroom=headroom)
     assert comm is not None
+    if not teacher_known:
+        fits = None
     max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
     shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
@@ -258,7 +290,7 @@ def estimate_memory(
         shortest_seq_len=shortest,
         shortest=memory_per_rank(spec, p, replace(tr, seq_len=shortest)) if shortest is not None else None,
         findings=[f for f in report.findings if f.severity != "info"],
-        assumptions=list(ASSUMPTIONS),
+        assumptions=[*ASSUMPTIONS, *([teacher_note] if teacher_note else [])],
     )
 
 

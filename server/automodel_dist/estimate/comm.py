@@ -94,6 +94,9 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
             out["dp_replicate"] = _ar(p.dp_replicate, dense / shard * 4.0) * reduces
         if g.experts and p.ep_shard > 1:
             out["ep_shard"] = _ag(p.ep_shard, g.experts * comp) * gathers + _ag(p.ep_shard, g.experts * 4) * reduces
+        if tr.teacher is not None:  # the KD teacher's layers, gathered in each of its forwards (no backward)
+            t = _rank_groups(tr.teacher, p, 0)
+            out[key] += _ag(shard, t.dense_layers * comp) * mb_per_step
     per_mb_act = tok_mb * h * comp
     recompute = 1 if p.ac_applied is True else 0
     if p.tp > 1:  # two all-reduces per layer forward (attention, MLP) and two in backward
@@ -139,6 +142,9 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         flops_rank *= 8 / 6  # one more forward
     elif p.ac_applied == "selective":
         flops_rank *= 1.03  # pointwise ops and attention recomputed
+    # the KD teacher's forward: a third of a training step's FLOPs at its size (model FLOPs too)
+    teacher_flops = step_flops(tr.teacher, tr.seq_len, tokens_step) / 3 / world if tr.teacher is not None else 0.0
+    flops_rank += teacher_flops
     compute = flops_rank / (cluster.gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
     bubble = 0.0
     if p.pp > 1:
@@ -151,7 +157,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     exposed = max(0.0, overlappable - OVERLAP * compute)
     exposed += times.get("tp", 0.0) + times.get("ep", 0.0) + times.get("pp", 0.0) + 0.5 * times.get("cp", 0.0)
     step = compute * (1 + bubble) + exposed
-    model_flops = flops_rank_base * world
+    model_flops = (flops_rank_base + teacher_flops) * world
     mfu = model_flops / (step * world * cluster.gpu.bf16_tflops * 1e12) if step > 0 else 0.0
     return CommEstimate(
         bytes_per_step=out,

@@ -55,6 +55,7 @@ class Training:
     compute_dtype: str = "bfloat16"  # FSDP mp_policy param_dtype (activations)
     optimizer: str = "adamw"
     pp_microbatches: int | None = None  # default: 2 * pp
+    teacher: ModelSpec | None = None  # a knowledge-distillation teacher resident on the same GPUs
 
     @property
     def optimizer_states(self) -> int:
@@ -315,7 +316,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         end_bw = layer_grads + g.lm_head * 4.0 + 2 * g.embed * 4.0 + held_grads
     else:
         end_bw = grads
-    tracked_states = params + optimizer
+    teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se)
+    tracked_states = params + optimizer + teacher
     phase, transient = "start-of-backward", start_bw
     if mid_bw > transient:
         phase, transient = "in-backward", mid_bw
@@ -339,7 +341,29 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         worst_pp_rank=pp_rank,
         peak_phase=phase,
         deferred_grads=float(held_grads),
+        teacher=float(teacher),
     )
+
+
+def _teacher_bytes(tr: Training, p: ParallelDims, pp_rank: int, tokens: float, sp_: float, se: float) -> float:
+    """The KD teacher on a student rank. AutoModel builds it with the student's distributed setup (kd.py), so its
+    weights are sharded (and pipeline-split) as the student's, in the compute dtype, with no gradients or
+    optimizer states. Its forward runs without gradients and FSDP2 reshards a unit after forward only when told
+    to: the layers reshard, but the root unit (AutoModel: reshard_after_forward False) and the output embedding
+    (its own unit, kept gathered) stay gathered from the teacher's first forward on, since no backward ever
+    reshards them (``tests/test_estimate.py`` checks this on torch). The last stage also keeps the teacher's fp32
+    probabilities for the KD loss's backward."""
+    t = tr.teacher
+    if t is None:
+        return 0.0
+    g = _rank_groups(t, p, pp_rank)
+    comp = DTYPE_BYTES[tr.compute_dtype]
+    weights = (g.dense / sp_ + g.experts / se) * comp
+    sharded = p.strategy != "ddp" and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
+    # the input embedding is its own unit that reshards after forward (without PP) unless it shares the head
+    gathered = (g.root - (g.embed if p.pp == 1 and not t.tie_word_embeddings else 0.0)) * comp if sharded else 0.0
+    probabilities = 4.0 * t.vocab_size * tokens if g.last else 0.0
+    return weights + gathered + probabilities
 
 
 def activation_formula_korthikanti(

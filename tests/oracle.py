@@ -497,3 +497,96 @@ def block_reshards(block: dict[str, Any], world_size: int, n_blocks: int = 4) ->
             layers, dp_mesh, None, reshard_after_forward=setup.strategy_config.reshard_after_forward
         )
         return [layer._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None for layer in layers]
+
+
+def module_function(relpath: str, name: str) -> Callable[..., Any]:
+    """The top-level function ``name`` of AutoModel's source file ``relpath``, compiled from that file with the
+    names it uses imported from where the file imports them: for modules whose own import needs packages that
+    are not installed here (recipes/llm/train_ft.py imports torchao and torchdata at the top)."""
+    import ast
+    import builtins
+    import importlib
+    import pathlib
+
+    import nemo_automodel
+
+    path = pathlib.Path(nemo_automodel.__file__).parent / relpath
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    used = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    namespace: dict[str, Any] = {"logger": logging.getLogger(relpath)}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                if (alias.asname or alias.name) in used:
+                    namespace[alias.asname or alias.name] = getattr(importlib.import_module(node.module), alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname in used:
+                    namespace[alias.asname] = importlib.import_module(alias.name)
+    missing = used - set(namespace) - set(dir(builtins))
+    missing -= {a.arg for a in ast.walk(fn) if isinstance(a, ast.arg)}
+    missing -= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    assert not missing, f"{relpath}:{name} uses names not imported at its top level: {sorted(missing)}"
+    exec(compile(ast.Module([fn], []), str(path), "exec"), namespace)  # noqa: S102 - AutoModel's own source
+    return namespace[name]
+
+
+def checkpoint_config(data: dict[str, Any]) -> tuple[Any, str | None, list[str]]:
+    """``RecipeConfig(ConfigNode(data)).checkpoint`` as the LLM recipe builds it: (the CheckpointingConfig or None,
+    the error text it raised, the warnings it logged)."""
+    from nemo_automodel.components.config.loader import ConfigNode
+    from nemo_automodel.recipes._typed_config import RecipeConfig
+
+    capture = _Capture()
+    root = logging.getLogger()
+    root.addHandler(capture)
+    try:
+        return RecipeConfig(ConfigNode(copy.deepcopy(data))).checkpoint, None, capture.messages
+    except Exception as exc:  # noqa: BLE001 - any failure is AutoModel's verdict
+        return None, f"{type(exc).__name__}: {exc}", capture.messages
+    finally:
+        root.removeHandler(capture)
+
+
+def pipeline_loss(architecture: str, model_type: str, config: dict[str, Any], loss: str, **pipeline: Any) -> str:
+    """What llm/train_ft.py trains with under pipeline parallelism: AutoModel's class for ``architecture`` (or the
+    Hugging Face one with ``force_hf``) built on the meta device, given the stage forward AutoModel's pipeline
+    split gives it (functional.py: ``patch_hf_model_for_pp`` unless the class keeps its own), then
+    ``_maybe_downgrade_loss_fn`` run from train_ft's source. The loss class name, or the error it raised."""
+    import importlib
+
+    import torch
+    import transformers
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.distributed.pipelining.hf_utils import (
+        model_keeps_self_forward,
+        patch_hf_model_for_pp,
+    )
+
+    force_hf = pipeline.pop("force_hf", False)
+    modules = {
+        "FusedLinearCrossEntropy": "nemo_automodel.components.loss.linear_ce",
+        "ChunkedCrossEntropy": "nemo_automodel.components.loss.chunked_ce",
+        "MaskedCrossEntropy": "nemo_automodel.components.loss.masked_ce",
+    }
+    loss_fn = getattr(importlib.import_module(modules[loss]), loss)()
+    registry = get_registry()
+    with warnings.catch_warnings(), torch.device("meta"), _cuda_device_index():
+        warnings.simplefilter("ignore")
+        if registry.has_custom_model(architecture) and not force_hf:
+            cls = registry.get_model_cls_from_model_arch(architecture)
+        else:
+            cls = getattr(transformers, architecture)
+        model = cls(_tiny_config(model_type, **config))
+    if not model_keeps_self_forward(model):
+        patch_hf_model_for_pp(
+            model,
+            patch_inner_model=pipeline.get("patch_inner_model", True),
+            patch_causal_lm_model=pipeline.get("patch_causal_lm_model", True),
+        )
+    downgrade = module_function("recipes/llm/train_ft.py", "_maybe_downgrade_loss_fn")
+    try:
+        return type(downgrade(loss_fn, model, True)).__name__
+    except ValueError as exc:
+        return f"ValueError: {exc}"

@@ -205,14 +205,18 @@ def test_every_troubleshooting_error_text_is_explained() -> None:
     """The page says any error text in its tables can be pasted into explain_error: each one is matched."""
     text = (ROOT / "references/troubleshooting.md").read_text(encoding="utf-8")
     tables = text[text.index("## Config errors") : text.index("## Values AutoModel")]
+    lines = [line for line in tables.splitlines() if line.startswith(("| `", "| log `"))]
     rows = [
-        line.split(" | ")[0][2:].removeprefix("log ").split(" (then")[0].strip().strip("`").strip()
-        for line in tables.splitlines()
-        if line.startswith(("| `", "| log `"))
+        line.split(" | ")[0][2:].removeprefix("log ").split(" (then")[0].strip().strip("`").strip() for line in lines
     ]
     assert len(rows) > 20
     unexplained = [row for row in rows if not explain_error(row).matches]
     assert not unexplained, unexplained
+    # a row that names its rule, (`rule-id`), is explained by that rule first
+    for line, row in zip(lines, rows):
+        named = [r for r in re.findall(r"\(`([a-z0-9-]+)`", line.split(" | ")[1]) if r in RULES]
+        if named:
+            assert explain_error(row).matches[0].rule in named, (row, named)
 
 
 def test_rule_index_lists_every_rule() -> None:

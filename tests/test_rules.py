@@ -1708,3 +1708,36 @@ def test_world_size_missing_says_why_when_half_a_cluster_is_given():
     assert f.message.startswith("world_size not given (nodes without gpus_per_node gives no world size): ")
     [f] = [f for f in validate_config("tp_size: 2\n").findings if f.rule == "world-size-missing"]
     assert f.message.startswith("world_size not given: ") and f.fix == "pass world_size (or nodes and gpus_per_node)"
+
+
+def test_a_diffusion_generation_config_with_null_distributed_is_valid():
+    """AutoModel's generate.py configs (inference:, no recipe class) carry distributed: null: one process."""
+    text = (
+        "model:\n  pretrained_model_name_or_path: Wan-AI/Wan2.2-T2V-A14B-Diffusers\ninference:\n"
+        "  num_inference_steps: 40\npipeline:\n  guidance_scale: 4.0\noutput:\n  output_dir: ./out\ndistributed: null\n"
+    )
+    report = validate_config(text)
+    assert report.valid
+    assert [(f.rule, f.severity, f.path, f.line, f.message) for f in report.findings] == [
+        (
+            "recipe-kind",
+            "info",
+            "distributed",
+            9,
+            "a diffusion generation config (inference:, no recipe: class): AutoModel's generate.py reads "
+            "distributed: only to start a process group; it is null, so it runs one process with no process group",
+        )
+    ]
+    # the same null in a training recipe is the crash AutoModel has
+    assert not validate_config("recipe: TrainFinetuneRecipeForNextTokenPrediction\ndistributed: null\n").valid
+
+
+def test_diffusion_training_is_checked_in_its_fsdp_section():
+    text = "recipe: TrainDiffusionRecipe\nflow_matching: {}\ndistributed:\n  tp_size: 2\nfsdp:\n  tp_size: 3\n"
+    found = [(f.rule, f.severity, f.path, f.line) for f in validate_config(text, world_size=8).findings]
+    assert found == [
+        ("world-not-divisible", "error", "fsdp.tp_size", 6),
+        ("recipe-distributed-ignored", "warning", "distributed", 3),
+    ]
+    both = validate_config("recipe: TrainDiffusionRecipe\nfsdp: {}\nddp: {}\n", world_size=8)
+    assert [f.rule for f in both.errors] == ["recipe-distributed-ignored"]

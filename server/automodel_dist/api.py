@@ -225,7 +225,7 @@ def _diffusion_block(doc: Document, data: dict[str, Any], kind: RecipeKind) -> _
         doc.findings.append(
             _finding(
                 "recipe-distributed-ignored",
-                "TrainDiffusionRecipe never reads distributed:: it builds its setup from the fsdp: (or ddp:) section, "
+                "TrainDiffusionRecipe never reads distributed: it builds its setup from the fsdp: (or ddp:) section, "
                 "so this block is ignored",
                 path="distributed",
                 line=doc.line(("distributed",)),

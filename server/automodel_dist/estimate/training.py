@@ -1,0 +1,157 @@
+"""The recipe's workload as the memory and time model's ``Training``: what trains (LoRA, QLoRA), the loss, the
+optimizer and its options, the parameters' dtype, the class AutoModel builds. Each choice comes with the sentence
+that says what was read and what it costs, for the report. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..catalog.implementations import implementation
+from ..catalog.models import ModelSpec
+from ..workload import Workload
+from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
+from .peft import describe, lora_of
+
+PRECISIONS: dict[str, tuple[str, str]] = {
+    # name: (storage dtype of params/grads/optimizer states, compute dtype)
+    "bf16": ("bfloat16", "bfloat16"),  # AutoModel's default (model.torch_dtype auto -> bf16 weights)
+    "bf16-mixed": ("float32", "bfloat16"),  # model.torch_dtype: float32 + default mp_policy (fp32 master)
+    "fp32": ("float32", "float32"),
+}
+OPTIMIZER_NAMES = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "TEFusedAdam": "te_fused_adam", "Muon": "muon"}
+_DTYPE_NAMES = {"torch.bfloat16": 2, "bfloat16": 2, "torch.float16": 2, "float16": 2, "torch.float32": 4, "float32": 4}
+
+
+@dataclass(frozen=True)
+class WorkloadTerms:
+    precision: str
+    training: Training
+    read: tuple[str, ...]  # what was read from the recipe and what it costs, one sentence each
+
+
+def precision_of(w: Workload, precision: str | None) -> str:
+    """The precision asked for, else the recipe's ``model.torch_dtype`` (float32 -> fp32 master weights)."""
+    if precision is not None and precision != "auto":
+        return precision
+    return "bf16-mixed" if (w.torch_dtype or "").removeprefix("torch.") in ("float32", "float") else "bf16"
+
+
+def optimizer_of(w: Workload, name: str | None = None) -> tuple[Optimizer, str]:
+    """The optimizer the recipe builds and the sentence describing its states."""
+    if name is not None:
+        opt = Optimizer(name=name)
+        return opt, f"optimizer {name} (argument)"
+    kw = w.optimizer_kwargs
+    canonical = OPTIMIZER_NAMES.get(w.optimizer)
+    if canonical == "te_fused_adam":
+        # built through the factory path, so Transformer Engine's own defaults: no master weights, fp32 moments
+        states = sum(
+            _DTYPE_NAMES.get(str(kw.get(k, "torch.float32")), 4) for k in ("exp_avg_dtype", "exp_avg_sq_dtype")
+        )
+        master = 4.0 if kw.get("master_weights") is True else 0.0
+        if kw.get("master_weights") is True and kw.get("store_param_remainders") is True:
+            master = 2.0
+        opt = Optimizer("te_fused_adam", states=float(states), master=master)
+        return opt, (
+            f"optimizer Transformer Engine FusedAdam: {states:g} bytes of moments per trainable parameter"
+            + (f" and {master:g} of fp32 master weights" if master else ", no master weights (its default)")
+        )
+    if canonical == "sgd":
+        momentum = kw.get("momentum", 0)
+        on = isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0
+        return Optimizer("sgd_momentum" if on else "sgd"), (
+            "optimizer SGD " + ("with a momentum buffer" if on else "without momentum (no state)")
+        )
+    if canonical == "muon":
+        return Optimizer("muon"), "optimizer Muon: one momentum buffer per parameter in its dtype"
+    if canonical is None:
+        return Optimizer("adamw"), f"optimizer {w.optimizer} is not one whose states are known: sized as AdamW"
+    label = "Adam" if canonical == "adam" else "AdamW"
+    return Optimizer(
+        canonical
+    ), f"optimizer torch {label}: two states in the parameters' dtype (and foreach temporaries)"
+
+
+def loss_of(w: Workload) -> tuple[str, bool, str]:
+    name = w.loss if any(name == w.loss for name, _ in LOSS_BYTES) else "MaskedCrossEntropy"
+    upcast = w.loss_kwargs.get("fp32_upcast", True) is not False
+    if name == "MaskedCrossEntropy":
+        words = "fp32 log-probabilities of the full vocabulary" if upcast else "bf16 logits (fp32_upcast: false)"
+    elif name == "FusedLinearCrossEntropy":
+        words = "no logits materialised"
+    elif name == "ChunkedCrossEntropy":
+        words = "512-token chunks of logits"
+    else:
+        words = "vocabulary-sharded logits, the gradient in place"
+    unknown = "" if name == w.loss else f" ({w.loss} is not a loss whose memory is known: sized as this)"
+    return name, upcast, f"loss {name}: {words}{unknown}"
+
+
+def training_for(
+    spec: ModelSpec,
+    w: Workload,
+    *,
+    precision: str | None,
+    optimizer: str | None,
+    seq_len: int,
+    micro_batch_size: int,
+    global_batch_size: int | None,
+    pp_microbatches: int | None,
+    compile_layers: bool = False,
+    teacher: ModelSpec | None = None,
+    loss: str | None = None,
+) -> WorkloadTerms:
+    """The ``Training`` of a recipe's workload (an empty workload: full fine-tuning with AutoModel's defaults)."""
+    prec = precision_of(w, precision)
+    if prec not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {prec!r}")
+    storage, compute = PRECISIONS[prec]
+    read: list[str] = []
+    lora = None
+    if w.peft is not None:
+        lora = lora_of(spec, w.peft, w.quantization)
+        text = describe(lora, spec) + "; the base is frozen in the compute dtype (no gradients, no optimizer states)"
+        if lora.quant_bits:
+            text += f", its Linear weights quantized to {lora.quant_bits} bits (bitsandbytes, double quantization)"
+        read.append(text)
+    opt, opt_text = optimizer_of(w, optimizer)
+    read.append(opt_text)
+    loss_name, upcast, loss_text = loss_of(w) if loss is None else (loss, True, f"loss {loss}")
+    read.append(loss_text)
+    impl = implementation(spec.architecture)
+    hf_class = w.force_hf or impl is None or not impl.custom
+    if w.torch_dtype and precision in (None, "auto"):
+        read.append(f"model.torch_dtype {w.torch_dtype}: {DTYPE_BYTES[storage]}-byte parameters")
+    tr = Training(
+        seq_len=seq_len,
+        micro_batch_size=micro_batch_size,
+        global_batch_size=global_batch_size,
+        storage_dtype=storage,
+        compute_dtype=compute,
+        optimizer=opt,
+        pp_microbatches=pp_microbatches,
+        teacher=teacher,
+        lora=lora,
+        loss=loss_name,
+        fp32_upcast=upcast,
+        hf_class=hf_class,
+        compile=compile_layers,
+        dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
+    )
+    return WorkloadTerms(prec, tr, tuple(read))
+
+
+def workload_facts(terms: WorkloadTerms) -> dict[str, Any]:
+    """The workload choices as JSON (for the report)."""
+    tr = terms.training
+    return {
+        "precision": terms.precision,
+        "optimizer": tr.optimizer.name,
+        "loss": tr.loss,
+        "fp32_upcast": tr.fp32_upcast,
+        "lora_dim": tr.lora.dim if tr.lora else None,
+    }
+
+
+__all__ = ["PRECISIONS", "WorkloadTerms", "loss_of", "optimizer_of", "precision_of", "training_for"]

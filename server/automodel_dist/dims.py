@@ -27,7 +27,7 @@ from .config.values import (
     normalize_activation_checkpointing,
     schedule_class_name,
 )
-from .layout import Layout, dp_shard_of, ep_shard_size, infer_dp
+from .layout import Layout, StageError, dp_shard_of, ep_shard_size, infer_dp, virtual_stages
 
 if TYPE_CHECKING:
     from .report import Resolved
@@ -80,6 +80,8 @@ class ParallelDims:
     activation_checkpointing: bool | str | None = False
     pp_schedule: str | None = None  # torch's class name, when pp > 1 and it is known
     pp_microbatch_size: int | None = None  # when pp > 1
+    layers_per_stage: int | None = None  # pipeline.layers_per_stage, when pp > 1
+    round_virtual_stages: str | None = None  # pipeline.round_virtual_stages_to_pp_multiple (up | down)
     reshard_after_forward: bool | None = None  # FSDP2; None: AutoModel's default
     defer_fsdp_grad_sync: bool = True  # FSDP2
     moe_reshard_after_forward: bool = False  # moe.reshard_after_forward, when ep > 1
@@ -128,9 +130,28 @@ class ParallelDims:
 
     @property
     def stages_per_rank(self) -> int:
+        """Stages per pipeline rank without the model: 1 for single-stage schedules, else AutoModel's 2."""
         if self.pp <= 1:
             return 1
         return 1 if is_single_stage(self.pp_schedule or "1F1B") else 2
+
+    def stages_per_rank_of(self, num_layers: int) -> int:
+        """Stages per pipeline rank for a model of ``num_layers`` (``layers_per_stage`` and its rounding, as
+        AutoModel's calculate_virtual_stages splits it; the model-free default where the split fails)."""
+        if self.pp <= 1 or self.layers_per_stage is None:
+            return self.stages_per_rank
+        try:
+            _, per_rank = virtual_stages(
+                num_layers,
+                pp=self.pp,
+                single_stage=is_single_stage(self.pp_schedule or "1F1B"),
+                layers_per_stage=self.layers_per_stage,
+                round_to=self.round_virtual_stages,
+                v_style=self.v_schedule,
+            )
+        except StageError:
+            return self.stages_per_rank
+        return per_rank
 
     @property
     def v_schedule(self) -> bool:
@@ -228,6 +249,10 @@ class ParallelDims:
                 "pp_schedule": (self.pp_schedule or "1F1B").lower(),
                 "pp_microbatch_size": self.pp_microbatch_size or 1,
             }
+            if self.layers_per_stage is not None:
+                out["pipeline"]["layers_per_stage"] = self.layers_per_stage
+            if self.round_virtual_stages is not None:
+                out["pipeline"]["round_virtual_stages_to_pp_multiple"] = self.round_virtual_stages
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -301,12 +326,16 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         ac = None
     pp = sizes["pp_size"] or 1
     pipe = block.get("pipeline")
-    schedule = mbs = None
+    schedule = mbs = layers_per_stage = round_to = None
     if pp > 1 and isinstance(pipe, Mapping):
         name = pipe.get("pp_schedule", "1f1b")
         schedule = schedule_class_name(name) if isinstance(name, str) else None
         value = pipe.get("pp_microbatch_size", 1)
         mbs = value if is_positive_int(value) else None
+        lps = pipe.get("layers_per_stage")
+        layers_per_stage = lps if is_positive_int(lps) else None
+        rounding = pipe.get("round_virtual_stages_to_pp_multiple")
+        round_to = rounding if rounding in ("up", "down") else None
     fsdp2 = strategy == "fsdp2"
     moe = block.get("moe")
     reshard = block.get("reshard_after_forward") if fsdp2 else None
@@ -324,6 +353,8 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         activation_checkpointing=ac,
         pp_schedule=schedule,
         pp_microbatch_size=mbs,
+        layers_per_stage=layers_per_stage,
+        round_virtual_stages=round_to,
         reshard_after_forward=reshard if isinstance(reshard, bool) else None,
         defer_fsdp_grad_sync=bool(block.get("defer_fsdp_grad_sync", True)) if fsdp2 else True,
         moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1

@@ -12,13 +12,16 @@ class MemoryBreakdown(BaseModel):
     """Per-GPU memory in GiB for the worst rank."""
 
     params: float = Field(description="Sharded parameters (storage dtype).")
-    grads: float = Field(description="Sharded gradients.")
+    grads: float = Field(
+        description="Sharded gradients held at the peak (zero_grad frees them after each step; they are re-created "
+        "as each unit's gradients are reduce-scattered)."
+    )
     optimizer: float = Field(description="Optimizer states.")
     activations: float = Field(description="Saved activations of in-flight microbatches, logits and loss.")
     buffers: float = Field(description="Unsharded FSDP parameters/gradients, loss temporaries, PP p2p buffers.")
     overhead: float = Field(description="CUDA context and allocator fragmentation margin.")
     total: float
-    model_states: float = Field(description="params + grads + optimizer.")
+    model_states: float = Field(description="params + every sharded gradient + optimizer (as at the optimizer step).")
     tracked_peak: float = Field(description="What torch's memory tracker sees: total minus overhead.")
     worst_pp_rank: int = 0
     peak_phase: str = Field(
@@ -77,6 +80,15 @@ class Estimate(BaseModel):
     max_micro_batch_size: int | None = Field(
         default=None, description=("Largest micro batch that fits with headroom at this seq_len; null if none does.")
     )
+    seq_len_known: bool = Field(
+        default=True,
+        description="False when neither the call nor the recipe fixes the sequence length (dynamic padding): the "
+        "memory is then at an assumed length, with no fit verdict (fits is null).",
+    )
+    micro_batch_at_lengths: dict[int, int | None] = Field(
+        default_factory=dict,
+        description="With the length unknown: the largest micro batch that fits at 2,048, 4,096 and 8,192 tokens.",
+    )
     shortest_seq_len: int | None = Field(
         default=None,
         description=(
@@ -89,6 +101,12 @@ class Estimate(BaseModel):
     assumed: list[str] = Field(
         default_factory=list, description=("Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1.")
     )
+    workload: list[str] = Field(
+        default_factory=list,
+        description="What was read from the recipe (PEFT, optimizer, loss, dtype) and what each costs, one sentence "
+        "each.",
+    )
+    trainable_params: float | None = Field(default=None, description="Parameters that train (all, or the adapters).")
     findings: list[Finding] = Field(default_factory=list)
     assumptions: list[str] = Field(default_factory=list, description="What the estimate assumes, stated.")
 

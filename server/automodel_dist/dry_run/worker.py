@@ -77,11 +77,19 @@ def _categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return out
 
 
-def _split(categories: dict[str, int]) -> dict[str, float]:
+def _split(categories: dict[str, int], param_bytes: int | None = None) -> dict[str, float]:
+    """The tracker's categories as the report's split, with ``params`` the local parameter shards
+    (``param_bytes``): FSDPMemTracker files parameters outside a sharded FSDP unit (experts on a one-rank ep_shard
+    mesh) as unsharded copies, MemTracker (several FSDP roots: pipeline stages) counts the gathered copies as
+    parameters; either way the difference belongs to the temporaries, as the estimate splits them."""
     out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporaries"), 0.0)
     for name, value in categories.items():
         if name in _CATEGORIES:
             out[_CATEGORIES[name]] += value / GIB
+    if param_bytes is not None:
+        moved = max(min(param_bytes / GIB - out["params"], out["temporaries"]), -out["params"])
+        out["params"] += moved
+        out["temporaries"] -= moved
     out["total"] = categories.get("Total", 0) / GIB
     return out
 
@@ -475,17 +483,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                         opt.zero_grad()
             peak = _categories(tracker.get_tracker_snapshot("peak"))
             largest, retained = _module_views(tracker)
+        local = _local_bytes(parts, optimizers)
         result.update(
             status="measured",
             tracker=type(tracker).__mro__[1].__name__,
             peak_categories={k: v / GIB for k, v in peak.items()},
-            peak=_split(peak),
+            peak=_split(peak, local["params"]),
             peak_phase=tracker.peak_phase,
             phase_peaks={k: v / GIB for k, v in tracker.phase_peaks.items()},
             largest_modules=largest,
             forward_retained=retained,
-            local_bytes={**_local_bytes(parts, optimizers), "grads": grad_bytes},
-            after_forward=_split(after_forward) if after_forward else None,
+            local_bytes={**local, "grads": grad_bytes},
+            after_forward=_split(after_forward, local["params"]) if after_forward else None,
         )
     except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
         cause = exc.__cause__ or exc.__context__

@@ -1,20 +1,35 @@
-"""Per-rank memory of a layout: model states, FSDP buffers, activations, logits, overhead (pure).
+"""Per-rank memory of a layout: model states, FSDP buffers, activations, the loss, overhead (pure).
 
 Model states are exact arithmetic over the model's parameter groups as each strategy shards them
 (FSDP2 over dp_shard*cp, HSDP replicas, MegatronFSDP by zero_dp_strategy, DDP replicated; TP splits
 matrices, PP assigns layers to stages the way AutoModel splits them, EP splits routed experts with
-FSDP over ep_shard). Activations start from Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", per layer ``sbh(34 + 5as/h)`` bytes, /t with SP) and
-are fitted to torch's own tracker on our Llama-style block (SDPA flash attention, so no ``s^2``
-term; fp32 RMSNorm internals; no dropout), bytes per token per layer:
+FSDP over ep_shard), for what the recipe trains: every parameter, or LoRA adapters on a frozen base
+(held in the compute dtype, or 4/8-bit under QLoRA), with the optimizer's own states (torch Adam/AdamW:
+two states in the parameter dtype; Transformer Engine's FusedAdam: fp32 moments, optional fp32 master
+weights; SGD and Muon: one buffer).
 
-- no checkpointing: ``c_rep*h + 8h/t + 8I/t + 8d + 4a/t + 8`` with ``c_rep = 16``, or
-  ``4 + 12/t`` with sequence parallelism (norms and residuals split, gathered inputs not);
-- selective (matmul outputs saved): ``2h(/t with SP) + 2h/t + 4*kv*d/t + 4h + 4I/t``;
-- full: the block input, ``2h`` (``/t`` with SP), plus one block recomputed during backward.
+Activations are what AutoModel's own classes save, read from its code run on fake tensors (the dry run;
+``tests/test_calibration.py`` compares the two per category on a matrix of layouts). Per token of one
+decoder layer, bf16, with h the hidden size, q the query width (heads x head_dim), kv the key/value
+width, I the MLP width, a the heads and t the TP size:
 
-Tokens per microbatch are ``b*s/cp``. ``tests/test_estimate.py`` compares the result with
-``FSDPMemTracker`` on fake tensors over a matrix of layouts and real model sizes.
+- no checkpointing: the norms' and residuals' ``8h`` (the layer input, both norm outputs, the
+  residual; ``4h/t + 4h`` with sequence parallelism, whose norm outputs are gathered for the next
+  matmul), the query and the attention output ``4q/t``, keys and values ``4kv/t``, SDPA's log-sum-exp
+  ``4a/t`` and a gated MLP's ``8I/t`` (gate, up, their activation and product);
+- ``activation_checkpointing: true`` on AutoModel's dense classes: each sub-module is checkpointed
+  (attention, MLP, both norms), keeping their inputs, ``8h`` (``8h/t`` with SP); on a Hugging Face
+  class the whole layer (its input, ``2h``); on the MoE path the whole block, which keeps its input,
+  the dispatched tokens going out and coming back (collectives are not recomputed) and the router's
+  top-k: ``6h + 4kh + 2E + 12k`` for k experts per token of E;
+- ``selective``: TorchTitan's policy over the whole layer, every other matmul's output and SDPA's:
+  ``2h + 2q/t + 2kv/t + 2q/t + 4a/t + 2I/t + 2h``;
+- one checkpointed layer is recomputed at a time during backward.
+
+The last stage adds the final norm's ``4h`` and the loss: masked cross entropy keeps fp32 log-
+probabilities of the full vocabulary (4 bytes per logit, gathered under TP) and makes two fp32 copies
+of that size at the start of backward; without ``fp32_upcast`` 2 and 4; the fused linear cross entropy
+materialises no logits; the chunked one a 512-token chunk and fp32 and bf16 weight gradients.
 
 Hybrid Mamba models (Nemotron-H: one norm and one mixer per layer, no TP plan in AutoModel) count
 each layer's own parameters, and per token half a transformer layer's norm/residual share (``8h``)
@@ -22,10 +37,14 @@ plus what its mixer saves: Mamba-2 through AutoModel's fused ``mamba_split_conv1
 keeps its ``zxbcdt`` input and the scan output (``2*(2*inner + 2*groups*state + heads) + 2*inner``,
 ``+8*inner`` under CP, where the gated norm and out_proj run outside the kernel); attention
 ``8h + 8d + 4a + 8``; the relu2 MLP ``6I``; MoE ``6kI + 6kh + 4E + 6S``. These follow the saved
-tensors of the kernels AutoModel calls; unlike the transformer terms they are not fitted to the
-tracker (the smoke runner's tiny model has no Mamba layer). Activation checkpointing: with
-ep_size 1 the class's own FSDP2 policy wraps only its Mamba and MLP blocks (in any mode); with
-ep_size > 1 the MoE path wraps every block (``selective`` is counted as not checkpointing).
+tensors of the kernels AutoModel calls. Activation checkpointing: with ep_size 1 the class's own
+FSDP2 policy wraps only its Mamba and MLP blocks (in any mode); with ep_size > 1 the MoE path wraps
+every block (``selective`` is counted as not checkpointing).
+
+Four moments compete for the peak: the start of backward (every activation, the gathered units and
+the loss temporaries; gradients were freed by the last step's zero_grad), inside a block's backward,
+its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step (every
+gradient, the states, torch's foreach temporaries).
 """
 
 from __future__ import annotations
@@ -33,33 +52,72 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from ..catalog.implementations import implementation
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..estimation import MemoryBreakdown
 from ..layout import stage_ids, stage_layer_counts
+from .peft import QLORA_BYTES, Lora, quantized_linear_weights
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FRAGMENTATION = 0.08  # allocator fragmentation margin, fraction of the tracked peak
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, NCCL/gloo workspaces, kernels (per GPU)
+CHUNKED_CE_TOKENS = 512  # ChunkedCrossEntropy's chunk_len default (components/loss/loss.py)
+# The loss's bytes per logit (tokens x vocab): (kept from forward to backward, alive at the start of backward).
+LOSS_BYTES = {
+    ("MaskedCrossEntropy", True): (4.0, 8.0),
+    ("MaskedCrossEntropy", False): (2.0, 4.0),
+    ("TEParallelCrossEntropy", True): (2.0, 0.0),  # vocab-sharded logits, the gradient written in place
+    ("FusedLinearCrossEntropy", True): (0.0, 0.0),
+    ("ChunkedCrossEntropy", True): (0.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Bytes per trainable parameter an optimizer keeps (states, fp32 master copy) and makes in its step."""
+
+    name: str = "adamw"  # adamw | adam | sgd | sgd_momentum | te_fused_adam | muon
+    states: float | None = None  # None: the name's default in the parameters' dtype
+    master: float = 0.0
+    foreach: bool = True  # torch's multi-tensor step (AutoModel turns it off under TP)
+
+    def state_bytes(self, param_bytes: int) -> float:
+        if self.states is not None:
+            return self.states
+        name = self.name
+        if name == "sgd":
+            return 0.0
+        if name == "te_fused_adam":
+            return 8.0
+        return (1.0 if name in ("sgd_momentum", "muon") else 2.0) * param_bytes
+
+    def step_bytes(self, param_bytes: int, tp: int) -> float:
+        """torch Adam/AdamW's foreach step makes one copy of a state (its sqrt) for the whole group."""
+        if self.name in ("adamw", "adam") and self.foreach and tp == 1:
+            return float(param_bytes)
+        return 0.0
 
 
 @dataclass(frozen=True)
 class Training:
-    """What a step does: tokens, precision, optimizer, microbatching."""
+    """What a step does: tokens, precision, what trains, the loss, the optimizer, microbatching."""
 
     seq_len: int = 4096
     micro_batch_size: int = 1  # sequences per rank per microbatch
     global_batch_size: int | None = None
-    storage_dtype: str = "float32"  # parameters, gradients and optimizer states
-    compute_dtype: str = "bfloat16"  # FSDP mp_policy param_dtype (activations)
-    optimizer: str = "adamw"
+    storage_dtype: str = "bfloat16"  # trainable parameters, their gradients (model.torch_dtype)
+    compute_dtype: str = "bfloat16"  # FSDP mp_policy param_dtype (activations, gathered parameters)
+    optimizer: Optimizer = Optimizer()
     pp_microbatches: int | None = None  # default: 2 * pp
     teacher: ModelSpec | None = None  # a knowledge-distillation teacher resident on the same GPUs
-
-    @property
-    def optimizer_states(self) -> int:
-        return {"adamw": 2, "adam": 2, "sgd": 1}.get(self.optimizer, 2)
+    lora: Lora | None = None  # adapters on a frozen base
+    loss: str = "MaskedCrossEntropy"
+    fp32_upcast: bool = True
+    hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
+    compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
+    dispatcher: str | None = None  # model.backend.dispatcher: deepep/hybridep replay the token exchange on recompute
 
 
 @dataclass
@@ -112,7 +170,7 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
 
 def _rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
     """Parameter groups on one pipeline rank (they depend on tp, ep and the stage split only)."""
-    return _groups_of(m, p.tp, p.ep, p.pp, p.stages_per_rank, p.v_schedule, pp_rank)
+    return _groups_of(m, p.tp, p.ep, p.pp, p.stages_per_rank_of(m.num_layers), p.v_schedule, pp_rank)
 
 
 # A 4,096-GPU search asks for the same few splits thousands of times: the memo halves its time (bench_suggest).
@@ -184,42 +242,78 @@ def _attention_act(m: ModelSpec, t: int) -> float:
     return 8 * m.hidden_size / t + 8 * m.hd + 4 * m.num_attention_heads / t + 8
 
 
-def _act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
+def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
+    """How AutoModel checkpoints this model's layers: none | submodule | layer | block | selective."""
+    return _ac_style(m.architecture, m.is_moe, tr.hf_class, p.ac_applied, p.ep > 1)
+
+
+@lru_cache(maxsize=256)
+def _ac_style(architecture: str | None, moe: bool, hf_class: bool, applied: bool | str, ep: bool) -> str:
+    if not applied:
+        return "none"
+    if applied == "selective":
+        return "selective"
+    impl = implementation(architecture)
+    custom = impl is not None and impl.custom and not hf_class
+    if moe and (ep or custom):
+        return "block"  # the MoE parallelizer wraps every block
+    return "submodule" if custom else "layer"
+
+
+def _act_per_token(
+    m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int, style: str | None = None
+) -> tuple[float, float]:
     """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, kind, comp_bytes)
+    h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
+    a = m.num_attention_heads
+    scale = comp_bytes / 2.0  # the terms are bf16 bytes
+    rep = 4 * h / t + 4 * h if sp else 8 * h  # layer input, residual, both norm outputs
+    if m.kv_lora_rank:  # MLA: per head, queries and keys of nope+rope, values and outputs of v_head_dim
+        q = a * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))
+        kv = a * (m.v_head_dim or m.hd)
+        latents = 2 * (m.kv_lora_rank + (m.qk_rope_head_dim or 0)) + 2 * (m.q_lora_rank or 0)  # not split by TP
+        attn = (2 * q + 2 * kv + 2 * q + 2 * kv + 4 * a) / t + latents
+    else:
+        q, kv = a * m.hd, m.num_key_value_heads * m.hd
+        attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
     moe = kind == "moe"
-    h, t = m.hidden_size, p.tp
-    kvd = m.num_key_value_heads * m.hd
-    scale = comp_bytes / 2.0  # coefficients were fitted with bf16 compute
+    k = max(m.experts_per_token, 1)
     if moe:  # routed tokens: k copies in and out, each expert saves gate/up/act/product
-        k = max(m.experts_per_token, 1)
-        mlp_plain = (
-            8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
-        )
-        mlp_sel = (
-            4 * k * m.moe_intermediate_size + 4 * k * h + 4 * m.num_experts + 4 * m.shared_expert_intermediate_size
-        )
+        mlp = 8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
+        gate = 2 * k * m.moe_intermediate_size + 2 * m.shared_expert_intermediate_size
     else:
-        mlp_plain, mlp_sel = 8 * m.intermediate_size / t, 4 * m.intermediate_size / t
-    rep = (4 + 12 / t) if p.sequence_parallel else 16.0
-    plain = (rep * h + _attention_act(m, t) + mlp_plain) * scale
-    inp = 2 * h / (t if p.sequence_parallel else 1)
-    if p.ac_applied == "selective":
-        saved = (inp + 2 * h / t + 4 * kvd / t + 4 * h + mlp_sel) * scale
-    elif p.ac_applied:
-        saved = inp * scale
-    else:
-        saved = plain
-    return saved, plain
+        mlp, gate = 8 * m.intermediate_size / t, 2 * m.intermediate_size / t
+    plain = (rep + attn + mlp) * scale
+    style = style or ac_style(m, p, tr)
+    edge = 2 * h / (t if sp else 1)
+    if style == "none" or (style == "selective" and moe):
+        return plain, plain
+    if style == "selective":
+        saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
+    elif style == "submodule":
+        saved = 8 * h / (t if sp else 1)
+    elif style == "block":
+        # the standard dispatcher's all-to-all outputs are kept (a collective is not recomputed); DeepEP's and
+        # HybridEP's exchange is replayed from its saved layout
+        exchanged = 4 * k * h if moe and p.ep > 1 and tr.dispatcher not in ("deepep", "hybridep", "uccl_ep") else 0.0
+        saved = 6 * h + exchanged + (2 * m.num_experts + 12 * k if moe else 0.0)
+    else:  # the whole layer (Hugging Face's gradient checkpointing)
+        saved = edge
+    return saved * scale, plain
 
 
-def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0) -> float:
+def optimizer_states_per_param(tr: Training) -> float:
+    return tr.optimizer.state_bytes(DTYPE_BYTES[tr.storage_dtype]) + tr.optimizer.master
+
+
+def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0, stages_per_rank: int | None = None) -> float:
     """Microbatches whose activations a pipeline rank holds at once, in units of its whole stage set."""
     if p.pp <= 1:
         return 1.0
     sched = p.pp_schedule or "1F1B"
-    v = p.stages_per_rank
+    v = stages_per_rank or p.stages_per_rank
     if sched in ("GPipe", "LoopedBFS"):
         return float(n_mb)
     if sched == "1F1B":
@@ -254,93 +348,142 @@ def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakd
     return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
 
 
+@lru_cache(maxsize=256)
+def _linear_share(m: ModelSpec) -> float:
+    """The fraction of the layers' parameters held by Linear weights (what QLoRA quantizes)."""
+    layers = sum(m.layer_params(i) for i in range(m.num_layers))
+    return min(1.0, quantized_linear_weights(m) / layers) if layers else 0.0
+
+
 def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int) -> dict:
-    store = DTYPE_BYTES[tr.storage_dtype]
     comp = DTYPE_BYTES[tr.compute_dtype]
-    g = _rank_groups(m, p, pp_rank)
+    store = DTYPE_BYTES[tr.storage_dtype]
+    spr = p.stages_per_rank_of(m.num_layers)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank)
     sp_, sg, so, se = _state_shards(p)
-    dense, experts = g.dense, g.experts
-    params = dense / sp_ * store + experts / se * store
-    grads = dense / sg * store + experts / se * store
-    optimizer = tr.optimizer_states * (dense / so + experts / se) * store
+    ac = p.ac_applied
+    style = ac_style(m, p, tr)
+    lora = tr.lora
+    # what trains on this rank: every parameter, or the adapters (split by TP like their base, the experts' by EP)
+    if lora is None:
+        train_dense, train_experts = g.dense, g.experts
+        frozen_bytes = 0.0
+    else:
+        adapters = sum(n * lora.layer(k) for k, n in g.kinds.items())
+        expert_share = g.experts / (g.dense_layers + g.experts) if g.experts else 0.0
+        train_experts = adapters * expert_share
+        train_dense = adapters * (1 - expert_share) / p.tp + (lora.lm_head / p.tp if g.last else 0.0)
+        layer_bytes = comp
+        if lora.quant_bits:
+            share = _linear_share(m)
+            layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
+        frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + g.root / sp_ * comp
+    params = frozen_bytes + (train_dense / sp_ + train_experts / se) * store
+    grads_sharded = (train_dense / sg + train_experts / se) * store
+    opt_per = optimizer_states_per_param(tr)
+    optimizer = (train_dense / so + train_experts / se) * opt_per
     tokens = tr.micro_batch_size * tr.seq_len / p.cp
     n_mb, grad_acc = microbatches(p, tr)
-    inflight = in_flight_microbatches(p, n_mb, pp_rank)
+    inflight = in_flight_microbatches(p, n_mb, pp_rank, spr)
     saved = 0.0
     recompute = 0.0
     last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
     for kind, count in g.kinds.items():
-        s, plain = _act_per_token(m, p, kind, comp)
+        s, plain = _act_per_token(m, p, tr, kind, comp, style)
         saved += s * count
         last_block = max(last_block, s)
-        if p.ac_applied and s < plain:
+        if ac and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
     extra = 0.0
     loss_saved = loss_temp = 0.0
     if g.last:
-        extra += 6 * m.hidden_size * comp / 2  # final norm
-        loss_saved = 4.0 * vocab * tokens  # fp32 log-softmax kept for backward (lm_head output replicated)
-        loss_temp = 2 * 4.0 * vocab * tokens  # its gradient and the upcast's
-    acts = (saved + extra) * tokens * inflight + loss_saved
-    # FSDP: the root unit (embedding, lm_head, norm) and the last block stay unsharded through forward;
-    # blocks that do not reshard after forward (all of them under PP, by AutoModel's default) stay too,
-    # and so do the experts with moe.reshard_after_forward false (AutoModel's default).
-    sharded = p.strategy != "ddp" and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
+        extra += 4 * m.hidden_size * comp / 2  # the final norm's input and output (the lm_head's input)
+        per_saved, per_temp = LOSS_BYTES.get((tr.loss, tr.fp32_upcast), LOSS_BYTES.get((tr.loss, True), (4.0, 8.0)))
+        if tr.loss == "TEParallelCrossEntropy":
+            per_saved /= p.tp
+        loss_saved = per_saved * vocab * tokens
+        loss_temp = per_temp * vocab * tokens
+        if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
+            loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / p.tp
+    # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
+    # them from step(); AutoModel does not pass return_outputs=False): the logits, or the hidden states a linear
+    # cross entropy takes
+    outputs = 0.0
+    if p.pp > 1 and g.last:
+        width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / p.tp
+        outputs = comp * width * tokens * n_mb
+    acts = (saved + extra) * tokens * inflight + loss_saved + outputs
+    # FSDP: the lm_head (its own unit, kept gathered for the loss) and the root (final norm; with a tied,
+    # frozen or pipeline-split embedding, the embedding too) stay unsharded through forward; a trainable
+    # untied embedding is its own unit, resharded after forward without PP. The last block stays too, and
+    # the blocks that do not reshard after forward (all of them under PP, by AutoModel's default), and the
+    # experts with moe.reshard_after_forward false (AutoModel's default).
+    # on one rank AutoModel skips parallelization altogether: plain parameters, nothing gathered
+    sharded = (
+        p.strategy != "ddp"
+        and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
+        and (p.world_size or 2) > 1
+    )
     deferred = sharded and p.deferred_sync(n_mb * grad_acc)
-    # Under PP a deferred backward leaves its blocks gathered (reshard_after_backward false) until their next forward.
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
-    unsharded = (g.root + (g.dense_layers if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
+    own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
+    root_held = g.root - (g.embed if own_embed_unit else 0.0)
+    unsharded = (root_held + (g.dense_layers if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
     if sharded and g.experts and p.ep_shard > 1:
         unsharded += (g.experts if keep_blocks else g.layer_experts) * comp
-    # Deferred sync: every FSDP-managed gradient on this rank, unsharded and fp32 (the reduce dtype), held from the
-    # first backward of a step to the last one's reduce-scatter.
-    held_grads = (g.dense + (g.experts if p.ep_shard > 1 else 0.0)) * 4.0 if deferred else 0.0
+    # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded and fp32 (the reduce dtype),
+    # held from the first backward of a step to the last one's reduce-scatter.
+    held_grads = (train_dense + (train_experts if p.ep_shard > 1 else 0.0)) * 4.0 if deferred else 0.0
     p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
-    start_bw = unsharded + acts + loss_temp + recompute * tokens + p2p + held_grads
-    # At the end of the last block's backward (the loss temporaries and that block's activations are gone):
-    # its unsharded gradients in the compute dtype and their fp32 copy for the reduce-scatter, plus the next
-    # block's prefetched all-gather (experts stay gathered unless moe.reshard_after_forward), while every
-    # other activation is still saved. It dominates when one block holds many parameters (MoE without EP:
-    # FSDP gathers all of a layer's experts).
-    mid_bw = 0.0
+    teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
+    resident = params + optimizer + teacher
+    phases: list[tuple[str, float, float, float]] = []  # (phase, gradients, activations, other temporaries)
+    # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
+    phases.append(("start-of-backward", 0.0, acts, unsharded + loss_temp + p2p + held_grads))
     if sharded:
+        # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
+        # reduce-scatter, the next block's prefetched gather, every other activation still saved
         gather = 0.0 if keep_blocks else comp
         exp = g.layer_experts if p.ep_shard > 1 else 0.0
-        grads_now = (g.layer_dense + exp) * (comp + 4.0 + gather)
-        mid_bw = unsharded + acts - last_block * tokens + recompute * tokens + p2p + grads_now + held_grads
-    # End of backward: layer grads are sharded, the root's unsharded grads (reduce dtype, fp32) and the
-    # embedding backward's temporaries are alive before the root's reduce-scatter.
-    if sharded:
-        layer_grads = (dense - g.root) / sg * store + experts / se * store
-        end_bw = layer_grads + g.lm_head * 4.0 + 2 * g.embed * 4.0 + held_grads
+        layer_train = (g.layer_dense + exp) if lora is None else 0.0
+        grads_now = layer_train * (comp + 4.0) + (g.layer_dense + exp) * gather
+        mid_acts = max(acts - last_block * tokens, 0.0)
+        phases.append(("in-backward", 0.0, mid_acts, unsharded + recompute * tokens + p2p + grads_now + held_grads))
+        # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
+        # gradient in the compute dtype and its fp32 copy (the embedding, its own unit when untied and trainable;
+        # else the root with the head)
+        if lora is None:
+            last_unit = g.embed if own_embed_unit else g.root
+            root_sharded = (g.embed + g.lm_head) / sg * store
+        else:
+            last_unit = lora.lm_head / p.tp if g.last else 0.0
+            root_sharded = 0.0
+        layer_grads = max(grads_sharded - root_sharded, 0.0)
+        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + 4.0) + held_grads))
     else:
-        end_bw = grads
-    teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se)
-    tracked_states = params + optimizer + teacher
-    phase, transient = "start-of-backward", start_bw
-    if mid_bw > transient:
-        phase, transient = "in-backward", mid_bw
-    if end_bw > transient:
-        phase, transient = "end-of-backward", end_bw
-    tracked = tracked_states + transient
+        phases.append(("end-of-backward", grads_sharded, 0.0, 0.0))
+    step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(store, p.tp)
+    phases.append(("optimizer-step", grads_sharded, 0.0, step_temp))
+    phase, grads, activations, buffers = phases[0]
+    for candidate in phases[1:]:
+        if candidate[1] + candidate[2] + candidate[3] > grads + activations + buffers:
+            phase, grads, activations, buffers = candidate
+    tracked = resident + grads + activations + buffers
     overhead = overhead_bytes(tracked)
-    buffers = transient - grads if phase == "end-of-backward" else transient - acts
-    activations = 0.0 if phase == "end-of-backward" else acts
-    total = tracked + overhead
     return dict(
         params=float(params),
         grads=float(grads),
         optimizer=float(optimizer),
         activations=float(activations),
-        buffers=float(max(buffers, 0.0)),
+        buffers=float(buffers),
         overhead=float(overhead),
-        total=float(total),
-        model_states=float(params + grads + optimizer),
+        total=float(tracked + overhead),
+        model_states=float(params + grads_sharded + optimizer),
         tracked_peak=float(tracked),
         worst_pp_rank=pp_rank,
         peak_phase=phase,
-        deferred_grads=float(held_grads),
+        deferred_grads=float(held_grads if phase in ("start-of-backward", "in-backward", "end-of-backward") else 0.0),
         teacher=float(teacher),
     )
 
@@ -382,6 +525,8 @@ def activation_formula_korthikanti(
 
 __all__ = [
     "Training",
+    "Optimizer",
+    "ac_style",
     "MemoryBreakdown",
     "memory_per_rank",
     "in_flight_microbatches",

@@ -129,7 +129,7 @@ class Layout:
     _mesh: _Dims | None = field(default=None, repr=False)
     _moe: _Dims | None = field(default=None, repr=False)
     axes: list[Axis] = field(default_factory=list)
-    _cross: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    _cross: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
@@ -230,6 +230,18 @@ class Layout:
         coords, strides = dims.coords(rank), dims.strides
         first = rank - sum(coords[i] * strides[i] for i in idx)
         return first, [(dims.sizes[i], strides[i]) for i in idx]
+
+    def ranks_per_node(self, name: str, gpus_per_node: int) -> int:
+        """How many members of rank 0's group on axis ``name`` share its node (the NICs, and rings, NCCL can
+        use for the group's traffic between nodes); counted without listing the group (cached)."""
+        key = ("per-node", name, gpus_per_node)
+        if key not in self._cross:
+            _, spec = self.group_spec(name, 0)
+            offsets = [0]
+            for count, stride in spec:
+                offsets = [o + c * stride for o in offsets for c in range(count) if o + c * stride < gpus_per_node]
+            self._cross[key] = max(1, len(offsets))
+        return self._cross[key]
 
     def group(self, name: str, rank: int) -> list[int]:
         """Global ranks of ``rank``'s group on axis ``name``, in AutoModel's order."""

@@ -15,6 +15,7 @@ class GPU:
     inter_gbps: float  # GB/s per GPU between nodes (its NIC)
     gpus_per_node: int = 8
     interconnect: str = ""
+    nics_per_node: int = 8  # NICs of inter_gbps each: NCCL runs one ring per NIC between nodes
 
 
 _GPUS = [
@@ -23,8 +24,8 @@ _GPUS = [
     GPU("H100-80GB", 79.6, 989.0, 450.0, 50.0, 8, "NVLink 4 (900 GB/s bidirectional), NDR 400 Gb/s per GPU"),
     GPU("H200-141GB", 140.4, 989.0, 450.0, 50.0, 8, "NVLink 4 (900 GB/s bidirectional), NDR 400 Gb/s per GPU"),
     GPU("B200", 178.0, 2250.0, 900.0, 50.0, 8, "NVLink 5 (1.8 TB/s bidirectional), 400 Gb/s per GPU"),
-    GPU("GB200", 184.0, 2500.0, 900.0, 100.0, 72, "NVL72: 72 GPUs in one NVLink 5 domain, 800 Gb/s per GPU"),
-    GPU("L40S", 44.7, 362.0, 32.0, 12.5, 8, "PCIe Gen4 x16, 100 Gb/s Ethernet"),
+    GPU("GB200", 184.0, 2500.0, 900.0, 100.0, 72, "NVL72: 72 GPUs in one NVLink 5 domain, 800 Gb/s per GPU", 72),
+    GPU("L40S", 44.7, 362.0, 32.0, 12.5, 8, "PCIe Gen4 x16, 100 Gb/s Ethernet", 8),
 ]
 _ALIASES = {
     "A100": "A100-80GB",

@@ -2,8 +2,9 @@
 
 Collective volumes per rank (``n`` = group size, ``V`` = bytes): all-gather and reduce-scatter move
 ``(n-1)/n * V``, all-reduce ``2(n-1)/n * V``, all-to-all ``(n-1)/n * V``. Each axis uses the
-intra-node bandwidth when none of its groups crosses a node, else the inter-node bandwidth (the
-engine's layout knows which groups cross). Overlap assumptions (stated, not measured here): FSDP /
+intra-node bandwidth when none of its groups crosses a node; a group that spans nodes moves as many NICs'
+worth as it has ranks in a node (NCCL's one ring per NIC, ``axis_gbps``), so FSDP over 8 GPUs per node
+sees 8 x 50 GB/s on H100s, a replica group of one GPU per node one NIC. Overlap assumptions (stated, not measured here): FSDP /
 DDP / HSDP traffic hides behind up to 80% of compute, CP's ring behind half of attention, TP and EP
 are exposed, pipeline bubbles add ``(pp-1)/(v*m)`` (1F1B/GPipe v=1, interleaved v=stages per rank,
 zero-bubble schedules a third of that).
@@ -12,17 +13,24 @@ zero-bubble schedules a third of that).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from .memory import DTYPE_BYTES, Training, _rank_groups, in_flight_microbatches, microbatches
+from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, microbatches
+from .peft import Lora
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
 MATMUL_EFFICIENCY = 0.55  # achieved / peak bf16 FLOP/s for transformer training kernels
 OVERLAP = 0.8
+# DeepEP's published internode dispatch/combine: 43-46 GB/s of RDMA per GPU on 400 Gb/s (50 GB/s) NICs
+DEEPEP_RDMA_EFFICIENCY = 0.9
+# How far the step time is from AutoModel's published H100 runs (tests/test_calibration.py holds it to this on every
+# row the model reaches; bench/bench_calibration.py prints each ratio): suggest does not rank layouts apart by less.
+STEP_TIME_ERROR = 0.25
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,64 @@ def _ar(n: int, v: float) -> float:
     return 2 * (n - 1) / n * v if n > 1 else 0.0
 
 
-def step_flops(m: ModelSpec, seq_len: int, tokens: float) -> float:
-    """Model FLOPs for ``tokens`` trained tokens: 6 * active params + causal attention (6*L*h_attn*s)."""
+def step_flops(m: ModelSpec, seq_len: int, tokens: float, lora: Lora | None = None) -> float:
+    """Model FLOPs for ``tokens`` trained tokens: 6 * active params + causal attention (6*L*h_attn*s). With LoRA
+    the frozen weights run forward and the input gradient only (4 per parameter), the adapters all three (6)."""
+    return tokens * _flops_per_token(m, seq_len, lora)
+
+
+@lru_cache(maxsize=1024)
+def _flops_per_token(m: ModelSpec, seq_len: int, lora: Lora | None) -> float:
     attn_width = m.num_attention_heads * m.hd
     attn_layers = m.count("attention") if m.is_hybrid else m.num_layers
-    return tokens * (6.0 * m.active_param_count() + 6.0 * attn_layers * attn_width * seq_len)
+    weights = 6.0 * m.active_param_count() if lora is None else 4.0 * m.active_param_count() + 6.0 * lora.total(m)
+    return weights + 6.0 * attn_layers * attn_width * seq_len
+
+
+def forward_flops(m: ModelSpec, seq_len: int, tokens: float) -> float:
+    """One forward pass (what activation checkpointing runs again): a third of a full training step's."""
+    return step_flops(m, seq_len, tokens) / 3
+
+
+def axis_gbps(axis: str, p: ParallelDims, cluster: Cluster, crosses: bool) -> float:
+    """GB/s per GPU a collective on ``axis`` moves at. Inside a node, NVLink's. Across nodes NCCL runs one
+    ring (or tree) per NIC and carries the in-node hops on NVLink, so a group with g ranks in each node moves
+    about g NICs' worth (capped by the node's NICs and by NVLink); the all-to-all of expert parallelism and
+    the pipeline's point-to-point sends leave through each GPU's own NIC."""
+    if not crosses:
+        return cluster.intra_gbps
+    if axis in ("ep", "pp"):
+        return cluster.inter_gbps
+    layout = p.layout
+    g = 1
+    if layout is not None and layout.device_mesh() is not None and axis in {a.name for a in layout.axes}:
+        g = layout.ranks_per_node(axis, cluster.gpus_per_node)
+    elif axis == "dp":  # DDP: every rank
+        g = cluster.gpus_per_node
+    return min(cluster.intra_gbps, min(g, cluster.gpu.nics_per_node) * cluster.inter_gbps)
+
+
+def _ep_time(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster, nbytes: float) -> float:
+    """The token exchange of an expert-parallel group that spans nodes: the copies for experts in the same node
+    move on NVLink, the rest through each GPU's NIC. The standard all-to-all sends a token once per remote expert;
+    DeepEP / HybridEP send it once per remote node and fan it out there on NVLink."""
+    n = p.ep
+    layout = p.layout
+    g = layout.ranks_per_node("ep", cluster.gpus_per_node) if layout is not None and layout.device_mesh() else 1
+    g = max(1, min(g, n))
+    nodes = max(1, n // g)
+    k = max(m.experts_per_token, 1)
+    copies = nbytes / ((n - 1) / n)  # what the k-copy exchange carries before the (n-1)/n of the others
+    intra = copies * (g - 1) / n
+    eff = COLLECTIVE_EFFICIENCY * 1e9
+    rdma = eff
+    if tr.dispatcher in ("deepep", "hybridep", "uccl_ep"):
+        distinct = nodes * (1 - (1 - 1 / nodes) ** k)  # expected nodes a token's k experts fall in
+        inter = copies / k * distinct * (nodes - 1) / nodes
+        rdma = DEEPEP_RDMA_EFFICIENCY * 1e9
+    else:
+        inter = copies * (n - g) / n
+    return intra / (cluster.intra_gbps * eff) + inter / (cluster.inter_gbps * rdma)
 
 
 def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster) -> CommEstimate:
@@ -70,7 +131,8 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     n_mb, grad_acc = microbatches(p, tr)
     mb_per_step = n_mb * grad_acc
     tok_mb = tr.micro_batch_size * tr.seq_len / p.cp  # local tokens per microbatch
-    g = _rank_groups(m, p, 0)
+    spr = p.stages_per_rank_of(m.num_layers)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0)
     n_layers = g.n_layers
     h = m.hidden_size
     out: dict[str, float] = {}
@@ -111,7 +173,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
             per_layer = _ag(p.cp, tok_mb * m.mamba_in_proj_width * comp) + _ag(p.cp, tok_mb * m.mamba_inner * comp)
             out["cp"] += per_layer * (2 + recompute) * g.kinds["mamba"] * mb_per_step
     if p.pp > 1:
-        out["pp"] = 2 * per_mb_act * p.stages_per_rank * mb_per_step
+        out["pp"] = 2 * per_mb_act * spr * mb_per_step
     if p.ep > 1 and m.is_moe:
         moe_layers = g.kinds.get("moe", 0)
         routed = tok_mb * max(m.experts_per_token, 1) * h * comp
@@ -132,15 +194,18 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         cross["dp"] = p.dp > cluster.gpus_per_node
     times = {}
     for axis, nbytes in out.items():
-        bw = (cluster.inter_gbps if cross[axis] else cluster.intra_gbps) * 1e9 * COLLECTIVE_EFFICIENCY
-        times[axis] = nbytes / bw
+        if axis == "ep" and cross[axis]:
+            times[axis] = _ep_time(m, p, tr, cluster, nbytes)
+            continue
+        times[axis] = nbytes / (axis_gbps(axis, p, cluster, cross[axis]) * 1e9 * COLLECTIVE_EFFICIENCY)
 
     world = p.dp * p.cp * p.tp * p.pp
-    flops_rank_base = step_flops(m, tr.seq_len, tokens_step) / world
+    flops_rank_base = step_flops(m, tr.seq_len, tokens_step, tr.lora) / world
     flops_rank = flops_rank_base
-    if p.ac_applied is True:
-        flops_rank *= 8 / 6  # one more forward
-    elif p.ac_applied == "selective":
+    ac = p.ac_applied
+    if ac is True:
+        flops_rank += forward_flops(m, tr.seq_len, tokens_step) / world  # one more forward
+    elif ac == "selective":
         flops_rank *= 1.03  # pointwise ops and attention recomputed
     # the KD teacher's forward: a third of a training step's FLOPs at its size (model FLOPs too)
     teacher_flops = step_flops(tr.teacher, tr.seq_len, tokens_step) / 3 / world if tr.teacher is not None else 0.0
@@ -148,7 +213,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     compute = flops_rank / (cluster.gpu.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
     bubble = 0.0
     if p.pp > 1:
-        v = p.stages_per_rank
+        v = spr
         bubble = (p.pp - 1) / (v * n_mb)
         if (p.pp_schedule or "") in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
             bubble /= 3
@@ -174,4 +239,4 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     )
 
 
-__all__ = ["Cluster", "CommEstimate", "estimate_comm", "step_flops", "in_flight_microbatches"]
+__all__ = ["STEP_TIME_ERROR", "Cluster", "CommEstimate", "axis_gbps", "estimate_comm", "forward_flops", "step_flops"]

@@ -84,7 +84,9 @@ def test_validate_a_folder(files, capsys):
         capsys.readouterr()
         .out.rstrip()
         .endswith(
-            "VALID: 0 error(s), 0 warning(s); world_size=8 (argument); strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1"
+            "VALID: 0 error(s), 0 warning(s); world_size=8 (argument); strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1\n"
+            "not checked: per-GPU memory and step time: `automodel-dist estimate` (estimate_memory), or `dryrun` "
+            "(dry_run, AutoModel's own step)"
         )
     )
     (files / "empty").mkdir()
@@ -198,7 +200,7 @@ def test_mesh_takes_nodes_and_gpus_per_node_like_validate(files, capsys):
     assert main(["mesh", good, "--nodes", "2", "--gpus-per-node", "4"]) == 0
     assert capsys.readouterr().out.startswith("world_size 8 (nodes x gpus_per_node), 4 GPUs per node\n")
     assert main(["mesh", good, "--nodes", "2"]) == 2  # nodes alone is no world size
-    assert "give --world-size or --nodes with --gpus-per-node" in capsys.readouterr().err
+    assert "the world size is unknown: give --world-size, or --nodes with --gpus-per-node" in capsys.readouterr().err
 
 
 def test_explain_and_models(capsys):

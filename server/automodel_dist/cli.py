@@ -88,14 +88,19 @@ def _launch(
         files = files or [launch.config]
     if not files and need_file:
         raise UsageError("give the config FILE, or name it in the launch command after --")
-    if launch.nproc_per_node is not None and not (
-        args.world_size or getattr(args, "nodes", None) or getattr(args, "gpus_per_node", None)
-    ):
-        args.world_size = launch.nproc_per_node  # `automodel recipe.yaml --nproc-per-node N`: one node of N
+    if launch.nproc_per_node is not None and not (args.world_size or getattr(args, "nodes", None)):
+        # `automodel recipe.yaml --nproc-per-node N` starts N ranks; --gpus-per-node only says how nodes split them
+        args.world_size = launch.nproc_per_node
     return files, launch.overrides
 
 
 # --------------------------------------------------------------------------- commands
+NO_WORLD = (
+    "the world size is unknown: give --world-size, or --nodes with --gpus-per-node (or --nproc-per-node in the "
+    "launch command after --, or a recipe with a ci: block)"
+)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import render
     from .api import validate_config
@@ -192,11 +197,7 @@ def cmd_mesh(args: argparse.Namespace) -> int:
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
         if exc.report.world_size is None and not exc.report.errors:
-            raise UsageError(
-                "give --world-size or --nodes with --gpus-per-node (or --nproc-per-node in the launch "
-                "command after --, or a recipe "
-                "with a ci: block)"
-            ) from exc
+            raise UsageError(NO_WORLD) from exc
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -367,6 +368,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             overrides=overrides,
         )
     except ConfigError as exc:
+        if exc.report.world_size is None and not exc.report.errors:
+            raise UsageError(NO_WORLD) from exc
         return _show_invalid(args, exc.report)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -660,10 +663,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
         ap.add_argument(
             "--precision",
-            choices=["bf16", "bf16-mixed", "fp32"],
-            default="bf16",
-            help="bf16 = AutoModel's default (bf16 weights and AdamW states); bf16-mixed = fp32 master "
-            "weights (model.torch_dtype: float32) with bf16 compute",
+            choices=["auto", "bf16", "bf16-mixed", "fp32"],
+            default="auto",
+            help="auto = the recipe's model.torch_dtype (float32: bf16-mixed), else bf16; bf16 = AutoModel's "
+            "default (bf16 weights and AdamW states); bf16-mixed = fp32 master weights with bf16 compute",
         )
         ap.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
         ap.add_argument("--json", action="store_true", help="print the report as JSON")

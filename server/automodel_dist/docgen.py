@@ -1,9 +1,10 @@
-"""Generated documentation: the config reference tables (from the schema) and the rule index
-(from the rule table), so the docs list exactly what the engine knows.
+"""Generated documentation: the config reference tables (from the schema), the rule index (from the rule table)
+and the strategy guide's worked examples (from estimate and suggest), so the docs say exactly what the engine
+knows and computes.
 
-``python -m automodel_dist.docgen`` rewrites the generated sections of
-``references/config-reference.md`` and ``references/troubleshooting.md`` in place;
-``tests/test_docs.py`` fails when they are stale.
+``python -m automodel_dist.docgen`` rewrites the generated sections of ``references/config-reference.md``,
+``references/troubleshooting.md`` and ``references/strategy-guide.md`` in place; ``tests/test_docs.py`` fails when
+they are stale.
 """
 
 from __future__ import annotations
@@ -141,9 +142,62 @@ def rule_index() -> str:
     return "\n".join(out)
 
 
+def worked_examples() -> str:
+    """The strategy guide's examples, each figure computed by estimate_memory / suggest_strategy."""
+    from .estimate import estimate_memory
+    from .suggest import suggest_strategy
+
+    def verdict(fits: bool | None) -> str:
+        return "fits" if fits else "does not fit"
+
+    l8 = estimate_memory({"distributed": {}}, model="meta-llama/Llama-3.1-8B", world_size=8, seq_len=4096)
+    l70 = estimate_memory(
+        {"distributed": {}}, model="meta-llama/Llama-3.1-70B", world_size=32, seq_len=8192, global_batch_size=256
+    )
+    pick = suggest_strategy(
+        "meta-llama/Llama-3.1-70B", nodes=4, gpus_per_node=8, seq_len=8192, global_batch_size=256, top_k=1
+    ).candidates[0]
+    cp8 = estimate_memory(
+        {
+            "distributed": {
+                "strategy": "fsdp2",
+                "cp_size": 8,
+                "pp_size": 4,
+                "activation_checkpointing": "selective",
+                "pipeline": {"pp_schedule": "1f1b", "pp_microbatch_size": 1},
+            },
+            "step_scheduler": {"global_batch_size": 256, "local_batch_size": 256},
+        },
+        model="meta-llama/Llama-3.1-70B",
+        nodes=4,
+        gpus_per_node=8,
+        seq_len=8192,
+    )
+    qwen = estimate_memory(Path(__file__).resolve().parents[2] / "tests/examples/qwen3_moe_30b_te_chat_thd.yaml")
+    from .render import flow
+
+    return "\n".join(
+        [
+            f"- Llama-3.1-8B on 8 GPUs: plain FSDP2 {verdict(l8.fits)} (~{l8.memory_gib.total:.0f} GiB/GPU); nothing "
+            "else needed.",
+            f"- Llama-3.1-70B on 32 GPUs at 8192 tokens: plain FSDP2 needs ~{l70.memory_gib.total:.0f} GiB/GPU "
+            f"({l70.memory_gib.activations:.0f} of activations of 80 layers at 8k tokens, "
+            f"{l70.memory_gib.buffers:.0f} of buffers); `suggest_strategy` picks {flow(pick.distributed)} "
+            f"(~{pick.memory_gib.total:.0f} GiB, ~{pick.step_time_s:.1f} s/step); cp 8 + pp 4 with selective "
+            f"checkpointing (below, ~{cp8.memory_gib.total:.0f} GiB) {verdict(cp8.fits)} without TP.",
+            f"- Qwen3-30B-A3B on 16 GPUs: the AutoModel example recipe (cp 2, pp 2, ep 4, full AC, 1024 tokens) "
+            f"estimates {qwen.memory_gib.tracked_peak:.0f} GiB tracked, {qwen.memory_gib.deferred_grads:.0f} of them "
+            "the fp32 gradients FSDP2 holds across the pipeline's microbatches (AutoModel's own step holds them too, "
+            'in the dry run on fake tensors); the recipe\'s own comment says "Verified at ~19 GiB/GPU" without '
+            "saying how it measured: the two disagree by about those gradients.",
+        ]
+    )
+
+
 SECTIONS = {
     "references/config-reference.md": ("config-reference", config_reference),
     "references/troubleshooting.md": ("rule-index", rule_index),
+    "references/strategy-guide.md": ("worked-examples", worked_examples),
 }
 
 

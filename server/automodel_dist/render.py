@@ -71,6 +71,8 @@ def validation_text(report: ValidationReport) -> str:
     model = f", model {report.model}" if report.model else ""
     verdict = "VALID" if report.valid else "INVALID"
     lines.append(f"{verdict}: {errors} error(s), {warnings} warning(s); {world}{model}; {resolved_line(report)}")
+    if report.valid and report.not_checked:
+        lines.append("not checked: " + "; ".join(report.not_checked))
     return "\n".join(lines)
 
 
@@ -266,10 +268,36 @@ def estimate_text(est: Any) -> str:
         f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
         f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"
     ]
+    if not est.seq_len_known:
+        at = " / ".join(f"{n:,}" for n in est.micro_batch_at_lengths)
+        batches = " / ".join("none" if b is None else f"{b:,}" for b in est.micro_batch_at_lengths.values())
+        upto = (
+            f"sequences up to {est.max_seq_len:,} tokens fit at micro batch {est.micro_batch_size}"
+            if est.max_seq_len
+            else f"no sequence length fits at micro batch {est.micro_batch_size}"
+        )
+        lines.append(
+            f"the sequence length is the unknown (neither --seq-len nor the recipe fixes it): with "
+            f"{est.headroom:.0%} headroom {upto}; at {at} tokens the micro batch can be up to {batches}. "
+            f"The figures below are at an assumed {est.seq_len:,} tokens and give no verdict: pass --seq-len (the "
+            "longest sequence in the data, or the packed length)"
+        )
     if est.assumed:
         lines.append(_assumed({"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size}, est.assumed))
+    for line in getattr(est, "workload", []):
+        lines.append(f"from the recipe: {line}")
     mem = est.memory_gib
-    verdict = "fits" if est.fits else "fit NOT JUDGED (see the assumptions)" if est.fits is None else "DOES NOT FIT"
+    verdict = (
+        "fits"
+        if est.fits
+        else (
+            "no verdict (the sequence length is unknown)"
+            if not est.seq_len_known
+            else "fit NOT JUDGED (see the assumptions)"
+        )
+        if est.fits is None
+        else "DOES NOT FIT"
+    )
     lines.append(
         f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
         f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom"
@@ -333,8 +361,15 @@ def suggest_text(rep: Any) -> str:
     }
     if rep.from_recipe:
         lines.append("from the recipe: " + ", ".join(f"{k} {values[k]} ({src})" for k, src in rep.from_recipe.items()))
+    for line in getattr(rep, "workload", []):
+        lines.append(f"from the recipe: {line}")
     if rep.current is not None and rep.assumed:
         lines.append(_assumed(values, rep.assumed))
+    if rep.current is not None and "seq_len" in rep.assumed:
+        lines.append(
+            f"the sequence length is the unknown: ranked at an assumed {rep.seq_len:,} tokens; pass --seq-len (the "
+            "longest sequence in the data, or the packed length) to rank for the real job"
+        )
     cur = rep.current
     if cur is not None:
         mine = f"the recipe's layout {_brief(cur.distributed)}"

@@ -40,6 +40,11 @@ class Resolved(BaseModel):
     mesh_ranks: int | None = Field(default=None, description="Ranks inside the device mesh (dp*cp*tp*pp).")
 
 
+NOT_CHECKED = (
+    "per-GPU memory and step time: `automodel-dist estimate` (estimate_memory), or `dryrun` (dry_run, AutoModel's own step)",
+)
+
+
 class ValidationReport(BaseModel):
     """Result of ``validate_config``: every finding at once."""
 
@@ -53,6 +58,10 @@ class ValidationReport(BaseModel):
     model: str | None = Field(default=None, description="Model used for model-aware checks.")
     findings: list[Finding] = Field(default_factory=list)
     resolved: Resolved = Field(default_factory=Resolved)
+    not_checked: list[str] = Field(
+        default_factory=lambda: list(NOT_CHECKED),
+        description="What a valid report does not say (and the tool that checks it).",
+    )
 
     @property
     def errors(self) -> list[Finding]:

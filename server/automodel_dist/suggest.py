@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -21,7 +21,6 @@ from .catalog.models import ModelSpec, resolve_model
 from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
 from .dims import FSDP2_DEFAULT_MP, ParallelDims
 from .estimate import (
-    PRECISIONS,
     Cluster,
     MemoryBreakdown,
     Training,
@@ -33,21 +32,25 @@ from .estimate import (
     recipe_training,
     teacher_of,
 )
-from .estimate.comm import estimate_comm
+from .estimate.comm import STEP_TIME_ERROR, estimate_comm
 from .estimate.memory import GIB, overhead_bytes
+from .estimate.training import PRECISIONS, training_for
 from .layout import StageError, ep_shard_size, virtual_stages
 from .render import flow
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned
 from .suggestion import Candidate, CurrentLayout, Rejected, SuggestReport
+from .workload import Workload, read_workload
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
 
 
-def _microbatches(p: ParallelDims, gbs: int, mbs: int) -> int | None:
-    """Pipeline microbatches per step of a layout the search built (None without PP)."""
-    return gbs // p.dp // mbs if p.pp > 1 and p.dp else None
+def _microbatches(p: ParallelDims, gbs: int, mbs: int, given_lbs: int | None = None) -> int | None:
+    """Pipeline microbatches per local batch of a layout the search built (None without PP)."""
+    if p.pp <= 1 or not p.dp:
+        return None
+    return _batches(p, gbs, mbs, given_lbs)[0]["local_batch_size"] // mbs
 
 
 def _options(
@@ -239,8 +242,8 @@ def suggest_strategy(
     seq_len: int | None = None,
     global_batch_size: int | None = None,
     micro_batch_size: int | None = None,
-    precision: str = "bf16",
-    optimizer: str = "adamw",
+    precision: str | None = None,
+    optimizer: str | None = None,
     allow_activation_checkpointing: bool = True,
     headroom: float = 0.1,
     top_k: int = 5,
@@ -256,8 +259,8 @@ def suggest_strategy(
     (``model.pretrained_model_name_or_path``), nodes and GPUs per node (``ci:``), ``seq_len`` (``dataset``), the
     batch sizes (``step_scheduler``); the report says which, and how the recipe's own layout compares."""
     strategies = search_strategies(strategies)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if precision is not None and precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {precision!r}")
     check_positive_ints(
         {
             "nodes": nodes,
@@ -271,19 +274,22 @@ def suggest_strategy(
     check_headroom(headroom)
     from_recipe: dict[str, str] = {}
     teacher: ModelSpec | None = None
+    workload = Workload()
+    given_lbs: int | None = None
     if config is not None:
-        spec, recipe_block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size, teacher = (
-            _recipe_defaults(
-                config,
-                from_recipe,
-                model=model,
-                nodes=nodes,
-                gpus_per_node=gpus_per_node,
-                seq_len=seq_len,
-                global_batch_size=global_batch_size,
-                micro_batch_size=micro_batch_size,
-            )
+        d = _recipe_defaults(
+            config,
+            from_recipe,
+            model=model,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
         )
+        spec, recipe_block, nodes, gpus_per_node = d.spec, d.block, d.nodes, d.gpus_per_node
+        seq_len, global_batch_size, micro_batch_size = d.seq_len, d.global_batch_size, d.micro_batch_size
+        teacher, workload, given_lbs = d.teacher, d.workload, d.local_batch_size
     elif model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
@@ -306,16 +312,18 @@ def suggest_strategy(
     if world > 1 << 20:
         raise ValueError(f"world size {world} is too large to search (limit {1 << 20})")
     gbs = global_batch_size or world * micro_batch_size
-    storage, compute = PRECISIONS[precision]
-    base_tr = Training(
+    terms = training_for(
+        spec,
+        workload,
+        precision=precision,
+        optimizer=optimizer,
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
         global_batch_size=gbs,
-        storage_dtype=storage,
-        compute_dtype=compute,
-        optimizer=optimizer,
+        pp_microbatches=None,
         teacher=teacher,
     )
+    base_tr = terms.training
     budget = cluster.gpu.memory_gib * (1 - headroom)
     scored: list[tuple[float, ParallelDims, MemoryBreakdown, Any]] = []
     oom: list[tuple[float, ParallelDims, MemoryBreakdown]] = []
@@ -329,7 +337,7 @@ def suggest_strategy(
         if p.activation_checkpointing and base_key in fits_without_ac:
             continue  # checkpointing only adds recompute once the layout already fits
         searched += 1
-        n_mb = _microbatches(p, gbs, micro_batch_size)
+        n_mb = _microbatches(p, gbs, micro_batch_size, given_lbs)
         tr = trainings.get(n_mb) or trainings.setdefault(n_mb, replace(base_tr, pp_microbatches=n_mb))
         mem, _, _ = evaluate(spec, p, tr, None)
         fits = mem.total <= budget
@@ -352,9 +360,11 @@ def suggest_strategy(
             oom.append((estimate_comm(spec, p, tr, cluster).step_time_s, p, mem))
         else:
             oom.append((float("inf"), p, mem))
-    scored.sort(
-        key=lambda x: (round(x[0], 3 - int(math.floor(math.log10(max(x[0], 1e-9))))), _complexity(x[1]), x[2].total)
-    )
+    # Layouts whose predicted times differ by less than the model's error (STEP_TIME_ERROR, measured against
+    # AutoModel's published runs) are not told apart by time: within one such band, fewer parallel axes first.
+    best_time = min((x[0] for x in scored), default=1.0) or 1e-9
+    band = math.log1p(STEP_TIME_ERROR)
+    scored.sort(key=lambda x: (int(math.log(max(x[0], best_time) / best_time) / band), _complexity(x[1]), x[0]))
     candidates: list[Candidate] = []
     rejected: list[Rejected] = []
     shapes: set[tuple] = set()
@@ -366,7 +376,11 @@ def suggest_strategy(
             continue  # one candidate per layout shape (its best HSDP / checkpointing / schedule variant)
         shapes.add(shape)
         block = p.to_block()
-        recipe = {"distributed": block, "step_scheduler": _batches(p, gbs, micro_batch_size)}
+        batches, changed = _batches(p, gbs, micro_batch_size, given_lbs)
+        recipe: dict[str, Any] = {"distributed": block, "step_scheduler": batches}
+        needs = _model_needs(spec, p, workload)
+        if needs is not None:
+            recipe["model"] = {"backend": {"attn": "te"}}
         report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
@@ -391,7 +405,8 @@ def suggest_strategy(
                     base_tr,
                     no_ac.get((p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)),
                     held.get(p),
-                ),
+                )
+                + [x for x in (changed, needs) if x],
                 findings=[f for f in report.findings if f.severity == "warning"],
             )
         )
@@ -444,7 +459,7 @@ def suggest_strategy(
         seq_len=seq_len,
         global_batch_size=gbs,
         micro_batch_size=micro_batch_size,
-        precision=precision,
+        precision=terms.precision,
         headroom=headroom,
         strategies=list(strategies),
         candidates=candidates,
@@ -453,10 +468,27 @@ def suggest_strategy(
         fitting=len(scored),
         note=note,
         teacher=teacher.name if teacher is not None else None,
+        workload=list(terms.read) if config is not None else [],
         from_recipe=from_recipe,
         current=current,
         assumed=assumed,
     )
+
+
+@dataclass
+class RecipeDefaults:
+    """What a recipe says for the search (None where it says nothing)."""
+
+    spec: ModelSpec
+    block: dict[str, Any]
+    nodes: int | None
+    gpus_per_node: int | None
+    seq_len: int | None
+    global_batch_size: int | None
+    micro_batch_size: int | None
+    local_batch_size: int | None
+    teacher: ModelSpec | None
+    workload: Workload
 
 
 def _recipe_defaults(
@@ -469,7 +501,7 @@ def _recipe_defaults(
     seq_len: int | None,
     global_batch_size: int | None,
     micro_batch_size: int | None,
-) -> tuple[ModelSpec, dict[str, Any], int | None, int | None, int | None, int | None, int | None, ModelSpec | None]:
+) -> RecipeDefaults:
     """The model, the recipe's distributed: block, the arguments not passed and a knowledge-distillation teacher on
     the same GPUs, from the recipe (``used`` records each one's source key)."""
     from .api import analyze
@@ -505,7 +537,19 @@ def _recipe_defaults(
         )
     if teacher is not None:
         used["teacher"] = "teacher_model.pretrained_model_name_or_path"
-    return spec, ctx.block, nodes, gpus_per_node, seq_len, global_batch_size, micro_batch_size, teacher
+    lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None
+    return RecipeDefaults(
+        spec,
+        ctx.block,
+        nodes,
+        gpus_per_node,
+        seq_len,
+        global_batch_size,
+        micro_batch_size,
+        lbs,
+        teacher,
+        read_workload(ctx.recipe),
+    )
 
 
 def _current(
@@ -555,6 +599,20 @@ def _current(
     )
 
 
+def _model_needs(m: ModelSpec, p: ParallelDims, w: Workload) -> str | None:
+    """What the recipe's model: section must say for this layout, when AutoModel needs it."""
+    impl = implementation(m.architecture)
+    if p.cp > 1 and impl is not None and impl.custom and not w.force_hf:
+        attn = w.backend.get("attn")
+        if attn not in ("te", "magi"):
+            return (
+                f"model.backend.attn: te added: context parallelism on AutoModel's {m.architecture} runs only with "
+                "Transformer Engine attention"
+                + (f" (the recipe has {attn})" if attn else " (set it explicitly; the default depends on the image)")
+            )
+    return None
+
+
 def _complexity(p: ParallelDims) -> tuple[int, int]:
     """Tie-breaker: fewer parallel axes, no checkpointing, AutoModel's default strategy first."""
     axes = sum(x > 1 for x in (p.tp, p.cp, p.pp, p.ep, p.dp_replicate))
@@ -577,10 +635,27 @@ def search_strategies(strategies: str | Iterable[str] | None) -> tuple[str, ...]
     return tuple(s for s in STRATEGIES if s in chosen)
 
 
-def _batches(p: ParallelDims, gbs: int, mbs: int) -> dict[str, int]:
+def _batches(p: ParallelDims, gbs: int, mbs: int, given_lbs: int | None) -> tuple[dict[str, int], str | None]:
+    """The step_scheduler batch sizes of a candidate, and what it changes in the ones given (None: nothing).
+    Without PP each rank's local batch is the micro batch; with PP AutoModel needs at least pp_size microbatches
+    per step (local_batch_size // pp_microbatch_size >= pp_size), so a given local batch stays where it has them
+    and is otherwise raised to the fewest that divide the global batch."""
     if p.pp > 1:
-        return {"global_batch_size": gbs, "local_batch_size": gbs // p.dp}
-    return {"global_batch_size": gbs, "local_batch_size": mbs}
+        per_rank = gbs // p.dp
+        if given_lbs is not None and given_lbs // mbs >= p.pp and per_rank % given_lbs == 0:
+            return {"global_batch_size": gbs, "local_batch_size": given_lbs}, None
+        local = next((k * mbs for k in range(p.pp, per_rank // mbs + 1) if per_rank % (k * mbs) == 0), per_rank)
+        change = None
+        if given_lbs is not None and given_lbs != local:
+            change = (
+                f"step_scheduler.local_batch_size {given_lbs} -> {local}: pipeline parallelism over {p.pp} stages "
+                f"needs at least {p.pp} microbatches of {mbs} per step (AutoModel asserts it)"
+            )
+        return {"global_batch_size": gbs, "local_batch_size": local}, change
+    change = None
+    if given_lbs is not None and given_lbs != mbs:
+        change = f"step_scheduler.local_batch_size {given_lbs} -> {mbs} (the micro batch asked for)"
+    return {"global_batch_size": gbs, "local_batch_size": mbs}, change
 
 
 def _alternatives(

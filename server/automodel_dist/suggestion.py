@@ -62,6 +62,11 @@ class SuggestReport(BaseModel):
     searched: int = Field(description="Layouts evaluated.")
     fitting: int = Field(description="Layouts that fit in memory.")
     note: str | None = None
+    workload: list[str] = Field(
+        default_factory=list,
+        description="What was read from the recipe's workload (PEFT, optimizer, loss, dtype), one sentence each; "
+        "every layout is sized for it.",
+    )
     teacher: str | None = Field(
         default=None,
         description="A knowledge-distillation teacher on the student's GPUs, counted in every layout (its sharded "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,22 +17,17 @@ from ..report import ConfigError
 from ..workload import read_workload
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
+from .training import PRECISIONS, training_for
 
 if TYPE_CHECKING:
     from ..rules import Context
-
-PRECISIONS: dict[str, tuple[str, str]] = {
-    # name: (storage dtype of params/grads/optimizer states, compute dtype)
-    "bf16": ("bfloat16", "bfloat16"),  # AutoModel's default (model.torch_dtype auto -> bf16 weights)
-    "bf16-mixed": ("float32", "bfloat16"),  # model.torch_dtype: float32 + default mp_policy (fp32 master)
-    "fp32": ("float32", "float32"),
-}
 
 ASSUMPTIONS = [
     f"collectives reach {COLLECTIVE_EFFICIENCY:.0%} of link bandwidth; matmuls {MATMUL_EFFICIENCY:.0%} of bf16 peak",
     f"FSDP/DDP traffic overlaps up to {OVERLAP:.0%} of compute; TP and EP traffic is exposed; CP half hidden",
     f"overhead = {CUDA_CONTEXT_GIB:.0f} GiB CUDA context/NCCL + {FRAGMENTATION:.0%} allocator fragmentation",
-    "activations: SDPA flash attention, no dropout; loss on full-vocabulary fp32 logits",
+    "activations: what AutoModel's own classes save (read from its code run on fake tensors), flash attention, "
+    "no dropout",
 ]
 
 
@@ -52,7 +48,7 @@ def make_cluster(
             raise ValueError(f"{name} must be a positive number, got {value!r}")
     g = gpu if isinstance(gpu, GPU) else lookup_gpu(gpu or "H100-80GB")
     if memory_gib is not None:
-        g = GPU(g.name, float(memory_gib), g.bf16_tflops, g.intra_gbps, g.inter_gbps, g.gpus_per_node, g.interconnect)
+        g = dataclasses.replace(g, memory_gib=float(memory_gib))
     return Cluster(
         gpu=g,
         gpus_per_node=gpus_per_node or g.gpus_per_node,
@@ -144,13 +140,18 @@ def seq_len_step(p: ParallelDims) -> int:
 
 def fit_limits(spec: ModelSpec, p: ParallelDims, tr: Training, budget_gib: float) -> tuple[int | None, int | None]:
     """The longest seq_len (at ``tr``'s micro batch) and the largest micro batch (at its seq_len) whose peak stays
-    within ``budget_gib``: memory grows with both, so each is a binary search over the estimate."""
+    within ``budget_gib``: memory grows with both, so each is a binary search over the estimate, started from
+    ``tr``'s own sizes when they fit (with a fixed global batch a smaller micro batch means more accumulation steps,
+    whose deferred gradients can cost more than the batch saves)."""
     step = seq_len_step(p)
 
-    def largest(fits: Any, top: int) -> int | None:
-        if not fits(1):
-            return None
-        lo, hi = 1, top  # fits(lo) holds
+    def largest(fits: Any, top: int, known: int | None) -> int | None:
+        lo = known if known is not None and 1 <= known <= top and fits(known) else None
+        if lo is None:
+            if not fits(1):
+                return None
+            lo = 1
+        hi = top  # fits(lo) holds
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
@@ -159,11 +160,27 @@ def fit_limits(spec: ModelSpec, p: ParallelDims, tr: Training, budget_gib: float
     seq_steps = largest(
         lambda k: memory_per_rank(spec, p, replace(tr, seq_len=k * step)).total <= budget_gib,
         MAX_SEARCH_SEQ_LEN // step,
+        tr.seq_len // step if tr.seq_len % step == 0 else None,
     )
     mbs = largest(
-        lambda b: memory_per_rank(spec, p, replace(tr, micro_batch_size=b)).total <= budget_gib, MAX_SEARCH_MICRO_BATCH
+        lambda b: memory_per_rank(spec, p, replace(tr, micro_batch_size=b)).total <= budget_gib,
+        MAX_SEARCH_MICRO_BATCH,
+        tr.micro_batch_size,
     )
     return (seq_steps * step if seq_steps else None), mbs
+
+
+USUAL_SEQ_LENS = (2048, 4096, 8192)
+
+
+def micro_batches_at(spec: ModelSpec, p: ParallelDims, tr: Training, budget_gib: float) -> dict[int, int | None]:
+    """The largest micro batch that fits at each of the usual sequence lengths (for a recipe that fixes none)."""
+    out: dict[int, int | None] = {}
+    for seq in USUAL_SEQ_LENS:
+        if seq % seq_len_step(p):
+            continue
+        out[seq] = fit_limits(spec, p, replace(tr, seq_len=seq, micro_batch_size=1), budget_gib)[1]
+    return out
 
 
 def evaluate(
@@ -189,8 +206,8 @@ def estimate_memory(
     seq_len: int | None = None,
     micro_batch_size: int | None = None,
     global_batch_size: int | None = None,
-    precision: str = "bf16",
-    optimizer: str = "adamw",
+    precision: str | None = None,
+    optimizer: str | None = None,
     headroom: float = 0.1,
     memory_gib: float | None = None,
     intra_gbps: float | None = None,
@@ -206,8 +223,8 @@ def estimate_memory(
     """
     from ..api import analyze
 
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    if precision is not None and precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {precision!r}")
     check_headroom(headroom)
     check_positive_ints(
         {"seq_len": seq_len, "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size},
@@ -241,25 +258,29 @@ def estimate_memory(
     else:
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
-    storage, compute = PRECISIONS[precision]
     teacher, teacher_note, teacher_known = teacher_of(ctx)
-    tr = Training(
+    terms = training_for(
+        spec,
+        read_workload(ctx.recipe),
+        precision=precision,
+        optimizer=optimizer,
         seq_len=seq_len,
         micro_batch_size=mbs,
         global_batch_size=global_batch_size,
-        storage_dtype=storage,
-        compute_dtype=compute,
-        optimizer=optimizer,
         pp_microbatches=n_mb,
+        compile_layers=ctx.block.get("enable_compile") is True,
         teacher=teacher,
     )
+    tr = terms.training
     gpn = ctx.gpus_per_node or gpus_per_node
     cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
     mem, comm, fits = evaluate(spec, p, tr, cluster, headroom=headroom)
     assert comm is not None
-    if not teacher_known:
-        fits = None
-    max_seq, max_mbs = fit_limits(spec, p, tr, cluster.gpu.memory_gib * (1 - headroom))
+    if not teacher_known or "seq_len" in assumed:
+        fits = None  # the length is the unknown (or the teacher is): no verdict on an assumed value
+    budget = cluster.gpu.memory_gib * (1 - headroom)
+    max_seq, max_mbs = fit_limits(spec, p, tr, budget)
+    seq_known = "seq_len" not in assumed
     shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
         model=spec.name,
@@ -269,11 +290,13 @@ def estimate_memory(
         gpu_memory_gib=cluster.gpu.memory_gib,
         intra_gbps=cluster.intra_gbps,
         inter_gbps=cluster.inter_gbps,
-        precision=precision,
+        precision=terms.precision,
         seq_len=seq_len,
         micro_batch_size=mbs,
         global_batch_size=global_batch_size,
         memory_gib=mem,
+        workload=list(terms.read),
+        trainable_params=(tr.lora.total(spec) if tr.lora else float(spec.param_count())),
         fits=fits,
         headroom=headroom,
         comm_bytes_per_step=comm.bytes_per_step,
@@ -286,6 +309,8 @@ def estimate_memory(
         bubble_fraction=comm.bubble_fraction,
         max_seq_len=max_seq,
         max_micro_batch_size=max_mbs,
+        seq_len_known=seq_known,
+        micro_batch_at_lengths={} if seq_known else micro_batches_at(spec, p, tr, budget),
         assumed=assumed,
         shortest_seq_len=shortest,
         shortest=memory_per_rank(spec, p, replace(tr, seq_len=shortest)) if shortest is not None else None,

@@ -1,0 +1,195 @@
+"""What a recipe trains, as the estimate sizes it: LoRA (matched as AutoModel matches it), QLoRA, each loss, each
+optimizer, the parameters' dtype."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from automodel_dist import estimate_memory
+from automodel_dist.catalog.models import lookup
+from automodel_dist.estimate.peft import QLORA_BYTES, lora_of, quantized_linear_weights, wildcard_match
+
+GIB = float(1 << 30)
+L8 = "meta-llama/Llama-3.1-8B"
+HAS_AUTOMODEL = importlib.util.find_spec("nemo_automodel") is not None
+LLM = "recipe: TrainFinetuneRecipeForNextTokenPrediction\n"
+
+
+def test_lora_on_every_projection_of_llama_3_1_8b_counts_by_hand():
+    m = lookup(L8)
+    h, kv, inter = 4096, 8 * 128, 14336
+    per_layer = (h + h) + 2 * (h + kv) + (h + h) + 2 * (h + inter) + (inter + h)  # q, k and v, o, gate and up, down
+    assert lora_of(m, {"target_modules": ["*_proj"], "dim": 16}).total(m) == 32 * 16 * per_layer == 41_943_040
+    assert lora_of(m, {}).total(m) == 32 * 8 * per_layer  # nothing given: *_proj, AutoModel's default dim 8
+    assert lora_of(m, {"target_modules": ["q_proj"], "dim": 16}).total(m) == 0  # a bare name matches no full name
+    assert lora_of(m, {"match_all_linear": True, "dim": 16}).lm_head == 16 * (h + 128256)
+    assert lora_of(m, {"exclude_modules": ["*.mlp.*"], "dim": 16}).total(m) == 32 * 16 * (
+        (h + h) + 2 * (h + kv) + (h + h)
+    ) + 16 * (h + 128256)  # every other Linear, the lm_head too
+    first_two = lora_of(m, {"target_modules": ["*.layers.1.*"], "dim": 16})
+    assert first_two.adapted == ()  # the pattern names layer 1 only; the layers per kind are read at layer 0
+
+
+PATTERN = st.lists(
+    st.sampled_from(["*", ".*", "model", "layers", "1", "10", "self_attn", "q_proj", "_proj", "mlp", ".", "experts"]),
+    min_size=1,
+    max_size=6,
+).map("".join)
+NAME = st.sampled_from(
+    [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.self_attn.q_proj",
+        "model.layers.10.mlp.down_proj",
+        "model.layers.1.mlp.experts",
+        "lm_head",
+        "backbone.layers.3.mixer.in_proj",
+    ]
+)
+
+
+@pytest.mark.skipif(not HAS_AUTOMODEL, reason="AutoModel oracle not installed")
+@settings(max_examples=400, deadline=None)
+@given(PATTERN, NAME)
+def test_wildcards_match_as_automodels_matcher_does(pattern, name):
+    from nemo_automodel.components._peft.module_matcher import wildcard_match as automodel_match
+
+    assert wildcard_match(pattern, name) == automodel_match(pattern, name)
+
+
+@pytest.mark.skipif(not HAS_AUTOMODEL, reason="AutoModel oracle not installed")
+@pytest.mark.parametrize(
+    "peft",
+    [
+        {"target_modules": ["*_proj"], "dim": 16},
+        {"target_modules": ["*.q_proj", "*.v_proj"], "dim": 8},
+        {"match_all_linear": True, "dim": 4},
+        {"exclude_modules": ["*.mlp.*", "*lm_head*"], "dim": 32},
+    ],
+    ids=["all-projections", "q-and-v", "match-all-linear", "exclude-mlp-and-head"],
+)
+def test_lora_counts_match_automodels_matcher_on_the_built_model(peft):
+    """AutoModel's ModuleMatcher over the module tree of the transformers class built on the meta device."""
+    import torch
+    import transformers
+    from nemo_automodel.components._peft.module_matcher import ModuleMatcher
+
+    from automodel_dist.catalog.models import from_hf_config
+
+    cfg = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
+    matcher = ModuleMatcher(
+        peft.get("target_modules", []), peft.get("exclude_modules", []), peft.get("match_all_linear", False), True
+    )
+    expected = sum(
+        peft["dim"] * (mod.in_features + mod.out_features)
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and matcher.match(mod, name)
+    )
+    spec = from_hf_config(cfg)
+    assert lora_of(spec, peft).total(spec) == expected
+
+
+def _params(text: str, world: int = 8, model: str = L8, **kw):
+    return estimate_memory(LLM + text, world_size=world, model=model, seq_len=2048, **kw)
+
+
+def test_lora_leaves_the_base_frozen_without_gradients_or_optimizer_states():
+    full = _params("distributed: {}\n")
+    lora = _params("peft:\n  target_modules: ['*_proj']\n  dim: 16\ndistributed: {}\n")
+    m = lookup(L8)
+    adapters = 41_943_040
+    assert lora.trainable_params == adapters and full.trainable_params == m.param_count()
+    assert lora.memory_gib.optimizer * GIB == pytest.approx(adapters / 8 * 4, rel=1e-9)  # two bf16 AdamW states
+    assert lora.memory_gib.params * GIB == pytest.approx((m.param_count() + adapters) / 8 * 2, rel=1e-9)
+    assert lora.step_time_s < full.step_time_s  # the frozen weights run no weight-gradient matmul
+    assert lora.workload[0].startswith("LoRA dim 16 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj")
+
+
+def test_qlora_holds_the_linear_weights_at_four_bits():
+    m = lookup(L8)
+    q = _params(
+        "peft:\n  target_modules: ['*_proj']\n  dim: 16\nquantization:\n  load_in_4bit: true\ndistributed: {}\n",
+        world=1,
+    )
+    linear = quantized_linear_weights(m)
+    layers = sum(m.layer_params(i) for i in range(m.num_layers))
+    rest = m.param_count() - layers
+    expected = (layers - linear) * 2 + linear * QLORA_BYTES[4] + rest * 2 + 41_943_040 * 2
+    assert q.memory_gib.params * GIB == pytest.approx(expected, rel=1e-6)
+    assert QLORA_BYTES[4] == pytest.approx(0.5159, abs=1e-4)  # NF4 with double quantization
+    assert "quantized to 4 bits" in q.workload[0]
+
+
+@pytest.mark.parametrize(
+    "loss,saved,note",
+    [
+        ("masked_ce.MaskedCrossEntropy", 4.0, "fp32 log-probabilities"),
+        ("masked_ce.MaskedCrossEntropy\n  fp32_upcast: false", 2.0, "bf16 logits"),
+        ("linear_ce.FusedLinearCrossEntropy", 0.0, "no logits materialised"),
+        ("chunked_ce.ChunkedCrossEntropy", 0.0, "512-token chunks"),
+    ],
+    ids=["masked", "masked-bf16", "fused-linear", "chunked"],
+)
+def test_each_loss_keeps_what_it_keeps(loss, saved, note):
+    small = "meta-llama/Llama-3.2-1B"  # small layers: the peak is at the start of backward for every loss
+    base = _params("distributed: {}\n", model=small)
+    est = _params(f"loss_fn:\n  _target_: nemo_automodel.components.loss.{loss}\ndistributed: {{}}\n", model=small)
+    logits = lookup(small).vocab_size * 2048
+    assert any(note in line for line in est.workload)
+    if base.memory_gib.peak_phase == est.memory_gib.peak_phase:  # the same moment: exactly less kept
+        assert (base.memory_gib.activations - est.memory_gib.activations) * GIB == pytest.approx((4.0 - saved) * logits)
+    else:  # no full-vocabulary logits at all: the peak moves into the layers' backward, lower
+        assert saved == 0.0 and est.memory_gib.total < base.memory_gib.total
+
+
+@pytest.mark.parametrize(
+    "optimizer,per_param",
+    [
+        ("_target_: torch.optim.AdamW", 4.0),
+        ("_target_: torch.optim.SGD\n  momentum: 0.9", 2.0),
+        ("_target_: torch.optim.SGD", 0.0),
+        ("_target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", 8.0),
+        ("_target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam\n  master_weights: true", 12.0),
+        ("_target_: dion.Muon", 2.0),
+    ],
+    ids=["adamw", "sgd-momentum", "sgd", "te-fused-adam", "te-fused-adam-master", "muon"],
+)
+def test_each_optimizer_keeps_its_states(optimizer, per_param):
+    est = _params(f"optimizer:\n  {optimizer}\ndistributed: {{}}\n")
+    assert est.memory_gib.optimizer * GIB * 8 == pytest.approx(lookup(L8).param_count() * per_param, rel=1e-9)
+
+
+def test_fp32_weights_double_the_parameters_and_their_states():
+    bf16 = _params("distributed: {}\n")
+    fp32 = _params("model:\n  torch_dtype: float32\ndistributed: {}\n")
+    assert fp32.precision == "bf16-mixed" and bf16.precision == "bf16"
+    assert fp32.memory_gib.params == pytest.approx(2 * bf16.memory_gib.params)
+    assert fp32.memory_gib.optimizer == pytest.approx(2 * bf16.memory_gib.optimizer)
+    assert any("model.torch_dtype float32: 4-byte parameters" in line for line in fp32.workload)
+    forced = _params("model:\n  torch_dtype: float32\ndistributed: {}\n", precision="bf16")
+    assert forced.memory_gib.params == bf16.memory_gib.params  # the argument wins
+
+
+def test_fits_agrees_with_the_limits_it_prints():
+    """A layout judged to fit has room for its own sizes in both limits; one that does not, not in both."""
+    for world in (1, 2, 4, 8):
+        for gbs in (8, 64):
+            est = estimate_memory(
+                "distributed: {}\n", model=L8, world_size=world, seq_len=4096, global_batch_size=gbs, micro_batch_size=1
+            )
+            room = (est.max_seq_len or 0) >= est.seq_len and (est.max_micro_batch_size or 0) >= est.micro_batch_size
+            assert est.fits == room, (world, gbs, est.fits, est.max_seq_len, est.max_micro_batch_size)

@@ -17,4 +17,7 @@ python -c "import torch, numpy" 2>/dev/null || _pip "torch==${TORCH_VERSION:-2.1
 _pip -e ".[test]" -c constraints.txt   # constraints: see the file
 python -c "import nemo_automodel" 2>/dev/null || _pip --no-deps "nemo-automodel==0.7.0" packaging
 python -c "import transformers" 2>/dev/null || _pip "transformers==5.18.0"
+# a few of AutoModel's model modules (Bagel, DeepSeek-V4, Nemotron-Parse) import these at import time; the capability
+# table's freshness test (tools/gen_capabilities.py --check) imports every registered class
+python -c "import einops, PIL" 2>/dev/null || _pip "einops==0.8.2" "pillow==13.0.0"
 python -c "import automodel_dist, torch; print('automodel-dist ready (torch', torch.__version__ + ')')"

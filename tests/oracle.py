@@ -360,16 +360,22 @@ def build_and_parallelize(
     return None
 
 
-def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str | None:
-    """AutoModel's pipeline-support check on its class for ``architecture`` built (meta device) from a
-    tiny config with ``tie_word_embeddings=tied``: the error text, or None when it accepts the model."""
+def pipeline_refusal(architecture: str, model_type: str, *, tied: bool, meta_init: bool = True) -> str | None:
+    """AutoModel's pipeline-support check on its class for ``architecture`` built from a tiny config with
+    ``tie_word_embeddings=tied``: the error text, or None when it accepts the model. ``meta_init``: built as
+    ``NeMoAutoModel*.from_pretrained`` builds it for FSDP2 on more than one rank without quantization (under its
+    ``no_init_weights()`` and ``init_empty_weights()``); False: as it builds a quantized model (plain construction)."""
     import torch
     from nemo_automodel._transformers.registry import get_registry
     from nemo_automodel.components.distributed.pipelining.hf_utils import validate_hf_model_for_pipeline_support
+    from nemo_automodel.components.utils.model_utils import init_empty_weights
+    from transformers.initialization import no_init_weights
+    from transformers.utils import ContextManagers
 
     registry = get_registry()
     config = _tiny_config(model_type, tie_word_embeddings=tied)
-    with warnings.catch_warnings(), torch.device("meta"):
+    ctx = ContextManagers([no_init_weights(), init_empty_weights()]) if meta_init else torch.device("meta")
+    with warnings.catch_warnings(), ctx:
         warnings.simplefilter("ignore")
         if registry.has_custom_model(architecture):
             model = registry.get_model_cls_from_model_arch(architecture)(config)
@@ -382,6 +388,33 @@ def pipeline_refusal(architecture: str, model_type: str, *, tied: bool) -> str |
     except ValueError as exc:
         return f"ValueError: {exc}"
     return None
+
+
+def default_pipeline_refusal(architecture: str) -> tuple[str | None, dict[str, Any]]:
+    """AutoModel's pipeline-support check on its class for ``architecture`` built under its meta init from the
+    class's default config (transformers' config class for it): the error's numbered issues (None when it accepts
+    the model) and that config as a dict, for the engine to read as a config.json."""
+    import transformers
+    from nemo_automodel._transformers.registry import get_registry
+    from nemo_automodel.components.distributed.pipelining.hf_utils import validate_hf_model_for_pipeline_support
+    from nemo_automodel.components.utils.model_utils import init_empty_weights
+    from transformers.initialization import no_init_weights
+    from transformers.utils import ContextManagers
+
+    registry = get_registry()
+    config = getattr(transformers, architecture).config_class()
+    config.architectures = [architecture]
+    with warnings.catch_warnings(), ContextManagers([no_init_weights(), init_empty_weights()]):
+        warnings.simplefilter("ignore")
+        if registry.has_custom_model(architecture):
+            model = registry.get_model_cls_from_model_arch(architecture)(config)
+        else:
+            model = getattr(transformers, architecture)(config)
+    try:
+        validate_hf_model_for_pipeline_support(model)
+    except ValueError as exc:
+        return str(exc).split("\n\n", 1)[1], config.to_dict()
+    return None, config.to_dict()
 
 
 def packed_cp_refusal(architecture: str, model_type: str, *, force_hf: bool, attn: str, cp_size: int) -> str | None:

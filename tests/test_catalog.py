@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup, resolve_model
+from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup
+from automodel_dist.catalog.sources import resolve_model
 
 REQUIRED_FAMILIES = [
     "Llama-3.2-1B",

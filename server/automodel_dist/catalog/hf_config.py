@@ -26,6 +26,7 @@ MODEL_TYPES: dict[str, str] = {  # config.json architectures[0] -> model_type
     "NemotronHForCausalLM": "nemotron_h",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
 _LAYER_CODES = {"mamba": "M", "moe": "E", "attention": "*", "mlp": "-"}
 

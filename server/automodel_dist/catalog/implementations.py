@@ -1,19 +1,28 @@
 """Which implementation AutoModel 0.7.0 builds for a Hugging Face architecture, and what it can shard.
 
 AutoModel uses its own model class when ``_transformers/registry.py`` lists the architecture
-(``MODEL_ARCH_MAPPING``), else the Hugging Face one. Right after building it,
-``_transformers/capabilities.validate_for_mesh`` raises for a parallelism the class lacks:
-TP needs a plan (``optimized_tp_plans.PARALLELIZE_FUNCTIONS`` or a ``_tp_plan`` attribute), PP a
-``_pp_plan`` or the MoE mixin, EP the ``MoEFSDPSyncMixin``, and CP, for AutoModel's own classes,
-one of the attention backends in ``cp_attn`` (the recipe's ``model.backend.attn``; Hugging Face
-classes need only SDPA support). ``tests/test_oracle_parity.py`` checks every row against
-AutoModel's own registry and capability code. ``model.force_hf: true`` makes AutoModel build the
-Hugging Face class instead, which this table does not describe.
+(``MODEL_ARCH_MAPPING``, 71 names), else the Hugging Face one. Right after building it,
+``_transformers/capabilities.validate_for_mesh`` raises for a parallelism the class lacks: TP needs a plan
+(``optimized_tp_plans.PARALLELIZE_FUNCTIONS`` or a ``_tp_plan`` attribute, which every transformers class has), PP
+a ``_pp_plan`` or the MoE mixin, EP the ``MoEFSDPSyncMixin``, and CP, for AutoModel's own classes, one of the
+attention backends in ``cp_attn`` (with hybrid layers, ``cp_attn_hybrid``); Hugging Face classes need SDPA and no
+hybrid layers. Some classes pass that gate and fail when they are parallelized (``tp_plan_error``).
+
+The table is GENERATED from the installed AutoModel by ``tools/gen_capabilities.py`` into ``capabilities.json``
+(never edited by hand); ``tests/test_capabilities.py`` regenerates it and checks the engine's verdicts against
+``validate_for_mesh`` for every row. ``model.force_hf: true`` makes AutoModel build the Hugging Face class instead.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TABLE = Path(__file__).with_name("capabilities.json")
+AUTOMODEL_VERSION = "0.7.0"  # the release the table was generated from (capabilities.json says it too)
 
 
 @dataclass(frozen=True)
@@ -25,10 +34,18 @@ class Implementation:
     tp: bool
     pp: bool
     ep: bool
-    cp_attn: frozenset[str] | None = None  # backend.attn values CP accepts (custom classes); None: any
+    cp_attn: frozenset[str] | None = None  # backend.attn values CP accepts (AutoModel's classes); None: no backend
+    cp_attn_hybrid: frozenset[str] | None = None  # the same when the layers mix attention with other mixers
+    cp_plain: bool = True  # Hugging Face classes: CP accepted (SDPA) without hybrid layers
+    cp_hybrid: bool = False  # ... and with them
     sequence_parallel: bool = True  # False: its own parallelizer raises for sequence_parallel: true (FSDP2 path)
     mamba_cp: bool = False  # CP shards its Mamba layers by heads (MambaContextParallel's divisibility asserts)
     own_fsdp2: bool = False  # its own FSDP2 parallelizer (ep_size 1) installs none of AutoModel's FSDP patches
+    tp_plan_error: str | None = None  # what parallelizing raises at tp > 1 although the gate passes
+    keeps_own_forward: bool = False  # _pp_keep_self_forward: its forward is kept under PP
+    returns_hidden_states: bool = False  # _pp_return_hidden_states_supported
+    logits_to_keep: bool = True  # its forward takes logits_to_keep
+    sidecar: str | None = None  # its own parallelizer class (Gemma4ModelParallelizer, ...)
 
     @property
     def custom(self) -> bool:
@@ -38,52 +55,86 @@ class Implementation:
         where = "AutoModel's own" if self.custom else "the Hugging Face"
         return f"{where} {self.architecture} ({self.module})"
 
+    def cp_backends(self, hybrid: bool) -> frozenset[str] | None:
+        """The backend.attn values its CP accepts for a model with (or without) hybrid layers; None: it has no
+        backend (a Hugging Face class: see :meth:`cp_ok`)."""
+        return self.cp_attn_hybrid if hybrid else self.cp_attn
 
-CP_TE_OR_MAGI = frozenset({"te", "magi"})  # AutoModel's classes without their own CP attention
-
-
-def _custom(arch: str, pkg: str, *, tp: bool, pp: bool, ep: bool) -> Implementation:
-    return Implementation(arch, f"nemo_automodel.components.models.{pkg}.model", tp, pp, ep, CP_TE_OR_MAGI)
-
-
-def _hf(arch: str, pkg: str, *, tp: bool, pp: bool, ep: bool) -> Implementation:
-    return Implementation(arch, f"transformers.models.{pkg}.modeling_{pkg}", tp, pp, ep)
+    def cp_ok(self, hybrid: bool) -> bool:
+        """Hugging Face classes: whether CP is accepted at all (SDPA, and no hybrid layers)."""
+        return self.cp_hybrid if hybrid else self.cp_plain
 
 
-IMPLEMENTATIONS: dict[str, Implementation] = {
-    i.architecture: i
-    for i in (
-        _custom("LlamaForCausalLM", "llama", tp=True, pp=True, ep=False),
-        _custom("Qwen2ForCausalLM", "qwen2", tp=True, pp=True, ep=False),
-        _custom("Qwen3ForCausalLM", "qwen3", tp=True, pp=True, ep=False),
-        # AutoModel's MoE models carry no TP plan in 0.7.0: shard them with EP, PP, CP and FSDP.
-        _custom("Qwen3MoeForCausalLM", "qwen3_moe", tp=False, pp=True, ep=True),
-        _custom("DeepseekV3ForCausalLM", "deepseek_v3", tp=False, pp=True, ep=True),
-        _custom("GptOssForCausalLM", "gpt_oss", tp=False, pp=True, ep=True),
-        _custom("Glm4MoeForCausalLM", "glm4_moe", tp=False, pp=True, ep=True),
-        # No AutoModel Mixtral: the Hugging Face class has TP/PP plans but not the MoE mixin EP needs.
-        _hf("MixtralForCausalLM", "mixtral", tp=True, pp=True, ep=False),
-        # Nemotron-H (dense and MoE): AutoModel's hybrid class. No TP plan; its own FSDP2 parallelizer raises for
-        # sequence_parallel and does not patch FSDP (so it runs on torch 2.15; its EP path does patch); CP runs on TE
-        # or SDPA attention and splits each Mamba layer's heads over the CP ranks.
-        Implementation(
-            "NemotronHForCausalLM",
-            "nemo_automodel.components.models.nemotron_v3.model",
-            tp=False,
-            pp=True,
-            ep=True,
-            cp_attn=frozenset({"te", "sdpa"}),
-            sequence_parallel=False,
-            mamba_cp=True,
-            own_fsdp2=True,
-        ),
-        _hf("MistralForCausalLM", "mistral", tp=True, pp=True, ep=False),  # no AutoModel class: the transformers one
-        _hf("Gemma2ForCausalLM", "gemma2", tp=True, pp=True, ep=False),
-        _hf("Gemma3ForCausalLM", "gemma3", tp=True, pp=True, ep=False),
-    )
-}
+# Facts the generator cannot read from a class without building it with a real config: Nemotron-H's own FSDP2
+# parallelizer splits Mamba heads over CP and installs none of AutoModel's FSDP patches (tests/test_oracle_parity.py
+# checks both against its code).
+_EXTRA: dict[str, dict[str, Any]] = {"NemotronHForCausalLM": {"mamba_cp": True, "own_fsdp2": True}}
+
+
+@cache
+def _table() -> dict[str, Any]:
+    return json.loads(TABLE.read_text(encoding="utf-8"))
+
+
+def _frozen(value: list[str] | None) -> frozenset[str] | None:
+    return frozenset(value) if value is not None else None
+
+
+@cache
+def implementations() -> dict[str, Implementation]:
+    """Every architecture the table knows: AutoModel's registry, then the Hugging Face classes it builds."""
+    data = _table()
+    out: dict[str, Implementation] = {}
+    for arch, row in data["hf_classes"].items():
+        out[arch] = Implementation(
+            arch,
+            row["module"],
+            tp=row["tp"],
+            pp=row["pp"],
+            ep=row["ep"],
+            cp_plain=row["cp"],
+            cp_hybrid=row["cp_hybrid"],
+        )
+    for arch, row in data["architectures"].items():
+        without = row.get("cp_without_backend") or {}
+        out[arch] = Implementation(
+            arch,
+            row["module"],
+            tp=row["tp"],
+            pp=row["pp"],
+            ep=row["ep"],
+            cp_attn=_frozen(row["cp_attn"]),
+            cp_attn_hybrid=_frozen(row["cp_attn_hybrid"]),
+            cp_plain=without.get("plain", True),
+            cp_hybrid=without.get("hybrid", False),
+            sequence_parallel=row["sequence_parallel"],
+            tp_plan_error=row["tp_plan_error"],
+            keeps_own_forward=row["keeps_own_forward"],
+            returns_hidden_states=row["returns_hidden_states"],
+            logits_to_keep=row["logits_to_keep"],
+            sidecar=row["sidecar"],
+            **_EXTRA.get(arch, {}),
+        )
+    return out
 
 
 def implementation(architecture: str | None) -> Implementation | None:
-    """The tabled implementation of ``architecture`` (None when unknown: nothing is checked)."""
-    return IMPLEMENTATIONS.get(architecture) if architecture else None
+    """The implementation AutoModel builds for ``architecture`` (None when neither its registry nor transformers
+    has the name: a trust_remote_code class, or a typo)."""
+    return implementations().get(architecture) if architecture else None
+
+
+def registered(architecture: str | None) -> bool:
+    """Whether AutoModel's registry maps ``architecture`` to a class of its own."""
+    return bool(architecture) and architecture in _table()["architectures"]
+
+
+def table_versions() -> dict[str, str]:
+    data = _table()
+    return {"nemo_automodel": data["nemo_automodel"], "transformers": data["transformers"]}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "IMPLEMENTATIONS":  # the mapping, for callers that iterate it
+        return implementations()
+    raise AttributeError(name)

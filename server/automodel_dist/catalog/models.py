@@ -8,12 +8,11 @@ Nothing is downloaded: the catalog holds the config values that matter for paral
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..config.files import is_dir, is_file
+from ..config.files import is_file
 from ..config.values import clip
 
 
@@ -57,6 +56,18 @@ class ModelSpec:
     ssm_state_size: int = 0
     conv_kernel: int = 4
     gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
+    # per-layer attention where it varies: "full" (Gemma-4's global layers: full_head_dim, full_kv_heads), "sliding",
+    # "linear" (Qwen3-Next / Qwen3.5 Gated DeltaNet layers, which hold no KV heads); empty: every layer the same
+    layer_attention: tuple[str, ...] = ()
+    full_head_dim: int | None = None
+    full_kv_heads: int | None = None
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_conv_kernel: int = 4
+    vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
+    audio_params: int = 0
     published_params: float | None = None  # total parameters from the model card
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
     source: str | None = None
@@ -76,6 +87,25 @@ class ModelSpec:
     @property
     def is_hybrid(self) -> bool:
         return bool(self.layer_types)
+
+    @property
+    def mixes_layers(self) -> bool:
+        """Attention mixed with other mixers (Mamba, linear attention): what AutoModel's CP capability calls hybrid."""
+        return bool(self.layer_types) or "linear" in self.layer_attention
+
+    def kv_head_counts(self) -> tuple[int, ...]:
+        """The KV head counts of the layers that have attention heads (Gemma-4's global layers have their own)."""
+        counts = {self.num_key_value_heads}
+        if "full" in self.layer_attention and self.full_kv_heads:
+            counts.add(self.full_kv_heads)
+        return tuple(sorted(counts))
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that hold attention heads (not Gated DeltaNet, not Mamba)."""
+        if self.layer_types:
+            return self.count("attention")
+        return self.num_layers - self.layer_attention.count("linear")
 
     def count(self, layer_type: str) -> int:
         """Layers of a hybrid model with this mixer (0 for a uniform transformer)."""
@@ -116,8 +146,38 @@ class ModelSpec:
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
 
-    def attention_params(self) -> int:
-        """Parameters of one attention block (projections, biases, norms inside attention)."""
+    def linear_attention_params(self) -> int:
+        """One Gated DeltaNet block: in_proj_qkvz, in_proj_ba, the depthwise conv, dt_bias / A_log, its norm and
+        out_proj."""
+        h = self.hidden_size
+        k, v = self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim
+        return (
+            h * (2 * k + 2 * v)
+            + h * 2 * self.linear_value_heads
+            + (2 * k + v) * self.linear_conv_kernel
+            + 2 * self.linear_value_heads
+            + self.linear_value_dim
+            + v * h
+        )
+
+    def mean_attention_params(self) -> float:
+        """Attention parameters per layer, averaged over the layers (they differ where layer_attention varies)."""
+        if not self.layer_attention:
+            return float(self.attention_params())
+        return sum(self.attention_params(kind) for kind in self.layer_attention) / len(self.layer_attention)
+
+    def attention_params(self, kind: str = "") -> int:
+        """Parameters of one attention block (projections, biases, norms inside attention); ``kind`` "full" for
+        Gemma-4's global layers, "linear" for a Gated DeltaNet layer."""
+        if kind == "linear":
+            return self.linear_attention_params()
+        if kind == "full" and (self.full_head_dim or self.full_kv_heads):
+            return replace(
+                self,
+                head_dim=self.full_head_dim or self.head_dim,
+                num_key_value_heads=self.full_kv_heads or self.num_key_value_heads,
+                layer_attention=(),
+            ).attention_params()
         h = self.hidden_size
         if self.kv_lora_rank:  # MLA
             nh = self.num_attention_heads
@@ -194,7 +254,8 @@ class ModelSpec:
             mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
         else:
             mlp = self.dense_mlp_params()
-        return self.attention_params() + mlp + norms
+        kind = self.layer_attention[layer] if self.layer_attention else ""
+        return self.attention_params(kind) + mlp + norms
 
     def param_count(self) -> int:
         """Total parameters (embedding + layers + final norm + untied lm_head)."""
@@ -204,10 +265,14 @@ class ModelSpec:
                 for t in set(self.layer_types)
             )
             return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
-        layers = self.num_dense_layers * self.layer_params(0)
-        if self.is_moe:
-            layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
-        return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
+        towers = self.vision_params + self.audio_params
+        if self.layer_attention:
+            layers = sum(self.layer_params(i) for i in range(self.num_layers))
+        else:
+            layers = self.num_dense_layers * self.layer_params(0)
+            if self.is_moe:
+                layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
+        return self.embedding_params() + layers + self.hidden_size + self.lm_head_params() + towers
 
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts)."""
@@ -531,6 +596,20 @@ _CATALOG: list[ModelSpec] = [
         published=671e9,
         aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1"),
     ),
+    # phi-4 (the transformers Phi3ForCausalLM: fused qkv and gate/up projections, the same parameters); its 10 KV
+    # heads are SKILL.md's TP pitfall: tp 4 fails after launch
+    ModelSpec(
+        "microsoft/phi-4",
+        5120,
+        40,
+        40,
+        10,
+        17920,
+        100352,
+        published_params=14.7e9,
+        architecture="Phi3ForCausalLM",
+        source="https://huggingface.co/microsoft/phi-4",
+    ),
     # Mistral (dense; AutoModel 0.7.0 builds the transformers MistralForCausalLM)
     ModelSpec(
         "mistralai/Mistral-7B-v0.3",
@@ -822,8 +901,51 @@ def from_hf_config(cfg: dict[str, Any], *, name: str | None = None) -> ModelSpec
     return replace(_spec_of(cfg, name=name), hf_config=cfg)
 
 
+def _tower_params(cfg: Any, text_hidden: int | None) -> int:
+    """A ViT-style tower's parameters (attention, MLP, norms per layer, the patch embedding and a projector to
+    the text width): approximate, for the memory of the tower AutoModel keeps (frozen by default)."""
+    if not isinstance(cfg, dict):
+        return 0
+    h = cfg.get("hidden_size") or cfg.get("embed_dim") or cfg.get("width")
+    layers = cfg.get("num_hidden_layers") or cfg.get("depth") or cfg.get("num_layers")
+    if not (isinstance(h, int) and isinstance(layers, int)) or h <= 0 or layers <= 0:
+        return 0
+    inter = cfg.get("intermediate_size") or 4 * h
+    inter = inter if isinstance(inter, int) else 4 * h
+    patch = cfg.get("patch_size") if isinstance(cfg.get("patch_size"), int) else 14
+    per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    projector = h * (text_hidden or h) if text_hidden else 0
+    return layers * per_layer + 3 * patch * patch * h + projector
+
+
+def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
+    """Per-layer attention kinds where they change the rules or the size: Gemma-4's sliding and full (global)
+    layers, Qwen3-Next / Qwen3.5's Gated DeltaNet ("linear_attention") and full layers."""
+    kinds = cfg.get("layer_types")
+    names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
+    if isinstance(kinds, list) and len(kinds) == layers and all(k in names for k in kinds):
+        out = tuple(names[k] for k in kinds)
+        return out if len(set(out)) > 1 else ()
+    interval = cfg.get("full_attention_interval")
+    if cfg.get("linear_num_key_heads") and isinstance(interval, int) and interval > 0:
+        return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
+    return ()
+
+
+def _unnamed(cfg: dict[str, Any], default: str) -> str:
+    """What a config passed without a name is called: its _name_or_path, else its architecture (a VLM's text
+    model_type would name the wrong model)."""
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    return clip(str(cfg.get("_name_or_path") or arch or default), 120)
+
+
 def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
+    vision = audio = 0
     if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
+        text_hidden = cfg["text_config"].get("hidden_size")
+        vision = _tower_params(cfg.get("vision_config"), text_hidden if isinstance(text_hidden, int) else None)
+        audio = _tower_params(cfg.get("audio_config"), text_hidden if isinstance(text_hidden, int) else None)
         cfg = {
             **cfg["text_config"],
             "_name_or_path": cfg.get("_name_or_path"),
@@ -855,7 +977,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if heads == 0 or (head_dim is None and h % heads):
         raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
     spec = ModelSpec(
-        name=name or str(cfg.get("_name_or_path") or mtype or "config.json"),
+        name=name or _unnamed(cfg, mtype or "config.json"),
         hidden_size=h,
         num_layers=layers,
         num_attention_heads=heads,
@@ -883,8 +1005,30 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         qk_rope_head_dim=_opt_int(cfg, "qk_rope_head_dim"),
         v_head_dim=_opt_int(cfg, "v_head_dim"),
         architecture=_architecture(cfg),
+        vision_params=vision,
+        audio_params=audio,
     )
+    kinds = _layer_attention(cfg, layers)
+    if kinds:
+        full_kv = None
+        if cfg.get("attention_k_eq_v") and is_int(cfg.get("num_global_key_value_heads")):
+            full_kv = _int(cfg["num_global_key_value_heads"], "num_global_key_value_heads")
+        spec = replace(
+            spec,
+            layer_attention=kinds,
+            full_head_dim=_opt_int(cfg, "global_head_dim") if "sliding" in kinds else None,
+            full_kv_heads=full_kv,
+            linear_key_heads=_int(cfg.get("linear_num_key_heads") or 0, "linear_num_key_heads"),
+            linear_value_heads=_int(cfg.get("linear_num_value_heads") or 0, "linear_num_value_heads"),
+            linear_key_dim=_int(cfg.get("linear_key_head_dim") or 0, "linear_key_head_dim"),
+            linear_value_dim=_int(cfg.get("linear_value_head_dim") or 0, "linear_value_head_dim"),
+            linear_conv_kernel=_int(cfg.get("linear_conv_kernel_dim") or 4, "linear_conv_kernel_dim"),
+        )
     return spec
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _LAYER_NAMES = {
@@ -939,7 +1083,7 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if moe and not experts:
         raise ModelConfigError("the hybrid layer pattern has MoE layers but n_routed_experts is missing or 0")
     spec = ModelSpec(
-        name=name or str(cfg.get("_name_or_path") or "nemotron_h"),
+        name=name or _unnamed(cfg, "nemotron_h"),
         hidden_size=h,
         num_layers=layers,
         num_attention_heads=heads,
@@ -991,32 +1135,3 @@ def names_a_file(model: Any) -> bool:
     if not isinstance(model, str):
         return False
     return model.endswith(".json") or is_file(model)
-
-
-def resolve_model(model: Any) -> ModelSpec:
-    """A :class:`ModelSpec` from a catalog name, a config.json path, a config dict or a spec."""
-    if isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, dict):
-        return from_hf_config(model)
-    if names_a_file(model):
-        path = Path(model)
-        if is_dir(path):
-            path = path / "config.json"
-        try:
-            if path.stat().st_size > MAX_CONFIG_BYTES:
-                raise ModelConfigError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelConfigError(f"cannot read model config {clip(str(path), 120)}: {clip(str(exc), 300)}") from exc
-        return from_hf_config(data, name=str(path))
-    if isinstance(model, str):
-        spec = lookup(model)
-        if spec is None:
-            hint = close_matches(model)
-            more = f"; did you mean {', '.join(hint)}?" if hint else ""
-            raise ModelConfigError(
-                f"unknown model {clip(repr(model), 120)} (not in the catalog, not a config.json path){more}"
-            )
-        return spec
-    raise ModelConfigError(f"model must be a name, a config.json path or a dict, not {type(model).__name__}")

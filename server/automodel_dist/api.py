@@ -7,13 +7,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
-from .catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
+from .catalog.implementations import AUTOMODEL_VERSION
+from .catalog.models import ModelConfigError, ModelSpec
+from .catalog.sources import resolve
 from .config import schema
 from .config.kinds import DIFFUSION_FSDP_DEFAULTS, DIFFUSION_FSDP_KEYS, RecipeKind, recipe_kind
 from .config.load import Document, clip, from_mapping, load_path, load_text
 from .config.overrides import apply_overrides
 from .config.values import TOP_LEVEL_KEYS, is_positive_int
 from .dims import ParallelDims, read_dims
+from .environment import installed_automodel
 from .layout import MAX_LISTED, Layout
 from .report import (
     SEVERITY_ORDER,
@@ -317,42 +320,78 @@ def _world(
     return None, None, nodes_i, gpn
 
 
+@dataclass
+class _ModelFound:
+    """The model the model-aware checks use (None: they are not run) and where its dims came from, or why not."""
+
+    spec: ModelSpec | None = None
+    source: str | None = None
+    skipped: str | None = None
+
+
+NO_MODEL = "no model given (pass --model / model=, or name one in model.pretrained_model_name_or_path)"
+
+
+def _recipe_model_name(recipe: dict[str, Any] | None) -> tuple[str, tuple[str, ...], str | None] | None:
+    """(name, its YAML path, revision) of the recipe's model, when it names one."""
+    if not recipe or not isinstance(recipe.get("model"), dict):
+        return None
+    m = recipe["model"]
+    revision = m.get("revision") if isinstance(m.get("revision"), str) else None
+    for path in (("pretrained_model_name_or_path",), ("config", "pretrained_model_name_or_path")):
+        node: Any = m
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, str) and node.strip():
+            return node, ("model",) + path, revision
+    return None
+
+
 def _model(
-    model: ModelInput, recipe: dict[str, Any] | None, doc: Document, findings: list[Finding]
-) -> ModelSpec | None:
+    model: ModelInput, recipe: dict[str, Any] | None, doc: Document, findings: list[Finding], fetch: bool
+) -> _ModelFound:
     if model is not None:
         try:
-            return resolve_model(model)
+            src = resolve(model, fetch=fetch)
         except ModelConfigError as exc:
             findings.append(
                 _finding(
                     "model-unknown",
                     f"{exc}; model-aware checks skipped",
                     severity="warning",
-                    fix="run `automodel-dist models` for the catalog, or pass a config.json path",
+                    fix="run `automodel-dist models` for the catalog, pass a config.json path, or --fetch-config",
                 )
             )
-            return None
-    if not recipe or not isinstance(recipe.get("model"), dict):
-        return None
-    m = recipe["model"]
-    for path in (("pretrained_model_name_or_path",), ("config", "pretrained_model_name_or_path")):
-        node: Any = m
-        for p in path:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, str) and (spec := lookup(node)) is not None:
-            dotted = ".".join(("model",) + path)
+            return _ModelFound(skipped=f"the model given cannot be resolved ({clip(str(exc), 160)})")
+        if src.source not in ("argument", "catalog"):
             findings.append(
                 _finding(
                     "model-from-recipe",
-                    f"model-aware checks use {spec.name} from {dotted}",
-                    path=dotted,
-                    line=doc.line(("model",) + path),
+                    f"model-aware checks use {src.spec.name}: dims from {src.describe()}",
                     severity="info",
                 )
             )
-            return spec
-    return None
+        return _ModelFound(src.spec, src.describe())
+    named = _recipe_model_name(recipe)
+    if named is None:
+        return _ModelFound(skipped=NO_MODEL)
+    name, path, revision = named
+    dotted = ".".join(path)
+    try:
+        src = resolve(name, revision=revision, fetch=fetch)
+    except ModelConfigError as exc:
+        return _ModelFound(skipped=f"{dotted} {clip(repr(name), 80)}: {clip(str(exc), 240)}")
+    findings.append(
+        _finding(
+            "model-from-recipe",
+            f"model-aware checks use {src.spec.name} from {dotted}"
+            + ("" if src.source == "catalog" else f" (dims from {src.describe()})"),
+            path=dotted,
+            line=doc.line(path),
+            severity="info",
+        )
+    )
+    return _ModelFound(src.spec, src.describe())
 
 
 @dataclass(frozen=True)
@@ -378,12 +417,14 @@ def _context(
     model: ModelInput,
     torch_version: Any,
     findings: list[Finding],
-) -> tuple[Context | None, str | None]:
+    fetch: bool = False,
+) -> tuple[Context | None, str | None, _ModelFound]:
     split = _split(doc)
     world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
     if split.block is None:
-        return None, source
-    spec = _model(model, split.recipe, doc, findings)
+        return None, source, _ModelFound(skipped="the config has no distributed setup to check a model against")
+    found = _model(model, split.recipe, doc, findings, fetch)
+    spec = found.spec
     ctx = Context(
         doc=doc,
         block=split.block,
@@ -395,8 +436,28 @@ def _context(
         gpus_per_node=gpn,
         model=spec,
         torch_version=torch_version,
+        model_skipped=found.skipped,
     )
-    return ctx, source
+    return ctx, source, found
+
+
+def _version_note() -> list[Finding]:
+    """An info finding when the nemo-automodel installed here is not the release the rules and the capability table
+    were written from (the installed package is the truth for a job launched from this environment)."""
+    installed = installed_automodel()
+    if installed is None or installed == AUTOMODEL_VERSION:
+        return []
+    return [
+        _finding(
+            "automodel-version",
+            f"nemo-automodel {installed} is installed here, but these checks and the capability table are AutoModel "
+            f"{AUTOMODEL_VERSION}'s: where the installed release differs (its registry, its validate_for_mesh) the "
+            "installed one decides",
+            fix=f"run `python tools/gen_capabilities.py` to regenerate the table from the installed release, or "
+            f"pin nemo-automodel=={AUTOMODEL_VERSION}",
+            severity="info",
+        )
+    ]
 
 
 def _sorted(findings: list[Finding]) -> list[Finding]:
@@ -412,14 +473,17 @@ def validate_config(
     model: ModelInput = None,
     torch_version: str | None = None,
     overrides: Overrides = None,
+    fetch_config: bool = False,
 ) -> ValidationReport:
     """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
 
-    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``torch_version`` is the torch
-    release the job will run on (``2.15.0+cu132``), for the checks that depend on it. ``overrides``
-    are the launch command's ``--dotted.key=value`` overrides as ``"dotted.key=value"`` strings
-    (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is
-    returned at once; nothing raises for bad input.
+    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``model`` (else the recipe's
+    ``model.pretrained_model_name_or_path``) is found as :mod:`automodel_dist.catalog.sources` says: a config.json
+    path, the local Hugging Face cache, the catalog, and with ``fetch_config`` a download of config.json alone.
+    ``torch_version`` is the torch release the job will run on (``2.15.0+cu132``), for the checks that depend on
+    it. ``overrides`` are the launch command's ``--dotted.key=value`` overrides as ``"dotted.key=value"`` strings
+    (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is returned at once;
+    nothing raises for bad input.
     """
     return analyze(
         config,
@@ -429,6 +493,7 @@ def validate_config(
         model=model,
         torch_version=torch_version,
         overrides=overrides,
+        fetch_config=fetch_config,
     ).report
 
 
@@ -441,13 +506,15 @@ def analyze(
     model: ModelInput = None,
     torch_version: str | None = None,
     overrides: Overrides = None,
+    fetch_config: bool = False,
 ) -> Analysis:
     """:func:`validate_config`, keeping what the report was computed from (see :class:`Analysis`)."""
     doc = load_config(config, overrides)
     findings: list[Finding] = []
-    ctx, source = _context(doc, world_size, nodes, gpus_per_node, model, torch_version, findings)
+    ctx, source, found = _context(doc, world_size, nodes, gpus_per_node, model, torch_version, findings, fetch_config)
     all_findings = list(doc.findings) + findings
     if ctx is not None:
+        all_findings += _version_note()
         all_findings += run_rules(ctx)
         prefix = ctx.path()
         for i, f in enumerate(all_findings):  # duplicate keys inside the block are errors
@@ -460,6 +527,8 @@ def analyze(
         gpus_per_node=ctx.gpus_per_node if ctx else None,
         source=doc.source,
         model=ctx.model.name if ctx and ctx.model else None,
+        model_source=found.source,
+        model_checks_skipped=found.skipped if ctx is not None else None,
         findings=_sorted(all_findings),
         resolved=ctx.dims.resolved() if ctx else Resolved(),
     )

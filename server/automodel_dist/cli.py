@@ -101,6 +101,12 @@ NO_WORLD = (
 )
 
 
+FETCH_HELP = (
+    "may download the model's config.json alone from the Hugging Face Hub (never weights) when it is neither a "
+    "path, in the local Hugging Face cache (HF_HOME / HF_HUB_CACHE) nor in the catalog"
+)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from . import render
     from .api import validate_config
@@ -121,6 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             model=args.model,
             torch_version=args.torch_version,
             overrides=overrides,
+            fetch_config=args.fetch_config,
         )
         for f in files
     ]
@@ -141,6 +148,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             )
     if any(_unreadable(r) for r in reports):
         return EXIT_USAGE
+    if args.strict and any(r.model_checks_skipped for r in reports):
+        if fmt != "json":
+            print("--strict: model-aware checks were not run on every file", file=sys.stderr)
+        return EXIT_FAIL
     return EXIT_OK if all(r.valid for r in reports) else EXIT_FAIL
 
 
@@ -366,6 +377,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             intra_gbps=args.intra_gbps,
             inter_gbps=args.inter_gbps,
             overrides=overrides,
+            fetch_config=args.fetch_config,
         )
     except ConfigError as exc:
         if exc.report.world_size is None and not exc.report.errors:
@@ -404,6 +416,7 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
             headroom=args.headroom,
             host_gib=args.host_memory_gib,
             progress=None if quiet else progress,
+            fetch_config=args.fetch_config,
         )
     except DryRunUnavailable as exc:
         raise UsageError(str(exc)) from exc
@@ -434,6 +447,7 @@ def cmd_suggest(args: argparse.Namespace) -> int:
             intra_gbps=args.intra_gbps,
             inter_gbps=args.inter_gbps,
             strategies=args.strategy,
+            fetch_config=args.fetch_config,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -530,7 +544,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = v.add_argument_group("cluster")
     _cluster_arguments(g)
-    v.add_argument("--model", help="catalog name (see `models`) or a config.json path")
+    v.add_argument(
+        "--model",
+        help="a Hugging Face repo id (read from the local Hugging Face cache, else the catalog: see `models`), a "
+        "config.json path or a model folder (default: the recipe's model.pretrained_model_name_or_path)",
+    )
+    v.add_argument("--fetch-config", action="store_true", help=FETCH_HELP)
+    v.add_argument(
+        "--strict", action="store_true", help="exit 1 when the model-aware checks could not run (no model resolved)"
+    )
     v.add_argument(
         "--torch-version",
         help="the torch release the job will run on, e.g. 2.15.0+cu132 "
@@ -677,9 +699,10 @@ def build_parser() -> argparse.ArgumentParser:
     es.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
     es.add_argument(
         "--model",
-        help="catalog name or config.json path (default: the recipe's "
-        "model.pretrained_model_name_or_path when the catalog has it)",
+        help="Hugging Face repo id (local cache, else the catalog), config.json path or model folder (default: the "
+        "recipe's model.pretrained_model_name_or_path)",
     )
+    es.add_argument("--fetch-config", action="store_true", help=FETCH_HELP)
     g = es.add_argument_group("cluster")
     _cluster_arguments(g)
     sizing(es, "recipe")
@@ -692,8 +715,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.add_argument("file", nargs="?", help="recipe or distributed: block, or - for stdin")
     dr.add_argument(
-        "--model", help="catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path)"
+        "--model",
+        help="Hugging Face repo id (local cache, else the catalog), config.json path or model folder (default: the "
+        "recipe's model.pretrained_model_name_or_path)",
     )
+    dr.add_argument("--fetch-config", action="store_true", help=FETCH_HELP)
     g = dr.add_argument_group("cluster")
     _cluster_arguments(g)
     dr.add_argument(
@@ -728,7 +754,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a recipe: its model, ci: cluster, seq_len and batch sizes fill the "
         "options not given, and its own layout is compared with the candidates",
     )
-    su.add_argument("--model", help="catalog name or config.json path (required without a recipe that names one)")
+    su.add_argument(
+        "--model",
+        help="Hugging Face repo id (local cache, else the catalog), config.json path or model folder (required "
+        "without a recipe that names one)",
+    )
+    su.add_argument("--fetch-config", action="store_true", help=FETCH_HELP)
     su.add_argument("--nodes", type=_positive, help="nodes (default: the recipe's ci: block, else 1)")
     su.add_argument(
         "--gpus-per-node", type=_positive, help="GPUs per node (default: the GPU's usual node, 8; 72 for GB200)"

@@ -4,6 +4,7 @@ torch is never imported here."""
 from __future__ import annotations
 
 import re
+from functools import cache
 
 # AutoModel 0.7.0's FSDP2 parallelizers (components/distributed/parallelizer.py and
 # components/moe/parallelizer.py) call fsdp_patches.patch_fsdp_accumulated_grad_guard(), which reads
@@ -22,3 +23,15 @@ def torch_release(version: str) -> tuple[int, int] | None:
 def fsdp2_unusable(release: tuple[int, int]) -> bool:
     """True when AutoModel 0.7.0's FSDP2 parallelizers fail on this torch release (AttributeError)."""
     return release >= FSDP2_PATCH_REMOVED_IN
+
+
+@cache
+def installed_automodel() -> str | None:
+    """The version of the nemo-automodel distribution installed beside this tool (its metadata only: the package
+    is not imported), or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("nemo-automodel")
+    except PackageNotFoundError:
+        return None

@@ -49,6 +49,7 @@ class Estimate(BaseModel):
     """Memory and communication of one layout, per GPU."""
 
     model: str
+    model_source: str | None = Field(default=None, description="Where the model's dims came from.")
     world_size: int
     layout: Resolved
     gpu: str | None = None

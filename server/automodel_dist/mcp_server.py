@@ -72,9 +72,26 @@ ConfigPath = Annotated[
 WorldSize = Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description="Total ranks (GPUs).")]
 Nodes = Annotated[int | None, Field(default=None, ge=1, le=1 << 20, description="Number of nodes.")]
 GpusPerNode = Annotated[int | None, Field(default=None, ge=1, le=1024, description="GPUs per node.")]
+MODEL_HELP = (
+    "Hugging Face repo id (read from the local Hugging Face cache, else the built-in catalog: list_models), or a "
+    "config.json path or model folder"
+)
 ModelArg = Annotated[
     str | None,
-    Field(default=None, max_length=4096, description="Hugging Face repo id from list_models, or a config.json path."),
+    Field(
+        default=None,
+        max_length=4096,
+        description=MODEL_HELP + " (default: the recipe's model.pretrained_model_name_or_path).",
+    ),
+]
+FetchConfig = Annotated[
+    bool,
+    Field(
+        description=(
+            "May download the model's config.json alone from the Hugging Face Hub (never weights) when it is neither "
+            "a path, in the local cache nor in the catalog."
+        )
+    ),
 ]
 TorchVersion = Annotated[
     str | None,
@@ -243,8 +260,10 @@ def _anticipated(fn: Any) -> Any:
 def create_server() -> MCPServer:
     server = MCPServer(name=NAME, instructions=INSTRUCTIONS, version=_version())
     ro = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    # fetch_config may reach the Hugging Face Hub (config.json alone), so these tools are open-world
+    hub = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=True)
 
-    @server.tool(annotations=ro)
+    @server.tool(annotations=hub)
     @_anticipated
     def validate_config(
         config_yaml: ConfigYaml = None,
@@ -255,6 +274,7 @@ def create_server() -> MCPServer:
         model: ModelArg = None,
         torch_version: TorchVersion = None,
         overrides: LaunchOverrides = None,
+        fetch_config: FetchConfig = False,
     ) -> ValidationReport:
         """Check a NeMo AutoModel 0.7.0 recipe or distributed: block: every error AutoModel raises or hits mid-run
         (model- and cluster-aware), all at once, each with YAML line, message and fix. `valid` is the verdict."""
@@ -273,6 +293,7 @@ def create_server() -> MCPServer:
             model=model,
             torch_version=torch_version,
             overrides=overrides,
+            fetch_config=fetch_config,
         )
 
     @server.tool(annotations=ro)
@@ -322,7 +343,7 @@ def create_server() -> MCPServer:
         )
         return MeshResult(valid=True, mesh=mesh, findings=mesh.findings)
 
-    @server.tool(annotations=ro)
+    @server.tool(annotations=hub)
     @_anticipated
     def suggest_strategy(
         model: Annotated[
@@ -330,9 +351,7 @@ def create_server() -> MCPServer:
             Field(
                 default=None,
                 max_length=4096,
-                description=(
-                    "Catalog name (list_models) or config.json path; required unless the recipe names a catalog model."
-                ),
+                description=MODEL_HELP + "; required unless the recipe names one.",
             ),
         ] = None,
         nodes: Annotated[
@@ -379,6 +398,7 @@ def create_server() -> MCPServer:
             ),
         ] = None,
         config_path: ConfigPath = None,
+        fetch_config: FetchConfig = False,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
         per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
@@ -406,9 +426,10 @@ def create_server() -> MCPServer:
             intra_gbps=intra_gbps,
             inter_gbps=inter_gbps,
             strategies=strategies,
+            fetch_config=fetch_config,
         )
 
-    @server.tool(annotations=ro)
+    @server.tool(annotations=hub)
     @_anticipated
     def estimate_memory(
         model: Annotated[
@@ -416,10 +437,7 @@ def create_server() -> MCPServer:
             Field(
                 default=None,
                 max_length=4096,
-                description=(
-                    "Catalog name or config.json path (default: the recipe's model.pretrained_model_name_or_path when the "
-                    "catalog has it)."
-                ),
+                description=MODEL_HELP + " (default: the recipe's model.pretrained_model_name_or_path).",
             ),
         ] = None,
         config_yaml: ConfigYaml = None,
@@ -437,6 +455,7 @@ def create_server() -> MCPServer:
         memory_gib: MemoryGib = None,
         intra_gbps: IntraGbps = None,
         inter_gbps: InterGbps = None,
+        fetch_config: FetchConfig = False,
     ) -> EstimateResult:
         """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead), communication per axis, step
         time and MFU of the layout in a config. An invalid config returns its validation report instead."""
@@ -459,6 +478,7 @@ def create_server() -> MCPServer:
                 memory_gib=memory_gib,
                 intra_gbps=intra_gbps,
                 inter_gbps=inter_gbps,
+                fetch_config=fetch_config,
             )
         except _Unreadable as exc:
             return EstimateResult(valid=False, findings=[exc.finding])
@@ -541,7 +561,7 @@ def create_server() -> MCPServer:
 
     @server.tool(
         annotations=ToolAnnotations(
-            read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+            read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=True
         )
     )
     @_anticipated
@@ -577,6 +597,7 @@ def create_server() -> MCPServer:
         headroom: Headroom = 0.1,
         timeout_s: Annotated[float, Field(ge=10, le=3600)] = 900.0,
         overrides: LaunchOverrides = None,
+        fetch_config: FetchConfig = False,
     ) -> DryRunReport:
         """Run NeMo AutoModel's own training step (its setup, model class, PEFT, parallelizer, loss and optimizer) for
         the recipe at full model size and world size on fake tensors: per measured rank the peak allocated memory and
@@ -607,6 +628,7 @@ def create_server() -> MCPServer:
                     headroom=headroom,
                     progress=progress,
                     cancel=cancel,
+                    fetch_config=fetch_config,
                 )
             except DryRunUnavailable as exc:
                 raise ValueError(str(exc)) from exc

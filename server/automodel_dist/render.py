@@ -69,6 +69,10 @@ def validation_text(report: ValidationReport) -> str:
         f"world_size={report.world_size} ({report.world_size_source})" if report.world_size else "world_size unknown"
     )
     model = f", model {report.model}" if report.model else ""
+    if report.model and report.model_source:
+        model += f" (dims from {report.model_source})"
+    if report.model_checks_skipped:
+        model = f"; model-aware checks NOT run: {report.model_checks_skipped}"
     verdict = "VALID" if report.valid else "INVALID"
     lines.append(f"{verdict}: {errors} error(s), {warnings} warning(s); {world}{model}; {resolved_line(report)}")
     if report.valid and report.not_checked:
@@ -261,10 +265,15 @@ def _gpu_terms(r: Any) -> str:
     return out
 
 
+def _dims_from(report: Any) -> str:
+    source = getattr(report, "model_source", None)
+    return f" (dims from {source})" if source else ""
+
+
 def estimate_text(est: Any) -> str:
     lay = est.layout
     lines = [
-        f"{est.model} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
+        f"{est.model}{_dims_from(est)} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
         f"micro batch {est.micro_batch_size}, {est.precision}; layout {lay.strategy} dp={lay.dp} tp={lay.tp} "
         f"cp={lay.cp} pp={lay.pp} ep={lay.ep}"
     ]
@@ -344,7 +353,7 @@ def estimate_text(est: Any) -> str:
 
 def suggest_text(rep: Any) -> str:
     lines = [
-        f"{rep.model} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
+        f"{rep.model}{_dims_from(rep)} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
         f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
         f"{rep.precision}: {rep.searched} layouts searched"
         f"{'' if len(rep.strategies) == 3 else ' (' + ', '.join(rep.strategies) + ' only)'}, {rep.fitting} fit "
@@ -514,7 +523,7 @@ def dry_run_text(r: Any) -> str:
         )
     lines = [f"{head}{verdict}"]
     lines.append(
-        f"{r.model} (dims from the {r.model_source}, {r.num_layers} layers) on {r.world_size} ranks; seq_len {r.seq_len}, micro batch "
+        f"{r.model} (dims from {r.model_source}, {r.num_layers} layers) on {r.world_size} ranks; seq_len {r.seq_len}, micro batch "
         f"{r.micro_batch_size}; {r.measured_microbatches} of {r.microbatches} microbatch(es) run; AutoModel "
         f"{r.versions.get('nemo_automodel', '?')}, torch {r.versions.get('torch', '?')}"
     )

@@ -56,6 +56,12 @@ class ValidationReport(BaseModel):
     )
     source: str | None = Field(default=None, description="File name, when validated from a file.")
     model: str | None = Field(default=None, description="Model used for model-aware checks.")
+    model_source: str | None = Field(default=None, description="Where the model's dims came from.")
+    model_checks_skipped: str | None = Field(
+        default=None,
+        description="Why the model-aware checks (heads vs tp, experts vs ep, stages, the class's capabilities) did "
+        "not run; null when they ran.",
+    )
     findings: list[Finding] = Field(default_factory=list)
     resolved: Resolved = Field(default_factory=Resolved)
     not_checked: list[str] = Field(

@@ -17,7 +17,8 @@ import yaml
 
 from .api import validate_config
 from .catalog.implementations import implementation
-from .catalog.models import ModelSpec, resolve_model
+from .catalog.models import ModelSpec
+from .catalog.sources import resolve
 from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
 from .dims import FSDP2_DEFAULT_MP, ParallelDims
 from .estimate import (
@@ -251,6 +252,7 @@ def suggest_strategy(
     memory_gib: float | None = None,
     intra_gbps: float | None = None,
     inter_gbps: float | None = None,
+    fetch_config: bool = False,
 ) -> SuggestReport:
     """Ranked layouts for ``model`` on ``nodes`` (1) x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
     ``strategies`` (names or AutoModel's aliases, default all three) limits the search.
@@ -286,14 +288,17 @@ def suggest_strategy(
             seq_len=seq_len,
             global_batch_size=global_batch_size,
             micro_batch_size=micro_batch_size,
+            fetch=fetch_config,
         )
         spec, recipe_block, nodes, gpus_per_node = d.spec, d.block, d.nodes, d.gpus_per_node
+        model_source = d.model_source
         seq_len, global_batch_size, micro_batch_size = d.seq_len, d.global_batch_size, d.micro_batch_size
         teacher, workload, given_lbs = d.teacher, d.workload, d.local_batch_size
     elif model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
-        spec = resolve_model(model)
+        given = resolve(model, fetch=fetch_config)
+        spec, model_source = given.spec, given.describe()
     assumed = [
         k
         for k, v in (
@@ -449,6 +454,7 @@ def suggest_strategy(
         )
     return SuggestReport(
         model=spec.name,
+        model_source=model_source,
         nodes=nodes,
         gpus_per_node=gpn,
         world_size=world,
@@ -480,6 +486,7 @@ class RecipeDefaults:
     """What a recipe says for the search (None where it says nothing)."""
 
     spec: ModelSpec
+    model_source: str | None
     block: dict[str, Any]
     nodes: int | None
     gpus_per_node: int | None
@@ -501,13 +508,19 @@ def _recipe_defaults(
     seq_len: int | None,
     global_batch_size: int | None,
     micro_batch_size: int | None,
+    fetch: bool = False,
 ) -> RecipeDefaults:
     """The model, the recipe's distributed: block, the arguments not passed and a knowledge-distillation teacher on
     the same GPUs, from the recipe (``used`` records each one's source key)."""
     from .api import analyze
 
+    given = None if model is None else resolve(model, fetch=fetch)
     result = analyze(
-        config, nodes=nodes, gpus_per_node=gpus_per_node, model=None if model is None else resolve_model(model)
+        config,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        model=None if given is None else given.spec,
+        fetch_config=fetch,
     )
     report, ctx = result.report, result.context
     if ctx is None:
@@ -529,7 +542,7 @@ def _recipe_defaults(
         key = "pp_microbatch_size" if ctx.dims.pp > 1 else "local_batch_size"
         if key in facts:
             micro_batch_size, used["micro_batch_size"] = facts[key]
-    teacher, _, known = teacher_of(ctx)
+    teacher, _, known = teacher_of(ctx, fetch)
     if not known:
         raise ValueError(
             "the recipe distils from a teacher_model that is not in the catalog: its memory on the student's GPUs "
@@ -540,6 +553,7 @@ def _recipe_defaults(
     lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None
     return RecipeDefaults(
         spec,
+        given.describe() if given is not None else report.model_source,
         ctx.block,
         nodes,
         gpus_per_node,

@@ -42,6 +42,7 @@ class CurrentLayout(BaseModel):
 
 class SuggestReport(BaseModel):
     model: str
+    model_source: str | None = Field(default=None, description="Where the model's dims came from.")
     nodes: int
     gpus_per_node: int
     world_size: int

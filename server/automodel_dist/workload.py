@@ -56,6 +56,7 @@ class Workload:
     teacher: str | None = None
     teacher_offloaded: bool = False  # offload_teacher_model: on the CPU between its forwards
     teacher_separate_mesh: bool = False  # separate_meshes: on ranks of its own (teacher_distributed:)
+    train_towers: bool = False  # freeze_config.freeze_vision_tower: false (AutoModel freezes the tower by default)
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -105,6 +106,8 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["teacher"] = teacher["pretrained_model_name_or_path"]
     facts["teacher_offloaded"] = recipe.get("offload_teacher_model") is True
     facts["teacher_separate_mesh"] = recipe.get("separate_meshes") is True
+    freeze = recipe.get("freeze_config")
+    facts["train_towers"] = isinstance(freeze, Mapping) and freeze.get("freeze_vision_tower") is False
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")

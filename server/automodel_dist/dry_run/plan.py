@@ -9,7 +9,8 @@ from typing import Any
 
 from ..api import ConfigInput, ModelInput, Overrides, analyze
 from ..catalog.hf_config import NoConfigError, hf_config
-from ..catalog.models import ModelConfigError, ModelSpec, resolve_model
+from ..catalog.models import ModelConfigError, ModelSpec
+from ..catalog.sources import resolve
 from ..dims import ParallelDims
 from ..estimate import model_of
 from ..report import ValidationReport
@@ -195,6 +196,7 @@ def plan_dry_run(
     global_batch_size: int | None = None,
     overrides: Overrides = None,
     num_layers: int | None = None,
+    fetch_config: bool = False,
 ) -> Plan:
     """Raises :class:`DryRunUsageError` where the arguments or the config cannot describe one."""
     for name, value in (
@@ -206,11 +208,18 @@ def plan_dry_run(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise DryRunUsageError(f"{name} must be a positive integer, got {value!r}")
     try:
-        spec_arg = resolve_model(model) if model is not None else None
+        given = resolve(model, fetch=fetch_config) if model is not None else None
     except ModelConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
+    spec_arg = given.spec if given is not None else None
     result = analyze(
-        config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec_arg, overrides=overrides
+        config,
+        world_size=world_size,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        model=spec_arg,
+        overrides=overrides,
+        fetch_config=fetch_config,
     )
     ctx = result.context
     if ctx is None:
@@ -229,7 +238,7 @@ def plan_dry_run(
         cfg = hf_config(spec)
     except NoConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
-    source = "config.json" if spec.hf_config is not None else "built-in catalog"
+    source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
         cfg = _truncated(cfg, layers)

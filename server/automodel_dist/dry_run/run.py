@@ -269,12 +269,14 @@ def dry_run(
     gpu: str = "H100-80GB",
     headroom: float = 0.1,
     host_gib: float = DEFAULT_HOST_GIB,
+    fetch_config: bool = False,
 ) -> DryRunReport:
     """AutoModel 0.7.0's own setup, model build (its registry's class, its PEFT, its TP/SP/EP/AC/FSDP2
     parallelizer), weight materialisation, loss and optimizer step for ``config`` at the full model size and world
     size, on a fake process group under FakeTensorMode: nothing is allocated. Measures the first rank of every
     pipeline stage (or ``ranks``) with torch's memory tracker.
 
+    The model is found as ``validate_config`` finds it (``fetch_config``: may download its config.json alone).
     ``num_layers`` builds only the first N layers (tests, quick looks; the report says so). Raises
     :class:`DryRunUnavailable` without AutoModel, torch or transformers, :class:`DryRunUsageError` (a ValueError)
     for arguments that do not describe a run. A layout AutoModel rejects comes back as a FAILED report carrying
@@ -306,6 +308,7 @@ def dry_run(
         global_batch_size=global_batch_size,
         overrides=overrides,
         num_layers=num_layers,
+        fetch_config=fetch_config,
     )
     cancel = cancel or threading.Event()
     notify = progress or (lambda *a: None)

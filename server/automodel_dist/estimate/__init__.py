@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..catalog.gpus import GPU, lookup_gpu
-from ..catalog.models import ModelConfigError, ModelSpec, lookup, resolve_model
+from ..catalog.models import ModelConfigError, ModelSpec
+from ..catalog.sources import resolve
 from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..estimation import Estimate, MemoryBreakdown
@@ -89,19 +90,19 @@ def model_of(ctx: Context | None) -> ModelSpec:
     """The model a check resolved (the argument, else the recipe's); ``ValueError`` saying how to name one."""
     if ctx is not None and ctx.model is not None:
         return ctx.model
-    named = ctx.recipe_get("model.pretrained_model_name_or_path") if ctx is not None and ctx.recipe else None
+    why = (
+        f": {ctx.model_skipped}"
+        if ctx is not None and ctx.model_skipped and "no model given" not in ctx.model_skipped
+        else ""
+    )
     raise ValueError(
-        "no model to size: pass a model (a catalog name from `automodel-dist models` or list_models, "
-        "or a config.json path)"
-        + (
-            f"; the recipe's model.pretrained_model_name_or_path {clip(repr(named))} is not in the catalog"
-            if named is not None
-            else ""
-        )
+        f"no model to size{why}. Pass a model: a config.json path or model folder, a Hugging Face repo id whose "
+        "config.json is in the local cache (or with --fetch-config / fetch_config), or a catalog name from "
+        "`automodel-dist models` (list_models)"
     )
 
 
-def teacher_of(ctx: Context | None) -> tuple[ModelSpec | None, str | None, bool]:
+def teacher_of(ctx: Context | None, fetch: bool = False) -> tuple[ModelSpec | None, str | None, bool]:
     """The knowledge-distillation teacher resident on the student's GPUs, what is assumed about it, and whether
     its memory is known (False: the teacher is on these GPUs but not in the catalog)."""
     if ctx is None or not ctx.kind.teacher:
@@ -118,9 +119,10 @@ def teacher_of(ctx: Context | None) -> tuple[ModelSpec | None, str | None, bool]
             "forward, before the student's backward (its host memory and the transfer are not counted)",
             True,
         )
-    spec = lookup(w.teacher)
-    if spec is None:
-        return None, f"teacher {w.teacher!r} is not in the catalog: its memory is NOT counted (no fit verdict)", False
+    try:
+        spec = resolve(w.teacher, fetch=fetch).spec
+    except ModelConfigError as exc:
+        return None, f"teacher: {clip(str(exc), 300)}: its memory is NOT counted (no fit verdict)", False
     note = (
         f"teacher {spec.name}: sharded like the student (kd.py builds it with the same setup), weights in the "
         "compute dtype, no gradients or optimizer states, its fp32 probabilities kept for the KD loss; its forward "
@@ -213,11 +215,13 @@ def estimate_memory(
     intra_gbps: float | None = None,
     inter_gbps: float | None = None,
     overrides: Sequence[str] | None = None,
+    fetch_config: bool = False,
 ) -> Estimate:
     """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
-    layout in ``config``, for ``model`` (catalog name, config.json path or dict; default: the recipe's
-    ``model.pretrained_model_name_or_path`` when the catalog has it). ``overrides``: the launch command's
-    ``"dotted.key=value"`` overrides, as in ``validate_config``.
+    layout in ``config``, for ``model`` (default: the recipe's ``model.pretrained_model_name_or_path``), found as
+    ``validate_config`` finds it (a config.json path, the local Hugging Face cache, the catalog, with
+    ``fetch_config`` a download of config.json alone). ``overrides``: the launch command's ``"dotted.key=value"``
+    overrides, as in ``validate_config``.
 
     Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
     """
@@ -231,11 +235,18 @@ def estimate_memory(
         optional=True,
     )
     try:
-        spec = resolve_model(model) if model is not None else None
+        given = resolve(model, fetch=fetch_config) if model is not None else None
     except ModelConfigError as exc:
         raise ValueError(str(exc)) from exc
+    spec = given.spec if given is not None else None
     result = analyze(
-        config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, model=spec, overrides=overrides
+        config,
+        world_size=world_size,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        model=spec,
+        overrides=overrides,
+        fetch_config=fetch_config,
     )
     report, ctx = result.report, result.context
     if ctx is not None:
@@ -258,7 +269,7 @@ def estimate_memory(
     else:
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
-    teacher, teacher_note, teacher_known = teacher_of(ctx)
+    teacher, teacher_note, teacher_known = teacher_of(ctx, fetch_config)
     terms = training_for(
         spec,
         read_workload(ctx.recipe),
@@ -284,6 +295,7 @@ def estimate_memory(
     shortest = seq_len_step(p) if max_seq is None else None
     return Estimate(
         model=spec.name,
+        model_source=given.describe() if given is not None else report.model_source,
         world_size=report.world_size,
         layout=report.resolved,
         gpu=cluster.gpu.name,

@@ -118,6 +118,7 @@ class Training:
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     dispatcher: str | None = None  # model.backend.dispatcher: deepep/hybridep replay the token exchange on recompute
+    train_towers: bool = False  # freeze_config leaves a VLM's vision/audio towers trainable (frozen by default)
 
 
 @dataclass
@@ -136,11 +137,12 @@ class _Groups:
     layer_experts: float = 0.0
     dense_layers: float = 0.0  # all layers' non-expert params on this rank
     kinds: dict[str, int] = field(default_factory=dict)  # layers on this rank per ModelSpec.layer_kind
+    towers: float = 0.0  # a VLM's vision/audio towers (on the first stage)
 
 
 def _attn_split(m: ModelSpec) -> tuple[float, float]:
     """(TP-sharded, replicated) attention parameters of one layer."""
-    total = m.attention_params()
+    total = m.mean_attention_params()
     if m.kv_lora_rank:  # MLA: the low-rank down projections are replicated
         rep = m.hidden_size * (m.q_lora_rank or 0) + m.hidden_size * (m.kv_lora_rank + (m.qk_rope_head_dim or 0))
         return total - rep, rep
@@ -196,6 +198,7 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
     g.layer_experts = max((per[k][1] for k in g.kinds), default=0.0)
     if g.first:
         g.embed = m.embedding_params() / p.tp
+        g.towers = float(m.vision_params + m.audio_params)
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
         g.root += m.hidden_size
@@ -378,6 +381,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             share = _linear_share(m)
             layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
         frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + g.root / sp_ * comp
+    if g.towers:  # a VLM's towers: frozen in the compute dtype unless freeze_config trains them (no LoRA on them)
+        if tr.train_towers and lora is None:
+            train_dense += g.towers
+        else:
+            frozen_bytes += g.towers / sp_ * comp
     params = frozen_bytes + (train_dense / sp_ + train_experts / se) * store
     grads_sharded = (train_dense / sg + train_experts / se) * store
     opt_per = optimizer_states_per_param(tr)

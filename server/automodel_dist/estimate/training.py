@@ -138,6 +138,7 @@ def training_for(
         hf_class=hf_class,
         compile=compile_layers,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
+        train_towers=w.train_towers,
     )
     return WorkloadTerms(prec, tr, tuple(read))
 

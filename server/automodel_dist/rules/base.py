@@ -35,6 +35,7 @@ class Context:
     gpus_per_node: int | None = None
     model: ModelSpec | None = None
     torch_version: str | None = None  # the torch release the job will run on, when the caller says
+    model_skipped: str | None = None  # why no model was resolved (model is None), for the reports that need one
 
     def has(self, key: str) -> bool:
         return key in self.block

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ..catalog.implementations import implementations
 from ..config.kinds import TRAIN_FT_RECIPES
 from ..report import Finding
 from ..workload import read_workload
@@ -14,45 +15,13 @@ from .base import Context, finding, rule
 F = "fallback"
 LINEAR_CE = ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")  # LinearCrossEntropy subclasses (loss/linear_ce_base)
 # AutoModel classes that keep their own forward under pipeline parallelism (``_pp_keep_self_forward``) and do not
-# declare ``_pp_return_hidden_states_supported``: their last stage returns logits, not hidden states.
+# declare ``_pp_return_hidden_states_supported``: their last stage returns logits, not hidden states; and the
+# classes whose forward takes no ``logits_to_keep`` (model_utils._supports_logits_to_keep is False). Both read from
+# the generated capability table.
 KEEPS_OWN_PIPELINE_FORWARD = frozenset(
-    {
-        "BailingMoeV2ForCausalLM",
-        "InklingForConditionalGeneration",
-        "KimiK25ForConditionalGeneration",
-        "KimiK25VLForConditionalGeneration",
-        "KimiVLForConditionalGeneration",
-        "MiMoV25ForCausalLM",
-        "MiniMaxM3SparseForConditionalGeneration",
-        "NemotronHForCausalLM",
-        "Qwen3MoeForCausalLM",
-        "Qwen3VLMoeForConditionalGeneration",
-        "Qwen3_5ForConditionalGeneration",
-        "Qwen3_5MoeForCausalLM",
-        "Qwen3_5MoeForConditionalGeneration",
-        "Step3p6ForConditionalGeneration",
-        "Step3p7ForConditionalGeneration",
-    }
+    a for a, i in implementations().items() if i.custom and i.keeps_own_forward and not i.returns_hidden_states
 )
-
-# AutoModel classes whose forward takes no ``logits_to_keep`` (model_utils._supports_logits_to_keep is False).
-NO_LOGITS_TO_KEEP = frozenset(
-    {
-        "BagelForConditionalGeneration",
-        "BagelForUnifiedMultimodal",
-        "DiffusionGemmaForBlockDiffusion",
-        "Gemma4AssistantForCausalLM",
-        "HunyuanImage3ForCausalMM",
-        "LlamaBidirectionalForSequenceClassification",
-        "LlamaBidirectionalModel",
-        "LlamaNemotronVLModel",
-        "Ministral3BidirectionalModel",
-        "Mistral3BidirectionalModel",
-        "Mistral3ForConditionalGeneration",
-        "Mistral3VLBidirectionalForSequenceClassification",
-        "Qwen3RerankerForCausalReranking",
-    }
-)
+NO_LOGITS_TO_KEEP = frozenset(a for a, i in implementations().items() if i.custom and not i.logits_to_keep)
 VLM_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
 
 

@@ -166,3 +166,21 @@ def pydantic_findings(
             message = f"must be {describe(model, key)}, got {clip(repr(item))}"
             fix = f"{key}: {yaml_value(_plain(info.get_default(call_default_factory=True)))} (the default) or a valid value"
         yield at(key, f"{where(key)} {message}{note}", fix)
+
+
+def fitting_sizes(ctx: Context, axis: str, values: Iterable[int]) -> list[int]:
+    """The ``values`` of ``axis`` (tp, cp, pp or ep) a fix hint may offer: those that keep the layout on the world
+    size (tp*cp*pp dividing it; ep dividing dp*cp*tp) and, for tp, dividing the GPUs per node when known. Falls
+    back to ``values`` when the world size is unknown or the other degrees already fail it."""
+    d, values = ctx.dims, list(values)
+    world = d.world_size
+    if world is None:
+        return values
+    if axis == "ep":
+        non_pp = world // d.pp if world % d.pp == 0 else None
+        return [v for v in values if non_pp is not None and non_pp % v == 0] or values
+    others = {"tp": d.cp * d.pp, "cp": d.tp * d.pp, "pp": d.tp * d.cp}[axis]
+    if world % others:
+        return values
+    node = ctx.gpus_per_node
+    return [v for v in values if world % (v * others) == 0 and (axis != "tp" or not node or node % v == 0)]

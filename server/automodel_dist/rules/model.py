@@ -12,7 +12,7 @@ from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
 from ..report import Finding
 from .base import Context, finding, note, rule
-from .helpers import divisors, fmt_set
+from .helpers import divisors, fitting_sizes, fmt_set
 from .recipe import TRAIN_FT_RECIPES, recipe_class
 
 F = "model"
@@ -32,8 +32,9 @@ def _impl(ctx: Context) -> Implementation | None:
 
 
 def head_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
-    """tp sizes that divide the attention heads (and kv heads; MLA shards the full head count)."""
-    heads = m.num_attention_heads if m.kv_lora_rank else math.gcd(m.num_attention_heads, m.num_key_value_heads)
+    """tp sizes that divide the attention heads and every layer's KV heads (Gemma-4's global layers have their
+    own count; MLA shards the full head count)."""
+    heads = m.num_attention_heads if m.kv_lora_rank else math.gcd(m.num_attention_heads, *m.kv_head_counts())
     return [d for d in divisors(heads) if d <= limit]
 
 
@@ -43,7 +44,8 @@ def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
 
 
 def pp_possible(m: ModelSpec) -> bool:
-    """False for tied input/output embeddings: AutoModel's pipeline builder rejects them (no override)."""
+    """False for tied input/output embeddings: under a pipeline AutoModel either trains an untied lm_head or
+    (quantized) refuses the model (pp-tied-embeddings), so suggest does not offer pp for them."""
     return not m.tie_word_embeddings
 
 
@@ -90,10 +92,21 @@ note(
     "Model not found",
     family=F,
     severity="warning",
-    cause="The model is not in the built-in catalog and is not a readable config.json.",
-    fix="Pass a catalog name (automodel-dist models) or the path of the model's config.json.",
+    cause="The model given is not a readable config.json or model folder, not in the local Hugging Face cache "
+    "(HF_HOME / HF_HUB_CACHE) and not in the built-in catalog; the model-aware checks do not run.",
+    fix="Pass the path of its config.json, download it once (huggingface-cli download REPO config.json, or "
+    "--fetch-config), or use a catalog name (automodel-dist models).",
 )
 note("model-from-recipe", "Model taken from the recipe", family=F, severity="info")
+note(
+    "automodel-version",
+    "Installed AutoModel is not 0.7.0",
+    family=F,
+    severity="info",
+    cause="The rules and the capability table are AutoModel 0.7.0's; a job launched from an environment with another "
+    "release runs that release's registry and checks.",
+    fix="Regenerate the table with tools/gen_capabilities.py against the installed release, or pin 0.7.0.",
+)
 
 
 @rule(
@@ -116,16 +129,35 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
     impl = _impl(ctx)
     if m is None or tp <= 1 or (impl is not None and not impl.tp) or tp in head_tp_sizes(m, limit=1 << 30):
         return
+    if impl is not None and impl.sidecar == "Gemma4ModelParallelizer" and m.is_moe:
+        return  # model-capability: its parallelizer refuses TP on the MoE variant whatever the heads
+    good = fmt_set(fitting_sizes(ctx, "tp", head_tp_sizes(m)))
+    if impl is not None and impl.sidecar == "Gemma4ModelParallelizer":
+        pairs = sorted({(m.num_attention_heads, kv) for kv in m.kv_head_counts()})
+        bad = [p for p in pairs if p[0] % tp or p[1] % tp]
+        yield finding(
+            ctx,
+            "tp-heads",
+            ("tp_size",),
+            f"tp_size={tp} does not divide every layer's (attention, KV) heads of {m.name} {pairs}: AutoModel's "
+            "Gemma4ModelParallelizer raises 'Gemma4 TP requires every layer attention head count to be divisible "
+            f"by tp_size; got incompatible_head_counts={bad}, tp_size={tp}.' when it parallelizes the model, "
+            "after launch",
+            f"use tp_size in {good}",
+        )
+        return
     counts = [("num_attention_heads", m.num_attention_heads)]
     if not m.kv_lora_rank:  # MLA shards the full head count
         counts.append(("num_key_value_heads", m.num_key_value_heads))
+        if m.full_kv_heads and "full" in m.layer_attention:
+            counts.append(("the full-attention layers' KV heads", m.full_kv_heads))
     bad = [f"{name}={n}" for name, n in counts if n % tp]
     yield finding(
         ctx,
         "tp-heads",
         ("tp_size",),
         f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails after launch",
-        f"use tp_size in {fmt_set(head_tp_sizes(m))}",
+        f"use tp_size in {good}",
     )
 
 
@@ -151,7 +183,7 @@ def ep_experts(ctx: Context) -> Iterator[Finding]:
         "ep-experts",
         ("ep_size",),
         f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
-        f"use ep_size in {fmt_set(d for d in divisors(m.num_experts) if d > 1)}",
+        f"use ep_size in {fmt_set(fitting_sizes(ctx, 'ep', [d for d in divisors(m.num_experts) if d > 1]))}",
     )
 
 
@@ -288,14 +320,18 @@ _INSTEAD = {
         r"Pipeline parallelism \(pp_size=(\d+)\) requires a _pp_plan",
         _EP_NEEDS_MOE,
         r"Hugging Face TP plan is not supported for (\w+)",
-        r"No tensor-parallel plan is registered for the custom-code architecture '(\w+)'",
+        r"Custom MoE tensor-parallel plan patterns must each match at least one concrete module",
+        r"Gemma4 MoE does not support tensor parallelism",
+        r"Context parallelism \(cp_size=(\d+)\) (?:is not supported for hybrid model|not supported with) (\w+)",
+        r"Model does not support SDPA required for context parallelism",
     ),
     cause="Right after building the model, AutoModel's validate_for_mesh rejects a parallelism the class it uses "
-    "cannot do: its own Qwen3-MoE, DeepSeek-V3 and gpt-oss classes have no TP plan, and the Hugging Face "
-    "Mixtral class (AutoModel 0.7.0 has none of its own) cannot take ep_size > 1. With model.force_hf: "
-    "true AutoModel builds the Hugging Face class, and only EP is checked (no such class has its MoE mixin). "
-    "A Hugging Face class with no _tp_plan (or a trust_remote_code class) cannot take tp_size > 1 either, "
-    "unless the block gives its own tp_plan.",
+    "cannot do (its registry's classes are tabled in capabilities.json, generated from AutoModel 0.7.0): e.g. its "
+    "own Qwen3-MoE, Qwen3-Next, DeepSeek-V3 and gpt-oss classes have no TP plan, a Hugging Face class with hybrid "
+    "(Mamba / linear-attention) layers or without SDPA cannot take cp_size > 1, and no Hugging Face class has its "
+    "MoE mixin for ep_size > 1. Some classes pass that gate and fail when they are parallelized: Qwen3.5's classes "
+    "have no usable TP plan, the Qwen3-VL-MoE / Omni classes' fallback plan matches no module, Gemma-4's MoE "
+    "variant refuses TP. With model.force_hf: true AutoModel builds the Hugging Face class, and only EP is checked.",
     fix="Set that size to 1 and shard with the parallelisms the model supports (for TP, or give distributed.tp_plan).",
 )
 def model_capability(ctx: Context) -> Iterator[Finding]:
@@ -326,6 +362,75 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
             f"'{refusal.format(n=size, arch=impl.architecture)}' right after building it, after launch",
             _INSTEAD[what],
         )
+    tp, own_plan = ctx.dims.tp, ctx.block.get("tp_plan") is not None
+    if tp > 1 and impl.tp and not own_plan:
+        error = impl.tp_plan_error
+        if impl.sidecar == "Gemma4ModelParallelizer" and m.is_moe:
+            error = "ValueError: Gemma4 MoE does not support tensor parallelism; use expert parallelism instead."
+        if error:
+            yield finding(
+                ctx,
+                "model-capability",
+                ("tp_size",),
+                f"tp_size={tp}: AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which passes its "
+                f"capability check but raises '{error.split(': ', 1)[-1]}' when it parallelizes the model, after "
+                "launch",
+                _INSTEAD["tp"] + ("" if "MoE" in error else ", or give distributed.tp_plan"),
+            )
+    cp = ctx.dims.cp
+    if cp > 1 and (not impl.custom or impl.cp_backends(m.mixes_layers) is None) and not impl.cp_ok(m.mixes_layers):
+        arch = impl.architecture
+        said = (
+            f"Context parallelism (cp_size={cp}) is not supported for hybrid model {arch} (contains Mamba/SSM layers)"
+            if m.mixes_layers
+            else f"Context parallelism (cp_size={cp}) not supported with {arch} (model does not declare _supports_sdpa)"
+        )
+        yield finding(
+            ctx,
+            "model-capability",
+            ("cp_size",),
+            f"cp_size={cp}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises '{said}' right after "
+            "building it, after launch",
+            "cp_size: 1, and shard the sequence's activations with activation checkpointing, tp_size or pp_size",
+        )
+
+
+_REMOTE_TP = (
+    "No tensor-parallel plan is registered for the custom-code architecture '{arch}' (loaded via "
+    "trust_remote_code=True), and no usable HuggingFace `_tp_plan` was found"
+)
+
+
+@rule(
+    "model-remote-code-tp",
+    family=F,
+    severity="warning",
+    title="tp_size > 1 on a trust_remote_code architecture",
+    patterns=(r"No tensor-parallel plan is registered for the custom-code architecture '(\w+)'",),
+    cause="The model's config.json maps its classes to the checkpoint's own code (auto_map) and its architecture is "
+    "neither in AutoModel 0.7.0's registry nor in transformers: AutoModel loads it with trust_remote_code, its "
+    "capability check passes, and at tp_size > 1 its parallelizer raises 'No tensor-parallel plan is registered for "
+    "the custom-code architecture ...' unless the class brings a _tp_plan of styles AutoModel recognizes (which "
+    "cannot be checked without running that code).",
+    fix="tp_size: 1, or give distributed.tp_plan (a dict or an import path).",
+)
+def model_remote_code_tp(ctx: Context) -> Iterator[Finding]:
+    m, tp = ctx.model, ctx.dims.tp
+    if m is None or tp <= 1 or ctx.block.get("tp_plan") is not None or ctx.recipe_get("model.force_hf") is True:
+        return
+    cfg = m.hf_config or {}
+    if not isinstance(cfg.get("auto_map"), dict) or implementation(m.architecture) is not None:
+        return
+    arch = m.architecture or "its class"
+    yield finding(
+        ctx,
+        "model-remote-code-tp",
+        ("tp_size",),
+        f"tp_size={tp} with {m.name}, a trust_remote_code architecture ({arch}, config.json auto_map) that AutoModel "
+        f"0.7.0 has no plan for: unless its code defines a usable _tp_plan, AutoModel raises "
+        f"'{_REMOTE_TP.format(arch=arch)}' when it parallelizes the model, after launch (its code was not run here)",
+        "tp_size: 1, or give distributed.tp_plan",
+    )
 
 
 @rule(
@@ -383,7 +488,7 @@ def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
         why = f"cp_size={cp} is not a multiple of n_groups={groups} (fewer groups than CP ranks)"
     else:
         why = f"n_groups={groups} is not divisible by cp_size={cp}"
-    good = [c for c in divisors(heads) if c > 1 and mamba_cp_ok(m, c)][:8]
+    good = fitting_sizes(ctx, "cp", [c for c in divisors(heads) if c > 1 and mamba_cp_ok(m, c)])[:8]
     yield finding(
         ctx,
         "cp-mamba-heads",
@@ -463,6 +568,7 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
     patterns=(
         r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TE attention backend",
         r"Context parallelism \(cp_size=(\d+)\) for hybrid model (\w+) requires the TE or SDPA",
+        r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TileLang",
     ),
     cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
     "backend (hybrid Mamba models: TE or SDPA); with another model.backend.attn (sdpa, flex, ...) "
@@ -470,24 +576,30 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
     fix="Set model.backend.attn: te, or cp_size: 1.",
 )
 def model_cp_backend(ctx: Context) -> Iterator[Finding]:
-    impl, cp = _impl(ctx), ctx.dims.cp
-    attn = ctx.recipe_get("model.backend.attn")
-    if impl is None or impl.cp_attn is None or cp <= 1 or not isinstance(attn, str) or attn in impl.cp_attn:
+    impl, cp, m = _impl(ctx), ctx.dims.cp, ctx.model
+    if impl is None or m is None or cp <= 1:
         return
-    assert ctx.model is not None
-    needs = (
-        "for hybrid model {a} requires the TE or SDPA attention backend"
-        if impl.mamba_cp
-        else "for {a} requires the TE attention backend"
-    ).format(a=impl.architecture)
+    backends = impl.cp_backends(m.mixes_layers)
+    attn = ctx.recipe_get("model.backend.attn")
+    if backends is None or not isinstance(attn, str) or attn in backends:
+        return
+    a = impl.architecture
+    if backends == {"tilelang"}:
+        needs, fix = f"for {a} requires the TileLang attention backend (backend.attn='tilelang')", "tilelang"
+    elif backends == {"tilelang", "cudnn"}:
+        needs, fix = f"for {a} requires the TileLang or cuDNN DSA attention backend", "tilelang or cudnn"
+    elif m.mixes_layers:
+        needs, fix = f"for hybrid model {a} requires the TE or SDPA attention backend", "te or sdpa"
+    else:
+        needs, fix = f"for {a} requires the TE attention backend", "te"
     yield finding(
         ctx,
         "model-cp-backend",
         (),
         f"cp_size={cp} with model.backend.attn: {attn}: AutoModel 0.7.0 builds "
-        f"{ctx.model.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(impl.cp_attn))}; "
+        f"{m.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(backends))}; "
         f"it raises 'Context parallelism (cp_size={cp}) {needs}' right after building the model, after launch",
-        f"model.backend.attn: {'te or sdpa' if impl.mamba_cp else 'te'} (or cp_size: 1)",
+        f"model.backend.attn: {fix} (or cp_size: 1)",
         recipe_path="model.backend.attn",
     )
 
@@ -495,25 +607,90 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
 @rule(
     "pp-tied-embeddings",
     family=F,
-    severity="error",
+    severity="warning",
     title="Pipeline parallelism with tied embeddings",
     patterns=(r"Pipeline parallelism does not support tie_word_embeddings=True",),
-    cause="AutoModel's pipeline builder (AutoPipeline.build -> validate_hf_model_for_pipeline_support) rejects a "
-    "model whose lm_head shares the embedding weight, and overriding tie_word_embeddings to false is not "
-    "supported either.",
-    fix="pp_size: 1 (shard with FSDP, tp_size or cp_size), or pick an untied model.",
+    cause="AutoModel's pipeline builder (validate_hf_model_for_pipeline_support) rejects a tied model only when "
+    "lm_head.weight IS embed_tokens.weight. Its meta-device init (FSDP2 on more than one rank, no quantization) "
+    "re-creates every parameter it registers, so the tie made in the model's __init__ is lost: the check passes and "
+    "the pipeline trains a separate lm_head (its non-pipeline path re-ties after sharding, the pipeline path does "
+    "not). Without meta init (a quantized QLoRA model) the weights stay tied and the builder raises.",
+    fix="pp_size: 1 to keep the tie (shard with FSDP, tp_size or cp_size), or accept an untied lm_head.",
 )
 def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
     m, pp = ctx.model, ctx.dims.pp
     if m is None or pp <= 1 or pp_possible(m):
         return
+    quantized = ctx.recipe_get("quantization") not in (None, False, {})
+    if quantized:
+        yield finding(
+            ctx,
+            "pp-tied-embeddings",
+            ("pp_size",),
+            f"pp_size={pp} but {m.name} ties its input and output embeddings (tie_word_embeddings: true) and the "
+            "recipe quantizes the model, so AutoModel builds it without meta init and the weights stay tied: its "
+            "pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch",
+            "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
+            severity="error",
+        )
+        return
+    head = m.vocab_size * m.hidden_size
     yield finding(
         ctx,
         "pp-tied-embeddings",
         ("pp_size",),
-        f"pp_size={pp} but {m.name} ties its input and output embeddings (tie_word_embeddings: true): "
-        "AutoModel's pipeline builder raises 'Pipeline parallelism does not support "
-        "tie_word_embeddings=True' after launch, and turning the tie off is not supported either",
+        f"pp_size={pp} with {m.name}, which ties its input and output embeddings: AutoModel's meta init loses the "
+        f"tie, so its pipeline check passes and the last stage trains a separate lm_head ({head:,} more parameters "
+        "that no longer share the embedding's weight)",
+        "pp_size: 1 to keep the tie, or accept an untied lm_head",
+    )
+
+
+PP_VLM_DEDICATED_FORWARD = ("gemma4", "mistral3")  # hf_utils._PP_VLM_MODEL_TYPES_WITH_DEDICATED_FORWARD
+
+
+@rule(
+    "pp-model-unsupported",
+    family=F,
+    severity="error",
+    title="Pipeline parallelism on a model its pipeline builder refuses",
+    patterns=(
+        r"VLM model_type='(\w*)' is not on the pipeline-aware list",
+        r"Encoder-Decoder models with cross-attention are not supported yet for pipeline parallelism",
+    ),
+    cause="AutoModel's pipeline builder (validate_hf_model_for_pipeline_support) refuses an encoder-decoder model, "
+    "and a vision-language model (its config has a text_config) unless its model_type has a dedicated pipeline "
+    "forward (gemma4, mistral3) or its class keeps its own forward (_pp_keep_self_forward): the generic forward "
+    "would drop pixel_values and train on placeholder embeddings.",
+    fix="pp_size: 1, and shard with FSDP (dp), tp_size or cp_size.",
+)
+def pp_model_unsupported(ctx: Context) -> Iterator[Finding]:
+    m, pp = ctx.model, ctx.dims.pp
+    if m is None or pp <= 1 or not isinstance(m.hf_config, dict):
+        return
+    cfg = m.hf_config
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+    why = None
+    if cfg.get("is_encoder_decoder") is True:
+        why = "Encoder-Decoder models with cross-attention are not supported yet for pipeline parallelism."
+    elif text is not None:
+        outer, inner = cfg.get("model_type"), text.get("model_type")
+        impl = _impl(ctx)
+        if outer not in PP_VLM_DEDICATED_FORWARD and inner not in PP_VLM_DEDICATED_FORWARD:
+            if impl is None or not impl.keeps_own_forward:
+                cls = impl.architecture if impl is not None else (m.architecture or "its class")
+                why = (
+                    f"VLM model_type='{outer}' is not on the pipeline-aware list ({', '.join(PP_VLM_DEDICATED_FORWARD)}) "
+                    f"and the model class {cls} does not declare ``_pp_keep_self_forward = True``."
+                )
+    if why is None:
+        return
+    yield finding(
+        ctx,
+        "pp-model-unsupported",
+        ("pp_size",),
+        f"pp_size={pp} with {m.name}: AutoModel's pipeline builder raises 'Model ... is not compatible with "
+        f"pipeline parallelism: {why}' after launch",
         "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
     )
 

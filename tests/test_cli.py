@@ -84,7 +84,9 @@ def test_validate_a_folder(files, capsys):
         capsys.readouterr()
         .out.rstrip()
         .endswith(
-            "VALID: 0 error(s), 0 warning(s); world_size=8 (argument); strategy=fsdp2 dp=2 dp_shard=2 tp=2 cp=2 pp=1\n"
+            "VALID: 0 error(s), 0 warning(s); world_size=8 (argument); model-aware checks NOT run: no model given (pass "
+            "--model / model=, or name one in model.pretrained_model_name_or_path); strategy=fsdp2 dp=2 dp_shard=2 tp=2 "
+            "cp=2 pp=1\n"
             "not checked: per-GPU memory and step time: `automodel-dist estimate` (estimate_memory), or `dryrun` "
             "(dry_run, AutoModel's own step)"
         )

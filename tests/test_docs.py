@@ -5,8 +5,8 @@ example in the README runs, the scripts work (and print an install hint without 
 the skill package (frontmatter, skill card, evals) follows the skills catalog's conventions.
 
 A YAML block starts with a header naming how to check it:
-``# check: world_size=8 | nodes=2 gpus_per_node=8 [model=<id>] [expect=error:<rule-id>]``.
-Without ``expect`` the block must be valid with no warnings.
+``# check: world_size=8 | nodes=2 gpus_per_node=8 [model=<id>] [expect=error:<rule-id> | expect=warning:<rule-id>]``.
+Without ``expect`` the block must be valid with no warnings; with ``warning:`` it is valid and warns of that rule.
 """
 
 from __future__ import annotations
@@ -94,8 +94,11 @@ def test_yaml_block_validates_as_documented(block: Block) -> None:
         assert report.valid and not report.warnings, f"{block.where}:\n{shown}"
     else:
         kind, rule = expect.split(":")
-        assert kind == "error" and rule in RULES, expect
-        assert not report.valid and rule in {f.rule for f in report.errors}, f"{block.where}:\n{shown}"
+        assert kind in ("error", "warning") and rule in RULES, expect
+        if kind == "warning":
+            assert report.valid and rule in {f.rule for f in report.warnings}, f"{block.where}:\n{shown}"
+        else:
+            assert not report.valid and rule in {f.rule for f in report.errors}, f"{block.where}:\n{shown}"
 
 
 @pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel 0.7.0 oracle not installed")
@@ -108,7 +111,7 @@ def test_yaml_block_agrees_with_automodel(block: Block) -> None:
     world = kw.get("world_size") or kw["nodes"] * kw["gpus_per_node"]
     result = oracle.run(dist, world, [0, world - 1])
     expect = block.check.get("expect", "valid")
-    if expect == "valid":
+    if expect == "valid" or expect.startswith("warning:"):
         assert result.ok, f"{block.where}: AutoModel rejects it: {result.error}"
     elif RULES[expect.split(":")[1]].family == "automodel":
         assert not result.ok, f"{block.where}: AutoModel accepts a block documented as {expect}"
@@ -289,9 +292,12 @@ def test_evals_cover_the_topics() -> None:
             assert (ROOT / t["expected_script"]).exists(), t["expected_script"]
         for block in t.get("configs", []):  # configs the ground truth relies on are checked like doc blocks
             report = validate_config(block["yaml"], **_kwargs(block["check"]))
-            rules = {f.rule for f in report.errors}
             expect = block["check"].get("expect", "valid")
-            assert report.valid if expect == "valid" else expect.split(":")[1] in rules, (t["id"], rules)
+            found = {f.rule for f in (report.warnings if expect.startswith("warning:") else report.errors)}
+            if expect == "valid" or expect.startswith("warning:"):
+                assert report.valid, (t["id"], [f.rule for f in report.errors])
+            if expect != "valid":
+                assert expect.split(":")[1] in found, (t["id"], found)
         if "suggest" in t:  # ground truths about layouts are checked against the search itself
             check = t["suggest"]
             report = suggest_strategy(**check["args"], top_k=1)

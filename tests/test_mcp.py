@@ -141,7 +141,10 @@ def test_bad_arguments_are_error_results_and_the_server_keeps_serving():
     assert still.structured_content["valid"] is True
     # the engine's own refusals reach the agent with their reason (not the SDK's bare "Error executing tool")
     assert "give the config as config_yaml (YAML text) or config_path" in results[1].content[0].text
-    assert "unknown model 'no/such-model' (not in the catalog" in results[5].content[0].text
+    assert (
+        "unknown model 'no/such-model': not a config.json path, not in the Hugging Face cache"
+        in results[5].content[0].text
+    )
 
 
 def test_build_mesh_tool():

@@ -4,6 +4,7 @@ One case per rule (some rules have two). ``test_every_rule_has_a_case`` keeps th
 
 from __future__ import annotations
 
+import golden
 import pytest
 
 from automodel_dist import validate_config
@@ -595,7 +596,7 @@ CASES = [
         2,
         False,
         "tp_size=3 does not divide num_attention_heads=32 and num_key_value_heads=8 of meta-llama/Llama-3.1-8B: AutoModel's TP validation fails after launch",
-        "use tp_size in {1, 2, 4, 8}",
+        "use tp_size in {1, 2, 4}",  # 8 divides the heads but not the 12 ranks
         id="tp-heads",
     ),
     pytest.param(
@@ -684,20 +685,20 @@ CASES = [
     ),
     pytest.param(
         "distributed:\n  cp_size: 3\n",
-        {"world_size": 6, "model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"},
+        {"world_size": 48, "model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"},
         "cp-mamba-heads",
         "error",
         "distributed.cp_size",
         2,
         False,
         "mamba_num_heads=64 is not divisible by cp_size=3 in nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's Mamba layers: AutoModel's MambaContextParallel asserts this when it parallelizes the model, after launch",
-        "use cp_size in {2, 4, 8, 16, 32, 64}",
+        "use cp_size in {2, 4, 8, 16}",  # 32 and 64 divide the heads, not the 48 ranks
         id="cp-mamba-heads",
     ),
     pytest.param(
         "distributed:\n  cp_size: 6\n",
         {
-            "world_size": 6,
+            "world_size": 12,
             "model": {
                 "architectures": ["NemotronHForCausalLM"],
                 "model_type": "nemotron_h",
@@ -714,7 +715,7 @@ CASES = [
         "distributed.cp_size",
         2,
         False,
-        "cp_size=6 is not a multiple of n_groups=4 (fewer groups than CP ranks) in nemotron_h's Mamba layers: AutoModel's MambaContextParallel asserts this when it parallelizes the model, after launch",
+        "cp_size=6 is not a multiple of n_groups=4 (fewer groups than CP ranks) in NemotronHForCausalLM's Mamba layers: AutoModel's MambaContextParallel asserts this when it parallelizes the model, after launch",
         "use cp_size in {2, 4, 12}",
         id="cp-mamba-groups",
     ),
@@ -758,13 +759,77 @@ CASES = [
         "distributed:\n  pp_size: 2\n  pipeline: {}\n",
         {"world_size": 8, "model": "meta-llama/Llama-3.2-1B"},
         "pp-tied-embeddings",
+        "warning",
+        "distributed.pp_size",
+        2,
+        True,
+        "pp_size=2 with meta-llama/Llama-3.2-1B, which ties its input and output embeddings: AutoModel's meta init loses the tie, so its pipeline check passes and the last stage trains a separate lm_head (262,668,288 more parameters that no longer share the embedding's weight)",
+        "pp_size: 1 to keep the tie, or accept an untied lm_head",
+        id="pp-tied-embeddings",
+    ),
+    pytest.param(
+        "quantization:\n  load_in_4bit: true\ndistributed:\n  pp_size: 2\n  pipeline: {}\n",
+        {"world_size": 8, "model": "meta-llama/Llama-3.2-1B"},
+        "pp-tied-embeddings",
+        "error",
+        "distributed.pp_size",
+        4,
+        False,
+        "pp_size=2 but meta-llama/Llama-3.2-1B ties its input and output embeddings (tie_word_embeddings: true) and the recipe quantizes the model, so AutoModel builds it without meta init and the weights stay tied: its pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch",
+        "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
+        id="pp-tied-embeddings-quantized",
+    ),
+    pytest.param(
+        "distributed:\n  pp_size: 2\n  pipeline: {}\n",
+        {
+            "world_size": 8,
+            "model": {
+                "architectures": ["LlavaForConditionalGeneration"],
+                "model_type": "llava",
+                "text_config": {
+                    "model_type": "llama",
+                    "hidden_size": 4096,
+                    "num_hidden_layers": 32,
+                    "num_attention_heads": 32,
+                    "num_key_value_heads": 32,
+                    "intermediate_size": 11008,
+                    "vocab_size": 32064,
+                },
+            },
+        },
+        "pp-model-unsupported",
         "error",
         "distributed.pp_size",
         2,
         False,
-        "pp_size=2 but meta-llama/Llama-3.2-1B ties its input and output embeddings (tie_word_embeddings: true): AutoModel's pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch, and turning the tie off is not supported either",
+        "pp_size=2 with LlavaForConditionalGeneration: AutoModel's pipeline builder raises 'Model ... is not compatible with pipeline parallelism: VLM model_type='llava' is not on the pipeline-aware list (gemma4, mistral3) and the model class LlavaForConditionalGeneration does not declare ``_pp_keep_self_forward = True``.' after launch",
         "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
-        id="pp-tied-embeddings",
+        id="pp-model-unsupported",
+    ),
+    pytest.param(
+        "distributed:\n  tp_size: 2\n",
+        {
+            "world_size": 8,
+            "model": {
+                "architectures": ["AcmeForCausalLM"],
+                "model_type": "acme",
+                "auto_map": {"AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"},
+                "hidden_size": 2048,
+                "num_hidden_layers": 16,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 8192,
+                "vocab_size": 32000,
+            },
+        },
+        "model-remote-code-tp",
+        "warning",
+        "distributed.tp_size",
+        2,
+        True,
+        "tp_size=2 with AcmeForCausalLM, a trust_remote_code architecture (AcmeForCausalLM, config.json auto_map) that AutoModel 0.7.0 has no plan for: unless its code defines a usable _tp_plan, AutoModel raises 'No tensor-parallel plan is registered for the custom-code architecture 'AcmeForCausalLM' (loaded via trust_remote_code=True), and no usable HuggingFace `_tp_plan` was found' when it parallelizes the model, after launch (its code was not run here)",
+        "tp_size: 1, or give distributed.tp_plan",
+        id="model-remote-code-tp",
     ),
     pytest.param(
         "recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: mistralai/Mixtral-8x7B-v0.1\npacked_sequence:\n  packed_sequence_size: 4096\ndistributed:\n  cp_size: 2\n",
@@ -918,8 +983,8 @@ CASES = [
         "<root>",
         None,
         True,
-        "unknown model 'meta-llama/Llama-9' (not in the catalog, not a config.json path); did you mean meta-llama/Llama-3.2-3B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B?; model-aware checks skipped",
-        "run `automodel-dist models` for the catalog, or pass a config.json path",
+        f"unknown model 'meta-llama/Llama-9': not a config.json path, not in the Hugging Face cache ({golden.NO_HF_CACHE}), not in the catalog; did you mean meta-llama/Llama-3.2-3B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B?; --fetch-config (MCP fetch_config) downloads its config.json alone; model-aware checks skipped",
+        "run `automodel-dist models` for the catalog, pass a config.json path, or --fetch-config",
         id="model-unknown",
     ),
     pytest.param(
@@ -1280,11 +1345,27 @@ UNTESTABLE_HERE = {
 }
 
 
+# Rules whose input is the installed environment, tested with it patched below.
+ENVIRONMENT = {"automodel-version"}
+
+
 def test_every_rule_has_a_case():
-    covered = {p.values[2] for p in CASES}
+    covered = {p.values[2] for p in CASES} | ENVIRONMENT
     runtime = {r.id for r in RULES.values() if r.family == "runtime"}
     missing = set(RULES) - covered - UNTESTABLE_HERE - runtime
     assert not missing, f"rules without a unit case: {sorted(missing)}"
+
+
+def test_another_installed_automodel_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("automodel_dist.api.installed_automodel", lambda: "0.8.0")
+    report = validate_config("distributed:\n  tp_size: 2\n", world_size=8, model="meta-llama/Llama-3.1-8B")
+    note = [f for f in report.findings if f.rule == "automodel-version"]
+    assert [(f.severity, f.path) for f in note] == [("info", "<root>")] and report.valid
+    assert "nemo-automodel 0.8.0 is installed" in note[0].message and "0.7.0" in note[0].message
+    monkeypatch.setattr("automodel_dist.api.installed_automodel", lambda: "0.7.0")
+    assert "automodel-version" not in {
+        f.rule for f in validate_config("distributed:\n  tp_size: 2\n", world_size=8).findings
+    }
 
 
 def test_all_findings_at_once():

@@ -678,6 +678,8 @@ def test_a_distillation_teacher_counts_on_the_students_gpus():
         and "--fetch-config (MCP fetch_config) downloads its config.json alone: its memory is NOT counted"
         in unknown.assumptions[-1]
     )
+    with pytest.raises(ValueError, match=r"teacher cannot be sized on the student's GPUs: teacher: unknown model"):
+        suggest_strategy(config=KD.replace("Llama-3.1-70B", "Llama-9-1T"), nodes=1, gpus_per_node=8, seq_len=4096)
 
 
 TEACHER_FSDP = """

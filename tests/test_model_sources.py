@@ -228,6 +228,10 @@ def test_a_revision_reads_its_own_snapshot(hub: Hub, hf_home: Path, no_network: 
     assert _rules(validate_config(recipe.format(rev="main"), world_size=8))["tp-heads"]
     with pytest.raises(ModelConfigError, match="not in the Hugging Face cache"):
         resolve("acme/phi-like", revision="v3")
+    # a catalog model at a revision the cache lacks: the catalog's dims, and the report says so
+    assert resolve("meta-llama/Llama-3.1-8B", revision="v2").describe() == (
+        "the built-in catalog (revision v2 is not in the Hugging Face cache)"
+    )
 
 
 def test_qwen3_next_tp2_is_the_error_automodel_raises(hub: Hub, hf_home: Path, no_network: Guard) -> None:
@@ -398,3 +402,75 @@ def test_the_reader_agrees_with_transformers_autoconfig(repo: str) -> None:
         kinds = text.layer_types
         assert ours.attention_layers == kinds.count("full_attention") == 12
         assert ours.num_experts == text.num_experts and ours.experts_per_token == text.num_experts_per_tok
+
+
+def test_a_model_folder_named_as_a_string_is_read(tmp_path: Path, hf_home: Path) -> None:
+    folder = tmp_path / "phi-4"
+    folder.mkdir()
+    (folder / "config.json").write_bytes(CONFIGS[PHI4].read_bytes())
+    src = resolve(str(folder))
+    assert (src.source, src.where) == ("config.json", str(folder / "config.json"))
+    assert (
+        _rules(validate_config({"tp_size": 4}, world_size=8, model=str(folder)))["tp-heads"].fix
+        == "use tp_size in {1, 2}"
+    )
+
+
+@pytest.mark.parametrize(
+    "config,said",
+    [
+        ({"layer_types": [[1], [2]]}, None),  # not a layer kind: read as uniform layers, no crash
+        ({"vision_config": {"hidden_size": 10**200, "num_hidden_layers": 2}}, "must be an integer"),
+    ],
+    ids=["unhashable-layer-types", "huge-vision-tower"],
+)
+def test_odd_fields_are_findings_not_tracebacks(config: dict, said: str | None) -> None:
+    base = json.loads(CONFIGS[PHI4].read_text())
+    data = (
+        {"architectures": base["architectures"], "model_type": base["model_type"], "text_config": base}
+        if ("vision_config" in config)
+        else base
+    )
+    report = validate_config({"tp_size": 2}, world_size=8, model=data | config)
+    skipped = [f for f in report.findings if f.rule == "model-unknown"]
+    if said is None:
+        assert not skipped and report.valid
+    else:
+        assert skipped and said in skipped[0].message
+
+
+def test_a_damaged_cache_or_a_name_the_hub_refuses_is_a_finding(hf_home: Path) -> None:
+    repo = hf_home / "hub" / "models--acme--broken"
+    repo.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc")
+    (repo / "snapshots").write_text("not a folder")
+    report = validate_config({"tp_size": 2}, world_size=8, model="acme/broken")
+    assert [f.rule for f in report.findings] == ["model-unknown"] and report.model_checks_skipped
+    assert (
+        "cannot read the Hugging Face cache entry of acme/broken: [Errno 20] Not a directory"
+        in report.findings[0].message
+    )
+    for name in ("a--b/c", "acme/x..y", "acmé/model"):
+        with pytest.raises(ModelConfigError, match="unknown model"):
+            resolve(name, fetch=False)
+
+
+def test_hf_hub_offline_forbids_the_download(hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelConfigError, match="HF_HUB_OFFLINE is set"):
+        resolve("acme/not-cached", fetch=True)
+
+
+def test_a_config_json_a_recipe_names_obeys_the_allowed_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MCP server's --allowed-root covers every file read for a client, the one a recipe names too."""
+    outside = tmp_path / "outside" / "config.json"
+    outside.parent.mkdir()
+    outside.write_bytes(CONFIGS[PHI4].read_bytes())
+    (tmp_path / "root").mkdir()
+    monkeypatch.setenv("AUTOMODEL_DIST_ALLOWED_ROOTS", str(tmp_path / "root"))
+    recipe = f"model:\n  pretrained_model_name_or_path: {outside}\ndistributed:\n  tp_size: 4\n"
+    report = validate_config(recipe, world_size=8)
+    assert report.model_checks_skipped and "outside the allowed roots" in report.model_checks_skipped
+    monkeypatch.delenv("AUTOMODEL_DIST_ALLOWED_ROOTS")
+    assert "tp-heads" in _rules(validate_config(recipe, world_size=8))

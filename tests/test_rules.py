@@ -775,7 +775,7 @@ CASES = [
         "distributed.pp_size",
         4,
         False,
-        "pp_size=2 but meta-llama/Llama-3.2-1B ties its input and output embeddings (tie_word_embeddings: true) and the recipe quantizes the model, so AutoModel builds it without meta init and the weights stay tied: its pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch",
+        "pp_size=2 but meta-llama/Llama-3.2-1B ties its input and output embeddings (tie_word_embeddings: true) and the model is quantized (the recipe's quantization: or its config.json), so AutoModel builds it without meta init and the weights stay tied: its pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch",
         "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
         id="pp-tied-embeddings-quantized",
     ),

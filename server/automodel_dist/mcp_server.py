@@ -28,7 +28,15 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
 from .catalog.listing import Catalogs
-from .config.files import MAX_BYTES, MAX_OVERRIDE_CHARS, MAX_OVERRIDES, check_path
+from .config.files import (
+    ALLOWED_ROOTS_ENV,
+    MAX_BYTES,
+    MAX_OVERRIDE_CHARS,
+    MAX_OVERRIDES,
+    allowed_roots,
+    check_path,
+    is_dir,
+)
 from .dry_run.report import DryRunReport
 from .estimation import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
@@ -60,7 +68,6 @@ Sizes: world = dp*cp*tp*pp; ep must divide dp*cp*tp (not dp*cp); megatron_fsdp h
 
 MAX_YAML_CHARS = MAX_BYTES
 MAX_TEXT_CHARS = 200_000
-ALLOWED_ROOTS_ENV = "AUTOMODEL_DIST_ALLOWED_ROOTS"
 
 ConfigYaml = Annotated[
     str | None,
@@ -156,11 +163,6 @@ class EstimateResult(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
 
 
-def _allowed_roots() -> list[Path] | None:
-    raw = os.environ.get(ALLOWED_ROOTS_ENV)
-    return [Path(p) for p in raw.split(os.pathsep) if p] if raw else None
-
-
 class _Unreadable(ValueError):
     def __init__(self, finding: Finding):
         super().__init__(finding.message)
@@ -172,7 +174,7 @@ def _config(config_yaml: str | None, config_path: str | None, *, required: bool 
     if config_yaml is not None and config_path is not None:
         raise ValueError("give config_yaml or config_path, not both")
     if config_path is not None:
-        problem = check_path(config_path, allowed_roots=_allowed_roots())
+        problem = check_path(config_path, allowed_roots=allowed_roots())
         if problem is not None:
             raise _Unreadable(problem)
         return Path(config_path)
@@ -187,7 +189,7 @@ def _model_arg(model: str | None) -> str | None:
 
     if model is None or not names_a_file(model):
         return model  # a catalog name
-    problem = check_path(model, allowed_roots=_allowed_roots())
+    problem = check_path(Path(model) / "config.json" if is_dir(model) else model, allowed_roots=allowed_roots())
     if problem is not None:
         raise _Unreadable(problem)
     return model

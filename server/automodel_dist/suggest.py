@@ -542,12 +542,9 @@ def _recipe_defaults(
         key = "pp_microbatch_size" if ctx.dims.pp > 1 else "local_batch_size"
         if key in facts:
             micro_batch_size, used["micro_batch_size"] = facts[key]
-    teacher, _, known = teacher_of(ctx, fetch)
+    teacher, why, known = teacher_of(ctx, fetch)
     if not known:
-        raise ValueError(
-            "the recipe distils from a teacher_model that is not in the catalog: its memory on the student's GPUs "
-            "cannot be sized"
-        )
+        raise ValueError(f"the recipe's knowledge-distillation teacher cannot be sized on the student's GPUs: {why}")
     if teacher is not None:
         used["teacher"] = "teacher_model.pretrained_model_name_or_path"
     lbs = facts["local_batch_size"][0] if "local_batch_size" in facts else None

@@ -906,15 +906,19 @@ def _tower_params(cfg: Any, text_hidden: int | None) -> int:
     the text width): approximate, for the memory of the tower AutoModel keeps (frozen by default)."""
     if not isinstance(cfg, dict):
         return 0
-    h = cfg.get("hidden_size") or cfg.get("embed_dim") or cfg.get("width")
-    layers = cfg.get("num_hidden_layers") or cfg.get("depth") or cfg.get("num_layers")
-    if not (isinstance(h, int) and isinstance(layers, int)) or h <= 0 or layers <= 0:
+    h = _first(cfg, "hidden_size", "embed_dim", "width")
+    layers = _first(cfg, "num_hidden_layers", "depth", "num_layers")
+    if not (is_int(h) and is_int(layers)) or h <= 0 or layers <= 0:
         return 0
-    inter = cfg.get("intermediate_size") or 4 * h
-    inter = inter if isinstance(inter, int) else 4 * h
-    patch = cfg.get("patch_size") if isinstance(cfg.get("patch_size"), int) else 14
+    h, layers = _int(h, "vision_config.hidden_size"), _int(layers, "vision_config.num_hidden_layers")
+    inter = (
+        _int(cfg["intermediate_size"], "vision_config.intermediate_size")
+        if is_int(cfg.get("intermediate_size"))
+        else 4 * h
+    )
+    patch = _int(cfg["patch_size"], "vision_config.patch_size") if is_int(cfg.get("patch_size")) else 14
     per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
-    projector = h * (text_hidden or h) if text_hidden else 0
+    projector = h * text_hidden if text_hidden else 0
     return layers * per_layer + 3 * patch * patch * h + projector
 
 
@@ -923,7 +927,7 @@ def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     layers, Qwen3-Next / Qwen3.5's Gated DeltaNet ("linear_attention") and full layers."""
     kinds = cfg.get("layer_types")
     names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
-    if isinstance(kinds, list) and len(kinds) == layers and all(k in names for k in kinds):
+    if isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) and k in names for k in kinds):
         out = tuple(names[k] for k in kinds)
         return out if len(set(out)) > 1 else ()
     interval = cfg.get("full_attention_interval")
@@ -992,7 +996,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 2,
         num_experts=experts,
         experts_per_token=_int(
-            _first(cfg, "num_experts_per_tok", "experts_per_token", default=0) or 0, "num_experts_per_tok"
+            _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", default=0) or 0,
+            "num_experts_per_tok",
         ),
         moe_intermediate_size=moe_inter if experts else 0,
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
@@ -1134,4 +1139,4 @@ def names_a_file(model: Any) -> bool:
         return True
     if not isinstance(model, str):
         return False
-    return model.endswith(".json") or is_file(model)
+    return model.endswith(".json") or is_file(model) or is_file(Path(model) / "config.json")  # or a model folder

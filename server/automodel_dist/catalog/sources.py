@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config.files import is_dir
+from ..config.files import allowed_roots, check_path, is_dir
 from ..config.values import clip
 from .models import MAX_CONFIG_BYTES, ModelConfigError, ModelSpec, close_matches, from_hf_config, lookup, names_a_file
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[\w.\-]{1,96}$")
-REVISION = re.compile(r"^[\w.\-/]{1,128}$")
+# Hub repo ids as huggingface_hub accepts them (ASCII, no "--" or ".." anywhere), and revisions (a branch, tag or
+# commit); anything else is never looked up
+REPO_ID = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9][\w.\-]{0,95}/[\w.\-]{1,96}$", re.ASCII)
+REVISION = re.compile(r"^(?!.*\.\.)[\w.\-/]{1,128}$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,10 @@ class ModelSource:
     spec: ModelSpec
     source: str  # argument | config.json | hf-cache | catalog | downloaded
     where: str | None = None  # the file read, or the catalog's reference
+    note: str | None = None  # what the reader should know about this source (a revision that was not found)
 
     def describe(self) -> str:
-        return {
+        said = {
             "argument": "the spec passed",
             "config.json": f"the config.json at {self.where}",
             "hf-cache": f"the Hugging Face cache ({self.where})",
@@ -46,16 +49,23 @@ class ModelSource:
             "downloaded": f"config.json downloaded from the Hub ({self.where})",
             "mapping": "the config dict passed",
         }.get(self.source, self.source)
+        return f"{said} ({self.note})" if self.note else said
 
 
 def hub_cache_dir() -> Path:
     """The cache huggingface_hub reads, from the environment at the time of the call (it reads it at import)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+
+    def path(var: str) -> Path:
+        return Path(os.path.expandvars(os.environ[var])).expanduser()
+
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):  # the second: the older name huggingface_hub still reads
+        if os.environ.get(var):
+            return path(var)
     if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+        return path("HF_HOME") / "hub"
+    return (
+        (path("XDG_CACHE_HOME") if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache") / "huggingface" / "hub"
+    )
 
 
 def offline() -> bool:
@@ -63,14 +73,17 @@ def offline() -> bool:
 
 
 def read_config(path: Path, *, name: str | None = None) -> ModelSpec:
-    """A spec from a config.json file (size-capped, JSON only)."""
+    """A spec from a config.json file: a regular file under the allowed roots (the MCP server's), size-capped, read
+    as JSON only."""
+    problem = check_path(path, max_bytes=MAX_CONFIG_BYTES, allowed_roots=allowed_roots())
+    if problem is not None:
+        raise ModelConfigError(f"model config: {clip(problem.message, 300)}")
     try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(
-                f"{clip(str(path), 160)} is {size:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit"
-            )
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # the file may have grown since it was checked
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ModelConfigError(f"{clip(str(path), 160)} is over the {MAX_CONFIG_BYTES:,}-byte limit")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelConfigError(f"cannot read model config {clip(str(path), 160)}: {clip(str(exc), 300)}") from exc
     return from_hf_config(data, name=name or str(path))
@@ -85,7 +98,10 @@ def from_cache(repo_id: str, revision: str | None) -> Path | None:
         return None  # nothing for this repo: no need to import huggingface_hub
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache), revision=revision)
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=str(cache), revision=revision)
+    except (OSError, ValueError) as exc:  # a damaged cache folder, a name the Hub's validator refuses
+        raise ModelConfigError(f"cannot read the Hugging Face cache entry of {repo_id}: {clip(str(exc), 200)}") from exc
     return Path(found) if isinstance(found, str) else None
 
 
@@ -94,11 +110,10 @@ def download(repo_id: str, revision: str | None) -> Path:
     if offline():
         raise ModelConfigError(f"HF_HUB_OFFLINE is set: config.json of {repo_id} cannot be downloaded")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
         return Path(hf_hub_download(repo_id, "config.json", revision=revision, cache_dir=str(hub_cache_dir())))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - HTTP, proxy, timeout and protocol errors all mean "not downloaded"
         raise ModelConfigError(f"could not download config.json of {repo_id}: {clip(str(exc), 300)}") from exc
 
 
@@ -123,7 +138,8 @@ def resolve(model: Any, *, revision: str | None = None, fetch: bool = False) -> 
         return ModelSource(spec, "hf-cache", str(cached))
     spec = lookup(name)
     if spec is not None:
-        return ModelSource(spec, "catalog", spec.source)
+        missed = f"revision {revision} is not in the Hugging Face cache" if revision not in (None, "main") else None
+        return ModelSource(spec, "catalog", spec.source, missed)
     if fetch and REPO_ID.match(name):
         path = download(name, revision)
         return ModelSource(read_config(path, name=name), "downloaded", f"{name}@{revision or 'main'}")

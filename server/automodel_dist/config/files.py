@@ -11,6 +11,15 @@ from ..report import Finding
 MAX_BYTES = 1 << 20  # 1 MiB: far above any real recipe (the largest AutoModel example is ~12 KiB)
 MAX_OVERRIDES = 256  # command-line overrides per call
 MAX_OVERRIDE_CHARS = 4096  # characters per override
+# The MCP server's --allowed-root folders: every file read on a client's behalf (a config, a model's config.json,
+# one a recipe names) must lie under one of them.
+ALLOWED_ROOTS_ENV = "AUTOMODEL_DIST_ALLOWED_ROOTS"
+
+
+def allowed_roots() -> list[Path] | None:
+    """The folders files may be read from (None: anywhere), from ``AUTOMODEL_DIST_ALLOWED_ROOTS``."""
+    raw = os.environ.get(ALLOWED_ROOTS_ENV)
+    return [Path(p) for p in raw.split(os.pathsep) if p] if raw else None
 
 
 def _err(

@@ -72,7 +72,7 @@ def step_flops(m: ModelSpec, seq_len: int, tokens: float, lora: Lora | None = No
 @lru_cache(maxsize=1024)
 def _flops_per_token(m: ModelSpec, seq_len: int, lora: Lora | None) -> float:
     attn_width = m.num_attention_heads * m.hd
-    attn_layers = m.count("attention") if m.is_hybrid else m.num_layers
+    attn_layers = m.attention_layers  # not Mamba or Gated DeltaNet layers: no softmax attention there
     weights = 6.0 * m.active_param_count() if lora is None else 4.0 * m.active_param_count() + 6.0 * lora.total(m)
     return weights + 6.0 * attn_layers * attn_width * seq_len
 
@@ -167,7 +167,8 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
             out["tp"] += _ag(p.tp, tok_mb * m.vocab_size * comp) * 2 * mb_per_step  # replicated logits
     if p.cp > 1:  # ring passes of K and V: forward once, backward twice (K/V and their gradients)
         kv = 2 * tok_mb * m.num_key_value_heads * m.hd * comp / p.tp
-        attn_layers = g.kinds.get("attention", 0) if m.is_hybrid else n_layers
+        # Gated DeltaNet layers (Qwen3-Next / Qwen3.5) have no K/V ring: the stage's share of attention layers
+        attn_layers = g.kinds.get("attention", 0) if m.is_hybrid else n_layers * m.attention_layers / m.num_layers
         out["cp"] = (p.cp - 1) * kv * (3 + recompute) * attn_layers * mb_per_step
         if g.kinds.get("mamba"):  # MambaContextParallel: all-to-all into head-parallel before the scan and back
             per_layer = _ag(p.cp, tok_mb * m.mamba_in_proj_width * comp) + _ag(p.cp, tok_mb * m.mamba_inner * comp)

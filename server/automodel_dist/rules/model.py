@@ -621,20 +621,24 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
     m, pp = ctx.model, ctx.dims.pp
     if m is None or pp <= 1 or pp_possible(m):
         return
-    quantized = ctx.recipe_get("quantization") not in (None, False, {})
+    # AutoModel builds without meta init when the recipe quantizes (a quantization: section, even empty) or, for a
+    # Hugging Face class, when the checkpoint's own config.json carries a quantization_config
+    impl = _impl(ctx)
+    native = isinstance(m.hf_config, dict) and m.hf_config.get("quantization_config") is not None
+    quantized = ctx.recipe_get("quantization") is not None or (native and (impl is None or not impl.custom))
     if quantized:
         yield finding(
             ctx,
             "pp-tied-embeddings",
             ("pp_size",),
             f"pp_size={pp} but {m.name} ties its input and output embeddings (tie_word_embeddings: true) and the "
-            "recipe quantizes the model, so AutoModel builds it without meta init and the weights stay tied: its "
+            "model is quantized (the recipe's quantization: or its config.json), so AutoModel builds it without meta init and the weights stay tied: its "
             "pipeline builder raises 'Pipeline parallelism does not support tie_word_embeddings=True' after launch",
             "pp_size: 1, and shard with FSDP (dp), tp_size or cp_size",
             severity="error",
         )
         return
-    head = m.vocab_size * m.hidden_size
+    head = m.embedding_params()
     yield finding(
         ctx,
         "pp-tied-embeddings",

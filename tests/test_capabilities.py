@@ -107,8 +107,8 @@ def _spec(arch: str, *, hybrid: bool) -> ModelSpec:
     )
 
 
-def _we_refuse(arch: str, what: str, *, hybrid: bool, attn: str) -> bool:
-    recipe = {"model": {"backend": {"attn": attn}}, "distributed": dict(SETTINGS[what])}
+def _we_refuse(arch: str, what: str, *, hybrid: bool, attn: str | None) -> bool:
+    recipe = {"model": {"backend": {"attn": attn}} if attn else {}, "distributed": dict(SETTINGS[what])}
     report = validate_config(recipe, world_size=8, model=_spec(arch, hybrid=hybrid))
     return any(
         f.rule in GATE_RULES and "passes its capability check" not in f.message and f"{what}_size" in f.message
@@ -142,6 +142,7 @@ def test_deepseek_v4_context_parallelism_needs_tilelang(arch: str) -> None:
 
     gen = _gen()
     cls = _cls(arch)
+    refused = {}
     for attn in ("te", "sdpa", "tilelang"):
         shell = gen._shell(cls, SimpleNamespace(model_type="deepseek_v4", architectures=[arch]), attn)
         try:
@@ -150,3 +151,6 @@ def test_deepseek_v4_context_parallelism_needs_tilelang(arch: str) -> None:
         except ValueError:
             theirs = True
         assert _we_refuse(arch, "cp", hybrid=False, attn=attn) == theirs, attn
+        refused[attn] = theirs
+    # model.backend.attn unset: BackendConfig's default is te with TE on CUDA, sdpa otherwise; an error when both fail
+    assert _we_refuse(arch, "cp", hybrid=False, attn=None) == (refused["te"] and refused["sdpa"])

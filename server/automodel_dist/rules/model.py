@@ -571,8 +571,9 @@ def _stage_fix(layers: int, pp: int, schedule: str) -> str:
         r"Context parallelism \(cp_size=(\d+)\) for (\w+) requires the TileLang",
     ),
     cause="AutoModel's own model classes run context parallelism only with the TE (or MagiAttention) attention "
-    "backend (hybrid Mamba models: TE or SDPA); with another model.backend.attn (sdpa, flex, ...) "
-    "validate_for_mesh raises right after building the model.",
+    "backend (hybrid Mamba models: TE or SDPA; DeepSeek-V4: TileLang; GLM-MoE-DSA: TileLang or cuDNN); with another "
+    "model.backend.attn (sdpa, flex, ...) validate_for_mesh raises right after building the model. Unset, the "
+    "backend is te with Transformer Engine on CUDA, else sdpa: a class that accepts neither raises too.",
     fix="Set model.backend.attn: te, or cp_size: 1.",
 )
 def model_cp_backend(ctx: Context) -> Iterator[Finding]:
@@ -581,8 +582,17 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
         return
     backends = impl.cp_backends(m.mixes_layers)
     attn = ctx.recipe_get("model.backend.attn")
-    if backends is None or not isinstance(attn, str) or attn in backends:
+    unset = attn is None
+    if unset:  # BackendConfig's default: te with Transformer Engine on CUDA, else sdpa; refused only if both are
+        if backends is None or backends & {"te", "sdpa"}:
+            return
+    elif backends is None or not isinstance(attn, str) or attn in backends:
         return
+    said = (
+        "model.backend.attn unset (AutoModel's default: te with Transformer Engine on CUDA, else sdpa)"
+        if unset
+        else f"model.backend.attn: {attn}"
+    )
     a = impl.architecture
     if backends == {"tilelang"}:
         needs, fix = f"for {a} requires the TileLang attention backend (backend.attn='tilelang')", "tilelang"
@@ -595,12 +605,12 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
     yield finding(
         ctx,
         "model-cp-backend",
-        (),
-        f"cp_size={cp} with model.backend.attn: {attn}: AutoModel 0.7.0 builds "
+        ("cp_size",) if unset else (),
+        f"cp_size={cp} with {said}: AutoModel 0.7.0 builds "
         f"{m.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(backends))}; "
         f"it raises 'Context parallelism (cp_size={cp}) {needs}' right after building the model, after launch",
         f"model.backend.attn: {fix} (or cp_size: 1)",
-        recipe_path="model.backend.attn",
+        recipe_path=None if unset else "model.backend.attn",
     )
 
 

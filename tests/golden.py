@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "golden" / "outputs.json"
 # Outputs must not depend on this machine's Hugging Face cache (a cached config.json changes what a model name
 # resolves to, and unknown-model messages name the cache): the tests and the recording point huggingface_hub at a
-# folder that never exists; the tests that need a cache lay one out in a temporary HF_HOME.
-NO_HF_CACHE = ROOT / "tests" / "no-hf-cache"
+# folder that never exists (a fixed path: messages clip long names, so its length must not depend on the checkout);
+# the tests that need a cache lay one out in a temporary HF_HOME.
+NO_HF_CACHE = Path("/nonexistent-automodel-dist-hf-cache")
 RECIPES = sorted((ROOT / "tests" / "examples").glob("*.yaml")) + sorted(
     (ROOT / "tests" / "calibration" / "recipes").glob("*.yaml")
 )

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["HF_HUB_CACHE"] = str(golden.NO_HF_CACHE)  # no test reads this machine's cache (see golden.py)
 EXAMPLES = Path(os.environ.get("AUTOMODEL_DIST_EXAMPLES", ROOT / "tests" / "examples"))
+
+# Every process this test session starts inherits this tag, orphans included, so "nothing left behind" checks look
+# at this session's processes only (another run of the tool on the same machine is not a survivor).
+TEST_TAG = f"automodel-dist-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+os.environ["AUTOMODEL_DIST_TEST_TAG"] = TEST_TAG
+
+
+def own_processes(*needles: str) -> list[str]:
+    """``"pid cmdline"`` of this session's live processes (not this one) whose command line holds any needle."""
+    tag = f"AUTOMODEL_DIST_TEST_TAG={TEST_TAG}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if tag not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            state = next((ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if "zombie" not in state and any(n in cmd for n in needles):
+            out.append(f"{entry.name} {cmd}")
+    return out
+
 
 settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])

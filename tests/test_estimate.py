@@ -66,26 +66,28 @@ def test_estimate_memory_api_on_a_real_recipe():
         + (m.grads if m.peak_phase == "end-of-backward" else 0),
         rel=1e-6,
     )
-    # PP with FSDP2 and AutoModel's default defer_fsdp_grad_sync: true: every backward but the step's last runs
-    # without gradient sync, so the rank holds its stage's gradients unsharded in fp32 (the reduce dtype), experts
-    # (FSDP-sharded over ep_shard=2 here) included (test_pipeline_backward_holds_unsharded_fp32_grads shows torch
-    # doing it)
+    # PP with FSDP2 and AutoModel's default defer_fsdp_grad_sync: true: torch's schedule runs a stage's backwards
+    # without gradient sync and reduce-scatters right after that stage's last microbatch (REDUCE_GRAD). This recipe's
+    # interleaved schedule (24 stages of 2 layers, 12 per rank) runs its 2 microbatches in one round, so about one
+    # stage's gradients are held unsharded in fp32 at a time, not the rank's 12 (AutoModel's own step on fake
+    # tensors: 18.6 GiB peak; the recipe: "Verified at ~19 GiB/GPU", AutoModel's max_memory_allocated)
     from automodel_dist.estimate.memory import GIB, _rank_groups
 
     p = analyze(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml", model="Qwen/Qwen3-30B-A3B").dims
     g = _rank_groups(lookup("Qwen/Qwen3-30B-A3B"), p, m.worst_pp_rank)
-    assert m.deferred_grads == pytest.approx((g.dense + g.experts) * 4 / GIB, rel=1e-9) and m.deferred_grads > 13
-    # defer_fsdp_grad_sync: false reduce-scatters after every backward: no held gradients, more traffic. The peak
-    # is then the ~19 GiB/GPU the recipe's comment reports ("Verified at ~19 GiB/GPU"); with the default the
-    # estimate is ~17 GiB higher: AutoModel 0.7.0's code and torch's pipeline stages say they are held.
+    spr = p.stages_per_rank_of(48)
+    assert spr == 12
+    if m.deferred_grads:
+        assert m.deferred_grads == pytest.approx((g.dense + g.experts) * 4 / GIB / spr, rel=1e-9)
+    assert m.tracked_peak == pytest.approx(19.0, rel=0.20)
+    # defer_fsdp_grad_sync: false reduce-scatters after every backward: no held gradients, more traffic
     eager = estimate_memory(
         EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml",
         model="Qwen/Qwen3-30B-A3B",
         overrides=["distributed.defer_fsdp_grad_sync=false"],
     )
     assert eager.memory_gib.deferred_grads == 0
-    assert 15 <= eager.memory_gib.tracked_peak <= 23
-    assert m.tracked_peak - eager.memory_gib.tracked_peak == pytest.approx(m.deferred_grads, rel=0.05)
+    assert 15 <= eager.memory_gib.tracked_peak <= m.tracked_peak
     for axis in ("dp_shard_cp", "ep_shard"):
         assert eager.comm_bytes_per_step[axis] > 2 * est.comm_bytes_per_step[axis]
 
@@ -348,6 +350,8 @@ def test_suggest_searches_only_the_strategies_asked_for(capsys):
                 "mfsdp",
                 "--strategy",
                 "ddp",
+                "--verify",
+                "0",
                 "--top",
                 "2",
             ]
@@ -427,7 +431,7 @@ def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
     assert "model" not in gemma.from_recipe and gemma.model == "google/gemma-3-1b-pt"
     with pytest.raises(ValueError, match="give a model"):
         suggest_strategy()
-    assert main(["suggest", str(recipe), "--top", "1", "--json"]) == 0
+    assert main(["suggest", str(recipe), "--top", "1", "--json", "--verify", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["current"]["valid"] and out["from_recipe"]["nodes"] == "ci.nodes" and out["world_size"] == 16
     assert main(["suggest", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
@@ -435,17 +439,27 @@ def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
 
 
 def test_suggest_candidates_are_valid_and_explained():
-    rep = suggest_strategy(L8, nodes=1, seq_len=8192, global_batch_size=64, top_k=3)
+    rep = suggest_strategy(L8, nodes=1, seq_len=8192, global_batch_size=64, top_k=50)
+    # ordered by step time, those that fit even with the estimate's error first
+    ranks = [(c.verdict != "fits", c.step_time_s) for c in rep.candidates]
+    assert ranks == sorted(ranks) and [c.rank for c in rep.candidates] == list(range(1, len(ranks) + 1))
     # 8 gradient-accumulation steps: AutoModel's default (defer_fsdp_grad_sync) would hold all 8B gradients
     # unsharded in fp32 (~30 GiB) and not fit without checkpointing; reduce-scattering each microbatch does
-    best = rep.candidates[0]
-    assert best.distributed == {"strategy": "fsdp2", "defer_fsdp_grad_sync": False}
+    # (plain FSDP2 at 66 GiB would be within the estimate's error of the 72 GiB budget; with selective
+    # checkpointing it fits for sure)
+    [best] = [
+        c
+        for c in rep.candidates
+        if c.distributed.get("defer_fsdp_grad_sync") is False
+        and not {"tp_size", "cp_size", "pp_size"} & set(c.distributed)
+    ]
+    assert best.verdict == "fits" and best.distributed["strategy"] == "fsdp2"
     assert best.memory_gib.deferred_grads == 0 and "defer_fsdp_grad_sync: false" in best.yaml
     assert any(r.startswith("defer_fsdp_grad_sync: false: ") and "needed to fit" in r for r in best.rationale)
     default = estimate_memory(
         best.yaml.replace("  defer_fsdp_grad_sync: false\n", ""), model=L8, world_size=8, seq_len=8192
     )
-    assert not default.fits and default.memory_gib.deferred_grads > 25
+    assert default.verdict != "fits" and default.memory_gib.deferred_grads > 25
     again = estimate_memory(best.yaml, model=L8, world_size=8, seq_len=8192)
     assert again.memory_gib.total == pytest.approx(best.memory_gib.total)
     for c in rep.candidates:
@@ -557,7 +571,9 @@ def test_estimate_and_suggest_cli(tmp_path, capsys):
     assert "DOES NOT FIT" in capsys.readouterr().out
     assert main(big) == 0  # no sequence length: no verdict on an assumed one
     assert "no verdict (the sequence length is unknown)" in capsys.readouterr().out
-    assert main(["suggest", "--model", L8, "--nodes", "1", "--gpu", "H100", "--top", "2", "--json"]) == 0
+    assert (
+        main(["suggest", "--model", L8, "--nodes", "1", "--gpu", "H100", "--top", "2", "--json", "--verify", "0"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert len(out["candidates"]) == 2 and "yaml" in out["candidates"][0]
     assert main(["suggest", "--model", L8, "--gpu", "TPU-v9"]) == 2

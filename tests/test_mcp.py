@@ -3,6 +3,7 @@ and a real external client (MCP Inspector's CLI, when Node is present)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import wait_for_port
+from conftest import own_processes, wait_for_port
 from mcp import Client, StdioServerParameters
 
 from automodel_dist.mcp_server import NAME, create_server
@@ -37,8 +38,7 @@ def call(tool: str, args: dict, **kw):
 
 
 def survivors() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "automodel_dist.smoke" in line and "ps -eo" not in line]
+    return own_processes("automodel_dist.smoke")
 
 
 def test_tools_annotations_and_schemas():
@@ -168,9 +168,12 @@ def test_build_mesh_tool():
 
 
 def test_suggest_estimate_explain_list_models():
-    s = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "nodes": 1, "top_k": 2})
+    s = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "nodes": 1, "top_k": 2, "verify": 1})
     assert len(s.structured_content["candidates"]) == 2
     assert s.structured_content["candidates"][0]["yaml"].startswith("distributed:")
+    if importlib.util.find_spec("nemo_automodel") is not None:  # verify 1: the first measured by the dry run
+        assert s.structured_content["candidates"][0]["measured"] is True
+        assert s.structured_content["candidates"][1]["measured"] is False
     e = call("estimate_memory", {"model": "Qwen/Qwen3-30B-A3B", "config_path": str(EXAMPLE)})
     assert e.structured_content["valid"] and e.structured_content["estimate"]["fits"]
     from_recipe = call("estimate_memory", {"config_path": str(EXAMPLE)})  # the recipe names its model
@@ -199,12 +202,15 @@ def test_suggest_estimate_explain_list_models():
     )
     est = slow.structured_content["estimate"]
     assert (est["inter_gbps"], est["intra_gbps"], est["gpu_memory_gib"], est["headroom"]) == (12.5, 450.0, 40.0, 0.2)
-    s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900})
+    s2 = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-8B", "top_k": 1, "intra_gbps": 900, "verify": 0})
     assert s2.structured_content["intra_gbps"] == 900.0
-    from_recipe = call("suggest_strategy", {"config_path": str(EXAMPLE), "top_k": 1})
+    from_recipe = call("suggest_strategy", {"config_path": str(EXAMPLE), "top_k": 1, "verify": 0})
     assert from_recipe.structured_content["model"] == "Qwen/Qwen3-30B-A3B"
     assert from_recipe.structured_content["current"]["valid"] and from_recipe.structured_content["world_size"] == 16
-    mf = call("suggest_strategy", {"model": "meta-llama/Llama-3.1-70B", "nodes": 2, "strategies": ["megatron_fsdp"]})
+    mf = call(
+        "suggest_strategy",
+        {"model": "meta-llama/Llama-3.1-70B", "nodes": 2, "strategies": ["megatron_fsdp"], "verify": 0},
+    )
     assert mf.structured_content["strategies"] == ["megatron_fsdp"] and mf.structured_content["candidates"]
     assert {c["distributed"]["strategy"] for c in mf.structured_content["candidates"]} == {"megatron_fsdp"}
     for bad_strategies in ([], ["zero3"]):
@@ -249,8 +255,7 @@ def test_dry_run_reports_progress_and_cancels_its_processes():
     assert any(m.startswith("build") for m in seen) and any(m.startswith("backward") for m in seen)
 
     def workers() -> list[str]:
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        return [line for line in out.splitlines() if "automodel_dist.dry_run.worker" in line and "ps -eo" not in line]
+        return own_processes("automodel_dist.dry_run.worker")
 
     async def go():
         async with Client(create_server()) as c:

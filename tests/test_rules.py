@@ -1802,14 +1802,15 @@ def test_killed_ranks_and_torchrun_summaries_are_explained(text, rules):
 def test_world_size_missing_says_why_when_half_a_cluster_is_given():
     recipe = "distributed:\n  tp_size: 2\nci:\n  nodes: 2\n  nproc_per_node: 8\n"
     assert validate_config(recipe).world_size == 16  # no cluster option: the ci: block
-    [f] = [f for f in validate_config(recipe, gpus_per_node=8).findings if f.rule == "world-size-missing"]
+    assert validate_config(recipe, gpus_per_node=4).world_size == 8  # one option completes the ci: block
+    [f] = [f for f in validate_config("tp_size: 2\n", gpus_per_node=8).findings if f.rule == "world-size-missing"]
     assert f.message.startswith(
-        "world_size not given (gpus_per_node without nodes gives no world size, and the "
-        "recipe's ci: block is read only when no cluster option is given): "
+        "world_size not given (gpus_per_node without nodes gives no world size, and the recipe has no ci: block "
+        "to complete it): "
     )
-    assert f.fix == "pass world_size (or nodes and gpus_per_node), or no cluster option to use the ci: block"
+    assert f.fix == "pass world_size (or nodes and gpus_per_node)"
     [f] = [f for f in validate_config("tp_size: 2\n", nodes=2).findings if f.rule == "world-size-missing"]
-    assert f.message.startswith("world_size not given (nodes without gpus_per_node gives no world size): ")
+    assert f.message.startswith("world_size not given (nodes without gpus_per_node gives no world size, and the ")
     [f] = [f for f in validate_config("tp_size: 2\n").findings if f.rule == "world-size-missing"]
     assert f.message.startswith("world_size not given: ") and f.fix == "pass world_size (or nodes and gpus_per_node)"
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import own_processes
 
 from automodel_dist import run_smoke_test
 from automodel_dist.smoke import SmokeUsageError
@@ -21,13 +22,8 @@ FP32 = {"precision": "fp32"}
 
 
 def survivors() -> list[str]:
-    """Processes left by smoke runs (elastic agent, torchrun, ranks)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [
-        line
-        for line in out.splitlines()
-        if ("automodel_dist.smoke" in line or "torch.distributed.run" in line) and "ps -eo" not in line
-    ]
+    """Processes this test session's smoke runs left (elastic agent, torchrun, ranks)."""
+    return own_processes("automodel_dist.smoke", "torch.distributed.run")
 
 
 def leftover_dirs() -> list[str]:

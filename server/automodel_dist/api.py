@@ -302,21 +302,24 @@ def _world(
             return None, None, nodes_i, gpn
         return nodes_i * gpn, "nodes x gpus_per_node", nodes_i, gpn
     ci = recipe.get("ci") if recipe else None
-    if isinstance(ci, dict) and nodes_i is None and gpn is None:
-        ci_nodes = ci.get("nodes", 1)
-        ci_gpn = ci.get("nproc_per_node", 8)
+    if isinstance(ci, dict):
+        # an argument given alone (--gpus-per-node, --nodes) completes the ci: block's other half
+        ci_nodes = nodes_i if nodes_i is not None else ci.get("nodes", 1)
+        ci_gpn = gpn if gpn is not None else ci.get("nproc_per_node", 8)
         if is_positive_int(ci_nodes) and is_positive_int(ci_gpn) and ci_nodes * ci_gpn <= MAX_WORLD_SIZE:
+            given = [n for n, v in (("nodes", nodes_i), ("gpus_per_node", gpn)) if v is not None]
             findings.append(
                 _finding(
                     "world-from-ci",
-                    f"world_size {ci_nodes * ci_gpn} taken from the recipe's ci: "
-                    f"block (nodes={ci_nodes} x nproc_per_node={ci_gpn})",
+                    f"world_size {ci_nodes * ci_gpn} taken from the recipe's ci: block (nodes={ci_nodes} x "
+                    f"nproc_per_node={ci_gpn}" + (f"; {' and '.join(given)} from the arguments)" if given else ")"),
                     path="ci",
                     line=doc.line(("ci",)),
                     severity="info",
                 )
             )
-            return ci_nodes * ci_gpn, "ci: block", ci_nodes, ci_gpn
+            source = "ci: block" if nodes_i is None and gpn is None else "ci: block with the arguments"
+            return ci_nodes * ci_gpn, source, ci_nodes, ci_gpn
     return None, None, nodes_i, gpn
 
 

@@ -412,6 +412,7 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
             overrides=overrides,
             timeout_s=args.timeout,
             num_layers=args.num_layers,
+            full_depth=args.full_depth,
             gpu=args.gpu,
             headroom=args.headroom,
             host_gib=args.host_memory_gib,
@@ -451,6 +452,16 @@ def cmd_suggest(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.verify:
+        from .verified import verify_candidates
+
+        report = verify_candidates(
+            report,
+            config=_config_arg(args.file) if args.file else None,
+            model=args.model,
+            top=args.verify,
+            headroom=args.headroom,
+        )
     _show(args, report, "suggest_text")
     return EXIT_OK if report.candidates else EXIT_FAIL
 
@@ -739,6 +750,12 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument(
         "--num-layers", type=_positive, help="build only the first N layers (quick looks; the report says so)"
     )
+    dr.add_argument(
+        "--full-depth",
+        action="store_true",
+        help="build every layer (default: a model whose layers repeat is built twice at a shallow depth and "
+        "extrapolated per layer, much faster; the report says which)",
+    )
     dr.add_argument("--gpu", default="H100-80GB", help="the GPU the verdict is for (default H100-80GB)")
     dr.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
     dr.add_argument("--timeout", type=float, default=900.0, help="wall-clock limit per rank, seconds")
@@ -779,6 +796,14 @@ def build_parser() -> argparse.ArgumentParser:
         "several (default: all three)",
     )
     sizing(su, "search")
+    su.add_argument(
+        "--verify",
+        type=int,
+        default=3,
+        metavar="N",
+        help="measure the first N candidates with the dry run (AutoModel's own step on fake tensors; seconds each) "
+        "when AutoModel is installed; 0: estimates only (default 3)",
+    )
     su.set_defaults(func=cmd_suggest)
 
     sv = sub.add_parser("serve", help="run the MCP server (stdio by default; --transport http for HTTP)")

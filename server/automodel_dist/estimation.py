@@ -3,6 +3,8 @@ server can declare its tools' output without importing the estimator."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from .report import Finding, Resolved
@@ -61,7 +63,19 @@ class Estimate(BaseModel):
     micro_batch_size: int
     global_batch_size: int | None = None
     memory_gib: MemoryBreakdown
-    fits: bool | None = Field(default=None, description="total <= GPU memory x (1 - headroom), when a GPU is known.")
+    fits: bool | None = Field(
+        default=None,
+        description="True when the verdict is fits, False when it is does not fit; null when tight or not judged.",
+    )
+    verdict: Literal["fits", "tight", "does not fit"] | None = Field(
+        default=None,
+        description="fits: total x (1 + memory_error) <= GPU memory x (1 - headroom); does not fit: total x "
+        "(1 - memory_error) exceeds it; tight: the budget is inside the estimate's error band (run the dry run); "
+        "null: not judged (an assumed sequence length or an unknown teacher).",
+    )
+    memory_error: float = Field(
+        default=0.0, description="The estimate's measured error on the peak (a fraction), which the verdict allows."
+    )
     headroom: float = 0.0
     comm_bytes_per_step: dict[str, float] = Field(default_factory=dict)
     comm_time_s: dict[str, float] = Field(default_factory=dict)

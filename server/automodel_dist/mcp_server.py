@@ -347,7 +347,8 @@ def create_server() -> MCPServer:
 
     @server.tool(annotations=hub)
     @_anticipated
-    def suggest_strategy(
+    async def suggest_strategy(
+        ctx: Context,
         model: Annotated[
             str | None,
             Field(
@@ -401,17 +402,30 @@ def create_server() -> MCPServer:
         ] = None,
         config_path: ConfigPath = None,
         fetch_config: FetchConfig = False,
+        verify: Annotated[
+            int,
+            Field(
+                ge=0,
+                le=5,
+                description=(
+                    "Measure the first N candidates with the dry run (AutoModel's own step on fake tensors, seconds "
+                    "each, progress reported) when AutoModel is installed here; 0: estimates only."
+                ),
+            ),
+        ] = 3,
     ) -> SuggestReport:
         """Ranked layouts for a model on a cluster that fit in memory: each with a ready distributed: YAML block,
-        per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected."""
+        per-GPU memory breakdown, communication, step time, MFU and rationale; plus why alternatives were rejected.
+        Where AutoModel is installed the top candidates are measured by the dry run (``measured``)."""
         from .suggest import suggest_strategy as _suggest
+        from .verified import verify_candidates
 
         try:
             model = _model_arg(model)
             config = _config(config_yaml, config_path, required=False)
         except _Unreadable as exc:
             raise ValueError(exc.finding.message) from None
-        return _suggest(
+        report = _suggest(
             model,
             config=config,
             nodes=nodes,
@@ -430,6 +444,15 @@ def create_server() -> MCPServer:
             strategies=strategies,
             fetch_config=fetch_config,
         )
+        if not verify:
+            return report
+
+        def work(progress: Any, cancel: threading.Event) -> SuggestReport:
+            return verify_candidates(
+                report, config=config, model=model, top=verify, headroom=headroom, cancel=cancel, progress=progress
+            )
+
+        return await _with_progress(ctx, work, "suggest-verify")
 
     @server.tool(annotations=hub)
     @_anticipated
@@ -595,6 +618,15 @@ def create_server() -> MCPServer:
                 description=("Build only the first N layers (a quick look; the report says so)."),
             ),
         ] = None,
+        full_depth: Annotated[
+            bool,
+            Field(
+                description=(
+                    "Build every layer. Default: a model whose layers repeat is built twice per rank at a shallow "
+                    "depth and extrapolated per layer (seconds instead of minutes; the report says so)."
+                )
+            ),
+        ] = False,
         gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
         headroom: Headroom = 0.1,
         timeout_s: Annotated[float, Field(ge=10, le=3600)] = 900.0,
@@ -603,8 +635,8 @@ def create_server() -> MCPServer:
     ) -> DryRunReport:
         """Run NeMo AutoModel's own training step (its setup, model class, PEFT, parallelizer, loss and optimizer) for
         the recipe at full model size and world size on fake tensors: per measured rank the peak allocated memory and
-        its split, or AutoModel's own exception. Needs AutoModel installed; takes about a minute; reports progress;
-        cancellable."""
+        its split, or AutoModel's own exception. Needs AutoModel installed; takes seconds (a repeating model is built
+        shallow and extrapolated per layer); reports progress; cancellable."""
         from .dry_run import DryRunUnavailable
         from .dry_run import dry_run as _dry_run
 
@@ -626,6 +658,7 @@ def create_server() -> MCPServer:
                     overrides=overrides,
                     timeout_s=timeout_s,
                     num_layers=num_layers,
+                    full_depth=full_depth,
                     gpu=gpu,
                     headroom=headroom,
                     progress=progress,

@@ -296,20 +296,20 @@ def estimate_text(est: Any) -> str:
     for line in getattr(est, "workload", []):
         lines.append(f"from the recipe: {line}")
     mem = est.memory_gib
-    verdict = (
-        "fits"
-        if est.fits
-        else (
-            "no verdict (the sequence length is unknown)"
-            if not est.seq_len_known
-            else "fit NOT JUDGED (see the assumptions)"
-        )
-        if est.fits is None
-        else "DOES NOT FIT"
-    )
+    band = f"the estimate's error of {est.memory_error:.0%}"
+    budget = (est.gpu_memory_gib or 0.0) * (1 - est.headroom)
+    verdict = {
+        "fits": f"fits with {est.headroom:.0%} headroom (and {band})",
+        "tight": f"TIGHT: the {budget:.1f} GiB budget ({est.headroom:.0%} headroom) is within {band}: check with "
+        "`automodel-dist dryrun`",
+        "does not fit": f"DOES NOT FIT with {est.headroom:.0%} headroom (even {est.memory_error:.0%} less would not)",
+        None: "no verdict (the sequence length is unknown)"
+        if not est.seq_len_known
+        else "fit NOT JUDGED (see the assumptions)",
+    }[est.verdict]
     lines.append(
         f"memory per GPU (worst pipeline rank {mem.worst_pp_rank}, peak at {mem.peak_phase}): "
-        f"{_gib_line(mem)} -> {verdict} with {est.headroom:.0%} headroom"
+        f"{_gib_line(mem)} -> {verdict}"
     )
     if mem.deferred_grads:
         lines.append(
@@ -386,26 +386,40 @@ def suggest_text(rep: Any) -> str:
             lines.append(f"{mine} is invalid on {rep.world_size} GPUs: " + "; ".join(cur.errors[:3]))
         else:
             faster = cur.best_speedup is not None and cur.best_speedup > 1.005
+            may_fit = cur.fits is not False
             verdict = (
                 ""
                 if cur.best_speedup is None
                 else f"; #1 is {cur.best_speedup:.2f}x faster"
-                if cur.fits and faster
+                if may_fit and faster
                 else "; #1 is as fast"
-                if cur.fits
+                if may_fit
                 else "; #1 fits" + (f" and is {cur.best_speedup:.2f}x faster" if faster else "")
             )
             lines.append(
                 f"{mine}: est. {cur.step_time_s:.2f} s/step, {cur.memory_gib:.1f} GiB/GPU, "
-                + ("fits" if cur.fits else "does NOT fit")
+                + {True: "fits", None: "tight (within the estimate's error: check with dryrun)", False: "does NOT fit"}[
+                    cur.fits
+                ]
                 + verdict
             )
     for c in rep.candidates:
         lines.append("")
         lines.append(
-            f"#{c.rank}  step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
+            f"#{c.rank}  "
+            + ("(tight: check with dryrun) " if c.verdict == "tight" and not c.measured else "")
+            + f"step ~{c.step_time_s:.2f} s, MFU ~{c.mfu:.0%}, {c.tokens_per_second:,.0f} tokens/s, "
             f"{c.memory_gib.total:.1f} GiB/GPU"
+            + (
+                f"; MEASURED by the dry run: {c.measured_peak_gib:.1f} GiB allocated (estimated "
+                f"{c.memory_gib.tracked_peak:.1f}), "
+                + {True: "fits", False: "does NOT fit", None: "no verdict"}[c.measured_fits]
+                if c.measured and c.measured_peak_gib is not None
+                else ""
+            )
         )
+        if c.measured_note:
+            lines.append(f"    not measured: {c.measured_note}")
         for r in c.rationale:
             lines.append(f"    - {r}")
         for f in c.findings:

@@ -8,7 +8,6 @@ ep, for each strategy and activation-checkpointing choice. Sizes come from the e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,8 +31,9 @@ from .estimate import (
     model_of,
     recipe_training,
     teacher_of,
+    verdict_for,
 )
-from .estimate.comm import STEP_TIME_ERROR, estimate_comm
+from .estimate.comm import estimate_comm
 from .estimate.memory import GIB, overhead_bytes
 from .estimate.training import PRECISIONS, training_for
 from .layout import StageError, ep_shard_size, virtual_stages
@@ -350,11 +350,13 @@ def suggest_strategy(
             no_ac[base_key] = mem.total
             if fits:
                 fits_without_ac.add(base_key)
-        if not fits and mem.deferred_grads and _may_fit_eagerly(mem, budget):
-            # reduce-scatter after every backward instead of holding fp32 grads
+        sure = verdict_for(mem.total, budget) == "fits"
+        if not sure and mem.deferred_grads and _may_fit_eagerly(mem, budget):
+            # reduce-scatter after every backward instead of holding fp32 grads (when the held ones make the layout
+            # not fit, or fit only within the estimate's error)
             eager = replace(p, defer_fsdp_grad_sync=False)
             eager_mem, _, _ = evaluate(spec, eager, tr, None)
-            if eager_mem.total <= budget:
+            if eager_mem.total <= budget and (not fits or verdict_for(eager_mem.total, budget) == "fits"):
                 p = eager
                 held[p] = mem.deferred_grads
                 mem, fits = eager_mem, True
@@ -365,11 +367,13 @@ def suggest_strategy(
             oom.append((estimate_comm(spec, p, tr, cluster).step_time_s, p, mem))
         else:
             oom.append((float("inf"), p, mem))
-    # Layouts whose predicted times differ by less than the model's error (STEP_TIME_ERROR, measured against
-    # AutoModel's published runs) are not told apart by time: within one such band, fewer parallel axes first.
-    best_time = min((x[0] for x in scored), default=1.0) or 1e-9
-    band = math.log1p(STEP_TIME_ERROR)
-    scored.sort(key=lambda x: (int(math.log(max(x[0], best_time) / best_time) / band), _complexity(x[1]), x[0]))
+
+    # Layouts that fit even with the estimate's memory error first, then the tight ones (the budget inside that
+    # error: the dry run decides); within each, by predicted step time (to three digits: fewer parallel axes on a tie).
+    def order(x: tuple[float, ParallelDims, MemoryBreakdown, Any]) -> tuple[bool, float, tuple[int, int], float]:
+        return verdict_for(x[2].total, budget) != "fits", float(f"{x[0]:.3g}"), _complexity(x[1]), x[0]
+
+    scored.sort(key=order)
     candidates: list[Candidate] = []
     rejected: list[Rejected] = []
     shapes: set[tuple] = set()
@@ -394,6 +398,7 @@ def suggest_strategy(
         candidates.append(
             Candidate(
                 rank=len(candidates) + 1,
+                verdict=verdict_for(mem.total, budget),
                 yaml=yaml.safe_dump(recipe, sort_keys=False),
                 distributed=block,
                 memory_gib=mem,
@@ -530,9 +535,11 @@ def _recipe_defaults(
         used["model"] = next(
             (f.path for f in report.findings if f.rule == "model-from-recipe"), "model.pretrained_model_name_or_path"
         )
-    if nodes is None and gpus_per_node is None and report.world_size_source == "ci: block":
-        nodes, gpus_per_node = ctx.nodes, ctx.gpus_per_node
-        used.update(nodes="ci.nodes", gpus_per_node="ci.nproc_per_node")
+    if (report.world_size_source or "").startswith("ci: block"):  # a given half completes the ci: block's other
+        if nodes is None:
+            nodes, used["nodes"] = ctx.nodes, "ci.nodes"
+        if gpus_per_node is None:
+            gpus_per_node, used["gpus_per_node"] = ctx.gpus_per_node, "ci.nproc_per_node"
     facts = recipe_training(ctx)
     if seq_len is None and "seq_len" in facts:
         seq_len, used["seq_len"] = facts["seq_len"]

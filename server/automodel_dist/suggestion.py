@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -12,6 +12,11 @@ from .report import Finding
 
 class Candidate(BaseModel):
     rank: int
+    verdict: Literal["fits", "tight"] = Field(
+        default="fits",
+        description="fits: within the budget even with the estimate's memory error; tight: the budget is inside "
+        "that error (check with the dry run). Candidates are ordered fits first, then by step time.",
+    )
     yaml: str = Field(description="A ready distributed: block (and step_scheduler batch sizes).")
     distributed: dict[str, Any]
     memory_gib: MemoryBreakdown
@@ -21,6 +26,18 @@ class Candidate(BaseModel):
     tokens_per_second: float
     rationale: list[str]
     findings: list[Finding] = Field(default_factory=list, description="Warnings validate_config gave.")
+    measured: bool = Field(
+        default=False,
+        description="True when the dry run (AutoModel's own step on fake tensors) measured this layout: the CLI and "
+        "MCP surfaces verify the top candidates when AutoModel is installed.",
+    )
+    measured_peak_gib: float | None = Field(
+        default=None, description="The dry run's allocated peak on the worst measured rank (no overhead), GiB."
+    )
+    measured_fits: bool | None = Field(
+        default=None, description="The dry run's verdict with overhead and headroom (null: it could not decide)."
+    )
+    measured_note: str | None = Field(default=None, description="Why the dry run did not measure it, when it did not.")
 
 
 class Rejected(BaseModel):
@@ -35,7 +52,7 @@ class CurrentLayout(BaseModel):
     valid: bool
     errors: list[str] = Field(default_factory=list, description="Why validate_config rejects it on this cluster.")
     memory_gib: float | None = Field(default=None, description="Peak per GPU (worst pipeline rank).")
-    fits: bool | None = None
+    fits: bool | None = Field(default=None, description="As estimate_memory's: null when tight (or not judged).")
     step_time_s: float | None = None
     best_speedup: float | None = Field(default=None, description="Its step time over the #1 candidate's.")
 

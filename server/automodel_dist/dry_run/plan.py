@@ -9,12 +9,14 @@ from typing import Any
 
 from ..api import ConfigInput, ModelInput, Overrides, analyze
 from ..catalog.hf_config import NoConfigError, hf_config
+from ..catalog.implementations import implementation
 from ..catalog.models import ModelConfigError, ModelSpec
 from ..catalog.sources import resolve
 from ..dims import ParallelDims
 from ..estimate import model_of
 from ..report import ValidationReport
 from ..workload import Workload, read_workload
+from .depth import Depth, plan_depth, truncated_config
 
 DEFAULT_SEQ_LEN = 4096
 TEACHER_NOT_BUILT = "knowledge distillation: the teacher_model is not built or run"
@@ -26,7 +28,7 @@ class DryRunUsageError(ValueError):
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
 _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
-    "attn": (frozenset({"te", "flex", "tilelang", "cudnn", "fa4", "magi"}), "sdpa"),
+    "attn": (frozenset({"flex", "tilelang", "cudnn", "fa4", "magi"}), "sdpa"),  # own classes: te_attention.py
     "linear": (frozenset({"te", "quack"}), "torch"),
     "rms_norm": (frozenset({"te", "quack"}), "torch_fp32"),
     "rope": (frozenset({"quack", "triton"}), "torch"),
@@ -58,10 +60,32 @@ class Plan:
     not_measured: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unmeasured_ranks: dict[int, str] = field(default_factory=dict)
+    depths: dict[int, Depth] = field(default_factory=dict)  # ranks measured from two shallow builds
 
 
-def _backend(w: Workload, moe: bool, out: list[str]) -> dict[str, Any]:
+# Attention kernels that keep what a flash kernel keeps for backward (q, k, v, output, log-sum-exp): on AutoModel's own
+# classes they run as the TE stand-in, which its classes accept with and without context parallelism
+_FLASH_LIKE = {"te": "TE", "flex": "FlexAttention", "magi": "MagiAttention", "cudnn": "cuDNN attention", "fa4": "FA4"}
+
+
+def _backend(w: Workload, moe: bool, custom: bool, out: list[str]) -> dict[str, Any]:
+    """model.backend as the dry run builds it. Only AutoModel's own classes take one: for a Hugging Face class the
+    recipe's own is passed as written (an error it causes is AutoModel's) and nothing is added to it."""
     backend = dict(w.backend)
+    if not custom:
+        return backend
+    if backend.get("attn", "te") in _FLASH_LIKE:
+        # te: AutoModel's default on a GPU with Transformer Engine (unset means te there) and the only attention its
+        # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
+        # log-sum-exp), and some classes take only te or flex (GPT-OSS)
+        was = backend.get("attn")
+        backend["attn"] = "te"
+        out.append(
+            f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as a stand-in with "
+            "Transformer Engine's shapes (dry_run/te_attention.py): what its flash attention keeps (q, k, v, output, "
+            f"log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
+            f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
+        )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
         if backend.get(key) in cuda_only:
             out.append(
@@ -112,7 +136,8 @@ def _optimizer(w: Workload, out: list[str]) -> dict[str, Any]:
         master = w.optimizer_kwargs.get("master_weights") is True
         out.append(
             "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its state dtypes: "
-            "fp32 moments" + (" and fp32 master weights" if master else "") + " (TE's defaults)"
+            "fp32 moments" + (" and fp32 master weights" if master else "") + " (TE's defaults); its fused in-place "
+            "step keeps no temporaries, so the measured step does not run torch's"
         )
         return {
             "target": "torch.optim.AdamW",
@@ -172,17 +197,6 @@ def _sanitized(block: dict[str, Any], subs: list[str]) -> dict[str, Any]:
     return walk(block, "")
 
 
-def _truncated(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
-    cfg = dict(cfg)
-    cfg["num_hidden_layers"] = layers
-    if isinstance(cfg.get("hybrid_override_pattern"), str):
-        cfg["hybrid_override_pattern"] = cfg["hybrid_override_pattern"][:layers]
-    for key in ("layer_types", "layers_block_type"):
-        if isinstance(cfg.get(key), list):
-            cfg[key] = cfg[key][:layers]
-    return cfg
-
-
 def plan_dry_run(
     config: ConfigInput,
     *,
@@ -196,6 +210,7 @@ def plan_dry_run(
     global_batch_size: int | None = None,
     overrides: Overrides = None,
     num_layers: int | None = None,
+    full_depth: bool = False,
     fetch_config: bool = False,
 ) -> Plan:
     """Raises :class:`DryRunUsageError` where the arguments or the config cannot describe one."""
@@ -241,7 +256,7 @@ def plan_dry_run(
     source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
-        cfg = _truncated(cfg, layers)
+        cfg = truncated_config(cfg, layers)
     w = read_workload(ctx.recipe)
     subs: list[str] = []
     not_measured: list[str] = []
@@ -286,18 +301,13 @@ def plan_dry_run(
             f"built with {layers} of the model's {spec.num_layers} layers (num_layers): the peak is not "
             "the full model's"
         )
-    backend = _backend(w, spec.is_moe, subs)
+    impl = implementation(spec.architecture)
+    backend = _backend(w, spec.is_moe, impl is not None and impl.custom and not w.force_hf, subs)
     if spec.is_moe:
         subs.append(
             "MoE routing assumed balanced: each rank's experts receive 1/ep of the token assignments (a "
             "real router's imbalance raises the hottest rank's peak)"
         )
-    if d.cp > 1 and not w.force_hf and w.backend.get("attn", "te") == "te":
-        reason = (
-            "context parallelism on AutoModel's own model classes runs only with Transformer Engine attention "
-            "(model.backend.attn: te), which needs CUDA: not measured (never counted as zero)"
-        )
-        not_measured.append(reason)
     if w.quantization is not None:
         not_measured.append(
             "quantization: (QLoRA) is not applied: the frozen base weights are measured in bf16; "
@@ -310,11 +320,18 @@ def plan_dry_run(
         )
     if d.strategy in ("megatron_fsdp",):
         not_measured.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
+    if d.strategy == "ddp" and (d.world_size or 1) > 1:
+        not_measured.append(
+            "DDP: its reducer's gradient all-reduce cannot complete on a fake process group (no values come back): "
+            "not measured"
+        )
     loss = _loss(w, subs)
     optimizer = _optimizer(w, subs)
+    subs.append("torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted")
     subs.append(
-        "attention runs as PyTorch SDPA on the CPU and the gradient-norm clip takes its per-tensor CPU path "
-        "(its temporaries are larger than the fused CUDA kernel's)"
+        "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
+        "scores); the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused "
+        "CUDA kernel's)"
     )
     if ranks is None:
         lay = d.layout
@@ -324,9 +341,7 @@ def plan_dry_run(
         raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")
     ranks = sorted(set(ranks))
     unmeasured = (
-        {r: not_measured[0] for r in ranks}
-        if any(x.startswith(("context parallelism", "MegatronFSDP")) for x in not_measured)
-        else {}
+        {r: not_measured[0] for r in ranks} if any(x.startswith(("MegatronFSDP", "DDP:")) for x in not_measured) else {}
     )
     base = {
         "world_size": d.world_size,
@@ -343,13 +358,58 @@ def plan_dry_run(
         "microbatches": measured,
         "seq_len": seq,
         "clip_grad_norm": w.clip_grad_norm,
+        "liger": _liger(ctx.recipe),
     }
+    specs = [dict(base, rank=r) for r in ranks if r not in unmeasured]
+    depths: dict[int, Depth] = {}
+    if layers == spec.num_layers and not full_depth:
+        lay = d.layout
+        for sp in specs:
+            pp_rank = lay.group("pp", sp["rank"]).index(sp["rank"]) if d.pp > 1 and lay is not None else 0
+            depth = plan_depth(spec, d, pp_rank)
+            if depth is None:
+                continue
+            depths[sp["rank"]] = depth
+            sp["depth"] = {
+                "period": depth.period,
+                "prefix": depth.prefix,
+                "layers": list(depth.layers),
+                "units": list(depth.units),
+                "target_units": depth.target_units,
+            }
+            sp["builds"] = [
+                {
+                    "hf_config": truncated_config(cfg, n, moe_prefix_as_moe=d.pp > 1),
+                    "distributed": _with_layers_per_stage(sp["distributed"], lps),
+                }
+                for n, lps in zip(depth.layers, depth.layers_per_stage or (None, None))
+            ]
+        if depths:
+            first = next(iter(depths.values()))
+            notes.append(
+                f"measured at depth by extrapolation: each rank built twice, with {first.layers[0]} and "
+                f"{first.layers[1]} of the model's {spec.num_layers} layers"
+                + (
+                    f" ({first.layers_per_stage[0]} and {first.layers_per_stage[1]} per pipeline stage)"
+                    if first.layers_per_stage
+                    else ""
+                )
+                + "; every phase's bytes per category read off the line through the two, at the rank's full depth "
+                "(memory grows linearly with the layers a rank holds); `--full-depth` builds every layer"
+            )
+            for note in dict.fromkeys(n for dp in depths.values() for n in dp.notes):
+                notes.append(note)
+        elif spec.num_layers > 4:
+            notes.append(
+                "built at full depth: the model's layer kinds have no short repeating period (or its stages are "
+                "already shallow), so no shallow builds stand for it"
+            )
     return Plan(
         report=result.report,
         dims=d,
         model=spec,
         model_source=source,
-        specs=[dict(base, rank=r) for r in ranks if r not in unmeasured],
+        specs=specs,
         seq_len=seq,
         micro_batch_size=mbs,
         local_batch_size=lbs,
@@ -361,7 +421,22 @@ def plan_dry_run(
         not_measured=not_measured,
         notes=notes,
         unmeasured_ranks=unmeasured,
+        depths=depths,
     )
+
+
+def _liger(recipe: dict[str, Any] | None) -> bool:
+    """AutoModel's ``use_liger_kernel`` (from_pretrained / from_config's default True), as the recipe's model sets it."""
+    model = (recipe or {}).get("model")
+    return not (isinstance(model, dict) and model.get("use_liger_kernel") is False)
+
+
+def _with_layers_per_stage(block: dict[str, Any], lps: int | None) -> dict[str, Any]:
+    """The distributed: block with ``pipeline.layers_per_stage`` set (a shallow build keeps the stage count)."""
+    if lps is None:
+        return block
+    pipeline = {k: v for k, v in (block.get("pipeline") or {}).items() if k != "round_virtual_stages_to_pp_multiple"}
+    return {**block, "pipeline": {**pipeline, "layers_per_stage": lps}}
 
 
 def _jsonable(value: Any) -> Any:

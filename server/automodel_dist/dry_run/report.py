@@ -62,6 +62,11 @@ class RankResult(BaseModel):
     traceback: list[str] = Field(default_factory=list)
     explanations: list[Explanation] = Field(default_factory=list)
     reason: str | None = Field(default=None, description="Why the rank was not measured, when it was not.")
+    builds: list[dict[str, float | int | str | None]] = Field(
+        default_factory=list,
+        description="The shallow builds the figures were extrapolated from (layers, their own peak GiB and phase); "
+        "empty when the rank was built at full depth.",
+    )
 
 
 class CategoryDiff(BaseModel):

@@ -103,6 +103,9 @@ def _run_rank(
             TRANSFORMERS_OFFLINE="1",
             PYTHONUNBUFFERED="1",
             TORCH_CPP_LOG_LEVEL="ERROR",
+            # torch.compile'd functions (GPT-OSS's experts) run eagerly: Dynamo refuses the fake-tensor and tracker
+            # dispatch modes; eager code keeps at least what a compiled graph keeps (stated in the report)
+            TORCHDYNAMO_DISABLE="1",
         )
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -154,7 +157,10 @@ def _run_rank(
         if stopped:
             limit = {
                 "timeout": f"the wall-time limit of {timeout_s:.0f} s",
-                "host_memory_cap": f"the host-memory cap of {host_gib:g} GiB",
+                "host_memory_cap": (
+                    f"the host-memory cap of {host_gib:g} GiB (raise it with --host-memory-gib / host_gib; a rank "
+                    "that holds real tensors, e.g. a model built at full depth, needs more)"
+                ),
                 "cancelled": "cancellation",
             }[stopped[0]]
             return {
@@ -208,6 +214,7 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         traceback=raw.get("traceback") or [],
         explanations=explanations,
         reason=raw.get("reason"),
+        builds=raw.get("builds") or [],
     )
 
 
@@ -266,6 +273,7 @@ def dry_run(
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
     num_layers: int | None = None,
+    full_depth: bool = False,
     gpu: str = "H100-80GB",
     headroom: float = 0.1,
     host_gib: float = DEFAULT_HOST_GIB,
@@ -277,7 +285,9 @@ def dry_run(
     pipeline stage (or ``ranks``) with torch's memory tracker.
 
     The model is found as ``validate_config`` finds it (``fetch_config``: may download its config.json alone).
-    ``num_layers`` builds only the first N layers (tests, quick looks; the report says so). Raises
+    A model whose layers repeat is built twice per rank at a shallow depth and its figures extrapolated per layer to
+    the full depth (the report says so); ``full_depth`` builds every layer (slower, the same figures up to the
+    extrapolation). ``num_layers`` builds only the first N layers (tests, quick looks; the report says so). Raises
     :class:`DryRunUnavailable` without AutoModel, torch or transformers, :class:`DryRunUsageError` (a ValueError)
     for arguments that do not describe a run. A layout AutoModel rejects comes back as a FAILED report carrying
     AutoModel's own exception.
@@ -308,6 +318,7 @@ def dry_run(
         global_batch_size=global_batch_size,
         overrides=overrides,
         num_layers=num_layers,
+        full_depth=full_depth,
         fetch_config=fetch_config,
     )
     cancel = cancel or threading.Event()
@@ -382,6 +393,7 @@ def dry_run(
             if with_overhead is not None
             and status == "measured"
             and not any(x.startswith(TEACHER_NOT_BUILT) for x in plan.not_measured)
+            and not any(x.startswith("seq_len") for x in plan.assumed)  # no verdict on an assumed length
             else None
         ),
         model=plan.model.name,

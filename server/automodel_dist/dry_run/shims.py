@@ -97,6 +97,18 @@ def _fake_op(*ops: str) -> Callable[[], None]:
     return check
 
 
+def _meta_kernel(*ops: str) -> Callable[[], None]:
+    def check() -> None:
+        import torch
+
+        for name in ops:
+            op = getattr(torch.ops.aten, name).default
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+                raise RuntimeError(f"aten.{name} has no shape function (Meta kernel) for fake tensors")
+
+    return check
+
+
 def broken() -> list[str]:
     """``"<shim> (phase <p>): <what changed>"`` for every shim whose target this install no longer has."""
     out = []
@@ -167,6 +179,73 @@ def import_automodel() -> None:
     import nemo_automodel._transformers.auto_model  # noqa: F401
 
 
+TE_ATTENTION = _register(
+    "te_attention_stand_in",
+    "build",
+    "transformer_engine.pytorch.attention.DotProductAttention (a stand-in module, dry_run/te_attention.py)",
+    "AutoModel's own classes build Transformer Engine's DotProductAttention for backend.attn te, the only attention "
+    "they accept under context parallelism; TE needs CUDA. The stand-in takes TE's constructor and call, sets TE's "
+    "groups, and keeps what TE's flash / ring attention keeps (q, k, v or the ring's peer K/V buffer, output, fp32 "
+    "log-sum-exp) and its ring buffers while they live; nothing else of TE is provided.",
+    _source_has(
+        "nemo_automodel.components.attention.utils:initialize_attn_module_and_func",
+        "from transformer_engine.pytorch.attention import DotProductAttention",
+    ),
+)
+CUDA_STREAM = _register(
+    "cuda_stream_for_cp",
+    "build",
+    "torch.cuda.Stream (a placeholder object while building, on a machine without CUDA)",
+    "AutoModel hands TE's context-parallel attention a CUDA stream (attach_te_context_parallel, the MoE "
+    "parallelizer's _get_cp_stream); a CPU build of torch cannot create one. The stand-in attention never uses it.",
+    lambda: (
+        _source_has(
+            "nemo_automodel.components.distributed.context_parallel.utils:attach_te_context_parallel",
+            "torch.cuda.Stream()",
+        )(),
+        _source_has("nemo_automodel.components.moe.parallelizer:_get_cp_stream", "torch.cuda.Stream()")(),
+    ),
+)
+
+
+LIGER = _register(
+    "liger_kernel_stand_in",
+    "build",
+    "nemo_automodel._transformers.kernel_patches.liger_kernel_trf / HAS_LIGER_KERNEL (dry_run/liger.py)",
+    "AutoModel patches a Hugging Face class with Liger Kernel by default (use_liger_kernel, without TP or CP), which "
+    "its container installs and this machine cannot run (Triton on CUDA). The stand-in replaces what Liger's instance "
+    "patch replaces on the classes it covers (RMSNorm, SwiGLU MLP), keeping what Liger's kernels keep for backward.",
+    lambda: (
+        _resolve("nemo_automodel._transformers.kernel_patches:HAS_LIGER_KERNEL"),
+        _source_has(
+            "nemo_automodel._transformers.kernel_patches:_patch_liger_kernel",
+            "liger_kernel_trf._apply_liger_kernel_to_instance(model=model)",
+        )(),
+    ),
+)
+
+
+@contextlib.contextmanager
+def liger_stand_in() -> Iterator[Any]:
+    """Liger's stand-in where AutoModel looks for Liger, while the model is built; yields it (what it patched)."""
+    import nemo_automodel._transformers.kernel_patches as kp
+
+    from .liger import Stub
+
+    stub = Stub()
+    with _patched(kp, "HAS_LIGER_KERNEL", True), _patched(kp, "liger_kernel_trf", stub):
+        yield stub
+    LIGER.hits += len(stub.applied)
+
+
+def install_te_attention() -> None:
+    """Put the TE attention stand-in in place (after AutoModel is imported, so its import-time TE flags stay off)."""
+    from . import te_attention
+
+    if te_attention.install():
+        TE_ATTENTION.hits += 1
+
+
 # ----------------------------------------------------------------------------------------------------- build
 CUDA_DEVICE = _register(
     "cuda_current_device",
@@ -223,6 +302,19 @@ PP_WARMUP = _register(
         "_warmup_pipeline_stage_neighbors(stages[0])",
     ),
 )
+META_INIT = _register(
+    "meta_init_on_one_rank",
+    "build",
+    "nemo_automodel._transformers.auto_model.get_world_size_safe (answers at least 2 while from_config builds)",
+    "On one rank AutoModel builds a Hugging Face class with real weights on the host (its meta-device init is for "
+    "world size > 1 or its own classes), which would allocate the whole model in this process. Answering 2 to that "
+    "one decision builds it on the meta device and materialises it as fake tensors: the same parameters, shapes and "
+    "dtypes on the GPU; the parallelizer's own world-size checks (infrastructure.py) are not affected.",
+    _source_has(
+        "nemo_automodel._transformers.auto_model:_BaseNeMoAutoModelClass._build_model",
+        "get_world_size_safe() > 1 or not is_hf_model",
+    ),
+)
 MODULE_TO = _register(
     "module_to_on_fake_params",
     "build",
@@ -259,7 +351,12 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
                 CUDA_DEVICE.hits += 1
                 return 0
 
+            class NoStream:
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    CUDA_STREAM.hits += 1
+
             stack.enter_context(_patched(torch.cuda, "current_device", current_device))
+            stack.enter_context(_patched(torch.cuda, "Stream", NoStream))
 
         def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
@@ -270,6 +367,15 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
 
             return wrapper
 
+        real_world = am.get_world_size_safe
+
+        def world_for_meta_init() -> int:
+            size = real_world()
+            if size < 2:
+                META_INIT.hits += 1
+            return max(size, 2)
+
+        stack.enter_context(_patched(am, "get_world_size_safe", world_for_meta_init))
         stack.enter_context(_patched(am, "apply_model_infrastructure", on_cpu(am.apply_model_infrastructure)))
         stack.enter_context(_patched(am, "instantiate_infrastructure", on_cpu(am.instantiate_infrastructure)))
 
@@ -314,6 +420,7 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
             return original_to(self, *args, **kwargs)
 
         stack.enter_context(_patched(torch.nn.Module, "to", to))
+        stack.enter_context(flash_sdpa())
         yield
 
 
@@ -355,16 +462,35 @@ PROPAGATION = _register(
     "uses a private one, so the memory tracker does not charge those scratch tensors to the rank (TP layouts).",
     lambda: _resolve("torch.distributed.tensor._sharding_prop:detect_fake_mode"),
 )
-CP_SDPA = _register(
-    "cp_sdpa_as_flash",
+SDPA = _register(
+    "sdpa_as_flash",
     "forward",
-    "torch.nn.functional.scaled_dot_product_attention -> aten._scaled_dot_product_flash_attention (cp > 1)",
-    "torch's context parallelism shards the CUDA attention kernels only; on fake CPU tensors the CUDA flash kernel's "
-    "shape function runs, so ring attention runs as on a GPU.",
-    _file_has(
-        "torch.distributed.tensor.experimental._context_parallel._attention",
-        "aten._scaled_dot_product_flash_attention.default",
+    "torch.nn.functional.scaled_dot_product_attention -> aten._scaled_dot_product_flash_attention (on fake tensors)",
+    "On a GPU AutoModel's attention runs a flash kernel (SDPA's flash backend, Transformer Engine, flash-attn): it "
+    "keeps the output and a per-row log-sum-exp, never the seq x seq score matrix the CPU's math backend would "
+    "allocate. The CUDA flash kernel's shape function runs on the fake CPU tensors instead, so attention's memory is "
+    "the GPU's; torch's context parallelism shards that same kernel, so ring attention runs as on a GPU.",
+    lambda: (
+        _meta_kernel(
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention",
+        )(),
+        _file_has(
+            "torch.distributed.tensor.experimental._context_parallel._attention",
+            "aten._scaled_dot_product_flash_attention.default",
+        )(),
     ),
+)
+
+DROPOUT = _register(
+    "dropout_as_on_cuda",
+    "forward",
+    "torch.nn.functional.dropout / torch.dropout -> torch.native_dropout (training, 0 < p < 1)",
+    "torch's dropout takes its fused kernel (native_dropout: the backward keeps a bool mask) only on CUDA devices; "
+    "on CPU tensors it multiplies by a noise tensor of the input's dtype and keeps that (bf16: twice the bytes). "
+    "LoRA's dropout on every adapted projection made the fake-CPU step keep 2x the masks a GPU keeps.",
+    lambda: _meta_kernel("native_dropout")(),
 )
 
 _SKIPPED = (
@@ -461,7 +587,44 @@ def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[No
 
 
 @contextlib.contextmanager
-def step_patches(cp: int) -> Iterator[None]:
+def flash_sdpa() -> Iterator[None]:
+    """F.scaled_dot_product_attention as the GPU's flash kernel (see SDPA). In place while the model is built too:
+    AutoModel's context-parallel hooks capture the function then (context_parallel/utils.py's _cp_sdpa)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+
+    def sdpa_flash(
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Any = None,
+        enable_gqa: bool = False,
+    ) -> Any:
+        SDPA.hits += 1
+        # a mask (causal, sliding window) changes which scores count, not what a flash kernel keeps
+        op = torch.ops.aten._scaled_dot_product_flash_attention.default
+        causal = is_causal or attn_mask is not None
+        heads, kv_heads = query.shape[-3], key.shape[-3]
+        if kv_heads != heads and isinstance(query, DTensor):
+            # DTensor's ring attention (context parallelism) takes equal head counts, as SDPA's enable_gqa does
+            key = key.repeat_interleave(heads // kv_heads, dim=-3)
+            value = value.repeat_interleave(heads // kv_heads, dim=-3)
+        if value.shape[-1] != query.shape[-1]:  # MLA (DeepSeek): the memory-efficient kernel takes a narrower V
+            efficient = torch.ops.aten._scaled_dot_product_efficient_attention.default
+            return efficient(query, key, value, None, True, dropout_p, causal, scale=scale)[0]
+        # grouped K/V as the GPU kernel takes them (no expanded copies kept for backward)
+        return op(query, key, value, dropout_p, causal, scale=scale)[0]
+
+    with _patched(F, "scaled_dot_product_attention", sdpa_flash):
+        yield
+
+
+@contextlib.contextmanager
+def step_patches() -> Iterator[None]:
     """What the training step needs on fake tensors."""
     import nemo_automodel.components.distributed.tp_replicas as tp_replicas
     import torch
@@ -469,6 +632,7 @@ def step_patches(cp: int) -> Iterator[None]:
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
 
     with contextlib.ExitStack() as stack:
 
@@ -492,30 +656,35 @@ def step_patches(cp: int) -> Iterator[None]:
         stack.enter_context(_patched(DeviceMesh, "_concatenate", staticmethod(real(concatenate.__func__))))
         stack.enter_context(_patched(DeviceMesh, "mesh", property(real(mesh.fget))))
         stack.enter_context(_patched(tp_replicas, "_is_tp_replicated", real(tp_replicas._is_tp_replicated)))
-        if cp > 1:
 
-            def sdpa_flash(
-                query: Any,
-                key: Any,
-                value: Any,
-                attn_mask: Any = None,
-                dropout_p: float = 0.0,
-                is_causal: bool = False,
-                scale: Any = None,
-                enable_gqa: bool = False,
-            ) -> Any:
-                CP_SDPA.hits += 1
-                if attn_mask is not None:
-                    raise RuntimeError("context parallelism runs causal attention without a mask")
-                heads, kv_heads = query.shape[-3], key.shape[-3]
-                if kv_heads != heads:  # the flash kernel takes equal head counts
-                    key = key.repeat_interleave(heads // kv_heads, dim=-3)
-                    value = value.repeat_interleave(heads // kv_heads, dim=-3)
-                op = torch.ops.aten._scaled_dot_product_flash_attention.default
-                return op(query, key, value, dropout_p, is_causal, scale=scale)[0]
+        stack.enter_context(flash_sdpa())
+        plain_dropout, plain_torch_dropout = F.dropout, torch.dropout
 
-            stack.enter_context(_patched(F, "scaled_dot_product_attention", sdpa_flash))
+        def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+            if training and 0.0 < p < 1.0 and not inplace and not isinstance(input, DTensor):
+                DROPOUT.hits += 1
+                return torch.native_dropout(input, p, True)[0]
+            return plain_dropout(input, p, training, inplace)
+
+        def torch_dropout(input: Any, p: float, train: bool) -> Any:
+            if train and 0.0 < p < 1.0 and not isinstance(input, DTensor):
+                DROPOUT.hits += 1
+                return torch.native_dropout(input, p, True)[0]
+            return plain_torch_dropout(input, p, train)
+
+        stack.enter_context(_patched(F, "dropout", dropout))
+        stack.enter_context(_patched(torch, "dropout", torch_dropout))
         yield
 
 
-__all__ = ["SHIMS", "CALLS", "broken", "import_automodel", "build_patches", "step_patches", "value_oracles"]
+__all__ = [
+    "SHIMS",
+    "CALLS",
+    "broken",
+    "import_automodel",
+    "install_te_attention",
+    "liger_stand_in",
+    "build_patches",
+    "step_patches",
+    "value_oracles",
+]

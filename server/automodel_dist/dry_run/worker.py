@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import shims
+from .depth import Depth, extrapolate_splits, line, peak_phase
 
 GIB = float(1 << 30)
 _CATEGORIES = {  # torch's tracker categories -> the report's split
@@ -105,8 +106,12 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: Phases) -> Any
 
     class Tracker(base):  # type: ignore[misc, valid-type]
         peak_phase: str | None = None
-        phase_peaks: dict[str, int] = {}
         pipeline_roots: bool = False  # restart records of repeated calls (set by _repeated_calls)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.phase_peaks: dict[str, int] = {}
+            self.phase_categories: dict[str, dict[str, int]] = {}  # torch's categories at each phase's peak
 
         def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
             # torch registers a gradient hook on every parameter, and a frozen one (PEFT's base weights) refuses it
@@ -145,6 +150,7 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: Phases) -> Any
             total = sum(snap.get(_TOTAL_KEY, 0) for snap in self._curr_mem_snap.values())
             if total > self.phase_peaks.get(phases.current, 0):
                 self.phase_peaks[phases.current] = total
+                self.phase_categories[phases.current] = _categories(self._curr_mem_snap)
             if any(self._peak_mem.get(d, 0) > before.get(d, 0) for d in self._peak_mem):
                 self.peak_phase = phases.current
 
@@ -258,244 +264,322 @@ def _states_to(optimizers: list[Any], dtype_name: str) -> None:
                     state[key] = value.to(dtype)
 
 
+def _import_automodel() -> None:
+    shims.import_automodel()
+    import nemo_automodel.components.training.utils  # noqa: F401 - the step's helpers (timed with the import)
+    import nemo_automodel.recipes._dist_utils  # noqa: F401
+    import transformers  # noqa: F401
+
+
+def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrites: list[str]) -> dict[str, Any]:
+    """Build the model of ``build`` (its config.json and distributed: block) with AutoModel's own code on a fresh fake
+    process group and run one training step under the memory tracker; its figures, per phase."""
+    import torch
+    import torch.distributed as dist
+    from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
+    from nemo_automodel.components._peft.lora import PeftConfig
+    from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
+    from nemo_automodel.components.distributed.tp_replicas import synchronize_tp_replica_gradients
+    from nemo_automodel.components.distributed.utils import get_sync_ctx
+    from nemo_automodel.components.loss import build_loss_config
+    from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
+    from nemo_automodel.components.loss.utils import calculate_loss, prepare_lm_weight
+    from nemo_automodel.components.training.model_output_utils import get_final_hidden_states
+    from nemo_automodel.components.training.utils import (
+        get_expert_tp_replication_factor,
+        prepare_after_first_microbatch,
+        prepare_for_final_backward,
+        prepare_for_grad_accumulation,
+        scale_grads_and_clip_grad_norm,
+    )
+    from nemo_automodel.components.utils.model_utils import count_model_parameters, filter_forward_kwargs
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import AutoConfig
+
+    res: dict[str, Any] = {}
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    batch, seq = spec["micro_batch_size"], spec["seq_len"]
+    items: dict[str, Any] = {
+        "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
+        "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
+        "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
+    }
+    with phases("setup"):
+        dist.init_process_group("fake", rank=spec["rank"], world_size=spec["world_size"], store=FakeStore())
+        setup = create_distributed_setup_from_config(
+            {"distributed": build["distributed"]}, world_size=spec["world_size"]
+        )
+        mc = setup.mesh_context
+        mesh = mc.device_mesh
+
+    with phases("build"):
+        cfg = dict(build["hf_config"])
+        hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        loss_fn = build_loss_config(spec["loss"]["name"], **spec["loss"]["kwargs"]).build()
+        pp_enabled = mc.pp_size > 1
+        if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
+            pc = setup.pipeline_config
+            pc.pp_batch_size = spec["local_batch_size"]
+            pc.loss_fn = loss_fn
+            if pc.pp_seq_len is None:
+                pc.pp_seq_len = seq
+        peft = None
+        if spec["peft"] is not None:
+            peft = PeftConfig(**spec["peft"])
+            if peft.use_triton and find_spec("triton") is None:
+                peft.use_triton = False  # AutoModel's own choice under TP > 1 or PP; without triton it raises
+                rewrites.append(
+                    "peft.use_triton: false (triton is not installed here; AutoModel raises ImportError in the "
+                    "first forward without it; it uses the same torch LoRA path itself under TP or PP)"
+                )
+        kwargs: dict[str, Any] = {"use_liger_kernel": bool(spec.get("liger"))}
+        if spec["backend"] is not None:
+            from nemo_automodel.components.models.common import BackendConfig
+
+            kwargs["backend"] = BackendConfig(**spec["backend"])
+        if spec["torch_dtype"]:
+            kwargs["torch_dtype"] = spec["torch_dtype"]
+        if spec["force_hf"]:
+            kwargs["force_hf"] = True
+        with shims.build_patches(fake_mode), shims.value_oracles(items, {}), shims.liger_stand_in() as liger:
+            model = NeMoAutoModelForCausalLM.from_config(hf_config, distributed_setup=setup, peft_config=peft, **kwargs)
+        if liger.applied:
+            rewrites.append(
+                "Liger Kernel (AutoModel's default for a Hugging Face class without TP or CP) runs as a stand-in with "
+                "its kernels' saved tensors (RMSNorm, SwiGLU; dry_run/liger.py)"
+            )
+        elif liger.skipped:
+            rewrites.append(
+                f"Liger Kernel is not stood in for model type {liger.skipped[0]} (the stand-in covers "
+                "llama, mistral, qwen2, qwen3): measured as the Hugging Face class computes without it"
+            )
+        parts = list(getattr(model, "parts", [model]))
+        if hasattr(model, "total_params_before_pp"):
+            trainable, total = model.trainable_params_before_pp, model.total_params_before_pp
+        else:
+            trainable, total = count_model_parameters(model)
+        res["params"] = {"total": int(total), "trainable": int(trainable), "class": type(parts[0]).__name__}
+        if pp_enabled:
+            info = model.info
+            res["pp_stages"] = [st.stage_index for st in info.stages]
+            if (
+                info.has_last_stage
+                and isinstance(loss_fn, LinearCrossEntropy)
+                and not any(getattr(p, "_pp_return_hidden_states_supported", False) for p in parts)
+            ):
+                # train_ft._maybe_downgrade_loss_fn: what AutoModel trains under PP on such a model
+                from nemo_automodel.components.loss.masked_ce import MaskedCrossEntropy
+
+                loss_fn = MaskedCrossEntropy(ignore_index=getattr(loss_fn, "ignore_index", -100))
+                rewrites.append(
+                    "FusedLinearCrossEntropy -> MaskedCrossEntropy: AutoModel's own fallback under pipeline "
+                    "parallelism for a model without hidden-state outputs (train_ft._maybe_downgrade_loss_fn)"
+                )
+
+    with phases("optimizer"):
+        optimizers = _optimizer(model, spec["optimizer"], mesh)
+
+    items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
+    dp_group = _dp_group_size(mc)
+    ep = max(mc.ep_size, 1)
+    n_experts = next(
+        (
+            getattr(hf_config, k)
+            for k in ("num_experts", "n_routed_experts", "num_local_experts")
+            if getattr(hf_config, k, None)
+        ),
+        1,
+    )
+    nonzero = {  # balanced routing: this rank's experts receive 1/ep of the token assignments
+        "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // ep,
+        "moe/experts.py:_forward_loop": lambda mask: mask.numel() // n_experts,
+    }
+    with (
+        shims.step_patches(),
+        shims.value_oracles(items, nonzero),
+        fake_mode,
+    ):
+        with phases("optimizer"):  # the step after the first: the optimizer's states exist already
+            for p in (p for part in parts for p in part.parameters() if p.requires_grad):
+                p.grad = torch.zeros_like(p)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if spec["optimizer"]["state_dtype"]:
+                _states_to(optimizers, spec["optimizer"]["state_dtype"])
+        vocab = hf_config.vocab_size
+        if pp_enabled:
+            batches = [(torch.randint(0, vocab, (spec["local_batch_size"], seq)),) * 2]
+        else:
+            batches = [(torch.randint(0, vocab, (batch, seq)),) * 2 for _ in range(spec["microbatches"])]
+        tracker = make_tracker(parts, optimizers, phases)
+        after_forward: dict[str, int] | None = None
+        num_label_tokens = sum(ids.numel() for ids, _ in batches) * (dp_group // max(mc.cp_size, 1))
+        with tracker, _repeated_calls(tracker):
+            prepare_for_grad_accumulation(parts, pp_enabled=pp_enabled)
+            for i, (ids, labels) in enumerate(batches):
+                last = i == len(batches) - 1
+                if last:
+                    prepare_for_final_backward(parts, pp_enabled=pp_enabled)
+                if pp_enabled:
+                    _pipeline_step(model, parts, ids, labels.clone(), loss_fn, mc, phases, tracker)
+                else:
+                    part = parts[0]
+                    with phases("forward"):
+                        sharder = ContextParallelSharder(
+                            part,
+                            mesh,
+                            {"input_ids": ids, "labels": labels.clone()},
+                            padding_token_id=0,
+                            num_chunks=1,
+                        )
+                        train_ctx, mb = sharder.shard({"input_ids": ids, "labels": labels.clone()})
+                    target = mb.pop("labels")
+                    sync = get_sync_ctx(
+                        part,
+                        last,
+                        defer_fsdp_grad_sync=getattr(setup.strategy_config, "defer_fsdp_grad_sync", True),
+                    )
+                    with train_ctx(), sync:
+                        linear_ce = isinstance(loss_fn, LinearCrossEntropy)
+                        with phases("forward"):
+                            forward = filter_forward_kwargs(part, mb)
+                            if linear_ce:
+                                forward = {**forward, "logits_to_keep": 1, "output_hidden_states": True}
+                            out = part(**forward)
+                        with phases("loss"):
+                            lm_weight = (
+                                prepare_lm_weight(loss_fn, part, grad_reduce_group=_dp_group(mesh))
+                                if linear_ce
+                                else None
+                            )
+                            loss = calculate_loss(
+                                loss_fn,
+                                logits=getattr(out, "logits", out),
+                                labels=target,
+                                model=part,
+                                hidden_states=get_final_hidden_states(out),
+                                lm_weight=lm_weight,
+                                num_label_tokens=num_label_tokens,
+                            )
+                        del out
+                        if after_forward is None:
+                            after_forward = _categories(tracker.get_tracker_snapshot("current"))
+                        with phases("backward"):
+                            (loss * dp_group).backward()
+                if i == 0:
+                    prepare_after_first_microbatch()
+            grad_bytes = _grad_bytes(parts)
+            with phases("clip_grad_norm"):
+                synchronize_tp_replica_gradients(parts, mesh)
+                moe_mesh = mc.moe_mesh
+                scale_grads_and_clip_grad_norm(
+                    spec["clip_grad_norm"],
+                    parts,
+                    norm_type=2.0,
+                    pp_enabled=pp_enabled,
+                    device_mesh=mesh,
+                    moe_mesh=moe_mesh,
+                    ep_axis_name="ep" if moe_mesh is not None and "ep" in moe_mesh.mesh_dim_names else None,
+                    pp_axis_name="pp" if pp_enabled else None,
+                    foreach=True,
+                    num_label_tokens=num_label_tokens,
+                    dp_group_size=dp_group,
+                    expert_tp_replication_factor=get_expert_tp_replication_factor(parts, mesh),
+                    grad_norm_backend="triton",
+                )
+            with phases("optimizer"):
+                for opt in optimizers:
+                    # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
+                    # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
+                    if not spec["optimizer"]["state_dtype"]:
+                        opt.step()
+                    opt.zero_grad()
+        peak = _categories(tracker.get_tracker_snapshot("peak"))
+        largest, retained = _module_views(tracker)
+    local = _local_bytes(parts, optimizers)
+    local = _local_bytes(parts, optimizers)
+    res.update(
+        tracker=type(tracker).__mro__[1].__name__,
+        peak_categories={k: v / GIB for k, v in peak.items()},
+        peak=_split(peak, local["params"]),
+        peak_phase=tracker.peak_phase,
+        phase_peaks={k: v / GIB for k, v in tracker.phase_peaks.items()},
+        phase_splits={ph: _split(c, local["params"]) for ph, c in tracker.phase_categories.items()},
+        phase_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.phase_categories.items()},
+        largest_modules=largest,
+        forward_retained=retained,
+        local_bytes={**local, "grads": grad_bytes},
+        after_forward=_split(after_forward, local["params"]) if after_forward else None,
+    )
+    return res
+
+
+def _at_depth(spec: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """The full depth's figures on the line through two shallow builds (see :mod:`.depth`)."""
+    d = spec["depth"]
+    depth = Depth(
+        period=d["period"],
+        prefix=d["prefix"],
+        layers=tuple(d["layers"]),  # type: ignore[arg-type]
+        units=tuple(d["units"]),  # type: ignore[arg-type]
+        target_units=d["target_units"],
+    )
+    (u1, u2), target = depth.units, depth.target_units
+
+    def at(a: float, b: float) -> float:
+        return line(u1, a, u2, b, target)
+
+    splits = extrapolate_splits(depth, first["phase_splits"], second["phase_splits"])
+    cats = extrapolate_splits(depth, first["phase_categories"], second["phase_categories"])
+    phase = peak_phase(splits)
+    if phase is None:
+        raise RuntimeError("the two shallow builds share no phase: the depth cannot be extrapolated")
+    out = dict(second)
+    out.update(
+        peak=splits[phase],
+        peak_phase=phase,
+        peak_categories=cats.get(phase, {}),
+        phase_peaks={ph: v["total"] for ph, v in splits.items()},
+        phase_splits=splits,
+        local_bytes={k: int(at(first["local_bytes"][k], v)) for k, v in second["local_bytes"].items()},
+        params={
+            **second["params"],
+            "total": int(at(first["params"]["total"], second["params"]["total"])),
+            "trainable": int(at(first["params"]["trainable"], second["params"]["trainable"])),
+        },
+        builds=[
+            {"layers": n, "peak_gib": b["peak"]["total"], "peak_phase": b["peak_phase"]}
+            for n, b in zip(d["layers"], (first, second))
+        ],
+    )
+    if first.get("after_forward") and second.get("after_forward"):
+        out["after_forward"] = {k: at(first["after_forward"][k], v) for k, v in second["after_forward"].items()}
+    return out
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     phases = Phases()
     result: dict[str, Any] = {"rank": spec["rank"], "status": "failed", "rewrites": []}
     try:
         with phases("import"):
             warnings.filterwarnings("ignore")
-            shims.import_automodel()
-            import torch
-            import torch.distributed as dist
-            from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
-            from nemo_automodel.components._peft.lora import PeftConfig
-            from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
-            from nemo_automodel.components.distributed.tp_replicas import synchronize_tp_replica_gradients
-            from nemo_automodel.components.distributed.utils import get_sync_ctx
-            from nemo_automodel.components.loss import build_loss_config
-            from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
-            from nemo_automodel.components.loss.utils import calculate_loss, prepare_lm_weight
-            from nemo_automodel.components.training.model_output_utils import get_final_hidden_states
-            from nemo_automodel.components.training.utils import (
-                get_expert_tp_replication_factor,
-                prepare_after_first_microbatch,
-                prepare_for_final_backward,
-                prepare_for_grad_accumulation,
-                scale_grads_and_clip_grad_norm,
-            )
-            from nemo_automodel.components.utils.model_utils import count_model_parameters, filter_forward_kwargs
-            from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.testing._internal.distributed.fake_pg import FakeStore
-            from transformers import AutoConfig
+            _import_automodel()
         broken = shims.broken()
         if broken:
             result["status"] = "not_measured"
             result["reason"] = "the installed AutoModel or torch moved what the dry run hooks: " + "; ".join(broken)
             return result
-
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-        batch, seq = spec["micro_batch_size"], spec["seq_len"]
-        items: dict[str, Any] = {
-            "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
-            "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
-            "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
-        }
-        with phases("setup"):
-            dist.init_process_group("fake", rank=spec["rank"], world_size=spec["world_size"], store=FakeStore())
-            setup = create_distributed_setup_from_config(
-                {"distributed": spec["distributed"]}, world_size=spec["world_size"]
-            )
-            mc = setup.mesh_context
-            mesh = mc.device_mesh
-
-        with phases("build"):
-            cfg = dict(spec["hf_config"])
-            hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-            loss_fn = build_loss_config(spec["loss"]["name"], **spec["loss"]["kwargs"]).build()
-            pp_enabled = mc.pp_size > 1
-            if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
-                pc = setup.pipeline_config
-                pc.pp_batch_size = spec["local_batch_size"]
-                pc.loss_fn = loss_fn
-                if pc.pp_seq_len is None:
-                    pc.pp_seq_len = seq
-            peft = None
-            if spec["peft"] is not None:
-                peft = PeftConfig(**spec["peft"])
-                if peft.use_triton and find_spec("triton") is None:
-                    peft.use_triton = False  # AutoModel's own choice under TP > 1 or PP; without triton it raises
-                    result["rewrites"].append(
-                        "peft.use_triton: false (triton is not installed here; AutoModel raises ImportError in the "
-                        "first forward without it; it uses the same torch LoRA path itself under TP or PP)"
-                    )
-            kwargs: dict[str, Any] = {"use_liger_kernel": False}
-            if spec["backend"] is not None:
-                from nemo_automodel.components.models.common import BackendConfig
-
-                kwargs["backend"] = BackendConfig(**spec["backend"])
-            if spec["torch_dtype"]:
-                kwargs["torch_dtype"] = spec["torch_dtype"]
-            if spec["force_hf"]:
-                kwargs["force_hf"] = True
-            with shims.build_patches(fake_mode), shims.value_oracles(items, {}):
-                model = NeMoAutoModelForCausalLM.from_config(
-                    hf_config, distributed_setup=setup, peft_config=peft, **kwargs
-                )
-            parts = list(getattr(model, "parts", [model]))
-            if hasattr(model, "total_params_before_pp"):
-                trainable, total = model.trainable_params_before_pp, model.total_params_before_pp
-            else:
-                trainable, total = count_model_parameters(model)
-            result["params"] = {"total": int(total), "trainable": int(trainable), "class": type(parts[0]).__name__}
-            if pp_enabled:
-                info = model.info
-                result["pp_stages"] = [st.stage_index for st in info.stages]
-                if (
-                    info.has_last_stage
-                    and isinstance(loss_fn, LinearCrossEntropy)
-                    and not any(getattr(p, "_pp_return_hidden_states_supported", False) for p in parts)
-                ):
-                    # train_ft._maybe_downgrade_loss_fn: what AutoModel trains under PP on such a model
-                    from nemo_automodel.components.loss.masked_ce import MaskedCrossEntropy
-
-                    loss_fn = MaskedCrossEntropy(ignore_index=getattr(loss_fn, "ignore_index", -100))
-                    result["rewrites"].append(
-                        "FusedLinearCrossEntropy -> MaskedCrossEntropy: AutoModel's own fallback under pipeline "
-                        "parallelism for a model without hidden-state outputs (train_ft._maybe_downgrade_loss_fn)"
-                    )
-
-        with phases("optimizer"):
-            optimizers = _optimizer(model, spec["optimizer"], mesh)
-
-        items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
-        dp_group = _dp_group_size(mc)
-        ep = max(mc.ep_size, 1)
-        n_experts = next(
-            (
-                getattr(hf_config, k)
-                for k in ("num_experts", "n_routed_experts", "num_local_experts")
-                if getattr(hf_config, k, None)
-            ),
-            1,
-        )
-        nonzero = {  # balanced routing: this rank's experts receive 1/ep of the token assignments
-            "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // ep,
-            "moe/experts.py:_forward_loop": lambda mask: mask.numel() // n_experts,
-        }
-        with (
-            shims.step_patches(mc.cp_size),
-            shims.value_oracles(items, nonzero),
-            fake_mode,
-        ):
-            with phases("optimizer"):  # the step after the first: the optimizer's states exist already
-                for p in (p for part in parts for p in part.parameters() if p.requires_grad):
-                    p.grad = torch.zeros_like(p)
-                for opt in optimizers:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                if spec["optimizer"]["state_dtype"]:
-                    _states_to(optimizers, spec["optimizer"]["state_dtype"])
-            vocab = hf_config.vocab_size
-            if pp_enabled:
-                batches = [(torch.randint(0, vocab, (spec["local_batch_size"], seq)),) * 2]
-            else:
-                batches = [(torch.randint(0, vocab, (batch, seq)),) * 2 for _ in range(spec["microbatches"])]
-            tracker = make_tracker(parts, optimizers, phases)
-            after_forward: dict[str, int] | None = None
-            num_label_tokens = sum(ids.numel() for ids, _ in batches) * (dp_group // max(mc.cp_size, 1))
-            with tracker, _repeated_calls(tracker):
-                prepare_for_grad_accumulation(parts, pp_enabled=pp_enabled)
-                for i, (ids, labels) in enumerate(batches):
-                    last = i == len(batches) - 1
-                    if last:
-                        prepare_for_final_backward(parts, pp_enabled=pp_enabled)
-                    if pp_enabled:
-                        _pipeline_step(model, parts, ids, labels.clone(), loss_fn, mc, phases, tracker)
-                    else:
-                        part = parts[0]
-                        with phases("forward"):
-                            sharder = ContextParallelSharder(
-                                part,
-                                mesh,
-                                {"input_ids": ids, "labels": labels.clone()},
-                                padding_token_id=0,
-                                num_chunks=1,
-                            )
-                            train_ctx, mb = sharder.shard({"input_ids": ids, "labels": labels.clone()})
-                        target = mb.pop("labels")
-                        sync = get_sync_ctx(
-                            part,
-                            last,
-                            defer_fsdp_grad_sync=getattr(setup.strategy_config, "defer_fsdp_grad_sync", True),
-                        )
-                        with train_ctx(), sync:
-                            linear_ce = isinstance(loss_fn, LinearCrossEntropy)
-                            with phases("forward"):
-                                forward = filter_forward_kwargs(part, mb)
-                                if linear_ce:
-                                    forward = {**forward, "logits_to_keep": 1, "output_hidden_states": True}
-                                out = part(**forward)
-                            with phases("loss"):
-                                lm_weight = (
-                                    prepare_lm_weight(loss_fn, part, grad_reduce_group=_dp_group(mesh))
-                                    if linear_ce
-                                    else None
-                                )
-                                loss = calculate_loss(
-                                    loss_fn,
-                                    logits=getattr(out, "logits", out),
-                                    labels=target,
-                                    model=part,
-                                    hidden_states=get_final_hidden_states(out),
-                                    lm_weight=lm_weight,
-                                    num_label_tokens=num_label_tokens,
-                                )
-                            del out
-                            if after_forward is None:
-                                after_forward = _categories(tracker.get_tracker_snapshot("current"))
-                            with phases("backward"):
-                                (loss * dp_group).backward()
-                    if i == 0:
-                        prepare_after_first_microbatch()
-                grad_bytes = _grad_bytes(parts)
-                with phases("clip_grad_norm"):
-                    synchronize_tp_replica_gradients(parts, mesh)
-                    moe_mesh = mc.moe_mesh
-                    scale_grads_and_clip_grad_norm(
-                        spec["clip_grad_norm"],
-                        parts,
-                        norm_type=2.0,
-                        pp_enabled=pp_enabled,
-                        device_mesh=mesh,
-                        moe_mesh=moe_mesh,
-                        ep_axis_name="ep" if moe_mesh is not None and "ep" in moe_mesh.mesh_dim_names else None,
-                        pp_axis_name="pp" if pp_enabled else None,
-                        foreach=True,
-                        num_label_tokens=num_label_tokens,
-                        dp_group_size=dp_group,
-                        expert_tp_replication_factor=get_expert_tp_replication_factor(parts, mesh),
-                        grad_norm_backend="triton",
-                    )
-                with phases("optimizer"):
-                    for opt in optimizers:
-                        opt.step()
-                        opt.zero_grad()
-            peak = _categories(tracker.get_tracker_snapshot("peak"))
-            largest, retained = _module_views(tracker)
-        local = _local_bytes(parts, optimizers)
-        result.update(
-            status="measured",
-            tracker=type(tracker).__mro__[1].__name__,
-            peak_categories={k: v / GIB for k, v in peak.items()},
-            peak=_split(peak, local["params"]),
-            peak_phase=tracker.peak_phase,
-            phase_peaks={k: v / GIB for k, v in tracker.phase_peaks.items()},
-            largest_modules=largest,
-            forward_retained=retained,
-            local_bytes={**local, "grads": grad_bytes},
-            after_forward=_split(after_forward, local["params"]) if after_forward else None,
-        )
+        if (spec.get("backend") or {}).get("attn") == "te":
+            shims.install_te_attention()
+        builds = spec.get("builds") or [{"hf_config": spec["hf_config"], "distributed": spec["distributed"]}]
+        measured = [_measure(spec, build, phases, result["rewrites"]) for build in builds]
+        result.update(measured[0] if len(measured) == 1 else _at_depth(spec, measured[0], measured[1]))
+        result["status"] = "measured"
     except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
         cause = exc.__cause__ or exc.__context__
         result.update(

@@ -297,11 +297,13 @@ def _act_per_token(
         saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
     elif style == "submodule":
         saved = 8 * h / (t if sp else 1)
+        if tr.compile:  # enable_compile: attention and MLP checkpointed, the two norms not (each keeps its output)
+            saved += 4 * h / (t if sp else 1)
     elif style == "block":
-        # the standard dispatcher's all-to-all outputs are kept (a collective is not recomputed); DeepEP's and
-        # HybridEP's exchange is replayed from its saved layout
-        exchanged = 4 * k * h if moe and p.ep > 1 and tr.dispatcher not in ("deepep", "hybridep", "uccl_ep") else 0.0
-        saved = 6 * h + exchanged + (2 * m.num_experts + 12 * k if moe else 0.0)
+        # the block's input and what the policy saves (the router's projection and top-k); the token exchange is
+        # recomputed with the rest (AutoModel's step on fake tensors keeps no dispatcher output, full checkpoint
+        # or the router-saving policy alike)
+        saved = 6 * h + (2 * m.num_experts + 12 * k if moe else 0.0)
     else:  # the whole layer (Hugging Face's gradient checkpointing)
         saved = edge
     return saved * scale, plain
@@ -309,6 +311,9 @@ def _act_per_token(
 
 def optimizer_states_per_param(tr: Training) -> float:
     return tr.optimizer.state_bytes(DTYPE_BYTES[tr.storage_dtype]) + tr.optimizer.master
+
+
+MAX_ACTIVE_STAGES = 3  # torch.distributed.pipelining.schedules._add_unshard_reshard's default
 
 
 def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0, stages_per_rank: int | None = None) -> float:
@@ -437,12 +442,22 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
     root_held = g.root - (g.embed if own_embed_unit else 0.0)
-    unsharded = (root_held + (g.dense_layers if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
+    # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
+    # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard); a single-stage
+    # schedule keeps its stage gathered through backward
+    kept = min(1.0, MAX_ACTIVE_STAGES / spr) if p.pp > 1 and spr > 1 else 1.0
+    unsharded = (root_held + (g.dense_layers * kept if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
     if sharded and g.experts and p.ep_shard > 1:
-        unsharded += (g.experts if keep_blocks else g.layer_experts) * comp
+        unsharded += (g.experts * kept if keep_blocks else g.layer_experts) * comp
     # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded and fp32 (the reduce dtype),
     # held from the first backward of a step to the last one's reduce-scatter.
-    held_grads = (train_dense + (train_experts if p.ep_shard > 1 else 0.0)) * 4.0 if deferred else 0.0
+    held = train_dense + (train_experts if p.ep_shard > 1 else 0.0)
+    if p.pp > 1 and spr > 1 and n_mb <= p.pp:
+        # torch's schedule reduces each stage's gradients right after that stage's last microbatch's backward; with
+        # every microbatch in one round of the interleaved schedule, the stages finish one after another, so about
+        # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
+        held /= spr
+    held_grads = held * 4.0 if deferred else 0.0
     p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher

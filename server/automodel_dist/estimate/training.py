@@ -68,9 +68,11 @@ def optimizer_of(w: Workload, name: str | None = None) -> tuple[Optimizer, str]:
     if canonical is None:
         return Optimizer("adamw"), f"optimizer {w.optimizer} is not one whose states are known: sized as AdamW"
     label = "Adam" if canonical == "adam" else "AdamW"
-    return Optimizer(
-        canonical
-    ), f"optimizer torch {label}: two states in the parameters' dtype (and foreach temporaries)"
+    foreach = w.optimizer_kwargs.get("foreach") is not False
+    return Optimizer(canonical, foreach=foreach), (
+        f"optimizer torch {label}: two states in the parameters' dtype"
+        + (" (and foreach temporaries)" if foreach else " (foreach: false, a tensor at a time)")
+    )
 
 
 def loss_of(w: Workload) -> tuple[str, bool, str]:

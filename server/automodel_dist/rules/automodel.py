@@ -1313,11 +1313,7 @@ def world_size_missing(ctx: Context) -> Iterator[Finding]:
         why = ""
         if ctx.gpus_per_node or ctx.nodes:
             half = "gpus_per_node without nodes" if ctx.gpus_per_node else "nodes without gpus_per_node"
-            why = f" ({half} gives no world size"
-            if isinstance(ctx.recipe_get("ci") if ctx.recipe else None, dict):
-                why += ", and the recipe's ci: block is read only when no cluster option is given"
-                fix += ", or no cluster option to use the ci: block"
-            why += ")"
+            why = f" ({half} gives no world size, and the recipe has no ci: block to complete it)"
         yield finding(
             ctx,
             "world-size-missing",

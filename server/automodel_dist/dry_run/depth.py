@@ -1,0 +1,230 @@
+"""A deep model measured from two shallow builds: which layers repeat, the two depths a rank is built at, and the
+per-layer line through their measurements that gives the full depth. Pure arithmetic (no torch).
+
+Every byte a training step holds on a rank grows linearly with the layers the rank holds (parameters, gradients,
+optimizer states, saved activations of every microbatch in flight, gradients held by a deferred sync), or is one
+layer's worth whatever the depth (gathered parameters, the layer being recomputed, the loss's logits). So two builds
+of the same rank with u1 and u2 repeating units of layers give the line, and the full depth's value is read off it
+per phase and per category (the peak's phase can change with depth, so the maximum is taken after extrapolating).
+A unit is the model's repeating period of layer kinds (1 for a uniform model, 4 for three Gated DeltaNet layers and
+one full-attention layer, ...); a leading run of another kind (DeepSeek's dense layers) is kept whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..catalog.models import ModelSpec
+from ..dims import ParallelDims
+
+MAX_PERIOD = 8
+# The shallower build holds at least this many layers (per stage under PP). A phase's peak is the largest of its
+# moments, each linear in the depth, so the peak is convex in the depth: a build too shallow for the layers to
+# dominate (the loss's logits do at two layers of a last stage) sits on another moment's line and the extrapolation
+# comes out low. Three layers put every layout the tests build on the deep regime's line.
+MIN_LAYERS = 3
+
+
+@dataclass(frozen=True)
+class Depth:
+    """How one rank is built: the layers of each build and the units they hold on the rank, and the units the rank
+    holds at full depth."""
+
+    period: int
+    prefix: int  # leading layers of another kind, kept whole (0 under PP: they are built as the repeating kind)
+    layers: tuple[int, int]  # num_hidden_layers of the two builds
+    units: tuple[int, int]  # repeating units on the measured rank in each build
+    target_units: float  # ... and at full depth
+    layers_per_stage: tuple[int, int] | None = None  # pipeline.layers_per_stage of each build (PP)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
+    """Per layer: (mixer, attention kind, MLP kind), the three things that make layers differ in memory."""
+    out = []
+    for i in range(spec.num_layers):
+        mixer = spec.layer_types[i] if i < len(spec.layer_types) else "attention"
+        attn = spec.layer_attention[i] if i < len(spec.layer_attention) else "-"
+        mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
+        out.append((mixer, attn, mlp))
+    return out
+
+
+def period_of(kinds: Sequence[Any], max_period: int = MAX_PERIOD) -> int | None:
+    """The smallest p <= max_period with kinds[i] == kinds[i % p] for every i, else None."""
+    for p in range(1, min(max_period, len(kinds)) + 1):
+        if all(kinds[i] == kinds[i % p] for i in range(len(kinds))):
+            return p
+    return None
+
+
+def stage_layers(num_layers: int, num_stages: int) -> list[int]:
+    """Layers of each pipeline stage as AutoModel splits them (``generate_hf_model_fqn_per_model_part``: an even
+    split, the remainder one each to the first stages)."""
+    base, extra = divmod(num_layers, num_stages)
+    return [base + (1 if i < extra else 0) for i in range(num_stages)]
+
+
+def rank_stages(pp_rank: int, pp: int, num_stages: int, v_schedule: bool) -> list[int]:
+    """Stages a pipeline rank holds: looped (rank r holds r, r + pp, ...) or V-shaped (ZBV / DualPipeV)."""
+    per = num_stages // pp
+    if v_schedule:
+        return [s for i in range(per) for s in ((i * pp + pp_rank) if i % 2 == 0 else (i * pp + pp - 1 - pp_rank),)]
+    return [pp_rank + i * pp for i in range(per)]
+
+
+def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | None:
+    """The two shallow builds that stand for the full model on a rank of pipeline rank ``pp_rank``, or None when it
+    must be built whole (a model no deeper than the second build, or with no repeating period of layer kinds)."""
+    kinds = layer_kinds(spec)
+    L = spec.num_layers
+    notes: list[str] = []
+    if dims.pp > 1:
+        prefix = 0
+        period = period_of(kinds[spec.first_dense_layers :]) if spec.first_dense_layers else period_of(kinds)
+        if period is None:
+            return None
+        spr = dims.stages_per_rank_of(L)
+        num_stages = dims.pp * spr
+        per_stage = stage_layers(L, num_stages)
+        held = sum(per_stage[s] for s in rank_stages(pp_rank, dims.pp, num_stages, dims.v_schedule))
+        n1 = max(1, math.ceil(MIN_LAYERS / period))
+        if min(per_stage) <= (n1 + 1) * period:
+            return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
+        if spec.first_dense_layers:
+            notes.append(
+                f"the first {spec.first_dense_layers} dense layers are built as the model's MoE layers in the "
+                "shallow builds (an overestimate for the stage holding them)"
+            )
+        lps = (n1 * period, (n1 + 1) * period)
+        return Depth(
+            period=period,
+            prefix=0,
+            layers=(num_stages * lps[0], num_stages * lps[1]),
+            units=(spr * n1, spr * (n1 + 1)),
+            target_units=held / period,
+            layers_per_stage=lps,
+            notes=tuple(notes),
+        )
+    prefix = spec.first_dense_layers if spec.is_moe else 0
+    period = period_of(kinds[prefix:])
+    if period is None:
+        return None
+    n1 = max(1, math.ceil(MIN_LAYERS / period))
+    target = (L - prefix) / period
+    if target <= n1 + 1:
+        return None
+    return Depth(
+        period=period,
+        prefix=prefix,
+        layers=(prefix + n1 * period, prefix + (n1 + 1) * period),
+        units=(n1, n1 + 1),
+        target_units=target,
+    )
+
+
+MIN_STAGES = 3  # at least torch's MAX_ACTIVE_STAGES gathered stages in the shallower build (the cap then holds)
+
+
+def _by_stages(
+    spec: ModelSpec, dims: ParallelDims, per_stage: list[int], spr: int, held: int, period: int
+) -> Depth | None:
+    """Shallow stages, many per rank (an interleaved schedule with a small layers_per_stage): build the rank with 3 and
+    4 of its stages at the same layers per stage and extrapolate per stage. Each stage adds its layers' bytes and, in
+    the schedule's steady state, the same count of in-flight microbatches per stage (the warm-up grows by pp per
+    stage, and with every microbatch in one round all of them are in flight); torch keeps at most three stages
+    gathered, which both builds already hold."""
+    lps = min(per_stage)
+    if spr <= MIN_STAGES + 1 or lps % period or dims.v_schedule:
+        return None
+    notes = [
+        f"built with {MIN_STAGES} and {MIN_STAGES + 1} of the rank's {spr} pipeline stages ({lps} layers each) and "
+        "extrapolated per stage"
+    ]
+    if spec.first_dense_layers:
+        notes.append(
+            f"the first {spec.first_dense_layers} dense layers are built as the model's MoE layers in the "
+            "shallow builds (an overestimate for the stage holding them)"
+        )
+    s1, s2 = MIN_STAGES, MIN_STAGES + 1
+    return Depth(
+        period=period,
+        prefix=0,
+        layers=(dims.pp * s1 * lps, dims.pp * s2 * lps),
+        units=(s1, s2),
+        target_units=held / lps,
+        layers_per_stage=(lps, lps),
+        notes=tuple(notes),
+    )
+
+
+def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: bool = False) -> dict[str, Any]:
+    """``cfg`` (a config.json) with only its first ``layers`` layers (per-layer lists and patterns cut to match)."""
+    out = dict(cfg)
+    out["num_hidden_layers"] = layers
+    if isinstance(out.get("hybrid_override_pattern"), str):
+        out["hybrid_override_pattern"] = out["hybrid_override_pattern"][:layers]
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(out.get(key), list):
+            out[key] = out[key][:layers]
+    if moe_prefix_as_moe and out.get("first_k_dense_replace"):
+        out["first_k_dense_replace"] = 0
+    return out
+
+
+def line(u1: float, v1: float, u2: float, v2: float, target: float) -> float:
+    """The value at ``target`` on the line through (u1, v1) and (u2, v2), never below zero."""
+    return max(0.0, v1 + (target - u1) * (v2 - v1) / (u2 - u1))
+
+
+LINEAR = ("params", "grads", "optimizer")  # held for the whole phase: exactly linear in the layers
+
+
+def extrapolate_splits(
+    depth: Depth, first: Mapping[str, Mapping[str, float]], second: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per phase (those both builds reached): the full depth's total, and its split. Parameters, gradients and
+    optimizer states are read off their own lines; activations and temporaries share the rest of the total in the
+    proportion their own lines give (where the peak's moment moves within a phase, the two trade places between
+    builds while their sum stays on its line)."""
+    (u1, u2), target = depth.units, depth.target_units
+    out: dict[str, dict[str, float]] = {}
+    for phase in set(first) & set(second):
+        a, b = first[phase], second[phase]
+        if not {"total", *LINEAR} <= set(a) & set(b):  # not a split: every key on its own line
+            out[phase] = {k: line(u1, a[k], u2, b[k], target) for k in a if k in b}
+            continue
+        total = line(u1, a["total"], u2, b["total"], target)
+        split = {k: line(u1, a[k], u2, b[k], target) for k in LINEAR}
+        rest = max(0.0, total - sum(split.values()))
+        shares = {k: line(u1, a.get(k, 0.0), u2, b.get(k, 0.0), target) for k in ("activations", "temporaries")}
+        if not sum(shares.values()):
+            shares = (
+                {k: b.get(k, 0.0) for k in shares} if sum(b.get(k, 0.0) for k in shares) else dict.fromkeys(shares, 1.0)
+            )
+        norm = sum(shares.values())
+        split.update({k: rest * v / norm for k, v in shares.items()})
+        split["total"] = sum(split.values())
+        out[phase] = split
+    return out
+
+
+def peak_phase(splits: Mapping[str, Mapping[str, float]]) -> str | None:
+    return max(splits, key=lambda ph: splits[ph].get("total", 0.0), default=None)
+
+
+__all__ = [
+    "Depth",
+    "layer_kinds",
+    "period_of",
+    "stage_layers",
+    "rank_stages",
+    "plan_depth",
+    "truncated_config",
+    "line",
+    "extrapolate_splits",
+    "peak_phase",
+]

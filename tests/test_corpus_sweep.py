@@ -1,0 +1,91 @@
+"""AutoModel's own CI recipes (../shared/corpus) as real inputs: each RAN in AutoModel's CI at its ci: world size, so
+validate must pass every one, the estimate must call none of them "does not fit", and the estimate must agree with
+the dry run (AutoModel's own step on fake tensors) within MEMORY_ERROR on the peak. A fixed sample runs the dry run by
+default; every sized recipe under the slow marker. The table in docs/corpus-sweep.md is the same sweep's output."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from automodel_dist.dry_run import missing_packages
+from automodel_dist.estimate import MEMORY_ERROR
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("corpus_sweep", ROOT / "tools" / "corpus_sweep.py")
+assert _spec is not None and _spec.loader is not None
+sweep = importlib.util.module_from_spec(_spec)
+sys.modules["corpus_sweep"] = sweep
+_spec.loader.exec_module(sweep)
+
+needs_corpus = pytest.mark.skipif(not sweep.CORPUS.is_dir(), reason=f"no corpus at {sweep.CORPUS}")
+needs_automodel = pytest.mark.skipif(bool(missing_packages()), reason="the dry run needs AutoModel installed")
+RECIPES = sweep.recipes() if sweep.CORPUS.is_dir() else []
+
+
+@needs_corpus
+def test_the_corpus_is_there():
+    assert len(RECIPES) > 100 and all((sweep.CORPUS / s).is_file() for s in sweep.SAMPLE)
+
+
+@needs_corpus
+def test_every_ci_recipe_validates_at_its_ci_world_size():
+    rows = sweep.sweep(RECIPES, dry=False)
+    bad = [(r.recipe, r.errors) for r in rows if not r.valid or r.world_size is None]
+    assert not bad, bad
+    sized = [r for r in rows if r.estimate_gib is not None]
+    assert len(sized) >= 40  # the models the catalog knows; the rest need their config.json (no Hub here)
+    wrong = {r.recipe for r in sized if r.verdict == "does not fit"}
+    assert wrong == set(DOES_NOT_FIT), wrong
+
+
+# The one CI recipe the estimate calls "does not fit", and why it is kept so: AutoModel's own step on fake tensors
+# (the dry run) measures the same: 154 GiB on rank 0, 136 GiB of it activations (no activation checkpointing, 4
+# microbatches in flight through 16 MoE layers a rank, 4,096 tokens). The published 1,024-GPU run of this file is
+# listed with the same layout; it cannot have run as written unless the dispatcher it names (HybridEP, which the dry
+# run measures as torch's all-to-all dispatcher) keeps far fewer token copies, which nothing here can measure.
+DOES_NOT_FIT = {
+    "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "measured 154 GiB by the dry run as well",
+}
+
+
+def _check(rows):
+    for r in rows:
+        assert r.dry_status == "measured", (r.recipe, r.dry_status, r.dry_note)
+        assert r.dry_fits is not False, (r.recipe, r.dry_gib)  # it ran on 80 GB H100s
+        assert r.error is not None and abs(r.error) <= MEMORY_ERROR, (r.recipe, r.estimate_gib, r.dry_gib, r.error)
+        assert r.dry_rss_mib is not None and r.dry_rss_mib < 2048, (r.recipe, r.dry_rss_mib)
+
+
+@needs_corpus
+@needs_automodel
+@pytest.mark.parametrize("recipe", sweep.SAMPLE)
+def test_sample_estimate_agrees_with_the_dry_run(recipe):
+    _check(sweep.sweep([sweep.CORPUS / recipe]))
+
+
+# Recipes where the dry run or the estimate is known to miss, measured and explained in docs/corpus-sweep.md.
+KNOWN_MISSES: dict[str, str] = {}
+
+
+def _sized() -> list[str]:
+    if not RECIPES:
+        return []
+    return [r.recipe for r in sweep.sweep(RECIPES, dry=False) if r.estimate_gib is not None]
+
+
+@pytest.mark.slow
+@needs_corpus
+@needs_automodel
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        pytest.param(r, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[r])] if r in KNOWN_MISSES else [])
+        for r in _sized()
+    ],
+)
+def test_every_sized_recipe(recipe):
+    _check(sweep.sweep([sweep.CORPUS / recipe]))

@@ -297,8 +297,11 @@ def _act_per_token(
         saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
     elif style == "submodule":
         saved = 8 * h / (t if sp else 1)
-        if tr.compile:  # enable_compile: attention and MLP checkpointed, the two norms not (each keeps its output)
-            saved += 4 * h / (t if sp else 1)
+        if tr.compile and sp:
+            # enable_compile with sequence parallelism keeps two more sequence-sharded hidden states per layer
+            # (AutoModel's step on fake tensors: the corpus's 70B LoRA recipe, TP 2 + SP; without SP, as its 70B CP 2
+            # pretraining recipe, nothing more)
+            saved += 4 * h / t
     elif style == "block":
         # the block's input and what the policy saves (the router's projection and top-k); the token exchange is
         # recomputed with the rest (AutoModel's step on fake tensors keeps no dispatcher output, full checkpoint

@@ -13,7 +13,6 @@ import yaml
 
 from .config.load import load_path, load_text
 from .dry_run import DryRunUnavailable, DryRunUsageError, dry_run, missing_packages
-from .suggest import suggest_strategy
 from .suggestion import SuggestReport
 
 DEFAULT_VERIFY = 3
@@ -79,16 +78,4 @@ def verify_candidates(
     return report
 
 
-def suggest_verified(*args: Any, verify: int = DEFAULT_VERIFY, **kwargs: Any) -> SuggestReport:
-    """``suggest_strategy`` with its first ``verify`` candidates measured by the dry run (when AutoModel is installed)."""
-    report = suggest_strategy(*args, **kwargs)
-    return verify_candidates(
-        report,
-        config=kwargs.get("config"),
-        model=args[0] if args else kwargs.get("model"),
-        top=verify,
-        headroom=kwargs.get("headroom", 0.1),
-    )
-
-
-__all__ = ["verify_candidates", "suggest_verified", "DEFAULT_VERIFY", "VERIFY_TIMEOUT_S"]
+__all__ = ["verify_candidates", "DEFAULT_VERIFY", "VERIFY_TIMEOUT_S"]

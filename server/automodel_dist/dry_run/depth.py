@@ -100,6 +100,9 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
                 "shallow builds (an overestimate for the stage holding them)"
             )
         lps = (n1 * period, (n1 + 1) * period)
+        notes.insert(
+            0, f"built with {lps[0]} and {lps[1]} layers per pipeline stage (the model's stages hold {per_stage[0]})"
+        )
         return Depth(
             period=period,
             prefix=0,
@@ -117,12 +120,14 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
     target = (L - prefix) / period
     if target <= n1 + 1:
         return None
+    built = (prefix + n1 * period, prefix + (n1 + 1) * period)
     return Depth(
         period=period,
         prefix=prefix,
-        layers=(prefix + n1 * period, prefix + (n1 + 1) * period),
+        layers=built,
         units=(n1, n1 + 1),
         target_units=target,
+        notes=(f"built with {built[0]} and {built[1]} of the model's {L} layers",),
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-# model_type -> what Liger's instance patch replaces on it (norm module names per layer, and whether its MLP is SwiGLU)
+# model_type -> the RMSNorm modules of a decoder layer Liger's instance patch replaces (its SwiGLU MLP too: every
+# one of these types has gate/up/down projections)
 COVERED = {
     "llama": ("input_layernorm", "post_attention_layernorm"),
     "mistral": ("input_layernorm", "post_attention_layernorm"),

@@ -60,7 +60,6 @@ class Plan:
     not_measured: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unmeasured_ranks: dict[int, str] = field(default_factory=dict)
-    depths: dict[int, Depth] = field(default_factory=dict)  # ranks measured from two shallow builds
 
 
 # Attention kernels that keep what a flash kernel keeps for backward (q, k, v, output, log-sum-exp): on AutoModel's own
@@ -385,17 +384,11 @@ def plan_dry_run(
                 for n, lps in zip(depth.layers, depth.layers_per_stage or (None, None))
             ]
         if depths:
-            first = next(iter(depths.values()))
             notes.append(
-                f"measured at depth by extrapolation: each rank built twice, with {first.layers[0]} and "
-                f"{first.layers[1]} of the model's {spec.num_layers} layers"
-                + (
-                    f" ({first.layers_per_stage[0]} and {first.layers_per_stage[1]} per pipeline stage)"
-                    if first.layers_per_stage
-                    else ""
-                )
-                + "; every phase's bytes per category read off the line through the two, at the rank's full depth "
-                "(memory grows linearly with the layers a rank holds); `--full-depth` builds every layer"
+                "measured at depth by extrapolation: each rank built twice, shallow (its builds are listed per "
+                "rank); every phase's bytes per category read off the line through the two, at the rank's full "
+                "depth (memory grows linearly with the layers and stages a rank holds); `--full-depth` builds "
+                "every layer"
             )
             for note in dict.fromkeys(n for dp in depths.values() for n in dp.notes):
                 notes.append(note)
@@ -421,7 +414,6 @@ def plan_dry_run(
         not_measured=not_measured,
         notes=notes,
         unmeasured_ranks=unmeasured,
-        depths=depths,
     )
 
 

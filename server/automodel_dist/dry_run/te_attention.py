@@ -228,8 +228,3 @@ def install() -> dict[str, types.ModuleType]:
     mods = dict(zip(NAMES, (te, te_pt, te_attn, tex)))
     sys.modules.update(mods)
     return mods
-
-
-def uninstall() -> None:
-    for name in NAMES:
-        sys.modules.pop(name, None)

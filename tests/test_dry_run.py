@@ -135,7 +135,7 @@ def test_a_layout_automodel_rejects_comes_back_failed_with_its_own_message():
 
 @needs_automodel
 def test_context_parallelism_on_automodels_classes_runs_with_the_te_attention_stand_in():
-    """AutoModel's own classes take only TE attention under CP; the stand-in (dry_run/te_attention.py) has TE's
+    """AutoModel's own classes take only TE attention under CP; the stand-in (stack/te_attention.py) has TE's
     shapes, so the rank is measured and the report says what stood in."""
     report = _run("distributed:\n  cp_size: 2\n", world_size=8)
     r = _only(report)
@@ -172,7 +172,7 @@ def test_limits_stop_a_rank_cleanly(limit, status):
 @needs_automodel
 def test_every_shim_target_exists_in_the_installed_release():
     out = subprocess.run(
-        [sys.executable, "-c", "from automodel_dist.dry_run import shims; print(shims.broken())"],
+        [sys.executable, "-c", "from automodel_dist.stack import shims; print(shims.broken())"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -186,7 +186,8 @@ def test_a_moved_target_is_named_with_its_phase_not_a_traceback():
     run, and the worker reports the rank not measured with that reason instead of running into it."""
     code = (
         "import json\n"
-        "from automodel_dist.dry_run import shims, worker\n"
+        "from automodel_dist.stack import shims\n"
+        "from automodel_dist.dry_run import worker\n"
         "from automodel_dist.dry_run.plan import plan_dry_run\n"
         "shims.import_automodel()\n"
         "import nemo_automodel.components.distributed.pipelining.functional as f\n"

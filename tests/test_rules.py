@@ -324,6 +324,18 @@ CASES = [
         id="tp-async-needs-sp",
     ),
     pytest.param(
+        "distributed:\n  tp_size: 2\n  pp_size: 2\n  sequence_parallel: true\n  pipeline: {}\n",
+        {"world_size": 8},
+        "pp-sequence-parallel",
+        "error",
+        "distributed.sequence_parallel",
+        4,
+        False,
+        "sequence_parallel: true with tp_size=2 and pp_size=2: every pipeline stage after the first fails in its first forward (q has 2x the sequence of RoPE's cos/sin). AutoModel's _precompute_stage_shapes (pipelining/functional.py) sizes the next stage's input as a plain full-length tensor while the previous stage sends its sequence shard, and the sequence-parallel norm all-gathers that tensor again; seen on AutoModel's Llama and Qwen3 classes and the Hugging Face fallback with 1F1B, Interleaved1F1B, GPipe and ZBVZeroBubble (classes with their own pipeline forward were not run)",
+        "sequence_parallel: false while pp_size > 1 (or pp_size: 1 and scale with TP, CP or FSDP)",
+        id="pp-sequence-parallel",
+    ),
+    pytest.param(
         "distributed:\n  tp_size: 2\n  ep_size: 4\n",
         {"world_size": 8},
         "moe-tp",

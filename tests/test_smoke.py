@@ -96,7 +96,6 @@ SLOW_LAYOUTS = [
     pytest.param(dict(pp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="pp-ep"),
     pytest.param(dict(cp=2, ep=2), 4, dict(FP32, model="tiny-moe"), id="cp-ep"),
     pytest.param(dict(cp=2, pp=2), 4, FP32, id="cp-pp"),
-    pytest.param(dict(pp=2, tp=2, sequence_parallel=True), 4, FP32, id="pp-tp-sp"),
     pytest.param(dict(strategy="ddp", activation_checkpointing="selective"), 2, {}, id="ddp-ac-selective"),
     pytest.param(dict(pp=2), 4, {"precision": "bf16"}, id="pp-fsdp2-bf16"),
 ]
@@ -109,6 +108,14 @@ def test_layout_matches_one_process(overrides, world, kwargs):
     assert_passed(report, precision=precision)
     assert report.world_size == world and len(report.ranks) == world
     assert report.launcher == "elastic"
+
+
+def test_pp_tp_sp_is_refused_as_automodel_fails_it():
+    """The tiny stack runs PP + TP + SP with parity, but AutoModel's pipeline fails it (pp-sequence-parallel; its
+    own stack shows the failure in test_smoke_automodel.py): the smoke run refuses it before launch."""
+    report = run_smoke_test(world_size=4, pp=2, tp=2, sequence_parallel=True, stack="tiny")
+    assert report.status == "failed" and not report.ranks
+    assert [f.rule for f in report.findings if f.severity == "error"] == ["pp-sequence-parallel"]
 
 
 @pytest.mark.slow
@@ -184,6 +191,7 @@ def test_tp_plan_is_noted_not_applied(monkeypatch):
         fault=None,
         pg_timeout_s=30,
         layout={},
+        stack="tiny",
     )
     assert plan.report_base["notes"] == [
         "tp_plan is not applied: the smoke runner shards its tiny model with its own "
@@ -208,6 +216,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
         fault=None,
         pg_timeout_s=30,
         layout={},
+        stack="tiny",
     )
     assert isinstance(plan, launch.Plan) and not plan.findings
     [note] = plan.report_base["notes"]
@@ -227,6 +236,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
         fault=None,
         pg_timeout_s=30,
         layout={},
+        stack="tiny",
     )
     assert isinstance(ddp_plan, launch.Plan) and ddp_plan.report_base["notes"] == []  # ddp does not touch FSDP
 

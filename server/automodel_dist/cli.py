@@ -315,6 +315,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                 world_size=args.world_size,
                 steps=args.steps,
                 model=args.model,
+                stack=args.stack,
+                run_invalid=args.run_invalid,
                 backend=args.backend,
                 precision=args.precision,
                 pg_timeout_s=args.pg_timeout,
@@ -335,6 +337,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             world_size=args.world_size,
             steps=args.steps,
             model=args.model,
+            stack=args.stack,
+            run_invalid=args.run_invalid,
             backend=args.backend,
             timeout_s=args.timeout,
             pg_timeout_s=args.pg_timeout,
@@ -610,7 +614,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         choices=["tiny-llama", "tiny-moe"],
         default="tiny-llama",
-        help="the tiny model to train (default tiny-llama; tiny-moe has experts for ep > 1)",
+        help="the tiny stack's model (default tiny-llama; tiny-moe has experts for ep > 1); on AutoModel's stack, the "
+        "architecture when the file names no model (Llama-3.2-1B's, Qwen3-30B-A3B's)",
+    )
+    sm.add_argument(
+        "--stack",
+        choices=["auto", "automodel", "tiny"],
+        default="auto",
+        help="automodel: the recipe's architecture at tiny dims through AutoModel's own build, parallelizer, loss "
+        "and step; tiny: this tool's tiny model and its re-implementation of AutoModel's parallelize order; "
+        "auto (default): automodel when AutoModel is installed and the model is known, else tiny (the report says)",
+    )
+    sm.add_argument(
+        "--run-invalid",
+        action="store_true",
+        help="run even when validation finds errors, to see AutoModel's own failure",
     )
     lay = sm.add_argument_group("layout (overrides the file)")
     lay.add_argument("--strategy", choices=["fsdp2", "megatron_fsdp", "ddp"])

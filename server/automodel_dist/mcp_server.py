@@ -534,6 +534,17 @@ def create_server() -> MCPServer:
         config_path: ConfigPath = None,
         steps: Annotated[int, Field(ge=1, le=20)] = 3,
         model: Literal["tiny-llama", "tiny-moe"] = "tiny-llama",
+        stack: Annotated[
+            Literal["auto", "automodel", "tiny"],
+            Field(
+                description="automodel: the recipe's architecture at tiny dims through AutoModel's own build, "
+                "parallelizer, loss and step; tiny: this tool's tiny model; auto: automodel when AutoModel is "
+                "installed and the model is known (the report's stack and notes say which ran)."
+            ),
+        ] = "auto",
+        run_invalid: Annotated[
+            bool, Field(description="Run even when validation finds errors, to see AutoModel's own failure.")
+        ] = False,
         backend: Literal["gloo", "nccl"] | None = None,
         precision: Literal["auto", "fp32", "bf16"] = "auto",
         timeout_s: Annotated[float, Field(ge=5, le=3600)] = 600.0,
@@ -551,9 +562,11 @@ def create_server() -> MCPServer:
         ] = None,
         overrides: LaunchOverrides = None,
     ) -> SmokeReport:
-        """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs):
-        build AutoModel's meshes, apply TP/SP/CP/EP/AC/FSDP2/DDP/PP to a tiny model, train a few steps and compare
-        loss, gradients and parameters with one process. Reports progress; cancelling stops every rank."""
+        """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs).
+        With AutoModel installed, the recipe's architecture at tiny dims is built, parallelized, trained and
+        clipped by AutoModel's own code (stack automodel); else a tiny model through this tool's re-implementation
+        of AutoModel's parallelize order (stack tiny). A few steps are compared with one process: loss, grad norm,
+        first-step gradients and final parameters. Reports progress; cancelling stops every rank."""
         from .smoke import run_smoke_test as _smoke
 
         source = _config(config_yaml, config_path, required=False)
@@ -564,6 +577,8 @@ def create_server() -> MCPServer:
                 world_size=world_size,
                 steps=steps,
                 model=model,
+                stack=stack,
+                run_invalid=run_invalid,
                 backend=backend,
                 precision=precision,
                 timeout_s=timeout_s,

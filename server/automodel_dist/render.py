@@ -148,19 +148,30 @@ def smoke_text(report: Any) -> str:
             + f" on {r.world_size} ranks"
             + (f", backend {r.backend} ({r.device})" if r.backend else "")
         )
-    if r.model_dims:
+    if r.stack == "automodel":
+        lines.append(
+            f"stack: AutoModel's own ({r.model}"
+            + (f", built as {r.model_class}" if r.model_class else "")
+            + "): its setup, parallelizer, loss, gradient clip and optimizer"
+            + (f", {r.tolerance.precision}" if r.tolerance else "")
+        )
+    elif r.model_dims:
         d = r.model_dims
         lines.append(
-            f"model: {r.model} ({d['num_layers']} layers, {d['num_heads']} heads / {d['num_kv_heads']} kv, "
-            f"hidden {d['hidden_size']}"
+            f"stack: tiny (this tool's model and parallelize order): {r.model} ({d['num_layers']} layers, "
+            f"{d['num_heads']} heads / {d['num_kv_heads']} kv, hidden {d['hidden_size']}"
             + (f", {d['num_experts']} experts" if d.get("num_experts") else "")
             + ")"
             + (f", {r.tolerance.precision}" if r.tolerance else "")
         )
     if r.losses:
-        lines.append("step  loss        reference   rel.diff")
+        norms = r.grad_norms if len(r.grad_norms) == len(r.losses) else []
+        lines.append("step  loss        reference   rel.diff" + ("  grad norm   reference" if norms else ""))
         for i, (a, b, d) in enumerate(zip(r.losses, r.reference_losses, r.loss_rel_diffs)):
-            lines.append(f"{i:>4}  {a:<10.6f}  {b:<10.6f}  {d:.1e}")
+            row = f"{i:>4}  {a:<10.6f}  {b:<10.6f}  {d:.1e}"
+            if norms:
+                row += f"   {norms[i]:<10.6f}  {r.reference_grad_norms[i]:<10.6f}"
+            lines.append(row)
         tol = r.tolerance
         lines.append(
             f"final parameters off by {r.max_param_rel_diff:.1e} (bound {tol.param_rel:.0e}), first-step "
@@ -171,6 +182,8 @@ def smoke_text(report: Any) -> str:
     for f in r.findings:
         lines.append(f"{f.severity}[{f.rule}]: {f.message}")
     lines += [f"note: {n}" for n in r.notes]
+    lines += [f"substituted: {n}" for n in r.substitutions]
+    lines += [f"AutoModel's fallback: {n}" for n in r.rewrites]
     same: dict[tuple[str, str | None], list[int]] = {}  # ranks that ended alike share a line
     for x in r.ranks:
         if x.state != "finished":

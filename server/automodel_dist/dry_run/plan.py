@@ -15,7 +15,8 @@ from ..catalog.sources import resolve
 from ..dims import ParallelDims
 from ..estimate import model_of
 from ..report import ValidationReport
-from ..workload import Workload, read_workload
+from ..stack.recipe import backend_for, jsonable, loss_for, optimizer_for, sanitized_block, uses_liger
+from ..workload import read_workload
 from .depth import Depth, plan_depth, truncated_config
 
 DEFAULT_SEQ_LEN = 4096
@@ -24,20 +25,6 @@ TEACHER_NOT_BUILT = "knowledge distillation: the teacher_model is not built or r
 
 class DryRunUsageError(ValueError):
     """Arguments that cannot describe a dry run (CLI exit 2)."""
-
-
-# model.backend values that need CUDA kernels -> what AutoModel itself uses without them
-_CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
-    "attn": (frozenset({"flex", "tilelang", "cudnn", "fa4", "magi"}), "sdpa"),  # own classes: te_attention.py
-    "linear": (frozenset({"te", "quack"}), "torch"),
-    "rms_norm": (frozenset({"te", "quack"}), "torch_fp32"),
-    "rope": (frozenset({"quack", "triton"}), "torch"),
-    "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
-    "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
-}
-_CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
-_TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
-_ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 
 
 @dataclass
@@ -60,140 +47,6 @@ class Plan:
     not_measured: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unmeasured_ranks: dict[int, str] = field(default_factory=dict)
-
-
-# Attention kernels that keep what a flash kernel keeps for backward (q, k, v, output, log-sum-exp): on AutoModel's own
-# classes they run as the TE stand-in, which its classes accept with and without context parallelism
-_FLASH_LIKE = {"te": "TE", "flex": "FlexAttention", "magi": "MagiAttention", "cudnn": "cuDNN attention", "fa4": "FA4"}
-
-
-def _backend(w: Workload, moe: bool, custom: bool, out: list[str]) -> dict[str, Any]:
-    """model.backend as the dry run builds it. Only AutoModel's own classes take one: for a Hugging Face class the
-    recipe's own is passed as written (an error it causes is AutoModel's) and nothing is added to it."""
-    backend = dict(w.backend)
-    if not custom:
-        return backend
-    if backend.get("attn", "te") in _FLASH_LIKE:
-        # te: AutoModel's default on a GPU with Transformer Engine (unset means te there) and the only attention its
-        # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
-        # log-sum-exp), and some classes take only te or flex (GPT-OSS)
-        was = backend.get("attn")
-        backend["attn"] = "te"
-        out.append(
-            f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as a stand-in with "
-            "Transformer Engine's shapes (dry_run/te_attention.py): what its flash attention keeps (q, k, v, output, "
-            f"log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
-            f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
-        )
-    for key, (cuda_only, cpu) in _CPU_BACKEND.items():
-        if backend.get(key) in cuda_only:
-            out.append(
-                f"model.backend.{key}: {backend[key]} runs as {cpu} (it needs CUDA kernels); its workspaces "
-                "are not measured"
-            )
-            backend[key] = cpu
-    for flag in _CUDA_FLAGS:
-        if backend.get(flag):
-            out.append(f"model.backend.{flag}: false (CUDA only)")
-            backend[flag] = False
-    if backend.get("te_fp8") is not None:
-        out.append("model.backend.te_fp8 is not applied (Transformer Engine FP8 needs CUDA): bf16 compute measured")
-        backend["te_fp8"] = None
-    if moe and "experts" not in backend:
-        backend["experts"] = "torch_mm"  # AutoModel's default on a GPU (it loops over experts on a CPU)
-    return backend
-
-
-def _loss(w: Workload, out: list[str]) -> dict[str, Any]:
-    name, kwargs = w.loss, dict(w.loss_kwargs)
-    if name == "FusedLinearCrossEntropy":
-        out.append(
-            "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "
-            "ChunkedCrossEntropy: neither materialises the whole logits; the kernel's own workspace is not "
-            "measured"
-        )
-        return {"name": "ChunkedCrossEntropy", "kwargs": {}}
-    if name == "TEParallelCrossEntropy":
-        out.append("loss TEParallelCrossEntropy (Transformer Engine) measured as MaskedCrossEntropy")
-        return {"name": "MaskedCrossEntropy", "kwargs": {}}
-    if name not in ("MaskedCrossEntropy", "ChunkedCrossEntropy"):
-        out.append(f"loss {name} is not one AutoModel's typed losses: measured with MaskedCrossEntropy")
-        return {"name": "MaskedCrossEntropy", "kwargs": {}}
-    return {"name": name, "kwargs": kwargs}
-
-
-def _optimizer(w: Workload, out: list[str]) -> dict[str, Any]:
-    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k not in ("fused", "foreach")}
-    if w.optimizer in _TORCH_OPTIMIZERS:
-        return {
-            "target": _TORCH_OPTIMIZERS[w.optimizer],
-            "kwargs": kwargs,
-            "state_dtype": None,
-            "master_weights": False,
-        }
-    if w.optimizer == "TEFusedAdam":
-        master = w.optimizer_kwargs.get("master_weights") is True
-        out.append(
-            "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its state dtypes: "
-            "fp32 moments" + (" and fp32 master weights" if master else "") + " (TE's defaults); its fused in-place "
-            "step keeps no temporaries, so the measured step does not run torch's"
-        )
-        return {
-            "target": "torch.optim.AdamW",
-            "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
-            "state_dtype": "float32",
-            "master_weights": master,
-        }
-    out.append(
-        f"optimizer {w.optimizer} is not available to the dry run: torch AdamW measured in its place (its "
-        "states: two per trainable parameter, in the parameter dtype)"
-    )
-    return {
-        "target": "torch.optim.AdamW",
-        "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
-        "state_dtype": None,
-        "master_weights": False,
-    }
-
-
-# _target_ values AutoModel may instantiate from a distributed: block that are torch's own classes
-_SAFE_TARGETS = frozenset(
-    {
-        "torch.distributed.fsdp.MixedPrecisionPolicy",
-        "torch.distributed.fsdp.CPUOffloadPolicy",
-        "torch.distributed.fsdp.OffloadPolicy",
-    }
-)
-
-
-def _sanitized(block: dict[str, Any], subs: list[str]) -> dict[str, Any]:
-    """The block AutoModel's parser gets: nothing in it that AutoModel would import (it imports ``_target_`` strings
-    and a ``tp_plan`` import path; this tool never imports a name from a config)."""
-
-    def walk(value: Any, path: str) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out = {}
-        for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
-            if key == "_target_":
-                if path == "":
-                    continue  # AutoModel drops it at the top level
-                if item not in _SAFE_TARGETS:
-                    raise DryRunUsageError(
-                        f"distributed.{where} is {str(item)[:80]!r}: AutoModel would import and call it, and the dry "
-                        "run never imports a name from a config; write torch's own class or drop the _target_"
-                    )
-            if where == "tp_plan" and isinstance(item, str):
-                subs.append(
-                    "distributed.tp_plan (an import path) is not imported: AutoModel's own plan for the class "
-                    "is measured"
-                )
-                continue
-            out[key] = walk(item, where)
-        return out
-
-    return walk(block, "")
 
 
 def plan_dry_run(
@@ -301,7 +154,7 @@ def plan_dry_run(
             "the full model's"
         )
     impl = implementation(spec.architecture)
-    backend = _backend(w, spec.is_moe, impl is not None and impl.custom and not w.force_hf, subs)
+    backend = backend_for(w, spec.is_moe, impl is not None and impl.custom and not w.force_hf, subs)
     if spec.is_moe:
         subs.append(
             "MoE routing assumed balanced: each rank's experts receive 1/ep of the token assignments (a "
@@ -324,8 +177,8 @@ def plan_dry_run(
             "DDP: its reducer's gradient all-reduce cannot complete on a fake process group (no values come back): "
             "not measured"
         )
-    loss = _loss(w, subs)
-    optimizer = _optimizer(w, subs)
+    loss = loss_for(w, subs)
+    optimizer = optimizer_for(w, subs)
     subs.append("torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted")
     subs.append(
         "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
@@ -344,7 +197,7 @@ def plan_dry_run(
     )
     base = {
         "world_size": d.world_size,
-        "distributed": _jsonable(_sanitized(ctx.block, subs)),
+        "distributed": jsonable(sanitized_block(ctx.block, subs, DryRunUsageError)),
         "hf_config": cfg,
         "torch_dtype": w.torch_dtype,
         "force_hf": w.force_hf,
@@ -357,7 +210,7 @@ def plan_dry_run(
         "microbatches": measured,
         "seq_len": seq,
         "clip_grad_norm": w.clip_grad_norm,
-        "liger": _liger(ctx.recipe),
+        "liger": uses_liger(ctx.recipe),
     }
     specs = [dict(base, rank=r) for r in ranks if r not in unmeasured]
     depths: dict[int, Depth] = {}
@@ -417,28 +270,12 @@ def plan_dry_run(
     )
 
 
-def _liger(recipe: dict[str, Any] | None) -> bool:
-    """AutoModel's ``use_liger_kernel`` (from_pretrained / from_config's default True), as the recipe's model sets it."""
-    model = (recipe or {}).get("model")
-    return not (isinstance(model, dict) and model.get("use_liger_kernel") is False)
-
-
 def _with_layers_per_stage(block: dict[str, Any], lps: int | None) -> dict[str, Any]:
     """The distributed: block with ``pipeline.layers_per_stage`` set (a shallow build keeps the stage count)."""
     if lps is None:
         return block
     pipeline = {k: v for k, v in (block.get("pipeline") or {}).items() if k != "round_virtual_stages_to_pp_multiple"}
     return {**block, "pipeline": {**pipeline, "layers_per_stage": lps}}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value if type(value) in (str, int, float, bool) or value is None else str(value)
-    return str(value)
 
 
 __all__ = ["Plan", "plan_dry_run", "DryRunUsageError", "DEFAULT_SEQ_LEN"]

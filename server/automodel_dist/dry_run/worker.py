@@ -18,11 +18,10 @@ import sys
 import time
 import traceback
 import warnings
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from . import shims
+from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 
 GIB = float(1 << 30)
@@ -223,35 +222,6 @@ def _grad_bytes(parts: list[Any]) -> int:
     return total
 
 
-def _dp_group_size(mesh_context: Any) -> int:
-    """Ranks holding different data (train_ft's ``_get_dp_group_size(include_cp=True)``)."""
-    mesh = mesh_context.device_mesh
-    if mesh is None:
-        return 1
-    size = 1
-    for name in ("dp_replicate", "dp_shard", "cp"):
-        if name in mesh.mesh_dim_names:
-            size *= mesh[name].size()
-    return size
-
-
-def _dp_group(mesh: Any) -> Any:
-    """The group of ranks holding different data (train_ft's ``_get_dp_group(include_cp=True)``); None for one."""
-    if mesh is None:
-        return None
-    names = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in mesh.mesh_dim_names and mesh[n].size() > 1)
-    return mesh[names]._flatten().get_group() if names else None
-
-
-def _optimizer(model: Any, spec: dict[str, Any], mesh: Any) -> list[Any]:
-    from nemo_automodel.components.optim.optimizer import build_optimizer
-
-    kwargs = dict(spec["kwargs"])
-    if isinstance(kwargs.get("betas"), list):
-        kwargs["betas"] = tuple(kwargs["betas"])
-    return build_optimizer(model, (spec["target"], kwargs), device_mesh=mesh)
-
-
 def _states_to(optimizers: list[Any], dtype_name: str) -> None:
     """Optimizer states in ``dtype_name`` (a replaced optimizer that keeps its moments in another dtype)."""
     import torch
@@ -276,27 +246,8 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
     process group and run one training step under the memory tracker; its figures, per phase."""
     import torch
     import torch.distributed as dist
-    from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
-    from nemo_automodel.components._peft.lora import PeftConfig
-    from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
-    from nemo_automodel.components.distributed.tp_replicas import synchronize_tp_replica_gradients
-    from nemo_automodel.components.distributed.utils import get_sync_ctx
-    from nemo_automodel.components.loss import build_loss_config
-    from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
-    from nemo_automodel.components.loss.utils import calculate_loss, prepare_lm_weight
-    from nemo_automodel.components.training.model_output_utils import get_final_hidden_states
-    from nemo_automodel.components.training.utils import (
-        get_expert_tp_replication_factor,
-        prepare_after_first_microbatch,
-        prepare_for_final_backward,
-        prepare_for_grad_accumulation,
-        scale_grads_and_clip_grad_norm,
-    )
-    from nemo_automodel.components.utils.model_utils import count_model_parameters, filter_forward_kwargs
-    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    from transformers import AutoConfig
 
     res: dict[str, Any] = {}
     if dist.is_initialized():
@@ -310,81 +261,43 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
     }
     with phases("setup"):
         dist.init_process_group("fake", rank=spec["rank"], world_size=spec["world_size"], store=FakeStore())
-        setup = create_distributed_setup_from_config(
-            {"distributed": build["distributed"]}, world_size=spec["world_size"]
-        )
-        mc = setup.mesh_context
-        mesh = mc.device_mesh
+        dist_setup = step.setup(build["distributed"], spec["world_size"])
 
     with phases("build"):
-        cfg = dict(build["hf_config"])
-        hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        loss_fn = build_loss_config(spec["loss"]["name"], **spec["loss"]["kwargs"]).build()
-        pp_enabled = mc.pp_size > 1
-        if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
-            pc = setup.pipeline_config
-            pc.pp_batch_size = spec["local_batch_size"]
-            pc.loss_fn = loss_fn
-            if pc.pp_seq_len is None:
-                pc.pp_seq_len = seq
-        peft = None
-        if spec["peft"] is not None:
-            peft = PeftConfig(**spec["peft"])
-            if peft.use_triton and find_spec("triton") is None:
-                peft.use_triton = False  # AutoModel's own choice under TP > 1 or PP; without triton it raises
-                rewrites.append(
-                    "peft.use_triton: false (triton is not installed here; AutoModel raises ImportError in the "
-                    "first forward without it; it uses the same torch LoRA path itself under TP or PP)"
-                )
-        kwargs: dict[str, Any] = {"use_liger_kernel": bool(spec.get("liger"))}
-        if spec["backend"] is not None:
-            from nemo_automodel.components.models.common import BackendConfig
-
-            kwargs["backend"] = BackendConfig(**spec["backend"])
-        if spec["torch_dtype"]:
-            kwargs["torch_dtype"] = spec["torch_dtype"]
-        if spec["force_hf"]:
-            kwargs["force_hf"] = True
-        with shims.build_patches(fake_mode), shims.value_oracles(items, {}), shims.liger_stand_in() as liger:
-            model = NeMoAutoModelForCausalLM.from_config(hf_config, distributed_setup=setup, peft_config=peft, **kwargs)
+        with shims.liger_stand_in() as liger:
+            patches = contextlib.ExitStack()
+            patches.enter_context(shims.build_patches(fake_mode))
+            patches.enter_context(shims.value_oracles(items, {}))
+            built = step.build(
+                spec,
+                build["hf_config"],
+                dist_setup,
+                patches,
+                rewrites,
+                local_batch_size=spec["local_batch_size"],
+                seq_len=seq,
+            )
         if liger.applied:
             rewrites.append(
                 "Liger Kernel (AutoModel's default for a Hugging Face class without TP or CP) runs as a stand-in with "
-                "its kernels' saved tensors (RMSNorm, SwiGLU; dry_run/liger.py)"
+                "its kernels' saved tensors (RMSNorm, SwiGLU; stack/liger.py)"
             )
         elif liger.skipped:
             rewrites.append(
                 f"Liger Kernel is not stood in for model type {liger.skipped[0]} (the stand-in covers "
                 "llama, mistral, qwen2, qwen3): measured as the Hugging Face class computes without it"
             )
-        parts = list(getattr(model, "parts", [model]))
-        if hasattr(model, "total_params_before_pp"):
-            trainable, total = model.trainable_params_before_pp, model.total_params_before_pp
-        else:
-            trainable, total = count_model_parameters(model)
-        res["params"] = {"total": int(total), "trainable": int(trainable), "class": type(parts[0]).__name__}
-        if pp_enabled:
-            info = model.info
-            res["pp_stages"] = [st.stage_index for st in info.stages]
-            if (
-                info.has_last_stage
-                and isinstance(loss_fn, LinearCrossEntropy)
-                and not any(getattr(p, "_pp_return_hidden_states_supported", False) for p in parts)
-            ):
-                # train_ft._maybe_downgrade_loss_fn: what AutoModel trains under PP on such a model
-                from nemo_automodel.components.loss.masked_ce import MaskedCrossEntropy
-
-                loss_fn = MaskedCrossEntropy(ignore_index=getattr(loss_fn, "ignore_index", -100))
-                rewrites.append(
-                    "FusedLinearCrossEntropy -> MaskedCrossEntropy: AutoModel's own fallback under pipeline "
-                    "parallelism for a model without hidden-state outputs (train_ft._maybe_downgrade_loss_fn)"
-                )
+        parts, mc, hf_config = built.parts, built.mc, built.hf_config
+        pp_enabled = built.pp_enabled
+        res["params"] = {k: v for k, v in built.params.items() if k != "pp_stages"}
+        if "pp_stages" in built.params:
+            res["pp_stages"] = built.params["pp_stages"]
 
     with phases("optimizer"):
-        optimizers = _optimizer(model, spec["optimizer"], mesh)
+        optimizers = step.optimizer(built, spec["optimizer"]["target"], spec["optimizer"]["kwargs"])
 
     items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
-    dp_group = _dp_group_size(mc)
+    dp_group = step.dp_group_size(built.mesh)
     ep = max(mc.ep_size, 1)
     n_experts = next(
         (
@@ -413,96 +326,39 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
                 _states_to(optimizers, spec["optimizer"]["state_dtype"])
         vocab = hf_config.vocab_size
         if pp_enabled:
-            batches = [(torch.randint(0, vocab, (spec["local_batch_size"], seq)),) * 2]
+            shapes = [(spec["local_batch_size"], seq)]
         else:
-            batches = [(torch.randint(0, vocab, (batch, seq)),) * 2 for _ in range(spec["microbatches"])]
+            shapes = [(batch, seq)] * spec["microbatches"]
+        batches = []
+        for shape in shapes:
+            ids = torch.randint(0, vocab, shape)
+            batches.append({"input_ids": ids, "labels": ids.clone()})
         tracker = make_tracker(parts, optimizers, phases)
-        after_forward: dict[str, int] | None = None
-        num_label_tokens = sum(ids.numel() for ids, _ in batches) * (dp_group // max(mc.cp_size, 1))
+        snapshots: dict[str, Any] = {}
+        num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp_group // max(mc.cp_size, 1))
+        if pp_enabled:
+            step.configure_pipeline_loss(built)
         with tracker, _repeated_calls(tracker):
-            prepare_for_grad_accumulation(parts, pp_enabled=pp_enabled)
-            for i, (ids, labels) in enumerate(batches):
-                last = i == len(batches) - 1
-                if last:
-                    prepare_for_final_backward(parts, pp_enabled=pp_enabled)
-                if pp_enabled:
-                    _pipeline_step(model, parts, ids, labels.clone(), loss_fn, mc, phases, tracker)
-                else:
-                    part = parts[0]
-                    with phases("forward"):
-                        sharder = ContextParallelSharder(
-                            part,
-                            mesh,
-                            {"input_ids": ids, "labels": labels.clone()},
-                            padding_token_id=0,
-                            num_chunks=1,
-                        )
-                        train_ctx, mb = sharder.shard({"input_ids": ids, "labels": labels.clone()})
-                    target = mb.pop("labels")
-                    sync = get_sync_ctx(
-                        part,
-                        last,
-                        defer_fsdp_grad_sync=getattr(setup.strategy_config, "defer_fsdp_grad_sync", True),
-                    )
-                    with train_ctx(), sync:
-                        linear_ce = isinstance(loss_fn, LinearCrossEntropy)
-                        with phases("forward"):
-                            forward = filter_forward_kwargs(part, mb)
-                            if linear_ce:
-                                forward = {**forward, "logits_to_keep": 1, "output_hidden_states": True}
-                            out = part(**forward)
-                        with phases("loss"):
-                            lm_weight = (
-                                prepare_lm_weight(loss_fn, part, grad_reduce_group=_dp_group(mesh))
-                                if linear_ce
-                                else None
-                            )
-                            loss = calculate_loss(
-                                loss_fn,
-                                logits=getattr(out, "logits", out),
-                                labels=target,
-                                model=part,
-                                hidden_states=get_final_hidden_states(out),
-                                lm_weight=lm_weight,
-                                num_label_tokens=num_label_tokens,
-                            )
-                        del out
-                        if after_forward is None:
-                            after_forward = _categories(tracker.get_tracker_snapshot("current"))
-                        with phases("backward"):
-                            (loss * dp_group).backward()
-                if i == 0:
-                    prepare_after_first_microbatch()
-            grad_bytes = _grad_bytes(parts)
-            with phases("clip_grad_norm"):
-                synchronize_tp_replica_gradients(parts, mesh)
-                moe_mesh = mc.moe_mesh
-                scale_grads_and_clip_grad_norm(
-                    spec["clip_grad_norm"],
-                    parts,
-                    norm_type=2.0,
-                    pp_enabled=pp_enabled,
-                    device_mesh=mesh,
-                    moe_mesh=moe_mesh,
-                    ep_axis_name="ep" if moe_mesh is not None and "ep" in moe_mesh.mesh_dim_names else None,
-                    pp_axis_name="pp" if pp_enabled else None,
-                    foreach=True,
-                    num_label_tokens=num_label_tokens,
-                    dp_group_size=dp_group,
-                    expert_tp_replication_factor=get_expert_tp_replication_factor(parts, mesh),
-                    grad_norm_backend="triton",
-                )
-            with phases("optimizer"):
-                for opt in optimizers:
-                    # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
-                    # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
-                    if not spec["optimizer"]["state_dtype"]:
-                        opt.step()
-                    opt.zero_grad()
+            step.train_step(
+                built,
+                optimizers,
+                batches,
+                num_label_tokens=num_label_tokens,
+                clip_grad_norm=spec["clip_grad_norm"],
+                defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
+                phases=phases,
+                after_loss=lambda: snapshots.setdefault(
+                    "after_forward", _categories(tracker.get_tracker_snapshot("current"))
+                ),
+                before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
+                # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
+                # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
+                step_optimizer=not spec["optimizer"]["state_dtype"],
+            )
         peak = _categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = _module_views(tracker)
     local = _local_bytes(parts, optimizers)
-    local = _local_bytes(parts, optimizers)
+    after_forward = snapshots.get("after_forward")
     res.update(
         tracker=type(tracker).__mro__[1].__name__,
         peak_categories={k: v / GIB for k, v in peak.items()},
@@ -513,7 +369,7 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
         phase_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.phase_categories.items()},
         largest_modules=largest,
         forward_retained=retained,
-        local_bytes={**local, "grads": grad_bytes},
+        local_bytes={**local, "grads": snapshots.get("grad_bytes", 0)},
         after_forward=_split(after_forward, local["params"]) if after_forward else None,
     )
     return res
@@ -623,30 +479,6 @@ def _repeated_calls(tracker: Any) -> Any:
         yield
     finally:
         handle.remove()
-
-
-def _pipeline_step(
-    pp: Any, parts: list[Any], ids: Any, labels: Any, loss_fn: Any, mc: Any, phases: Phases, tracker: Any
-) -> None:
-    """One pipeline step of this rank's stages, as train_ft runs it (its ``_configure_pipeline_loss_fn`` and the PP
-    branch of ``_forward_backward_step``). On a fake process group the schedule's sends and receives complete
-    without data into buffers AutoModel allocated from its static stage shapes, so the schedule's own microbatch
-    order, and with it the in-flight activations, is what the tracker sees."""
-    from nemo_automodel.components.loss.mtp import MTPLossConfig
-
-    info = pp.info
-    mesh = mc.device_mesh
-    if info.has_last_stage:
-        last = next(m for m, st in zip(parts, info.stages) if st.is_last)
-        info.schedule._loss_fn = MTPLossConfig().build(loss_fn, last, grad_reduce_group=_dp_group(mesh))
-    losses: list[Any] | None = [] if info.has_last_stage else None
-    targets = labels if info.has_last_stage else None
-    pp.update_seq_len(ids.shape[1])
-    with phases("pipeline_schedule"):
-        if info.has_first_stage:
-            info.schedule.step(ids, target=targets, losses=losses)
-        else:
-            info.schedule.step(target=targets, losses=losses)
 
 
 def _short_traceback(exc: BaseException) -> list[str]:

@@ -35,6 +35,7 @@ from ..explain import explain_error
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
 from .spec import PipelineSpec, SmokeSpec
+from .stack_plan import StackPlan
 
 ProgressFn = Callable[[str, int, int, str], None]
 
@@ -124,15 +125,20 @@ def merged_overrides(
     return (over if launch is not None or active else None), block
 
 
+TINY_TORCH_NOTE = (
+    " (that is the torch installed here: this smoke run shards with torch's own fully_shard, so it can pass where "
+    "AutoModel 0.7.0 would fail)"
+)
+AUTOMODEL_TORCH_NOTE = (
+    " (that is the torch installed here: this run is AutoModel's own parallelizer on it, so a failure below is what "
+    "AutoModel does on this torch)"
+)
+
+
 def _split_findings(report: Any) -> tuple[list[str], list[Any]]:
     """(notes, findings) of a run's validation: torch-version is about AutoModel on the torch installed here, not
     about the layout this run proves, so it becomes a note, not a refusal; info findings are dropped."""
-    env = [
-        f.message + " (that is the torch installed here: this smoke run shards with torch's own fully_shard, "
-        "so it can pass where AutoModel 0.7.0 would fail)"
-        for f in report.findings
-        if f.rule == "torch-version" and f.severity == "error"
-    ]
+    env = [f.message + TINY_TORCH_NOTE for f in report.findings if f.rule == "torch-version" and f.severity == "error"]
     return env, [f for f in report.findings if f.severity != "info" and not (f.rule == "torch-version" and env)]
 
 
@@ -193,6 +199,8 @@ def make_plan(
     seed: int = 1234,
     lr: float = 5e-3,
     local: bool = True,
+    stack: str = "auto",
+    run_invalid: bool = False,
 ) -> Plan | SmokeReport:
     """The worker spec of a run, or the report of why it cannot run. ``local=False``: the run is exported to
     another machine, so this machine's GPUs, packages and CPU limit do not decide what can run."""
@@ -206,6 +214,8 @@ def make_plan(
         raise SmokeUsageError(f"precision must be auto, fp32 or bf16, got {precision!r}")
     if backend not in (None, "auto", "gloo", "nccl"):
         raise SmokeUsageError(f"backend must be gloo or nccl, got {backend!r}")
+    if stack not in STACKS:
+        raise SmokeUsageError(f"stack must be one of {', '.join(STACKS)}, got {stack!r}")
     fault_d = parse_fault(fault)
     over, block = merged_overrides(config, layout, overrides)
     result = analyze(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
@@ -213,7 +223,12 @@ def make_plan(
     env, findings = _split_findings(report)
     base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings, notes=env)
     errors = [f for f in findings if f.severity == "error"]
-    if errors:
+    if errors and run_invalid:
+        base["notes"].append(
+            f"run although validation found {len(errors)} error(s) (run_invalid): a failure below is AutoModel's own "
+            "(" + ", ".join(dict.fromkeys(f.rule for f in errors)) + ")"
+        )
+    elif errors:
         return SmokeReport(
             passed=False,
             status="failed",
@@ -221,7 +236,8 @@ def make_plan(
             **base,
         )
     d = result.dims
-    assert d is not None and d.strategy is not None and d.dp is not None and d.layout is not None
+    if d is None or d.strategy is None or d.dp is None or d.layout is None:
+        return SmokeReport(passed=False, status="not_run", reason="not run: the layout cannot be built", **base)
     if fault_d and fault_d["rank"] >= world_size:
         raise SmokeUsageError(f"fault rank {fault_d['rank']} is outside [0, {world_size})")
     if fault_d and fault_d["step"] >= steps:
@@ -288,6 +304,18 @@ def make_plan(
             f"limit of {MAX_PARAMS:,} (set AUTOMODEL_DIST_MAX_SMOKE_PARAMS to raise it)",
         )
     seq = 8 * math.lcm(2 * cp, max(tp, 1))
+    automodel: StackPlan | None = None
+    if stack != "tiny":
+        mbs = pipeline.microbatch_size if pipeline is not None else 1
+        automodel, why = _automodel_stack(
+            result, block, d, model, precision, local, stages_total, seq, per_dp, mbs, stack == "automodel"
+        )
+        if automodel is None:
+            if stack == "automodel":
+                return SmokeReport(
+                    passed=False, status="not_run", reason=f"not run on AutoModel's stack: {why}", **base
+                )
+            base["notes"].append(f"the tiny home-made stack ran, not AutoModel's: {why}")
     mp = _mp_policy(d, precision)
     if mp and mp.get("param_dtype") not in (None, "float32") and model == "tiny-moe" and (cp > 1 or tp > 1):
         if precision == "auto":
@@ -303,6 +331,20 @@ def make_plan(
                 "auto checks this layout in fp32)"
             )
     prec = "bf16" if mp and mp.get("param_dtype") == "bfloat16" else "fp32"
+    if automodel is not None:
+        prec = "bf16" if precision == "bf16" else "fp32"
+        base["notes"] = [
+            n.replace(TINY_TORCH_NOTE, AUTOMODEL_TORCH_NOTE) for n in base["notes"] if not n.startswith(_MOE_ROUNDING)
+        ]
+        if precision == "auto" and mp and mp.get("param_dtype") not in (None, "float32"):
+            base["notes"].append(
+                "precision: this run and its reference compute in fp32, so a layout's error stands out from "
+                "rounding (--precision bf16 runs FSDP2's bf16 policy on both)"
+            )
+        base["notes"] += automodel.notes
+        base["substitutions"] = automodel.substitutions
+        base["model"] = automodel.automodel["architecture"]
+        cfg = automodel.automodel["hf_config"]
     spec = SmokeSpec(
         world_size=world_size,
         spec_id=uuid.uuid4().hex,
@@ -321,14 +363,79 @@ def make_plan(
         ddp={k: block.get(k) for k in DDP_OPTIONS} if d.strategy == "ddp" else {},
         pipeline=pipeline,
         fault=fault_d,
+        stack="automodel" if automodel is not None else "tiny",
+        automodel=automodel.automodel if automodel is not None else None,
     )
-    base.update(model_dims=cfg, tolerance=TOLERANCES[prec])
-    if tp > 1 and block.get("tp_plan") is not None:
+    base.update(model_dims=cfg, tolerance=TOLERANCES[prec], stack=spec.stack)
+    if tp > 1 and block.get("tp_plan") is not None and automodel is None:
         base["notes"].append(
             "tp_plan is not applied: the smoke runner shards its tiny model with its own TP plan "
             "(attention and MLP projections; routed experts stay EP-owned)"
         )
     return Plan(spec=spec, world_size=world_size, findings=base["findings"], report_base=base)
+
+
+STACKS = ("auto", "automodel", "tiny")
+DEFAULT_ARCHITECTURE = {"tiny-llama": "meta-llama/Llama-3.2-1B", "tiny-moe": "Qwen/Qwen3-30B-A3B"}
+
+
+def _automodel_stack(
+    result: Any,
+    block: dict[str, Any],
+    d: ParallelDims,
+    model: str,
+    precision: str,
+    local: bool,
+    stages: int,
+    seq: int,
+    per_dp: int,
+    mbs: int,
+    explicit: bool,
+) -> tuple[StackPlan | None, str]:
+    """The plan on AutoModel's stack, or None and why it cannot run here."""
+    from ..catalog.hf_config import NoConfigError, hf_config
+    from ..catalog.models import ModelConfigError
+    from ..catalog.sources import resolve
+    from ..workload import read_workload
+    from .stack_plan import StackUnavailable, plan_stack
+
+    if local and not (_has_module("nemo_automodel") and _has_module("transformers")):
+        return None, "AutoModel (nemo_automodel) and transformers are not installed here"
+    ctx = result.context
+    spec = ctx.model if ctx is not None else None
+    if spec is None and not explicit:
+        return None, (
+            "the config names no model (model.pretrained_model_name_or_path); --stack automodel runs AutoModel's "
+            f"stack on {DEFAULT_ARCHITECTURE[model]}'s architecture"
+        )
+    if spec is None:
+        try:
+            spec = resolve(DEFAULT_ARCHITECTURE[model]).spec
+        except ModelConfigError as exc:  # pragma: no cover - the catalog holds both
+            return None, str(exc)
+    try:
+        cfg = hf_config(spec)
+    except NoConfigError as exc:
+        return None, str(exc)
+    try:
+        plan = plan_stack(
+            block=block,
+            dims=d,
+            workload=read_workload(ctx.recipe if ctx is not None else None),
+            architecture=spec.architecture,
+            is_moe=spec.is_moe,
+            hf_config=cfg,
+            stages=stages,
+            seq_len=seq,
+            per_dp=per_dp,
+            micro_batch_size=mbs,
+            precision="bf16" if precision == "bf16" else "fp32",
+        )
+    except StackUnavailable as exc:
+        return None, str(exc)
+    if ctx is None or ctx.model is None:
+        plan.notes.insert(0, f"the config names no model: {spec.name}'s architecture ran ({model})")
+    return plan, ""
 
 
 def _installed_torch() -> str | None:
@@ -884,8 +991,34 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
             f"final parameters differ from the reference by {worst:.1e} (> {tol.param_rel:.0e}), "
             f"worst {worst_rank.get('worst_param')} on rank {worst_rank['rank']}"
         )
+    norms, ref_norms = r0.get("grad_norms") or [], r0.get("reference_grad_norms") or []
+    norm_rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norms, ref_norms)]
+    norm_off = next((i for i, x in enumerate(norm_rel) if not x <= tol.loss_rel), None)
+    if norm_off is not None:
+        problems.append(
+            f"AutoModel's grad norm differs from the reference at step {norm_off} ({norms[norm_off]:.6g} vs "
+            f"{ref_norms[norm_off]:.6g}, {norm_rel[norm_off]:.1e} > {tol.loss_rel:.0e})"
+        )
+    unmatched = sorted({n for res in results.values() for n in res.get("unmatched_tensors") or []})
+    if unmatched:
+        problems.append(
+            f"{len(unmatched)} tensor(s) have no counterpart of the same shape in the reference: {', '.join(unmatched[:3])}"
+        )
     if len(losses) > 1 and not decreasing:
         problems.append("loss did not decrease")
+    still = max((res.get("still_elements") or 0 for res in results.values()), default=0)
+    if still:
+        base = {
+            **base,
+            "notes": [
+                *base.get("notes", []),
+                (
+                    f"{still} parameter element(s) whose reference gradient is zero up to rounding (a key bias on "
+                    "dimensions RoPE leaves alone) are left out of the final-parameter comparison: Adam moves them by up "
+                    "to the learning rate on rounding alone; their gradients are compared"
+                ),
+            ],
+        }
     passed = not problems
     return SmokeReport(
         passed=passed,
@@ -899,5 +1032,9 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
         diverged_at_step=diverged,
         loss_decreasing=decreasing,
         mesh_matches=mesh_ok,
+        grad_norms=norms,
+        reference_grad_norms=ref_norms,
+        model_class=r0.get("model_class"),
+        rewrites=list(dict.fromkeys(x for res in results.values() for x in res.get("rewrites") or [])),
         **base,
     )

@@ -79,12 +79,24 @@ class SmokeReport(BaseModel):
     backend: str | None = None
     device: str | None = None
     model: str
+    stack: Literal["automodel", "tiny"] | None = Field(
+        default=None,
+        description="automodel: the recipe's architecture built, parallelized and trained by AutoModel's own code; "
+        "tiny: this tool's home-made model through its re-implementation of AutoModel's parallelize order.",
+    )
+    model_class: str | None = Field(default=None, description="The class AutoModel built (AutoModel's stack).")
     model_dims: dict = Field(default_factory=dict, description="The tiny model's configuration.")
+    substitutions: list[str] = Field(
+        default_factory=list, description="CUDA-only kernels and settings that ran as something else, each named."
+    )
+    rewrites: list[str] = Field(default_factory=list, description="AutoModel's own fallbacks this run took.")
     steps: int
     tolerance: Tolerance | None = None
     losses: list[float] = Field(default_factory=list)
     reference_losses: list[float] = Field(default_factory=list)
     loss_rel_diffs: list[float] = Field(default_factory=list)
+    grad_norms: list[float] = Field(default_factory=list, description="AutoModel's grad norm per step (its stack).")
+    reference_grad_norms: list[float] = Field(default_factory=list)
     max_param_rel_diff: float | None = Field(default=None, description="Worst tensor ||p - ref|| / ||ref|| at the end.")
     max_grad_rel_diff: float | None = Field(default=None, description="Same for the first step's gradients.")
     diverged_at_step: int | None = Field(default=None, description="First step whose loss is out of tolerance.")

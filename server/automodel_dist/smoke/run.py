@@ -28,6 +28,8 @@ def run_smoke_test(
     world_size: int | None = None,
     steps: int = 3,
     model: str = "tiny-llama",
+    stack: str = "auto",
+    run_invalid: bool = False,
     backend: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
@@ -52,6 +54,10 @@ def run_smoke_test(
     is called as the run advances; ``cancel`` (anything with ``is_set()``) stops it. ``fault``
     (``crash@R:S``, ``hang@R:S``, ``skew@R:S``) injects a failure for testing. ``precision`` is
     ``auto`` (the config's mp_policy; AutoModel's default is bf16), ``fp32`` or ``bf16``.
+    ``stack`` is ``auto`` (AutoModel's own stack when it is installed: the recipe's architecture at tiny dims,
+    else the tiny home-made model; the report says which ran and why), ``automodel`` or ``tiny``; ``model`` picks
+    the tiny stack's model, and on AutoModel's stack the architecture when the config names no model.
+    ``run_invalid`` runs a layout validation finds errors in (to see AutoModel's own failure).
     ``launcher`` is ``elastic`` (torch's elastic agent, ranks forked from a fork server: no per-rank torch import)
     or ``torchrun`` (the CLI, exactly the reproduce command).
     """
@@ -62,6 +68,8 @@ def run_smoke_test(
         world_size=world_size,
         steps=steps,
         model=model,
+        stack=stack,
+        run_invalid=run_invalid,
         backend=backend,
         pg_timeout_s=pg_timeout_s,
         precision=precision,
@@ -87,6 +95,8 @@ def plan_smoke_test(
     fault: str | dict | None,
     overrides: Sequence[str] | None,
     local: bool = True,
+    stack: str = "auto",
+    run_invalid: bool = False,
     caller: str = "plan_smoke_test",
     **layout: Any,
 ) -> Plan | SmokeReport:
@@ -112,6 +122,8 @@ def plan_smoke_test(
         layout=layout,
         overrides=overrides,
         local=local,
+        stack=stack,
+        run_invalid=run_invalid,
     )
     if chosen is not None:
         (plan.notes if isinstance(plan, SmokeReport) else plan.report_base["notes"]).insert(0, chosen)

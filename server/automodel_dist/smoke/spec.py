@@ -47,6 +47,8 @@ class SmokeSpec:
     run_dir: str | None = None  # where the ranks write their results (default: the spec's folder)
     progress_file: str | None = None
     report_base: dict[str, Any] | None = None  # exported runs: what the judge reports besides the results
+    stack: str = "tiny"  # "automodel": the recipe's architecture through AutoModel's own code (stack_worker.py)
+    automodel: dict[str, Any] | None = None  # what AutoModel builds and trains (stack="automodel")
 
     def to_json(self) -> str:
         data = asdict(self)

@@ -112,6 +112,13 @@ def run(
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(False)
 
+    if spec.stack == "automodel":
+        from .stack_worker import run_on_automodel
+
+        run_on_automodel(spec, result, timings, progress, backend, lambda step, kind: _fault(spec, rank, step, kind))
+        result.update(timings=timings, peak_rss_mib=_peak_rss_mib(), t_end=time.time())
+        return _finish(spec, rank, result, publish)
+
     t0 = t_imported  # init covers the parallelism imports, the process group, meshes, model and wrapping
     progress("init", message=f"init_process_group({backend}), {world} ranks")
     dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.pg_timeout_s)))
@@ -349,6 +356,15 @@ def run(
         "compare",
         message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients {worst_t[1].item():.2e}",
     )
+    return _finish(spec, rank, result, publish)
+
+
+def _finish(
+    spec: SmokeSpec, rank: int, result: dict[str, Any], publish: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
+    """Publish the result, then tear the process group down (with the injected teardown faults)."""
+    import torch.distributed as dist
+
     if publish is not None:  # before teardown: a teardown that hangs cannot hold the result back
         publish(result)
     if (spec.fault or {}).get("kind") == "stall" and (spec.fault or {}).get("rank") == rank:
@@ -509,9 +525,13 @@ def _run_and_write(spec_path: str, t_start: float) -> int:
             }  # stopped from outside (the launcher, a signal)
         else:
             tb = traceback.format_exc()
+            shown: BaseException = exc
+            if "[Stage" in str(exc) and exc.__cause__ is not None:  # the pipeline wraps a stage's own error
+                shown = exc.__cause__
+                tb = "".join(traceback.format_exception(shown))
             result = {
                 "rank": rank,
-                "error": f"{type(exc).__name__}: {exc}",
+                "error": f"{type(shown).__name__}: {shown}",
                 "traceback": tb.splitlines()[-25:],
                 "t_error": time.time(),
                 "t_start": t_start,

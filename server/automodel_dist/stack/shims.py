@@ -182,7 +182,7 @@ def import_automodel() -> None:
 TE_ATTENTION = _register(
     "te_attention_stand_in",
     "build",
-    "transformer_engine.pytorch.attention.DotProductAttention (a stand-in module, dry_run/te_attention.py)",
+    "transformer_engine.pytorch.attention.DotProductAttention (a stand-in module, stack/te_attention.py)",
     "AutoModel's own classes build Transformer Engine's DotProductAttention for backend.attn te, the only attention "
     "they accept under context parallelism; TE needs CUDA. The stand-in takes TE's constructor and call, sets TE's "
     "groups, and keeps what TE's flash / ring attention keeps (q, k, v or the ring's peer K/V buffer, output, fp32 "
@@ -211,7 +211,7 @@ CUDA_STREAM = _register(
 LIGER = _register(
     "liger_kernel_stand_in",
     "build",
-    "nemo_automodel._transformers.kernel_patches.liger_kernel_trf / HAS_LIGER_KERNEL (dry_run/liger.py)",
+    "nemo_automodel._transformers.kernel_patches.liger_kernel_trf / HAS_LIGER_KERNEL (stack/liger.py)",
     "AutoModel patches a Hugging Face class with Liger Kernel by default (use_liger_kernel, without TP or CP), which "
     "its container installs and this machine cannot run (Triton on CUDA). The stand-in replaces what Liger's instance "
     "patch replaces on the classes it covers (RMSNorm, SwiGLU MLP), keeping what Liger's kernels keep for backward.",
@@ -424,6 +424,92 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
         yield
 
 
+# ----------------------------------------------------------------------------------------------- real tensors
+CUDA_FACTORIES = _register(
+    "cuda_factories_on_cpu",
+    "build",
+    "torch functions called with device=cuda[:N] (and Tensor.to(cuda)) run on the CPU (a TorchFunctionMode)",
+    "Some AutoModel classes create buffers and RoPE tables on a hard-coded cuda:N device (Qwen3-MoE's and DeepSeek's "
+    "buffer_device, the MoE experts' scratch); on a machine without CUDA those calls run on the CPU instead. Only "
+    "the smoke run on AutoModel's stack uses it (real tensors on gloo); the dry run builds on fake CPU tensors.",
+    lambda: (
+        _resolve("torch.overrides:TorchFunctionMode"),
+        _source_has("nemo_automodel.components.models.qwen3_moe.model:Qwen3MoeModel.__init__", "cuda:")(),
+    ),
+)
+
+
+@contextlib.contextmanager
+def cuda_factories_on_cpu() -> Iterator[None]:
+    """While active, ``device=cuda...`` arguments of torch functions mean the CPU (no-op where CUDA exists)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    if torch.cuda.is_available():
+        yield
+        return
+
+    def on_cpu(device: Any) -> bool:
+        return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
+
+    class CpuDevices(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if on_cpu(kwargs.get("device")):
+                CUDA_FACTORIES.hits += 1
+                kwargs = {**kwargs, "device": "cpu"}
+            if func is torch.Tensor.to and len(args) > 1 and on_cpu(args[1]):
+                CUDA_FACTORIES.hits += 1
+                args = (args[0], "cpu", *args[2:])
+            return func(*args, **kwargs)
+
+    with CpuDevices():
+        yield
+
+
+@contextlib.contextmanager
+def real_build_patches() -> Iterator[None]:
+    """What from_config needs on a CPU with real tensors (the smoke run on AutoModel's stack): CUDA's device index,
+    the infrastructure on the CPU device, no pipeline warm-up sleep, cuda:N factories on the CPU."""
+    import nemo_automodel._transformers.auto_model as am
+    import nemo_automodel.components.distributed.pipelining.functional as pp_functional
+    import torch
+
+    cpu = torch.device("cpu")
+    with contextlib.ExitStack() as stack:
+        if not torch.cuda.is_available():
+
+            def current_device() -> int:
+                CUDA_DEVICE.hits += 1
+                return 0
+
+            class NoStream:
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    CUDA_STREAM.hits += 1
+
+            stack.enter_context(_patched(torch.cuda, "current_device", current_device))
+            stack.enter_context(_patched(torch.cuda, "Stream", NoStream))
+
+            def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
+                @functools.wraps(fn)
+                def wrapper(*args: Any, **kwargs: Any) -> Any:
+                    CPU_DEVICE.hits += 1
+                    kwargs["device"] = cpu
+                    return fn(*args, **kwargs)
+
+                return wrapper
+
+            stack.enter_context(_patched(am, "apply_model_infrastructure", on_cpu(am.apply_model_infrastructure)))
+            stack.enter_context(_patched(am, "instantiate_infrastructure", on_cpu(am.instantiate_infrastructure)))
+
+        def no_warmup(stage: Any) -> None:
+            PP_WARMUP.hits += 1
+
+        stack.enter_context(_patched(pp_functional, "_warmup_pipeline_stage_neighbors", no_warmup))
+        stack.enter_context(cuda_factories_on_cpu())
+        yield
+
+
 # ----------------------------------------------------------------------------------------------------- values
 ITEM = _register(
     "item_oracle",
@@ -508,6 +594,7 @@ _SKIPPED = (
     "/torch/_refs/",
     "/torch/_decomp/",
     "/automodel_dist/dry_run/",
+    "/automodel_dist/stack/",
 )
 CALLS: dict[str, dict[str, Any]] = {}  # every answered (or refused) call site: what was asked, the answer, how often
 
@@ -685,6 +772,8 @@ __all__ = [
     "install_te_attention",
     "liger_stand_in",
     "build_patches",
+    "cuda_factories_on_cpu",
+    "real_build_patches",
     "step_patches",
     "value_oracles",
 ]

@@ -1,0 +1,236 @@
+"""What a smoke run on AutoModel's own stack builds, decided without torch: the recipe's architecture at tiny dims
+that keep the layout's divisibility rules, the ``distributed:`` block AutoModel reads for the run and for its
+single-process reference, and the recipe's PEFT, loss, optimizer and kernels with what a CPU runs instead (each
+substitution stated)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..catalog.implementations import implementation
+from ..dims import ParallelDims
+from ..stack.recipe import backend_for, jsonable, loss_for, optimizer_for, sanitized_block
+from ..workload import Workload
+
+HEAD_DIM = 16
+VOCAB = 256
+_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+_NOT_CAUSAL_LM = ("vision_config", "audio_config", "speech_config")
+FLEX_ONLY = frozenset({"GptOssForCausalLM"})  # AutoModel asserts te or flex attention for these classes
+
+
+class StackUnavailable(ValueError):
+    """The recipe's model cannot run on AutoModel's stack here (the reason is the message)."""
+
+
+def _period(kinds: list[Any], limit: int = 8) -> int:
+    for p in range(1, min(limit, len(kinds)) + 1):
+        if all(kinds[i] == kinds[i % p] for i in range(len(kinds))):
+            return p
+    return 1
+
+
+def tiny_hf_config(cfg: Mapping[str, Any], *, tp: int, ep: int, stages: int, seq_len: int) -> dict[str, Any]:
+    """``cfg`` (a config.json of a causal LM) shrunk to a few thousand parameters per layer, keeping its
+    architecture, attention kind (GQA ratio, MLA, sliding window, linear attention), MoE routing and layer pattern.
+    Heads and KV heads divide by ``tp``, experts by ``ep``, layers by the pipeline ``stages``, and a pattern of layer
+    kinds keeps at least one full period."""
+    if any(k in cfg for k in _NOT_CAUSAL_LM):
+        raise StackUnavailable(
+            "a multimodal config (vision/audio towers): the smoke run on AutoModel's stack sizes causal LMs only"
+        )
+    out = dict(cfg)
+    tp, ep, stages = max(tp, 1), max(ep, 1), max(stages, 1)
+    heads0 = int(cfg.get("num_attention_heads") or 4)
+    kv0 = int(cfg.get("num_key_value_heads") or heads0)
+    ratio = 2 if heads0 > kv0 else 1
+    kv = max(tp, 2)
+    heads = kv * ratio
+    hidden = max(heads * HEAD_DIM, 64)
+    out.update(
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=math.lcm(VOCAB, tp),
+    )
+    if "head_dim" in cfg and "kv_lora_rank" not in cfg:
+        out["head_dim"] = HEAD_DIM
+    if "query_pre_attn_scalar" in cfg:
+        out["query_pre_attn_scalar"] = HEAD_DIM
+    if int(cfg.get("max_position_embeddings") or 0) > 512:
+        out["max_position_embeddings"] = 512
+    if isinstance(cfg.get("sliding_window"), int):
+        out["sliding_window"] = min(int(cfg["sliding_window"]), max(8, seq_len // 2))
+    if "kv_lora_rank" in cfg:  # MLA
+        out.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=HEAD_DIM, v_head_dim=HEAD_DIM)
+        if cfg.get("q_lora_rank") is not None:
+            out["q_lora_rank"] = 32
+        if "qk_head_dim" in cfg:
+            out["qk_head_dim"] = 8 + HEAD_DIM
+        if "head_dim" in cfg:
+            out["head_dim"] = 8
+    for key in ("linear_num_key_heads", "linear_num_value_heads"):  # linear attention (Qwen3-Next)
+        if key in cfg:
+            out[key] = kv if key == "linear_num_key_heads" else heads
+    for key in ("linear_key_head_dim", "linear_value_head_dim"):
+        if key in cfg:
+            out[key] = HEAD_DIM
+    expert_key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
+    prefix = 0
+    if expert_key is not None:
+        experts = max(4, 2 * ep)
+        out[expert_key] = experts
+        out["num_experts_per_tok"] = min(int(cfg.get("num_experts_per_tok") or 2), 2)
+        for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            if key in cfg:
+                out[key] = hidden // 2
+        if cfg.get("n_shared_experts"):
+            out["n_shared_experts"] = 1
+        if "n_group" in cfg:
+            out.update(n_group=1, topk_group=1)
+        if cfg.get("first_k_dense_replace"):
+            out["first_k_dense_replace"] = prefix = 1
+        if "mlp_only_layers" in cfg:
+            out["mlp_only_layers"] = []
+        if "decoder_sparse_step" in cfg:
+            out["decoder_sparse_step"] = 1
+    if cfg.get("num_nextn_predict_layers"):
+        out["num_nextn_predict_layers"] = 0
+    pattern = next((cfg[k] for k in ("layer_types", "layers_block_type") if isinstance(cfg.get(k), list)), None)
+    period = _period(list(pattern)) if pattern else int(cfg.get("full_attention_interval") or 1)
+    want = max(2, prefix + period)
+    per_stage = max(1, math.ceil(want / stages))
+    layers = per_stage * stages
+    out["num_hidden_layers"] = layers
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(cfg.get(key), list):
+            out[key] = [cfg[key][i % len(cfg[key])] for i in range(layers)]
+    if isinstance(cfg.get("hybrid_override_pattern"), str):
+        out["hybrid_override_pattern"] = (cfg["hybrid_override_pattern"] * layers)[:layers]
+    if "pad_token_id" not in cfg:  # a class's default pad id (Phi-3: 32000) would fall outside the tiny vocabulary
+        out["pad_token_id"] = None
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # token ids inside the tiny vocabulary
+        value = cfg.get(key)
+        if isinstance(value, int) and value >= out["vocab_size"]:
+            out[key] = out["vocab_size"] - 1
+        elif isinstance(value, list):
+            out[key] = [v if not isinstance(v, int) or v < out["vocab_size"] else out["vocab_size"] - 1 for v in value]
+    for key in ("torch_dtype", "dtype"):
+        if key in out:
+            out[key] = "float32"
+    out.pop("quantization_config", None)
+    return out
+
+
+@dataclass
+class StackPlan:
+    """spec.automodel (what the worker hands AutoModel) and what the report states about it."""
+
+    automodel: dict[str, Any]
+    substitutions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _mp(precision: str) -> dict[str, Any]:
+    if precision == "bf16":  # FSDP2's policy as AutoModel's default: bf16 compute, fp32 master weights and reduction
+        return {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": None}
+    return {"param_dtype": "float32", "reduce_dtype": "float32", "output_dtype": "float32"}
+
+
+def plan_stack(
+    *,
+    block: Mapping[str, Any],
+    dims: ParallelDims,
+    workload: Workload,
+    architecture: str,
+    is_moe: bool,
+    hf_config: Mapping[str, Any],
+    stages: int,
+    seq_len: int,
+    per_dp: int,
+    micro_batch_size: int,
+    precision: str,
+) -> StackPlan:
+    """Raises :class:`StackUnavailable` with the reason where AutoModel's stack cannot run this here."""
+    subs: list[str] = []
+    notes: list[str] = []
+    impl = implementation(architecture)
+    custom = impl is not None and impl.custom and not workload.force_hf
+    if workload.quantization is not None:
+        raise StackUnavailable("quantization: (QLoRA) needs bitsandbytes' CUDA kernels")
+    if dims.strategy == "megatron_fsdp":
+        raise StackUnavailable("MegatronFSDP needs the megatron-fsdp package and CUDA")
+    cfg = tiny_hf_config(hf_config, tp=dims.tp, ep=dims.ep, stages=stages, seq_len=seq_len)
+    backend = backend_for(workload, is_moe, custom, subs)
+    if dims.cp > 1:
+        raise StackUnavailable(
+            "context parallelism on a CPU: AutoModel's own classes accept only Transformer Engine attention under CP "
+            "(CUDA), and torch's context-parallel SDPA shards only the CUDA kernels (flash, memory-efficient, "
+            "cuDNN), not the CPU one"
+        )
+    if architecture in FLEX_ONLY:
+        raise StackUnavailable(
+            f"{architecture} runs only Transformer Engine or FlexAttention (AutoModel asserts it); TE needs CUDA "
+            "and FlexAttention has no backward on a CPU"
+        )
+    if custom:
+        subs[:] = [s for s in subs if not s.startswith("model.backend.attn")]
+        was = workload.backend.get("attn")
+        backend["attn"] = "sdpa"
+        if was != backend["attn"]:
+            subs.append(
+                f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as "
+                f"{backend['attn']} (torch's attention on the CPU): the layout's sharding of q, k, v is the same"
+            )
+    loss = loss_for(workload, subs)
+    optimizer = optimizer_for(workload, subs)
+    distributed = jsonable(sanitized_block(dict(block), subs, StackUnavailable))
+    if dims.strategy == "fsdp2":  # DDP trains in the model's dtype (torch_dtype float32 here); it has no policy
+        distributed["mp_policy"] = _mp(precision)
+    if dims.ep > 1 or isinstance(distributed.get("moe"), dict):
+        distributed["moe"] = {**(distributed.get("moe") or {}), "mp_policy": _mp(precision)}
+    pipeline = distributed.get("pipeline")
+    if isinstance(pipeline, dict):
+        pipeline = {
+            k: v
+            for k, v in pipeline.items()
+            if k not in ("layers_per_stage", "module_fqns_per_model_part", "round_virtual_stages_to_pp_multiple")
+        }
+        if dims.pp > 1:
+            pipeline["pp_microbatch_size"] = micro_batch_size
+        distributed["pipeline"] = pipeline
+    notes.append(
+        f"AutoModel's stack: {architecture} at tiny dims ({cfg['num_hidden_layers']} layers, hidden "
+        f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads"
+        + (f", {next(cfg[k] for k in _EXPERT_KEYS if cfg.get(k))} experts" if is_moe else "")
+        + f", vocab {cfg['vocab_size']}); the reference is the same class on one process"
+    )
+    subs.append(
+        "torch.compile'd code (AutoModel compiles some of its kernels) runs eagerly on the CPU, in the run and the "
+        "reference alike"
+    )
+    subs.append("Liger Kernel is not applied (Triton on CUDA): the Hugging Face modules compute in torch")
+    automodel = {
+        "hf_config": cfg,
+        "architecture": architecture,
+        "distributed": distributed,
+        "reference_distributed": {"strategy": "fsdp2", "mp_policy": _mp(precision)},
+        "torch_dtype": "float32",
+        "force_hf": workload.force_hf,
+        "backend": backend or None,
+        "peft": workload.peft,
+        "loss": loss,
+        "optimizer": {"target": optimizer["target"], "kwargs": optimizer["kwargs"]},
+        "clip_grad_norm": workload.clip_grad_norm,
+        "liger": False,
+        "micro_batch_size": micro_batch_size,
+        "local_batch_size": per_dp,
+    }
+    return StackPlan(automodel=automodel, substitutions=subs, notes=notes)
+
+
+__all__ = ["tiny_hf_config", "plan_stack", "StackPlan", "StackUnavailable"]

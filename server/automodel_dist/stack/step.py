@@ -1,0 +1,426 @@
+"""AutoModel 0.7.0's model build and training step, as ``recipes/llm/train_ft.py`` runs them (its ``setup``,
+``_run_train_optim_step`` and ``_forward_backward_step``): the same AutoModel functions in the same order. The recipe
+module itself is not imported (it needs torchao, torchdata and the dataset stack at import).
+
+The dry run calls these on fake tensors under a memory tracker, the smoke run on real tensors on N processes; both
+hand in the patches their tensors need and a ``phases`` callable (a context manager per phase name) to time or
+attribute the work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from typing import Any
+
+PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+@contextlib.contextmanager
+def no_phases(name: str) -> Iterator[None]:
+    yield
+
+
+def flat_dp_mesh(mesh: Any, include_cp: bool = True) -> Any:
+    """train_ft's data-parallel mesh (``_get_dp_group``): dp, or dp_cp with context parallelism; None without a mesh."""
+    from nemo_automodel.components.distributed.mesh_utils import get_flat_mesh
+
+    if mesh is None:
+        return None
+    if include_cp and "cp" in mesh.mesh_dim_names and mesh["cp"].size() > 1:
+        return get_flat_mesh(mesh, "dp_cp")
+    return get_flat_mesh(mesh, "dp")
+
+
+def dp_group(mesh: Any, include_cp: bool = True) -> Any:
+    """The group of ranks holding different data (train_ft's ``_get_dp_group``); None for one rank."""
+    flat = flat_dp_mesh(mesh, include_cp)
+    return None if flat is None or flat.size() == 1 else flat.get_group()
+
+
+def dp_group_size(mesh: Any, include_cp: bool = True) -> int:
+    """train_ft's ``_get_dp_group_size``."""
+    flat = flat_dp_mesh(mesh, include_cp)
+    return 1 if flat is None else flat.size()
+
+
+@dataclass
+class Built:
+    """A model as AutoModel built it, with what its step needs."""
+
+    model: Any
+    parts: list[Any]
+    setup: Any
+    loss_fn: Any
+    hf_config: Any
+    pp_enabled: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mesh(self) -> Any:
+        return self.setup.mesh_context.device_mesh
+
+    @property
+    def mc(self) -> Any:
+        return self.setup.mesh_context
+
+
+def setup(distributed: dict[str, Any], world_size: int) -> Any:
+    """AutoModel's distributed setup (strategy, meshes, pipeline and MoE configs) of a ``distributed:`` block."""
+    from nemo_automodel.recipes._dist_utils import create_distributed_setup_from_config
+
+    return create_distributed_setup_from_config({"distributed": distributed}, world_size=world_size)
+
+
+def build(
+    spec: dict[str, Any],
+    hf_config_dict: dict[str, Any],
+    dist_setup: Any,
+    patches: contextlib.AbstractContextManager[Any],
+    rewrites: list[str],
+    *,
+    local_batch_size: int,
+    seq_len: int,
+) -> Built:
+    """NeMoAutoModelForCausalLM.from_config with the recipe's loss, PEFT, backend and dtype, inside ``patches``.
+
+    ``spec`` holds ``loss`` ({name, kwargs}), ``peft`` (PeftConfig's fields or None), ``backend`` (BackendConfig's
+    fields or None), ``torch_dtype``, ``force_hf`` and ``liger`` (use_liger_kernel). AutoModel's own fallbacks that
+    change what trains are applied and added to ``rewrites``."""
+    from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
+    from nemo_automodel.components._peft.lora import PeftConfig
+    from nemo_automodel.components.loss import build_loss_config
+    from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
+    from nemo_automodel.components.loss.masked_ce import MaskedCrossEntropy
+    from nemo_automodel.components.utils.model_utils import count_model_parameters
+    from transformers import AutoConfig
+
+    cfg = dict(hf_config_dict)
+    hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    loss_fn = build_loss_config(spec["loss"]["name"], **spec["loss"]["kwargs"]).build()
+    pp_enabled = dist_setup.mesh_context.pp_size > 1
+    if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
+        pc = dist_setup.pipeline_config
+        pc.pp_batch_size = local_batch_size
+        pc.loss_fn = loss_fn
+        if pc.pp_seq_len is None:
+            pc.pp_seq_len = seq_len
+    peft = None
+    if spec.get("peft") is not None:
+        peft = PeftConfig(**spec["peft"])
+        if peft.use_triton and find_spec("triton") is None:
+            peft.use_triton = False  # AutoModel's own choice under TP > 1 or PP; without triton it raises
+            rewrites.append(
+                "peft.use_triton: false (triton is not installed here; AutoModel raises ImportError in the "
+                "first forward without it; it uses the same torch LoRA path itself under TP or PP)"
+            )
+    kwargs: dict[str, Any] = {"use_liger_kernel": bool(spec.get("liger"))}
+    if spec.get("backend") is not None:
+        from nemo_automodel.components.models.common import BackendConfig
+
+        kwargs["backend"] = BackendConfig(**spec["backend"])
+    if spec.get("torch_dtype"):
+        kwargs["torch_dtype"] = spec["torch_dtype"]
+    if spec.get("force_hf"):
+        kwargs["force_hf"] = True
+    with patches:
+        model = NeMoAutoModelForCausalLM.from_config(
+            hf_config, distributed_setup=dist_setup, peft_config=peft, **kwargs
+        )
+    parts = list(getattr(model, "parts", [model]))
+    if hasattr(model, "total_params_before_pp"):
+        trainable, total = model.trainable_params_before_pp, model.total_params_before_pp
+    else:
+        trainable, total = count_model_parameters(model)
+    params = {"total": int(total), "trainable": int(trainable), "class": type(parts[0]).__name__}
+    if pp_enabled:
+        info = model.info
+        params["pp_stages"] = [st.stage_index for st in info.stages]
+        if (
+            info.has_last_stage
+            and isinstance(loss_fn, LinearCrossEntropy)
+            and not any(getattr(p, "_pp_return_hidden_states_supported", False) for p in parts)
+        ):
+            # train_ft._maybe_downgrade_loss_fn: what AutoModel trains under PP on such a model
+            loss_fn = MaskedCrossEntropy(ignore_index=getattr(loss_fn, "ignore_index", -100))
+            rewrites.append(
+                "FusedLinearCrossEntropy -> MaskedCrossEntropy: AutoModel's own fallback under pipeline "
+                "parallelism for a model without hidden-state outputs (train_ft._maybe_downgrade_loss_fn)"
+            )
+    return Built(model, parts, dist_setup, loss_fn, hf_config, pp_enabled, params)
+
+
+def optimizer(built: Built, target: str, kwargs: dict[str, Any]) -> list[Any]:
+    """AutoModel's build_optimizer on the model (one optimizer per pipeline part)."""
+    from nemo_automodel.components.optim.optimizer import build_optimizer
+
+    kwargs = dict(kwargs)
+    if isinstance(kwargs.get("betas"), list):
+        kwargs["betas"] = tuple(kwargs["betas"])
+    return build_optimizer(built.model, (target, kwargs), device_mesh=built.mesh)
+
+
+def configure_pipeline_loss(built: Built) -> None:
+    """train_ft's ``_configure_pipeline_loss_fn``: the last stage's schedule computes the (MTP-aware) loss."""
+    from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
+    from nemo_automodel.components.loss.mtp import MTPLossConfig
+
+    info = built.model.info
+    if not info.has_last_stage:
+        return
+    last = next(m for m, st in zip(built.parts, info.stages) if st.is_last)
+    if isinstance(built.loss_fn, LinearCrossEntropy):
+        last._pp_return_hidden_states = True
+    info.schedule._loss_fn = MTPLossConfig().build(built.loss_fn, last, grad_reduce_group=dp_group(built.mesh))
+
+
+@dataclass
+class StepResult:
+    loss_buffer: list[Any]  # train_ft's per-microbatch detached losses (a rank without the last stage: zeros)
+    grad_norm: Any = None
+
+
+def train_step(
+    built: Built,
+    optimizers: list[Any],
+    batches: list[dict[str, Any]],
+    *,
+    num_label_tokens: int,
+    clip_grad_norm: float | None,
+    defer_fsdp_grad_sync: bool = True,
+    phases: PhaseFn = no_phases,
+    after_loss: Callable[[], None] | None = None,
+    before_optimizer: Callable[[], None] | None = None,
+    step_optimizer: bool = True,
+    pad_token_id: int = 0,
+) -> StepResult:
+    """train_ft's ``_run_train_optim_step`` on ``batches`` (dicts with input_ids and labels; under PP one batch holds
+    the rank's local batch). ``after_loss`` runs after the first microbatch's loss, before its backward;
+    ``before_optimizer`` after the gradient clip, before the optimizer step."""
+    import torch
+    from nemo_automodel.components.moe.megatron.moe_utils import MoEAuxLossAutoScaler
+    from nemo_automodel.components.training.utils import (
+        prepare_after_first_microbatch,
+        prepare_for_final_backward,
+        prepare_for_grad_accumulation,
+    )
+
+    parts, mesh, mc = built.parts, built.mesh, built.mc
+    pp = built.pp_enabled
+    n_model_mb = len(batches)
+    if pp:
+        pc = built.setup.pipeline_config
+        n_model_mb *= pc.pp_batch_size // max(pc.pp_microbatch_size, 1)
+    scale = max(mc.cp_size, 1) / n_model_mb  # train_ft._set_moe_aux_loss_backward_scale
+    if pp and num_label_tokens > 0:
+        scale *= num_label_tokens / dp_group_size(mesh)
+    MoEAuxLossAutoScaler.main_loss_backward_scale = torch.tensor(scale)
+
+    out = StepResult(loss_buffer=[])
+    prepare_for_grad_accumulation(parts, pp_enabled=pp)
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        if last:
+            prepare_for_final_backward(parts, pp_enabled=pp)
+        if pp:
+            out.loss_buffer.append(_pipeline_microbatch(built, batch, phases, pad_token_id))
+        else:
+            out.loss_buffer.append(
+                _microbatch(
+                    built,
+                    batch,
+                    last=last,
+                    num_label_tokens=num_label_tokens,
+                    defer_fsdp_grad_sync=defer_fsdp_grad_sync,
+                    phases=phases,
+                    after_loss=after_loss if i == 0 else None,
+                    pad_token_id=pad_token_id,
+                )
+            )
+        if i == 0:
+            prepare_after_first_microbatch()
+    out.grad_norm = clip(built, clip_grad_norm, num_label_tokens, phases)
+    if before_optimizer is not None:
+        before_optimizer()
+    with phases("optimizer"):
+        for opt in optimizers:
+            if step_optimizer:
+                opt.step()
+            opt.zero_grad()
+        if hasattr(parts[0], "update_moe_gate_bias"):
+            for part in parts:
+                part.update_moe_gate_bias()
+    return out
+
+
+def clip(built: Built, max_norm: float | None, num_label_tokens: int, phases: PhaseFn = no_phases) -> Any:
+    """train_ft's TP-replica gradient sync, gradient scaling and clip: returns AutoModel's grad norm."""
+    from nemo_automodel.components.distributed.tp_replicas import synchronize_tp_replica_gradients
+    from nemo_automodel.components.training.utils import (
+        get_expert_tp_replication_factor,
+        scale_grads_and_clip_grad_norm,
+    )
+
+    parts, mesh, mc = built.parts, built.mesh, built.mc
+    with phases("clip_grad_norm"):
+        synchronize_tp_replica_gradients(parts, mesh)
+        moe_mesh = mc.moe_mesh
+        return scale_grads_and_clip_grad_norm(
+            max_norm,
+            parts,
+            norm_type=2.0,
+            pp_enabled=built.pp_enabled,
+            device_mesh=mesh,
+            moe_mesh=moe_mesh,
+            ep_axis_name="ep" if moe_mesh is not None and "ep" in moe_mesh.mesh_dim_names else None,
+            pp_axis_name="pp" if built.pp_enabled else None,
+            foreach=True,
+            num_label_tokens=num_label_tokens,
+            dp_group_size=dp_group_size(mesh),
+            expert_tp_replication_factor=get_expert_tp_replication_factor(parts, mesh),
+            grad_norm_backend="triton",
+        )
+
+
+def _microbatch(
+    built: Built,
+    batch: dict[str, Any],
+    *,
+    last: bool,
+    num_label_tokens: int,
+    defer_fsdp_grad_sync: bool,
+    phases: PhaseFn,
+    after_loss: Callable[[], None] | None,
+    pad_token_id: int,
+) -> Any:
+    """The non-pipeline branch of train_ft's ``_forward_backward_step``; returns the detached loss."""
+    from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
+    from nemo_automodel.components.distributed.utils import get_sync_ctx
+    from nemo_automodel.components.loss.chunked_ce import ChunkedCrossEntropy
+    from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
+    from nemo_automodel.components.loss.utils import calculate_loss, prepare_lm_weight
+    from nemo_automodel.components.training.model_output_utils import get_final_hidden_states
+    from nemo_automodel.components.utils.model_utils import filter_forward_kwargs
+
+    part, mesh, loss_fn = built.parts[0], built.mesh, built.loss_fn
+    with phases("forward"):
+        sharder = ContextParallelSharder(part, mesh, batch, padding_token_id=pad_token_id, num_chunks=1)
+        train_ctx, mb = sharder.shard(dict(batch))
+    labels = mb.pop("labels")
+    sync = get_sync_ctx(part, last, defer_fsdp_grad_sync=defer_fsdp_grad_sync)
+    with train_ctx(), sync:
+        linear_ce = isinstance(loss_fn, LinearCrossEntropy)
+        with phases("forward"):
+            forward = filter_forward_kwargs(part, mb)
+            if linear_ce:
+                forward = {**forward, "logits_to_keep": 1, "output_hidden_states": True}
+            out = part(**forward)
+        with phases("loss"):
+            extra: dict[str, Any] = {}
+            lm_weight = None
+            if linear_ce:
+                group = dp_group(mesh)
+                lm_weight = prepare_lm_weight(loss_fn, part, grad_reduce_group=group)
+                extra["grad_reduce_group"] = group
+                if isinstance(loss_fn, ChunkedCrossEntropy):
+                    extra["logits_dtype"] = out.logits.dtype
+            loss = calculate_loss(
+                loss_fn,
+                logits=getattr(out, "logits", out),
+                labels=labels,
+                model=part,
+                hidden_states=get_final_hidden_states(out),
+                lm_weight=lm_weight,
+                num_label_tokens=num_label_tokens,
+                **extra,
+            )
+        del out
+        if after_loss is not None:
+            after_loss()
+        detached = loss.clone().detach()
+        with phases("backward"):
+            (loss * dp_group_size(mesh)).backward()
+    return detached
+
+
+def _pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, pad_token_id: int) -> Any:
+    """The pipeline branch of train_ft's ``_forward_backward_step``: this rank's stages run the schedule on the
+    local batch; returns the sum of the last stage's microbatch losses (0 on other ranks)."""
+    import torch
+    from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
+
+    info = built.model.info
+    pc = built.setup.pipeline_config
+    sharder = ContextParallelSharder(
+        built.parts[0],
+        built.mesh,
+        batch,
+        padding_token_id=pad_token_id,
+        num_chunks=pc.pp_batch_size // max(pc.pp_microbatch_size, 1),
+    )
+    train_ctx, mb = sharder.shard(dict(batch))
+    labels = mb.pop("labels")
+    with train_ctx():
+        losses: list[Any] | None = [] if info.has_last_stage else None
+        targets = labels.clone() if info.has_last_stage else None
+        input_ids = mb.pop("input_ids")
+        built.model.update_seq_len(input_ids.shape[1])
+        rest = {k: v for k, v in mb.items() if v is not None and not (isinstance(v, dict) and not v)}
+        with phases("pipeline_schedule"):
+            if info.has_first_stage:
+                info.schedule.step(input_ids, target=targets, losses=losses, **rest)
+            else:
+                info.schedule.step(target=targets, losses=losses, **rest)
+    if info.has_last_stage and losses:
+        return torch.sum(torch.stack(losses)).detach()
+    return torch.tensor(0.0)
+
+
+def reported_loss(built: Built, loss_buffer: list[Any], num_label_tokens: int) -> float:
+    """The loss train_ft logs for the step: the microbatch losses summed over the data-parallel ranks (under PP
+    divided by the label tokens and broadcast from the last stage)."""
+    import torch
+    import torch.distributed as dist
+
+    total = torch.sum(torch.stack([t.float() for t in loss_buffer]))
+    group = dp_group(built.mesh)
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    if built.pp_enabled:
+        total = total / num_label_tokens
+        pp_group = built.mesh["pp"].get_group()
+        src = dist.get_global_rank(pp_group, dist.get_world_size(pp_group) - 1)
+        dist.broadcast(total, src=src, group=pp_group)
+    return float(total.item())
+
+
+def label_tokens(built: Built, batches: list[dict[str, Any]], ignore_index: int = -100) -> int:
+    """train_ft's ``num_label_tokens``: the supervised tokens of the step, summed over the data-parallel ranks (not
+    over context-parallel ones, which hold the same sequences)."""
+    import torch
+    import torch.distributed as dist
+
+    count = torch.tensor(sum(int((b["labels"] != ignore_index).sum()) for b in batches), dtype=torch.long)
+    group = dp_group(built.mesh, include_cp=False)
+    if group is not None:
+        dist.all_reduce(count, group=group)
+    return int(count.item())
+
+
+__all__ = [
+    "Built",
+    "StepResult",
+    "build",
+    "clip",
+    "configure_pipeline_loss",
+    "dp_group",
+    "dp_group_size",
+    "label_tokens",
+    "no_phases",
+    "optimizer",
+    "reported_loss",
+    "setup",
+    "train_step",
+]

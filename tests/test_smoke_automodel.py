@@ -1,0 +1,180 @@
+"""The smoke run on AutoModel's own stack: the recipe's architecture at tiny dims, built, parallelized, trained and
+clipped by AutoModel 0.7.0's code on real gloo processes, against the same class on one process.
+
+Each case is a real multi-process run (seconds each). Together they cover AutoModel's own classes (Llama, Qwen3-MoE,
+DeepSeek-V3 with MLA + MoE, the Qwen3-Next hybrid of linear and full attention) and a Hugging Face class (Mistral),
+across FSDP2, HSDP, TP + SP, EP, EP + FSDP, PP (1F1B and interleaved), activation checkpointing and LoRA; an
+injected gradient skew is caught, and a layout AutoModel rejects comes back with AutoModel's own message and the
+validator's rule for it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from automodel_dist.catalog.hf_config import hf_config
+from automodel_dist.catalog.sources import resolve
+from automodel_dist.smoke.stack_plan import StackUnavailable, tiny_hf_config
+
+pytest.importorskip("nemo_automodel")
+pytest.importorskip("transformers")
+
+from automodel_dist.smoke import run_smoke_test  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _recipe(model: str, distributed: str, extra: str = "") -> str:
+    return f"model:\n  pretrained_model_name_or_path: {model}\n{extra}distributed:\n{distributed}"
+
+
+LORA = "peft:\n  match_all_linear: true\n  dim: 8\n  alpha: 32\n"
+CASES = {
+    # name: (model, distributed: block, extra sections, world size)
+    "llama-tp2-sp-ac-fsdp2": (
+        "meta-llama/Llama-3.1-8B",
+        "  tp_size: 2\n  sequence_parallel: true\n  activation_checkpointing: true\n",
+        "",
+        4,
+    ),
+    "llama-pp2-1f1b": ("meta-llama/Llama-3.1-8B", "  pp_size: 2\n  pipeline:\n    pp_schedule: 1F1B\n", "", 2),
+    "llama-pp2-interleaved-dp2": (
+        "meta-llama/Llama-3.1-8B",
+        "  pp_size: 2\n  pipeline:\n    pp_schedule: Interleaved1F1B\n",
+        "",
+        4,
+    ),
+    "llama-lora-hsdp": ("meta-llama/Llama-3.2-1B", "  dp_replicate_size: 2\n", LORA, 4),
+    "qwen3moe-ep2-fsdp2": ("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n", "", 4),
+    "deepseek-v3-ep2": ("deepseek-ai/DeepSeek-V3", "  ep_size: 2\n", "", 2),
+    "mistral-hf-tp2": ("mistralai/Mistral-7B-v0.3", "  tp_size: 2\n", "", 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_automodel_stack_matches_one_process(name: str) -> None:
+    model, block, extra, world = CASES[name]
+    report = run_smoke_test(_recipe(model, block, extra), world_size=world, stack="automodel", timeout_s=300)
+    assert report.stack == "automodel", report.notes
+    assert report.passed, (report.reason, report.traceback_tail[-6:])
+    assert report.model_class and report.model_class.startswith("FSDP"), report.model_class
+    assert len(report.losses) == len(report.reference_losses) == 3
+    assert len(report.grad_norms) == len(report.reference_grad_norms) == 3
+    assert report.max_param_rel_diff is not None and report.max_param_rel_diff <= report.tolerance.param_rel
+    assert report.losses[-1] < report.losses[0]  # the same batch each step: the loss must fall
+    assert any("AutoModel's stack" in n for n in report.notes)
+
+
+def test_hybrid_linear_attention_class_matches_one_process(tmp_path: Path) -> None:
+    """Qwen3-Next (gated delta-rule linear attention every 3 of 4 layers, full attention the 4th, MoE MLPs), from
+    a config.json on disk (no Hub): 4 layers keep one full period of its layer pattern."""
+    folder = tmp_path / "qwen3-next"
+    folder.mkdir()
+    shutil.copy(ROOT / "tests/models/qwen3_next_80b_a3b.json", folder / "config.json")
+    report = run_smoke_test(_recipe(str(folder), "  ep_size: 2\n"), world_size=2, stack="automodel", timeout_s=300)
+    assert report.passed, (report.reason, report.traceback_tail[-6:])
+    assert report.model == "Qwen3NextForCausalLM"
+    assert report.model_dims["num_hidden_layers"] == 4
+
+
+def test_an_injected_gradient_skew_is_caught() -> None:
+    """Noise at half each gradient's RMS on one rank before the optimizer: the first-step gradients, the loss after
+    it and the final parameters all leave the reference."""
+    report = run_smoke_test(
+        _recipe("meta-llama/Llama-3.2-1B", "  strategy: fsdp2\n"), world_size=2, stack="automodel", fault="skew@1:0"
+    )
+    assert report.status == "failed"
+    assert report.max_grad_rel_diff > report.tolerance.grad_rel
+    assert "first-step gradients differ" in report.reason and "final parameters differ" in report.reason
+
+
+def test_a_layout_automodel_rejects_returns_its_message_and_the_rule() -> None:
+    """TP + SP + PP: AutoModel's pipeline stage 1 fails in its first forward (q has tp x the sequence of RoPE's
+    cos/sin). Validation calls it an error; run anyway, the failure is AutoModel's own and explain_error ties it to
+    the rule and the AutoModel function."""
+    text = _recipe("meta-llama/Llama-3.1-8B", "  tp_size: 2\n  pp_size: 2\n  sequence_parallel: true\n  pipeline: {}\n")
+    refused = run_smoke_test(text, world_size=4, stack="automodel")
+    assert refused.status == "failed" and "pp-sequence-parallel" in [f.rule for f in refused.findings]
+    assert not refused.ranks  # nothing was launched
+    report = run_smoke_test(text, world_size=4, stack="automodel", run_invalid=True)
+    assert report.status == "failed"
+    assert "must match the size of tensor b" in report.reason
+    assert any("rope_utils.py" in line for line in report.traceback_tail)
+    assert "pp-sequence-parallel" in [e.rule for e in report.explanations]
+    assert any("_precompute_stage_shapes" in e.cause for e in report.explanations)
+
+
+def test_a_config_without_a_model_runs_the_tiny_stack_unless_automodel_is_asked_for() -> None:
+    tiny = run_smoke_test("distributed:\n  strategy: fsdp2\n", world_size=2, steps=2)
+    assert tiny.stack == "tiny" and tiny.passed
+    assert any("names no model" in n and "--stack automodel" in n for n in tiny.notes)
+    report = run_smoke_test("distributed:\n  strategy: fsdp2\n", world_size=2, stack="automodel", steps=2)
+    assert report.stack == "automodel" and report.model == "LlamaForCausalLM" and report.passed
+    assert any("names no model" in n for n in report.notes)
+
+
+def test_context_parallelism_is_not_run_on_this_stack_and_says_why() -> None:
+    report = run_smoke_test(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), world_size=2, stack="automodel")
+    assert report.status == "not_run" and "context parallelism on a CPU" in report.reason
+    auto = run_smoke_test(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), world_size=2, stack="auto")
+    assert auto.stack == "tiny" and auto.passed
+    assert any("tiny home-made stack ran" in n for n in auto.notes)
+
+
+# ------------------------------------------------------------------------------------------- tiny dims (pure)
+ARCHS = [
+    "meta-llama/Llama-3.1-8B",
+    "Qwen/Qwen3-30B-A3B",
+    "deepseek-ai/DeepSeek-V3",
+    "zai-org/GLM-4.5-Air",
+    "google/gemma-2-2b",
+    "microsoft/phi-4",
+    "mistralai/Mixtral-8x7B-v0.1",
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arch=st.sampled_from(ARCHS),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    ep=st.sampled_from([1, 2, 4, 8]),
+    stages=st.integers(1, 8),
+    cp=st.sampled_from([1, 2, 4]),
+)
+def test_tiny_dims_keep_the_layouts_divisibility_rules(arch: str, tp: int, ep: int, stages: int, cp: int) -> None:
+    cfg = hf_config(resolve(arch).spec)
+    seq = 8 * 2 * cp * tp
+    tiny = tiny_hf_config(cfg, tp=tp, ep=ep, stages=stages, seq_len=seq)
+    assert tiny["architectures"] == cfg["architectures"] and tiny["model_type"] == cfg["model_type"]
+    assert tiny["num_attention_heads"] % tp == 0 and tiny["num_key_value_heads"] % tp == 0
+    assert tiny["num_hidden_layers"] % stages == 0 and tiny["num_hidden_layers"] >= max(2, stages)
+    assert tiny["vocab_size"] % tp == 0 and tiny["hidden_size"] % tp == 0
+    experts = next((tiny[k] for k in ("num_experts", "n_routed_experts", "num_local_experts") if cfg.get(k)), None)
+    if experts is not None:
+        assert experts % ep == 0 and tiny["num_experts_per_tok"] <= experts
+    assert tiny["hidden_size"] * tiny["num_hidden_layers"] <= 64 * 64  # a few thousand parameters per layer
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = tiny.get(key)
+        for i in ids if isinstance(ids, list) else [ids]:
+            assert i is None or 0 <= i < tiny["vocab_size"]
+
+
+def test_tiny_dims_keep_a_full_period_of_the_layer_pattern() -> None:
+    cfg = json.loads((ROOT / "tests/models/qwen3_next_80b_a3b.json").read_text())
+    tiny = tiny_hf_config(cfg, tp=1, ep=1, stages=1, seq_len=16)
+    assert tiny["num_hidden_layers"] == 4 and tiny["full_attention_interval"] == 4
+    gemma = tiny_hf_config(
+        {**cfg, "layer_types": ["sliding_attention", "full_attention"] * 13}, tp=1, ep=1, stages=3, seq_len=16
+    )
+    assert gemma["layer_types"][:2] == ["sliding_attention", "full_attention"] and gemma["num_hidden_layers"] == 3
+
+
+def test_a_multimodal_config_is_refused_with_the_reason() -> None:
+    with pytest.raises(StackUnavailable, match="multimodal"):
+        tiny_hf_config({"model_type": "x", "vision_config": {}}, tp=1, ep=1, stages=1, seq_len=16)

@@ -15,6 +15,7 @@ import golden
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]
+SKILL_DIR = ROOT / "skills" / "nemo-automodel-distributed-training"  # what `npx skills add` installs
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ["HF_HUB_CACHE"] = str(golden.NO_HF_CACHE)  # no test reads this machine's cache (see golden.py)
 EXAMPLES = Path(os.environ.get("AUTOMODEL_DIST_EXAMPLES", ROOT / "tests" / "examples"))

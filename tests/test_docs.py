@@ -24,7 +24,7 @@ from typing import Any
 import oracle
 import pytest
 import yaml
-from conftest import ROOT, wait_for_port
+from conftest import ROOT, SKILL_DIR, wait_for_port
 
 from automodel_dist import build_mesh, suggest_strategy, validate_config
 from automodel_dist.config import schema
@@ -32,7 +32,7 @@ from automodel_dist.docgen import BEGIN, END, SECTIONS, render
 from automodel_dist.explain import explain_error
 from automodel_dist.rules import RULES
 
-DOCS = [ROOT / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
+DOCS = [SKILL_DIR / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the newcomer's page and its depth
 BIN = Path(sys.executable).parent
 
@@ -63,7 +63,7 @@ YAML_BLOCKS = _blocks("yaml", DOCS + PAGES)
 def test_docs_have_yaml_blocks() -> None:
     assert len(YAML_BLOCKS) >= 15
     assert {b.where.split(":")[0] for b in YAML_BLOCKS} >= {
-        "SKILL.md",
+        "skills/nemo-automodel-distributed-training/SKILL.md",
         "references/config-reference.md",
         "references/expert-parallel-moe.md",
     }
@@ -239,11 +239,11 @@ def _frontmatter(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def test_skill_md_frontmatter_and_size() -> None:
-    meta, _ = _frontmatter(ROOT / "SKILL.md")
+    meta, _ = _frontmatter(SKILL_DIR / "SKILL.md")
     assert meta["name"] == "nemo-automodel-distributed-training"
     assert meta["license"] == "Apache-2.0"
     assert 100 <= len(meta["description"]) <= 1024
-    assert len((ROOT / "SKILL.md").read_text(encoding="utf-8").splitlines()) <= 500
+    assert len((SKILL_DIR / "SKILL.md").read_text(encoding="utf-8").splitlines()) <= 500
 
 
 def test_doc_paths_and_links_exist() -> None:

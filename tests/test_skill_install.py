@@ -47,8 +47,10 @@ def _export(dest: Path) -> Path:
     )
     for rel in filter(None, files):
         src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():  # the skill folder links the engine and its pages, as a clone keeps them
+            os.symlink(os.readlink(src), dest / rel)
+        elif src.is_file():
             shutil.copy2(src, dest / rel)
     return dest
 
@@ -82,16 +84,22 @@ def test_skills_cli_installs_a_working_skill(agent: str, source: Path, tmp_path:
         "references/config-reference.md",
         "references/troubleshooting.md",
         "skill-card.md",
-        "evals/evals.json",
         "scripts/validate.py",
         "pyproject.toml",
+        "README.md",
         "server/automodel_dist/mcp_server.py",
     ):
-        assert (skill / ref).is_file(), ref
-    assert not (skill / ".git").exists()
+        assert (skill / ref).is_file() and not (skill / ref).is_symlink(), ref
+    # lean: only what an agent uses (the skill text, its scripts, the engine they drive); none of the repository's
+    # tests, benchmarks, CI, tools, developer docs or evals
+    assert sorted(p.name for p in skill.iterdir()) == sorted(
+        ["SKILL.md", "README.md", "pyproject.toml", "references", "scripts", "server", "skill-card.md"]
+    )
+    for absent in ("tests", "bench", ".ci", "tools", "docs", "evals", ".git", ".ruff_cache", ".venv"):
+        assert not (skill / absent).exists(), absent
 
     # the installed scripts run (package installed in this Python) ...
-    example = skill / "tests/examples/llama3_1_8b_hellaswag_pp.yaml"
+    example = ROOT / "tests/examples/llama3_1_8b_hellaswag_pp.yaml"
     run = subprocess.run(
         [sys.executable, str(skill / "scripts/validate.py"), str(example), "--json"],
         capture_output=True,

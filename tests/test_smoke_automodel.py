@@ -178,3 +178,24 @@ def test_tiny_dims_keep_a_full_period_of_the_layer_pattern() -> None:
 def test_a_multimodal_config_is_refused_with_the_reason() -> None:
     with pytest.raises(StackUnavailable, match="multimodal"):
         tiny_hf_config({"model_type": "x", "vision_config": {}}, tp=1, ep=1, stages=1, seq_len=16)
+
+
+def test_an_exported_run_on_automodels_stack_is_judged_like_a_local_one(tmp_path: Path) -> None:
+    """--export writes the AutoModel-stack spec; its printed torchrun command runs it (as on a cluster's node);
+    --judge gives the local verdict, with the same stack, class and parity checks."""
+    import subprocess
+    import sys
+
+    from automodel_dist.smoke import export_smoke_test, judge_smoke_test
+
+    out = tmp_path / "run"
+    recipe = _recipe("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n")
+    exported = export_smoke_test(recipe, out, world_size=2)
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["stack"] == "automodel" and spec["automodel"]["architecture"] == "Qwen3MoeForCausalLM"
+    command = exported.command.replace("torchrun", f"{sys.executable} -m torch.distributed.run", 1)
+    done = subprocess.run(["bash", "-c", command], cwd=out, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = judge_smoke_test(out)
+    assert report.passed and report.stack == "automodel" and report.launcher == "external", report.reason
+    assert report.model_class == "FSDPQwen3MoeForCausalLM" and len(report.grad_norms) == 3

@@ -174,7 +174,7 @@ def worked_examples() -> str:
         seq_len=8192,
     )
     qwen = estimate_memory(Path(__file__).resolve().parents[2] / "tests/examples/qwen3_moe_30b_te_chat_thd.yaml")
-    from .render import flow
+    from .config.load import flow
 
     return "\n".join(
         [

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from .config.load import flow
 from .layout import Layout
-from .report import Finding, MeshReport, ValidationReport
+from .report import ExplainReport, Finding, MeshReport, ValidationReport
+
+if TYPE_CHECKING:  # the reports of the tools above the engine, for the signatures only
+    from .dry_run.report import DryRunReport
+    from .estimation import Estimate
+    from .smoke.export import SmokeExport
+    from .smoke.report import SmokeReport
+    from .suggestion import SuggestReport
 
 
 def finding_line(f: Finding, source: str | None) -> str:
@@ -122,7 +128,7 @@ def mesh_text(report: MeshReport) -> str:
     return "\n".join(lines)
 
 
-def smoke_text(report: Any) -> str:
+def smoke_text(report: SmokeReport) -> str:
     """Human summary of a SmokeReport."""
     r = report
     lines = [f"{r.status.upper()}: {r.reason or 'every check held'}"]
@@ -220,7 +226,7 @@ def smoke_text(report: Any) -> str:
     return "\n".join(lines)
 
 
-def smoke_export_text(e: Any) -> str:
+def smoke_export_text(e: SmokeExport) -> str:
     """How to launch an exported smoke run and judge it."""
     lines = [
         f"wrote {e.spec_file}: a smoke run on {e.world_size} ranks",
@@ -236,7 +242,7 @@ def smoke_export_text(e: Any) -> str:
     return "\n".join(lines)
 
 
-def explain_text(report: Any, *, lines: bool = True) -> str:
+def explain_text(report: ExplainReport, *, lines: bool = True) -> str:
     """The matches of explain_error, root causes first; ``lines``: the text had several lines (say which matched)."""
     out = []
     for m in report.matches:
@@ -283,7 +289,7 @@ def _dims_from(report: Any) -> str:
     return f" (dims from {source})" if source else ""
 
 
-def estimate_text(est: Any) -> str:
+def estimate_text(est: Estimate) -> str:
     lay = est.layout
     lines = [
         f"{est.model}{_dims_from(est)} on {est.world_size} x {est.gpu} ({_gpu_terms(est)}), seq_len {est.seq_len}, "
@@ -364,7 +370,7 @@ def estimate_text(est: Any) -> str:
     return "\n".join(lines)
 
 
-def suggest_text(rep: Any) -> str:
+def suggest_text(rep: SuggestReport) -> str:
     lines = [
         f"{rep.model}{_dims_from(rep)} on {rep.nodes} x {rep.gpus_per_node} {rep.gpu} ({_gpu_terms(rep)}), seq_len "
         f"{rep.seq_len}, global batch {rep.global_batch_size}, micro batch {rep.micro_batch_size}, "
@@ -478,11 +484,6 @@ def _brief(block: dict[str, Any]) -> str:
     return flow(kept) if kept else "(AutoModel's defaults)"
 
 
-def flow(block: dict[str, Any]) -> str:
-    """A block as one YAML flow mapping (``{strategy: fsdp2, tp_size: 2}``), pasteable under ``distributed:``."""
-    return yaml.safe_dump(block, default_flow_style=True, sort_keys=False, width=1 << 16).strip()
-
-
 def _short(ranks: list[int] | None, limit: int = 8) -> str:
     if ranks is None:
         return "-"
@@ -539,7 +540,7 @@ def mesh_svg(lay: Layout, axis: str | None = None, *, gpus_per_node: int | None 
     return "\n".join(out)
 
 
-def dry_run_text(r: Any) -> str:
+def dry_run_text(r: DryRunReport) -> str:
     """A dry run: verdict, then per measured rank its peak, split and phase, then what was substituted or not run."""
     head = {"measured": "MEASURED", "failed": "FAILED", "partial": "PARTIAL"}[r.status]
     verdict = ""

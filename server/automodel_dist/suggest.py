@@ -18,6 +18,7 @@ from .api import validate_config
 from .catalog.implementations import implementation
 from .catalog.models import ModelSpec
 from .catalog.sources import resolve
+from .config.load import flow
 from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
 from .dims import FSDP2_DEFAULT_MP, ParallelDims
 from .estimate import (
@@ -37,7 +38,6 @@ from .estimate.comm import estimate_comm
 from .estimate.memory import GIB, overhead_bytes
 from .estimate.training import PRECISIONS, training_for
 from .layout import StageError, ep_shard_size, virtual_stages
-from .render import flow
 from .rules.helpers import divisors
 from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from .rules.parallelize import moe_tp_unplanned

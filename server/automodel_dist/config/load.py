@@ -448,3 +448,8 @@ def from_mapping(obj: Any, *, source: str | None = None) -> Document:
     except RecursionError:
         doc.findings.append(_err("yaml-too-deep", "the mapping is nested too deeply"))
     return doc
+
+
+def flow(block: dict[str, Any]) -> str:
+    """A block as one YAML flow mapping (``{strategy: fsdp2, tp_size: 2}``), pasteable under ``distributed:``."""
+    return yaml.safe_dump(block, default_flow_style=True, sort_keys=False, width=1 << 16).strip()

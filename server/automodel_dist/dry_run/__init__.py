@@ -7,26 +7,22 @@ Planning (:mod:`.plan`) and the report (:mod:`.report`) import no torch; each me
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_attrs
 
 _NAMES = {
-    "dry_run": "run",
-    "DryRunUnavailable": "run",
-    "missing_packages": "run",
-    "DryRunUsageError": "plan",
-    "plan_dry_run": "plan",
-    "DryRunReport": "report",
-    "RankResult": "report",
-    "MemorySplit": "report",
-    "CategoryDiff": "report",
+    "dry_run": ".run",
+    "DryRunUnavailable": ".run",
+    "missing_packages": ".run",
+    "DryRunUsageError": ".plan",
+    "plan_dry_run": ".plan",
+    "DryRunReport": ".report",
+    "RankResult": ".report",
+    "MemorySplit": ".report",
+    "CategoryDiff": ".report",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attrs(__name__, _NAMES)
 
 
 __all__ = sorted(_NAMES)

@@ -89,7 +89,6 @@ def strategy_unknown(ctx: Context) -> Iterator[Finding]:
     if not isinstance(raw, str):
         yield finding(
             ctx,
-            "strategy-unknown",
             ("strategy",),
             f"strategy must be a string, got {raw!r}; AutoModel calls .lower() on it and fails with AttributeError",
             "remove the key (fsdp2 is the default) or set strategy: fsdp2",
@@ -98,7 +97,6 @@ def strategy_unknown(ctx: Context) -> Iterator[Finding]:
     hint = closest(raw.lower(), ["fsdp2", "megatron_fsdp", "ddp"]) or closest(raw.lower(), valid)
     yield finding(
         ctx,
-        "strategy-unknown",
         ("strategy",),
         f"unknown strategy {raw!r}; AutoModel 0.7.0 accepts {valid}",
         f"strategy: {hint}" if hint else "strategy: fsdp2",
@@ -153,7 +151,6 @@ def size_invalid(ctx: Context) -> Iterator[Finding]:
             fix = f"{key}: {suggestion}"
         yield finding(
             ctx,
-            "size-invalid",
             (key,),
             f"{key} must be a positive integer, got {raw!r} ({type(raw).__name__}); {_size_consequence(key, raw)}",
             fix,
@@ -179,7 +176,6 @@ def ac_invalid(ctx: Context) -> Iterator[Finding]:
     except ValueError:
         yield finding(
             ctx,
-            "ac-invalid",
             ("activation_checkpointing",),
             f"activation_checkpointing={raw!r} is not accepted: AutoModel raises 'must be a boolean or "
             "one of full, selective, false'",
@@ -206,7 +202,6 @@ def ac_selective_strategy(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "ac-selective-strategy",
         ("activation_checkpointing",),
         f"activation_checkpointing: selective is supported only for fsdp2 and ddp, not strategy {raw!r}",
         "strategy: fsdp2 (megatron_fsdp does not apply full checkpointing either), or remove activation_checkpointing",
@@ -231,7 +226,6 @@ def ac_scope_invalid(ctx: Context) -> Iterator[Finding]:
     except ValueError as exc:
         yield finding(
             ctx,
-            "ac-scope-invalid",
             ("activation_checkpointing_scope",),
             f"{exc} (got {raw!r})",
             "activation_checkpointing_scope: all (or language, vision, audio, multimodal)",
@@ -257,7 +251,6 @@ def hydra_target(ctx: Context) -> Iterator[Finding]:
     if wanted and wanted != effective:
         yield finding(
             ctx,
-            "hydra-target",
             ("_target_",),
             f"_target_ names {target.rsplit('.', 1)[-1]} ({wanted}) but AutoModel 0.7.0 ignores "
             f"_target_ and runs strategy {effective!r}: the intended strategy is silently replaced",
@@ -272,7 +265,6 @@ def hydra_target(ctx: Context) -> Iterator[Finding]:
     )
     yield finding(
         ctx,
-        "hydra-target",
         ("_target_",),
         f"_target_ is ignored by AutoModel 0.7.0; the strategy is {effective!r}"
         f"{' (the default)' if 'strategy' not in ctx.block else ''}{extra}",
@@ -309,7 +301,6 @@ def option_unknown(ctx: Context) -> Iterator[Finding]:
             fix = f"remove {key!r}" + (f"; {hint}" if hint else "")
         yield finding(
             ctx,
-            "option-unknown",
             (key,),
             f"unknown option {key!r} for strategy {ctx.dims.strategy!r}: AutoModel raises "
             f"\"Unknown options for strategy '{ctx.dims.strategy}': ['{key}']\"",
@@ -346,7 +337,6 @@ def option_type(ctx: Context) -> Iterator[Finding]:
             if default is True:
                 yield finding(
                     ctx,
-                    "option-type",
                     (key,),
                     f"{key}: null is read as false, silently turning off an option that defaults to true",
                     f"{key}: true (or remove the key)",
@@ -354,7 +344,6 @@ def option_type(ctx: Context) -> Iterator[Finding]:
             else:
                 yield finding(
                     ctx,
-                    "option-type",
                     (key,),
                     f"{key}: null is read as false (the default)",
                     f"remove {key} or write {key}: false",
@@ -364,7 +353,6 @@ def option_type(ctx: Context) -> Iterator[Finding]:
         truthy = " (a non-empty string is truthy: AutoModel treats it as true)" if isinstance(value, str) else ""
         yield finding(
             ctx,
-            "option-type",
             (key,),
             f"{key} must be {describe(model, key)}, got {value!r}; AutoModel passes it on unchecked{truthy}",
             f"{key}: {yaml_value(default)} (the default) or a valid value",
@@ -407,7 +395,6 @@ def dtype_invalid(ctx: Context) -> Iterator[Finding]:
             sev = "warning" if parts[0] == "pipeline" and ctx.dims.pp <= 1 else None
             yield finding(
                 ctx,
-                "dtype-invalid",
                 parts,
                 f"{parts[-1]}: {problem}",
                 f"{parts[-1]}: bfloat16 (or float32, float16)",
@@ -433,12 +420,12 @@ def _policy_findings(
     if not isinstance(value, dict):
         yield finding(
             ctx,
-            rule_id,
             parts,
             f"{ctx.path(*parts)} must be a mapping of {what} fields, got {value!r}; AutoModel passes it "
             "through and FSDP fails when it uses it",
             f"write it as a mapping: {sorted(fields)}",
             severity=severity,
+            rule_id=rule_id,
         )
         return
     target = value.get("_target_")
@@ -446,22 +433,22 @@ def _policy_findings(
     if target is not None and target not in targets:
         yield finding(
             ctx,
-            rule_id,
             parts + ("_target_",),
             f"{ctx.path(*parts)}._target_ is {target!r}: AutoModel imports and calls this target; only "
             f"{what} is meaningful here (never imported by this tool)",
             f"_target_: {canonical} (or drop _target_)",
             severity=severity,
+            rule_id=rule_id,
         )
     if require_target and target is None:
         yield finding(
             ctx,
-            rule_id,
             parts,
             f"{ctx.path(*parts)} has no _target_: AutoModel 0.7.0 instantiates moe.mp_policy only from "
             "the _target_ form and otherwise passes the plain dict to the MoE parallelizer",
             "add _target_: torch.distributed.fsdp.MixedPrecisionPolicy",
             severity=severity,
+            rule_id=rule_id,
         )
     for key, item in value.items():
         if key == "_target_":
@@ -470,42 +457,42 @@ def _policy_findings(
         if since:
             yield finding(
                 ctx,
-                rule_id,
                 parts + (key,),
                 f"{what} has {key!r} only from torch {since}: with an older torch AutoModel raises "
                 f"TypeError (unexpected keyword argument) when it reads the config",
                 f"remove it, unless every node runs torch >= {since}",
                 severity=severity,
+                rule_id=rule_id,
             )
         elif key not in fields:
             hint = did_you_mean(str(key), fields)
             yield finding(
                 ctx,
-                rule_id,
                 parts + (key,),
                 f"unknown {what} field {key!r}: AutoModel raises TypeError (unexpected keyword argument)",
                 f"remove it{'; ' + hint if hint else ''} (valid: {', '.join(sorted(fields))})",
                 severity=severity,
+                rule_id=rule_id,
             )
         elif key.endswith("_dtype"):
             problem = _dtype_problem(item)
             if problem:
                 yield finding(
                     ctx,
-                    "dtype-invalid",
                     parts + (key,),
                     f"{parts[-1]}.{key}: {problem}",
                     f"{key}: bfloat16 (or float32)",
                     severity=severity,
+                    rule_id="dtype-invalid",
                 )
         elif not isinstance(item, bool):
             yield finding(
                 ctx,
-                rule_id,
                 parts + (key,),
                 f"{parts[-1]}.{key} must be true or false, got {item!r}",
                 f"{key}: false",
                 severity=severity,
+                rule_id=rule_id,
             )
 
 
@@ -581,7 +568,6 @@ def multimodal_invalid(ctx: Context) -> Iterator[Finding]:
             return  # not coerced; option-unknown reports it
         yield finding(
             ctx,
-            "multimodal-invalid",
             ("multimodal",),
             f"multimodal must be a mapping, got {value!r}; AutoModel raises TypeError "
             "('FSDP2Config.multimodal must be a MultimodalDistributedConfig instance')",
@@ -597,7 +583,6 @@ def multimodal_invalid(ctx: Context) -> Iterator[Finding]:
     if isinstance(frame, dict) and isinstance(frame.get("mesh_dims"), list) and frame["mesh_dims"] != ["cp"]:
         yield finding(
             ctx,
-            "multimodal-invalid",
             ("multimodal", "vision", "frame_sharding", "mesh_dims"),
             f'mesh_dims currently supports only ["cp"], got {frame["mesh_dims"]!r}',
             'mesh_dims: ["cp"]',
@@ -622,7 +607,6 @@ def pipeline_ignored(ctx: Context) -> Iterator[Finding]:
     if _pipeline(ctx) is not None and ctx.dims.pp <= 1:
         yield finding(
             ctx,
-            "pipeline-ignored",
             ("pipeline",),
             f"pipeline: is set but pp_size={ctx.dims.pp}: pipeline parallelism is off and AutoModel ignores the block",
             "set pp_size > 1 to use it, or remove the block",
@@ -646,7 +630,6 @@ def pipeline_missing(ctx: Context) -> Iterator[Finding]:
     null = " (`pipeline:` with nothing after it is YAML null)" if "pipeline" in ctx.block else ""
     yield finding(
         ctx,
-        "pipeline-missing",
         ("pipeline",) if "pipeline" in ctx.block else ("pp_size",),
         f"pp_size={pp} enables pipeline parallelism but there is no distributed.pipeline block{null}; "
         "AutoModel raises ValueError",
@@ -694,7 +677,6 @@ def pipeline_invalid(ctx: Context) -> Iterator[Finding]:
     if not isinstance(pipe, dict):
         yield finding(
             ctx,
-            "pipeline-invalid",
             ("pipeline",),
             f"pipeline must be a mapping, got {pipe!r}{_pipeline_note(ctx)}",
             "pipeline: {pp_schedule: 1f1b, pp_microbatch_size: 1}",
@@ -735,7 +717,6 @@ def pipeline_recv_slack(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "pipeline-recv-slack",
         ("pipeline", "pp_recv_buffer_pool_slack"),
         f"pp_recv_buffer_pool_slack must be an integer >= 0, got {v!r}{_pipeline_note(ctx)}",
         "pp_recv_buffer_pool_slack: 2 (the default)",
@@ -765,7 +746,6 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
         if pipe.get("pp_schedule_csv"):
             yield finding(
                 ctx,
-                "pp-schedule-unknown",
                 ("pipeline", "pp_schedule"),
                 "pp_schedule is null: AutoModel still calls get_schedule_class(pp_schedule) to split the "
                 "model even with pp_schedule_csv, and fails (AttributeError)",
@@ -775,7 +755,6 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
         else:
             yield finding(
                 ctx,
-                "pp-schedule-unknown",
                 ("pipeline", "pp_schedule"),
                 f"pp_schedule is null and no pp_schedule_csv is given{_pipeline_note(ctx)}",
                 "pp_schedule: 1f1b",
@@ -785,7 +764,6 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
     if not isinstance(raw, str):
         yield finding(
             ctx,
-            "pp-schedule-unknown",
             ("pipeline", "pp_schedule"),
             f"pp_schedule must be a schedule name, got {raw!r}",
             "pp_schedule: 1f1b",
@@ -798,7 +776,6 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
     if cls is not None:  # abstract base classes get_schedule_class also returns
         yield finding(
             ctx,
-            "pp-schedule-unknown",
             ("pipeline", "pp_schedule"),
             f"pp_schedule {raw!r} names torch's abstract base class {cls}, not a runnable schedule "
             "(it is only meaningful with pp_schedule_csv)",
@@ -811,7 +788,6 @@ def pp_schedule_unknown(ctx: Context) -> Iterator[Finding]:
     doc = " (a spelling from older docs / AutoModel's docstring)" if raw.lower() in SCHEDULE_HINTS else ""
     yield finding(
         ctx,
-        "pp-schedule-unknown",
         ("pipeline", "pp_schedule"),
         f"pp_schedule {raw!r} is not a schedule torch's get_schedule_class knows{doc}: AutoModel fails "
         f'with "Unknown schedule name"; valid (case-insensitive): {valid}',
@@ -840,7 +816,6 @@ def pp_microbatch_invalid(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "pp-microbatch-invalid",
         ("pipeline", "pp_microbatch_size"),
         f"pp_microbatch_size must be a positive integer, got {v!r}; AutoModel does not check it and the "
         f"pipeline schedule build fails (division by zero / negative microbatch count){_pipeline_note(ctx)}",
@@ -883,7 +858,6 @@ def pipeline_dtype_mismatch(ctx: Context) -> Iterator[Finding]:
     if chosen and act and chosen != act:
         yield finding(
             ctx,
-            "pipeline-dtype-mismatch",
             ("pipeline", "dtype"),
             f"pipeline.dtype={chosen} does not match the FSDP activation dtype {act} (mp_policy) used for "
             "inter-stage communication; this can corrupt pipeline stage shape inference",
@@ -908,7 +882,6 @@ def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
         if key in pipe:
             yield finding(
                 ctx,
-                "pipeline-overwritten",
                 ("pipeline", key),
                 f"pipeline.{key} is overwritten at runtime by {src}",
                 f"remove pipeline.{key}",
@@ -916,7 +889,6 @@ def pipeline_overwritten(ctx: Context) -> Iterator[Finding]:
     if pipe.get("pp_schedule_csv"):
         yield finding(
             ctx,
-            "pipeline-overwritten",
             ("pipeline", "pp_schedule_csv"),
             f"the schedule comes from the CSV {pipe['pp_schedule_csv']!r} (it must exist on every node)",
             None,
@@ -936,7 +908,6 @@ def pp_schedule_dualpipev(ctx: Context) -> Iterator[Finding]:
     if ctx.dims.pp_schedule == "DualPipeV" and ctx.dims.pp > 1:
         yield finding(
             ctx,
-            "pp-schedule-dualpipev",
             ("pipeline", "pp_schedule"),
             "AutoModel 0.7.0 assigns pipeline stages loop-style for DualPipeV (stages r and r+pp on rank r) "
             "but torch's DualPipeV expects V-style placement (r and 2*pp-1-r): stage-to-rank maps disagree "
@@ -958,7 +929,6 @@ def moe_ignored(ctx: Context) -> Iterator[Finding]:
     if ctx.block.get("moe") is not None and ctx.dims.ep <= 1:
         yield finding(
             ctx,
-            "moe-ignored",
             ("moe",),
             f"moe: is set but ep_size={ctx.dims.ep}: AutoModel silently drops the block",
             "set ep_size > 1 to use it, or remove moe:",
@@ -984,9 +954,7 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
         return
     sev = "warning" if ctx.dims.ep <= 1 else None
     if not isinstance(moe, dict):
-        yield finding(
-            ctx, "moe-invalid", ("moe",), f"moe must be a mapping, got {moe!r}", "moe: {} (or remove it)", severity=sev
-        )
+        yield finding(ctx, ("moe",), f"moe must be a mapping, got {moe!r}", "moe: {} (or remove it)", severity=sev)
         return
     yield from pydantic_findings(
         ctx,
@@ -1014,11 +982,11 @@ def moe_invalid(ctx: Context) -> Iterator[Finding]:
     if problem:
         yield finding(
             ctx,
-            "dtype-invalid",
             ("moe", "lm_head_precision"),
             f"moe.lm_head_precision: {problem}",
             "lm_head_precision: float32",
             severity=sev,
+            rule_id="dtype-invalid",
         )
 
 
@@ -1041,7 +1009,6 @@ def moe_ac_router(ctx: Context) -> Iterator[Finding]:
     ):
         yield finding(
             ctx,
-            "moe-ac-router",
             ("moe", "ignore_router_for_ac"),
             "ignore_router_for_ac: false with activation checkpointing recomputes the router in backward; "
             "tied top-k picks can route a different number of tokens per expert and torch.utils.checkpoint "
@@ -1077,7 +1044,6 @@ def strategy_unsupported(ctx: Context) -> Iterator[Finding]:
         if ctx.dims.degree(key) > 1:
             yield finding(
                 ctx,
-                "strategy-unsupported",
                 (key,),
                 f"{ctx.dims.strategy} does not support {_FEATURES[key]} ({key}={ctx.dims.degree(key)})",
                 f"set {key}: 1, or use strategy: fsdp2 which supports it",
@@ -1097,7 +1063,6 @@ def dp_replicate_strategy(ctx: Context) -> Iterator[Finding]:
     if ctx.dims.strategy in ("megatron_fsdp", "ddp") and ctx.dims.dp_replicate > 1:
         yield finding(
             ctx,
-            "dp-replicate-strategy",
             ("dp_replicate_size",),
             f"dp_replicate_size={ctx.dims.dp_replicate} (HSDP) is only supported with fsdp2, not {ctx.dims.strategy}",
             "remove dp_replicate_size, or use strategy: fsdp2",
@@ -1142,7 +1107,6 @@ def world_not_divisible(ctx: Context) -> Iterator[Finding]:
     at = (keys[0],) if keys else ()
     yield finding(
         ctx,
-        "world-not-divisible",
         at,
         f"world_size ({ctx.dims.world_size}) must be divisible by ({expr}) ({nums} = {factor})",
         _factor_fix(ctx.dims.world_size, factor, tp),
@@ -1184,7 +1148,6 @@ def dp_size_exceeds_world(ctx: Context) -> Iterator[Finding]:
     good = ctx.dims.world_size // factor if ctx.dims.world_size % factor == 0 else None
     yield finding(
         ctx,
-        "dp-size-exceeds-world",
         ("dp_size",),
         f"dp_size={ctx.dims.dp_size} gives a mesh of {mesh} ranks (dp*tp*cp*pp), more than "
         f"world_size={ctx.dims.world_size}: torch fails with 'Mesh should not be bigger than default world size'",
@@ -1215,7 +1178,6 @@ def dp_size_leaves_ranks(ctx: Context) -> Iterator[Finding]:
     good = ctx.dims.world_size // factor if ctx.dims.world_size % factor == 0 else None
     yield finding(
         ctx,
-        "dp-size-leaves-ranks",
         ("dp_size",),
         f"dp_size={ctx.dims.dp_size} gives a mesh of {mesh} ranks but world_size={ctx.dims.world_size}: "
         f"ranks {mesh}..{ctx.dims.world_size - 1} are outside the mesh; on torch 2.13 AutoModel's mesh build "
@@ -1240,7 +1202,6 @@ def dp_replicate_not_multiple(ctx: Context) -> Iterator[Finding]:
     ok = [d for d in divisors(ctx.dims.dp) if d < ctx.dims.dp][-4:]
     yield finding(
         ctx,
-        "dp-replicate-not-multiple",
         ("dp_replicate_size",),
         f"dp_size ({ctx.dims.dp}) must be a multiple of dp_replicate_size ({rep})",
         f"dp_replicate_size in {fmt_set(ok)}" if ok else "remove dp_replicate_size",
@@ -1263,7 +1224,6 @@ def dp_replicate_too_large(ctx: Context) -> Iterator[Finding]:
     ok = [d for d in divisors(ctx.dims.dp) if d < ctx.dims.dp][-4:]
     yield finding(
         ctx,
-        "dp-replicate-too-large",
         ("dp_replicate_size",),
         f"dp_replicate_size={rep} must be less than dp_size={ctx.dims.dp} (DDP-style pure replication is not "
         "supported by FSDP2)",
@@ -1291,7 +1251,6 @@ def ep_not_divisible(ctx: Context) -> Iterator[Finding]:
     ok = [d for d in divisors(non_pp) if d > 1][-6:]
     yield finding(
         ctx,
-        "ep-not-divisible",
         ("ep_size",),
         f"non_pp_size={non_pp} (dp*cp*tp = {ctx.dims.dp}*{ctx.dims.cp}*{ctx.dims.tp}) must be a "
         f"multiple of ep_size={ep} (the 0.7.0 code requires dp*cp*tp, not dp*cp as older docs say)",
@@ -1316,7 +1275,6 @@ def world_size_missing(ctx: Context) -> Iterator[Finding]:
             why = f" ({half} gives no world size, and the recipe has no ci: block to complete it)"
         yield finding(
             ctx,
-            "world-size-missing",
             (),
             f"world_size not given{why}: the checks that need dp (world divisibility, HSDP, EP, batch sizes, "
             "node placement) were skipped",

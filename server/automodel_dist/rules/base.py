@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,17 +131,24 @@ def note(
     RULES[rule_id] = Rule(rule_id, family, severity, title, None, patterns, cause, fix, consequence=consequence)
 
 
+_RUNNING: ContextVar[str | None] = ContextVar("rule_running", default=None)
+
+
 def finding(
     ctx: Context,
-    rule_id: str,
     parts: tuple[Any, ...],
     message: str,
     fix: str | None = None,
     *,
+    rule_id: str | None = None,
     severity: Severity | None = None,
     recipe_path: str | None = None,
 ) -> Finding:
-    """Make a finding for ``rule_id`` at ``parts`` (relative to the block) or at ``recipe_path``."""
+    """Make a finding at ``parts`` (relative to the block) or at ``recipe_path``, for the rule whose check is running
+    (``rule_id`` names another)."""
+    rule_id = rule_id or _RUNNING.get()
+    if rule_id is None:
+        raise ValueError("finding() outside a rule's check needs rule_id")
     r = RULES[rule_id]
     if recipe_path is not None:
         path, line = recipe_path, ctx.recipe_line(recipe_path)
@@ -156,6 +164,7 @@ def run_rules(ctx: Context) -> list[Finding]:
     for r in RULES.values():
         if r.check is None or (r.section == "distributed" and ctx.kind.section is None):
             continue
+        token = _RUNNING.set(r.id)
         try:
             out.extend(r.check(ctx))
         except Exception as exc:  # noqa: BLE001 - a bug in one rule must not hide the others
@@ -169,6 +178,8 @@ def run_rules(ctx: Context) -> list[Finding]:
                     message=f"rule {r.id} could not run: {type(exc).__name__}: {exc}",
                 )
             )
+        finally:
+            _RUNNING.reset(token)
     return out
 
 

@@ -58,7 +58,6 @@ def checkpoint_invalid(ctx: Context) -> Iterator[Finding]:
     if not isinstance(raw, dict):
         yield finding(
             ctx,
-            "checkpoint-invalid",
             (),
             f"checkpoint: must be a mapping, got {clip(repr(raw))}; AutoModel fails building its CheckpointingConfig",
             "remove checkpoint: for the defaults, or give its keys",
@@ -74,7 +73,7 @@ def checkpoint_invalid(ctx: Context) -> Iterator[Finding]:
     )
     is_peft = isinstance(ctx.recipe.get("peft"), dict) if ctx.kind.checkpoint_from_recipe_config else None
     for key, message, fix in rejections(section, is_peft=is_peft):
-        yield finding(ctx, "checkpoint-invalid", (), message + AT_SETUP, fix, recipe_path=f"checkpoint.{key}")
+        yield finding(ctx, (), message + AT_SETUP, fix, recipe_path=f"checkpoint.{key}")
     unchecked = {k: v for k, v in section.items() if k in known and k not in CHECKED_BY_AUTOMODEL}
     yield from pydantic_findings(
         ctx,
@@ -202,7 +201,6 @@ def checkpoint_overwritten(ctx: Context) -> Iterator[Finding]:
         if key in section:
             yield finding(
                 ctx,
-                "checkpoint-overwritten",
                 (),
                 f"checkpoint.{key} is overwritten by the recipe with {source[key]}: the value here is ignored",
                 f"remove checkpoint.{key} (set "
@@ -230,7 +228,6 @@ def checkpoint_torch_save(ctx: Context) -> Iterator[Finding]:
     if ctx.recipe and isinstance(ctx.recipe.get("peft"), dict):
         yield finding(
             ctx,
-            "checkpoint-torch-save-consolidation",
             (),
             "model_save_format: torch_save with peft: "
             "AutoModel falls back to safetensors (and save_consolidated: final) for PEFT checkpoints: "
@@ -244,7 +241,6 @@ def checkpoint_torch_save(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "checkpoint-torch-save-consolidation",
         (),
         f"model_save_format: torch_save with "
         f"save_consolidated: {mode} (the default is final): AutoModel writes no consolidated Hugging Face "
@@ -342,7 +338,6 @@ def checkpoint_inline_consolidation(ctx: Context) -> Iterator[Finding]:
         fix += "; staging_dir: a local disk keeps a killed save from leaving truncated shards"
     yield finding(
         ctx,
-        "checkpoint-inline-consolidation",
         (),
         message,
         fix,
@@ -377,7 +372,6 @@ def checkpoint_async_torch(ctx: Context) -> Iterator[Finding]:
     if (major, minor) < (2, 9):
         yield finding(
             ctx,
-            "checkpoint-async-torch",
             (),
             f"checkpoint.is_async: true on torch {ctx.torch_version}: "
             "AutoModel disables it (async saves need torch >= 2.9) and every save blocks training",

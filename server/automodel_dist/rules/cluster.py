@@ -22,7 +22,6 @@ def world_mismatch(ctx: Context) -> Iterator[Finding]:
     if ctx.nodes and ctx.gpus_per_node and ctx.dims.world_size and ctx.nodes * ctx.gpus_per_node != ctx.dims.world_size:
         yield finding(
             ctx,
-            "world-mismatch",
             (),
             f"world_size={ctx.dims.world_size} but nodes x gpus_per_node = {ctx.nodes} x {ctx.gpus_per_node} = "
             f"{ctx.nodes * ctx.gpus_per_node}",
@@ -43,7 +42,6 @@ def world_partial_node(ctx: Context) -> Iterator[Finding]:
     if g and ctx.dims.world_size and not ctx.nodes and ctx.dims.world_size % g:
         yield finding(
             ctx,
-            "world-partial-node",
             (),
             f"world_size={ctx.dims.world_size} is not a whole number of {g}-GPU nodes",
             f"world_size: {ctx.dims.world_size + (-ctx.dims.world_size) % g}",
@@ -67,10 +65,10 @@ def _crossing(ctx: Context, axis: str, rule_id: str, why: str) -> Iterator[Findi
     fix = f"keep {what} (now {inner}) a divisor of gpus_per_node={g}"
     yield finding(
         ctx,
-        rule_id,
         (key,),
         f"{count} of {total} {axis} groups (size {size}) cross a node boundary with {g} GPUs per node{ex}: {why}",
         fix,
+        rule_id=rule_id,
     )
 
 

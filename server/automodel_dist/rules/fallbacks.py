@@ -67,7 +67,6 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
     if w.loss == "ChunkedCrossEntropy":
         yield finding(
             ctx,
-            "pp-linear-ce-fallback",
             (),
             f"loss_fn ChunkedCrossEntropy with pp_size={ctx.dims.pp}: "
             f"{why}, so train_ft raises ValueError ('ChunkedCrossEntropy requires pipeline stages that can "
@@ -79,7 +78,6 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "pp-linear-ce-fallback",
         (),
         f"loss_fn FusedLinearCrossEntropy with pp_size={ctx.dims.pp}: "
         f"{why}, so AutoModel trains with MaskedCrossEntropy instead (one warning on rank 0): the last stage "
@@ -138,7 +136,6 @@ def linear_ce_no_logits_to_keep(ctx: Context) -> Iterator[Finding]:
     if w.loss == "ChunkedCrossEntropy":
         yield finding(
             ctx,
-            "linear-ce-no-logits-to-keep",
             (),
             f"loss_fn ChunkedCrossEntropy: {why}, so the recipe raises ValueError in setup ('ChunkedCrossEntropy "
             "requires a model supporting logits_to_keep')",
@@ -149,7 +146,6 @@ def linear_ce_no_logits_to_keep(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "linear-ce-no-logits-to-keep",
         (),
         f"loss_fn FusedLinearCrossEntropy: {why}, so AutoModel trains with MaskedCrossEntropy instead (one warning "
         "on rank 0) and materialises the full-vocabulary logits",
@@ -175,7 +171,6 @@ def kd_pp_linear_ce(ctx: Context) -> Iterator[Finding]:
         return  # without hidden states the loss was already replaced by masked cross entropy
     yield finding(
         ctx,
-        "kd-pp-linear-ce",
         (),
         f"knowledge distillation with pp_size={ctx.dims.pp} and loss_fn "
         f"{w.loss}: the KD recipe raises ValueError in setup (PP KD needs a loss on logits and labels)",
@@ -201,7 +196,6 @@ def recipe_distributed_unsupported(ctx: Context) -> Iterator[Finding]:
     if isinstance(ctx.recipe.get("distributed"), dict):
         yield finding(
             ctx,
-            "recipe-distributed-unsupported",
             (),
             "TrainVispecStage1Recipe with a distributed: "
             "section: it raises NotImplementedError in setup (no target-model sharding yet)",

@@ -135,8 +135,8 @@ def pydantic_findings(
 
     def at(key: Any, message: str, fix: str) -> Finding:
         if section is None:
-            return finding(ctx, rule_id, parts + (key,), message, fix, severity=severity)
-        return finding(ctx, rule_id, (), message, fix, severity=severity, recipe_path=where(key))
+            return finding(ctx, parts + (key,), message, fix, rule_id=rule_id, severity=severity)
+        return finding(ctx, (), message, fix, rule_id=rule_id, severity=severity, recipe_path=where(key))
 
     for key, item in value.items():
         if key in skip:

@@ -137,7 +137,6 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
         bad = [p for p in pairs if p[0] % tp or p[1] % tp]
         yield finding(
             ctx,
-            "tp-heads",
             ("tp_size",),
             f"tp_size={tp} does not divide every layer's (attention, KV) heads of {m.name} {pairs}: AutoModel's "
             "Gemma4ModelParallelizer raises 'Gemma4 TP requires every layer attention head count to be divisible "
@@ -154,7 +153,6 @@ def tp_heads(ctx: Context) -> Iterator[Finding]:
     bad = [f"{name}={n}" for name, n in counts if n % tp]
     yield finding(
         ctx,
-        "tp-heads",
         ("tp_size",),
         f"tp_size={tp} does not divide {' and '.join(bad)} of {m.name}: AutoModel's TP validation fails after launch",
         f"use tp_size in {good}",
@@ -180,7 +178,6 @@ def ep_experts(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "ep-experts",
         ("ep_size",),
         f"n_routed_experts {m.num_experts} of {m.name} must be divisible by ep_size={ep}",
         f"use ep_size in {fmt_set(fitting_sizes(ctx, 'ep', [d for d in divisors(m.num_experts) if d > 1]))}",
@@ -233,7 +230,6 @@ def ep_shard_uneven(ctx: Context) -> Iterator[Finding]:
     )
     yield finding(
         ctx,
-        "ep-shard-uneven",
         ("ep_size",),
         f"ep_shard={shard} (dp*cp*tp={non_pp} / ep_size={ep}) does not divide {bad} of {m.name}: "
         "AutoModel FSDP-shards the grouped expert weights over ep_shard on dim 1 and torch raises 'FSDP "
@@ -262,7 +258,6 @@ def ep_dense_model(ctx: Context) -> Iterator[Finding]:
     if ctx.model is not None and ctx.dims.ep > 1 and not ctx.model.is_moe:
         yield finding(
             ctx,
-            "ep-dense-model",
             ("ep_size",),
             f"ep_size={ctx.dims.ep} but {ctx.model.name} is a dense model (no experts): AutoModel "
             f"raises 'Expert parallelism (ep_size={ctx.dims.ep}) requires a MoE model' when it builds "
@@ -287,7 +282,6 @@ def ep_no_experts(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "ep-no-experts",
         ("ep_size",),
         f"ep_size={ep} but {m.name} has no MoE layers: {impl.describe()} accepts it and its expert-parallel "
         "path has no experts to place, so the ep split does nothing",
@@ -342,7 +336,6 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
         ep = ctx.dims.ep
         yield finding(
             ctx,
-            "model-capability",
             ("ep_size",),
             f"ep_size={ep} with model.force_hf: true: AutoModel builds {m.name} with the Hugging Face class "
             f"and raises '{_REFUSAL['ep'][1].format(n=ep, arch=arch)}' right after building it, after launch",
@@ -356,7 +349,6 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
             continue
         yield finding(
             ctx,
-            "model-capability",
             (key,),
             f"{key}={size}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises "
             f"'{refusal.format(n=size, arch=impl.architecture)}' right after building it, after launch",
@@ -370,7 +362,6 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
         if error:
             yield finding(
                 ctx,
-                "model-capability",
                 ("tp_size",),
                 f"tp_size={tp}: AutoModel 0.7.0 builds {m.name} with {impl.describe()}, which passes its "
                 f"capability check but raises '{error.split(': ', 1)[-1]}' when it parallelizes the model, after "
@@ -387,7 +378,6 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
         )
         yield finding(
             ctx,
-            "model-capability",
             ("cp_size",),
             f"cp_size={cp}: AutoModel 0.7.0 builds {m.name} with {impl.describe()} and raises '{said}' right after "
             "building it, after launch",
@@ -424,7 +414,6 @@ def model_remote_code_tp(ctx: Context) -> Iterator[Finding]:
     arch = m.architecture or "its class"
     yield finding(
         ctx,
-        "model-remote-code-tp",
         ("tp_size",),
         f"tp_size={tp} with {m.name}, a trust_remote_code architecture ({arch}, config.json auto_map) that AutoModel "
         f"0.7.0 has no plan for: unless its code defines a usable _tp_plan, AutoModel raises "
@@ -452,7 +441,6 @@ def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
     assert ctx.model is not None
     yield finding(
         ctx,
-        "model-sp-unsupported",
         ("sequence_parallel",),
         f"sequence_parallel: true with {ctx.model.name}: AutoModel 0.7.0 builds it with {impl.describe()}, "
         f"whose FSDP2 parallelizer raises 'Sequence parallelism is not supported for {impl.architecture}' "
@@ -491,7 +479,6 @@ def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
     good = fitting_sizes(ctx, "cp", [c for c in divisors(heads) if c > 1 and mamba_cp_ok(m, c)])[:8]
     yield finding(
         ctx,
-        "cp-mamba-heads",
         ("cp_size",),
         f"{why} in {m.name}'s Mamba layers: AutoModel's MambaContextParallel asserts this when it "
         "parallelizes the model, after launch",
@@ -540,7 +527,6 @@ def pp_stages(ctx: Context) -> Iterator[Finding]:
         at = ("pipeline", "layers_per_stage") if lps is not None else ("pipeline", "pp_schedule")
         yield finding(
             ctx,
-            "pp-stages",
             at,
             f"{m.name} ({m.num_layers} layers), pp_size={pp}, {ctx.dims.pp_schedule}: {exc}",
             _stage_fix(m.num_layers, pp, ctx.dims.pp_schedule),
@@ -604,7 +590,6 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
         needs, fix = f"for {a} requires the TE attention backend", "te"
     yield finding(
         ctx,
-        "model-cp-backend",
         ("cp_size",) if unset else (),
         f"cp_size={cp} with {said}: AutoModel 0.7.0 builds "
         f"{m.name} with {impl.describe()}, whose context parallelism needs attn {fmt_set(sorted(backends))}; "
@@ -639,7 +624,6 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
     if quantized:
         yield finding(
             ctx,
-            "pp-tied-embeddings",
             ("pp_size",),
             f"pp_size={pp} but {m.name} ties its input and output embeddings (tie_word_embeddings: true) and the "
             "model is quantized (the recipe's quantization: or its config.json), so AutoModel builds it without meta init and the weights stay tied: its "
@@ -651,7 +635,6 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
     head = m.embedding_params()
     yield finding(
         ctx,
-        "pp-tied-embeddings",
         ("pp_size",),
         f"pp_size={pp} with {m.name}, which ties its input and output embeddings: AutoModel's meta init loses the "
         f"tie, so its pipeline check passes and the last stage trains a separate lm_head ({head:,} more parameters "
@@ -701,7 +684,6 @@ def pp_model_unsupported(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "pp-model-unsupported",
         ("pp_size",),
         f"pp_size={pp} with {m.name}: AutoModel's pipeline builder raises 'Model ... is not compatible with "
         f"pipeline parallelism: {why}' after launch",
@@ -737,7 +719,6 @@ def model_cp_packing(ctx: Context) -> Iterator[Finding]:
     why = "model.force_hf: true" if force_hf else "AutoModel 0.7.0 has no class of its own for it"
     yield finding(
         ctx,
-        "model-cp-packing",
         (),
         f"cp_size={cp} with packed_sequence_size={packed}: "
         f"{m.name if m else 'the model'} is built as {what} ({why}), and for Hugging Face classes AutoModel "

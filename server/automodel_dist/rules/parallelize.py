@@ -45,49 +45,12 @@ def tp_async_needs_sp(ctx: Context) -> Iterator[Finding]:
     ):
         yield finding(
             ctx,
-            "tp-async-needs-sp",
             ("enable_async_tensor_parallel",),
             f"enable_async_tensor_parallel: true with tp_size={tp} needs sequence_parallel: true; AutoModel's "
             "FSDP2 parallelizer raises 'enable_async_tensor_parallel=True requires sequence_parallel=True' "
             "when it parallelizes the model, after launch",
             "add sequence_parallel: true (async TP overlaps its reduce-scatters), or remove "
             "enable_async_tensor_parallel",
-        )
-
-
-@rule(
-    "pp-sequence-parallel",
-    family=F,
-    severity="error",
-    title="Sequence parallelism across pipeline stages",
-    patterns=(
-        r"The size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at non-singleton dimension 2",
-        r"apply_rotary_pos_emb",
-    ),
-    cause="With pp_size > 1, tp_size > 1 and sequence_parallel, every stage after the first fails in its first "
-    "forward. AutoModel's _precompute_stage_shapes (pipelining/functional.py) gives the next stage a plain "
-    "full-length input buffer while the previous stage sends its sequence shard; pipeline_forward "
-    "(pipelining/hf_utils.py) builds RoPE for that length, and the sequence-parallel norm "
-    "(SequenceParallelAllGatherActivation, optimized_tp_plans.py) takes the tensor for one rank's shard and "
-    "all-gathers it to tp_size times the length: q and cos/sin then differ by tp_size.",
-    fix="Set sequence_parallel: false when pp_size > 1, or keep sequence parallelism with pp_size: 1 and scale "
-    "with TP, CP or FSDP.",
-)
-def pp_sequence_parallel(ctx: Context) -> Iterator[Finding]:
-    d = ctx.dims
-    if d.strategy == "fsdp2" and d.pp > 1 and d.tp > 1 and d.ep <= 1 and _on(ctx, "sequence_parallel"):
-        yield finding(
-            ctx,
-            "pp-sequence-parallel",
-            ("sequence_parallel",),
-            f"sequence_parallel: true with tp_size={d.tp} and pp_size={d.pp}: every pipeline stage after the first "
-            f"fails in its first forward (q has {d.tp}x the sequence of RoPE's cos/sin). AutoModel's "
-            "_precompute_stage_shapes (pipelining/functional.py) sizes the next stage's input as a plain "
-            "full-length tensor while the previous stage sends its sequence shard, and the sequence-parallel norm "
-            "all-gathers that tensor again; seen on AutoModel's Llama and Qwen3 classes and the Hugging Face "
-            "fallback with 1F1B, Interleaved1F1B, GPipe and ZBVZeroBubble (classes with their own pipeline "
-            "forward were not run)",
-            "sequence_parallel: false while pp_size > 1 (or pp_size: 1 and scale with TP, CP or FSDP)",
         )
 
 
@@ -120,7 +83,6 @@ def moe_tp(ctx: Context) -> Iterator[Finding]:
     if _on(ctx, "enable_async_tensor_parallel"):
         yield finding(
             ctx,
-            "moe-tp",
             ("enable_async_tensor_parallel",),
             f"enable_async_tensor_parallel: true: {where} raises 'enable_async_tensor_parallel=True is not "
             "supported by the custom MoE TP path' after launch",
@@ -129,7 +91,6 @@ def moe_tp(ctx: Context) -> Iterator[Finding]:
     if _on(ctx, "sequence_parallel"):
         yield finding(
             ctx,
-            "moe-tp",
             ("sequence_parallel",),
             f"sequence_parallel: true: {where} keeps router and attention activations replicated and raises "
             "'sequence_parallel=True is not supported by the custom MoE TP path' after launch",
@@ -138,7 +99,6 @@ def moe_tp(ctx: Context) -> Iterator[Finding]:
     if moe_tp_unplanned(tp, ep, ctx.block.get("tp_plan")):
         yield finding(
             ctx,
-            "moe-tp",
             ("tp_size",),
             f"tp_size={tp} without tp_plan: with ep_size={ep} AutoModel parallelizes through its MoE path, "
             "which needs a TP plan for the non-expert modules; no AutoModel "
@@ -167,7 +127,6 @@ def tp_option_no_effect(ctx: Context) -> Iterator[Finding]:
         if ctx.block.get(key) is True:
             yield finding(
                 ctx,
-                "tp-option-no-effect",
                 (key,),
                 f"{key}: true has no effect with tp_size=1",
                 f"remove {key}, or set tp_size > 1",
@@ -191,7 +150,6 @@ def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
     ):
         yield finding(
             ctx,
-            "megatron-fsdp-ac-ignored",
             ("activation_checkpointing",),
             "activation_checkpointing: true with megatron_fsdp: AutoModel 0.7.0 logs 'Activation "
             "checkpointing is not yet supported with MegatronFSDP. Skipping.' and keeps every activation, "
@@ -223,7 +181,6 @@ def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
         smaller = "tp_size: 1" if tp == 2 else f"tp_size: {tp // 2} or less"
         yield finding(
             ctx,
-            "megatron-fsdp-unsharded",
             ("tp_size",),
             f"dp * cp = 1 (tp_size={tp} on {ctx.dims.world_size} ranks): AutoModel logs 'MegatronFSDP DP shard "
             "group size is 1; skipping MegatronFSDP wrapping' and trains the tensor-parallel model without "
@@ -234,7 +191,6 @@ def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
     if isinstance(zero, int) and not isinstance(zero, bool) and 0 <= zero < 3:
         yield finding(
             ctx,
-            "megatron-fsdp-unsharded",
             ("zero_dp_strategy",),
             f"zero_dp_strategy: {zero}: AutoModel logs 'MegatronFSDP zero_dp_strategy is not 3. Parameters "
             "will not be sharded.': every data-parallel rank holds the full parameters",
@@ -267,7 +223,6 @@ def torch_version(ctx: Context) -> Iterator[Finding]:
     if release is None:
         yield finding(
             ctx,
-            "torch-version",
             (),
             f"torch_version {clip(repr(given))} is not a torch version "
             "(MAJOR.MINOR[.PATCH][+local]); the torch release checks were skipped",
@@ -282,7 +237,6 @@ def torch_version(ctx: Context) -> Iterator[Finding]:
     where = f"on {ctx.dims.world_size} ranks" if ctx.dims.world_size else "on more than one rank"
     yield finding(
         ctx,
-        "torch-version",
         ("strategy",) if ctx.has("strategy") else (),
         f"torch {clip(given)} with strategy fsdp2 {where}: AutoModel 0.7.0's FSDP2 parallelizer patches "
         f"FSDPParam.to_accumulated_grad_if_needed, which torch {_REMOVED} removed, and raises "

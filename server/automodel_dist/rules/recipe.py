@@ -48,7 +48,6 @@ def batch_size_invalid(ctx: Context) -> Iterator[Finding]:
         if v is not None and not is_positive_int(v):
             yield finding(
                 ctx,
-                "batch-size-invalid",
                 (),
                 f"step_scheduler.{key} must be a positive integer, got {v!r}",
                 f"{key}: 1",
@@ -112,7 +111,6 @@ def pp_batch_divisibility(ctx: Context) -> Iterator[Finding]:
     if lbs % mbs:
         yield finding(
             ctx,
-            "pp-batch-divisibility",
             ("pipeline", "pp_microbatch_size"),
             f"step_scheduler.local_batch_size={lbs} is not divisible by pipeline.pp_microbatch_size={mbs}: "
             "AutoModel's pipeline schedule build raises ValueError",
@@ -152,7 +150,6 @@ def pp_microbatches(ctx: Context) -> Iterator[Finding]:
         return
     yield finding(
         ctx,
-        "pp-microbatches",
         (),
         problem,
         _batch_fix(lbs, mbs, pp, ctx.dims.pp_schedule),
@@ -181,7 +178,6 @@ def global_batch_divisibility(ctx: Context) -> Iterator[Finding]:
         lower = max(per_step, gbs - gbs % per_step)
         yield finding(
             ctx,
-            "global-batch-divisibility",
             (),
             f"global_batch_size ({gbs}) must be divisible by local_batch_size * dp_size ({lbs} * {ctx.dims.dp} = "
             f"{per_step}): StepScheduler raises ValueError",
@@ -224,7 +220,6 @@ def cp_seq_divisibility(ctx: Context) -> Iterator[Finding]:
             continue
         yield finding(
             ctx,
-            "cp-seq-divisibility",
             (),
             f"{dotted}={v} is not divisible by 2*cp_size={need}: load-balanced context parallelism splits "
             f"each sequence into {need} chunks",
@@ -255,7 +250,6 @@ def recipe_unknown(ctx: Context) -> Iterator[Finding]:
         hit = closest(name, RECIPE_CLASSES)
         yield finding(
             ctx,
-            "recipe-unknown",
             (),
             f"recipe: {clip(name, 80)!r} is not a recipe class of AutoModel 0.7.0: "
             "its CLI stops with 'Unknown recipe class'",
@@ -279,7 +273,6 @@ def recipe_pp_unsupported(ctx: Context) -> Iterator[Finding]:
     if name in NO_PP_RECIPES and ctx.dims.pp > 1:
         yield finding(
             ctx,
-            "recipe-pp-unsupported",
             ("pp_size",),
             f"pp_size={ctx.dims.pp} with recipe {name} ({where}): its setup raises "
             "NotImplementedError (no pipeline parallelism) after the job has started",
@@ -311,7 +304,6 @@ def recipe_feature_parallelism(ctx: Context) -> Iterator[Finding]:
                 what = "pipeline" if key == "pp_size" else "context"
                 yield finding(
                     ctx,
-                    "recipe-feature-parallelism",
                     (),
                     f"domain_mixture with {key}={size}: {name} "
                     f"raises ValueError in setup (domain_mixture does not support {what} parallelism)",
@@ -321,7 +313,6 @@ def recipe_feature_parallelism(ctx: Context) -> Iterator[Finding]:
     if pp > 1 and ctx.recipe_get("embedding_row_repair.enabled") is True:
         yield finding(
             ctx,
-            "recipe-feature-parallelism",
             (),
             f"embedding_row_repair.enabled with pp_size={pp}: {name} "
             "raises ValueError after loading the model (not supported with pipeline parallelism)",

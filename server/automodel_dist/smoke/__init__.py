@@ -6,31 +6,27 @@ Names load on first use, so importing ``automodel_dist.smoke.report`` stays ligh
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_attrs
 
 _NAMES = {
-    "run_smoke_test": "run",
-    "DEFAULT_CONFIG": "run",
-    "export_smoke_test": "export",
-    "judge_smoke_test": "export",
-    "SmokeExport": "export",
-    "Plan": "launch",
-    "SmokeUsageError": "launch",
-    "kill_all_active": "launch",
-    "parse_fault": "launch",
-    "SmokeReport": "report",
-    "RankReport": "report",
-    "Timing": "report",
-    "Tolerance": "report",
-    "TOLERANCES": "report",
+    "run_smoke_test": ".run",
+    "DEFAULT_CONFIG": ".run",
+    "export_smoke_test": ".export",
+    "judge_smoke_test": ".export",
+    "SmokeExport": ".export",
+    "Plan": ".launch",
+    "SmokeUsageError": ".launch",
+    "kill_all_active": ".launch",
+    "parse_fault": ".launch",
+    "SmokeReport": ".report",
+    "RankReport": ".report",
+    "Timing": ".report",
+    "Tolerance": ".report",
+    "TOLERANCES": ".report",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _NAMES:
-        return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attrs(__name__, _NAMES)
 
 
 __all__ = sorted(_NAMES)

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +25,12 @@ EXAMPLES = Path(os.environ.get("AUTOMODEL_DIST_EXAMPLES", ROOT / "tests" / "exam
 # at this session's processes only (another run of the tool on the same machine is not a survivor).
 TEST_TAG = f"automodel-dist-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 os.environ["AUTOMODEL_DIST_TEST_TAG"] = TEST_TAG
+# ... and its own temporary directory (inherited by every process it starts), so "no run directory left behind"
+# checks see this session's runs only, not those of a parallel worker or another run on the machine.
+SESSION_TMP = Path(tempfile.gettempdir()) / TEST_TAG
+SESSION_TMP.mkdir(parents=True, exist_ok=True)
+os.environ["TMPDIR"] = str(SESSION_TMP)
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def own_processes(*needles: str) -> list[str]:
@@ -43,6 +50,32 @@ def own_processes(*needles: str) -> list[str]:
         if "zombie" not in state and any(n in cmd for n in needles):
             out.append(f"{entry.name} {cmd}")
     return out
+
+
+# pytest-xdist (-n auto, --dist loadgroup): the tests that launch processes run one after another on one worker per
+# group, so two smoke runs never compete for the CPU or see each other's run directories; the rest spread over the
+# workers. A group holds whole files.
+XDIST_GROUPS = {
+    "smoke": {"test_smoke.py", "test_smoke_automodel.py", "test_docs.py", "test_mcp.py", "test_mcp_serve.py"},
+    "dry_run": {
+        "test_dry_run.py",
+        "test_dry_run_depth.py",
+        "test_calibration.py",
+        "test_corpus_sweep.py",
+        "test_suggest_verified.py",
+        "test_overrides.py",
+    },
+    "node": {"test_skill_install.py"},
+}
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    import pytest
+
+    for item in items:
+        for group, files in XDIST_GROUPS.items():
+            if item.path.name in files:
+                item.add_marker(pytest.mark.xdist_group(group))
 
 
 settings.register_profile("ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,3 +110,10 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> N
             out = proc.stdout.read() if proc.stdout and proc.poll() is not None else ""
             assert proc.poll() is None and time.monotonic() < deadline, f"server on port {port} did not start\n{out}"
             time.sleep(0.2)
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """This session's temporary directory goes with it (pytest's tmp_path folders included)."""
+    import shutil
+
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)

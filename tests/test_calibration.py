@@ -188,14 +188,8 @@ PP = "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 16\n"
 LORA = "peft:\n  target_modules: ['*_proj']\n  dim: 16\n"
 DRY = [
     pytest.param(L8, "distributed: {}\n", id="dense"),
-    pytest.param(L8, "distributed:\n  activation_checkpointing: true\n", id="checkpointing-submodules"),
-    pytest.param(L8, "distributed:\n  activation_checkpointing: selective\n", id="checkpointing-selective"),
     pytest.param(L8, "distributed:\n  tp_size: 2\n  sequence_parallel: true\n", id="tp2-sp"),
     pytest.param(L8, LORA + "distributed: {}\n", id="lora"),
-    pytest.param(L8, "distributed:\n  dp_replicate_size: 2\n", id="hsdp"),
-    pytest.param(
-        L8, "step_scheduler:\n  local_batch_size: 1\n  global_batch_size: 16\ndistributed: {}\n", id="grad-accumulation"
-    ),
     pytest.param(
         L8,
         PP + "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: interleaved1f1b\n    pp_microbatch_size: 1\n"
@@ -207,6 +201,12 @@ DRY = [
     ),
 ]
 DRY_SLOW = [
+    pytest.param(L8, "distributed:\n  activation_checkpointing: true\n", id="checkpointing-submodules"),
+    pytest.param(L8, "distributed:\n  activation_checkpointing: selective\n", id="checkpointing-selective"),
+    pytest.param(L8, "distributed:\n  dp_replicate_size: 2\n", id="hsdp"),
+    pytest.param(
+        L8, "step_scheduler:\n  local_batch_size: 1\n  global_batch_size: 16\ndistributed: {}\n", id="grad-accumulation"
+    ),
     pytest.param(L8, "distributed:\n  tp_size: 2\n", id="tp2"),
     pytest.param(L8, LORA + "distributed:\n  activation_checkpointing: true\n", id="lora-checkpointing"),
     pytest.param(
@@ -254,6 +254,13 @@ def test_the_estimate_matches_automodels_own_step_per_category(model, block):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_AUTOMODEL, reason="the dry run needs AutoModel 0.7.0")
+@pytest.mark.parametrize("model,block", DRY_SLOW)
+def test_more_categories_match_automodels_own_step(model, block):
+    _against_dry_run(model, block, 4, 2048)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_AUTOMODEL, reason="the dry run needs AutoModel 0.7.0")
 @pytest.mark.parametrize("model,block", DRY + DRY_SLOW)
 def test_the_estimate_matches_automodels_own_step_deeper(model, block):
     _against_dry_run(model, block, 8, 4096)
@@ -271,7 +278,10 @@ def test_the_table_overrides_name_real_differences():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nemo_automodel") is None, reason="the dry run needs AutoModel")
-@pytest.mark.parametrize("recipe", ["llama3_1_8b_peft_benchmark.yaml", "qwen2_5_7b_peft_benchmark.yaml"])
+@pytest.mark.parametrize(
+    "recipe",
+    ["llama3_1_8b_peft_benchmark.yaml", pytest.param("qwen2_5_7b_peft_benchmark.yaml", marks=pytest.mark.slow)],
+)
 def test_published_one_gpu_lora_runs_are_under_80_gib_by_the_dry_run_and_the_estimate(recipe):
     """AutoModel's published 1-GPU LoRA runs (8B and 7B, batch 2 x 4,096, one 80 GB H100): AutoModel's own step on
     fake tensors allocates under 80 GiB (what its log calls mem, max_memory_allocated), and the estimate, overhead

@@ -62,7 +62,9 @@ def _check(rows):
 
 @needs_corpus
 @needs_automodel
-@pytest.mark.parametrize("recipe", sweep.SAMPLE)
+@pytest.mark.parametrize(
+    "recipe", [pytest.param(r, marks=pytest.mark.slow) if i >= 2 else r for i, r in enumerate(sweep.SAMPLE)]
+)
 def test_sample_estimate_agrees_with_the_dry_run(recipe):
     _check(sweep.sweep([sweep.CORPUS / recipe]))
 

@@ -65,6 +65,7 @@ def test_lora_trains_only_its_adapters():
     assert any("use_triton" in s for s in report.substitutions)
 
 
+@pytest.mark.slow  # the calibration's per-category comparisons run this layout by default
 @needs_automodel
 def test_tp_with_sequence_parallel():
     r = _only(_run("distributed:\n  tp_size: 2\n  sequence_parallel: true\n", world_size=8))
@@ -79,6 +80,7 @@ def test_hsdp_shards_over_the_shard_group_only():
     assert r.local_param_bytes == r.local_grad_bytes == 2 * P2 // 4
 
 
+@pytest.mark.slow  # checkpointing's memory is checked by default in the calibration's qwen3-moe-ep8-checkpointing case
 @needs_automodel
 def test_activation_checkpointing_keeps_less_after_forward():
     plain = _only(_run("distributed: {}\n", world_size=8))

@@ -604,6 +604,7 @@ def test_estimate_and_suggest_cli(tmp_path, capsys):
     assert "headroom must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # torch's schedule run for real (~20 s); the calibration's pp2-interleaved case checks the figure
 def test_pipeline_backward_holds_unsharded_fp32_grads():
     """What the estimate's deferred_grads stand for, run for real (4 gloo ranks, pp=2 x dp=2, torch's Schedule1F1B
     over 4 microbatches, FSDP2 with AutoModel's bf16/fp32 mixed precision): after a stage's first backward it holds

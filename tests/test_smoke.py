@@ -56,28 +56,30 @@ def assert_passed(report, *, precision="fp32"):
     assert report.command.startswith("OMP_NUM_THREADS=1 torchrun --standalone")
 
 
+# The tiny stack's default cases: what AutoModel's own stack cannot run here (DDP, CP) and one of each family; the
+# layouts AutoModel's stack proves on its own classes (test_smoke_automodel.py) run here under the slow marker.
 LAYOUTS = [
     pytest.param(dict(strategy="ddp"), 2, {}, id="ddp"),
-    pytest.param({}, 2, FP32, id="fsdp2-fp32"),
     pytest.param({}, 2, {"precision": "auto"}, id="fsdp2-bf16-default-mp"),
+    pytest.param(dict(cp=2), 4, FP32, id="cp-fsdp2"),
+    pytest.param(dict(pp=2, pp_schedule="interleaved1f1b"), 2, FP32, id="pp-interleaved1f1b"),
+    pytest.param(dict(ep=2), 4, dict(FP32, model="tiny-moe"), id="ep-fsdp2-on-ep_shard"),
+    pytest.param(dict(activation_checkpointing="selective"), 2, FP32, id="ac-selective"),
+]
+
+SLOW_LAYOUTS = [
+    pytest.param({}, 2, FP32, id="fsdp2-fp32"),
     pytest.param(dict(dp_replicate=2), 4, FP32, id="hsdp"),
     pytest.param(dict(tp=2), 2, FP32, id="tp"),
     pytest.param(dict(tp=2, sequence_parallel=True), 2, FP32, id="tp-sp"),
     pytest.param(dict(tp=2), 4, FP32, id="tp-fsdp2"),
-    pytest.param(dict(cp=2), 4, FP32, id="cp-fsdp2"),
     pytest.param(dict(pp=2, pp_schedule="1f1b"), 2, FP32, id="pp-1f1b"),
     pytest.param(dict(pp=2, pp_schedule="gpipe"), 2, FP32, id="pp-gpipe"),
-    pytest.param(dict(pp=2, pp_schedule="interleaved1f1b"), 2, FP32, id="pp-interleaved1f1b"),
     pytest.param(dict(pp=2), 4, FP32, id="pp-fsdp2"),
-    pytest.param(dict(ep=2), 4, dict(FP32, model="tiny-moe"), id="ep-fsdp2-on-ep_shard"),
+    pytest.param(dict(activation_checkpointing=True), 2, FP32, id="ac-full"),
+    pytest.param(dict(pp=2, tp=2), 8, FP32, id="3d-pp2-dp2-tp2"),
     # bf16 MoE: against an fp32 reference, rounding alone re-routes tokens (0.35 off on a router's gradient)
     pytest.param(dict(ep=4), 4, dict(model="tiny-moe", precision="auto"), id="ep4-moe-bf16-default-mp"),
-    pytest.param(dict(activation_checkpointing=True), 2, FP32, id="ac-full"),
-    pytest.param(dict(activation_checkpointing="selective"), 2, FP32, id="ac-selective"),
-    pytest.param(dict(pp=2, tp=2), 8, FP32, id="3d-pp2-dp2-tp2"),
-]
-
-SLOW_LAYOUTS = [
     pytest.param(dict(pp=2, pp_schedule="loopedbfs"), 2, FP32, id="pp-loopedbfs"),
     pytest.param(dict(pp=2, pp_schedule="interleavedzerobubble"), 2, FP32, id="pp-izb"),
     pytest.param(dict(pp=2, pp_schedule="zbvzerobubble"), 2, FP32, id="pp-zbv"),
@@ -469,7 +471,7 @@ def test_rank_stuck_in_teardown_after_publishing_does_not_hold_the_result(monkey
     assert report.timing.teardown_s is not None and report.timing.teardown_s >= grace
 
 
-@pytest.mark.parametrize("launcher", ["elastic", "torchrun"])
+@pytest.mark.parametrize("launcher", ["elastic", pytest.param("torchrun", marks=pytest.mark.slow)])
 def test_rank_dying_at_exit_after_publishing_keeps_the_results(launcher):
     """A rank that dies by a signal after its result and teardown (torch 2.14 aborted once at exit): the launcher
     exits non-zero, yet every check has run; the report judges the results and says how the rank ended."""
@@ -580,7 +582,7 @@ def test_cli_smoke_json_and_exit_codes(tmp_path):
     assert os.environ.get("AUTOMODEL_DIST_MAX_CPU_WORLD", "16") == "16"
 
 
-@pytest.mark.parametrize("launcher", ["elastic", "torchrun"])
+@pytest.mark.parametrize("launcher", ["elastic", pytest.param("torchrun", marks=pytest.mark.slow)])
 def test_default_rendezvous_port_taken(launcher, monkeypatch):
     """Another job holds torch's default port 29500 (and MASTER_PORT names it): runs pick a free port."""
     import socket
@@ -622,6 +624,7 @@ def test_ranks_are_forked_from_a_single_threaded_process():
             shutil.rmtree(Path(tempfile.gettempdir()) / name, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_two_runs_at_once_do_not_interfere():
     reports: dict[str, object] = {}
 

@@ -110,21 +110,39 @@ def test_a_layout_automodel_rejects_returns_its_message_and_the_rule() -> None:
     assert any("_precompute_stage_shapes" in e.cause for e in report.explanations)
 
 
+def _plan(text: str, world: int, stack: str):
+    from automodel_dist.smoke.launch import make_plan
+
+    return make_plan(
+        text,
+        world_size=world,
+        steps=3,
+        model="tiny-llama",
+        backend=None,
+        precision="auto",
+        fault=None,
+        pg_timeout_s=30,
+        layout={},
+        stack=stack,
+    )
+
+
 def test_a_config_without_a_model_runs_the_tiny_stack_unless_automodel_is_asked_for() -> None:
-    tiny = run_smoke_test("distributed:\n  strategy: fsdp2\n", world_size=2, steps=2)
-    assert tiny.stack == "tiny" and tiny.passed
-    assert any("names no model" in n and "--stack automodel" in n for n in tiny.notes)
-    report = run_smoke_test("distributed:\n  strategy: fsdp2\n", world_size=2, stack="automodel", steps=2)
-    assert report.stack == "automodel" and report.model == "LlamaForCausalLM" and report.passed
-    assert any("names no model" in n for n in report.notes)
+    tiny = _plan("distributed:\n  strategy: fsdp2\n", 2, "auto")
+    assert tiny.spec.stack == "tiny" and tiny.spec.automodel is None
+    assert any("names no model" in n and "--stack automodel" in n for n in tiny.report_base["notes"])
+    plan = _plan("distributed:\n  strategy: fsdp2\n", 2, "automodel")
+    assert plan.spec.stack == "automodel" and plan.spec.automodel["architecture"] == "LlamaForCausalLM"
+    assert any("names no model" in n for n in plan.report_base["notes"])
 
 
 def test_context_parallelism_is_not_run_on_this_stack_and_says_why() -> None:
-    report = run_smoke_test(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), world_size=2, stack="automodel")
-    assert report.status == "not_run" and "context parallelism on a CPU" in report.reason
-    auto = run_smoke_test(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), world_size=2, stack="auto")
-    assert auto.stack == "tiny" and auto.passed
-    assert any("tiny home-made stack ran" in n for n in auto.notes)
+    text = _recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n")
+    report = run_smoke_test(text, world_size=2, stack="automodel")
+    assert report.status == "not_run" and "context parallelism on a CPU" in report.reason and not report.ranks
+    auto = _plan(text, 2, "auto")  # the tiny stack runs CP (test_smoke.py)
+    assert auto.spec.stack == "tiny"
+    assert any("tiny home-made stack ran" in n and "context parallelism" in n for n in auto.report_base["notes"])
 
 
 # ------------------------------------------------------------------------------------------- tiny dims (pure)

@@ -45,12 +45,16 @@ PRELOAD = (
 lacks is skipped; the rank imports what exists when it needs it)."""
 
 
-def start_fork_server() -> None:
+STACK_PRELOAD = ("automodel_dist.smoke.stack_worker", "automodel_dist.stack.preload")
+"""Added for a run on AutoModel's stack: AutoModel and transformers, imported once instead of once per rank."""
+
+
+def start_fork_server(stack: str | None = None) -> None:
     """Start the fork server now, so that its imports (:data:`PRELOAD`) run while the agent imports."""
     import multiprocessing
     import multiprocessing.forkserver
 
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    multiprocessing.set_forkserver_preload(list(PRELOAD) + (list(STACK_PRELOAD) if stack == "automodel" else []))
     multiprocessing.forkserver.ensure_running()
 
 
@@ -65,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = spec_path.parent
 
     if args.start_method == "forkserver":
-        start_fork_server()
+        try:
+            stack = json.loads(spec_path.read_text(encoding="utf-8")).get("stack")
+        except (OSError, ValueError, AttributeError):
+            stack = None  # the worker reports an unreadable spec itself
+        start_fork_server(stack)
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

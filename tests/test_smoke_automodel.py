@@ -54,6 +54,7 @@ CASES = {
     "qwen3moe-ep2-fsdp2": ("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n", "", 4),
     "deepseek-v3-ep2": ("deepseek-ai/DeepSeek-V3", "  ep_size: 2\n", "", 2),
     "mistral-hf-tp2": ("mistralai/Mistral-7B-v0.3", "  tp_size: 2\n", "", 2),
+    "mistral-hf-cp2-dp2": ("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n", "", 4),
 }
 
 
@@ -136,13 +137,18 @@ def test_a_config_without_a_model_runs_the_tiny_stack_unless_automodel_is_asked_
     assert any("names no model" in n for n in plan.report_base["notes"])
 
 
-def test_context_parallelism_is_not_run_on_this_stack_and_says_why() -> None:
-    text = _recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n")
+def test_context_parallelism_on_automodels_own_class_is_not_run_on_this_stack_and_says_why() -> None:
+    """AutoModel's own classes take only Transformer Engine attention under CP (CUDA); Hugging Face classes run CP
+    here (the mistral-hf-cp2-dp2 case above, with the substitution stated)."""
+    text = _recipe("meta-llama/Llama-3.1-8B", "  cp_size: 2\n")
     report = run_smoke_test(text, world_size=2, stack="automodel")
-    assert report.status == "not_run" and "context parallelism on a CPU" in report.reason and not report.ranks
+    assert report.status == "not_run" and "Transformer Engine" in report.reason and not report.ranks
     auto = _plan(text, 2, "auto")  # the tiny stack runs CP (test_smoke.py)
     assert auto.spec.stack == "tiny"
     assert any("tiny home-made stack ran" in n and "context parallelism" in n for n in auto.report_base["notes"])
+    hf = _plan(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), 2, "auto")
+    assert hf.spec.stack == "automodel"
+    assert any("SDPA's math kernel" in x for x in hf.report_base["substitutions"])
 
 
 # ------------------------------------------------------------------------------------------- tiny dims (pure)

@@ -166,11 +166,17 @@ def plan_stack(
         raise StackUnavailable("MegatronFSDP needs the megatron-fsdp package and CUDA")
     cfg = tiny_hf_config(hf_config, tp=dims.tp, ep=dims.ep, stages=stages, seq_len=seq_len)
     backend = backend_for(workload, is_moe, custom, subs)
-    if dims.cp > 1:
+    if dims.cp > 1 and custom:
         raise StackUnavailable(
-            "context parallelism on a CPU: AutoModel's own classes accept only Transformer Engine attention under CP "
-            "(CUDA), and torch's context-parallel SDPA shards only the CUDA kernels (flash, memory-efficient, "
-            "cuDNN), not the CPU one"
+            f"context parallelism on AutoModel's own class {architecture}: it accepts only Transformer Engine "
+            "attention under CP, which needs CUDA (Hugging Face classes run CP here)"
+        )
+    if dims.cp > 1:
+        subs.append(
+            "context parallelism on a CPU: attention runs as SDPA's math kernel on the sequence-sharded tensors "
+            "(exact attention; DTensor gathers K and V) with contiguous chunks, not torch's ring over the CUDA "
+            "flash kernel with head-tail load balancing; AutoModel's sharding of inputs, labels and positions is its "
+            "own"
         )
     if architecture in FLEX_ONLY:
         raise StackUnavailable(

@@ -185,7 +185,7 @@ class _Run:
                 if k == 0:
                     grads0.update(gather_full(self.built.parts, grads=True))
 
-            with shims.cuda_factories_on_cpu():
+            with shims.cuda_factories_on_cpu(), shims.cp_attention_math_on_cpu():
                 out = step.train_step(
                     self.built,
                     self.optimizers,

@@ -467,6 +467,66 @@ def cuda_factories_on_cpu() -> Iterator[None]:
         yield
 
 
+CP_MATH = _register(
+    "cp_attention_math_on_cpu",
+    "forward",
+    "SDPA backends [FLASH, EFFICIENT] chosen by AutoModel's CP train context -> [MATH] on a CPU; torch's CP "
+    "head-tail load balancing off",
+    "Under context parallelism AutoModel pins SDPA to the flash and memory-efficient kernels (get_train_context), "
+    "which torch's context-parallel attention shards only on CUDA; on a CPU the flash kernel has no DTensor rule. "
+    "SDPA's math kernel on the sequence-sharded DTensors computes exact attention (DTensor gathers K and V), with "
+    "contiguous chunks: the head-tail load balancer reorders the sequence, which the math kernel's causal mask does "
+    "not follow. Only the smoke run on AutoModel's stack uses it; what AutoModel shards (inputs, labels, positions) "
+    "and restores is its own.",
+    lambda: (
+        _source_has(
+            "nemo_automodel.components.distributed.context_parallel.utils:get_train_context",
+            "sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])",
+        )(),
+        _resolve("nemo_automodel._transformers.kernel_patches:sdpa_kernel"),
+        _resolve("nemo_automodel.components.distributed.activation_checkpointing:sdpa_kernel"),
+        _resolve("torch.distributed.tensor.experimental._context_parallel._attention:_cp_options"),
+    ),
+)
+
+
+@contextlib.contextmanager
+def cp_attention_math_on_cpu() -> Iterator[None]:
+    """See CP_MATH (no-op where CUDA exists)."""
+    import torch
+    import torch.nn.attention as attention
+    from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
+
+    if torch.cuda.is_available():
+        yield
+        return
+    plain = attention.sdpa_kernel
+
+    def sdpa_kernel(backends: Any, *args: Any, **kwargs: Any) -> Any:
+        listed = backends if isinstance(backends, (list, tuple)) else [backends]
+        if attention.SDPBackend.MATH not in listed:
+            CP_MATH.hits += 1
+            backends = [attention.SDPBackend.MATH]
+        return plain(backends, *args, **kwargs)
+
+    import nemo_automodel._transformers.kernel_patches as kernel_patches
+    import nemo_automodel.components.distributed.activation_checkpointing as ac
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    balanced = _cp_options.enable_load_balance
+    _cp_options.enable_load_balance = False
+    try:
+        with contextlib.ExitStack() as stack:
+            # the CP train context's own pin, and the pin AutoModel wraps a Hugging Face model's forward in
+            # (_patch_attention) and restores in checkpoint recompute
+            for module in (attention, kernel_patches, ac):
+                stack.enter_context(_patched(module, "sdpa_kernel", sdpa_kernel))
+            stack.enter_context(implicit_replication())  # the math kernel's causal mask meets sharded scores
+            yield
+    finally:
+        _cp_options.enable_load_balance = balanced
+
+
 @contextlib.contextmanager
 def real_build_patches() -> Iterator[None]:
     """What from_config needs on a CPU with real tensors (the smoke run on AutoModel's stack): CUDA's device index,
@@ -773,6 +833,7 @@ __all__ = [
     "liger_stand_in",
     "build_patches",
     "cuda_factories_on_cpu",
+    "cp_attention_math_on_cpu",
     "real_build_patches",
     "step_patches",
     "value_oracles",

@@ -1,8 +1,8 @@
 """The JSON every surface returns for the project's own configs, recorded so a refactor can prove it changed nothing.
 
-``python tests/golden.py --write`` records ``tests/golden/outputs.json``; ``tests/test_golden.py`` recomputes every
-case and compares. A change in behaviour that is intended re-records the file in the same commit, so its diff shows
-exactly which outputs changed.
+``python tests/golden.py --write`` records one file per case under ``tests/golden/`` (``<kind>/<name>.json``, holding
+the case's name and its output); ``tests/test_golden.py`` recomputes every case and compares. A change in behaviour
+that is intended re-records in the same commit, so the diff shows exactly which outputs changed, one file each.
 
 Cases: the recipes under ``tests/examples`` and ``tests/calibration/recipes`` (validate at their own ``ci:`` world and
 at 8 and 64 ranks, build_mesh, estimate_memory and suggest_strategy where they apply), every rule case of
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tests" / "golden" / "outputs.json"
+OUT = ROOT / "tests" / "golden"
 # Outputs must not depend on this machine's Hugging Face cache (a cached config.json changes what a model name
 # resolves to, and unknown-model messages name the cache): the tests and the recording point huggingface_hub at a
 # folder that never exists (a fixed path: messages clip long names, so its length must not depend on the checkout);
@@ -78,10 +78,37 @@ def compute() -> dict[str, Any]:
     return {name: fn() for name, fn in cases()}
 
 
+def path_of(name: str) -> Path:
+    """Where a case is recorded: ``validate:examples/a.yaml@8`` -> ``validate/examples/a.yaml@8.json``."""
+    kind, rest = name.split(":", 1)
+    return OUT / kind / (rest.replace(":", "/") + ".json")
+
+
+def recorded() -> dict[str, Any]:
+    """Every recorded case, by name."""
+    out = {}
+    for path in sorted(OUT.rglob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out[data["case"]] = data["output"]
+    return out
+
+
+def write(outputs: dict[str, Any]) -> None:
+    for old in OUT.rglob("*.json"):
+        old.unlink()
+    for name, output in outputs.items():
+        path = path_of(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"case": name, "output": output}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    for folder in sorted((p for p in OUT.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+
+
 if __name__ == "__main__":
     if "--write" not in sys.argv:
         sys.exit("usage: python tests/golden.py --write")
     os.environ["HF_HUB_CACHE"] = str(NO_HF_CACHE)
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps(compute(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {OUT}")
+    outputs = compute()
+    write(outputs)
+    print(f"wrote {len(outputs)} cases under {OUT}")

@@ -1,13 +1,11 @@
-"""Every surface returns exactly the JSON recorded in ``tests/golden/outputs.json`` (see ``tests/golden.py``)."""
+"""Every surface returns exactly the JSON recorded under ``tests/golden/``, one file per case (see ``tests/golden.py``)."""
 
 from __future__ import annotations
-
-import json
 
 import golden
 import pytest
 
-RECORDED = json.loads(golden.OUT.read_text())
+RECORDED = golden.recorded()
 CASES = dict(golden.cases())
 
 

@@ -63,9 +63,8 @@ def cases() -> Iterator[tuple[str, Callable[[], Any]]]:
     sys.path.insert(0, str(ROOT / "tests"))
     import test_rules
 
-    for param in test_rules.CASES:
-        text, kwargs = param.values[0], param.values[1]
-        yield f"rule:{param.id}", lambda t=text, k=kwargs: _guard(lambda: validate_config(t, **k))
+    for case in test_rules.CASES:
+        yield f"rule:{case.id}", lambda t=case.text, k=case.kwargs: _guard(lambda: validate_config(t, **k))
     import test_docs
 
     for block in test_docs.YAML_BLOCKS:  # keyed by file and text: moving a block in its page changes nothing

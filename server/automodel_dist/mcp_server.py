@@ -38,10 +38,10 @@ from .config.files import (
     is_dir,
 )
 from .dry_run.report import DryRunReport
-from .estimation import Estimate
+from .estimate.report import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
 from .smoke.report import SmokeReport
-from .suggestion import SuggestReport
+from .suggest.report import SuggestReport
 
 log = logging.getLogger("automodel_dist.mcp")
 

@@ -11,10 +11,10 @@ from .report import ExplainReport, Finding, MeshReport, ValidationReport
 
 if TYPE_CHECKING:  # the reports of the tools above the engine, for the signatures only
     from .dry_run.report import DryRunReport
-    from .estimation import Estimate
+    from .estimate.report import Estimate
     from .smoke.export import SmokeExport
     from .smoke.report import SmokeReport
-    from .suggestion import SuggestReport
+    from .suggest.report import SuggestReport
 
 
 def finding_line(f: Finding, source: str | None) -> str:

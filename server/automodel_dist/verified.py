@@ -13,7 +13,7 @@ import yaml
 
 from .config.load import load_path, load_text
 from .dry_run import DryRunUnavailable, DryRunUsageError, dry_run, missing_packages
-from .suggestion import SuggestReport
+from .suggest.report import SuggestReport
 
 DEFAULT_VERIFY = 3
 # Per measured rank: the quick dry run takes seconds where a repeating model is built shallow; a layout it must build

@@ -55,9 +55,9 @@ from functools import lru_cache
 from ..catalog.implementations import implementation
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from ..estimation import MemoryBreakdown
 from ..layout import stage_ids, stage_layer_counts
 from .peft import QLORA_BYTES, Lora, quantized_linear_weights
+from .report import MemoryBreakdown
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

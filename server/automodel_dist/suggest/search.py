@@ -14,16 +14,15 @@ from typing import Any
 
 import yaml
 
-from .api import validate_config
-from .catalog.implementations import implementation
-from .catalog.models import ModelSpec
-from .catalog.sources import resolve
-from .config.load import flow
-from .config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
-from .dims import FSDP2_DEFAULT_MP, ParallelDims
-from .estimate import (
+from ..api import validate_config
+from ..catalog.implementations import implementation
+from ..catalog.models import ModelSpec
+from ..catalog.sources import resolve
+from ..config.load import flow
+from ..config.values import STRATEGIES, STRATEGY_ALIASES, applied_ac
+from ..dims import FSDP2_DEFAULT_MP, ParallelDims
+from ..estimate.api import (
     Cluster,
-    MemoryBreakdown,
     Training,
     check_headroom,
     check_positive_ints,
@@ -34,15 +33,16 @@ from .estimate import (
     teacher_of,
     verdict_for,
 )
-from .estimate.comm import estimate_comm
-from .estimate.memory import GIB, overhead_bytes
-from .estimate.training import PRECISIONS, training_for
-from .layout import StageError, ep_shard_size, virtual_stages
-from .rules.helpers import divisors
-from .rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
-from .rules.parallelize import moe_tp_unplanned
-from .suggestion import Candidate, CurrentLayout, Rejected, SuggestReport
-from .workload import Workload, read_workload
+from ..estimate.comm import estimate_comm
+from ..estimate.memory import GIB, overhead_bytes
+from ..estimate.report import MemoryBreakdown
+from ..estimate.training import PRECISIONS, training_for
+from ..layout import StageError, ep_shard_size, virtual_stages
+from ..rules.helpers import divisors
+from ..rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
+from ..rules.parallelize import moe_tp_unplanned
+from ..workload import Workload, read_workload
+from .report import Candidate, CurrentLayout, Rejected, SuggestReport
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
 
@@ -517,7 +517,7 @@ def _recipe_defaults(
 ) -> RecipeDefaults:
     """The model, the recipe's distributed: block, the arguments not passed and a knowledge-distillation teacher on
     the same GPUs, from the recipe (``used`` records each one's source key)."""
-    from .api import analyze
+    from ..api import analyze
 
     given = None if model is None else resolve(model, fetch=fetch)
     result = analyze(
@@ -585,8 +585,8 @@ def _current(
     candidates: list[Candidate],
 ) -> CurrentLayout:
     """The recipe's own layout on the same cluster and training sizes, measured as the candidates are."""
-    from .estimate import estimate_memory
-    from .report import ConfigError
+    from ..estimate.api import estimate_memory
+    from ..report import ConfigError
 
     try:
         est = estimate_memory(

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .estimation import MemoryBreakdown
-from .report import Finding
+from ..estimate.report import MemoryBreakdown
+from ..report import Finding
 
 
 class Candidate(BaseModel):

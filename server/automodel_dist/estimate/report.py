@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .report import Finding, Resolved
+from ..report import Finding, Resolved
 
 
 class MemoryBreakdown(BaseModel):

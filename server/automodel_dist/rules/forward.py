@@ -6,17 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..config.load import Unresolved
 from ..report import Finding
 from .base import Context, finding, rule
+from .helpers import flag_on as _on
 
 F = "forward"
-
-
-def _on(ctx: Context, key: str) -> bool:
-    """AutoModel's reading of a boolean option: the raw value's truthiness (its dataclasses do not coerce)."""
-    value = ctx.block.get(key)
-    return bool(value) and not isinstance(value, Unresolved)
 
 
 @rule(

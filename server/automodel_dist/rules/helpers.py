@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from ..config.load import clip
+from ..config.load import Unresolved, clip
 from ..config.schema import fields
 from ..report import Finding, Severity
 from .base import Context, finding
@@ -184,3 +184,10 @@ def fitting_sizes(ctx: Context, axis: str, values: Iterable[int]) -> list[int]:
         return values
     node = ctx.gpus_per_node
     return [v for v in values if world % (v * others) == 0 and (axis != "tp" or not node or node % v == 0)]
+
+
+def flag_on(ctx: Context, key: str) -> bool:
+    """AutoModel's reading of a boolean option of the block: the raw value's truthiness (its dataclasses do not
+    coerce)."""
+    value = ctx.block.get(key)
+    return bool(value) and not isinstance(value, Unresolved)

@@ -7,20 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..config.load import Unresolved, clip
+from ..config.load import clip
 from ..config.values import applied_ac
 from ..environment import FSDP2_PATCH_REMOVED_IN, fsdp2_unusable, torch_release
 from ..report import Finding
 from .base import Context, finding, rule
+from .helpers import flag_on as _on
 from .model import own_fsdp2, sp_refused
 
 F = "parallelize"
-
-
-def _on(ctx: Context, key: str) -> bool:
-    """AutoModel's reading of a boolean option: the raw value's truthiness (its dataclasses do not coerce)."""
-    value = ctx.block.get(key)
-    return bool(value) and not isinstance(value, Unresolved)
 
 
 @rule(

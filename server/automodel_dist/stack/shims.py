@@ -338,35 +338,12 @@ def _shared_params(model: Any) -> list[list[tuple[Any, str]]]:
 def build_patches(fake_mode: Any) -> Iterator[None]:
     """What from_config needs on a CPU, on fake tensors."""
     import nemo_automodel._transformers.auto_model as am
-    import nemo_automodel.components.distributed.pipelining.functional as pp_functional
     import torch
     from nemo_automodel.components.checkpoint.checkpointing import Checkpointer
     from torch._subclasses.fake_tensor import FakeTensor
 
-    cpu = torch.device("cpu")
     with contextlib.ExitStack() as stack:
-        if not torch.cuda.is_available():
-
-            def current_device() -> int:
-                CUDA_DEVICE.hits += 1
-                return 0
-
-            class NoStream:
-                def __init__(self, *args: Any, **kwargs: Any) -> None:
-                    CUDA_STREAM.hits += 1
-
-            stack.enter_context(_patched(torch.cuda, "current_device", current_device))
-            stack.enter_context(_patched(torch.cuda, "Stream", NoStream))
-
-        def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                CPU_DEVICE.hits += 1
-                kwargs["device"] = cpu
-                return fn(*args, **kwargs)
-
-            return wrapper
-
+        stack.enter_context(_cpu_build(infrastructure_on_cpu=True))  # the fake process group's meshes are CPU meshes
         real_world = am.get_world_size_safe
 
         def world_for_meta_init() -> int:
@@ -376,8 +353,6 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
             return max(size, 2)
 
         stack.enter_context(_patched(am, "get_world_size_safe", world_for_meta_init))
-        stack.enter_context(_patched(am, "apply_model_infrastructure", on_cpu(am.apply_model_infrastructure)))
-        stack.enter_context(_patched(am, "instantiate_infrastructure", on_cpu(am.instantiate_infrastructure)))
 
         init = Checkpointer.__dict__["initialize_model_weights"]
         init_fn = init.__func__ if isinstance(init, staticmethod) else init
@@ -397,11 +372,6 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
             return out
 
         stack.enter_context(_patched(Checkpointer, "initialize_model_weights", staticmethod(initialize_model_weights)))
-
-        def no_warmup(stage: Any) -> None:
-            PP_WARMUP.hits += 1
-
-        stack.enter_context(_patched(pp_functional, "_warmup_pipeline_stage_neighbors", no_warmup))
 
         original_to = torch.nn.Module.to
 
@@ -528,9 +498,10 @@ def cp_attention_math_on_cpu() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def real_build_patches() -> Iterator[None]:
-    """What from_config needs on a CPU with real tensors (the smoke run on AutoModel's stack): CUDA's device index,
-    the infrastructure on the CPU device, no pipeline warm-up sleep, cuda:N factories on the CPU."""
+def _cpu_build(*, infrastructure_on_cpu: bool) -> Iterator[None]:
+    """What from_config needs on a machine without CUDA, fake or real tensors alike: CUDA's device index, a stream
+    placeholder, the infrastructure on the CPU device (``infrastructure_on_cpu``: also where CUDA exists), no pipeline
+    warm-up sleep."""
     import nemo_automodel._transformers.auto_model as am
     import nemo_automodel.components.distributed.pipelining.functional as pp_functional
     import torch
@@ -549,6 +520,7 @@ def real_build_patches() -> Iterator[None]:
 
             stack.enter_context(_patched(torch.cuda, "current_device", current_device))
             stack.enter_context(_patched(torch.cuda, "Stream", NoStream))
+        if infrastructure_on_cpu or not torch.cuda.is_available():
 
             def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
                 @functools.wraps(fn)
@@ -566,7 +538,14 @@ def real_build_patches() -> Iterator[None]:
             PP_WARMUP.hits += 1
 
         stack.enter_context(_patched(pp_functional, "_warmup_pipeline_stage_neighbors", no_warmup))
-        stack.enter_context(cuda_factories_on_cpu())
+        yield
+
+
+@contextlib.contextmanager
+def real_build_patches() -> Iterator[None]:
+    """What from_config needs with real tensors (the smoke run on AutoModel's stack): :func:`_cpu_build` where there
+    is no CUDA, and cuda:N factory calls on the CPU."""
+    with _cpu_build(infrastructure_on_cpu=False), cuda_factories_on_cpu():
         yield
 
 

@@ -8,6 +8,7 @@ Nothing is downloaded: the catalog holds the config values that matter for paral
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1140,3 +1141,14 @@ def names_a_file(model: Any) -> bool:
     if not isinstance(model, str):
         return False
     return model.endswith(".json") or is_file(model) or is_file(Path(model) / "config.json")  # or a model folder
+
+
+MAX_PERIOD = 8  # the longest repeating unit of layer kinds looked for (Qwen3-Next's is 4)
+
+
+def period_of(kinds: Sequence[Any], max_period: int = MAX_PERIOD) -> int | None:
+    """The smallest p <= max_period with kinds[i] == kinds[i % p] for every i, else None."""
+    for p in range(1, min(max_period, len(kinds)) + 1):
+        if all(kinds[i] == kinds[i % p] for i in range(len(kinds))):
+            return p
+    return None

@@ -13,14 +13,13 @@ one full-attention layer, ...); a leading run of another kind (DeepSeek's dense 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog.models import ModelSpec
+from ..catalog.models import ModelSpec, period_of
 from ..dims import ParallelDims
 
-MAX_PERIOD = 8
 # The shallower build holds at least this many layers (per stage under PP). A phase's peak is the largest of its
 # moments, each linear in the depth, so the peak is convex in the depth: a build too shallow for the layers to
 # dominate (the loss's logits do at two layers of a last stage) sits on another moment's line and the extrapolation
@@ -51,14 +50,6 @@ def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
         mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
         out.append((mixer, attn, mlp))
     return out
-
-
-def period_of(kinds: Sequence[Any], max_period: int = MAX_PERIOD) -> int | None:
-    """The smallest p <= max_period with kinds[i] == kinds[i % p] for every i, else None."""
-    for p in range(1, min(max_period, len(kinds)) + 1):
-        if all(kinds[i] == kinds[i % p] for i in range(len(kinds))):
-            return p
-    return None
 
 
 def stage_layers(num_layers: int, num_stages: int) -> list[int]:

@@ -258,7 +258,21 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def clean_name(name: str) -> str:
-    """Parameter name without wrapper prefixes (DDP module., checkpoint wrapper)."""
-    for junk in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+    """Parameter name without wrapper prefixes (DDP module., checkpoint wrapper, torch.compile)."""
+    for junk in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig_mod."):
         name = name.replace(junk, "")
     return name.removeprefix("module.")
+
+
+def skew_gradients(params: list[torch.nn.Parameter], seed: int, factor: float, device: torch.device) -> None:
+    """The ``skew`` fault: seeded noise at ``factor`` x each local gradient's RMS, added on this rank only."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                g = local_tensor(p.grad)
+                g.add_(
+                    torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
+                    * factor
+                    * g.float().pow(2).mean().sqrt().to(g.dtype)
+                )

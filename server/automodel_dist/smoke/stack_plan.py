@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..catalog.implementations import implementation
+from ..catalog.models import period_of
 from ..dims import ParallelDims
 from ..stack.recipe import backend_for, jsonable, loss_for, optimizer_for, sanitized_block
 from ..workload import Workload
@@ -24,13 +25,6 @@ FLEX_ONLY = frozenset({"GptOssForCausalLM"})  # AutoModel asserts te or flex att
 
 class StackUnavailable(ValueError):
     """The recipe's model cannot run on AutoModel's stack here (the reason is the message)."""
-
-
-def _period(kinds: list[Any], limit: int = 8) -> int:
-    for p in range(1, min(limit, len(kinds)) + 1):
-        if all(kinds[i] == kinds[i % p] for i in range(len(kinds))):
-            return p
-    return 1
 
 
 def tiny_hf_config(cfg: Mapping[str, Any], *, tp: int, ep: int, stages: int, seq_len: int) -> dict[str, Any]:
@@ -101,7 +95,7 @@ def tiny_hf_config(cfg: Mapping[str, Any], *, tp: int, ep: int, stages: int, seq
     if cfg.get("num_nextn_predict_layers"):
         out["num_nextn_predict_layers"] = 0
     pattern = next((cfg[k] for k in ("layer_types", "layers_block_type") if isinstance(cfg.get(k), list)), None)
-    period = _period(list(pattern)) if pattern else int(cfg.get("full_attention_interval") or 1)
+    period = (period_of(list(pattern)) or 1) if pattern else int(cfg.get("full_attention_interval") or 1)
     want = max(2, prefix + period)
     per_stage = max(1, math.ceil(want / stages))
     layers = per_stage * stages

@@ -10,7 +10,6 @@ the tensors it holds (gathered whole from their DTensor shards) and the worst di
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import zlib
@@ -18,15 +17,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from .parallelize import clean_name, full_tensor, local_tensor, skew_gradients
 from .spec import SmokeSpec
-
-_WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
-
-
-def clean_name(name: str) -> str:
-    for w in _WRAPPERS:
-        name = name.replace(w, "")
-    return name
 
 
 def _initial_value(name: str, shape: Any, seed: int) -> Any:
@@ -63,17 +55,12 @@ def load_initial_weights(parts: list[Any], seed: int) -> int:
 def gather_full(parts: list[Any], grads: bool) -> dict[str, Any]:
     """The whole tensor of every parameter (or gradient) this rank holds, by clean name (a collective over each
     DTensor's mesh: every rank of a stage calls it in the same order)."""
-    from torch.distributed.tensor import DTensor
-
     out: dict[str, Any] = {}
     for part in parts:
         for name, p in part.named_parameters():
             t = p.grad if grads else p
-            if t is None:
-                continue
-            t = t.detach()
-            full = t.full_tensor() if isinstance(t, DTensor) else t
-            out[clean_name(name)] = full.float().clone()
+            if t is not None:
+                out[clean_name(name)] = full_tensor(t.detach()).float().clone()
     return out
 
 
@@ -282,17 +269,9 @@ def run_on_automodel(
         if fault(k, "hang"):
             progress("step", k, spec.steps, f"injected fault: rank {rank} hangs at step {k}", force=True)
             time.sleep(10**9)
-        if not fault(k, "skew"):
-            return
-        gen = torch.Generator().manual_seed(rank * 1000 + k)
-        with torch.no_grad():
-            for part in built.parts:
-                for p in part.parameters():
-                    if p.grad is not None:
-                        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                        g.add_(
-                            torch.randn(g.shape, generator=gen, dtype=g.dtype) * skew * g.float().pow(2).mean().sqrt()
-                        )
+        if fault(k, "skew"):
+            params = [p for part in built.parts for p in part.parameters()]
+            skew_gradients(params, rank * 1000 + k, skew, next(p.device for p in params))
 
     def on_step(k: int, loss: float, norm: float) -> None:
         progress("step", k + 1, spec.steps, f"loss {loss:.5f}, grad norm {norm:.4f}")
@@ -338,12 +317,9 @@ def run_on_automodel(
     )
     if rank == 0:
         progress("compare", message=f"max parameter difference {worst_t[0].item():.2e}")
-    with contextlib.suppress(Exception):
-        result["param_bytes"] = sum(
-            (p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
-            for part in built.parts
-            for p in part.parameters()
-        )
+    result["param_bytes"] = sum(
+        local_tensor(p).numel() * p.element_size() for part in built.parts for p in part.parameters()
+    )
     return result
 
 
@@ -354,5 +330,4 @@ __all__ = [
     "gather_full",
     "worst_difference",
     "still_mask",
-    "clean_name",
 ]

@@ -299,17 +299,8 @@ def run(
                 loss_val, count = loss.detach().float(), torch.ones((), device=device)
         if expert_params:
             par.scale_expert_grads([p for _, m in parts for p in m.parameters() if _is_expert(m, p)], expert_scale)
-        if _fault(spec, rank, step, "skew"):  # seeded noise at `skew` x each gradient's RMS
-            gen = torch.Generator(device=device).manual_seed(rank * 1000 + step)
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        g = par.local_tensor(p.grad)
-                        g.add_(
-                            torch.randn(g.shape, generator=gen, device=device, dtype=g.dtype)
-                            * skew
-                            * g.float().pow(2).mean().sqrt().to(g.dtype)
-                        )
+        if _fault(spec, rank, step, "skew"):
+            par.skew_gradients(params, rank * 1000 + step, skew, device)
         if step == 0:  # AdamW hides gradient scale errors: compare the first gradients directly
             grad_diff, grad_name = _compare(parts, ref_grads0, par, ep, grads=True)
         opt.step()

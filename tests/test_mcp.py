@@ -476,5 +476,7 @@ def test_readme_tool_arguments_work():
             assert body["valid"], (tool, args, body)
         if tool == "run_smoke_test":
             assert body["passed"], body
+            if "config_path" in args:  # the recipe names its model: AutoModel's own stack ran
+                assert body["stack"] == "automodel" and body["model_class"], body
         if tool == "dry_run":
             assert body["status"] == "measured", body

@@ -54,6 +54,8 @@ CASES = {
     "qwen3moe-ep2-fsdp2": ("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n", "", 4),
     "deepseek-v3-ep2": ("deepseek-ai/DeepSeek-V3", "  ep_size: 2\n", "", 2),
     "mistral-hf-tp2": ("mistralai/Mistral-7B-v0.3", "  tp_size: 2\n", "", 2),
+    # Llama through AutoModel's Hugging Face fallback (force_hf: the transformers class, AutoModel's parallelizer)
+    "llama-hf-fallback-fsdp2": ("meta-llama/Llama-3.1-8B", "  strategy: fsdp2\n", "  force_hf: true\n", 2),
     "mistral-hf-cp2-dp2": ("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n", "", 4),
 }
 

@@ -159,7 +159,7 @@ def plan_stack(
     if dims.strategy == "megatron_fsdp":
         raise StackUnavailable("MegatronFSDP needs the megatron-fsdp package and CUDA")
     cfg = tiny_hf_config(hf_config, tp=dims.tp, ep=dims.ep, stages=stages, seq_len=seq_len)
-    backend = backend_for(workload, is_moe, custom, subs)
+    backend = backend_for(workload, is_moe, custom, subs, values=True)
     if dims.cp > 1 and custom:
         raise StackUnavailable(
             f"context parallelism on AutoModel's own class {architecture}: it accepts only Transformer Engine "
@@ -177,15 +177,6 @@ def plan_stack(
             f"{architecture} runs only Transformer Engine or FlexAttention (AutoModel asserts it); TE needs CUDA "
             "and FlexAttention has no backward on a CPU"
         )
-    if custom:
-        subs[:] = [s for s in subs if not s.startswith("model.backend.attn")]
-        was = workload.backend.get("attn")
-        backend["attn"] = "sdpa"
-        if was != backend["attn"]:
-            subs.append(
-                f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as "
-                f"{backend['attn']} (torch's attention on the CPU): the layout's sharding of q, k, v is the same"
-            )
     loss = loss_for(workload, subs)
     optimizer = optimizer_for(workload, subs)
     distributed = jsonable(sanitized_block(dict(block), subs, StackUnavailable))

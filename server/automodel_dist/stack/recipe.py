@@ -28,9 +28,10 @@ _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 _FLASH_LIKE = {"te": "TE", "flex": "FlexAttention", "magi": "MagiAttention", "cudnn": "cuDNN attention", "fa4": "FA4"}
 
 
-def backend_for(w: Workload, moe: bool, custom: bool, out: list[str]) -> dict[str, Any]:
-    """model.backend as the dry run builds it. Only AutoModel's own classes take one: for a Hugging Face class the
-    recipe's own is passed as written (an error it causes is AutoModel's) and nothing is added to it."""
+def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False) -> dict[str, Any]:
+    """model.backend as the dry run (``values`` False: fake tensors, memory) or the smoke run (``values``: real
+    tensors, numerics) builds it. Only AutoModel's own classes take one: for a Hugging Face class the recipe's own is
+    passed as written (an error it causes is AutoModel's) and nothing is added to it."""
     backend = dict(w.backend)
     if not custom:
         return backend
@@ -39,13 +40,20 @@ def backend_for(w: Workload, moe: bool, custom: bool, out: list[str]) -> dict[st
         # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
         # log-sum-exp), and some classes take only te or flex (GPT-OSS)
         was = backend.get("attn")
-        backend["attn"] = "te"
-        out.append(
-            f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as a stand-in with "
-            "Transformer Engine's shapes (stack/te_attention.py): what its flash attention keeps (q, k, v, output, "
-            f"log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
-            f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
-        )
+        if values:  # the TE stand-in keeps TE's tensors but computes no attention; torch's does, on the CPU
+            backend["attn"] = "sdpa"
+            out.append(
+                f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as sdpa (torch's "
+                "attention on the CPU): the layout's sharding of q, k, v is the same"
+            )
+        else:
+            backend["attn"] = "te"
+            out.append(
+                f"model.backend.attn: {was or 'unset (te on a GPU with Transformer Engine)'} runs as a stand-in with "
+                "Transformer Engine's shapes (stack/te_attention.py): what its flash attention keeps (q, k, v, "
+                "output, log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
+                f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
+            )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
         if backend.get(key) in cuda_only:
             out.append(

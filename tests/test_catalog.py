@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -287,19 +288,35 @@ def test_bad_nemotron_h_configs_raise_model_config_error(bad):
 
 @pytest.mark.parametrize("spec", catalog(), ids=lambda s: s.name)
 def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(spec):
-    """catalog.hf_config writes each entry under its architecture's Hugging Face field names: the transformers class
-    built from it on the meta device (four layers, or every layer of a hybrid pattern) has exactly the spec's
-    parameters, and reading the dict back gives the same spec."""
-    import dataclasses
-
+    """Each entry's trimmed config.json (catalog/configs/) names its values under its architecture's Hugging Face
+    field names: the transformers class built from it on the meta device (four layers, or every layer of a hybrid
+    pattern) has exactly the parameters of the spec read from the same file, cut to the same depth."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.dry_run.depth import truncated_config
 
-    assert from_hf_config(hf_config(spec)).param_count() == spec.param_count()
-    small = spec if spec.layer_types else dataclasses.replace(spec, num_layers=min(spec.num_layers, 4))
-    cfg = hf_config(small)
+    cfg = hf_config(spec) if spec.layer_types else truncated_config(hf_config(spec), min(spec.num_layers, 4))
+    small = from_hf_config(cfg, name=spec.name)
+    assert small.architecture == spec.architecture and small.hd == spec.hd
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == small.param_count()
+
+
+def test_every_config_file_is_a_catalog_entry_and_reads_as_the_hugging_face_cache_would():
+    """catalog.json lists each trimmed config.json once, and the entry is what the cache's parser makes of the file."""
+    import json
+
+    from automodel_dist.catalog.models import CATALOG_DIR
+
+    index = json.loads((CATALOG_DIR / "catalog.json").read_text(encoding="utf-8"))["models"]
+    listed = [e["config"] for e in index]
+    assert sorted(listed) == sorted(f"configs/{p.name}" for p in (CATALOG_DIR / "configs").glob("*.json"))
+    assert len(set(listed)) == len(listed) == len(catalog())
+    for entry, spec in zip(index, catalog()):
+        cfg = json.loads((CATALOG_DIR / entry["config"]).read_text(encoding="utf-8"))
+        assert from_hf_config(cfg, name=entry["name"]) == dataclasses.replace(
+            spec, published_params=None, source=None, aliases=()
+        )

@@ -15,6 +15,7 @@ import pytest
 from conftest import own_processes
 
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
+from automodel_dist.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_automodel = pytest.mark.skipif(
@@ -194,7 +195,8 @@ def test_a_moved_target_is_named_with_its_phase_not_a_traceback():
         "shims.import_automodel()\n"
         "import nemo_automodel.components.distributed.pipelining.functional as f\n"
         "f.pipeline_model = lambda *a, **k: None\n"
-        f"plan = plan_dry_run('distributed: {{}}\\n', world_size=8, model={L1B!r}, num_layers=2, seq_len=64)\n"
+        "from automodel_dist.request import Request\n"
+        f"plan = plan_dry_run(Request.of('distributed: {{}}\\n', world_size=8, model={L1B!r}, seq_len=64), num_layers=2)\n"
         "print(json.dumps(worker.run(plan.specs[0])))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -255,11 +257,16 @@ def test_a_block_naming_a_class_to_import_is_refused_before_anything_runs():
     from automodel_dist.dry_run.plan import DryRunUsageError, plan_dry_run
 
     with pytest.raises(DryRunUsageError, match="never imports a name from a config"):
-        plan_dry_run("distributed:\n  offload_policy:\n    _target_: os.system\n", world_size=8, model=L1B)
+        plan_dry_run(Request.of("distributed:\n  offload_policy:\n    _target_: os.system\n", world_size=8, model=L1B))
     plan = plan_dry_run(
-        "distributed:\n  _target_: x.y.FSDP2Manager\n  tp_size: 2\n  tp_plan: my.module.PLAN\n", world_size=8, model=L1B
+        Request.of(
+            "distributed:\n  _target_: x.y.FSDP2Manager\n  tp_size: 2\n  tp_plan: my.module.PLAN\n",
+            world_size=8,
+            model=L1B,
+        )
     )
-    assert "_target_" not in plan.specs[0]["distributed"] and "tp_plan" not in plan.specs[0]["distributed"]
+    block = plan.specs[0].build.distributed
+    assert "_target_" not in block and "tp_plan" not in block
     assert any("tp_plan" in s for s in plan.substitutions)
 
 
@@ -335,6 +342,6 @@ def test_a_distillation_run_says_its_teacher_is_not_measured():
         "recipe: KnowledgeDistillationRecipeForNextTokenPrediction\nteacher_model:\n"
         "  pretrained_model_name_or_path: meta-llama/Llama-3.1-70B\ndistributed: {}\n"
     )
-    plan = plan_dry_run(recipe, world_size=8, model=L1B, num_layers=2, seq_len=64)
+    plan = plan_dry_run(Request.of(recipe, world_size=8, model=L1B, seq_len=64), num_layers=2)
     assert any(x.startswith(TEACHER_NOT_BUILT) and "no fit verdict" in x for x in plan.not_measured)
-    assert not plan_dry_run("distributed: {}\n", world_size=8, model=L1B, num_layers=2).not_measured
+    assert not plan_dry_run(Request.of("distributed: {}\n", world_size=8, model=L1B), num_layers=2).not_measured

@@ -26,6 +26,7 @@ from automodel_dist.dry_run.depth import (
     truncated_config,
 )
 from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.request import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_automodel = pytest.mark.skipif(
@@ -111,21 +112,23 @@ def test_line_and_the_peak_phase_after_extrapolating():
 
 
 def test_the_plan_builds_each_rank_twice_and_says_so():
-    plan = plan_dry_run("distributed: {}\n", world_size=8, model="meta-llama/Llama-3.1-8B", seq_len=128)
+    plan = plan_dry_run(Request.of("distributed: {}\n", world_size=8, model="meta-llama/Llama-3.1-8B", seq_len=128))
     [spec] = plan.specs
-    assert [b["hf_config"]["num_hidden_layers"] for b in spec["builds"]] == [3, 4]
-    assert spec["depth"]["target_units"] == 32 and any("extrapolation" in n for n in plan.notes)
-    full = plan_dry_run("distributed: {}\n", world_size=8, model="meta-llama/Llama-3.1-8B", full_depth=True)
-    assert "builds" not in full.specs[0] and not any("extrapolation" in n for n in full.notes)
+    assert [b.hf_config["num_hidden_layers"] for b in spec.builds] == [3, 4]
+    assert spec.depth.target_units == 32 and any("extrapolation" in n for n in plan.notes)
+    full = plan_dry_run(Request.of("distributed: {}\n", world_size=8, model="meta-llama/Llama-3.1-8B"), full_depth=True)
+    assert full.specs[0].builds is None and not any("extrapolation" in n for n in full.notes)
     pp = plan_dry_run(
-        "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n",
-        world_size=8,
-        model="meta-llama/Llama-3.1-8B",
-        seq_len=128,
+        Request.of(
+            "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n",
+            world_size=8,
+            model="meta-llama/Llama-3.1-8B",
+            seq_len=128,
+        )
     )
     for spec in pp.specs:
-        assert [b["distributed"]["pipeline"]["layers_per_stage"] for b in spec["builds"]] == [3, 4]
-        assert [b["hf_config"]["num_hidden_layers"] for b in spec["builds"]] == [6, 8]
+        assert [b.distributed["pipeline"]["layers_per_stage"] for b in spec.builds] == [3, 4]
+        assert [b.hf_config["num_hidden_layers"] for b in spec.builds] == [6, 8]
 
 
 def _config(tmp_path, name: str, layers: int) -> str:

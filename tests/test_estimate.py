@@ -20,6 +20,7 @@ from automodel_dist.catalog.models import lookup
 from automodel_dist.cli import main
 from automodel_dist.estimate.memory import Training, activation_formula_korthikanti, memory_per_rank
 from automodel_dist.report import ConfigError
+from automodel_dist.request import Request
 
 GIB = float(1 << 30)
 _TORCH = torch_version()
@@ -73,7 +74,7 @@ def test_estimate_memory_api_on_a_real_recipe():
     # tensors: 18.6 GiB peak; the recipe: "Verified at ~19 GiB/GPU", AutoModel's max_memory_allocated)
     from automodel_dist.estimate.memory import GIB, _rank_groups
 
-    p = analyze(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml", model="Qwen/Qwen3-30B-A3B").dims
+    p = analyze(Request.of(EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml", model="Qwen/Qwen3-30B-A3B")).dims
     g = _rank_groups(lookup("Qwen/Qwen3-30B-A3B"), p, m.worst_pp_rank)
     spr = p.stages_per_rank_of(48)
     assert spr == 12

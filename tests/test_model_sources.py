@@ -22,6 +22,7 @@ import pytest
 from automodel_dist import validate_config
 from automodel_dist.catalog.models import MAX_CONFIG_BYTES, ModelConfigError
 from automodel_dist.catalog.sources import hub_cache_dir, resolve
+from automodel_dist.request import Request
 
 MODELS = Path(__file__).parent / "models"
 QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
@@ -373,7 +374,7 @@ def test_estimate_suggest_and_dry_run_plan_read_the_cache_without_network(
     rep = suggest_strategy(QWEN3_NEXT, nodes=1, gpus_per_node=8, seq_len=4096, top_k=1)
     assert rep.model_source.startswith(where)
     assert all(c.layout.tp == 1 for c in rep.candidates)  # its class has no TP plan
-    plan = plan_dry_run({"ep_size": 8}, world_size=8, model=QWEN3_NEXT, seq_len=4096)
+    plan = plan_dry_run(Request.of({"ep_size": 8}, world_size=8, model=QWEN3_NEXT, seq_len=4096))
     assert plan.model_source.startswith(where)
     with pytest.raises(ValueError, match="Hugging Face cache"):
         suggest_strategy("acme/not-anywhere", nodes=1, gpus_per_node=8)

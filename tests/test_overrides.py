@@ -19,6 +19,8 @@ from automodel_dist.cli import main
 from automodel_dist.config.overrides import parse_launch_args
 from automodel_dist.estimate import estimate_memory
 from automodel_dist.report import ConfigError
+from automodel_dist.request import Request
+from automodel_dist.smoke.request import SmokeRequest
 from test_mcp import call
 from test_oracle_parity import MID_RUN
 
@@ -247,7 +249,7 @@ def test_overrides_match_automodel(tmp_path_factory, case):
     path = tmp_path_factory.mktemp("launch") / "recipe.yaml"
     path.write_text(yaml.safe_dump({"distributed": block}))
     overrides = parse_launch_args([str(path)] + argv).overrides
-    ctx = analyze(path, world_size=world, overrides=overrides).context
+    ctx = analyze(Request.of(path, world_size=world, overrides=overrides)).context
     theirs = oracle.load_with_overrides(str(path), argv)
     assert ctx is not None and ctx.block == theirs.distributed.to_dict()
     o = oracle.run(None, world, [0, world - 1], make_cfg=lambda: oracle.load_with_overrides(str(path), argv))
@@ -395,7 +397,7 @@ def test_any_override_reads_as_automodel_reads_it(tmp_path_factory, items):
     path = tmp_path_factory.mktemp("any") / "recipe.yaml"
     path.write_text("distributed:\n  tp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\na: [1, 2]\nb: text\n")
     overrides = [f"{'.'.join(keys)}={value}" for keys, value in items]
-    doc = analyze(path, world_size=8, overrides=overrides).document
+    doc = analyze(Request.of(path, world_size=8, overrides=overrides)).document
     theirs = oracle.load_with_overrides(str(path), [f"--{o}" for o in overrides]).to_dict()
 
     def same(a, b):
@@ -414,16 +416,18 @@ def test_smoke_plan_applies_overrides_then_layout_keywords(monkeypatch):
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")
     plan = launch.make_plan(
-        RECIPE,
-        world_size=4,
-        steps=2,
-        model="tiny-llama",
-        backend=None,
-        precision="fp32",
-        fault=None,
-        pg_timeout_s=30,
-        layout={"tp": 2},
-        overrides=["distributed.tp_size=4", "distributed.pp_size=2"],
+        SmokeRequest.of(
+            RECIPE,
+            world_size=4,
+            steps=2,
+            model="tiny-llama",
+            backend=None,
+            precision="fp32",
+            fault=None,
+            pg_timeout_s=30,
+            **{"tp": 2},
+            overrides=["distributed.tp_size=4", "distributed.pp_size=2"],
+        )
     )
     assert isinstance(plan, launch.Plan), plan.reason
     assert (plan.report_base["layout"].tp, plan.report_base["layout"].pp) == (2, 2)  # the keyword wins over --tp 4

@@ -17,6 +17,7 @@ from conftest import own_processes
 
 from automodel_dist import run_smoke_test
 from automodel_dist.smoke import SmokeUsageError
+from automodel_dist.smoke.request import SmokeRequest
 
 FP32 = {"precision": "fp32"}
 
@@ -184,16 +185,17 @@ def test_tp_plan_is_noted_not_applied(monkeypatch):
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.13.0+cpu")  # no torch-release note, whatever is here
     plan = make_plan(
-        {"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}},
-        world_size=4,
-        steps=2,
-        model="tiny-moe",
-        backend=None,
-        precision="fp32",
-        fault=None,
-        pg_timeout_s=30,
-        layout={},
-        stack="tiny",
+        SmokeRequest.of(
+            {"distributed": {"tp_size": 2, "ep_size": 2, "tp_plan": "plans.moe_tp"}},
+            world_size=4,
+            steps=2,
+            model="tiny-moe",
+            backend=None,
+            precision="fp32",
+            fault=None,
+            pg_timeout_s=30,
+            stack="tiny",
+        )
     )
     assert plan.report_base["notes"] == [
         "tp_plan is not applied: the smoke runner shards its tiny model with its own "
@@ -209,16 +211,17 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
 
     monkeypatch.setattr(launch, "_installed_torch", lambda: "2.15.0+cu132")
     plan = launch.make_plan(
-        {"distributed": {"tp_size": 2}},
-        world_size=4,
-        steps=2,
-        model="tiny-llama",
-        backend=None,
-        precision="fp32",
-        fault=None,
-        pg_timeout_s=30,
-        layout={},
-        stack="tiny",
+        SmokeRequest.of(
+            {"distributed": {"tp_size": 2}},
+            world_size=4,
+            steps=2,
+            model="tiny-llama",
+            backend=None,
+            precision="fp32",
+            fault=None,
+            pg_timeout_s=30,
+            stack="tiny",
+        )
     )
     assert isinstance(plan, launch.Plan) and not plan.findings
     [note] = plan.report_base["notes"]
@@ -229,16 +232,17 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
     )
     assert f"note: {note}" in render.smoke_text(SmokeReport(passed=True, status="passed", **plan.report_base))
     ddp_plan = launch.make_plan(
-        {"distributed": {"strategy": "ddp"}},
-        world_size=2,
-        steps=2,
-        model="tiny-llama",
-        backend=None,
-        precision="fp32",
-        fault=None,
-        pg_timeout_s=30,
-        layout={},
-        stack="tiny",
+        SmokeRequest.of(
+            {"distributed": {"strategy": "ddp"}},
+            world_size=2,
+            steps=2,
+            model="tiny-llama",
+            backend=None,
+            precision="fp32",
+            fault=None,
+            pg_timeout_s=30,
+            stack="tiny",
+        )
     )
     assert isinstance(ddp_plan, launch.Plan) and ddp_plan.report_base["notes"] == []  # ddp does not touch FSDP
 
@@ -684,12 +688,12 @@ EXAMPLES = Path(__file__).parent / "examples"
 def test_default_world_size_is_4_or_the_smallest_the_layout_is_valid_on():
     from automodel_dist.smoke.launch import default_world_size
 
-    assert default_world_size({"distributed": {"tp_size": 2}}, {}) == (4, None)
+    assert default_world_size(SmokeRequest.of({"distributed": {"tp_size": 2}})) == (4, None)
     qwen = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"  # cp2 pp2 ep4: ep must divide dp*cp*tp
-    world, note = default_world_size(qwen, {})
+    world, note = default_world_size(SmokeRequest.of(qwen))
     assert world == 8 and note.startswith("world_size 8: the smallest number of processes")
-    assert default_world_size(qwen, {"ep": 2})[0] == 4  # layout keywords count
-    world, note = default_world_size(EXAMPLES / "deepseekv3_pretrain.yaml", {})  # dp_size 16, pp 8
+    assert default_world_size(SmokeRequest.of(qwen, ep=2))[0] == 4  # layout keywords count
+    world, note = default_world_size(SmokeRequest.of(EXAMPLES / "deepseekv3_pretrain.yaml"))  # dp_size 16, pp 8
     assert world == 4 and note.startswith("no world size from 2 to 16 makes this layout valid")
 
 
@@ -713,15 +717,17 @@ def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
             )
         )
         p = make_plan(
-            {},
-            world_size=4,
-            steps=1,
-            model=model,
-            backend=None,
-            precision=precision,
-            fault=None,
-            pg_timeout_s=30,
-            layout={**keys, **layout},
+            SmokeRequest.of(
+                {},
+                world_size=4,
+                steps=1,
+                model=model,
+                backend=None,
+                precision=precision,
+                fault=None,
+                pg_timeout_s=30,
+                **{**keys, **layout},
+            )
         )
         return p.spec.precision, " ".join(p.report_base["notes"])
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from automodel_dist.catalog.hf_config import hf_config
 from automodel_dist.catalog.sources import resolve
+from automodel_dist.smoke.request import SmokeRequest
 from automodel_dist.smoke.stack_plan import StackUnavailable, tiny_hf_config
 
 pytest.importorskip("nemo_automodel")
@@ -117,16 +118,17 @@ def _plan(text: str, world: int, stack: str):
     from automodel_dist.smoke.launch import make_plan
 
     return make_plan(
-        text,
-        world_size=world,
-        steps=3,
-        model="tiny-llama",
-        backend=None,
-        precision="auto",
-        fault=None,
-        pg_timeout_s=30,
-        layout={},
-        stack=stack,
+        SmokeRequest.of(
+            text,
+            world_size=world,
+            steps=3,
+            model="tiny-llama",
+            backend=None,
+            precision="auto",
+            fault=None,
+            pg_timeout_s=30,
+            stack=stack,
+        )
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 from automodel_dist import suggest_strategy
 from automodel_dist.cli import main
 from automodel_dist.dry_run import missing_packages
+from automodel_dist.request import Request
 from automodel_dist.verified import verify_candidates
 
 needs_automodel = pytest.mark.skipif(bool(missing_packages()), reason="the dry run needs AutoModel installed")
@@ -25,7 +26,7 @@ def test_the_python_search_measures_nothing():
 def test_the_first_candidates_are_measured_and_said(capsys):
     rep = suggest_strategy(L1B, nodes=1, gpus_per_node=8, seq_len=1024, top_k=3, strategies="fsdp2")
     first = rep.candidates[0].model_copy()
-    out = verify_candidates(rep, model=L1B, top=1)
+    out = verify_candidates(rep, Request.of(model=L1B), top=1)
     c = out.candidates[0]
     assert c.measured and c.measured_peak_gib and c.measured_fits is True
     # the dry run's allocated peak against the estimate's, within the error the verdict allows
@@ -42,5 +43,5 @@ def test_the_first_candidates_are_measured_and_said(capsys):
 @needs_automodel
 def test_a_layout_the_dry_run_cannot_measure_says_why():
     rep = suggest_strategy(L1B, nodes=1, gpus_per_node=8, seq_len=1024, top_k=1, strategies="ddp")
-    c = verify_candidates(rep, model=L1B, top=1).candidates[0]
+    c = verify_candidates(rep, Request.of(model=L1B), top=1).candidates[0]
     assert not c.measured and c.measured_note and "DDP" in c.measured_note

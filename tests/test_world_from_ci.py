@@ -8,6 +8,7 @@ import pytest
 from automodel_dist import build_mesh, estimate_memory, suggest_strategy, validate_config
 from automodel_dist.cli import main
 from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.request import Request
 
 RECIPE = (
     "model:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B\n"
@@ -43,7 +44,7 @@ def test_validate_reads_the_ci_block_with_one_argument(kw, world, nodes, gpn):
 def test_every_tool_sizes_the_same_world():
     assert build_mesh(RECIPE, gpus_per_node=4).world_size == 16
     assert estimate_memory(RECIPE, gpus_per_node=4).world_size == 16
-    plan = plan_dry_run(RECIPE, gpus_per_node=4, num_layers=2)
+    plan = plan_dry_run(Request.of(RECIPE, gpus_per_node=4), num_layers=2)
     assert plan.dims.world_size == 16
     rep = suggest_strategy(config=RECIPE, gpus_per_node=4, top_k=1)
     assert (rep.nodes, rep.gpus_per_node, rep.world_size) == (4, 4, 16)

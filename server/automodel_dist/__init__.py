@@ -15,6 +15,7 @@ _LAZY = {
     "Finding": "automodel_dist.report",
     "MeshReport": "automodel_dist.report",
     "ValidationReport": "automodel_dist.report",
+    "Request": "automodel_dist.request",
     "validate_config": "automodel_dist.api",
     "build_mesh": "automodel_dist.api",
     "run_smoke_test": "automodel_dist.smoke",
@@ -26,6 +27,7 @@ __getattr__ = lazy_attrs(__name__, _LAZY)
 
 
 __all__ = [
+    "Request",
     "validate_config",
     "build_mesh",
     "ConfigError",

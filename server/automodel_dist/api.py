@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
+
+from typing_extensions import Unpack
 
 from .catalog.implementations import AUTOMODEL_VERSION
 from .catalog.models import ModelConfigError, ModelSpec
@@ -29,13 +31,10 @@ from .report import (
     Resolved,
     ValidationReport,
 )
+from .request import Cluster, ConfigInput, ModelInput, Overrides, Request, RequestFields
 from .rules import Context, run_rules
 
 TRAINING = RecipeKind("training", None)
-
-ConfigInput = Union[str, Path, Mapping[str, Any]]
-ModelInput = Union[str, Path, Mapping[str, Any], ModelSpec, None]
-Overrides = Union[Sequence[str], None]  # AutoModel's command-line overrides, "dotted.key=value"
 
 MAX_WORLD_SIZE = 1 << 24  # 16.7M ranks: far beyond any cluster, small enough for exact arithmetic
 MAX_GPUS_PER_NODE = 1024  # NVL72 racks have 72, NVL576 576: a "node" is at most one NVLink domain
@@ -259,14 +258,10 @@ def _diffusion_block(doc: Document, data: dict[str, Any], kind: RecipeKind) -> _
 
 
 def _world(
-    world_size: Any,
-    nodes: Any,
-    gpus_per_node: Any,
-    recipe: dict[str, Any] | None,
-    doc: Document,
-    findings: list[Finding],
+    cluster: Cluster, recipe: dict[str, Any] | None, doc: Document, findings: list[Finding]
 ) -> tuple[int | None, str | None, int | None, int | None]:
-    """Resolve (world_size, source, nodes, gpus_per_node) from the arguments or the recipe's ci: block."""
+    """Resolve (world_size, source, nodes, gpus_per_node) from the request or the recipe's ci: block."""
+    world_size, nodes, gpus_per_node = cluster.world_size, cluster.nodes, cluster.gpus_per_node
 
     def positive(name: str, value: Any) -> int | None:
         if value is None:
@@ -413,20 +408,13 @@ class Analysis:
 
 
 def _context(
-    doc: Document,
-    world_size: Any,
-    nodes: Any,
-    gpus_per_node: Any,
-    model: ModelInput,
-    torch_version: Any,
-    findings: list[Finding],
-    fetch: bool = False,
+    doc: Document, request: Request, findings: list[Finding]
 ) -> tuple[Context | None, str | None, _ModelFound]:
     split = _split(doc)
-    world, source, nodes_i, gpn = _world(world_size, nodes, gpus_per_node, split.recipe, doc, findings)
+    world, source, nodes_i, gpn = _world(request.cluster, split.recipe, doc, findings)
     if split.block is None:
         return None, source, _ModelFound(skipped="the config has no distributed setup to check a model against")
-    found = _model(model, split.recipe, doc, findings, fetch)
+    found = _model(request.lookup.model, split.recipe, doc, findings, request.lookup.fetch_config)
     spec = found.spec
     ctx = Context(
         doc=doc,
@@ -438,7 +426,7 @@ def _context(
         nodes=nodes_i,
         gpus_per_node=gpn,
         model=spec,
-        torch_version=torch_version,
+        torch_version=request.job.torch_version,
         model_skipped=found.skipped,
     )
     return ctx, source, found
@@ -467,20 +455,12 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.line if f.line is not None else 1 << 30))
 
 
-def validate_config(
-    config: ConfigInput,
-    *,
-    world_size: int | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    model: ModelInput = None,
-    torch_version: str | None = None,
-    overrides: Overrides = None,
-    fetch_config: bool = False,
-) -> ValidationReport:
+def validate_config(config: ConfigInput | Request, **fields: Unpack[RequestFields]) -> ValidationReport:
     """Check a ``distributed:`` block (or a whole recipe) the way AutoModel 0.7.0 would, and more.
 
-    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping. ``model`` (else the recipe's
+    ``config`` is YAML text, a :class:`pathlib.Path` or a mapping, or a whole :class:`Request`; the keywords are
+    its fields (``world_size``, ``nodes``, ``gpus_per_node``, ``model``, ``torch_version``, ``overrides``,
+    ``fetch_config``). ``model`` (else the recipe's
     ``model.pretrained_model_name_or_path``) is found as :mod:`automodel_dist.catalog.sources` says: a config.json
     path, the local Hugging Face cache, the catalog, and with ``fetch_config`` a download of config.json alone.
     ``torch_version`` is the torch release the job will run on (``2.15.0+cu132``), for the checks that depend on
@@ -488,33 +468,16 @@ def validate_config(
     (``["distributed.tp_size=4"]``), applied the way AutoModel applies them. Every finding is returned at once;
     nothing raises for bad input.
     """
-    return analyze(
-        config,
-        world_size=world_size,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        model=model,
-        torch_version=torch_version,
-        overrides=overrides,
-        fetch_config=fetch_config,
-    ).report
+    return analyze(Request.of(config, **fields)).report
 
 
-def analyze(
-    config: ConfigInput,
-    *,
-    world_size: int | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    model: ModelInput = None,
-    torch_version: str | None = None,
-    overrides: Overrides = None,
-    fetch_config: bool = False,
-) -> Analysis:
-    """:func:`validate_config`, keeping what the report was computed from (see :class:`Analysis`)."""
-    doc = load_config(config, overrides)
+def analyze(request: Request) -> Analysis:
+    """:func:`validate_config` of a request, keeping what the report was computed from (see :class:`Analysis`)."""
+    if request.job.config is None:
+        raise TypeError("the request names no config")
+    doc = load_config(request.job.config, request.job.overrides)
     findings: list[Finding] = []
-    ctx, source, found = _context(doc, world_size, nodes, gpus_per_node, model, torch_version, findings, fetch_config)
+    ctx, source, found = _context(doc, request, findings)
     all_findings = list(doc.findings) + findings
     if ctx is not None:
         all_findings += _version_note()
@@ -542,18 +505,11 @@ def _default_ranks(world_size: int) -> list[int]:
     return list(range(world_size)) if world_size <= DEFAULT_RANKS_LIMIT else [0]
 
 
-def build_layout(
-    config: ConfigInput,
-    *,
-    world_size: int | None,
-    gpus_per_node: int | None = None,
-    overrides: Overrides = None,
-    nodes: int | None = None,
-) -> tuple[Layout, ValidationReport]:
+def build_layout(config: ConfigInput | Request, **fields: Unpack[RequestFields]) -> tuple[Layout, ValidationReport]:
     """Validate, then return AutoModel's :class:`Layout` and the report; raises :class:`ConfigError`.
-    ``world_size=None``: ``nodes`` x ``gpus_per_node``, else the recipe's ``ci:`` block gives it (and GPUs per
+    Without a world size, ``nodes`` x ``gpus_per_node``, else the recipe's ``ci:`` block gives it (and GPUs per
     node), as in :func:`validate_config`."""
-    result = analyze(config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, overrides=overrides)
+    result = analyze(Request.of(config, **fields))
     if not result.report.valid or result.dims is None or result.dims.layout is None:
         raise ConfigError(result.report)
     return result.dims.layout, result.report
@@ -624,15 +580,12 @@ def _large_groups(lay: Layout, ranks: Sequence[int], max_listed: int | None) -> 
 
 
 def build_mesh(
-    config: ConfigInput,
+    config: ConfigInput | Request,
     *,
-    world_size: int | None = None,
     ranks: Sequence[int] | None = None,
-    gpus_per_node: int | None = None,
     picture_axis: str | None = None,
     max_listed: int | None = MAX_LISTED,
-    overrides: Overrides = None,
-    nodes: int | None = None,
+    **fields: Unpack[RequestFields],
 ) -> MeshReport:
     """AutoModel's exact meshes and per-rank groups for ``world_size`` ranks (or ``nodes`` x ``gpus_per_node``, or
     the recipe's ``ci:`` block), without GPUs.
@@ -643,20 +596,23 @@ def build_mesh(
     (a ``ValueError`` carrying the report) when the config is invalid, and ``ValueError`` for a
     rank outside ``[0, world_size)`` or an unknown ``picture_axis``.
     """
-    lay, report = build_layout(
-        config, world_size=world_size, gpus_per_node=gpus_per_node, overrides=overrides, nodes=nodes
-    )
+    request = Request.of(config, **fields)
+    lay, report = build_layout(request)
     return mesh_report(
         lay,
         report,
         ranks=ranks,
-        gpus_per_node=gpus_per_node or report.gpus_per_node,
+        gpus_per_node=request.cluster.gpus_per_node or report.gpus_per_node,
         picture_axis=picture_axis,
         max_listed=max_listed,
     )
 
 
 __all__ = [
+    "Request",
+    "ConfigInput",
+    "ModelInput",
+    "Overrides",
     "validate_config",
     "analyze",
     "Analysis",

@@ -20,6 +20,7 @@ from .config.values import STRATEGY_ALIASES
 
 if TYPE_CHECKING:
     from .report import ValidationReport
+    from .request import Request
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 _UNREADABLE = {"file-unreadable", "file-not-allowed"}
@@ -48,6 +49,15 @@ def _positive(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
     return n
+
+
+def _request(args: argparse.Namespace, config: Any, overrides: list[str] | None = None) -> Request:
+    """The request of a command: its config and launch overrides, and every option whose name is a request field
+    (the subcommands' option names are the fields')."""
+    from .request import Request, RequestFields
+
+    given = {k: getattr(args, k) for k in RequestFields.__annotations__ if k != "overrides" and hasattr(args, k)}
+    return Request.of(config, overrides=overrides, **given)
 
 
 def _unreadable(report: ValidationReport) -> bool:
@@ -118,19 +128,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     many = len(files) > 1 or any(f != "-" and is_dir(f) for f in files)
     files = [x for f in files for x in _expand(f)]
     fmt = "json" if args.json else args.format
-    reports = [
-        validate_config(
-            _config_arg(f),
-            world_size=args.world_size,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            model=args.model,
-            torch_version=args.torch_version,
-            overrides=overrides,
-            fetch_config=args.fetch_config,
-        )
-        for f in files
-    ]
+    request = _request(args, None, overrides)
+    reports = [validate_config(request.with_config(_config_arg(f))) for f in files]
     if fmt == "json":  # one file: its report; several: the list of reports (each names its file in "source")
         dumped = [r.model_dump(mode="json") for r in reports]
         _print_json(dumped if many else dumped[0])
@@ -197,13 +196,7 @@ def cmd_mesh(args: argparse.Namespace) -> int:
 
     files, overrides = _launch(args, [args.file] if args.file else [])
     try:  # without --world-size, a recipe's ci: block gives it (and GPUs per node), as validate reads it
-        lay, vreport = build_layout(
-            _config_arg(files[0]),
-            world_size=args.world_size,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            overrides=overrides,
-        )
+        lay, vreport = build_layout(_request(args, _config_arg(files[0]), overrides))
         gpn = args.gpus_per_node or vreport.gpus_per_node
         report = mesh_report(lay, vreport, ranks=args.rank, gpus_per_node=gpn, picture_axis=args.axis)
     except ConfigError as exc:
@@ -277,7 +270,15 @@ def _ac_flag(value: str) -> bool | str:
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     from .config.files import is_file
-    from .smoke import SmokeReport, SmokeUsageError, export_smoke_test, judge_smoke_test, run_smoke_test
+    from .smoke import (
+        SmokeOptions,
+        SmokeReport,
+        SmokeRequest,
+        SmokeUsageError,
+        export_smoke_test,
+        judge_smoke_test,
+        run_smoke_test,
+    )
 
     if args.judge:
         if args.file or args.export or args.launch is not None:
@@ -288,42 +289,19 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
         _show(args, judged, "smoke_text")
         return EXIT_OK if judged.passed else EXIT_FAIL
-    layout = {
-        "strategy": args.strategy,
-        "tp": args.tp,
-        "pp": args.pp,
-        "cp": args.cp,
-        "ep": args.ep,
-        "dp_replicate": args.dp_replicate,
-        "pp_schedule": args.pp_schedule,
-        "sequence_parallel": True if args.sequence_parallel else None,
-        "activation_checkpointing": args.activation_checkpointing,
-    }
     files, overrides = _launch(args, [args.file] if args.file else [], need_file=False)
     config = _config_arg(files[0]) if files else None
     if isinstance(config, Path) and not is_file(config):
         raise UsageError(f"cannot read {config}")
+    given = {k: getattr(args, k) for k in SmokeOptions.__annotations__ if k != "overrides"}
+    request = SmokeRequest.of(config, overrides=overrides, **given)
     if args.export:
         if args.world_size is None:
             raise UsageError(
                 "--export needs --world-size (or --nproc-per-node after --): the ranks the cluster's launch will start"
             )
         try:
-            exported = export_smoke_test(
-                config,
-                args.export,
-                world_size=args.world_size,
-                steps=args.steps,
-                model=args.model,
-                stack=args.stack,
-                run_invalid=args.run_invalid,
-                backend=args.backend,
-                precision=args.precision,
-                pg_timeout_s=args.pg_timeout,
-                fault=args.fault,
-                overrides=overrides,
-                **layout,
-            )
+            exported = export_smoke_test(request, args.export)
         except SmokeUsageError as exc:
             raise UsageError(str(exc)) from exc
         if isinstance(exported, SmokeReport):
@@ -333,21 +311,10 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         return EXIT_OK
     try:
         report = run_smoke_test(
-            config,
-            world_size=args.world_size,
-            steps=args.steps,
-            model=args.model,
-            stack=args.stack,
-            run_invalid=args.run_invalid,
-            backend=args.backend,
+            request,
             timeout_s=args.timeout,
-            pg_timeout_s=args.pg_timeout,
-            precision=args.precision,
-            fault=args.fault,
             launcher=args.launcher,
             progress=None if args.json or args.quiet else _ProgressLine(),
-            overrides=overrides,
-            **layout,
         )
     except SmokeUsageError as exc:
         raise UsageError(str(exc)) from exc
@@ -366,22 +333,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     files, overrides = _launch(args, [args.file] if args.file else [])
     try:
         est = estimate_memory(
-            _config_arg(files[0]),
-            model=args.model,
-            world_size=args.world_size,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            gpu=args.gpu,
-            seq_len=args.seq_len,
-            micro_batch_size=args.micro_batch_size,
-            global_batch_size=args.global_batch_size,
-            precision=args.precision,
-            headroom=args.headroom,
-            memory_gib=args.memory_gib,
-            intra_gbps=args.intra_gbps,
-            inter_gbps=args.inter_gbps,
-            overrides=overrides,
-            fetch_config=args.fetch_config,
+            _request(args, _config_arg(files[0]), overrides), precision=args.precision, headroom=args.headroom
         )
     except ConfigError as exc:
         if exc.report.world_size is None and not exc.report.errors:
@@ -404,24 +356,14 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
 
     try:
         report = dry_run(
-            _config_arg(files[0]),
-            world_size=args.world_size,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
+            _request(args, _config_arg(files[0]), overrides),
             ranks=args.rank,
-            model=args.model,
-            seq_len=args.seq_len,
-            micro_batch_size=args.micro_batch_size,
-            global_batch_size=args.global_batch_size,
-            overrides=overrides,
             timeout_s=args.timeout,
             num_layers=args.num_layers,
             full_depth=args.full_depth,
-            gpu=args.gpu,
             headroom=args.headroom,
             host_gib=args.host_memory_gib,
             progress=None if quiet else progress,
-            fetch_config=args.fetch_config,
         )
     except DryRunUnavailable as exc:
         raise UsageError(str(exc)) from exc
@@ -434,38 +376,22 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
 def cmd_suggest(args: argparse.Namespace) -> int:
     from .suggest import suggest_strategy
 
+    request = _request(args, _config_arg(args.file) if args.file else None)
     try:
         report = suggest_strategy(
-            args.model,
-            config=_config_arg(args.file) if args.file else None,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            gpu=args.gpu,
-            seq_len=args.seq_len,
-            global_batch_size=args.global_batch_size,
-            micro_batch_size=args.micro_batch_size,
+            request,
             precision=args.precision,
             allow_activation_checkpointing=not args.no_activation_checkpointing,
             headroom=args.headroom,
             top_k=args.top,
-            memory_gib=args.memory_gib,
-            intra_gbps=args.intra_gbps,
-            inter_gbps=args.inter_gbps,
             strategies=args.strategy,
-            fetch_config=args.fetch_config,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if args.verify:
         from .verified import verify_candidates
 
-        report = verify_candidates(
-            report,
-            config=_config_arg(args.file) if args.file else None,
-            model=args.model,
-            top=args.verify,
-            headroom=args.headroom,
-        )
+        report = verify_candidates(report, request, top=args.verify, headroom=args.headroom)
     _show(args, report, "suggest_text")
     return EXIT_OK if report.candidates else EXIT_FAIL
 
@@ -639,7 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument(
         "--pp-schedule", help="1f1b, gpipe, interleaved1f1b, loopedbfs, interleavedzerobubble, zbvzerobubble, dualpipev"
     )
-    lay.add_argument("--sequence-parallel", action="store_true", help="sequence_parallel: true (with --tp)")
+    lay.add_argument(
+        "--sequence-parallel", action="store_true", default=None, help="sequence_parallel: true (with --tp)"
+    )
     lay.add_argument("--activation-checkpointing", type=_ac_flag, metavar="{true,false,selective}")
     run = sm.add_argument_group("run")
     run.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with enough GPUs, else gloo")
@@ -650,7 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto = the config's mp_policy (AutoModel's default: bf16 params, fp32 reduce)",
     )
     run.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit in seconds")
-    run.add_argument("--pg-timeout", type=float, default=60.0, help="process-group timeout in seconds")
+    run.add_argument(
+        "--pg-timeout", dest="pg_timeout_s", type=float, default=60.0, help="process-group timeout in seconds"
+    )
     run.add_argument(
         "--fault", help="testing: crash@RANK:STEP, hang@RANK:STEP, skew@RANK:STEP, stall@RANK:0 or abort@RANK:0"
     )

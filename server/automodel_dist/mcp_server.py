@@ -40,6 +40,7 @@ from .config.files import (
 from .dry_run.report import DryRunReport
 from .estimate.report import Estimate
 from .report import ConfigError, ExplainReport, Finding, MeshReport, ValidationReport
+from .request import Request
 from .smoke.report import SmokeReport
 from .suggest.report import SuggestReport
 
@@ -133,6 +134,17 @@ InterGbps = Annotated[
         description=("Override the GB/s per GPU, one direction, to other nodes (default: the GPU's, see list_models)."),
     ),
 ]
+Gpu = Annotated[
+    str,
+    Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, GB200, L40S (list_models)"),
+]
+SeqLen = Annotated[
+    int | None,
+    Field(default=None, ge=16, le=1 << 22, description="Tokens per sequence (default: the recipe's, else 4096)."),
+]
+MicroBatch = Annotated[int | None, Field(default=None, ge=1, le=4096, description="Sequences per microbatch.")]
+GlobalBatch = Annotated[int | None, Field(default=None, ge=1, le=1 << 24, description="Sequences per step.")]
+Precision = Literal["auto", "bf16", "bf16-mixed", "fp32"]
 Headroom = Annotated[float, Field(ge=0.0, lt=1.0, description="Fraction of GPU memory kept free.")]
 LaunchOverrides = Annotated[
     list[Annotated[str, Field(max_length=MAX_OVERRIDE_CHARS)]] | None,
@@ -287,7 +299,7 @@ def create_server() -> MCPServer:
             return ValidationReport(valid=False, source=config_path, findings=[exc.finding])
         from .api import validate_config as _validate_config
 
-        return _validate_config(
+        request = Request.of(
             config,
             world_size=world_size,
             nodes=nodes,
@@ -297,6 +309,7 @@ def create_server() -> MCPServer:
             overrides=overrides,
             fetch_config=fetch_config,
         )
+        return _validate_config(request)
 
     @server.tool(annotations=ro)
     @_anticipated
@@ -330,9 +343,10 @@ def create_server() -> MCPServer:
         from .api import build_layout, mesh_report
 
         try:
-            lay, report = build_layout(
+            request = Request.of(
                 config, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node, overrides=overrides
             )
+            lay, report = build_layout(request)
         except ConfigError as exc:
             if exc.report.world_size is None and not exc.report.errors:
                 raise ValueError(
@@ -362,18 +376,11 @@ def create_server() -> MCPServer:
             Field(default=None, ge=1, le=1 << 17, description=("Nodes (default: the recipe's ci: block, else 1).")),
         ] = None,
         gpus_per_node: GpusPerNode = None,
-        gpu: Annotated[
-            str, Field(max_length=64, description="A100-40GB, A100-80GB, H100-80GB, H200-141GB, B200, GB200, L40S")
-        ] = "H100-80GB",
-        seq_len: Annotated[
-            int | None,
-            Field(
-                default=None, ge=16, le=1 << 22, description=("Tokens per sequence (default: the recipe's, else 4096).")
-            ),
-        ] = None,
-        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
-        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
-        precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = "auto",
+        gpu: Gpu = "H100-80GB",
+        seq_len: SeqLen = None,
+        global_batch_size: GlobalBatch = None,
+        micro_batch_size: MicroBatch = None,
+        precision: Precision = "auto",
         allow_activation_checkpointing: bool = True,
         headroom: Headroom = 0.1,
         top_k: Annotated[int, Field(ge=1, le=20)] = 5,
@@ -425,32 +432,33 @@ def create_server() -> MCPServer:
             config = _config(config_yaml, config_path, required=False)
         except _Unreadable as exc:
             raise ValueError(exc.finding.message) from None
-        report = _suggest(
-            model,
-            config=config,
+        request = Request.of(
+            config,
+            model=model,
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             gpu=gpu,
             seq_len=seq_len,
             global_batch_size=global_batch_size,
             micro_batch_size=micro_batch_size,
+            memory_gib=memory_gib,
+            intra_gbps=intra_gbps,
+            inter_gbps=inter_gbps,
+            fetch_config=fetch_config,
+        )
+        report = _suggest(
+            request,
             precision=precision,
             allow_activation_checkpointing=allow_activation_checkpointing,
             headroom=headroom,
             top_k=top_k,
-            memory_gib=memory_gib,
-            intra_gbps=intra_gbps,
-            inter_gbps=inter_gbps,
             strategies=strategies,
-            fetch_config=fetch_config,
         )
         if not verify:
             return report
 
         def work(progress: Any, cancel: threading.Event) -> SuggestReport:
-            return verify_candidates(
-                report, config=config, model=model, top=verify, headroom=headroom, cancel=cancel, progress=progress
-            )
+            return verify_candidates(report, request, top=verify, headroom=headroom, cancel=cancel, progress=progress)
 
         return await _with_progress(ctx, work, "suggest-verify")
 
@@ -470,11 +478,11 @@ def create_server() -> MCPServer:
         world_size: WorldSize = None,
         nodes: Nodes = None,
         gpus_per_node: GpusPerNode = None,
-        gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
-        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22)] = None,
-        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
-        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
-        precision: Literal["auto", "bf16", "bf16-mixed", "fp32"] = "auto",
+        gpu: Gpu = "H100-80GB",
+        seq_len: SeqLen = None,
+        micro_batch_size: MicroBatch = None,
+        global_batch_size: GlobalBatch = None,
+        precision: Precision = "auto",
         overrides: LaunchOverrides = None,
         headroom: Headroom = 0.1,
         memory_gib: MemoryGib = None,
@@ -487,7 +495,7 @@ def create_server() -> MCPServer:
         from .estimate import estimate_memory as _estimate
 
         try:
-            est = _estimate(
+            request = Request.of(
                 _config(config_yaml, config_path),
                 model=_model_arg(model),
                 world_size=world_size,
@@ -497,14 +505,13 @@ def create_server() -> MCPServer:
                 seq_len=seq_len,
                 micro_batch_size=micro_batch_size,
                 global_batch_size=global_batch_size,
-                precision=precision,
                 overrides=overrides,
-                headroom=headroom,
                 memory_gib=memory_gib,
                 intra_gbps=intra_gbps,
                 inter_gbps=inter_gbps,
                 fetch_config=fetch_config,
             )
+            est = _estimate(request, precision=precision, headroom=headroom)
         except _Unreadable as exc:
             return EstimateResult(valid=False, findings=[exc.finding])
         except ConfigError as exc:
@@ -567,35 +574,33 @@ def create_server() -> MCPServer:
         clipped by AutoModel's own code (stack automodel); else a tiny model through this tool's re-implementation
         of AutoModel's parallelize order (stack tiny). A few steps are compared with one process: loss, grad norm,
         first-step gradients and final parameters. Reports progress; cancelling stops every rank."""
+        from .smoke import SmokeRequest
         from .smoke import run_smoke_test as _smoke
 
-        source = _config(config_yaml, config_path, required=False)
+        request = SmokeRequest.of(
+            _config(config_yaml, config_path, required=False),
+            world_size=world_size,
+            overrides=overrides,
+            steps=steps,
+            model=model,
+            stack=stack,
+            run_invalid=run_invalid,
+            backend=backend,
+            precision=precision,
+            fault=fault,
+            strategy=strategy,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            dp_replicate=dp_replicate,
+            pp_schedule=pp_schedule,
+            sequence_parallel=sequence_parallel,
+            activation_checkpointing=activation_checkpointing,
+        )
 
         def work(progress: Any, cancel: threading.Event) -> SmokeReport:
-            return _smoke(
-                source,
-                world_size=world_size,
-                steps=steps,
-                model=model,
-                stack=stack,
-                run_invalid=run_invalid,
-                backend=backend,
-                precision=precision,
-                timeout_s=timeout_s,
-                fault=fault,
-                cancel=cancel,
-                progress=progress,
-                strategy=strategy,
-                tp=tp,
-                pp=pp,
-                cp=cp,
-                ep=ep,
-                dp_replicate=dp_replicate,
-                pp_schedule=pp_schedule,
-                sequence_parallel=sequence_parallel,
-                activation_checkpointing=activation_checkpointing,
-                overrides=overrides,
-            )
+            return _smoke(request, timeout_s=timeout_s, cancel=cancel, progress=progress)
 
         return await _with_progress(ctx, work, "smoke-run")
 
@@ -621,9 +626,9 @@ def create_server() -> MCPServer:
                 description=("Ranks to measure (default: rank 0, or the first rank of every pipeline stage)."),
             ),
         ] = None,
-        seq_len: Annotated[int | None, Field(default=None, ge=16, le=1 << 22)] = None,
-        micro_batch_size: Annotated[int | None, Field(default=None, ge=1, le=4096)] = None,
-        global_batch_size: Annotated[int | None, Field(default=None, ge=1, le=1 << 24)] = None,
+        seq_len: SeqLen = None,
+        micro_batch_size: MicroBatch = None,
+        global_batch_size: GlobalBatch = None,
         num_layers: Annotated[
             int | None,
             Field(
@@ -642,7 +647,7 @@ def create_server() -> MCPServer:
                 )
             ),
         ] = False,
-        gpu: Annotated[str, Field(max_length=64)] = "H100-80GB",
+        gpu: Gpu = "H100-80GB",
         headroom: Headroom = 0.1,
         timeout_s: Annotated[float, Field(ge=10, le=3600)] = 900.0,
         overrides: LaunchOverrides = None,
@@ -655,30 +660,31 @@ def create_server() -> MCPServer:
         from .dry_run import DryRunUnavailable
         from .dry_run import dry_run as _dry_run
 
-        config = _config(config_yaml, config_path)
-        model = _model_arg(model)
+        request = Request.of(
+            _config(config_yaml, config_path),
+            world_size=world_size,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            model=_model_arg(model),
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            overrides=overrides,
+            gpu=gpu,
+            fetch_config=fetch_config,
+        )
 
         def work(progress: Any, cancel: threading.Event) -> DryRunReport:
             try:
                 return _dry_run(
-                    config,
-                    world_size=world_size,
-                    nodes=nodes,
-                    gpus_per_node=gpus_per_node,
+                    request,
                     ranks=ranks,
-                    model=model,
-                    seq_len=seq_len,
-                    micro_batch_size=micro_batch_size,
-                    global_batch_size=global_batch_size,
-                    overrides=overrides,
                     timeout_s=timeout_s,
                     num_layers=num_layers,
                     full_depth=full_depth,
-                    gpu=gpu,
                     headroom=headroom,
                     progress=progress,
                     cancel=cancel,
-                    fetch_config=fetch_config,
                 )
             except DryRunUnavailable as exc:
                 raise ValueError(str(exc)) from exc

@@ -13,6 +13,7 @@ import yaml
 
 from .config.load import load_path, load_text
 from .dry_run import DryRunUnavailable, DryRunUsageError, dry_run, missing_packages
+from .request import Request
 from .suggest.report import SuggestReport
 
 DEFAULT_VERIFY = 3
@@ -23,9 +24,8 @@ VERIFY_TIMEOUT_S = 120.0
 
 def verify_candidates(
     report: SuggestReport,
+    request: Request = Request(),
     *,
-    config: Any = None,
-    model: Any = None,
     top: int = DEFAULT_VERIFY,
     headroom: float = 0.1,
     cancel: threading.Event | None = None,
@@ -33,10 +33,12 @@ def verify_candidates(
     timeout_s: float = VERIFY_TIMEOUT_S,
 ) -> SuggestReport:
     """Measure the first ``top`` candidates with the dry run (a repeating model built shallow and extrapolated), on the
-    report's cluster and sizes; each candidate's block replaces the recipe's ``distributed:`` (the rest of the recipe,
-    e.g. its PEFT and loss, is kept). Without AutoModel installed the report is returned as it was."""
+    report's cluster and sizes; each candidate's block replaces the ``distributed:`` of the recipe the suggestion was
+    asked with (``request``: its config and model; the rest of the recipe, e.g. its PEFT and loss, is kept). Without
+    AutoModel installed the report is returned as it was."""
     if top <= 0 or missing_packages() or not report.candidates:
         return report
+    config, model = request.config, request.lookup.model
     base: dict[str, Any] = {}
     if isinstance(config, dict):
         base = dict(config)
@@ -53,6 +55,7 @@ def verify_candidates(
         try:
             dr = dry_run(
                 recipe,
+                fetch_config=request.lookup.fetch_config,
                 world_size=report.world_size,
                 gpus_per_node=report.gpus_per_node,
                 model=model if model is not None else report.model,

@@ -1,13 +1,16 @@
 """Architectures of well-known models, keyed by Hugging Face repo id, plus HF config.json parsing.
 
-Nothing is downloaded: the catalog holds the config values that matter for parallelism
-(heads, kv heads, layers, experts, sizes) and each model's published parameter total, which
-``tests/test_catalog.py`` checks against ``ModelSpec.param_count()`` (within 2%).
+Nothing is downloaded: the catalog (``catalog.json``) holds each model's config.json trimmed to the values that matter
+for parallelism (heads, kv heads, layers, experts, sizes; ``configs/``), read by the same parser as a config.json in
+the Hugging Face cache, and its published parameter total, which ``tests/test_catalog.py`` checks against
+``ModelSpec.param_count()`` (within 2%).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -283,586 +286,45 @@ class ModelSpec:
         return self.param_count() - idle
 
 
-def _llama(
-    name: str,
-    h: int,
-    layers: int,
-    heads: int,
-    kv: int,
-    inter: int,
-    vocab: int,
-    *,
-    tied: bool,
-    published: float,
-    aliases: tuple[str, ...] = (),
-) -> ModelSpec:
-    return ModelSpec(
-        name,
-        h,
-        layers,
-        heads,
-        kv,
-        inter,
-        vocab,
-        tie_word_embeddings=tied,
-        published_params=published,
-        architecture="LlamaForCausalLM",
-        source=f"https://huggingface.co/{name}",
-        aliases=aliases,
-    )
+CATALOG_DIR = Path(__file__).resolve().parent  # catalog.json and configs/: package data
 
 
-def _qwen25(
-    name: str, h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, *, tied: bool, published: float
-) -> ModelSpec:
-    return ModelSpec(
-        name,
-        h,
-        layers,
-        heads,
-        kv,
-        inter,
-        vocab,
-        tie_word_embeddings=tied,
-        qkv_bias=True,
-        published_params=published,
-        architecture="Qwen2ForCausalLM",
-        source=f"https://huggingface.co/{name}",
-        aliases=(f"{name}-Instruct",),
-    )
-
-
-def _qwen3(
-    name: str, h: int, layers: int, heads: int, kv: int, inter: int, *, tied: bool, published: float
-) -> ModelSpec:
-    return ModelSpec(
-        name,
-        h,
-        layers,
-        heads,
-        kv,
-        inter,
-        151936,
-        head_dim=128,
-        tie_word_embeddings=tied,
-        qk_norm=True,
-        published_params=published,
-        architecture="Qwen3ForCausalLM",
-        source=f"https://huggingface.co/{name}",
-        aliases=(f"{name}-Base",),
-    )
-
-
-def _deepseek_v3(
-    name: str,
-    *,
-    heads: int,
-    vocab: int,
-    experts: int,
-    dense_layers: int,
-    published: float,
-    aliases: tuple[str, ...] = (),
-) -> ModelSpec:
-    """The DeepSeek-V3 architecture (MLA, 61 layers of width 7168, 8 of ``experts`` routed plus one shared)."""
-    return ModelSpec(
-        name,
-        7168,
-        61,
-        heads,
-        heads,
-        18432,
-        vocab,
-        num_experts=experts,
-        experts_per_token=8,
-        moe_intermediate_size=2048,
-        shared_expert_intermediate_size=2048,
-        first_dense_layers=dense_layers,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        head_dim=192,
-        published_params=published,
-        architecture="DeepseekV3ForCausalLM",
-        source=f"https://huggingface.co/{name}",
-        aliases=aliases,
-    )
-
-
-_LAYER_CODES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H hybrid_override_pattern
-
-
-def _nemotron_h(
-    name: str,
-    h: int,
-    pattern: str,
-    heads: int,
-    kv: int,
-    inter: int,
-    *,
-    mamba_heads: int,
-    published: float,
-    aliases: tuple[str, ...] = (),
-    **moe: int,
-) -> ModelSpec:
-    return ModelSpec(
-        name,
-        h,
-        len(pattern),
-        heads,
-        kv,
-        inter,
-        131072,
-        head_dim=128,
-        norms_per_layer=1,
-        layer_types=tuple(_LAYER_CODES[c] for c in pattern),
-        mamba_num_heads=mamba_heads,
-        mamba_head_dim=64,
-        mamba_n_groups=8,
-        ssm_state_size=128,
-        gated_mlp=False,
-        published_params=published,
-        architecture="NemotronHForCausalLM",
-        source=f"https://huggingface.co/{name}",
-        aliases=aliases,
-        **moe,
-    )
-
-
-_CATALOG: list[ModelSpec] = [
-    # Llama 3.x (Meta)
-    _llama(
-        "meta-llama/Llama-3.2-1B",
-        2048,
-        16,
-        32,
-        8,
-        8192,
-        128256,
-        tied=True,
-        published=1.24e9,
-        aliases=("meta-llama/Llama-3.2-1B-Instruct",),
-    ),
-    _llama(
-        "meta-llama/Llama-3.2-3B",
-        3072,
-        28,
-        24,
-        8,
-        8192,
-        128256,
-        tied=True,
-        published=3.21e9,
-        aliases=("meta-llama/Llama-3.2-3B-Instruct",),
-    ),
-    _llama(
-        "meta-llama/Llama-3.1-8B",
-        4096,
-        32,
-        32,
-        8,
-        14336,
-        128256,
-        tied=False,
-        published=8.03e9,
-        aliases=(
-            "meta-llama/Llama-3.1-8B-Instruct",
-            "meta-llama/Meta-Llama-3-8B",
-            "meta-llama/Meta-Llama-3.1-8B",
-            "meta-llama/Meta-Llama-3-8B-Instruct",
-        ),
-    ),
-    _llama(
-        "meta-llama/Llama-3.1-70B",
-        8192,
-        80,
-        64,
-        8,
-        28672,
-        128256,
-        tied=False,
-        published=70.6e9,
-        aliases=(
-            "meta-llama/Llama-3.1-70B-Instruct",
-            "meta-llama/Llama-3.3-70B-Instruct",
-            "meta-llama/Meta-Llama-3-70B",
-            "meta-llama/Meta-Llama-3.1-70B",
-        ),
-    ),
-    _llama(
-        "meta-llama/Llama-3.1-405B",
-        16384,
-        126,
-        128,
-        8,
-        53248,
-        128256,
-        tied=False,
-        published=406e9,
-        aliases=("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Meta-Llama-3.1-405B"),
-    ),
-    # Qwen2.5 dense
-    _qwen25("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, tied=True, published=0.49e9),
-    _qwen25("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, tied=True, published=1.54e9),
-    _qwen25("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, tied=True, published=3.09e9),
-    _qwen25("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, tied=False, published=7.61e9),
-    _qwen25("Qwen/Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, tied=False, published=14.7e9),
-    _qwen25("Qwen/Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, tied=False, published=32.5e9),
-    _qwen25("Qwen/Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, tied=False, published=72.7e9),
-    # Qwen3 dense
-    _qwen3("Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, tied=True, published=0.6e9),
-    _qwen3("Qwen/Qwen3-1.7B", 2048, 28, 16, 8, 6144, tied=True, published=1.7e9),
-    _qwen3("Qwen/Qwen3-4B", 2560, 36, 32, 8, 9728, tied=True, published=4.0e9),
-    _qwen3("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, tied=False, published=8.2e9),
-    _qwen3("Qwen/Qwen3-14B", 5120, 40, 40, 8, 17408, tied=False, published=14.8e9),
-    _qwen3("Qwen/Qwen3-32B", 5120, 64, 64, 8, 25600, tied=False, published=32.8e9),
-    # Qwen3 MoE
-    ModelSpec(
-        "Qwen/Qwen3-30B-A3B",
-        2048,
-        48,
-        32,
-        4,
-        6144,
-        151936,
-        head_dim=128,
-        qk_norm=True,
-        num_experts=128,
-        experts_per_token=8,
-        moe_intermediate_size=768,
-        published_params=30.5e9,
-        architecture="Qwen3MoeForCausalLM",
-        source="https://huggingface.co/Qwen/Qwen3-30B-A3B",
-        aliases=("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B-Thinking-2507"),
-    ),
-    ModelSpec(
-        "Qwen/Qwen3-235B-A22B",
-        4096,
-        94,
-        64,
-        4,
-        12288,
-        151936,
-        head_dim=128,
-        qk_norm=True,
-        num_experts=128,
-        experts_per_token=8,
-        moe_intermediate_size=1536,
-        published_params=235e9,
-        architecture="Qwen3MoeForCausalLM",
-        source="https://huggingface.co/Qwen/Qwen3-235B-A22B",
-        aliases=("Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-235B-A22B-Thinking-2507"),
-    ),
-    # Mixtral
-    ModelSpec(
-        "mistralai/Mixtral-8x7B-v0.1",
-        4096,
-        32,
-        32,
-        8,
-        14336,
-        32000,
-        num_experts=8,
-        experts_per_token=2,
-        moe_intermediate_size=14336,
-        published_params=46.7e9,
-        architecture="MixtralForCausalLM",
-        source="https://huggingface.co/mistralai/Mixtral-8x7B-v0.1",
-        aliases=("mistralai/Mixtral-8x7B-Instruct-v0.1",),
-    ),
-    ModelSpec(
-        "mistralai/Mixtral-8x22B-v0.1",
-        6144,
-        56,
-        48,
-        8,
-        16384,
-        32768,
-        num_experts=8,
-        experts_per_token=2,
-        moe_intermediate_size=16384,
-        published_params=141e9,
-        architecture="MixtralForCausalLM",
-        source="https://huggingface.co/mistralai/Mixtral-8x22B-v0.1",
-        aliases=("mistralai/Mixtral-8x22B-Instruct-v0.1",),
-    ),
-    # DeepSeek-V3 (671B main model; the HF checkpoint adds a 14B multi-token-prediction module)
-    _deepseek_v3(
-        "deepseek-ai/DeepSeek-V3",
-        heads=128,
-        vocab=129280,
-        experts=256,
-        dense_layers=3,
-        published=671e9,
-        aliases=("deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1"),
-    ),
-    # phi-4 (the transformers Phi3ForCausalLM: fused qkv and gate/up projections, the same parameters); its 10 KV
-    # heads are SKILL.md's TP pitfall: tp 4 fails after launch
-    ModelSpec(
-        "microsoft/phi-4",
-        5120,
-        40,
-        40,
-        10,
-        17920,
-        100352,
-        published_params=14.7e9,
-        architecture="Phi3ForCausalLM",
-        source="https://huggingface.co/microsoft/phi-4",
-    ),
-    # Mistral (dense; AutoModel 0.7.0 builds the transformers MistralForCausalLM)
-    ModelSpec(
-        "mistralai/Mistral-7B-v0.3",
-        4096,
-        32,
-        32,
-        8,
-        14336,
-        32768,
-        published_params=7.25e9,
-        architecture="MistralForCausalLM",
-        source="https://huggingface.co/mistralai/Mistral-7B-v0.3",
-        aliases=("mistralai/Mistral-7B-Instruct-v0.3",),
-    ),
-    ModelSpec(
-        "mistralai/Mistral-Nemo-Base-2407",
-        5120,
-        40,
-        32,
-        8,
-        14336,
-        131072,
-        head_dim=128,
-        published_params=12.2e9,
-        architecture="MistralForCausalLM",
-        source="https://huggingface.co/mistralai/Mistral-Nemo-Base-2407",
-        aliases=("mistralai/Mistral-Nemo-Instruct-2407",),
-    ),
-    ModelSpec(
-        "mistralai/Mistral-Small-24B-Base-2501",
-        5120,
-        40,
-        32,
-        8,
-        32768,
-        131072,
-        head_dim=128,
-        published_params=23.6e9,
-        architecture="MistralForCausalLM",
-        source="https://huggingface.co/mistralai/Mistral-Small-24B-Base-2501",
-        aliases=("mistralai/Mistral-Small-24B-Instruct-2501",),
-    ),
-    # Kimi K2 (Moonshot AI): the DeepSeek-V3 architecture (its config.json names DeepseekV3ForCausalLM) with 384
-    # experts, 64 heads and one leading dense layer
-    _deepseek_v3(
-        "moonshotai/Kimi-K2-Instruct",
-        heads=64,
-        vocab=163840,
-        experts=384,
-        dense_layers=1,
-        published=1.04e12,
-        aliases=("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking"),
-    ),
-    # GLM-4.5 (Z.ai): GQA with q/k/v biases, a shared expert, leading dense layers; the checkpoints' extra
-    # multi-token-prediction layer is not part of the model AutoModel trains
-    ModelSpec(
-        "zai-org/GLM-4.5",
-        5120,
-        92,
-        96,
-        8,
-        12288,
-        151552,
-        head_dim=128,
-        qkv_bias=True,
-        qk_norm=True,
-        num_experts=160,
-        experts_per_token=8,
-        moe_intermediate_size=1536,
-        shared_expert_intermediate_size=1536,
-        first_dense_layers=3,
-        published_params=355e9,
-        architecture="Glm4MoeForCausalLM",
-        source="https://huggingface.co/zai-org/GLM-4.5",
-        aliases=("zai-org/GLM-4.5-Base", "THUDM/GLM-4.5"),
-    ),
-    ModelSpec(
-        "zai-org/GLM-4.5-Air",
-        4096,
-        46,
-        96,
-        8,
-        10944,
-        151552,
-        head_dim=128,
-        qkv_bias=True,
-        num_experts=128,
-        experts_per_token=8,
-        moe_intermediate_size=1408,
-        shared_expert_intermediate_size=1408,
-        first_dense_layers=1,
-        published_params=106e9,
-        architecture="Glm4MoeForCausalLM",
-        source="https://huggingface.co/zai-org/GLM-4.5-Air",
-        aliases=("zai-org/GLM-4.5-Air-Base", "THUDM/GLM-4.5-Air"),
-    ),
-    # gpt-oss (OpenAI)
-    ModelSpec(
-        "openai/gpt-oss-20b",
-        2880,
-        24,
-        64,
-        8,
-        2880,
-        201088,
-        head_dim=64,
-        qkv_bias=True,
-        o_bias=True,
-        num_experts=32,
-        experts_per_token=4,
-        moe_intermediate_size=2880,
-        expert_bias=True,
-        attention_sinks=True,
-        published_params=20.9e9,
-        architecture="GptOssForCausalLM",
-        source="https://huggingface.co/openai/gpt-oss-20b",
-    ),
-    ModelSpec(
-        "openai/gpt-oss-120b",
-        2880,
-        36,
-        64,
-        8,
-        2880,
-        201088,
-        head_dim=64,
-        qkv_bias=True,
-        o_bias=True,
-        num_experts=128,
-        experts_per_token=4,
-        moe_intermediate_size=2880,
-        expert_bias=True,
-        attention_sinks=True,
-        published_params=116.8e9,
-        architecture="GptOssForCausalLM",
-        source="https://huggingface.co/openai/gpt-oss-120b",
-    ),
-    # Nemotron-H (NVIDIA): hybrid Mamba-2 / attention, each layer one mixer (M mamba, * attention, - MLP, E MoE)
-    _nemotron_h(
-        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
-        2688,
-        "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-        32,
-        2,
-        1856,
-        mamba_heads=64,
-        num_experts=128,
-        experts_per_token=6,
-        moe_intermediate_size=1856,
-        shared_expert_intermediate_size=3712,
-        published=31.6e9,
-        aliases=("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8"),
-    ),
-    _nemotron_h(
-        "nvidia/Nemotron-H-8B-Base-8K",
-        4096,
-        "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
-        32,
-        8,
-        21504,
-        mamba_heads=128,
-        published=8.1e9,
-    ),
-    # Gemma (Google)
-    ModelSpec(
-        "google/gemma-2-2b",
-        2304,
-        26,
-        8,
-        4,
-        9216,
-        256000,
-        head_dim=256,
-        tie_word_embeddings=True,
-        norms_per_layer=4,
-        published_params=2.61e9,
-        architecture="Gemma2ForCausalLM",
-        source="https://huggingface.co/google/gemma-2-2b",
-        aliases=("google/gemma-2-2b-it",),
-    ),
-    ModelSpec(
-        "google/gemma-2-9b",
-        3584,
-        42,
-        16,
-        8,
-        14336,
-        256000,
-        head_dim=256,
-        tie_word_embeddings=True,
-        norms_per_layer=4,
-        published_params=9.24e9,
-        architecture="Gemma2ForCausalLM",
-        source="https://huggingface.co/google/gemma-2-9b",
-        aliases=("google/gemma-2-9b-it",),
-    ),
-    ModelSpec(
-        "google/gemma-2-27b",
-        4608,
-        46,
-        32,
-        16,
-        36864,
-        256000,
-        head_dim=128,
-        tie_word_embeddings=True,
-        norms_per_layer=4,
-        published_params=27.2e9,
-        architecture="Gemma2ForCausalLM",
-        source="https://huggingface.co/google/gemma-2-27b",
-        aliases=("google/gemma-2-27b-it",),
-    ),
-    ModelSpec(
-        "google/gemma-3-1b-pt",
-        1152,
-        26,
-        4,
-        1,
-        6912,
-        262144,
-        head_dim=256,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        norms_per_layer=4,
-        published_params=1.0e9,
-        architecture="Gemma3ForCausalLM",
-        source="https://huggingface.co/google/gemma-3-1b-pt",
-        aliases=("google/gemma-3-1b-it",),
-    ),
-]
-
-_BY_NAME: dict[str, ModelSpec] = {}
-for _spec in _CATALOG:
-    for _n in (_spec.name, *_spec.aliases):
-        _BY_NAME[_n.lower()] = _spec
+@functools.cache
+def _catalog() -> tuple[tuple[ModelSpec, ...], dict[str, ModelSpec]]:
+    """The entries of catalog.json, each read from its trimmed config.json by :func:`from_hf_config` (the parser the
+    Hugging Face cache goes through), and every name and alias lowered -> its entry."""
+    index = json.loads((CATALOG_DIR / "catalog.json").read_text(encoding="utf-8"))
+    specs = []
+    for entry in index["models"]:
+        cfg = json.loads((CATALOG_DIR / entry["config"]).read_text(encoding="utf-8"))
+        name = entry["name"]
+        specs.append(
+            replace(
+                from_hf_config(cfg, name=name),
+                published_params=entry["published_params"],
+                source=f"https://huggingface.co/{name}",
+                aliases=tuple(entry.get("aliases", ())),
+            )
+        )
+    by_name = {n.lower(): spec for spec in specs for n in (spec.name, *spec.aliases)}
+    return tuple(specs), by_name
 
 
 def catalog() -> list[ModelSpec]:
     """Every catalog entry (aliases not repeated)."""
-    return list(_CATALOG)
+    return list(_catalog()[0])
 
 
 def lookup(name: str) -> ModelSpec | None:
     """Case-insensitive lookup by Hugging Face repo id (or an alias such as an -Instruct variant)."""
-    spec = _BY_NAME.get(name.strip().lower())
+    spec = _catalog()[1].get(name.strip().lower())
     return replace(spec, name=spec.name) if spec else None
 
 
 def close_matches(name: str, n: int = 3) -> list[str]:
     if len(name) > 200:  # no catalog name is near it
         return []
-    names = [s.name for s in _CATALOG]
+    names = [s.name for s in _catalog()[0]]
     lowered = {x.lower(): x for x in names}
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.4)
     return [lowered[h] for h in hits]
@@ -1037,6 +499,7 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_LAYER_CODES = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H hybrid_override_pattern
 _LAYER_NAMES = {
     "mamba": "mamba",
     "linear_attention": "mamba",

@@ -7,17 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import ConfigInput, ModelInput, Overrides, analyze
+from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
-from ..catalog.models import ModelConfigError, ModelSpec
-from ..catalog.sources import resolve
+from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from ..estimate import model_of
+from ..estimate import model_of, resolved_model
 from ..report import ValidationReport
-from ..stack.recipe import backend_for, jsonable, loss_for, optimizer_for, sanitized_block, uses_liger
+from ..request import Request
+from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block, uses_liger
 from ..workload import read_workload
 from .depth import Depth, plan_depth, truncated_config
+from .spec import Build, DryRunSpec
 
 DEFAULT_SEQ_LEN = 4096
 TEACHER_NOT_BUILT = "knowledge distillation: the teacher_model is not built or run"
@@ -35,7 +36,7 @@ class Plan:
     dims: ParallelDims
     model: ModelSpec
     model_source: str
-    specs: list[dict[str, Any]]
+    specs: list[DryRunSpec]
     seq_len: int
     micro_batch_size: int
     local_batch_size: int
@@ -50,22 +51,11 @@ class Plan:
 
 
 def plan_dry_run(
-    config: ConfigInput,
-    *,
-    world_size: int | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    ranks: list[int] | None = None,
-    model: ModelInput = None,
-    seq_len: int | None = None,
-    micro_batch_size: int | None = None,
-    global_batch_size: int | None = None,
-    overrides: Overrides = None,
-    num_layers: int | None = None,
-    full_depth: bool = False,
-    fetch_config: bool = False,
+    request: Request, *, ranks: list[int] | None = None, num_layers: int | None = None, full_depth: bool = False
 ) -> Plan:
-    """Raises :class:`DryRunUsageError` where the arguments or the config cannot describe one."""
+    """Raises :class:`DryRunUsageError` where the request or the config cannot describe one."""
+    seq_len, micro_batch_size = request.workload.seq_len, request.workload.micro_batch_size
+    global_batch_size = request.workload.global_batch_size
     for name, value in (
         ("seq_len", seq_len),
         ("micro_batch_size", micro_batch_size),
@@ -75,19 +65,10 @@ def plan_dry_run(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise DryRunUsageError(f"{name} must be a positive integer, got {value!r}")
     try:
-        given = resolve(model, fetch=fetch_config) if model is not None else None
-    except ModelConfigError as exc:
+        given = resolved_model(request)
+    except ValueError as exc:
         raise DryRunUsageError(str(exc)) from exc
-    spec_arg = given.spec if given is not None else None
-    result = analyze(
-        config,
-        world_size=world_size,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        model=spec_arg,
-        overrides=overrides,
-        fetch_config=fetch_config,
-    )
+    result = analyze(request.replace(model=given.spec if given is not None else None))
     ctx = result.context
     if ctx is None:
         raise DryRunUsageError("the config cannot be read: " + "; ".join(f.message for f in result.report.errors[:3]))
@@ -195,47 +176,53 @@ def plan_dry_run(
     unmeasured = (
         {r: not_measured[0] for r in ranks} if any(x.startswith(("MegatronFSDP", "DDP:")) for x in not_measured) else {}
     )
-    base = {
-        "world_size": d.world_size,
-        "distributed": jsonable(sanitized_block(ctx.block, subs, DryRunUsageError)),
-        "hf_config": cfg,
-        "torch_dtype": w.torch_dtype,
-        "force_hf": w.force_hf,
-        "backend": backend or None,
-        "peft": w.peft,
-        "loss": loss,
-        "optimizer": optimizer,
-        "micro_batch_size": mbs,
-        "local_batch_size": measured * mbs if d.pp > 1 else mbs,
-        "microbatches": measured,
-        "seq_len": seq,
-        "clip_grad_norm": w.clip_grad_norm,
-        "liger": uses_liger(ctx.recipe),
-    }
-    specs = [dict(base, rank=r) for r in ranks if r not in unmeasured]
+    full = Build(hf_config=cfg, distributed=jsonable(sanitized_block(ctx.block, subs, DryRunUsageError)))
+    recipe = StackRecipe(
+        loss=loss,
+        optimizer=optimizer,
+        peft=w.peft,
+        backend=backend or None,
+        torch_dtype=w.torch_dtype,
+        force_hf=w.force_hf,
+        liger=uses_liger(ctx.recipe),
+        clip_grad_norm=w.clip_grad_norm,
+    )
     depths: dict[int, Depth] = {}
-    if layers == spec.num_layers and not full_depth:
-        lay = d.layout
-        for sp in specs:
-            pp_rank = lay.group("pp", sp["rank"]).index(sp["rank"]) if d.pp > 1 and lay is not None else 0
+    specs: list[DryRunSpec] = []
+    for r in ranks:
+        if r in unmeasured:
+            continue
+        depth = None
+        if layers == spec.num_layers and not full_depth:
+            lay = d.layout
+            pp_rank = lay.group("pp", r).index(r) if d.pp > 1 and lay is not None else 0
             depth = plan_depth(spec, d, pp_rank)
-            if depth is None:
-                continue
-            depths[sp["rank"]] = depth
-            sp["depth"] = {
-                "period": depth.period,
-                "prefix": depth.prefix,
-                "layers": list(depth.layers),
-                "units": list(depth.units),
-                "target_units": depth.target_units,
-            }
-            sp["builds"] = [
-                {
-                    "hf_config": truncated_config(cfg, n, moe_prefix_as_moe=d.pp > 1),
-                    "distributed": _with_layers_per_stage(sp["distributed"], lps),
-                }
+        builds = None
+        if depth is not None:
+            depths[r] = depth
+            b1, b2 = (
+                Build(
+                    hf_config=truncated_config(cfg, n, moe_prefix_as_moe=d.pp > 1),
+                    distributed=_with_layers_per_stage(full.distributed, lps),
+                )
                 for n, lps in zip(depth.layers, depth.layers_per_stage or (None, None))
-            ]
+            )
+            builds = (b1, b2)
+        specs.append(
+            DryRunSpec(
+                rank=r,
+                world_size=d.world_size,
+                build=full,
+                recipe=recipe,
+                micro_batch_size=mbs,
+                local_batch_size=measured * mbs if d.pp > 1 else mbs,
+                microbatches=measured,
+                seq_len=seq,
+                builds=builds,
+                depth=depth,
+            )
+        )
+    if layers == spec.num_layers and not full_depth:
         if depths:
             notes.append(
                 "measured at depth by extrapolation: each rank built twice, shallow (its builds are listed per "

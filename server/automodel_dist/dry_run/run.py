@@ -19,12 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..api import ConfigInput, ModelInput, Overrides
-from ..catalog.gpus import lookup_gpu
+from typing_extensions import Unpack
+
+from ..estimate.api import cluster_of
 from ..estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
 from ..explain import explain_error
+from ..request import ConfigInput, Request, RequestFields
 from .plan import TEACHER_NOT_BUILT, DryRunUsageError, Plan, plan_dry_run
 from .report import CategoryDiff, DryRunReport, MemorySplit, RankResult
+from .spec import DryRunSpec
 
 ProgressFn = Callable[[str, int, int, str], None]
 PHASES = (
@@ -84,17 +87,17 @@ def _rss_mib(pgid: int) -> float:
 
 
 def _run_rank(
-    spec: dict[str, Any],
+    spec: DryRunSpec,
     *,
     timeout_s: float,
     host_gib: float,
     cancel: threading.Event,
     progress: Callable[[int, str], None],
 ) -> dict[str, Any]:
-    rank = spec["rank"]
+    rank = spec.rank
     with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        spec.write(spec_path)
         env = dict(
             os.environ,
             OMP_NUM_THREADS="1",
@@ -218,8 +221,9 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
     )
 
 
-def _estimate(config: ConfigInput, plan: Plan, overrides: Overrides, gpu: str) -> dict[str, float] | None:
-    """The analytic estimate of the same layout and sizes (None where it cannot size it)."""
+def _estimate(request: Request, plan: Plan) -> dict[str, float] | None:
+    """The analytic estimate of the same request's layout at the sizes the dry run ran (None where it cannot size
+    it)."""
     from ..estimate import estimate_memory
     from ..report import ConfigError
 
@@ -236,13 +240,12 @@ def _estimate(config: ConfigInput, plan: Plan, overrides: Overrides, gpu: str) -
         model = plan.model
     try:
         est = estimate_memory(
-            config,
-            model=model,
-            world_size=plan.dims.world_size,
-            seq_len=plan.seq_len,
-            micro_batch_size=plan.micro_batch_size,
-            overrides=overrides,
-            gpu=gpu,
+            request.replace(
+                model=model,
+                world_size=plan.dims.world_size,
+                seq_len=plan.seq_len,
+                micro_batch_size=plan.micro_batch_size,
+            )
         )
     except (ConfigError, ValueError):
         return None
@@ -258,31 +261,23 @@ def _estimate(config: ConfigInput, plan: Plan, overrides: Overrides, gpu: str) -
 
 
 def dry_run(
-    config: ConfigInput,
+    config: ConfigInput | Request,
     *,
-    world_size: int | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
     ranks: list[int] | None = None,
-    model: ModelInput = None,
-    seq_len: int | None = None,
-    micro_batch_size: int | None = None,
-    global_batch_size: int | None = None,
-    overrides: Overrides = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
     num_layers: int | None = None,
     full_depth: bool = False,
-    gpu: str = "H100-80GB",
     headroom: float = 0.1,
     host_gib: float = DEFAULT_HOST_GIB,
-    fetch_config: bool = False,
+    **fields: Unpack[RequestFields],
 ) -> DryRunReport:
     """AutoModel 0.7.0's own setup, model build (its registry's class, its PEFT, its TP/SP/EP/AC/FSDP2
-    parallelizer), weight materialisation, loss and optimizer step for ``config`` at the full model size and world
-    size, on a fake process group under FakeTensorMode: nothing is allocated. Measures the first rank of every
-    pipeline stage (or ``ranks``) with torch's memory tracker.
+    parallelizer), weight materialisation, loss and optimizer step for ``config`` (or a whole :class:`Request`; the
+    keywords are its fields: world size or nodes x GPUs per node, model, sizes, overrides, ``gpu`` for the verdict)
+    at the full model size and world size, on a fake process group under FakeTensorMode: nothing is allocated.
+    Measures the first rank of every pipeline stage (or ``ranks``) with torch's memory tracker.
 
     The model is found as ``validate_config`` finds it (``fetch_config``: may download its config.json alone).
     A model whose layers repeat is built twice per rank at a shallow depth and its figures extrapolated per layer to
@@ -292,6 +287,7 @@ def dry_run(
     for arguments that do not describe a run. A layout AutoModel rejects comes back as a FAILED report carrying
     AutoModel's own exception.
     """
+    request = Request.of(config, **fields)
     missing = missing_packages()
     if missing:
         raise DryRunUnavailable(
@@ -302,25 +298,11 @@ def dry_run(
     if not (isinstance(headroom, (int, float)) and 0 <= headroom < 1):
         raise DryRunUsageError(f"headroom must be in [0, 1), got {headroom!r}")
     try:
-        gpu_spec = lookup_gpu(gpu)
+        gpu_spec = cluster_of(request).gpu  # the named GPU with the request's memory_gib, when given
     except ValueError as exc:
         raise DryRunUsageError(str(exc)) from exc
     t0 = time.monotonic()
-    plan = plan_dry_run(
-        config,
-        world_size=world_size,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        ranks=ranks,
-        model=model,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        global_batch_size=global_batch_size,
-        overrides=overrides,
-        num_layers=num_layers,
-        full_depth=full_depth,
-        fetch_config=fetch_config,
-    )
+    plan = plan_dry_run(request, ranks=ranks, num_layers=num_layers, full_depth=full_depth)
     cancel = cancel or threading.Event()
     notify = progress or (lambda *a: None)
     done: dict[int, int] = {}
@@ -352,7 +334,7 @@ def dry_run(
     budget = gpu_spec.memory_gib * (1 - headroom)
     worst = max((r.peak_allocated_gib or 0.0 for r in measured), default=None)
     with_overhead = worst + CUDA_CONTEXT_GIB + FRAGMENTATION * worst if worst is not None else None
-    estimate = _estimate(config, plan, overrides, gpu) if measured else None
+    estimate = _estimate(request, plan) if measured else None
     diffs = []
     if estimate is not None:
         top = max(measured, key=lambda r: r.peak_allocated_gib or 0.0)

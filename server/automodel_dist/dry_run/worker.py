@@ -23,6 +23,7 @@ from typing import Any
 
 from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
+from .spec import Build, DryRunSpec
 
 GIB = float(1 << 30)
 _CATEGORIES = {  # torch's tracker categories -> the report's split
@@ -241,7 +242,7 @@ def _import_automodel() -> None:
     import transformers  # noqa: F401
 
 
-def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrites: list[str]) -> dict[str, Any]:
+def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]) -> dict[str, Any]:
     """Build the model of ``build`` (its config.json and distributed: block) with AutoModel's own code on a fresh fake
     process group and run one training step under the memory tracker; its figures, per phase."""
     import torch
@@ -253,15 +254,15 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
     if dist.is_initialized():
         dist.destroy_process_group()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    batch, seq = spec["micro_batch_size"], spec["seq_len"]
+    batch, seq = spec.micro_batch_size, spec.seq_len
     items: dict[str, Any] = {
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
     }
     with phases("setup"):
-        dist.init_process_group("fake", rank=spec["rank"], world_size=spec["world_size"], store=FakeStore())
-        dist_setup = step.setup(build["distributed"], spec["world_size"])
+        dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
+        dist_setup = step.setup(build.distributed, spec.world_size)
 
     with phases("build"):
         with shims.liger_stand_in() as liger:
@@ -269,12 +270,12 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
             patches.enter_context(shims.build_patches(fake_mode))
             patches.enter_context(shims.value_oracles(items, {}))
             built = step.build(
-                spec,
-                build["hf_config"],
+                spec.recipe,
+                build.hf_config,
                 dist_setup,
                 patches,
                 rewrites,
-                local_batch_size=spec["local_batch_size"],
+                local_batch_size=spec.local_batch_size,
                 seq_len=seq,
             )
         if liger.applied:
@@ -294,7 +295,7 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
             res["pp_stages"] = built.params["pp_stages"]
 
     with phases("optimizer"):
-        optimizers = step.optimizer(built, spec["optimizer"]["target"], spec["optimizer"]["kwargs"])
+        optimizers = step.optimizer(built, spec.recipe.optimizer["target"], spec.recipe.optimizer["kwargs"])
 
     items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
     dp_group = step.dp_group_size(built.mesh)
@@ -322,13 +323,13 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            if spec["optimizer"]["state_dtype"]:
-                _states_to(optimizers, spec["optimizer"]["state_dtype"])
+            if spec.recipe.optimizer["state_dtype"]:
+                _states_to(optimizers, spec.recipe.optimizer["state_dtype"])
         vocab = hf_config.vocab_size
         if pp_enabled:
-            shapes = [(spec["local_batch_size"], seq)]
+            shapes = [(spec.local_batch_size, seq)]
         else:
-            shapes = [(batch, seq)] * spec["microbatches"]
+            shapes = [(batch, seq)] * spec.microbatches
         batches = []
         for shape in shapes:
             ids = torch.randint(0, vocab, shape)
@@ -344,7 +345,7 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
                 optimizers,
                 batches,
                 num_label_tokens=num_label_tokens,
-                clip_grad_norm=spec["clip_grad_norm"],
+                clip_grad_norm=spec.recipe.clip_grad_norm,
                 defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
                 phases=phases,
                 after_loss=lambda: snapshots.setdefault(
@@ -353,7 +354,7 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
                 before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
                 # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
                 # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
-                step_optimizer=not spec["optimizer"]["state_dtype"],
+                step_optimizer=not spec.recipe.optimizer["state_dtype"],
             )
         peak = _categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = _module_views(tracker)
@@ -375,16 +376,8 @@ def _measure(spec: dict[str, Any], build: dict[str, Any], phases: Phases, rewrit
     return res
 
 
-def _at_depth(spec: dict[str, Any], first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """The full depth's figures on the line through two shallow builds (see :mod:`.depth`)."""
-    d = spec["depth"]
-    depth = Depth(
-        period=d["period"],
-        prefix=d["prefix"],
-        layers=tuple(d["layers"]),  # type: ignore[arg-type]
-        units=tuple(d["units"]),  # type: ignore[arg-type]
-        target_units=d["target_units"],
-    )
     (u1, u2), target = depth.units, depth.target_units
 
     def at(a: float, b: float) -> float:
@@ -410,7 +403,7 @@ def _at_depth(spec: dict[str, Any], first: dict[str, Any], second: dict[str, Any
         },
         builds=[
             {"layers": n, "peak_gib": b["peak"]["total"], "peak_phase": b["peak_phase"]}
-            for n, b in zip(d["layers"], (first, second))
+            for n, b in zip(depth.layers, (first, second))
         ],
     )
     if first.get("after_forward") and second.get("after_forward"):
@@ -418,9 +411,9 @@ def _at_depth(spec: dict[str, Any], first: dict[str, Any], second: dict[str, Any
     return out
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: DryRunSpec) -> dict[str, Any]:
     phases = Phases()
-    result: dict[str, Any] = {"rank": spec["rank"], "status": "failed", "rewrites": []}
+    result: dict[str, Any] = {"rank": spec.rank, "status": "failed", "rewrites": []}
     try:
         with phases("import"):
             warnings.filterwarnings("ignore")
@@ -430,11 +423,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result["status"] = "not_measured"
             result["reason"] = "the installed AutoModel or torch moved what the dry run hooks: " + "; ".join(broken)
             return result
-        if (spec.get("backend") or {}).get("attn") == "te":
+        if (spec.recipe.backend or {}).get("attn") == "te":
             shims.install_te_attention()
-        builds = spec.get("builds") or [{"hf_config": spec["hf_config"], "distributed": spec["distributed"]}]
-        measured = [_measure(spec, build, phases, result["rewrites"]) for build in builds]
-        result.update(measured[0] if len(measured) == 1 else _at_depth(spec, measured[0], measured[1]))
+        measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
+        if spec.depth is not None and len(measured) == 2:
+            result.update(_at_depth(spec.depth, measured[0], measured[1]))
+        else:
+            result.update(measured[0])
         result["status"] = "measured"
     except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
         cause = exc.__cause__ or exc.__context__
@@ -489,8 +484,7 @@ def _short_traceback(exc: BaseException) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec_path, out_path = Path(args[0]), Path(args[1])
-    spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    result = run(spec)
+    result = run(DryRunSpec.read(spec_path))
     out_path.write_text(json.dumps(result, default=str), encoding="utf-8")
     print("PHASE done", flush=True)
     return 0

@@ -14,6 +14,8 @@ _NAMES = {
     "model_of": ".api",
     "teacher_of": ".api",
     "make_cluster": ".api",
+    "cluster_of": ".api",
+    "resolved_model": ".api",
     "fit_limits": ".api",
     "verdict_for": ".api",
     "MEMORY_ERROR": ".api",

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from typing_extensions import Unpack
+
 from ..catalog.gpus import GPU, lookup_gpu
 from ..catalog.models import ModelConfigError, ModelSpec
-from ..catalog.sources import resolve
+from ..catalog.sources import ModelSource, resolve
 from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..report import ConfigError
+from ..request import ConfigInput, Request, RequestFields
 from ..workload import read_workload
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
@@ -76,6 +78,18 @@ def make_cluster(
         gpus_per_node=gpus_per_node or g.gpus_per_node,
         intra_gbps=intra_gbps or g.intra_gbps,
         inter_gbps=inter_gbps or g.inter_gbps,
+    )
+
+
+def cluster_of(request: Request, gpus_per_node: int | None = None) -> Cluster:
+    """The request's GPU and links (:func:`make_cluster`) on nodes of ``gpus_per_node`` (else the request's)."""
+    c = request.cluster
+    return make_cluster(
+        c.gpu,
+        gpus_per_node or c.gpus_per_node,
+        memory_gib=c.memory_gib,
+        intra_gbps=c.intra_gbps,
+        inter_gbps=c.inter_gbps,
     )
 
 
@@ -156,6 +170,15 @@ MAX_SEARCH_SEQ_LEN = 1 << 21
 MAX_SEARCH_MICRO_BATCH = 4096
 
 
+def resolved_model(request: Request) -> ModelSource | None:
+    """The model the request names, resolved (None: the recipe's is used); ``ValueError`` when it cannot be."""
+    model = request.lookup.model
+    try:
+        return resolve(model, fetch=request.lookup.fetch_config) if model is not None else None
+    except ModelConfigError as exc:
+        raise ValueError(str(exc)) from exc
+
+
 def seq_len_step(p: ParallelDims) -> int:
     """The seq_len granularity of the limits search: 128 tokens, and a multiple of what CP and SP split by."""
     return math.lcm(128, 2 * p.cp if p.cp > 1 else 1, p.tp if p.sequence_parallel else 1)
@@ -219,35 +242,31 @@ def evaluate(
 
 
 def estimate_memory(
-    config: Any,
+    config: ConfigInput | Request,
     *,
-    model: Any = None,
-    world_size: int | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str | None = None,
-    seq_len: int | None = None,
-    micro_batch_size: int | None = None,
-    global_batch_size: int | None = None,
     precision: str | None = None,
     optimizer: str | None = None,
     headroom: float = 0.1,
-    memory_gib: float | None = None,
-    intra_gbps: float | None = None,
-    inter_gbps: float | None = None,
-    overrides: Sequence[str] | None = None,
-    fetch_config: bool = False,
+    **fields: Unpack[RequestFields],
 ) -> Estimate:
     """Per-GPU memory (params, grads, optimizer, activations, buffers, overhead) and communication of the
-    layout in ``config``, for ``model`` (default: the recipe's ``model.pretrained_model_name_or_path``), found as
-    ``validate_config`` finds it (a config.json path, the local Hugging Face cache, the catalog, with
-    ``fetch_config`` a download of config.json alone). ``overrides``: the launch command's ``"dotted.key=value"``
-    overrides, as in ``validate_config``.
+    layout in ``config`` (or a whole :class:`Request`; the keywords are its fields), for ``model`` (default: the
+    recipe's ``model.pretrained_model_name_or_path``), found as ``validate_config`` finds it (a config.json path, the
+    local Hugging Face cache, the catalog, with ``fetch_config`` a download of config.json alone). ``overrides``: the
+    launch command's ``"dotted.key=value"`` overrides, as in ``validate_config``. ``gpu`` (default H100-80GB),
+    ``memory_gib``, ``intra_gbps`` and ``inter_gbps`` describe the hardware; ``seq_len`` and the batch sizes default
+    to the recipe's.
 
     Raises :class:`ConfigError` when the config is invalid, ``ValueError`` for bad arguments.
     """
     from ..api import analyze
 
+    request = Request.of(config, **fields)
+    seq_len, micro_batch_size, global_batch_size = (
+        request.workload.seq_len,
+        request.workload.micro_batch_size,
+        request.workload.global_batch_size,
+    )
     if precision is not None and precision != "auto" and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {precision!r}")
     check_headroom(headroom)
@@ -255,20 +274,9 @@ def estimate_memory(
         {"seq_len": seq_len, "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size},
         optional=True,
     )
-    try:
-        given = resolve(model, fetch=fetch_config) if model is not None else None
-    except ModelConfigError as exc:
-        raise ValueError(str(exc)) from exc
+    given = resolved_model(request)
     spec = given.spec if given is not None else None
-    result = analyze(
-        config,
-        world_size=world_size,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        model=spec,
-        overrides=overrides,
-        fetch_config=fetch_config,
-    )
+    result = analyze(request.replace(model=spec))
     report, ctx = result.report, result.context
     if ctx is not None:
         spec = model_of(ctx)
@@ -290,7 +298,7 @@ def estimate_memory(
     else:
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
-    teacher, teacher_note, teacher_known = teacher_of(ctx, fetch_config)
+    teacher, teacher_note, teacher_known = teacher_of(ctx, request.lookup.fetch_config)
     terms = training_for(
         spec,
         read_workload(ctx.recipe),
@@ -304,8 +312,7 @@ def estimate_memory(
         teacher=teacher,
     )
     tr = terms.training
-    gpn = ctx.gpus_per_node or gpus_per_node
-    cluster = make_cluster(gpu, gpn, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+    cluster = cluster_of(request, ctx.gpus_per_node)
     mem, comm, _ = evaluate(spec, p, tr, cluster, headroom=headroom)
     assert comm is not None
     budget = cluster.gpu.memory_gib * (1 - headroom)

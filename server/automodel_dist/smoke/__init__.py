@@ -10,7 +10,9 @@ from .._lazy import lazy_attrs
 
 _NAMES = {
     "run_smoke_test": ".run",
-    "DEFAULT_CONFIG": ".run",
+    "DEFAULT_CONFIG": ".request",
+    "SmokeRequest": ".request",
+    "SmokeOptions": ".request",
     "export_smoke_test": ".export",
     "judge_smoke_test": ".export",
     "SmokeExport": ".export",

@@ -8,17 +8,17 @@ spec plus what the judge needs); the ranks, launched by any torchrun (one node o
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
+from typing_extensions import Unpack
 
 from ..api import ConfigInput
 from ..report import Finding
-from .launch import DEFAULT_PG_TIMEOUT_S, Plan, SmokeUsageError, collect_results, read_results, reproduce_commands
+from .launch import Plan, SmokeUsageError, collect_results, read_results, reproduce_commands
 from .report import RankReport, SmokeReport
+from .request import SmokeOptions, SmokeRequest
 from .run import plan_smoke_test
 from .spec import SmokeSpec
 
@@ -40,43 +40,18 @@ class SmokeExport(BaseModel):
 
 
 def export_smoke_test(
-    config: ConfigInput | None,
-    directory: str | Path,
-    *,
-    world_size: int,
-    steps: int = 3,
-    model: str = "tiny-llama",
-    stack: str = "auto",
-    run_invalid: bool = False,
-    backend: str | None = None,
-    precision: str = "auto",
-    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
-    fault: str | dict | None = None,
-    overrides: Sequence[str] | None = None,
-    **layout: Any,
+    config: ConfigInput | SmokeRequest | None, directory: str | Path, **options: Unpack[SmokeOptions]
 ) -> SmokeExport | SmokeReport:
-    """Plan ``config``'s layout on ``world_size`` ranks (arguments as in ``run_smoke_test``) and write
+    """Plan ``config``'s layout on ``world_size`` ranks (the request and its keywords as in ``run_smoke_test``;
+    ``world_size`` is required) and write
     ``directory/spec.json`` for a launch elsewhere (nothing else there is touched; earlier results are ignored by the
     judge, each spec having its own id). Returns the commands, or the report of why the layout cannot run. This
     machine's GPUs and CPU limit do not matter."""
+    request = SmokeRequest.called("export_smoke_test", config, options)
+    world_size = request.world_size
     if world_size is None:  # run_smoke_test would pick a size for this machine; a cluster's must be given
         raise SmokeUsageError("world_size must be a positive integer: the ranks the launch will start")
-    plan = plan_smoke_test(
-        config,
-        world_size=world_size,
-        steps=steps,
-        model=model,
-        stack=stack,
-        run_invalid=run_invalid,
-        backend=backend,
-        pg_timeout_s=pg_timeout_s,
-        precision=precision,
-        fault=fault,
-        overrides=overrides,
-        local=False,
-        caller="export_smoke_test",
-        **layout,
-    )
+    plan = plan_smoke_test(request, local=False)
     if isinstance(plan, SmokeReport):
         return plan
     out = Path(directory)

@@ -23,17 +23,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..api import ConfigInput, analyze, validate_config
+from ..api import analyze, validate_config
 from ..config.values import is_positive_int
 from ..dims import ParallelDims
 from ..explain import explain_error
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
+from .request import LAYOUT_KEYS, SmokeRequest
 from .spec import PipelineSpec, SmokeSpec
 from .stack_plan import StackPlan
 
@@ -50,7 +51,6 @@ MAX_CPU_WORLD = _env_int("AUTOMODEL_DIST_MAX_CPU_WORLD", 16)
 MAX_PARAMS = _env_int("AUTOMODEL_DIST_MAX_SMOKE_PARAMS", 50_000_000)
 MAX_CONCURRENT = _env_int("AUTOMODEL_DIST_MAX_CONCURRENT_SMOKE", 2)
 DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_PG_TIMEOUT_S = 60.0
 # stall: never exits after publishing its result; abort: SIGABRT after publishing and tearing down (STEP unused)
 FAULT_KINDS = ("crash", "hang", "skew", "stall", "abort")
 TEARDOWN_GRACE_S = 20.0  # once every rank has published its result, the ranks get this long to exit
@@ -95,29 +95,15 @@ class Plan:
     report_base: dict[str, Any] = field(default_factory=dict)
 
 
-LAYOUT_KEYS = {  # run_smoke_test's layout keywords -> their key in distributed:
-    "strategy": "strategy",
-    "tp": "tp_size",
-    "pp": "pp_size",
-    "cp": "cp_size",
-    "ep": "ep_size",
-    "dp_replicate": "dp_replicate_size",
-    "sequence_parallel": "sequence_parallel",
-    "activation_checkpointing": "activation_checkpointing",
-    "pp_schedule": "pipeline.pp_schedule",
-}
-
-
-def merged_overrides(
-    config: ConfigInput, layout: dict[str, Any], launch: Sequence[str] | None
-) -> tuple[list[str] | None, dict[str, Any]]:
-    """The overrides to validate ``config`` with (the launch command's, then the layout keywords' as
+def merged_overrides(request: SmokeRequest) -> tuple[list[str] | None, dict[str, Any]]:
+    """The overrides to validate the request's config with (the launch command's, then the layout keywords' as
     ``distributed.*`` overrides, so a recipe keeps its other sections and its line numbers) and the
     resulting ``distributed:`` block. With layout keywords, pp > 1 without a ``pipeline:`` block gets ``{}``."""
+    launch = request.overrides
     over = list(launch) if launch is not None else []
-    active = {k: v for k, v in layout.items() if v is not None}
+    active = {k: v for k, v in request.layout.items() if v is not None}
     over += [f"distributed.{LAYOUT_KEYS[k]}={v}" for k, v in active.items()]
-    ctx = analyze(config, overrides=over).context
+    ctx = analyze(request.job.replace(overrides=over, world_size=None)).context
     block = dict(ctx.block) if ctx is not None else {}
     if active and is_positive_int(block.get("pp_size")) and block["pp_size"] > 1 and block.get("pipeline") is None:
         over.append("distributed.pipeline={}")
@@ -157,16 +143,15 @@ _MOE_ROUNDING = (
 )
 
 
-def default_world_size(
-    config: ConfigInput, layout: dict[str, Any], overrides: Sequence[str] | None = None
-) -> tuple[int, str | None]:
+def default_world_size(request: SmokeRequest) -> tuple[int, str | None]:
     """The world size a run takes when none is given: 4, or when the layout is invalid on 4 ranks the smallest
     world (up to the CPU limit) it is valid on; with a note saying so (None when 4 is kept)."""
-    over, _ = merged_overrides(config, layout, overrides)
+    over, _ = merged_overrides(request)
     version = _installed_torch()
+    job = request.job.replace(overrides=over, torch_version=version)
 
     def ok(world: int) -> bool:
-        report = validate_config(config, world_size=world, torch_version=version, overrides=over)
+        report = validate_config(job, world_size=world)
         return not any(f.severity == "error" for f in _split_findings(report)[1])
 
     if ok(DEFAULT_WORLD):
@@ -184,26 +169,12 @@ def default_world_size(
     )
 
 
-def make_plan(
-    config: ConfigInput,
-    *,
-    world_size: int,
-    steps: int,
-    model: str,
-    backend: str | None,
-    precision: str,
-    fault: str | dict | None,
-    pg_timeout_s: float,
-    layout: dict[str, Any],
-    overrides: Sequence[str] | None = None,
-    seed: int = 1234,
-    lr: float = 5e-3,
-    local: bool = True,
-    stack: str = "auto",
-    run_invalid: bool = False,
-) -> Plan | SmokeReport:
-    """The worker spec of a run, or the report of why it cannot run. ``local=False``: the run is exported to
-    another machine, so this machine's GPUs, packages and CPU limit do not decide what can run."""
+def make_plan(request: SmokeRequest, *, seed: int = 1234, lr: float = 5e-3, local: bool = True) -> Plan | SmokeReport:
+    """The worker spec of a run (the request's world size given), or the report of why it cannot run.
+    ``local=False``: the run is exported to another machine, so this machine's GPUs, packages and CPU limit do not
+    decide what can run."""
+    world_size, steps, model, stack = request.world_size, request.steps, request.model, request.stack
+    backend, precision, run_invalid = request.backend, request.precision, request.run_invalid
     if model not in ("tiny-llama", "tiny-moe"):
         raise SmokeUsageError(f"model must be tiny-llama or tiny-moe, got {model!r}")
     if not isinstance(world_size, int) or world_size < 1:
@@ -216,9 +187,9 @@ def make_plan(
         raise SmokeUsageError(f"backend must be gloo or nccl, got {backend!r}")
     if stack not in STACKS:
         raise SmokeUsageError(f"stack must be one of {', '.join(STACKS)}, got {stack!r}")
-    fault_d = parse_fault(fault)
-    over, block = merged_overrides(config, layout, overrides)
-    result = analyze(config, world_size=world_size, torch_version=_installed_torch(), overrides=over)
+    fault_d = parse_fault(request.fault)
+    over, block = merged_overrides(request)
+    result = analyze(request.job.replace(overrides=over, torch_version=_installed_torch()))
     report = result.report
     env, findings = _split_findings(report)
     base = dict(world_size=world_size, model=model, steps=steps, layout=report.resolved, findings=findings, notes=env)
@@ -357,7 +328,7 @@ def make_plan(
         lr=lr,
         seed=seed,
         backend=want_backend,
-        pg_timeout_s=pg_timeout_s,
+        pg_timeout_s=request.pg_timeout_s,
         precision=prec,
         mp_policy=mp,
         ddp={k: block.get(k) for k in DDP_OPTIONS} if d.strategy == "ddp" else {},

@@ -13,7 +13,7 @@ from typing import Any
 from ..catalog.implementations import implementation
 from ..catalog.models import period_of
 from ..dims import ParallelDims
-from ..stack.recipe import backend_for, jsonable, loss_for, optimizer_for, sanitized_block
+from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block
 from ..workload import Workload
 
 HEAD_DIM = 16
@@ -210,14 +210,16 @@ def plan_stack(
         "architecture": architecture,
         "distributed": distributed,
         "reference_distributed": {"strategy": "fsdp2", "mp_policy": _mp(precision)},
-        "torch_dtype": "float32",
-        "force_hf": workload.force_hf,
-        "backend": backend or None,
-        "peft": workload.peft,
-        "loss": loss,
-        "optimizer": {"target": optimizer["target"], "kwargs": optimizer["kwargs"]},
-        "clip_grad_norm": workload.clip_grad_norm,
-        "liger": False,
+        "recipe": StackRecipe(
+            loss=loss,
+            optimizer={"target": optimizer["target"], "kwargs": optimizer["kwargs"]},
+            peft=workload.peft,
+            backend=backend or None,
+            torch_dtype="float32",
+            force_hf=workload.force_hf,
+            liger=False,
+            clip_grad_norm=workload.clip_grad_norm,
+        ).model_dump(mode="json"),
         "micro_batch_size": micro_batch_size,
         "local_batch_size": per_dp,
     }

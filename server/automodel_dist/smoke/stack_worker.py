@@ -131,12 +131,14 @@ class _Run:
 
     def __init__(self, spec: SmokeSpec, distributed: dict[str, Any], world: int, rewrites: list[str]):
         from ..stack import shims, step
+        from ..stack.recipe import StackRecipe
 
         stack = spec.automodel
+        self.recipe = StackRecipe.model_validate(stack["recipe"])
         self.spec = spec
         self.setup = step.setup(_distributed_block(distributed), world)
         self.built = step.build(
-            stack,
+            self.recipe,
             stack["hf_config"],
             self.setup,
             shims.real_build_patches(),
@@ -145,7 +147,7 @@ class _Run:
             seq_len=spec.seq_len,
         )
         self.initialised = load_initial_weights(self.built.parts, spec.seed)
-        opt = stack["optimizer"]
+        opt = self.recipe.optimizer
         self.optimizers = step.optimizer(self.built, opt["target"], {**opt["kwargs"], "lr": spec.lr})
         if self.built.pp_enabled:
             step.configure_pipeline_loss(self.built)
@@ -178,7 +180,7 @@ class _Run:
                     self.optimizers,
                     batches,
                     num_label_tokens=n_tokens,
-                    clip_grad_norm=stack["clip_grad_norm"],
+                    clip_grad_norm=self.recipe.clip_grad_norm,
                     defer_fsdp_grad_sync=getattr(self.setup.strategy_config, "defer_fsdp_grad_sync", True),
                     before_optimizer=hook,
                 )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from ..workload import Workload
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
@@ -26,6 +28,23 @@ _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
 # Attention kernels that keep what a flash kernel keeps for backward (q, k, v, output, log-sum-exp): on AutoModel's own
 # classes they run as the TE stand-in, which its classes accept with and without context parallelism
 _FLASH_LIKE = {"te": "TE", "flex": "FlexAttention", "magi": "MagiAttention", "cudnn": "cuDNN attention", "fa4": "FA4"}
+
+
+class StackRecipe(BaseModel):
+    """What AutoModel builds and trains, as the recipe says and this machine can run: the worker hands it to
+    :mod:`.step` (its ``build``, ``optimizer`` and clipping). Written by the dry run's and the smoke run's planners,
+    read back from JSON by their workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    loss: dict[str, Any]  # {name, kwargs}: loss_for
+    optimizer: dict[str, Any]  # {target, kwargs, state_dtype}: optimizer_for
+    peft: dict[str, Any] | None = None  # PeftConfig's fields
+    backend: dict[str, Any] | None = None  # BackendConfig's fields (AutoModel's own classes): backend_for
+    torch_dtype: str | None = None
+    force_hf: bool = False
+    liger: bool = False  # use_liger_kernel
+    clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
 
 
 def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False) -> dict[str, Any]:
@@ -181,4 +200,4 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["backend_for", "loss_for", "optimizer_for", "sanitized_block", "uses_liger", "jsonable"]
+__all__ = ["StackRecipe", "backend_for", "loss_for", "optimizer_for", "sanitized_block", "uses_liger", "jsonable"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
+from .recipe import StackRecipe
+
 PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
@@ -75,7 +77,7 @@ def setup(distributed: dict[str, Any], world_size: int) -> Any:
 
 
 def build(
-    spec: dict[str, Any],
+    recipe: StackRecipe,
     hf_config_dict: dict[str, Any],
     dist_setup: Any,
     patches: contextlib.AbstractContextManager[Any],
@@ -84,11 +86,9 @@ def build(
     local_batch_size: int,
     seq_len: int,
 ) -> Built:
-    """NeMoAutoModelForCausalLM.from_config with the recipe's loss, PEFT, backend and dtype, inside ``patches``.
-
-    ``spec`` holds ``loss`` ({name, kwargs}), ``peft`` (PeftConfig's fields or None), ``backend`` (BackendConfig's
-    fields or None), ``torch_dtype``, ``force_hf`` and ``liger`` (use_liger_kernel). AutoModel's own fallbacks that
-    change what trains are applied and added to ``rewrites``."""
+    """NeMoAutoModelForCausalLM.from_config with the recipe's loss, PEFT, backend, dtype, ``force_hf`` and Liger
+    choice, inside ``patches``. AutoModel's own fallbacks that change what trains are applied and added to
+    ``rewrites``."""
     from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
     from nemo_automodel.components._peft.lora import PeftConfig
     from nemo_automodel.components.loss import build_loss_config
@@ -99,7 +99,7 @@ def build(
 
     cfg = dict(hf_config_dict)
     hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    loss_fn = build_loss_config(spec["loss"]["name"], **spec["loss"]["kwargs"]).build()
+    loss_fn = build_loss_config(recipe.loss["name"], **recipe.loss["kwargs"]).build()
     pp_enabled = dist_setup.mesh_context.pp_size > 1
     if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
         pc = dist_setup.pipeline_config
@@ -108,22 +108,22 @@ def build(
         if pc.pp_seq_len is None:
             pc.pp_seq_len = seq_len
     peft = None
-    if spec.get("peft") is not None:
-        peft = PeftConfig(**spec["peft"])
+    if recipe.peft is not None:
+        peft = PeftConfig(**recipe.peft)
         if peft.use_triton and find_spec("triton") is None:
             peft.use_triton = False  # AutoModel's own choice under TP > 1 or PP; without triton it raises
             rewrites.append(
                 "peft.use_triton: false (triton is not installed here; AutoModel raises ImportError in the "
                 "first forward without it; it uses the same torch LoRA path itself under TP or PP)"
             )
-    kwargs: dict[str, Any] = {"use_liger_kernel": bool(spec.get("liger"))}
-    if spec.get("backend") is not None:
+    kwargs: dict[str, Any] = {"use_liger_kernel": recipe.liger}
+    if recipe.backend is not None:
         from nemo_automodel.components.models.common import BackendConfig
 
-        kwargs["backend"] = BackendConfig(**spec["backend"])
-    if spec.get("torch_dtype"):
-        kwargs["torch_dtype"] = spec["torch_dtype"]
-    if spec.get("force_hf"):
+        kwargs["backend"] = BackendConfig(**recipe.backend)
+    if recipe.torch_dtype:
+        kwargs["torch_dtype"] = recipe.torch_dtype
+    if recipe.force_hf:
         kwargs["force_hf"] = True
     with patches:
         model = NeMoAutoModelForCausalLM.from_config(

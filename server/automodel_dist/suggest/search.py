@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
+from typing_extensions import Unpack
 
 from ..api import validate_config
 from ..catalog.implementations import implementation
@@ -26,8 +27,8 @@ from ..estimate.api import (
     Training,
     check_headroom,
     check_positive_ints,
+    cluster_of,
     evaluate,
-    make_cluster,
     model_of,
     recipe_training,
     teacher_of,
@@ -38,6 +39,7 @@ from ..estimate.memory import GIB, overhead_bytes
 from ..estimate.report import MemoryBreakdown
 from ..estimate.training import PRECISIONS, training_for
 from ..layout import StageError, ep_shard_size, virtual_stages
+from ..request import ConfigInput, ModelInput, Request, RequestFields
 from ..rules.helpers import divisors
 from ..rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from ..rules.parallelize import moe_tp_unplanned
@@ -234,32 +236,35 @@ def _rationale(
 
 
 def suggest_strategy(
-    model: Any = None,
+    model: ModelInput | Request = None,
     *,
-    config: Any = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str = "H100-80GB",
-    seq_len: int | None = None,
-    global_batch_size: int | None = None,
-    micro_batch_size: int | None = None,
+    config: ConfigInput | None = None,
     precision: str | None = None,
     optimizer: str | None = None,
     allow_activation_checkpointing: bool = True,
     headroom: float = 0.1,
     top_k: int = 5,
     strategies: str | Iterable[str] | None = None,
-    memory_gib: float | None = None,
-    intra_gbps: float | None = None,
-    inter_gbps: float | None = None,
-    fetch_config: bool = False,
+    **fields: Unpack[RequestFields],
 ) -> SuggestReport:
-    """Ranked layouts for ``model`` on ``nodes`` (1) x ``gpus_per_node`` GPUs that fit memory with ``headroom``;
-    ``strategies`` (names or AutoModel's aliases, default all three) limits the search.
+    """Ranked layouts for ``model`` on ``nodes`` (1) x ``gpus_per_node`` GPUs (a :class:`Request`'s fields, or a
+    whole request as ``model``) that fit memory with ``headroom``; ``strategies`` (names or AutoModel's aliases,
+    default all three) limits the search. ``gpu`` (default H100-80GB), ``memory_gib`` and the link speeds describe
+    the hardware.
 
     ``config`` (a recipe: YAML text, path or mapping) fills what is not passed, as validate reads it: the model
     (``model.pretrained_model_name_or_path``), nodes and GPUs per node (``ci:``), ``seq_len`` (``dataset``), the
     batch sizes (``step_scheduler``); the report says which, and how the recipe's own layout compares."""
+    if isinstance(model, Request):
+        request = model.replace(**fields)
+    else:
+        request = Request.of(config, model=model, **fields)
+    if request.cluster.world_size is not None:
+        raise ValueError("suggest searches nodes x gpus_per_node GPUs: give those instead of world_size")
+    config = request.config
+    nodes, gpus_per_node = request.cluster.nodes, request.cluster.gpus_per_node
+    seq_len, micro_batch_size = request.workload.seq_len, request.workload.micro_batch_size
+    global_batch_size = request.workload.global_batch_size
     strategies = search_strategies(strategies)
     if precision is not None and precision != "auto" and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {precision!r}")
@@ -279,25 +284,16 @@ def suggest_strategy(
     workload = Workload()
     given_lbs: int | None = None
     if config is not None:
-        d = _recipe_defaults(
-            config,
-            from_recipe,
-            model=model,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            micro_batch_size=micro_batch_size,
-            fetch=fetch_config,
-        )
-        spec, recipe_block, nodes, gpus_per_node = d.spec, d.block, d.nodes, d.gpus_per_node
-        model_source = d.model_source
-        seq_len, global_batch_size, micro_batch_size = d.seq_len, d.global_batch_size, d.micro_batch_size
+        d = _recipe_defaults(request, from_recipe)
+        spec, recipe_block, model_source = d.spec, d.block, d.model_source
+        nodes, gpus_per_node = d.request.cluster.nodes, d.request.cluster.gpus_per_node
+        w = d.request.workload
+        seq_len, global_batch_size, micro_batch_size = w.seq_len, w.global_batch_size, w.micro_batch_size
         teacher, workload, given_lbs = d.teacher, d.workload, d.local_batch_size
-    elif model is None:
+    elif request.lookup.model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
-        given = resolve(model, fetch=fetch_config)
+        given = resolve(request.lookup.model, fetch=request.lookup.fetch_config)
         spec, model_source = given.spec, given.describe()
     assumed = [
         k
@@ -311,7 +307,7 @@ def suggest_strategy(
         if v is None
     ]
     nodes, seq_len, micro_batch_size = nodes or 1, seq_len or 4096, micro_batch_size or 1
-    cluster = make_cluster(gpu, gpus_per_node, memory_gib=memory_gib, intra_gbps=intra_gbps, inter_gbps=inter_gbps)
+    cluster = cluster_of(request, gpus_per_node)
     gpn = cluster.gpus_per_node
     world = nodes * gpn
     if world > 1 << 20:
@@ -443,20 +439,15 @@ def suggest_strategy(
         )
     current = None
     if config is not None:
-        current = _current(
-            config,
-            recipe_block,
-            spec,
-            nodes,
-            gpn,
-            cluster,
-            seq_len,
-            global_batch_size,
-            precision,
-            optimizer,
-            headroom,
-            candidates,
+        sized = request.replace(
+            model=spec,
+            nodes=nodes,
+            gpus_per_node=gpn,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=None,  # the recipe's own layout runs its own per-rank batch
         )
+        current = _current(sized, recipe_block, precision, optimizer, headroom, candidates)
     return SuggestReport(
         model=spec.name,
         model_source=model_source,
@@ -493,40 +484,23 @@ class RecipeDefaults:
     spec: ModelSpec
     model_source: str | None
     block: dict[str, Any]
-    nodes: int | None
-    gpus_per_node: int | None
-    seq_len: int | None
-    global_batch_size: int | None
-    micro_batch_size: int | None
+    request: Request  # the request with the nodes, GPUs per node, seq_len and batch sizes the recipe gives
     local_batch_size: int | None
     teacher: ModelSpec | None
     workload: Workload
 
 
-def _recipe_defaults(
-    config: Any,
-    used: dict[str, str],
-    *,
-    model: Any,
-    nodes: int | None,
-    gpus_per_node: int | None,
-    seq_len: int | None,
-    global_batch_size: int | None,
-    micro_batch_size: int | None,
-    fetch: bool = False,
-) -> RecipeDefaults:
+def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
     """The model, the recipe's distributed: block, the arguments not passed and a knowledge-distillation teacher on
     the same GPUs, from the recipe (``used`` records each one's source key)."""
     from ..api import analyze
 
+    model, fetch = request.lookup.model, request.lookup.fetch_config
+    nodes, gpus_per_node = request.cluster.nodes, request.cluster.gpus_per_node
+    seq_len, micro_batch_size = request.workload.seq_len, request.workload.micro_batch_size
+    global_batch_size = request.workload.global_batch_size
     given = None if model is None else resolve(model, fetch=fetch)
-    result = analyze(
-        config,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        model=None if given is None else given.spec,
-        fetch_config=fetch,
-    )
+    result = analyze(request.replace(model=None if given is None else given.spec))
     report, ctx = result.report, result.context
     if ctx is None:
         raise ValueError("the recipe cannot be read: " + "; ".join(f.message for f in report.errors[:3]))
@@ -559,11 +533,13 @@ def _recipe_defaults(
         spec,
         given.describe() if given is not None else report.model_source,
         ctx.block,
-        nodes,
-        gpus_per_node,
-        seq_len,
-        global_batch_size,
-        micro_batch_size,
+        request.replace(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+        ),
         lbs,
         teacher,
         read_workload(ctx.recipe),
@@ -571,39 +547,20 @@ def _recipe_defaults(
 
 
 def _current(
-    config: Any,
+    request: Request,
     block: dict[str, Any],
-    spec: ModelSpec,
-    nodes: int,
-    gpn: int,
-    cluster: Cluster,
-    seq_len: int,
-    gbs: int | None,
     precision: str,
     optimizer: str,
     headroom: float,
     candidates: list[Candidate],
 ) -> CurrentLayout:
-    """The recipe's own layout on the same cluster and training sizes, measured as the candidates are."""
+    """The recipe's own layout on the same cluster and training sizes (``request``, with the model resolved and the
+    sizes the search used), measured as the candidates are."""
     from ..estimate.api import estimate_memory
     from ..report import ConfigError
 
     try:
-        est = estimate_memory(
-            config,
-            model=spec,
-            nodes=nodes,
-            gpus_per_node=gpn,
-            gpu=cluster.gpu.name,
-            seq_len=seq_len,
-            global_batch_size=gbs,
-            precision=precision,
-            optimizer=optimizer,
-            headroom=headroom,
-            memory_gib=cluster.gpu.memory_gib,
-            intra_gbps=cluster.intra_gbps,
-            inter_gbps=cluster.inter_gbps,
-        )
+        est = estimate_memory(request, precision=precision, optimizer=optimizer, headroom=headroom)
     except ConfigError as exc:
         return CurrentLayout(distributed=block, valid=False, errors=[f.message for f in exc.report.errors])
     best = candidates[0].step_time_s if candidates else None

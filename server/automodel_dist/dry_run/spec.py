@@ -1,0 +1,54 @@
+"""The dry run's spec: what the planner hands one measured rank's process, as one typed object serialised to JSON
+(no torch), as the smoke run's :class:`~automodel_dist.smoke.spec.SmokeSpec` is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..stack.recipe import StackRecipe
+from .depth import Depth
+
+
+class Build(BaseModel):
+    """One model build: its config.json and ``distributed:`` block (a shallow build sets its own depth)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hf_config: dict[str, Any]
+    distributed: dict[str, Any]
+
+
+class DryRunSpec(BaseModel):
+    """One measured rank: the world it is a rank of, the model (``build``; ``builds``, two shallow builds measured
+    instead and extrapolated to ``depth``), what AutoModel builds and trains (``recipe``) and the batch shapes of the
+    step (``microbatches`` run, of ``micro_batch_size`` sequences; ``local_batch_size`` the pipeline's batch)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int
+    world_size: int
+    build: Build
+    recipe: StackRecipe
+    micro_batch_size: int
+    local_batch_size: int
+    microbatches: int
+    seq_len: int
+    builds: tuple[Build, Build] | None = None
+    depth: Depth | None = None
+
+    def measured_builds(self) -> list[Build]:
+        """The builds the worker runs: the two shallow ones, else the model at its depth."""
+        return list(self.builds) if self.builds else [self.build]
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(self.model_dump_json(), encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: str | Path) -> DryRunSpec:
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+__all__ = ["DryRunSpec", "Build"]

@@ -17,9 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_calibration import DRY, DRY_SLOW, LLM, MISSES, estimate_row, published_rows  # noqa: E402
-
 from automodel_dist.estimate.comm import STEP_TIME_ERROR  # noqa: E402
+from support.calibration import DRY, DRY_SLOW, LLM, MISSES, estimate_row, published_rows  # noqa: E402
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "total")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fuzzing import Tally, check_input, check_suggest, inputs, suggest_args  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from automodel_dist.explain import explain_error  # noqa: E402
+from support.fuzzing import Tally, check_input, check_suggest, inputs, suggest_args  # noqa: E402
 
 
 def run(examples: int, suggests: int, rng_seed: int) -> Tally:

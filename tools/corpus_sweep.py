@@ -6,7 +6,7 @@ estimate and the dry run per recipe, and the estimate's error against the dry ru
     python tools/corpus_sweep.py --sample             # the fixed sample the default test suite runs
     python tools/corpus_sweep.py --no-dry-run --json  # validate and estimate only, as JSON
 
-The table is what tests/test_corpus_sweep.py asserts (a fixed sample by default, every recipe under the slow marker).
+The table is what tests/oracle/test_corpus_sweep.py asserts (a fixed sample by default, every recipe under the slow marker).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ transformers: for every architecture AutoModel's registry maps to its own class,
 (``_transformers/capabilities.ModelSupports``, the gate ``validate_for_mesh`` applies right after building) and its
 parallelizer decide; for the Hugging Face causal-LM classes it builds otherwise, what CP needs.
 
-The engine reads the JSON (it never imports AutoModel); ``tests/test_capabilities.py`` regenerates it and checks
+The engine reads the JSON (it never imports AutoModel); ``tests/oracle/test_capabilities.py`` regenerates it and checks
 the committed file is current, and checks the engine's verdicts against ``validate_for_mesh`` for every row.
 
 Run: python tools/gen_capabilities.py [--check]   (needs nemo_automodel, torch, transformers, einops, pillow)

@@ -3,7 +3,7 @@ and the strategy guide's worked examples (from estimate and suggest), so the doc
 knows and computes.
 
 ``python -m automodel_dist.docgen`` rewrites the generated sections of ``references/config-reference.md``,
-``references/troubleshooting.md`` and ``references/strategy-guide.md`` in place; ``tests/test_docs.py`` fails when
+``references/troubleshooting.md`` and ``references/strategy-guide.md`` in place; ``tests/integration/test_docs.py`` fails when
 they are stale.
 """
 

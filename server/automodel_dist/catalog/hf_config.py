@@ -2,7 +2,7 @@
 
 Every spec the engine resolves was read from a config.json (the catalog's trimmed files, the local Hugging Face cache,
 a path, a download of config.json alone) and keeps it (``ModelSpec.hf_config``): that dict is returned unchanged.
-``tests/test_catalog.py`` builds the transformers class of every catalog entry from its file on the meta device and
+``tests/unit/test_catalog.py`` builds the transformers class of every catalog entry from its file on the meta device and
 compares its parameter count with the spec's. Pure: no transformers import.
 """
 

@@ -9,7 +9,7 @@ attention backends in ``cp_attn`` (with hybrid layers, ``cp_attn_hybrid``); Hugg
 hybrid layers. Some classes pass that gate and fail when they are parallelized (``tp_plan_error``).
 
 The table is GENERATED from the installed AutoModel by ``tools/gen_capabilities.py`` into ``capabilities.json``
-(never edited by hand); ``tests/test_capabilities.py`` regenerates it and checks the engine's verdicts against
+(never edited by hand); ``tests/oracle/test_capabilities.py`` regenerates it and checks the engine's verdicts against
 ``validate_for_mesh`` for every row. ``model.force_hf: true`` makes AutoModel build the Hugging Face class instead.
 """
 
@@ -66,7 +66,7 @@ class Implementation:
 
 
 # Facts the generator cannot read from a class without building it with a real config: Nemotron-H's own FSDP2
-# parallelizer splits Mamba heads over CP and installs none of AutoModel's FSDP patches (tests/test_oracle_parity.py
+# parallelizer splits Mamba heads over CP and installs none of AutoModel's FSDP patches (tests/oracle/test_oracle_parity.py
 # checks both against its code).
 _EXTRA: dict[str, dict[str, Any]] = {"NemotronHForCausalLM": {"mamba_cp": True, "own_fsdp2": True}}
 

@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the catalog (``catalog.json``) holds each model's config.json trimmed to the values that matter
 for parallelism (heads, kv heads, layers, experts, sizes; ``configs/``), read by the same parser as a config.json in
-the Hugging Face cache, and its published parameter total, which ``tests/test_catalog.py`` checks against
+the Hugging Face cache, and its published parameter total, which ``tests/unit/test_catalog.py`` checks against
 ``ModelSpec.param_count()`` (within 2%).
 """
 

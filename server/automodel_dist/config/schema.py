@@ -2,7 +2,7 @@
 
 These are the YAML-facing shapes: dtypes are names ("bfloat16"), callables are dotted names.
 Field sets and defaults mirror the dataclasses in ``components/distributed/config.py``,
-``pipelining/config.py`` and ``cp_vision_frame_shard.py``; ``tests/test_schema.py`` checks
+``pipelining/config.py`` and ``cp_vision_frame_shard.py``; ``tests/oracle/test_schema.py`` checks
 them against the installed AutoModel when it is present. The rules use these models for the
 option names and value types of every strategy; ``references/config-reference.md`` lists
 exactly these keys and defaults (a test keeps them in step).

@@ -35,7 +35,7 @@ ASSUMPTIONS = [
 
 
 # The estimate's error on a rank's peak memory, as the project holds it: the corpus sweep
-# (tests/test_corpus_sweep.py) asserts every sampled CI recipe's estimate within this fraction of AutoModel's own step
+# (tests/oracle/test_corpus_sweep.py) asserts every sampled CI recipe's estimate within this fraction of AutoModel's own step
 # measured by the dry run, and the calibration tests hold it against AutoModel's published runs.
 MEMORY_ERROR = 0.15
 

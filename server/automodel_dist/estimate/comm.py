@@ -28,7 +28,7 @@ MATMUL_EFFICIENCY = 0.55  # achieved / peak bf16 FLOP/s for transformer training
 OVERLAP = 0.8
 # DeepEP's published internode dispatch/combine: 43-46 GB/s of RDMA per GPU on 400 Gb/s (50 GB/s) NICs
 DEEPEP_RDMA_EFFICIENCY = 0.9
-# How far the step time is from AutoModel's published H100 runs (tests/test_calibration.py holds it to this on every
+# How far the step time is from AutoModel's published H100 runs (tests/oracle/test_calibration.py holds it to this on every
 # row the model reaches; bench/bench_calibration.py prints each ratio): suggest does not rank layouts apart by less.
 STEP_TIME_ERROR = 0.25
 

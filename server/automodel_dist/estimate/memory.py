@@ -9,7 +9,7 @@ two states in the parameter dtype; Transformer Engine's FusedAdam: fp32 moments,
 weights; SGD and Muon: one buffer).
 
 Activations are what AutoModel's own classes save, read from its code run on fake tensors (the dry run;
-``tests/test_calibration.py`` compares the two per category on a matrix of layouts). Per token of one
+``tests/oracle/test_calibration.py`` compares the two per category on a matrix of layouts). Per token of one
 decoder layer, bf16, with h the hidden size, q the query width (heads x head_dim), kv the key/value
 width, I the MLP width, a the heads and t the TP size:
 
@@ -520,7 +520,7 @@ def _teacher_bytes(tr: Training, p: ParallelDims, pp_rank: int, tokens: float, s
     optimizer states. Its forward runs without gradients and FSDP2 reshards a unit after forward only when told
     to: the layers reshard, but the root unit (AutoModel: reshard_after_forward False) and the output embedding
     (its own unit, kept gathered) stay gathered from the teacher's first forward on, since no backward ever
-    reshards them (``tests/test_estimate.py`` checks this on torch). The last stage also keeps the teacher's fp32
+    reshards them (``tests/unit/test_estimate.py`` checks this on torch). The last stage also keeps the teacher's fp32
     probabilities for the KD loss's backward."""
     t = tr.teacher
     if t is None:

@@ -1,6 +1,6 @@
 """What AutoModel 0.7.0 silently does differently at run time from what the recipe says, where it changes what
 trains or how much memory it needs, and the recipe-kind refusals that come with them. Each rule names the code
-that decides it; ``tests/test_oracle_parity.py`` checks the tables here against that code."""
+that decides it; ``tests/oracle/test_oracle_parity.py`` checks the tables here against that code."""
 
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import copy
 import json
 
-import oracle
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_mcp import call
+from test_oracle_parity import MID_RUN
 
 from automodel_dist import build_mesh, validate_config
 from automodel_dist.api import analyze
@@ -21,8 +22,7 @@ from automodel_dist.estimate import estimate_memory
 from automodel_dist.report import ConfigError
 from automodel_dist.request import Request
 from automodel_dist.smoke.request import SmokeRequest
-from test_mcp import call
-from test_oracle_parity import MID_RUN
+from support import oracle
 
 needs_oracle = pytest.mark.skipif(not oracle.AVAILABLE, reason="the AutoModel oracle is not installed")
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
 from automodel_dist.dry_run import missing_packages
 from automodel_dist.estimate import MEMORY_ERROR
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("corpus_sweep", ROOT / "tools" / "corpus_sweep.py")
 assert _spec is not None and _spec.loader is not None
 sweep = importlib.util.module_from_spec(_spec)

@@ -18,6 +18,7 @@ import pytest
 from automodel_dist import build_mesh, validate_config
 from automodel_dist.config.load import MAX_BYTES
 from automodel_dist.report import ConfigError
+from support.paths import ROOT
 
 PROBE = r"""
 import json, resource, sys, time
@@ -229,7 +230,7 @@ def test_overlong_names_are_usage_errors_or_findings_not_crashes(argv: list[str]
     message), never an OSError traceback."""
     from automodel_dist.cli import main
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     argv = [str(root / a) if a.startswith("tests/") else a for a in argv]
     assert main(argv) in (0, 1, 2)
     out = capsys.readouterr()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import oracle
 import pytest
-from conftest import torch_version
 
 from automodel_dist.config import schema
 from automodel_dist.config.values import SCHEDULES, dtype_name
+from support import oracle
+from support.builders import torch_version
 
 pytestmark = pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel oracle not installed")
 

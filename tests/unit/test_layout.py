@@ -6,13 +6,13 @@ from __future__ import annotations
 import itertools
 import math
 
-import oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from automodel_dist import build_mesh
 from automodel_dist.layout import FSDP2_DIMS, FSDP2_FLATTENED, Layout, StageError, stage_ids, virtual_stages
+from support import oracle
 
 
 def _brute_groups(names: tuple[str, ...], sizes: tuple[int, ...], flattened: dict[str, tuple[str, ...]]):

@@ -10,7 +10,6 @@ import logging
 import pathlib
 import warnings
 
-import oracle
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +19,7 @@ from automodel_dist import validate_config
 from automodel_dist.config import kinds, schema
 from automodel_dist.rules.checkpoint import CHECKED_BY_AUTOMODEL
 from automodel_dist.rules.fallbacks import KEEPS_OWN_PIPELINE_FORWARD, NO_LOGITS_TO_KEEP
+from support import oracle
 
 pytestmark = pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel oracle not installed")
 

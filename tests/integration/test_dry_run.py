@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import own_processes
 
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
 from automodel_dist.request import Request
+from support.session import own_processes
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_automodel = pytest.mark.skipif(
     bool(missing_packages()), reason="the dry run needs AutoModel, torch, transformers"
 )

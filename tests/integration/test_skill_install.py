@@ -19,7 +19,8 @@ from pathlib import Path
 import anyio
 import pytest
 import yaml
-from conftest import ROOT
+
+from support.paths import ROOT
 
 NAME = "nemo-automodel-distributed-training"
 SKILLS = ["npx", "-y", "skills@1.5.16", "add"]

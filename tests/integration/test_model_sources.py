@@ -23,8 +23,8 @@ from automodel_dist import validate_config
 from automodel_dist.catalog.models import MAX_CONFIG_BYTES, ModelConfigError
 from automodel_dist.catalog.sources import hub_cache_dir, resolve
 from automodel_dist.request import Request
+from support.paths import MODELS
 
-MODELS = Path(__file__).parent / "models"
 QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
 GEMMA4 = "google/gemma-4-31B-it"
 PHI4 = "microsoft/phi-4"

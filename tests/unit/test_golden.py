@@ -1,9 +1,10 @@
-"""Every surface returns exactly the JSON recorded under ``tests/golden/``, one file per case (see ``tests/golden.py``)."""
+"""Every surface returns exactly the JSON recorded under ``tests/golden/``, one file per case (see ``tests/support/golden.py``)."""
 
 from __future__ import annotations
 
-import golden
 import pytest
+
+from support import golden
 
 RECORDED = golden.recorded()
 CASES = dict(golden.cases())
@@ -15,4 +16,4 @@ def test_the_recording_covers_every_case() -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_output_is_unchanged(name: str) -> None:
-    assert CASES[name]() == RECORDED[name], f"{name} changed; re-record with `python tests/golden.py --write` if meant"
+    assert CASES[name]() == RECORDED[name], f"{name} changed; re-record with `python tests/support/golden.py --write` if meant"

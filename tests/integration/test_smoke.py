@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import own_processes
 
 from automodel_dist import run_smoke_test
 from automodel_dist.smoke import SmokeUsageError
 from automodel_dist.smoke.request import SmokeRequest
+from support.paths import EXAMPLES
+from support.session import own_processes
 
 FP32 = {"precision": "fp32"}
 
@@ -680,9 +681,6 @@ def test_model_size_limit(monkeypatch):
     report = run_smoke_test(world_size=2, tp=2)
     assert report.status == "not_run" and "AUTOMODEL_DIST_MAX_SMOKE_PARAMS" in report.reason
     assert "above the limit of 10,000" in report.reason and report.ranks == []
-
-
-EXAMPLES = Path(__file__).parent / "examples"
 
 
 def test_default_world_size_is_4_or_the_smallest_the_layout_is_valid_on():

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import golden
 import pytest
 
 from automodel_dist import validate_config
 from automodel_dist.rules import RULES
+from support import golden
 
 
 @dataclass(frozen=True)

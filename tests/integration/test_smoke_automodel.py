@@ -22,13 +22,12 @@ from automodel_dist.catalog.hf_config import hf_config
 from automodel_dist.catalog.sources import resolve
 from automodel_dist.smoke.request import SmokeRequest
 from automodel_dist.smoke.stack_plan import StackUnavailable, tiny_hf_config
+from support.paths import ROOT
 
 pytest.importorskip("nemo_automodel")
 pytest.importorskip("transformers")
 
 from automodel_dist.smoke import run_smoke_test  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _recipe(model: str, distributed: str, extra: str = "") -> str:

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import oracle
 import pytest
 import yaml
-from conftest import ROOT, SKILL_DIR, wait_for_port
 
 from automodel_dist import build_mesh, suggest_strategy, validate_config
 from automodel_dist.config import schema
 from automodel_dist.docgen import BEGIN, END, SECTIONS, render
 from automodel_dist.explain import explain_error
 from automodel_dist.rules import RULES
+from support import oracle
+from support.paths import ROOT, SKILL_DIR
+from support.session import wait_for_port
 
 DOCS = [SKILL_DIR / "SKILL.md", *sorted((ROOT / "references").glob("*.md"))]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the newcomer's page and its depth

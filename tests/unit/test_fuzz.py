@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from fuzzing import check_input, check_suggest, inputs, mcp_calls, suggest_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from automodel_dist.explain import explain_error
+from support.fuzzing import check_input, check_suggest, inputs, mcp_calls, suggest_args
 
 SLICE = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 

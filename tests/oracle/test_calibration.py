@@ -7,88 +7,26 @@ table wins (``TABLE_OVERRIDES`` says what and why)."""
 from __future__ import annotations
 
 import importlib.util
-import math
-import re
-from pathlib import Path
 
 import pytest
 import yaml
 
-from automodel_dist import estimate_memory, suggest_strategy
-from automodel_dist.catalog.models import lookup
+from automodel_dist import suggest_strategy
 from automodel_dist.dims import read_dims
 from automodel_dist.estimate import make_cluster
 from automodel_dist.estimate.comm import STEP_TIME_ERROR, axis_gbps
+from support.calibration import (
+    DRY,
+    DRY_SLOW,
+    LLM,
+    MISSES,
+    TABLE_OVERRIDES,
+    estimate_row,
+    published_rows,
+)
+from support.paths import CALIBRATION
 
-CAL = Path(__file__).parent / "calibration"
 HAS_AUTOMODEL = importlib.util.find_spec("nemo_automodel") is not None
-
-
-def published_rows() -> list[dict]:
-    """The table of tests/calibration/README.md, as published."""
-    text = (CAL / "README.md").read_text()
-    table = text[text.index("| recipe | GPUs |") :].split("\n\n")[0].splitlines()
-    head = [c.strip() for c in table[0].strip("|").split("|")]
-    rows = []
-    for line in table[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        row = dict(zip(head, cells))
-        row["recipe"] = row["recipe"].split(" ")[0]
-        for key in ("GPUs", "GBS", "MBS", "LBS", "seq", "TP", "PP", "CP"):
-            row[key] = int(row[key])
-        for key in ("EP", "VP"):
-            row[key] = None if row[key] == "-" else int(row[key])
-        row["s/step"] = float(row["s/step"])
-        rows.append(row)
-    return rows
-
-
-# What differs between the measured run and the recipe in AutoModel's repository today.
-TABLE_OVERRIDES = {
-    # the 1,024-GPU recipe no longer sets activation_checkpointing; without it the 16 MoE layers per pipeline rank keep
-    # ~180 GiB of activations over 8 in-flight microbatches, which cannot have run on 80 GB (its 256-GPU twin sets it)
-    "deepseek_v3_te_deepep_1024.yaml": ["distributed.activation_checkpointing=true"],
-}
-# Rows the model does not reach, and why (measured: bench/bench_calibration.py prints every ratio).
-MISSES = {
-    "gptoss_20b_te_deepep.yaml": "step time 0.74x the measured: GPT-OSS's FlexAttention with sinks and its clamped "
-    "SwiGLU experts run well below the matmul efficiency assumed for every other model (its MFU is 28% in the table, "
-    "where Qwen3-MoE's comparable run reaches the model's efficiency); the model has no per-kernel efficiency",
-    "gptoss_120b_te_deepep.yaml": "judged 94 GiB where the run fit in 80: AutoModel's GPT-OSS class refuses SDPA, so "
-    "the dry run cannot measure what it saves, and the MoE terms (measured on Qwen3-MoE's class) over-count it by "
-    "at least 15 GiB at micro batch 2",
-}
-
-
-def overrides(row: dict) -> list[str]:
-    out = [f"step_scheduler.global_batch_size={row['GBS']}", f"step_scheduler.local_batch_size={row['LBS']}"]
-    if row["PP"] > 1:
-        out.append(f"distributed.pipeline.pp_microbatch_size={row['MBS']}")
-        if row["VP"]:
-            layers = lookup(_recipe_model(row)).num_layers
-            per_stage = math.ceil(layers / (row["PP"] * row["VP"]))
-            out += [
-                f"distributed.pipeline.layers_per_stage={per_stage}",
-                "distributed.pipeline.round_virtual_stages_to_pp_multiple=up",
-            ]
-    return out + TABLE_OVERRIDES.get(row["recipe"], [])
-
-
-def _recipe_model(row: dict) -> str:
-    text = (CAL / "recipes" / row["recipe"]).read_text()
-    return re.search(r"pretrained_model_name_or_path:\s*(\S+)", text).group(1)
-
-
-def estimate_row(row: dict):
-    return estimate_memory(
-        CAL / "recipes" / row["recipe"],
-        world_size=row["GPUs"],
-        gpus_per_node=min(8, row["GPUs"]),
-        seq_len=row["seq"],
-        gpu="H100-80GB",
-        headroom=0.0,
-        overrides=overrides(row),
-    )
 
 
 ROWS = [
@@ -103,7 +41,7 @@ ROWS = [
 
 def test_the_table_is_read_whole():
     rows = published_rows()
-    assert len(rows) == 12 and {r["recipe"] for r in rows} == {p.name for p in (CAL / "recipes").glob("*.yaml")}
+    assert len(rows) == 12 and {r["recipe"] for r in rows} == {p.name for p in (CALIBRATION / "recipes").glob("*.yaml")}
 
 
 @pytest.mark.parametrize("row", ROWS)
@@ -144,7 +82,7 @@ def test_suggest_finds_the_published_layout_or_says_how_much_faster_its_pick_is(
     (within the estimate's memory error of the GPU: ranked after the sure fits), or suggest's pick is predicted
     faster by more than the model's error and the report says by how much."""
     rep = suggest_strategy(
-        config=CAL / "recipes" / row["recipe"],
+        config=CALIBRATION / "recipes" / row["recipe"],
         nodes=max(1, row["GPUs"] // 8),
         gpus_per_node=min(8, row["GPUs"]),
         seq_len=row["seq"],
@@ -182,48 +120,6 @@ def test_a_group_across_nodes_moves_as_many_nics_as_it_has_ranks_in_a_node():
 
 
 # ------------------------------------------------------------------------------------------ against the dry run
-L8, Q3 = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"
-LLM = "recipe: TrainFinetuneRecipeForNextTokenPrediction\n"
-PP = "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 16\n"
-LORA = "peft:\n  target_modules: ['*_proj']\n  dim: 16\n"
-DRY = [
-    pytest.param(L8, "distributed: {}\n", id="dense"),
-    pytest.param(L8, "distributed:\n  tp_size: 2\n  sequence_parallel: true\n", id="tp2-sp"),
-    pytest.param(L8, LORA + "distributed: {}\n", id="lora"),
-    pytest.param(
-        L8,
-        PP + "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: interleaved1f1b\n    pp_microbatch_size: 1\n"
-        "    layers_per_stage: 1\n",
-        id="pp2-interleaved",
-    ),
-    pytest.param(
-        Q3, "distributed:\n  ep_size: 8\n  activation_checkpointing: true\n", id="qwen3-moe-ep8-checkpointing"
-    ),
-]
-DRY_SLOW = [
-    pytest.param(L8, "distributed:\n  activation_checkpointing: true\n", id="checkpointing-submodules"),
-    pytest.param(L8, "distributed:\n  activation_checkpointing: selective\n", id="checkpointing-selective"),
-    pytest.param(L8, "distributed:\n  dp_replicate_size: 2\n", id="hsdp"),
-    pytest.param(
-        L8, "step_scheduler:\n  local_batch_size: 1\n  global_batch_size: 16\ndistributed: {}\n", id="grad-accumulation"
-    ),
-    pytest.param(L8, "distributed:\n  tp_size: 2\n", id="tp2"),
-    pytest.param(L8, LORA + "distributed:\n  activation_checkpointing: true\n", id="lora-checkpointing"),
-    pytest.param(
-        L8,
-        "distributed:\n  tp_size: 2\n  sequence_parallel: true\n  activation_checkpointing: true\n",
-        id="tp2-sp-checkpointing",
-    ),
-    pytest.param(
-        L8, "model:\n  force_hf: true\ndistributed:\n  activation_checkpointing: true\n", id="hf-class-checkpointing"
-    ),
-    pytest.param(
-        L8,
-        PP + "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n",
-        id="pp2-1f1b",
-    ),
-    pytest.param(Q3, "distributed:\n  ep_size: 8\n", id="qwen3-moe-ep8"),
-]
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 
 
@@ -268,7 +164,7 @@ def test_the_estimate_matches_automodels_own_step_deeper(model, block):
 
 def test_the_table_overrides_name_real_differences():
     for name, items in TABLE_OVERRIDES.items():
-        recipe = yaml.safe_load((CAL / "recipes" / name).read_text())
+        recipe = yaml.safe_load((CALIBRATION / "recipes" / name).read_text())
         for item in items:
             key, value = item.split("=", 1)
             node = recipe
@@ -289,7 +185,9 @@ def test_published_one_gpu_lora_runs_are_under_80_gib_by_the_dry_run_and_the_est
     from automodel_dist.dry_run import dry_run
 
     [row] = [r for r in published_rows() if r["recipe"] == recipe]
-    dr = dry_run(CAL / "recipes" / recipe, world_size=1, seq_len=row["seq"], micro_batch_size=row["MBS"], headroom=0.0)
+    dr = dry_run(
+        CALIBRATION / "recipes" / recipe, world_size=1, seq_len=row["seq"], micro_batch_size=row["MBS"], headroom=0.0
+    )
     assert dr.status == "measured", [(r.error, r.reason) for r in dr.ranks]
     assert dr.ranks[0].peak_allocated_gib < 80 and dr.fits is True
     est = estimate_row(row)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +26,8 @@ from automodel_dist.dry_run.depth import (
 )
 from automodel_dist.dry_run.plan import plan_dry_run
 from automodel_dist.request import Request
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_automodel = pytest.mark.skipif(
     bool(missing_packages()), reason="the dry run needs AutoModel, torch, transformers"
 )

@@ -1,5 +1,5 @@
 """Hypothesis strategies over whole recipes, distributed: blocks, YAML text and mutations of real
-recipes, plus the checks every input must pass. Shared by tests/test_fuzz.py (a CI slice) and
+recipes, plus the checks every input must pass. Shared by tests/unit/test_fuzz.py (a CI slice) and
 bench/bench_fuzz.py (>= 10,000 inputs with counts and timings).
 
 The properties: every call returns a report (no exception escapes), every finding names a known
@@ -26,7 +26,7 @@ from automodel_dist.config import schema
 from automodel_dist.report import ConfigError, MeshReport, ValidationReport
 from automodel_dist.rules import RULES
 
-EXAMPLES = sorted((Path(__file__).parent / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
 MODELS = [m.name for m in catalog()]
 
 TOP_KEYS = [k for k in schema.DistributedConfig.model_fields if k != "options"]

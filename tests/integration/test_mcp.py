@@ -17,12 +17,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from conftest import own_processes, wait_for_port
 from mcp import Client, StdioServerParameters
 
 from automodel_dist.mcp_server import NAME, create_server
+from support.paths import EXAMPLES, ROOT
+from support.session import own_processes, wait_for_port
 
-EXAMPLE = Path(__file__).parent / "examples" / "qwen3_moe_30b_te_chat_thd.yaml"
+EXAMPLE = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
 
 
 def run(coro_fn):
@@ -438,9 +439,7 @@ def _readme_tool_examples() -> list[tuple[str, dict]]:
     """The `tools/call` arguments table of docs/mcp.md, one (tool, arguments) per row."""
     import re
 
-    rows = re.findall(
-        r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (Path(__file__).parents[1] / "docs" / "mcp.md").read_text(), re.MULTILINE
-    )
+    rows = re.findall(r"^\| `(\w+)`[^|]*\| `(\{.*\})` \|$", (ROOT / "docs" / "mcp.md").read_text(), re.MULTILINE)
     return [(tool, json.loads(args)) for tool, args in rows]
 
 
@@ -458,7 +457,7 @@ def test_readme_tool_arguments_work():
         "explain_error",
         "list_models",
     }
-    recipe = str(Path(__file__).parent / "examples" / "llama3_1_8b_hellaswag_pp.yaml")
+    recipe = str(EXAMPLES / "llama3_1_8b_hellaswag_pp.yaml")
 
     async def go():
         async with Client(create_server()) as c:

@@ -6,11 +6,9 @@ import dataclasses
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import dims, torch_version
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,10 +19,11 @@ from automodel_dist.cli import main
 from automodel_dist.estimate.memory import Training, activation_formula_korthikanti, memory_per_rank
 from automodel_dist.report import ConfigError
 from automodel_dist.request import Request
+from support.builders import dims, torch_version
+from support.paths import EXAMPLES, TESTS
 
 GIB = float(1 << 30)
 _TORCH = torch_version()
-EXAMPLES = Path(__file__).parent / "examples"
 
 
 L8 = "meta-llama/Llama-3.1-8B"
@@ -624,7 +623,7 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
             "--standalone",
             "--nproc-per-node",
             "4",
-            str(Path(__file__).with_name("pp_defer_worker.py")),
+            str(TESTS / "support" / "pp_defer_worker.py"),
         ],
         env={**os.environ, "MODES": ",".join(modes), "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -658,9 +657,8 @@ def test_block_resharding_is_automodels_own(block):
     """The estimate's and the smoke runner's block_reshard against AutoModel 0.7.0's own wrapping on its own meshes:
     blocks reshard after forward but the last, PP included (its keep-gathered-under-PP branch looks for a pp dim in
     the data-parallel mesh, which has none), unless reshard_after_forward says otherwise."""
-    import oracle
-
     from automodel_dist.dims import block_reshard
+    from support import oracle
 
     theirs = oracle.block_reshards(block, 16)
     chosen = block_reshard(block.get("reshard_after_forward"), False, 1)

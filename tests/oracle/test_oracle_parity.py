@@ -14,10 +14,8 @@ import copy
 import importlib.metadata
 from pathlib import Path
 
-import oracle
 import pytest
 import yaml
-from conftest import EXAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +24,8 @@ from automodel_dist.catalog.implementations import IMPLEMENTATIONS
 from automodel_dist.environment import fsdp2_unusable, torch_release
 from automodel_dist.explain import explain_error
 from automodel_dist.rules import RULES
+from support import oracle
+from support.paths import EXAMPLES
 
 pytestmark = pytest.mark.skipif(
     not oracle.AVAILABLE,
@@ -325,7 +325,7 @@ def test_parallelize_rules_match_automodel(case: tuple[dict, int, int]) -> None:
 
 
 # The architectures the recipes here use most, built for real (AutoModel's own classes inspected, Hugging Face ones
-# on the meta device from a tiny config); tests/test_capabilities.py checks every class of the table on shells.
+# on the meta device from a tiny config); tests/oracle/test_capabilities.py checks every class of the table on shells.
 BUILT = (
     "DeepseekV3ForCausalLM",
     "Gemma2ForCausalLM",

@@ -9,7 +9,6 @@ import importlib.util
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,11 +17,11 @@ import pytest
 from automodel_dist import validate_config
 from automodel_dist.catalog.implementations import implementations, registered, table_versions
 from automodel_dist.catalog.models import ModelSpec
+from support.paths import ROOT
 
 pytest.importorskip("nemo_automodel")
 pytest.importorskip("einops")
 
-ROOT = Path(__file__).resolve().parents[1]
 GEN = ROOT / "tools" / "gen_capabilities.py"
 SETTINGS = {"tp": {"tp_size": 2}, "pp": {"pp_size": 2, "pipeline": {}}, "ep": {"ep_size": 2}, "cp": {"cp_size": 2}}
 GATE_RULES = {"model-capability", "model-cp-backend"}

@@ -1,12 +1,12 @@
 """The JSON every surface returns for the project's own configs, recorded so a refactor can prove it changed nothing.
 
-``python tests/golden.py --write`` records one file per case under ``tests/golden/`` (``<kind>/<name>.json``, holding
-the case's name and its output); ``tests/test_golden.py`` recomputes every case and compares. A change in behaviour
+``python tests/support/golden.py --write`` records one file per case under ``tests/golden/`` (``<kind>/<name>.json``,
+holding the case's name and its output); ``tests/unit/test_golden.py`` recomputes every case and compares. A change in behaviour
 that is intended re-records in the same commit, so the diff shows exactly which outputs changed, one file each.
 
 Cases: the recipes under ``tests/examples`` and ``tests/calibration/recipes`` (validate at their own ``ci:`` world and
 at 8 and 64 ranks, build_mesh, estimate_memory and suggest_strategy where they apply), every rule case of
-``tests/test_rules.py`` and every YAML block of the docs (validate_config).
+``tests/unit/test_rules.py`` and every YAML block of the docs (``tests/integration/test_docs.py``; validate_config).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "tests" / "golden"
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+OUT = TESTS / "golden"
 # Outputs must not depend on this machine's Hugging Face cache (a cached config.json changes what a model name
 # resolves to, and unknown-model messages name the cache): the tests and the recording point huggingface_hub at a
 # folder that never exists (a fixed path: messages clip long names, so its length must not depend on the checkout);
 # the tests that need a cache lay one out in a temporary HF_HOME.
 NO_HF_CACHE = Path("/nonexistent-automodel-dist-hf-cache")
-RECIPES = sorted((ROOT / "tests" / "examples").glob("*.yaml")) + sorted(
-    (ROOT / "tests" / "calibration" / "recipes").glob("*.yaml")
-)
+RECIPES = sorted((TESTS / "examples").glob("*.yaml")) + sorted((TESTS / "calibration" / "recipes").glob("*.yaml"))
 
 
 def _dump(value: Any) -> Any:
@@ -60,7 +59,9 @@ def cases() -> Iterator[tuple[str, Callable[[], Any]]]:
         yield f"estimate:{name}", lambda p=path: _guard(lambda: estimate_memory(p))
         yield f"estimate:{name}@64", lambda p=path: _guard(lambda: estimate_memory(p, world_size=64, gpus_per_node=8))
         yield f"suggest:{name}", lambda p=path: _guard(lambda: suggest_strategy(config=p, top_k=3))
-    sys.path.insert(0, str(ROOT / "tests"))
+    # the rule table and the docs' blocks are defined with the tests that check them (under pytest they are already
+    # imported under these names: the same modules are reused)
+    sys.path[:0] = [str(TESTS), str(TESTS / "unit"), str(TESTS / "integration")]
     import test_rules
 
     for case in test_rules.CASES:
@@ -106,7 +107,7 @@ def write(outputs: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     if "--write" not in sys.argv:
-        sys.exit("usage: python tests/golden.py --write")
+        sys.exit("usage: python tests/support/golden.py --write")
     os.environ["HF_HUB_CACHE"] = str(NO_HF_CACHE)
     outputs = compute()
     write(outputs)

@@ -1,11 +1,10 @@
 """The smoke-test worker: one per rank, launched by torchrun (``python -m automodel_dist.smoke.worker
 --spec spec.json``). The same command runs unchanged under a multi-node torchrun or srun.
 
-Each rank: init the process group (short timeout) -> build AutoModel's meshes from the engine's
-layout and check every group against it -> build the tiny model (same seed everywhere) -> apply
-the layout -> K AdamW steps -> train a single-process reference of the same model and data ->
-compare losses and final full parameters -> write ``rank<r>.json`` (and progress events).
-"""
+Each rank on the tiny stack: init the process group (short timeout) -> build AutoModel's meshes from the engine's
+layout and check every group against it -> build the tiny model (same seed everywhere) -> apply the layout -> train
+a single-process reference of the same model and data -> K AdamW steps -> compare losses, first-step gradients and
+final full parameters -> write ``rank<r>.json`` (and progress events). On AutoModel's stack, stack_worker.py."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,19 +73,75 @@ def _peak_rss_mib() -> float:
 def run(
     spec: SmokeSpec, t_start: float = T_START, publish: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
-    """One rank's smoke run; ``publish`` gets the result before the process group is torn down."""
+    """One rank's smoke run; ``publish`` gets the result before the process group is torn down. The phases: start
+    (the rank, its backend and device), then on the tiny stack init (process group, meshes checked against the
+    engine's layout, this rank's data), build (the tiny model, split into stages and parallelized), the one-process
+    reference, the schedule, the steps and the comparison; AutoModel's stack runs its own (stack_worker.py)."""
     from ._exec import set_pdeathsig
 
     set_pdeathsig()  # die with torchrun, whatever happens to it
+    r = _start(spec, t_start)
+    if spec.stack == "automodel":
+        from .stack_worker import run_on_automodel
+
+        run_on_automodel(
+            spec, r.result, r.timings, r.progress, r.backend, lambda step, kind: _fault(spec, r.rank, step, kind)
+        )
+        r.result.update(timings=r.timings, peak_rss_mib=_peak_rss_mib(), t_end=time.time())
+        return _finish(spec, r.rank, r.result, publish)
+    _init(r)
+    _build(r)
+    _reference(r)
+    _schedule(r)
+    _train(r)
+    _check(r)
+    return _finish(spec, r.rank, r.result, publish)
+
+
+@dataclass
+class _Rank:
+    """One rank's run on the tiny stack, filled in phase by phase."""
+
+    spec: SmokeSpec
+    rank: int
+    world: int
+    backend: str
+    device: Any
+    progress: _Progress
+    result: dict[str, Any]
+    timings: dict[str, float]
+    t_imported: float
+    notes: list[str] = field(default_factory=list)  # workarounds this rank applied (reported once per run)
+    # init
+    layout: Any = None
+    meshes: Any = None
+    cfg: Any = None
+    data: tuple[Any, ...] = ()  # (ids_all, labels_all, ids, labels, positions): the global batch and this rank's
+    # build
+    parts: list[tuple[int, Any]] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+    opt: Any = None
+    expert_params: list[Any] = field(default_factory=list)
+    expert_scale: float = 1.0
+    n_stages: int = 1
+    my_stages: tuple[int, ...] = (0,)
+    # reference
+    ref_losses: list[float] = field(default_factory=list)
+    ref_grads0: dict[str, Any] = field(default_factory=dict)
+    ref_params: dict[str, Any] = field(default_factory=dict)
+    # schedule and train
+    schedule: Any = None
+    cp_ctx: Any = None
+    losses: list[float] = field(default_factory=list)
+    grad_diff: tuple[float, str] = (0.0, "")
+
+
+def _start(spec: SmokeSpec, t_start: float) -> _Rank:
+    """The rank, its backend (NCCL when every local rank has a GPU, else gloo) and device."""
     t_import = time.time()
     import torch
-    import torch.distributed as dist
 
     t_imported = time.time()
-    from ..layout import stage_ids
-    from . import parallelize as par
-    from .tiny_models import TinyConfig, TinyLM, build_full, loss_fn, synthetic_batch
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if spec.world_size != world:
@@ -94,50 +150,57 @@ def run(
             f"(WORLD_SIZE): launch nnodes x nproc-per-node = {spec.world_size}"
         )
     progress = _Progress(spec.progress_file, rank)
-    notes: list[str] = []  # workarounds this rank applied (reported once per run)
-    result: dict[str, Any] = {"rank": rank, "t_start": t_start, "parent_threads": _parent_threads(), "notes": notes}
-    timings: dict[str, float] = {"import_s": t_imported - t_import}
-
-    backend = spec.backend or "auto"
-    if backend == "auto":
-        backend = (
+    r = _Rank(
+        spec=spec,
+        rank=rank,
+        world=world,
+        backend=spec.backend or "auto",
+        device=None,
+        progress=progress,
+        result={"rank": rank, "t_start": t_start, "parent_threads": _parent_threads()},
+        timings={"import_s": t_imported - t_import},
+        t_imported=t_imported,
+    )
+    r.result["notes"] = r.notes
+    if r.backend == "auto":
+        r.backend = (
             "nccl"
             if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", world))
             else "gloo"
         )
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    result["backend"], result["device"] = backend, str(device)
+    r.device = torch.device("cuda", local_rank) if r.backend == "nccl" else torch.device("cpu")
+    if r.device.type == "cuda":
+        torch.cuda.set_device(r.device)
+    r.result["backend"], r.result["device"] = r.backend, str(r.device)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(False)
+    return r
 
-    if spec.stack == "automodel":
-        from .stack_worker import run_on_automodel
 
-        run_on_automodel(spec, result, timings, progress, backend, lambda step, kind: _fault(spec, rank, step, kind))
-        result.update(timings=timings, peak_rss_mib=_peak_rss_mib(), t_end=time.time())
-        return _finish(spec, rank, result, publish)
+def _init(r: _Rank) -> None:
+    """The process group, the meshes (every group checked against the engine's layout) and this rank's batch."""
+    import torch
+    import torch.distributed as dist
 
-    t0 = t_imported  # init covers the parallelism imports, the process group, meshes, model and wrapping
-    progress("init", message=f"init_process_group({backend}), {world} ranks")
-    dist.init_process_group(backend, timeout=timedelta(seconds=float(spec.pg_timeout_s)))
+    from . import parallelize as par
+    from .tiny_models import TinyConfig, synthetic_batch
+
+    spec, rank, device = r.spec, r.rank, r.device
+    r.progress("init", message=f"init_process_group({r.backend}), {r.world} ranks")
+    dist.init_process_group(r.backend, timeout=timedelta(seconds=float(spec.pg_timeout_s)))
     layout = spec.dims.layout
     assert layout is not None, "the planner only writes specs whose layout builds"
     meshes = par.build_meshes(layout, device.type)
     mismatch = par.mesh_mismatches(meshes, layout, rank)
-    result["groups"] = {a: meshes.group_ranks(a) for a in meshes.axes}
-    result["mesh_mismatches"] = mismatch
+    r.result["groups"] = {a: meshes.group_ranks(a) for a in meshes.axes}
+    r.result["mesh_mismatches"] = mismatch
     if mismatch:
         raise RuntimeError(f"torch DeviceMesh groups differ from the engine's layout on rank {rank}: {mismatch}")
-    progress("init", message="device meshes match the engine's layout")
-
-    cfg = TinyConfig(**spec.model_config)
-    seed, steps, lr = spec.seed, spec.steps, spec.lr
-    pp, tp, cp, ep = layout.pp, layout.tp, layout.cp, layout.ep
-    pipe = spec.pipeline
+    r.progress("init", message="device meshes match the engine's layout")
+    r.layout, r.meshes = layout, meshes
+    r.cfg = TinyConfig(**spec.model_config)
     global_batch, seq = spec.global_batch, spec.seq_len
-    ids_all, labels_all = synthetic_batch(cfg, global_batch, seq, seed)
+    ids_all, labels_all = synthetic_batch(r.cfg, global_batch, seq, spec.seed)
     dp_world = layout.dp
     if layout.strategy == "ddp":
         dp_index = rank
@@ -147,9 +210,21 @@ def run(
     ids = ids_all[dp_index * per_dp : (dp_index + 1) * per_dp].to(device)
     labels = labels_all[dp_index * per_dp : (dp_index + 1) * per_dp].to(device)
     positions = torch.arange(seq, device=device).expand(ids.shape[0], -1).contiguous()
+    r.data = (ids_all, labels_all, ids, labels, positions)
 
-    # ---------------------------------------------------------------- build + parallelize
-    full = build_full(cfg, seed).to(device)
+
+def _build(r: _Rank) -> None:
+    """The tiny model (same seed everywhere), this rank's pipeline stages, parallelized in AutoModel's order."""
+    import torch
+
+    from ..layout import stage_ids
+    from . import parallelize as par
+    from .tiny_models import TinyLM, build_full
+
+    spec, device, layout, meshes, cfg = r.spec, r.device, r.layout, r.meshes, r.cfg
+    pp, tp, cp, ep = layout.pp, layout.tp, layout.cp, layout.ep
+    pipe = spec.pipeline
+    full = build_full(cfg, spec.seed).to(device)
     pp_rank = meshes.axes["pp"].get_local_rank() if pp > 1 else 0
     if pp > 1:
         from ..layout import stage_layer_counts
@@ -173,7 +248,7 @@ def run(
     non_pp = layout.dp * cp * tp
     # Expert grads are summed over every EP peer's tokens; FSDP then averages over ep_shard (or DDP
     # over the world); the rest of the 1/(dp*cp*tp) global mean is applied after backward.
-    expert_scale = layout.ep_shard / non_pp if layout.strategy == "fsdp2" else 1.0 / non_pp
+    r.expert_scale = layout.ep_shard / non_pp if layout.strategy == "fsdp2" else 1.0 / non_pp
     parts = []
     for sid, m in modules:
         if tp > 1:
@@ -197,17 +272,26 @@ def run(
     params = [p for _, m in parts for p in m.parameters()]
     # foreach=False on both sides (as in AutoModel's MoE recipes): a DTensor foreach step pays ~0.7 s of uncached
     # sharding propagation on the first step; per-parameter ops hit the cache after the first of each shape
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
-    result["param_bytes"] = sum(par.local_tensor(p).numel() * par.local_tensor(p).element_size() for p in params)
+    r.opt = torch.optim.AdamW(params, lr=spec.lr, weight_decay=0.0, foreach=False)
+    r.result["param_bytes"] = sum(par.local_tensor(p).numel() * par.local_tensor(p).element_size() for p in params)
+    r.parts, r.params, r.expert_params = parts, params, expert_params
+    r.n_stages, r.my_stages = n_stages, tuple(my_stages)
 
-    # ---------------------------------------------------------------- reference (one process, whole batch)
+
+def _reference(r: _Rank) -> None:
+    """The same model trained on one process over the whole global batch (same seed, same precision policy)."""
+    import torch
+
+    from .tiny_models import build_full, loss_fn
+
+    spec, device = r.spec, r.device
+    ids_all, labels_all = r.data[:2]
     t_ref = time.time()
-    progress("reference", message="single-process reference")
-    ref = build_full(cfg, seed).to(device)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.0, foreach=False)
+    r.progress("reference", message="single-process reference")
+    ref = build_full(r.cfg, spec.seed).to(device)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=spec.lr, weight_decay=0.0, foreach=False)
     low = _compute_copy(ref, spec.mp_policy)
-    ref_losses, ref_grads0 = [], {}
-    for ref_step in range(steps):
+    for ref_step in range(spec.steps):
         ref_opt.zero_grad(set_to_none=True)
         if low is not ref:
             _mixed_precision_sync(ref, low)
@@ -217,79 +301,98 @@ def run(
             for master, p in zip(ref.parameters(), low.parameters()):
                 master.grad = None if p.grad is None else p.grad.to(master.dtype)
         if ref_step == 0:
-            ref_grads0 = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+            r.ref_grads0 = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
         ref_opt.step()
-        ref_losses.append(ref_loss.item())
-    ref_params = dict(ref.named_parameters())
-    timings["reference_s"] = time.time() - t_ref
+        r.ref_losses.append(ref_loss.item())
+    r.ref_params = dict(ref.named_parameters())
+    r.timings["reference_s"] = time.time() - t_ref
 
-    schedule = None
-    if pp > 1:
+
+def _schedule(r: _Rank) -> None:
+    """torch's pipeline schedule over this rank's stages, and the context-parallel buffers' context."""
+    from .tiny_models import loss_fn
+
+    layout, meshes, pipe = r.layout, r.meshes, r.spec.pipeline
+    if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import get_schedule_class
 
-        stages = [PipelineStage(m, sid, n_stages, device, group=meshes.axes["pp"].get_group()) for sid, m in parts]
-        if backend == "gloo":
+        assert pipe is not None
+        group = meshes.axes["pp"].get_group()
+        stages = [PipelineStage(m, sid, r.n_stages, r.device, group=group) for sid, m in r.parts]
+        if r.backend == "gloo":
             for stage in stages:
-                _skip_self_p2p_warmup(stage, notes)
+                _skip_self_p2p_warmup(stage, r.notes)
         cls = get_schedule_class(pipe.schedule)
         multi = len(stages) > 1 or pipe.schedule not in ("1F1B", "GPipe")
-        schedule = cls(
+        r.schedule = cls(
             stages if multi else stages[0], n_microbatches=pipe.n_microbatches, loss_fn=loss_fn, scale_grads=True
         )
-
-    cp_ctx = _cp_context(meshes, cp, device) if cp > 1 else None
-    if cp_ctx is not None:
+    cp = layout.cp
+    r.cp_ctx = _cp_context(meshes, cp, r.device) if cp > 1 else None
+    if r.cp_ctx is not None:
         from .tiny_models import Attention
 
-        cp_info = (meshes.axes["cp"].get_local_rank(), cp, device.type != "cpu")
-        for _, m in parts:
+        cp_info = (meshes.axes["cp"].get_local_rank(), cp, r.device.type != "cpu")
+        for _, m in r.parts:
             for mod in m.modules():
                 if isinstance(mod, Attention):
                     mod.cp = cp_info
-    skew = float((spec.fault or {}).get("factor", 0.5))
 
-    # ---------------------------------------------------------------- train
-    losses, step_times = [], []
+
+def _train(r: _Rank) -> None:
+    """The spec's steps (with the injected faults), the loss averaged over the ranks that hold it."""
+    import torch
+    import torch.distributed as dist
+
+    from . import parallelize as par
+    from .tiny_models import loss_fn
+
+    spec, rank, device, layout, meshes, parts = r.spec, r.rank, r.device, r.layout, r.meshes, r.parts
+    tp, ep, steps = layout.tp, layout.ep, spec.steps
+    ids, labels, positions = r.data[2:]
+    skew = float((spec.fault or {}).get("factor", 0.5))
+    step_times = []
     t_steps = time.time()
-    timings["init_s"] = t_steps - t0 - timings["reference_s"]
-    progress("step", 0, steps, "training")
+    # init covers the parallelism imports, the process group, meshes, model and wrapping
+    r.timings["init_s"] = t_steps - r.t_imported - r.timings["reference_s"]
+    r.progress("step", 0, steps, "training")
     for step in range(steps):
         ts = time.time()
         if _fault(spec, rank, step, "crash"):
             raise RuntimeError(f"injected fault: crash@{rank}:{step}")
         _WHERE.update(phase="step", step=step)
         if _fault(spec, rank, step, "hang"):
-            progress("step", step, steps, f"injected fault: rank {rank} hangs at step {step}", force=True)
+            r.progress("step", step, steps, f"injected fault: rank {rank} hangs at step {step}", force=True)
             time.sleep(10**9)
-        opt.zero_grad(set_to_none=True)
+        r.opt.zero_grad(set_to_none=True)
         loss_val, count = torch.zeros((), device=device), torch.zeros((), device=device)
-        if schedule is not None:
+        if r.schedule is not None:
             first = any(sid == 0 for sid, _ in parts)
-            last = any(sid == n_stages - 1 for sid, _ in parts)
+            last = any(sid == r.n_stages - 1 for sid, _ in parts)
             mb_losses: list[torch.Tensor] = []
             buf_ids, buf_labels = ids.clone(), labels.clone()
             kwargs: dict[str, Any] = {"target": buf_labels, "losses": mb_losses} if last else {}
             with contextlib.ExitStack() as stack:
-                if cp_ctx is not None:
+                if r.cp_ctx is not None:
                     from torch.distributed.tensor.experimental import implicit_replication
 
-                    stack.enter_context(cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]))
+                    stack.enter_context(r.cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]))
                     stack.enter_context(implicit_replication())
                 if first:
-                    schedule.step(buf_ids, **kwargs)
+                    r.schedule.step(buf_ids, **kwargs)
                 else:
-                    schedule.step(**kwargs)
+                    r.schedule.step(**kwargs)
             if last and (tp == 1 or meshes.axes["tp"].get_local_rank() == 0):
                 loss_val = torch.stack([x.detach().float() for x in mb_losses]).mean()
                 count = torch.ones((), device=device)
         else:
             model = parts[0][1]
-            if cp_ctx is not None:
+            if r.cp_ctx is not None:
                 from torch.distributed.tensor.experimental import implicit_replication
 
                 buf_ids, buf_labels = ids.clone(), labels.clone()
-                with cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]), implicit_replication():
+                with r.cp_ctx(buffers=[buf_ids, buf_labels], buffer_seq_dims=[1, 1]), implicit_replication():
                     loss = loss_fn(model(buf_ids), buf_labels)  # attention derives global positions
                     loss.backward()
             else:
@@ -297,57 +400,66 @@ def run(
                 loss.backward()
             if tp == 1 or meshes.axes["tp"].get_local_rank() == 0:
                 loss_val, count = loss.detach().float(), torch.ones((), device=device)
-        if expert_params:
-            par.scale_expert_grads([p for _, m in parts for p in m.parameters() if _is_expert(m, p)], expert_scale)
+        if r.expert_params:
+            par.scale_expert_grads([p for _, m in parts for p in m.parameters() if _is_expert(m, p)], r.expert_scale)
         if _fault(spec, rank, step, "skew"):
-            par.skew_gradients(params, rank * 1000 + step, skew, device)
+            par.skew_gradients(r.params, rank * 1000 + step, skew, device)
         if step == 0:  # AdamW hides gradient scale errors: compare the first gradients directly
-            grad_diff, grad_name = _compare(parts, ref_grads0, par, ep, grads=True)
-        opt.step()
+            r.grad_diff = _compare(parts, r.ref_grads0, par, ep, grads=True)
+        r.opt.step()
         pair = torch.stack([loss_val * count, count])
         dist.all_reduce(pair)
-        losses.append((pair[0] / pair[1]).item())
+        r.losses.append((pair[0] / pair[1]).item())
         step_times.append(time.time() - ts)
-        progress("step", step + 1, steps, f"loss {losses[-1]:.5f}")
-    timings["steps_s"] = time.time() - t_steps
-    result["grad_bytes"] = sum(
-        par.local_tensor(p.grad).numel() * par.local_tensor(p.grad).element_size() for p in params if p.grad is not None
+        r.progress("step", step + 1, steps, f"loss {r.losses[-1]:.5f}")
+    r.timings["steps_s"] = time.time() - t_steps
+    r.result["step_times_s"] = step_times
+    r.result["grad_bytes"] = sum(
+        par.local_tensor(p.grad).numel() * par.local_tensor(p.grad).element_size()
+        for p in r.params
+        if p.grad is not None
     )
-    result["optim_bytes"] = sum(
+    r.result["optim_bytes"] = sum(
         par.local_tensor(v).numel() * par.local_tensor(v).element_size()
-        for st in opt.state.values()
+        for st in r.opt.state.values()
         for v in st.values()
         if torch.is_tensor(v)
     )
 
-    # ---------------------------------------------------------------- compare
+
+def _check(r: _Rank) -> None:
+    """Final parameters and first-step gradients against the reference; the worst over all ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from . import parallelize as par
+
     t1 = time.time()
-    worst, worst_name = _compare(parts, ref_params, par, ep, grads=False)
-    worst_t = torch.tensor([worst, grad_diff], device=device)
+    worst, worst_name = _compare(r.parts, r.ref_params, par, r.layout.ep, grads=False)
+    grad_diff, grad_name = r.grad_diff
+    worst_t = torch.tensor([worst, grad_diff], device=r.device)
     dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
-    timings["check_s"] = time.time() - t1 + timings["reference_s"]
-    result.update(
-        losses=losses,
-        reference_losses=ref_losses,
-        step_times_s=step_times,
+    r.timings["check_s"] = time.time() - t1 + r.timings["reference_s"]
+    r.result.update(
+        losses=r.losses,
+        reference_losses=r.ref_losses,
         max_param_rel_diff=worst,
         worst_param=worst_name,
         global_max_param_rel_diff=worst_t[0].item(),
         max_grad_rel_diff=grad_diff,
         worst_grad=grad_name,
         global_max_grad_rel_diff=worst_t[1].item(),
-        timings=timings,
+        timings=r.timings,
         peak_rss_mib=_peak_rss_mib(),
         t_end=time.time(),
-        stages=list(my_stages),
+        stages=list(r.my_stages),
     )
-    if device.type == "cuda":
-        result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
-    progress(
+    if r.device.type == "cuda":
+        r.result["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(r.device) / 2**20
+    r.progress(
         "compare",
         message=f"max parameter difference {worst_t[0].item():.2e}, first-step gradients {worst_t[1].item():.2e}",
     )
-    return _finish(spec, rank, result, publish)
 
 
 def _finish(

@@ -70,9 +70,10 @@ def test_sample_estimate_agrees_with_the_dry_run(recipe):
 
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
-    "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "built whole: 11 min, over the sweep's 300 s per rank; both say it does not fit",
-    "llm_benchmark/kimi/kimi_k2_te_deepep.yaml": "built whole: 14 min, over the sweep's 300 s per rank",
-    "llm_benchmark/llama3_3/llama_3_3_70b_instruct_squad_peft_pp.yaml": "over the sweep's 300 s per rank",
+    "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "estimate +19% of the dry run; both say it does not fit",
+    "llm_benchmark/kimi/kimi_k2_te_deepep.yaml": "estimate -20% of the dry run (docs/corpus-sweep.md)",
+    "llm_benchmark/moonlight/moonlight_16b_torch.yaml": "the dry run's 71.2 GiB plus CUDA context and fragmentation is "
+    "over the 10% headroom's 72 GiB of the 80 GB GPU it ran on (the estimate: tight, within its error)",
     "llm_finetune/glm/glm_4.5_air_te_deepep.yaml": "estimate -28% of the dry run (docs/corpus-sweep.md)",
     "llm_finetune/gpt_oss/customizer_gpt_oss_peft_packing.yaml": "dry run failed: rank 0 failed: RuntimeError: _apply(): Couldn't swap Embedding.weight",
     "llm_finetune/gpt_oss/gpt_oss_20b_single_gpu_peft.yaml": "dry run failed: rank 0 failed: RuntimeError: _apply(): Couldn't swap Embedding.weight",
@@ -84,6 +85,7 @@ KNOWN_MISSES: dict[str, str] = {
     "llm_finetune/mistral/mixtral_8x7b_instruct_squad_peft.yaml": "estimate +28% of the dry run (docs/corpus-sweep.md)",
     "llm_finetune/nemotron/customizer_nemotron_nano_full_sft.yaml": "dry run failed: rank 0 failed: ModuleNotFoundError: No module named 'mamba_ssm'",
     "llm_finetune/nemotron/nemotron_nano_v3_hellaswag_peft_te.yaml": "dry run failed: rank 0 failed: ModuleNotFoundError: No module named 'mamba_ssm'",
+    "llm_finetune/phi/phi_3_mini_it_squad.yaml": "estimate -16% of the dry run (docs/corpus-sweep.md)",
     "llm_finetune/phi/phi_4_squad_tp2.yaml": "estimate -45% of the dry run (docs/corpus-sweep.md)",
     "llm_finetune/qwen/qwen3_moe_30b_lora.yaml": "estimate +19% of the dry run (docs/corpus-sweep.md)",
     "llm_finetune/qwen/qwen3_moe_30b_te_packed_sequence_lora.yaml": "estimate +43% of the dry run (docs/corpus-sweep.md)",

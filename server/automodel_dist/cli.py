@@ -541,7 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["tiny-llama", "tiny-moe"],
         default="tiny-llama",
         help="the tiny stack's model (default tiny-llama; tiny-moe has experts for ep > 1); on AutoModel's stack, the "
-        "architecture when the file names no model (Llama-3.2-1B's, Qwen3-30B-A3B's)",
+        "architecture when the file names no model (Llama-3.1-8B's, Qwen3-30B-A3B's)",
     )
     sm.add_argument(
         "--stack",
@@ -549,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="automodel: the recipe's architecture at tiny dims through AutoModel's own build, parallelizer, loss "
         "and step; tiny: this tool's tiny model and its re-implementation of AutoModel's parallelize order; "
-        "auto (default): automodel when AutoModel is installed and the model is known, else tiny (the report says)",
+        "auto (default): automodel when AutoModel is installed (a layout its stack cannot run on this machine is "
+        "reported not run, with why), tiny when it is not",
     )
     sm.add_argument(
         "--run-invalid",

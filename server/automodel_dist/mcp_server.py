@@ -545,8 +545,9 @@ def create_server() -> MCPServer:
             Literal["auto", "automodel", "tiny"],
             Field(
                 description="automodel: the recipe's architecture at tiny dims through AutoModel's own build, "
-                "parallelizer, loss and step; tiny: this tool's tiny model; auto: automodel when AutoModel is "
-                "installed and the model is known (the report's stack and notes say which ran)."
+                "parallelizer, loss and step (a config naming no model: Llama-3.1-8B's or, with ep, Qwen3-30B-A3B's "
+                "architecture); tiny: this tool's tiny model; auto: automodel when AutoModel is installed (a layout "
+                "its stack cannot run here comes back not_run, with why), else tiny."
             ),
         ] = "auto",
         run_invalid: Annotated[
@@ -570,9 +571,9 @@ def create_server() -> MCPServer:
         overrides: LaunchOverrides = None,
     ) -> SmokeReport:
         """Really run the layout on world_size local processes (torch elastic launcher; gloo on CPU, NCCL on GPUs).
-        With AutoModel installed, the recipe's architecture at tiny dims is built, parallelized, trained and
-        clipped by AutoModel's own code (stack automodel); else a tiny model through this tool's re-implementation
-        of AutoModel's parallelize order (stack tiny). A few steps are compared with one process: loss, grad norm,
+        With AutoModel installed, the recipe's architecture (a config naming no model: Llama-3.1-8B's) at tiny dims
+        is built, parallelized, trained and clipped by AutoModel's own code (stack automodel); without it, a tiny
+        model through this tool's re-implementation of AutoModel's parallelize order (stack tiny). A few steps are compared with one process: loss, grad norm,
         first-step gradients and final parameters. Reports progress; cancelling stops every rank."""
         from .smoke import SmokeRequest
         from .smoke import run_smoke_test as _smoke

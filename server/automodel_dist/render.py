@@ -156,7 +156,7 @@ def smoke_text(report: SmokeReport) -> str:
         )
     if r.stack == "automodel":
         lines.append(
-            f"stack: AutoModel's own ({r.model}"
+            f"stack: AutoModel's ({r.model}"
             + (f", built as {r.model_class}" if r.model_class else "")
             + "): its setup, parallelizer, loss, gradient clip and optimizer"
             + (f", {r.tolerance.precision}" if r.tolerance else "")

@@ -398,11 +398,28 @@ def _env() -> dict[str, str]:
 
 
 def _moe_recipe_runs_at_8(out: str) -> None:
-    """`smoke recipe.yaml` on the MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8 can."""
+    """`smoke recipe.yaml --stack tiny` on the MoE recipe (cp2 pp2 ep4, interleaved, AC): 4 ranks cannot run it, 8
+    can."""
     assert out.startswith("PASSED") and "on 8 ranks" in out
     assert (
         "note: world_size 8: the smallest number of processes this layout is valid on (4, the default, is not)" in out
     )
+
+
+def _moe_recipe_with_cp_is_not_run_on_automodels_stack(out: str) -> None:
+    """The same recipe on AutoModel's stack: CP on its own MoE class needs TE attention (CUDA) and its Hugging Face
+    fallback has no expert parallelism, said with the way to run the tiny stack instead; nothing launched."""
+    assert out.startswith("NOT_RUN: not run on AutoModel's stack: AutoModel's own class for Qwen3MoeForCausalLM")
+    assert "context parallelism" in out and "expert parallelism" in out
+    assert "--stack tiny runs this tool's tiny model" in out
+
+
+def _cp_runs_through_automodels_hugging_face_fallback(out: str) -> None:
+    """CP 2 on Llama: AutoModel's own class takes only TE attention under CP, so its Hugging Face fallback runs,
+    with parity, and the report says so."""
+    assert out.startswith("PASSED") and "cp=2" in out
+    assert "built as FSDPLlamaForCausalLM, the Hugging Face class through AutoModel's fallback" in out
+    assert "model.force_hf: true" in out and "SDPA's math kernel" in out
 
 
 def _smoke_json_passes_with_ep2(out: str) -> None:
@@ -411,8 +428,14 @@ def _smoke_json_passes_with_ep2(out: str) -> None:
 
 
 EXPECTED_OUTPUT = {
-    "automodel-dist smoke tests/examples/qwen3_moe_30b_te_chat_thd.yaml --quiet": _moe_recipe_runs_at_8,
+    "automodel-dist smoke tests/examples/qwen3_moe_30b_te_chat_thd.yaml --stack tiny --quiet": _moe_recipe_runs_at_8,
+    "automodel-dist smoke tests/examples/qwen3_moe_30b_te_chat_thd.yaml --quiet": (
+        _moe_recipe_with_cp_is_not_run_on_automodels_stack
+    ),
     "automodel-dist smoke --world-size 4 --ep 2 --model tiny-moe --json": _smoke_json_passes_with_ep2,
+    "automodel-dist smoke tests/examples/llama3_2_1b_packed_cp2.yaml --world-size 4": (
+        _cp_runs_through_automodels_hugging_face_fallback
+    ),
 }
 """What a README command must print besides exiting 0 (each is the only run of its case in the default suite)."""
 

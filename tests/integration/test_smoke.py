@@ -14,13 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from automodel_dist import run_smoke_test
+from automodel_dist import run_smoke_test as _run_smoke_test
 from automodel_dist.smoke import SmokeUsageError
 from automodel_dist.smoke.request import SmokeRequest
 from support.paths import EXAMPLES
 from support.session import own_processes
 
 FP32 = {"precision": "fp32"}
+
+
+def run_smoke_test(*args, **kwargs):
+    """This file tests the tiny stack and the launcher both stacks share (faults, timeouts, cancellation, exports):
+    every run asks for the tiny stack unless a test says otherwise. AutoModel's stack: test_smoke_automodel.py."""
+    kwargs.setdefault("stack", "tiny")
+    return _run_smoke_test(*args, **kwargs)
 
 
 def survivors() -> list[str]:
@@ -191,10 +198,7 @@ def test_tp_plan_is_noted_not_applied(monkeypatch):
             world_size=4,
             steps=2,
             model="tiny-moe",
-            backend=None,
             precision="fp32",
-            fault=None,
-            pg_timeout_s=30,
             stack="tiny",
         )
     )
@@ -217,10 +221,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
             world_size=4,
             steps=2,
             model="tiny-llama",
-            backend=None,
             precision="fp32",
-            fault=None,
-            pg_timeout_s=30,
             stack="tiny",
         )
     )
@@ -238,10 +239,7 @@ def test_torch_release_automodel_cannot_use_is_a_note_not_a_refusal(monkeypatch)
             world_size=2,
             steps=2,
             model="tiny-llama",
-            backend=None,
             precision="fp32",
-            fault=None,
-            pg_timeout_s=30,
             stack="tiny",
         )
     )
@@ -290,7 +288,7 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     from automodel_dist.smoke import export_smoke_test, judge_smoke_test
 
     out = tmp_path / "run"
-    exported = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32")
+    exported = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32", stack="tiny")
     assert exported.spec_file == str(out / "spec.json") and "--nproc-per-node 2" in exported.command
     assert exported.judge_command == f"automodel-dist smoke --judge {out}"
     from automodel_dist.render import smoke_text
@@ -321,7 +319,7 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
         judge_smoke_test(out)
     (out / "rank0.json").write_text(good)
     (out / "notes.txt").write_text("mine")
-    again = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32")
+    again = export_smoke_test(None, out, world_size=2, tp=2, precision="fp32", stack="tiny")
     assert len(list(out.glob("rank*.json"))) == 2 and (out / "notes.txt").read_text() == "mine"  # nothing removed
     missing = judge_smoke_test(out)  # the first spec's results are not this spec's
     assert not missing.passed and missing.failed_ranks == [0, 1] and "left no result" in missing.reason
@@ -331,7 +329,7 @@ def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
 def test_exported_run_launched_with_the_wrong_world_size_says_so(tmp_path):
     from automodel_dist.smoke import export_smoke_test, judge_smoke_test
 
-    exported = export_smoke_test(None, tmp_path, world_size=4, tp=2)
+    exported = export_smoke_test(None, tmp_path, world_size=4, tp=2, stack="tiny")
     assert run_exported(exported, nproc=2).returncode != 0
     report = judge_smoke_test(tmp_path)
     assert not report.passed and "this spec is for 4 ranks, but the launcher started 2" in report.reason
@@ -347,7 +345,7 @@ def test_a_failed_cluster_run_is_judged_with_the_known_cause(tmp_path):
     from automodel_dist.render import smoke_text
     from automodel_dist.smoke import export_smoke_test, judge_smoke_test
 
-    exported = export_smoke_test(None, tmp_path, world_size=2, tp=2)
+    exported = export_smoke_test(None, tmp_path, world_size=2, tp=2, stack="tiny")
     spec_id = json.loads(Path(exported.spec_file).read_text())["spec_id"]
     nccl = (
         "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
@@ -387,14 +385,14 @@ def test_export_plans_for_the_cluster_not_this_machine(tmp_path, capsys):
     from automodel_dist.cli import main
     from automodel_dist.smoke import SmokeExport, export_smoke_test, judge_smoke_test
 
-    assert isinstance(export_smoke_test(None, tmp_path / "big", world_size=64, tp=8), SmokeExport)
+    assert isinstance(export_smoke_test(None, tmp_path / "big", world_size=64, tp=8, stack="tiny"), SmokeExport)
     assert json.loads((tmp_path / "big" / "spec.json").read_text())["world_size"] == 64
-    mf = export_smoke_test(None, tmp_path / "mf", world_size=8, strategy="megatron_fsdp")
+    mf = export_smoke_test(None, tmp_path / "mf", world_size=8, strategy="megatron_fsdp", stack="tiny")
     assert mf.status == "not_run" and "does not implement MegatronFSDP" in mf.reason
-    bad = export_smoke_test(None, tmp_path / "bad", world_size=4, tp=3)
+    bad = export_smoke_test(None, tmp_path / "bad", world_size=4, tp=3, stack="tiny")
     assert bad.status == "failed" and "config is invalid" in bad.reason and not (tmp_path / "bad").exists()
     with pytest.raises(SmokeUsageError, match="world_size must be a positive integer"):
-        export_smoke_test(None, tmp_path, world_size=0)
+        export_smoke_test(None, tmp_path, world_size=0, stack="tiny")
     with pytest.raises(SmokeUsageError, match="is not a smoke spec written by export_smoke_test"):
         judge_smoke_test(tmp_path / "nothing")
     assert main(["smoke", "--export", str(tmp_path / "cli"), "--world-size", "8", "--pp", "2"]) == 0
@@ -507,6 +505,8 @@ def test_signal_to_the_parent_reaps_every_rank(sig, code, name):
             "-m",
             "automodel_dist.cli",
             "smoke",
+            "--stack",
+            "tiny",
             "--world-size",
             "2",
             "--steps",
@@ -571,6 +571,8 @@ def test_cli_smoke_json_and_exit_codes(tmp_path):
             "-m",
             "automodel_dist.cli",
             "smoke",
+            "--stack",
+            "tiny",
             "--world-size",
             "2",
             "--precision",
@@ -720,10 +722,8 @@ def test_moe_with_cp_or_tp_is_checked_in_fp32_under_auto_precision():
                 world_size=4,
                 steps=1,
                 model=model,
-                backend=None,
                 precision=precision,
-                fault=None,
-                pg_timeout_s=30,
+                stack="tiny",
                 **{**keys, **layout},
             )
         )

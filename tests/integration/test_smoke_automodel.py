@@ -10,6 +10,7 @@ validator's rule for it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -34,7 +35,10 @@ def _recipe(model: str, distributed: str, extra: str = "") -> str:
     return f"model:\n  pretrained_model_name_or_path: {model}\n{extra}distributed:\n{distributed}"
 
 
-LORA = "peft:\n  match_all_linear: true\n  dim: 8\n  alpha: 32\n"
+LORA = "peft:\n  match_all_linear: true\n  dim: 8\n  alpha: 32\n  use_triton: true\n"
+# CUDA-only kernels a recipe names (Transformer Engine attention and linears, DeepEP's dispatcher): each runs as what
+# AutoModel itself uses without them, and the report names it
+CUDA_BACKEND = "  backend:\n    attn: te\n    linear: te\n    dispatcher: deepep\n"
 CASES = {
     # name: (model, distributed: block, extra sections, world size)
     "llama-tp2-sp-ac-fsdp2": (
@@ -51,27 +55,45 @@ CASES = {
         4,
     ),
     "llama-lora-hsdp": ("meta-llama/Llama-3.2-1B", "  dp_replicate_size: 2\n", LORA, 4),
-    "qwen3moe-ep2-fsdp2": ("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n", "", 4),
+    "qwen3moe-ep2-fsdp2": ("Qwen/Qwen3-30B-A3B", "  ep_size: 2\n", CUDA_BACKEND, 4),
     "deepseek-v3-ep2": ("deepseek-ai/DeepSeek-V3", "  ep_size: 2\n", "", 2),
     "mistral-hf-tp2": ("mistralai/Mistral-7B-v0.3", "  tp_size: 2\n", "", 2),
     # Llama through AutoModel's Hugging Face fallback (force_hf: the transformers class, AutoModel's parallelizer)
     "llama-hf-fallback-fsdp2": ("meta-llama/Llama-3.1-8B", "  strategy: fsdp2\n", "  force_hf: true\n", 2),
     "mistral-hf-cp2-dp2": ("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n", "", 4),
+    # GPT-OSS's own class asserts TE or FlexAttention (neither runs backward on a CPU): AutoModel's Hugging Face
+    # fallback for it (attention sinks, its MoE) is what runs, chosen without force_hf in the recipe
+    "gptoss-hf-fallback-fsdp2": ("openai/gpt-oss-20b", "  strategy: fsdp2\n", "", 2),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# Run by the default suite elsewhere on AutoModel's stack with the same checks, so their cases here wait for -m slow:
+# PP 2 Interleaved1F1B (the README's and docs/smoke.md's Llama examples) and CP on a Hugging Face class (docs/smoke.md's
+# CP examples, Llama's Hugging Face class through AutoModel's fallback)
+SLOW_CASES = {"llama-pp2-interleaved-dp2", "mistral-hf-cp2-dp2"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in sorted(CASES)]
+)
 def test_automodel_stack_matches_one_process(name: str) -> None:
     model, block, extra, world = CASES[name]
     report = run_smoke_test(_recipe(model, block, extra), world_size=world, stack="automodel", timeout_s=300)
     assert report.stack == "automodel", report.notes
     assert report.passed, (report.reason, report.traceback_tail[-6:])
     assert report.model_class and report.model_class.startswith("FSDP"), report.model_class
+    # AutoModel picks its own class where its registry has one, else the transformers class (force_hf forces that)
+    assert ("Hugging Face class" in report.model_class) == ("-hf" in name), report.model_class
     assert len(report.losses) == len(report.reference_losses) == 3
     assert len(report.grad_norms) == len(report.reference_grad_norms) == 3
     assert report.max_param_rel_diff is not None and report.max_param_rel_diff <= report.tolerance.param_rel
     assert report.losses[-1] < report.losses[0]  # the same batch each step: the loss must fall
     assert any("AutoModel's stack" in n for n in report.notes)
+    if extra == CUDA_BACKEND:
+        for named in ("attn: te runs as sdpa", "linear: te runs as torch", "dispatcher: deepep runs as torch"):
+            assert any(named in x for x in report.substitutions), (named, report.substitutions)
+    if "use_triton" in extra and importlib.util.find_spec("triton") is None:
+        assert any(x.startswith("peft.use_triton: false") for x in report.rewrites), report.rewrites
 
 
 def test_hybrid_linear_attention_class_matches_one_process(tmp_path: Path) -> None:
@@ -122,36 +144,51 @@ def _plan(text: str, world: int, stack: str):
             world_size=world,
             steps=3,
             model="tiny-llama",
-            backend=None,
             precision="auto",
-            fault=None,
-            pg_timeout_s=30,
             stack=stack,
         )
     )
 
 
-def test_a_config_without_a_model_runs_the_tiny_stack_unless_automodel_is_asked_for() -> None:
-    tiny = _plan("distributed:\n  strategy: fsdp2\n", 2, "auto")
-    assert tiny.spec.stack == "tiny" and tiny.spec.automodel is None
-    assert any("names no model" in n and "--stack automodel" in n for n in tiny.report_base["notes"])
-    plan = _plan("distributed:\n  strategy: fsdp2\n", 2, "automodel")
-    assert plan.spec.stack == "automodel" and plan.spec.automodel["architecture"] == "LlamaForCausalLM"
-    assert any("names no model" in n for n in plan.report_base["notes"])
+def test_the_tiny_stack_runs_only_without_automodel_or_when_asked_for(monkeypatch) -> None:
+    """With AutoModel here a config naming no model runs AutoModel's stack on a default architecture (untied, so a
+    pipeline trains the same model as one process); the tiny stack is the path without AutoModel, or asked for."""
+    from automodel_dist.smoke import launch
+
+    block = "distributed:\n  strategy: fsdp2\n"
+    for stack in ("auto", "automodel"):
+        plan = _plan(block, 2, stack)
+        assert plan.spec.stack == "automodel" and plan.spec.automodel["architecture"] == "LlamaForCausalLM"
+        assert any("names no model: meta-llama/Llama-3.1-8B's architecture ran" in n for n in plan.report_base["notes"])
+    assert _plan(block, 2, "tiny").spec.stack == "tiny"
+    unknown = _plan(_recipe("someorg/NotAModel-7B", "  strategy: fsdp2\n"), 2, "auto")  # named, not found: not run
+    assert unknown.status == "not_run" and "the recipe's model cannot be built here" in unknown.reason
+    monkeypatch.setattr(launch, "automodel_installed", lambda: False)
+    without = _plan(block, 2, "auto")
+    assert without.spec.stack == "tiny"
+    assert any("tiny home-made stack ran" in n and "not installed here" in n for n in without.report_base["notes"])
 
 
-def test_context_parallelism_on_automodels_own_class_is_not_run_on_this_stack_and_says_why() -> None:
-    """AutoModel's own classes take only Transformer Engine attention under CP (CUDA); Hugging Face classes run CP
-    here (the mistral-hf-cp2-dp2 case above, with the substitution stated)."""
-    text = _recipe("meta-llama/Llama-3.1-8B", "  cp_size: 2\n")
-    report = run_smoke_test(text, world_size=2, stack="automodel")
-    assert report.status == "not_run" and "Transformer Engine" in report.reason and not report.ranks
-    auto = _plan(text, 2, "auto")  # the tiny stack runs CP (test_smoke.py)
-    assert auto.spec.stack == "tiny"
-    assert any("tiny home-made stack ran" in n and "context parallelism" in n for n in auto.report_base["notes"])
-    hf = _plan(_recipe("mistralai/Mistral-7B-v0.3", "  cp_size: 2\n"), 2, "auto")
-    assert hf.spec.stack == "automodel"
-    assert any("SDPA's math kernel" in x for x in hf.report_base["substitutions"])
+def test_context_parallelism_on_automodels_own_class_runs_through_its_hugging_face_fallback() -> None:
+    """AutoModel's own classes take only Transformer Engine attention under CP (CUDA): CP runs through AutoModel's
+    Hugging Face fallback for the architecture (its CP sharder, parallelizer, loss and step), said in the report;
+    with expert parallelism too (its experts exist only in its own class) it is not run, with why and how to run
+    the tiny stack instead."""
+    # planned here; docs/smoke.md's CP examples run it with parity (CP 2 x dp 2, CP 2 x TP 2), the class line saying
+    # "the Hugging Face class through AutoModel's fallback"
+    plan = _plan(_recipe("meta-llama/Llama-3.1-8B", "  cp_size: 2\n"), 2, "auto")
+    assert plan.spec.stack == "automodel" and plan.spec.automodel["recipe"]["force_hf"]
+    assert plan.spec.automodel["recipe"]["backend"] is None  # model.backend configures the own class only
+    assert any("force_hf" in n and "context parallelism" in n for n in plan.report_base["notes"])
+    assert any("SDPA's math kernel" in x for x in plan.report_base["substitutions"])
+    moe = _recipe("Qwen/Qwen3-30B-A3B", "  cp_size: 2\n  ep_size: 2\n")
+    refused = run_smoke_test(moe, world_size=4)
+    assert refused.status == "not_run" and not refused.ranks
+    assert "Transformer Engine" in refused.reason and "expert parallelism" in refused.reason
+    assert "--stack tiny" in refused.reason
+    assert _plan(moe, 4, "tiny").spec.stack == "tiny"
+    fallback = _plan(_recipe("Qwen/Qwen3-30B-A3B", "  cp_size: 2\n"), 2, "auto")  # run by hand: parity 4e-6
+    assert fallback.spec.stack == "automodel" and fallback.spec.automodel["recipe"]["force_hf"]
 
 
 # ------------------------------------------------------------------------------------------- tiny dims (pure)

@@ -421,11 +421,8 @@ def test_smoke_plan_applies_overrides_then_layout_keywords(monkeypatch):
             world_size=4,
             steps=2,
             model="tiny-llama",
-            backend=None,
             precision="fp32",
-            fault=None,
-            pg_timeout_s=30,
-            **{"tp": 2},
+            tp=2,
             overrides=["distributed.tp_size=4", "distributed.pp_size=2"],
         )
     )

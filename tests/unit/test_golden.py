@@ -16,4 +16,6 @@ def test_the_recording_covers_every_case() -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_output_is_unchanged(name: str) -> None:
-    assert CASES[name]() == RECORDED[name], f"{name} changed; re-record with `python tests/support/golden.py --write` if meant"
+    assert CASES[name]() == RECORDED[name], (
+        f"{name} changed; re-record with `python tests/support/golden.py --write` if meant"
+    )

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..api import analyze, validate_config
+from ..api import NO_MODEL, analyze, validate_config
 from ..config.values import is_positive_int
 from ..dims import ParallelDims
 from ..explain import explain_error
@@ -278,13 +278,16 @@ def make_plan(request: SmokeRequest, *, seed: int = 1234, lr: float = 5e-3, loca
     automodel: StackPlan | None = None
     if stack != "tiny":
         mbs = pipeline.microbatch_size if pipeline is not None else 1
-        automodel, why = _automodel_stack(
-            result, block, d, model, precision, local, stages_total, seq, per_dp, mbs, stack == "automodel"
-        )
+        automodel, why = _automodel_stack(result, block, d, model, precision, local, stages_total, seq, per_dp, mbs)
         if automodel is None:
-            if stack == "automodel":
+            if stack == "automodel" or automodel_installed():
+                # with AutoModel here, a PASS on the tiny model would say nothing of the recipe's class: not silently
+                hint = (
+                    "; --stack tiny runs this tool's tiny model through the same layout (it proves the layout's "
+                    "meshes, sharding and gradient scaling, not the recipe's class)"
+                )
                 return SmokeReport(
-                    passed=False, status="not_run", reason=f"not run on AutoModel's stack: {why}", **base
+                    passed=False, status="not_run", reason=f"not run on AutoModel's stack: {why}{hint}", **base
                 )
             base["notes"].append(f"the tiny home-made stack ran, not AutoModel's: {why}")
     mp = _mp_policy(d, precision)
@@ -347,7 +350,9 @@ def make_plan(request: SmokeRequest, *, seed: int = 1234, lr: float = 5e-3, loca
 
 
 STACKS = ("auto", "automodel", "tiny")
-DEFAULT_ARCHITECTURE = {"tiny-llama": "meta-llama/Llama-3.2-1B", "tiny-moe": "Qwen/Qwen3-30B-A3B"}
+# The architecture a config that names no model runs on AutoModel's stack: untied embeddings, so a pipeline layout
+# trains the same model as one process (a tied model under PP trains a separate lm_head: pp-tied-embeddings)
+DEFAULT_ARCHITECTURE = {"tiny-llama": "meta-llama/Llama-3.1-8B", "tiny-moe": "Qwen/Qwen3-30B-A3B"}
 
 
 def _automodel_stack(
@@ -361,7 +366,6 @@ def _automodel_stack(
     seq: int,
     per_dp: int,
     mbs: int,
-    explicit: bool,
 ) -> tuple[StackPlan | None, str]:
     """The plan on AutoModel's stack, or None and why it cannot run here."""
     from ..catalog.hf_config import NoConfigError, hf_config
@@ -370,15 +374,13 @@ def _automodel_stack(
     from ..workload import read_workload
     from .stack_plan import StackUnavailable, plan_stack
 
-    if local and not (_has_module("nemo_automodel") and _has_module("transformers")):
+    if local and not automodel_installed():
         return None, "AutoModel (nemo_automodel) and transformers are not installed here"
     ctx = result.context
     spec = ctx.model if ctx is not None else None
-    if spec is None and not explicit:
-        return None, (
-            "the config names no model (model.pretrained_model_name_or_path); --stack automodel runs AutoModel's "
-            f"stack on {DEFAULT_ARCHITECTURE[model]}'s architecture"
-        )
+    if spec is None and ctx is not None and ctx.model_skipped not in (None, NO_MODEL):
+        # the recipe names a model whose config.json is not found: another architecture would prove nothing of it
+        return None, f"the recipe's model cannot be built here: {ctx.model_skipped}"
     if spec is None:
         try:
             spec = resolve(DEFAULT_ARCHITECTURE[model]).spec
@@ -407,6 +409,11 @@ def _automodel_stack(
     if ctx is None or ctx.model is None:
         plan.notes.insert(0, f"the config names no model: {spec.name}'s architecture ran ({model})")
     return plan, ""
+
+
+def automodel_installed() -> bool:
+    """AutoModel and transformers are importable here (nothing is imported)."""
+    return _has_module("nemo_automodel") and _has_module("transformers")
 
 
 def _installed_torch() -> str | None:
@@ -985,8 +992,9 @@ def _judge(plan: Plan, results: dict[int, dict[str, Any]], base: dict[str, Any])
                 *base.get("notes", []),
                 (
                     f"{still} parameter element(s) whose reference gradient is zero up to rounding (a key bias on "
-                    "dimensions RoPE leaves alone) are left out of the final-parameter comparison: Adam moves them by up "
-                    "to the learning rate on rounding alone; their gradients are compared"
+                    "dimensions RoPE leaves alone, an expert no token of the batch reached) are left out of the "
+                    "final-parameter comparison: Adam moves them by up to the learning rate on rounding alone; their "
+                    "gradients are compared"
                 ),
             ],
         }

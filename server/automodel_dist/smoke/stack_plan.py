@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..catalog.implementations import implementation
@@ -159,23 +159,35 @@ def plan_stack(
     if dims.strategy == "megatron_fsdp":
         raise StackUnavailable("MegatronFSDP needs the megatron-fsdp package and CUDA")
     cfg = tiny_hf_config(hf_config, tp=dims.tp, ep=dims.ep, stages=stages, seq_len=seq_len)
-    backend = backend_for(workload, is_moe, custom, subs, values=True)
-    if dims.cp > 1 and custom:
-        raise StackUnavailable(
-            f"context parallelism on AutoModel's own class {architecture}: it accepts only Transformer Engine "
-            "attention under CP, which needs CUDA (Hugging Face classes run CP here)"
+    # AutoModel's own classes that cannot run here take the same architecture through its Hugging Face fallback
+    # (force_hf: its setup, parallelizer, CP sharder, loss and step alike), where that class can hold the layout
+    needs = None
+    if custom and dims.cp > 1:
+        needs = "takes only Transformer Engine attention under context parallelism (CUDA)"
+    elif custom and architecture in FLEX_ONLY:
+        needs = "runs only Transformer Engine attention or FlexAttention (AutoModel asserts it; TE needs CUDA and "
+        needs += "FlexAttention has no backward on a CPU)"
+    if needs is not None:
+        if dims.ep > 1:
+            raise StackUnavailable(
+                f"AutoModel's own class for {architecture} {needs}, and its Hugging Face fallback cannot hold this "
+                "layout (expert parallelism exists only in AutoModel's own MoE classes)"
+            )
+        workload = replace(workload, force_hf=True, backend={})  # model.backend configures the own class only
+        custom = False
+        notes.append(
+            f"AutoModel's own class for {architecture} {needs}, so this run built the architecture through "
+            "AutoModel's Hugging Face fallback (model.force_hf: true; its setup, parallelizer, CP sharder, loss and "
+            "step are the same); the own class's attention did not run"
         )
+        subs.append(f"{architecture}: AutoModel's Hugging Face fallback class instead of its own ({needs})")
+    backend = backend_for(workload, is_moe, custom, subs, values=True)
     if dims.cp > 1:
         subs.append(
             "context parallelism on a CPU: attention runs as SDPA's math kernel on the sequence-sharded tensors "
             "(exact attention; DTensor gathers K and V) with contiguous chunks, not torch's ring over the CUDA "
             "flash kernel with head-tail load balancing; AutoModel's sharding of inputs, labels and positions is its "
             "own"
-        )
-    if architecture in FLEX_ONLY:
-        raise StackUnavailable(
-            f"{architecture} runs only Transformer Engine or FlexAttention (AutoModel asserts it); TE needs CUDA "
-            "and FlexAttention has no backward on a CPU"
         )
     loss = loss_for(workload, subs)
     optimizer = optimizer_for(workload, subs)

@@ -212,6 +212,13 @@ def reference(spec: SmokeSpec, rewrites: list[str]) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
+def _hugging_face_class(part: Any, architecture: str) -> bool:
+    """Whether AutoModel built the transformers class of ``architecture`` (its fallback) rather than its own (FSDP2
+    wraps either in a class of its own, so the architecture's class is looked up in the MRO)."""
+    cls = next((c for c in type(part).__mro__ if c.__name__ == architecture), type(part))
+    return not cls.__module__.startswith("nemo_automodel")
+
+
 def run_on_automodel(
     spec: SmokeSpec,
     result: dict[str, Any],
@@ -252,6 +259,8 @@ def run_on_automodel(
     built = run.built
     mesh = built.mesh
     result["model_class"] = built.params.get("class")
+    if _hugging_face_class(built.parts[0], spec.automodel["architecture"]):
+        result["model_class"] = f"{result['model_class']}, the Hugging Face class through AutoModel's fallback"
     result["stages"] = list(built.params.get("pp_stages", [0]))
     flat = flat_dp_mesh(mesh, include_cp=False)
     dp_rank = flat.get_local_rank() if flat is not None and flat.size() > 1 else 0

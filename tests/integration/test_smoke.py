@@ -282,6 +282,7 @@ def run_exported(exported, nproc: int | None = None) -> subprocess.CompletedProc
     return subprocess.run(["bash", "-c", command], cwd=exported.directory, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the default suite launches and judges an export on AutoModel's stack (test_smoke_automodel.py)
 def test_exported_run_launched_by_torchrun_is_judged_like_a_local_run(tmp_path):
     """export writes DIR/spec.json; the printed torchrun command runs it in DIR; judge gives the local verdict.
     A second export into DIR removes nothing, and the first one's results are never judged as its own."""

@@ -411,7 +411,7 @@ def _moe_recipe_with_cp_is_not_run_on_automodels_stack(out: str) -> None:
     fallback has no expert parallelism, said with the way to run the tiny stack instead; nothing launched."""
     assert out.startswith("NOT_RUN: not run on AutoModel's stack: AutoModel's own class for Qwen3MoeForCausalLM")
     assert "context parallelism" in out and "expert parallelism" in out
-    assert "--stack tiny runs this tool's tiny model" in out
+    assert "--stack tiny (stack=tiny) runs this tool's tiny model" in out
 
 
 def _cp_runs_through_automodels_hugging_face_fallback(out: str) -> None:

@@ -187,6 +187,10 @@ def test_context_parallelism_on_automodels_own_class_runs_through_its_hugging_fa
     assert "Transformer Engine" in refused.reason and "expert parallelism" in refused.reason
     assert "--stack tiny" in refused.reason
     assert _plan(moe, 4, "tiny").spec.stack == "tiny"
+    from automodel_dist.smoke.launch import make_plan
+
+    exported = make_plan(SmokeRequest.of(moe, world_size=4), local=False)  # an export targets AutoModel's stack too
+    assert exported.status == "not_run" and "expert parallelism" in exported.reason
     fallback = _plan(_recipe("Qwen/Qwen3-30B-A3B", "  cp_size: 2\n"), 2, "auto")  # run by hand: parity 4e-6
     assert fallback.spec.stack == "automodel" and fallback.spec.automodel["recipe"]["force_hf"]
 

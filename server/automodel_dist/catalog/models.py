@@ -76,7 +76,7 @@ class ModelSpec:
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
     source: str | None = None
     aliases: tuple[str, ...] = field(default=())
-    # The config.json this spec was read from (None for a catalog entry): what the dry run builds the model from.
+    # The config.json this spec was read from (None for a spec built by hand): what the dry run and the smoke run build.
     hf_config: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     # ------------------------------------------------------------------ derived

@@ -280,11 +280,12 @@ def make_plan(request: SmokeRequest, *, seed: int = 1234, lr: float = 5e-3, loca
         mbs = pipeline.microbatch_size if pipeline is not None else 1
         automodel, why = _automodel_stack(result, block, d, model, precision, local, stages_total, seq, per_dp, mbs)
         if automodel is None:
-            if stack == "automodel" or automodel_installed():
-                # with AutoModel here, a PASS on the tiny model would say nothing of the recipe's class: not silently
+            if stack == "automodel" or not local or automodel_installed():
+                # with AutoModel here (or for an export, which targets AutoModel's stack), a PASS on the tiny model
+                # would say nothing of the recipe's class: it runs only when asked for
                 hint = (
-                    "; --stack tiny runs this tool's tiny model through the same layout (it proves the layout's "
-                    "meshes, sharding and gradient scaling, not the recipe's class)"
+                    "; --stack tiny (stack=tiny) runs this tool's tiny model through the same layout (it proves the "
+                    "layout's meshes, sharding and gradient scaling, not the recipe's class)"
                 )
                 return SmokeReport(
                     passed=False, status="not_run", reason=f"not run on AutoModel's stack: {why}{hint}", **base

@@ -257,6 +257,8 @@ def suggest_strategy(
     batch sizes (``step_scheduler``); the report says which, and how the recipe's own layout compares."""
     if isinstance(model, Request):
         request = model.replace(**fields)
+        if config is not None:
+            request = request.with_config(config)
     else:
         request = Request.of(config, model=model, **fields)
     if request.cluster.world_size is not None:

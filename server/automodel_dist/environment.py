@@ -25,6 +25,26 @@ def fsdp2_unusable(release: tuple[int, int]) -> bool:
     return release >= FSDP2_PATCH_REMOVED_IN
 
 
+# What running AutoModel's own code here needs (the dry run, the smoke run on AutoModel's stack): module -> what to
+# install
+AUTOMODEL_STACK = {"torch": "torch", "nemo_automodel": "nemo-automodel==0.7.0", "transformers": "transformers"}
+
+
+def missing_packages() -> list[str]:
+    """What running AutoModel's own code needs and this environment lacks (found without importing anything)."""
+    import importlib.util
+
+    missing = []
+    for module, pkg in AUTOMODEL_STACK.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(pkg)
+    return missing
+
+
 @cache
 def installed_automodel() -> str | None:
     """The version of the nemo-automodel distribution installed beside this tool (its metadata only: the package

@@ -57,3 +57,19 @@ def test_cli_estimate_with_gpus_per_node_alone(tmp_path, capsys):
     assert main(["estimate", str(path), "--gpus-per-node", "4"]) in (0, 1)
     out = capsys.readouterr().out
     assert "on 16 x H100-80GB" in out and "world size is unknown" not in out
+
+
+def test_the_request_keywords_are_the_parts_fields():
+    """RequestFields and SmokeOptions (the keywords' types) name exactly the fields the requests route."""
+    import dataclasses
+
+    from automodel_dist.request import Request, RequestFields
+    from automodel_dist.smoke.request import LAYOUT_KEYS, SmokeOptions, SmokeRequest
+
+    parts = {f.name for part in dataclasses.fields(Request) for f in dataclasses.fields(part.default)}
+    assert set(RequestFields.__annotations__) == parts - {"config"}
+    own = {f.name for f in dataclasses.fields(SmokeRequest)} - {"base", "layout"}
+    assert set(SmokeOptions.__annotations__) == own | set(LAYOUT_KEYS) | {"world_size", "overrides"}
+    request = Request.of("distributed: {}\n", world_size=8, model="m", seq_len=64, gpu="B200")
+    assert request.flat()["world_size"] == 8 and request.lookup.model == "m" and request.cluster.gpu == "B200"
+    assert Request.of(request, nodes=2).cluster.nodes == 2 and request.cluster.nodes is None  # frozen: a copy

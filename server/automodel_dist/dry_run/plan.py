@@ -12,7 +12,7 @@ from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from ..estimate import model_of, resolved_model
+from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block, uses_liger
@@ -56,14 +56,11 @@ def plan_dry_run(
     """Raises :class:`DryRunUsageError` where the request or the config cannot describe one."""
     seq_len, micro_batch_size = request.workload.seq_len, request.workload.micro_batch_size
     global_batch_size = request.workload.global_batch_size
-    for name, value in (
-        ("seq_len", seq_len),
-        ("micro_batch_size", micro_batch_size),
-        ("global_batch_size", global_batch_size),
-        ("num_layers", num_layers),
-    ):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise DryRunUsageError(f"{name} must be a positive integer, got {value!r}")
+    sizes = {"seq_len": seq_len, "micro_batch_size": micro_batch_size, "global_batch_size": global_batch_size}
+    try:
+        check_positive_ints(sizes | {"num_layers": num_layers}, optional=True)
+    except ValueError as exc:
+        raise DryRunUsageError(str(exc)) from None
     try:
         given = resolved_model(request)
     except ValueError as exc:

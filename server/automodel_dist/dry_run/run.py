@@ -21,6 +21,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from ..environment import missing_packages
 from ..estimate.api import cluster_of
 from ..estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
 from ..explain import explain_error
@@ -42,7 +43,6 @@ PHASES = (
     "clip_grad_norm",
     "done",
 )
-REQUIRED = {"torch": "torch", "nemo_automodel": "nemo-automodel==0.7.0", "transformers": "transformers"}
 INSTALL = (
     "pip install --no-deps nemo-automodel==0.7.0 && pip install transformers==5.18.0 (beside the torch of the "
     "training environment; nemo-automodel's full dependency set also works)"
@@ -53,11 +53,6 @@ DEFAULT_HOST_GIB = 4.0  # per rank process; a rank takes about 0.5 GiB at any mo
 
 class DryRunUnavailable(RuntimeError):
     """NeMo AutoModel, torch or transformers is not installed here (CLI exit 2)."""
-
-
-def missing_packages() -> list[str]:
-    """What the dry run needs and this environment lacks (found without importing anything)."""
-    return [pkg for module, pkg in REQUIRED.items() if importlib.util.find_spec(module) is None]
 
 
 def versions() -> dict[str, str]:

@@ -31,6 +31,7 @@ from typing import Any
 from ..api import NO_MODEL, analyze, validate_config
 from ..config.values import is_positive_int
 from ..dims import ParallelDims
+from ..environment import missing_packages
 from ..explain import explain_error
 from ..report import Finding
 from .report import TOLERANCES, RankReport, SmokeReport, Timing
@@ -413,8 +414,8 @@ def _automodel_stack(
 
 
 def automodel_installed() -> bool:
-    """AutoModel and transformers are importable here (nothing is imported)."""
-    return _has_module("nemo_automodel") and _has_module("transformers")
+    """AutoModel's stack can run here: torch, AutoModel and transformers importable (nothing is imported)."""
+    return not missing_packages()
 
 
 def _installed_torch() -> str | None:

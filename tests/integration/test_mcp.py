@@ -20,22 +20,11 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from automodel_dist.mcp_server import NAME, create_server
+from support.mcp_client import call, run
 from support.paths import EXAMPLES, ROOT
 from support.session import own_processes, wait_for_port
 
 EXAMPLE = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
-
-
-def run(coro_fn):
-    return anyio.run(coro_fn)
-
-
-def call(tool: str, args: dict, **kw):
-    async def go():
-        async with Client(create_server()) as c:
-            return await c.call_tool(tool, args, **kw)
-
-    return run(go)
 
 
 def survivors() -> list[str]:

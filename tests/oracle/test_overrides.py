@@ -11,7 +11,6 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_mcp import call
 from test_oracle_parity import MID_RUN
 
 from automodel_dist import build_mesh, validate_config
@@ -23,6 +22,7 @@ from automodel_dist.report import ConfigError
 from automodel_dist.request import Request
 from automodel_dist.smoke.request import SmokeRequest
 from support import oracle
+from support.mcp_client import call
 
 needs_oracle = pytest.mark.skipif(not oracle.AVAILABLE, reason="the AutoModel oracle is not installed")
 

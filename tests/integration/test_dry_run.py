@@ -110,6 +110,56 @@ def test_expert_parallelism_on_automodels_qwen3_moe_class():
 
 
 @needs_automodel
+def test_deepep_keeps_the_token_exchange_on_the_rank():
+    """DeepEP/HybridEP run as the torch dispatcher without its all-gather of the EP group's tokens (stack/dispatch.py):
+    the experts keep what they keep either way, the torch path alone holds the gathered tokens and their fp32 output."""
+
+    def run(dispatcher: str):
+        return dry_run(
+            f"distributed:\n  ep_size: 8\nmodel:\n  backend:\n    dispatcher: {dispatcher}\n",
+            world_size=8,
+            model="Qwen/Qwen3-30B-A3B",
+            seq_len=512,
+            micro_batch_size=2,
+            num_layers=2,
+            full_depth=True,
+        )
+
+    report = run("deepep")
+    deep, torch_path = _only(report), _only(run("torch"))
+    assert any("token exchange kept on the rank" in s for s in report.substitutions)
+    assert deep.after_forward.activations == pytest.approx(torch_path.after_forward.activations, rel=0.02)
+    assert deep.peak_allocated_gib < torch_path.peak_allocated_gib
+
+
+@needs_automodel
+def test_one_rank_lora_with_te_cross_entropy_on_gpt_oss():
+    """One rank: AutoModel casts plain fake parameters through nn.Module._apply (a shim replaces them instead of
+    swapping); TEParallelCrossEntropy runs as its stand-in, keeping the logits alone for the loss; GPT-OSS's compiled
+    expert activation keeps its inputs, as the compiled graph does."""
+    recipe = (
+        "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  target_modules: '*_proj'\n  dim: 8\n"
+        "loss_fn:\n  _target_: nemo_automodel.components.loss.te_parallel_ce.TEParallelCrossEntropy\n"
+    )
+    report = dry_run(recipe, world_size=1, model="openai/gpt-oss-20b", seq_len=256, micro_batch_size=1, num_layers=2)
+    r = _only(report)
+    assert any("TEParallelCrossEntropy" in s and "stand-in" in s for s in report.substitutions)
+    assert any("compiled MoE expert activations" in s for s in report.substitutions)  # GPT-OSS's quick_geglu
+    # the loss keeps the bf16 logits (2 bytes each) and makes no fp32 copy of them
+    vocab = 201088
+    assert r.peak.temporaries * (1 << 30) < 4 * 256 * vocab
+
+
+@needs_automodel
+def test_liger_stands_in_for_phi3_without_tp_only():
+    phi = "microsoft/Phi-3-mini-4k-instruct"
+    plain = dry_run("distributed: {}\n", world_size=8, model=phi, seq_len=256, micro_batch_size=1, num_layers=2)
+    assert _only(plain) and any("Liger Kernel" in s and "stand-in" in s for s in plain.substitutions)
+    tp = dry_run("distributed:\n  tp_size: 2\n", world_size=8, model=phi, seq_len=256, micro_batch_size=1, num_layers=2)
+    assert _only(tp) and not any("Liger Kernel" in s for s in tp.substitutions)
+
+
+@needs_automodel
 def test_pipeline_stages_are_measured_on_their_own_ranks():
     report = _run(
         "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n"

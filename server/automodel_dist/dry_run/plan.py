@@ -15,7 +15,15 @@ from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..report import ValidationReport
 from ..request import Request
-from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block, uses_liger
+from ..stack.recipe import (
+    LOCAL_DISPATCHERS,
+    StackRecipe,
+    backend_for,
+    jsonable,
+    loss_for,
+    optimizer_for,
+    sanitized_block,
+)
 from ..workload import read_workload
 from .depth import Depth, plan_depth, truncated_config
 from .spec import Build, DryRunSpec
@@ -157,7 +165,12 @@ def plan_dry_run(
         )
     loss = loss_for(w, subs)
     optimizer = optimizer_for(w, subs)
-    subs.append("torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted")
+    subs.append(
+        "torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted, "
+        "except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
+        if spec.is_moe
+        else "torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted"
+    )
     subs.append(
         "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
         "scores); the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused "
@@ -181,7 +194,8 @@ def plan_dry_run(
         backend=backend or None,
         torch_dtype=w.torch_dtype,
         force_hf=w.force_hf,
-        liger=uses_liger(ctx.recipe),
+        liger=read_workload(ctx.recipe).use_liger_kernel,
+        local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         clip_grad_norm=w.clip_grad_norm,
     )
     depths: dict[int, Depth] = {}

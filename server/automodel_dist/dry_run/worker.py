@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
 from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
@@ -281,12 +282,13 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         if liger.applied:
             rewrites.append(
                 "Liger Kernel (AutoModel's default for a Hugging Face class without TP or CP) runs as a stand-in with "
-                "its kernels' saved tensors (RMSNorm, SwiGLU; stack/liger.py)"
+                f"its kernels' saved tensors (RMSNorm, SwiGLU/GeGLU; liger-kernel {LIGER_VERSION}'s instance patch; "
+                "stack/liger.py)"
             )
         elif liger.skipped:
             rewrites.append(
                 f"Liger Kernel is not stood in for model type {liger.skipped[0]} (the stand-in covers "
-                "llama, mistral, qwen2, qwen3): measured as the Hugging Face class computes without it"
+                f"{', '.join(LIGER_LAYERS)}): measured as the Hugging Face class computes without it"
             )
         parts, mc, hf_config = built.parts, built.mc, built.hf_config
         pp_enabled = built.pp_enabled
@@ -308,12 +310,17 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         ),
         1,
     )
-    nonzero = {  # balanced routing: this rank's experts receive 1/ep of the token assignments
-        "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // ep,
-        "moe/experts.py:_forward_loop": lambda mask: mask.numel() // n_experts,
+    # balanced routing: this rank's experts receive 1/ep of the EP group's token assignments (the torch dispatcher's
+    # mask covers the gathered group's tokens; the local stand-in's only this rank's, as many as it receives)
+    local = spec.recipe.local_dispatch and ep > 1
+    nonzero = {
+        "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // (1 if local else ep),
+        "moe/experts.py:_forward_loop": lambda mask: mask.numel() * (ep if local else 1) // n_experts,
     }
     with (
         shims.step_patches(),
+        shims.local_dispatch(local),
+        shims.te_cross_entropy() if spec.recipe.loss["name"] == "TEParallelCrossEntropy" else contextlib.nullcontext(),
         shims.value_oracles(items, nonzero),
         fake_mode,
     ):
@@ -425,6 +432,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             return result
         if (spec.recipe.backend or {}).get("attn") == "te":
             shims.install_te_attention()
+        shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
         if spec.depth is not None and len(measured) == 2:
             result.update(_at_depth(spec.depth, measured[0], measured[1]))

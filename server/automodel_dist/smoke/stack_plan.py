@@ -189,7 +189,7 @@ def plan_stack(
             "flash kernel with head-tail load balancing; AutoModel's sharding of inputs, labels and positions is its "
             "own"
         )
-    loss = loss_for(workload, subs)
+    loss = loss_for(workload, subs, values=True)
     optimizer = optimizer_for(workload, subs)
     distributed = jsonable(sanitized_block(dict(block), subs, StackUnavailable))
     if dims.strategy == "fsdp2":  # DDP trains in the model's dtype (torch_dtype float32 here); it has no policy

@@ -2,11 +2,13 @@
 installed in its container; it turns it off itself under TP or CP), so the dry run holds what Liger's kernels hold on
 a GPU. Only the dry run's worker imports this module.
 
-What Liger changes in memory, per decoder layer of the classes covered here (Liger's instance patch of them):
+What Liger changes in memory, per decoder layer of the model types ``catalog/kernels.LIGER_LAYERS`` lists (the modules
+Liger's instance patch replaces; the estimate reads the same table):
 - RMSNorm (``LigerRMSNorm``): keeps its input and one fp32 reciprocal RMS per row for backward, where the Hugging Face
   norm keeps an fp32 copy of its input and the normalised tensor.
-- SwiGLU MLP (``LigerSwiGLUMLP``): ``down_proj(silu(gate_proj(x)) * up_proj(x))`` through ``LigerSiLUMulFunction``,
-  which keeps gate and up and recomputes silu in backward (the Hugging Face MLP also keeps silu(gate)).
+- SwiGLU / GeGLU MLP (``LigerSwiGLUMLP``, ``LigerPhi3SwiGLUMLP``, ``LigerGEGLUMLP``): ``down_proj(act(gate) * up)``
+  through one function that keeps gate and up and recomputes the activation in backward (the Hugging Face MLP also
+  keeps act(gate)); the GELU variant keeps the same tensors as the SiLU one, so one stand-in serves both.
 Rotary embeddings (in place in Liger, no saved tensors in either) and the fused linear cross entropy (only when the
 model itself is given labels, which AutoModel's training step never does) change nothing the tracker sees.
 """
@@ -18,14 +20,7 @@ from typing import Any
 
 import torch
 
-# model_type -> the RMSNorm modules of a decoder layer Liger's instance patch replaces (its SwiGLU MLP too: every
-# one of these types has gate/up/down projections)
-COVERED = {
-    "llama": ("input_layernorm", "post_attention_layernorm"),
-    "mistral": ("input_layernorm", "post_attention_layernorm"),
-    "qwen2": ("input_layernorm", "post_attention_layernorm"),
-    "qwen3": ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"),
-}
+from ..catalog.kernels import LIGER_LAYERS
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -61,6 +56,17 @@ def _mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(_SiLUMul.apply(self.gate_proj(x), self.up_proj(x)))
 
 
+def _fused_mlp_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # LigerPhi3SwiGLUMLP
+    return self.down_proj(_SiLUMul.apply(gate, up))
+
+
+_MLP = {
+    "split": (_mlp_forward, ("gate_proj", "up_proj", "down_proj")),
+    "fused": (_fused_mlp_forward, ("gate_up_proj", "down_proj")),
+}
+
+
 def _module(root: Any, path: str) -> Any:
     for part in path.split("."):
         root = getattr(root, part, None)
@@ -78,23 +84,24 @@ class Stub:
 
     def _apply_liger_kernel_to_instance(self, model: Any, **kwargs: Any) -> None:
         model_type = getattr(getattr(model, "config", None), "model_type", None)
-        norms = COVERED.get(model_type or "")
-        if norms is None:
+        row = LIGER_LAYERS.get(model_type or "")
+        if row is None:
             self.skipped.append(str(model_type))  # Liger itself covers more; measured without its kernels
             return
+        forward, names = _MLP[row.mlp] if row.mlp else (None, ())
         backbone = getattr(model, "model", model)
         for layer in getattr(backbone, "layers", []):
-            for name in norms:
+            for name in row.norms:
                 mod = _module(layer, name)
                 if mod is not None:
                     mod.forward = types.MethodType(_norm_forward, mod)
             mlp = getattr(layer, "mlp", None)
-            if mlp is not None and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-                mlp.forward = types.MethodType(_mlp_forward, mlp)
+            if forward is not None and mlp is not None and all(hasattr(mlp, n) for n in names):
+                mlp.forward = types.MethodType(forward, mlp)
         final = getattr(backbone, "norm", None)
         if final is not None:
             final.forward = types.MethodType(_norm_forward, final)
         self.applied.append(str(model_type))
 
 
-__all__ = ["Stub", "COVERED"]
+__all__ = ["Stub"]

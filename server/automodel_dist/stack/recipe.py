@@ -20,6 +20,9 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
     "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
     "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
 }
+# DeepEP, HybridEP and UCCL-EP send each rank only the token rows its experts need; the torch dispatcher standing in
+# for them all-gathers the EP group's tokens, so the dry run keeps the exchange on the rank (stack/dispatch.py)
+LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
 _TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
 _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -44,6 +47,7 @@ class StackRecipe(BaseModel):
     torch_dtype: str | None = None
     force_hf: bool = False
     liger: bool = False  # use_liger_kernel
+    local_dispatch: bool = False  # the dry run's stand-in for DeepEP/HybridEP/UCCL-EP (LOCAL_DISPATCHERS)
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
 
 
@@ -75,10 +79,17 @@ def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values:
             )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
         if backend.get(key) in cuda_only:
-            out.append(
-                f"model.backend.{key}: {backend[key]} runs as {cpu} (it needs CUDA kernels); its workspaces "
-                "are not measured"
-            )
+            if key == "dispatcher" and not values and backend[key] in LOCAL_DISPATCHERS:
+                out.append(
+                    f"model.backend.dispatcher: {backend[key]} runs as torch with the token exchange kept on the rank "
+                    "(stack/dispatch.py: no all-gather of the EP group's tokens; this rank's experts get its T*k "
+                    "routed rows, as under balanced routing); its communication buffers are not measured"
+                )
+            else:
+                out.append(
+                    f"model.backend.{key}: {backend[key]} runs as {cpu} (it needs CUDA kernels); its workspaces "
+                    "are not measured"
+                )
             backend[key] = cpu
     for flag in _CUDA_FLAGS:
         if backend.get(flag):
@@ -92,7 +103,8 @@ def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values:
     return backend
 
 
-def loss_for(w: Workload, out: list[str]) -> dict[str, Any]:
+def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, Any]:
+    """The loss the dry run (``values`` False) or the smoke run (``values``: real numerics) computes."""
     name, kwargs = w.loss, dict(w.loss_kwargs)
     if name == "FusedLinearCrossEntropy":
         out.append(
@@ -101,8 +113,14 @@ def loss_for(w: Workload, out: list[str]) -> dict[str, Any]:
             "measured"
         )
         return {"name": "ChunkedCrossEntropy", "kwargs": {}}
+    if name == "TEParallelCrossEntropy" and not values:
+        out.append(
+            "loss TEParallelCrossEntropy (Transformer Engine's Triton kernels) runs as a stand-in that keeps what "
+            "they keep: the logits, with the gradient written into them (stack/shims.py te_cross_entropy)"
+        )
+        return {"name": name, "kwargs": kwargs}
     if name == "TEParallelCrossEntropy":
-        out.append("loss TEParallelCrossEntropy (Transformer Engine) measured as MaskedCrossEntropy")
+        out.append("loss TEParallelCrossEntropy (Transformer Engine) computed as MaskedCrossEntropy")
         return {"name": "MaskedCrossEntropy", "kwargs": {}}
     if name not in ("MaskedCrossEntropy", "ChunkedCrossEntropy"):
         out.append(f"loss {name} is not one AutoModel's typed losses: measured with MaskedCrossEntropy")
@@ -184,12 +202,6 @@ def sanitized_block(block: dict[str, Any], subs: list[str], error: type[Exceptio
     return walk(block, "")
 
 
-def uses_liger(recipe: dict[str, Any] | None) -> bool:
-    """AutoModel's ``use_liger_kernel`` (from_pretrained / from_config's default True), as the recipe's model sets it."""
-    model = (recipe or {}).get("model")
-    return not (isinstance(model, dict) and model.get("use_liger_kernel") is False)
-
-
 def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
@@ -200,4 +212,12 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["StackRecipe", "backend_for", "loss_for", "optimizer_for", "sanitized_block", "uses_liger", "jsonable"]
+__all__ = [
+    "LOCAL_DISPATCHERS",
+    "StackRecipe",
+    "backend_for",
+    "loss_for",
+    "optimizer_for",
+    "sanitized_block",
+    "jsonable",
+]

@@ -246,6 +246,156 @@ def install_te_attention() -> None:
         TE_ATTENTION.hits += 1
 
 
+LOCAL_DISPATCH = _register(
+    "local_dispatch_stand_in",
+    "forward",
+    "nemo_automodel.components.moe.experts:GroupedExperts._gather_ep_inputs, and the EP all-reduce in "
+    "GroupedExperts.forward / GroupedExpertsLoRA.forward (stack/dispatch.py)",
+    "DeepEP, HybridEP and UCCL-EP need CUDA and run as AutoModel's torch dispatcher, which all-gathers the whole EP "
+    "group's tokens and all-reduces an fp32 output of that size; the stand-in keeps the exchange on the rank, as "
+    "those dispatchers deliver only the rows this rank's experts need, through AutoModel's own expert GEMMs.",
+    lambda: (
+        _has_params(
+            "nemo_automodel.components.moe.experts:GroupedExperts._gather_ep_inputs",
+            "x",
+            "token_mask",
+            "weights",
+            "indices",
+            "ep_group",
+            "ep_size",
+        )(),
+        _source_has(
+            "nemo_automodel.components.moe.experts:GroupedExperts.forward",
+            "self._gather_ep_inputs(",
+            "dist_nn_f.all_reduce(",
+            "sum(gathered_lens[:ep_rank])",
+        )(),
+        _source_has(
+            "nemo_automodel.components._peft.lora_experts:GroupedExpertsLoRA.forward",
+            "self._gather_ep_inputs(",
+            "dist_nn_f.all_reduce(",
+            "sum(gathered_lens[:ep_rank])",
+        )(),
+    ),
+)
+
+
+COMPILED_ACTIVATIONS = _register(
+    "compiled_expert_activations",
+    "forward",
+    "nemo_automodel.components.moe.experts: its @torch.compile(fullgraph=True) expert activations "
+    "(quick_geglu_deepep, swiglu_oai_deepep, relu2_deepep, swiglu_clamped_deepep)",
+    "Dynamo refuses fake tensors, so a compiled function runs eagerly and keeps every intermediate of its pointwise "
+    "graph (clamps, sigmoid, products: several I-wide tensors per routed token). Compiled, AOTAutograd's partitioner "
+    "keeps the graph's inputs and recomputes the pointwise ops in backward; the stand-in runs the eager function "
+    "without autograd and keeps its tensor inputs, which is what the compiled one keeps.",
+    lambda: _compiled_activations(),
+)
+_COMPILED = ("quick_geglu_deepep", "swiglu_oai_deepep", "relu2_deepep", "swiglu_clamped_deepep")
+
+
+def _compiled_activations() -> dict[str, Callable[..., Any]]:
+    """The eager functions behind the compiled activations (torch.compile returns the function itself where Dynamo is
+    disabled, as in the dry run's worker; or the function behind the stand-in, once installed)."""
+    out = {}
+    for name in _COMPILED:
+        fn = _resolve(f"nemo_automodel.components.moe.experts:{name}")
+        eager = getattr(fn, "_stand_in_for", None) or getattr(fn, "_torchdynamo_orig_callable", None) or fn
+        if list(inspect.signature(eager).parameters)[:2] != ["x", "permuted_probs"]:
+            raise RuntimeError(f"nemo_automodel.components.moe.experts.{name} no longer takes (x, permuted_probs)")
+        out[name] = eager
+    return out
+
+
+def install_compiled_activations() -> None:
+    """AutoModel's compiled expert activations keep what a compiled graph keeps (their inputs), in this process."""
+    import nemo_automodel.components.moe.experts as experts
+    import torch
+
+    def fused(eager: Callable[..., Any]) -> Callable[..., Any]:
+        class Fused(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, x: Any, probs: Any, kwargs: dict[str, Any]) -> Any:
+                ctx.save_for_backward(x, probs)
+                with torch.no_grad():
+                    return eager(x, probs, **kwargs)
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                x, probs = ctx.saved_tensors
+                return torch.empty_like(x), torch.empty_like(probs), None
+
+        @functools.wraps(eager)
+        def call(x: Any, permuted_probs: Any, **kwargs: Any) -> Any:
+            COMPILED_ACTIVATIONS.hits += 1
+            return Fused.apply(x, permuted_probs, kwargs)
+
+        call._stand_in_for = eager  # type: ignore[attr-defined]
+        return call
+
+    for name, eager in _compiled_activations().items():
+        if getattr(getattr(experts, name), "_stand_in_for", None) is None:
+            setattr(experts, name, fused(eager))
+
+
+TE_CROSS_ENTROPY = _register(
+    "te_cross_entropy_stand_in",
+    "loss",
+    "nemo_automodel.components.loss.te_parallel_ce: cross_entropy_forward / cross_entropy_backward, "
+    "HAVE_TE_PARALLEL_CE",
+    "TEParallelCrossEntropy runs Transformer Engine's Triton kernels (CUDA): their forward writes the gradient into "
+    "the logits' own buffer, which the autograd function keeps, and the backward scales it in place. The stand-in "
+    "does the same with no arithmetic, so the step keeps the logits and nothing else for the loss.",
+    _source_has(
+        "nemo_automodel.components.loss.te_parallel_ce:CrossEntropyFunction.forward",
+        "cross_entropy_forward(",
+        "ctx.save_for_backward(_input.detach())",
+    ),
+)
+
+
+@contextlib.contextmanager
+def te_cross_entropy() -> Iterator[None]:
+    """TEParallelCrossEntropy's Triton kernels as stand-ins that keep what they keep (the logits, written in place)."""
+    import nemo_automodel.components.loss.te_parallel_ce as te_ce
+    import torch
+
+    def forward(_input: Any, target: Any, label_smoothing: Any, reduce_loss: bool, group: Any, ignore: Any) -> Any:
+        TE_CROSS_ENTROPY.hits += 1
+        shape = () if reduce_loss else target.shape
+        return torch.zeros(shape, dtype=torch.float32, device=_input.device), _input
+
+    def backward(_input: Any, grad_output: Any) -> Any:
+        return _input
+
+    with (
+        _patched(te_ce, "HAVE_TE_PARALLEL_CE", True),
+        _patched(te_ce, "cross_entropy_forward", forward),
+        _patched(te_ce, "cross_entropy_backward", backward),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def local_dispatch(enabled: bool) -> Iterator[None]:
+    """The experts' token exchange kept on the rank (stack/dispatch.py) while ``enabled``."""
+    if not enabled:
+        yield
+        return
+    from nemo_automodel.components._peft.lora_experts import GroupedExpertsLoRA
+    from nemo_automodel.components.moe.experts import GroupedExperts
+
+    from . import dispatch
+
+    LOCAL_DISPATCH.hits += 1
+    with (
+        _patched(GroupedExperts, "_gather_ep_inputs", staticmethod(dispatch.local_gather)),
+        _patched(GroupedExperts, "forward", dispatch.local_forward(GroupedExperts.forward)),
+        _patched(GroupedExpertsLoRA, "forward", dispatch.local_forward(GroupedExpertsLoRA.forward)),
+    ):
+        yield
+
+
 # ----------------------------------------------------------------------------------------------------- build
 CUDA_DEVICE = _register(
     "cuda_current_device",
@@ -290,6 +440,16 @@ RETIE = _register(
     "to_empty keeps a parameter's identity only when old and new tensors have compatible types; meta -> fake is not "
     "(meta -> cuda is), so plain-tensor layouts (one rank) would untie lm_head from the embedding.",
     _has_params("nemo_automodel.components.checkpoint.checkpointing:to_empty_parameters_only", "model", "device"),
+)
+FAKE_APPLY = _register(
+    "module_apply_on_fake_params",
+    "build",
+    "torch.nn.Module._apply on plain fake parameters (replaces each converted parameter instead of swapping it)",
+    "cast_model_to_dtype converts through model._apply when some parameters keep their dtype (PEFT adapters); on one "
+    "rank the parameters are plain fake tensors, which nn.Module._apply swaps in place, and a fake tensor's weak "
+    "references refuse the swap. The parameters come out with the same dtypes and shapes; ties are restored after "
+    "the initialization as for to_empty.",
+    _source_has("torch.nn.modules.module:Module._apply", "isinstance(param, FakeTensor)", "swap_tensors"),
 )
 PP_WARMUP = _register(
     "pp_warmup_noop",
@@ -357,11 +517,32 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
         init = Checkpointer.__dict__["initialize_model_weights"]
         init_fn = init.__func__ if isinstance(init, staticmethod) else init
 
+        original_apply = torch.nn.Module._apply
+
+        def apply(self: Any, fn: Any, recurse: bool = True) -> Any:
+            own = [p for p in self._parameters.values() if p is not None]
+            if not own or not all(isinstance(p, FakeTensor) for p in own):
+                return original_apply(self, fn, recurse)
+            FAKE_APPLY.hits += 1
+            if recurse:
+                for child in self.children():
+                    child._apply(fn)
+            for key, param in list(self._parameters.items()):
+                if param is not None:
+                    with torch.no_grad():
+                        applied = fn(param)
+                    if applied is not param:
+                        self._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+            for key, buf in list(self._buffers.items()):
+                if buf is not None:
+                    self._buffers[key] = fn(buf)
+            return self
+
         @functools.wraps(init_fn)
         def initialize_model_weights(model: Any, device: Any, peft_init_method: Any = None) -> Any:
             FAKE_INIT.hits += 1
             ties = _shared_params(model)
-            with fake_mode:
+            with fake_mode, _patched(torch.nn.Module, "_apply", apply):
                 out = init_fn(model, device, peft_init_method=peft_init_method)
             for group in ties:
                 keep = group[0][0]._parameters[group[0][1]]
@@ -809,7 +990,10 @@ __all__ = [
     "broken",
     "import_automodel",
     "install_te_attention",
+    "install_compiled_activations",
     "liger_stand_in",
+    "local_dispatch",
+    "te_cross_entropy",
     "build_patches",
     "cuda_factories_on_cpu",
     "cp_attention_math_on_cpu",

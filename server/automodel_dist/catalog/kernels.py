@@ -1,0 +1,82 @@
+"""What the Hugging Face decoder layers AutoModel builds keep for backward around their norms and MLP, with and
+without Liger Kernel (pure: the dry run's Liger stand-in and the estimate read this one table).
+
+AutoModel patches a Hugging Face class with Liger Kernel by default (``use_liger_kernel: true`` in
+``NeMoAutoModelForCausalLM.from_pretrained`` / ``from_config``; never its own classes) and turns it off itself under
+TP or CP (``kernel_patches._apply_preload_overrides``). Liger's instance patch
+(``liger_kernel.transformers._apply_liger_kernel_to_instance``, read at liger-kernel 0.8.5) replaces, per decoder
+layer, the RMSNorm modules named here and, for most types, the gated MLP:
+
+- Liger's RMSNorm keeps its bf16 input and one fp32 reciprocal RMS per row; the Hugging Face norm keeps an fp32 copy
+  of its input and the normalised tensor (bf16 for Llama-style norms, fp32 for Gemma's, which scale in fp32);
+- Liger's SwiGLU / GeGLU keeps gate and up and recomputes the activation in backward; the Hugging Face MLP also keeps
+  the activation's output. Phi-3's fused ``gate_up_proj`` is chunked into gate and up (views of one tensor).
+
+Mixtral and Qwen3-MoE's experts go through Liger's fused MoE kernel, which this table does not describe: only their
+norms are listed (their experts are counted as the Hugging Face class computes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LIGER_VERSION = "0.8.5"  # the liger-kernel release whose instance patch the table follows
+
+
+@dataclass(frozen=True)
+class HFLayer:
+    """One Hugging Face model type's decoder layer as Liger patches it."""
+
+    model_type: str
+    norms: tuple[str, ...]  # the layer's RMSNorm modules Liger replaces (dotted paths from the layer)
+    mlp: str | None  # "split": gate_proj/up_proj/down_proj; "fused": Phi-3's gate_up_proj; None: MLP not patched
+    fp32_norm: bool = False  # the Hugging Face norm keeps its normalised tensor in fp32 (Gemma's (1 + w) scaling)
+
+
+_PRE = ("input_layernorm", "post_attention_layernorm")
+_GEMMA2 = _PRE + ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+_QK = ("self_attn.q_norm", "self_attn.k_norm")
+
+LIGER_LAYERS: dict[str, HFLayer] = {
+    layer.model_type: layer
+    for layer in (
+        HFLayer("llama", _PRE, "split"),
+        HFLayer("mistral", _PRE, "split"),
+        HFLayer("qwen2", _PRE, "split"),
+        HFLayer("qwen3", _PRE + _QK, "split"),
+        HFLayer("phi3", _PRE, "fused"),
+        HFLayer("gemma", _PRE, "split", fp32_norm=True),
+        HFLayer("gemma2", _GEMMA2, "split", fp32_norm=True),
+        HFLayer("gemma3_text", _GEMMA2 + _QK, "split", fp32_norm=True),
+        HFLayer("mixtral", _PRE, None),
+        HFLayer("qwen3_moe", _PRE + _QK, None),
+    )
+}
+
+# config.json "architectures"[0] -> model_type, for the classes above (what the estimate knows of a model)
+ARCHITECTURE_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+
+
+def hf_layer(architecture: str | None) -> HFLayer | None:
+    """The table's row for a Hugging Face class (None: a type Liger's stand-in does not cover)."""
+    model_type = ARCHITECTURE_TYPES.get(architecture or "")
+    return LIGER_LAYERS.get(model_type) if model_type else None
+
+
+def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
+    """Whether AutoModel applies Liger to a Hugging Face class: asked for (its default) and neither TP nor CP."""
+    return use_liger_kernel and tp == 1 and cp == 1
+
+
+__all__ = ["ARCHITECTURE_TYPES", "HFLayer", "LIGER_LAYERS", "LIGER_VERSION", "hf_layer", "liger_applies"]

@@ -17,11 +17,23 @@ width, I the MLP width, a the heads and t the TP size:
   residual; ``4h/t + 4h`` with sequence parallelism, whose norm outputs are gathered for the next
   matmul), the query and the attention output ``4q/t``, keys and values ``4kv/t``, SDPA's log-sum-exp
   ``4a/t`` and a gated MLP's ``8I/t`` (gate, up, their activation and product);
+- a Hugging Face class (catalog/kernels.py): under Liger Kernel, AutoModel's default without TP or CP, the
+  same norms and a ``6I`` MLP (Liger recomputes the activation); without it each norm keeps an fp32 copy
+  of its input and the normalised tensor (``16h`` for a Llama-style layer's two, ``36h`` for Gemma-2's
+  four with their fp32 scaling); Phi-3's fused qkv keeps the whole projection and a copy of the attention
+  output (``+4q + 2kv``), and AutoModel's Phi-3 TP plan splits neither attention nor the MLP;
+- MoE: per routed copy (k per token) the permuted input, gate and up and the down GEMM's input,
+  ``6kI + 2kh``, the router's fp32 logits ``4E`` and the shared experts as a dense MLP; ``+2kh`` when the
+  routing weights multiply after the down projection (GLM-4.5), ``+4kh`` for experts with a bias (gpt-oss) on
+  at most 12,288 routed rows (more are chunked), ``+2kI + 4kh`` with ``backend.experts: torch`` (one expert at
+  a time); frozen experts (LoRA elsewhere) keep only the activation's input, ``4kI``;
+- MLA: queries and keys (nope + rope, each a cat), kv_b_proj's whole output (the values are its view),
+  the attention output and log-sum-exp, and each latent norm's input and output;
+- LoRA with dropout: a one-byte mask of each adapted Linear's output (``dropout_position: post``);
 - ``activation_checkpointing: true`` on AutoModel's dense classes: each sub-module is checkpointed
   (attention, MLP, both norms), keeping their inputs, ``8h`` (``8h/t`` with SP); on a Hugging Face
-  class the whole layer (its input, ``2h``); on the MoE path the whole block, which keeps its input,
-  the dispatched tokens going out and coming back (collectives are not recomputed) and the router's
-  top-k: ``6h + 4kh + 2E + 12k`` for k experts per token of E;
+  class the whole layer (its input, ``2h``); on the MoE path the whole block, which keeps its input and
+  the router's top-k: ``2h + 2E + 12k`` for k experts per token of E (the token exchange is recomputed);
 - ``selective``: TorchTitan's policy over the whole layer, every other matmul's output and SDPA's:
   ``2h + 2q/t + 2kv/t + 2q/t + 4a/t + 2I/t + 2h``;
 - one checkpointed layer is recomputed at a time during backward.
@@ -42,9 +54,11 @@ FSDP2 policy wraps only its Mamba and MLP blocks (in any mode); with ep_size > 1
 every block (``selective`` is counted as not checkpointing).
 
 Four moments compete for the peak: the start of backward (every activation, the gathered units and
-the loss temporaries; gradients were freed by the last step's zero_grad), inside a block's backward,
-its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step (every
-gradient, the states, torch's foreach temporaries).
+the loss temporaries; gradients were freed by the last step's zero_grad, except an earlier accumulation
+step's when FSDP does not defer their sync, and on one rank), inside a block's backward (with the torch
+dispatcher's all-gathered tokens of the EP group, and routed experts' plain gradients where FSDP leaves
+them out), its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step
+(every gradient, the states, torch's foreach temporaries).
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
+from ..catalog.kernels import hf_layer, liger_applies
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -63,6 +78,9 @@ GIB = float(1 << 30)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FRAGMENTATION = 0.08  # allocator fragmentation margin, fraction of the tracked peak
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, NCCL/gloo workspaces, kernels (per GPU)
+# moe/experts.py _BIAS_CHUNK_THRESHOLD: above this many routed rows the experts' bias is added in chunks, keeping
+# no fp32 expanded bias for backward
+EXPERT_BIAS_CHUNK_ROWS = 12288
 CHUNKED_CE_TOKENS = 512  # ChunkedCrossEntropy's chunk_len default (components/loss/loss.py)
 # The loss's bytes per logit (tokens x vocab): (kept from forward to backward, alive at the start of backward).
 LOSS_BYTES = {
@@ -116,7 +134,9 @@ class Training:
     loss: str = "MaskedCrossEntropy"
     fp32_upcast: bool = True
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
+    liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
+    experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
     dispatcher: str | None = None  # model.backend.dispatcher: deepep/hybridep replay the token exchange on recompute
     train_towers: bool = False  # freeze_config leaves a VLM's vision/audio towers trainable (frozen by default)
 
@@ -239,6 +259,48 @@ def _hybrid_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: 
     return (2 * h * scale if wrapped else plain), plain
 
 
+# AutoModel's classes built with apply_router_weight_after_down=True (their MoEConfig): the fp32 product of the
+# routing weights and the experts' k outputs per token keeps those outputs for backward (moe/experts.py)
+_ROUTER_AFTER_DOWN = frozenset(
+    {
+        "Glm4MoeForCausalLM",
+        "Glm4MoeLiteForCausalLM",
+        "Glm5NextForConditionalGeneration",
+        "KimiK3ForCausalLM",
+        "KimiK3ForConditionalGeneration",
+        "KimiLinear48BForCausalLM",
+    }
+)
+# AutoModel's TP plan for Phi-3 (optimized_tp_plans._parallelize_phi3: "fused attention cannot be sharded") makes the
+# fused qkv_proj row-parallel with a replicated output, so every rank computes every head, and chunks the column-
+# parallel gate_up_proj's sharded output, which DTensor gathers first: attention and the MLP keep what they keep at tp 1
+# (AutoModel's step on fake tensors: Phi-4 keeps more per layer at tp 2 than at tp 1).
+_TP_UNSHARDED = frozenset({"Phi3ForCausalLM"})
+# Phi-3's fused qkv_proj: keys and values are views of the one projection, so its whole output stays alive for
+# backward, and the attention output is copied for o_proj (Hugging Face's Phi3Attention, measured as above).
+_FUSED_QKV = frozenset({"Phi3ForCausalLM"})
+
+
+def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
+    """Whether AutoModel runs this layer's norms and MLP through Liger Kernel (catalog/kernels.py)."""
+    return tr.hf_class and hf_layer(m.architecture) is not None and liger_applies(tr.liger, p.tp, p.cp)
+
+
+def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: bool) -> float:
+    """Bf16-equivalent bytes per token a layer's norms keep, with the two norm outputs the attention and MLP
+    projections keep (gathered under SP).
+
+    AutoModel's own classes keep each norm's bf16 input: with the outputs, ``8h`` (``4h/t + 4h`` under SP). A Hugging
+    Face class keeps the same under Liger; without it each norm keeps an fp32 copy of its input and the normalised
+    tensor (bf16, or fp32 for Gemma's norms): ``6h`` or ``8h`` per norm, and Gemma-2/3 have four norms a layer."""
+    h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
+    if not tr.hf_class or m.kv_lora_rank:
+        return 4 * h / t + 4 * h if sp else 8 * h
+    row = hf_layer(m.architecture)
+    per_norm = 2 * h if liger else 4 * h + (4 * h if row is not None and row.fp32_norm else 2 * h)
+    return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
+
+
 def _attention_act(m: ModelSpec, t: int) -> float:
     """Bytes per token an attention block saves besides its norms and residuals (q/k/v/o inputs and outputs,
     RoPE, the SDPA output and its statistics), fitted with bf16 compute: ``8h/t + 8d + 4a/t + 8``."""
@@ -272,23 +334,59 @@ def _act_per_token(
     h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
     a = m.num_attention_heads
     scale = comp_bytes / 2.0  # the terms are bf16 bytes
-    rep = 4 * h / t + 4 * h if sp else 8 * h  # layer input, residual, both norm outputs
+    liger = _liger(m, p, tr)
+    rep = _norm_bytes(m, p, tr, liger)
+    unsharded = tr.hf_class and m.architecture in _TP_UNSHARDED
+    if unsharded:
+        t = 1  # neither attention nor the MLP is split (see _TP_UNSHARDED); the gathered gate/up shard is added below
     if m.kv_lora_rank:  # MLA: per head, queries and keys of nope+rope, values and outputs of v_head_dim
         q = a * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))
         kv = a * (m.v_head_dim or m.hd)
-        latents = 2 * (m.kv_lora_rank + (m.qk_rope_head_dim or 0)) + 2 * (m.q_lora_rank or 0)  # not split by TP
-        attn = (2 * q + 2 * kv + 2 * q + 2 * kv + 4 * a) / t + latents
+        # queries and keys (each a cat of nope and rope parts), kv_b_proj's whole output (the values are a view of
+        # it), the attention output and its log-sum-exp; each latent norm keeps its input and output (not split by
+        # TP). AutoModel's DeepSeek-V3 step on fake tensors, per layer at depth N and N+1.
+        nope_v = a * ((m.qk_nope_head_dim or 0) + (m.v_head_dim or m.hd))
+        latents = 4 * m.kv_lora_rank + 4 * (m.q_lora_rank or 0)
+        attn = (2 * q + 2 * q + 2 * nope_v + 2 * kv + 4 * a) / t + latents
     else:
         q, kv = a * m.hd, m.num_key_value_heads * m.hd
         attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
+        if tr.hf_class and m.architecture in _FUSED_QKV:
+            attn += (4 * q + 2 * kv) / t
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
-    if moe:  # routed tokens: k copies in and out, each expert saves gate/up/act/product
-        mlp = 8 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
+    if moe:
+        # per routed copy (k a token): the permuted input the first grouped GEMM keeps, the weighted SwiGLU's input
+        # (gate and up) and its output (the down GEMM's input); the router's fp32 logits; the shared experts as a
+        # dense MLP. AutoModel's GroupedExperts keep the same with LoRA or without (_peft/lora_experts.py,
+        # moe/megatron/moe_utils.py); experts with a bias applied with the routing weights (gpt-oss) keep an fp32
+        # copy of the routed output. A Hugging Face class's frozen experts keep no input (transformers'
+        # integrations/moe.py) but the routed output for the weights' product: the same 2kh.
+        ki, kh = k * m.moe_intermediate_size, k * h
+        mlp = 6 * ki + 2 * kh + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
+        if not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind):
+            # frozen experts under LoRA elsewhere: their GEMMs keep no input (no weight gradient), only the
+            # activation's input stays (AutoModel's step on fake tensors: GPT-OSS's single-GPU LoRA recipe)
+            mlp -= 2 * ki + 2 * kh
+        if not tr.hf_class and tr.experts == "torch":
+            # backend.experts: torch runs the experts one by one: each keeps its gathered tokens, its gate, up,
+            # activation and product, and its weighted output (AutoModel's step on fake tensors, the corpus's
+            # *_torch benchmark recipes)
+            mlp += 2 * ki + 4 * kh
+        if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
+            mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
+        if m.expert_bias and k * tr.micro_batch_size * tr.seq_len / p.cp <= EXPERT_BIAS_CHUNK_ROWS:
+            mlp += 4 * kh  # the unchunked bias path keeps the fp32 expanded bias; above the threshold it is chunked
+        if tr.hf_class and tr.lora is None:
+            mlp += 2 * kh  # trainable Hugging Face experts also keep their input for the weight gradients
         gate = 2 * k * m.moe_intermediate_size + 2 * m.shared_expert_intermediate_size
     else:
-        mlp, gate = 8 * m.intermediate_size / t, 2 * m.intermediate_size / t
-    plain = (rep + attn + mlp) * scale
+        # gate, up, the activation's output and the product; Liger keeps no activation output (it recomputes it)
+        mlp, gate = (6 if liger else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
+        if unsharded and p.tp > 1:
+            mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
+    dropout = tr.lora.dropout_bytes(kind) / p.tp if tr.lora is not None else 0.0  # one byte a mask element
+    plain = (rep + attn + mlp) * scale + dropout
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
     if style == "none" or (style == "selective" and moe):
@@ -305,8 +403,8 @@ def _act_per_token(
     elif style == "block":
         # the block's input and what the policy saves (the router's projection and top-k); the token exchange is
         # recomputed with the rest (AutoModel's step on fake tensors keeps no dispatcher output, full checkpoint
-        # or the router-saving policy alike)
-        saved = 6 * h + (2 * m.num_experts + 12 * k if moe else 0.0)
+        # or the router-saving policy alike: per layer the block's input and the router's tensors, LoRA or not)
+        saved = 2 * h + (2 * m.num_experts + 12 * k if moe else 0.0)
     else:  # the whole layer (Hugging Face's gradient checkpointing)
         saved = edge
     return saved * scale, plain
@@ -381,9 +479,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         frozen_bytes = 0.0
     else:
         adapters = sum(n * lora.layer(k) for k, n in g.kinds.items())
-        expert_share = g.experts / (g.dense_layers + g.experts) if g.experts else 0.0
-        train_experts = adapters * expert_share
-        train_dense = adapters * (1 - expert_share) / p.tp + (lora.lm_head / p.tp if g.last else 0.0)
+        # the routed experts' adapters are split over EP with their experts (without EP they are block parameters)
+        expert_adapters = sum(n * lora.experts(k) for k, n in g.kinds.items()) if p.ep > 1 else 0.0
+        train_experts = expert_adapters / p.ep
+        train_dense = (adapters - expert_adapters) / p.tp + (lora.lm_head / p.tp if g.last else 0.0)
         layer_bytes = comp
         if lora.quant_bits:
             share = _linear_share(m)
@@ -465,17 +564,42 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher
     phases: list[tuple[str, float, float, float]] = []  # (phase, gradients, activations, other temporaries)
+    # Accumulating without deferred sync, the gradients of the step's earlier microbatches (sharded, or in .grad on
+    # one rank, where AutoModel does not parallelize) stay through the next one's backward: zero_grad runs after the
+    # optimizer step (recipes/llm/train_ft.py)
+    # Routed experts on a one-rank ep_shard mesh are outside FSDP (moe/parallelizer.py ignores them): their gradients
+    # are plain .grad in the storage dtype from their layer's backward to the optimizer step, deferral or not.
+    # (under PP the schedule's peak comes before most stages' backward: not counted there)
+    plain_expert_grads = train_experts * store if p.ep > 1 and p.ep_shard == 1 and p.pp == 1 else 0.0
+    # (a pipeline schedule's own microbatches peak before their first backward: only its repeated steps count)
+    accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
+    if grad_acc > 1:
+        accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
-    phases.append(("start-of-backward", 0.0, acts, unsharded + loss_temp + p2p + held_grads))
+    phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
         gather = 0.0 if keep_blocks else comp
         exp = g.layer_experts if p.ep_shard > 1 else 0.0
         layer_train = (g.layer_dense + exp) if lora is None else 0.0
-        grads_now = layer_train * (comp + 4.0) + (g.layer_dense + exp) * gather
+        # the block's fresh gradient in the compute dtype and, without deferral, its fp32 copy for the reduce-scatter
+        # (deferred, FSDP2 adds it into the fp32 accumulator already counted as held)
+        grads_now = layer_train * (comp + (0.0 if deferred else 4.0)) + (g.layer_dense + exp) * gather
         mid_acts = max(acts - last_block * tokens, 0.0)
-        phases.append(("in-backward", 0.0, mid_acts, unsharded + recompute * tokens + p2p + grads_now + held_grads))
+        phases.append(
+            (
+                "in-backward",
+                max(accumulated, plain_expert_grads),
+                mid_acts,
+                unsharded
+                + recompute * tokens
+                + p2p
+                + grads_now
+                + held_grads
+                + _torch_dispatch_bytes(m, p, tr, g, tokens),
+            )
+        )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
         # gradient in the compute dtype and its fp32 copy (the embedding, its own unit when untied and trainable;
         # else the root with the head)
@@ -512,6 +636,17 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         deferred_grads=float(held_grads if phase in ("start-of-backward", "in-backward", "end-of-backward") else 0.0),
         teacher=float(teacher),
     )
+
+
+def _torch_dispatch_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, tokens: float) -> float:
+    """The torch dispatcher's transient inside one MoE layer: GroupedExperts all-gathers every token of the EP group
+    and builds an fp32 output of that size (k of them with the routing weights applied after the down projection)
+    before its all-reduce (moe/experts.py); its backward mirrors it. Nothing of it is saved; DeepEP and HybridEP move
+    only the rows this rank's experts need."""
+    if p.ep <= 1 or not g.kinds.get("moe") or tr.dispatcher not in (None, "torch"):
+        return 0.0
+    out = 4.0 * (max(m.experts_per_token, 1) if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN else 1)
+    return p.ep * tokens * m.hidden_size * (DTYPE_BYTES[tr.compute_dtype] + out)
 
 
 def _teacher_bytes(tr: Training, p: ParallelDims, pp_rank: int, tokens: float, sp_: float, se: float) -> float:

@@ -50,9 +50,22 @@ class Lora:
     adapted: tuple[str, ...]  # the matched module names of the first layer of each kind, and lm_head
     adapted_weights: tuple[tuple[str, float], ...]  # (layer kind, base Linear weights adapted per layer)
     quant_bits: int | None = None
+    # (layer kind, the part of per_layer on the routed experts): GroupedExpertsLoRA's adapters are split over EP
+    # with the experts they adapt (_peft/lora_experts.py)
+    per_layer_experts: tuple[tuple[str, float], ...] = ()
+    # (layer kind, bytes per token LoRA dropout keeps for backward): with dropout > 0, "post" (PeftConfig's default)
+    # keeps a one-byte mask of each adapted Linear's output (lora.py's F.dropout on lora_res); "pre" a dropped bf16
+    # copy of its input and the mask. The routed experts' adapters take no dropout.
+    dropout_per_layer: tuple[tuple[str, float], ...] = ()
 
     def layer(self, kind: str) -> float:
         return dict(self.per_layer).get(kind, 0.0)
+
+    def experts(self, kind: str) -> float:
+        return dict(self.per_layer_experts).get(kind, 0.0)
+
+    def dropout_bytes(self, kind: str) -> float:
+        return dict(self.dropout_per_layer).get(kind, 0.0)
 
     def total(self, m: ModelSpec) -> float:
         return sum(self.layer(m.layer_kind(i)) for i in range(m.num_layers)) + self.lm_head
@@ -199,10 +212,13 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
     moe_dim = dim
     if peft.get("moe_rank_scaling") is True and m.experts_per_token:
         moe_dim = max(dim // m.experts_per_token, 1)
-    per_layer, adapted_weights, adapted = [], [], []
+    p_drop = peft.get("dropout", 0.0)
+    dropout = isinstance(p_drop, (int, float)) and not isinstance(p_drop, bool) and p_drop > 0
+    pre = peft.get("dropout_position") == "pre"
+    per_layer, adapted_weights, adapted, per_experts, dropout_bytes = [], [], [], [], []
     for kind in sorted(set(m.layer_kind(i) for i in range(m.num_layers))):
         first = next(i for i in range(m.num_layers) if m.layer_kind(i) == kind)
-        params = weights = 0.0
+        params = weights = experts = kept = 0.0
         for lin in layer_modules(m, kind):
             name = lin.name.format(i=first)
             if not _matches(name, targets, excludes, match_all, lin.kind):
@@ -210,12 +226,16 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
             adapted.append(name)
             if lin.kind == "experts":
                 inter = m.moe_intermediate_size
-                params += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.hidden_size)
+                experts += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.hidden_size)
             else:
                 params += dim * (lin.fan_in + lin.fan_out)
                 weights += lin.fan_in * lin.fan_out
-        per_layer.append((kind, params))
+                if dropout:
+                    kept += 3 * lin.fan_in if pre else lin.fan_out
+        per_layer.append((kind, params + experts))
+        per_experts.append((kind, experts))
         adapted_weights.append((kind, weights))
+        dropout_bytes.append((kind, kept))
     lm_head = 0.0
     if _matches("lm_head", targets, excludes, match_all, "linear"):
         lm_head = dim * (m.hidden_size + m.vocab_size)
@@ -225,7 +245,16 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
         bits = (
             4 if quantization.get("load_in_4bit") is True else 8 if quantization.get("load_in_8bit") is True else None
         )
-    return Lora(dim, tuple(per_layer), lm_head, tuple(adapted), tuple(adapted_weights), bits)
+    return Lora(
+        dim,
+        tuple(per_layer),
+        lm_head,
+        tuple(adapted),
+        tuple(adapted_weights),
+        bits,
+        per_layer_experts=tuple(per_experts),
+        dropout_per_layer=tuple(dropout_bytes),
+    )
 
 
 def quantized_linear_weights(m: ModelSpec) -> float:

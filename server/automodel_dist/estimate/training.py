@@ -138,7 +138,9 @@ def training_for(
         loss=loss_name,
         fp32_upcast=upcast,
         hf_class=hf_class,
+        liger=w.use_liger_kernel,
         compile=compile_layers,
+        experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
         train_towers=w.train_towers,
     )

@@ -44,9 +44,6 @@ MISSES = {
     "gptoss_20b_te_deepep.yaml": "step time 0.74x the measured: GPT-OSS's FlexAttention with sinks and its clamped "
     "SwiGLU experts run well below the matmul efficiency assumed for every other model (its MFU is 28% in the table, "
     "where Qwen3-MoE's comparable run reaches the model's efficiency); the model has no per-kernel efficiency",
-    "gptoss_120b_te_deepep.yaml": "judged 94 GiB where the run fit in 80: AutoModel's GPT-OSS class refuses SDPA, so "
-    "the dry run cannot measure what it saves, and the MoE terms (measured on Qwen3-MoE's class) over-count it by "
-    "at least 15 GiB at micro batch 2",
 }
 
 

@@ -775,6 +775,8 @@ def test_lora_dropout_keeps_a_byte_per_adapted_output():
     with_dropout = lora_of(m, {"target_modules": "*_proj", "dim": 8, "dropout": 0.1})
     assert with_dropout.dropout_bytes("dense") == 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096 == 43_008
     assert lora_of(m, {"target_modules": "*_proj", "dim": 8}).dropout_bytes("dense") == 0
+    # under TP the column-parallel outputs are split, the row-parallel ones (o_proj, down_proj) full width
+    assert with_dropout.dropout_bytes("dense", 2) == (4096 + 1024 + 1024 + 14336 + 14336) / 2 + 4096 + 4096
     pre = lora_of(m, {"target_modules": "*_proj", "dim": 8, "dropout": 0.1, "dropout_position": "pre"})
     assert pre.dropout_bytes("dense") == 3 * (6 * 4096 + 14336)  # a dropped bf16 copy of each input and its mask
 

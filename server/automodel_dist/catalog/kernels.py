@@ -68,6 +68,13 @@ ARCHITECTURE_TYPES = {
 }
 
 
+# MoE token dispatchers that send each rank only the token rows its experts need (DeepEP, HybridEP, UCCL-EP); the
+# others (torch, AutoModel's CPU default, and mok) all-gather the EP group's tokens inside every MoE layer
+# (moe/experts.py GroupedExperts). An unset dispatcher is counted as torch: AutoModel's default is deepep only where
+# DeepEP is installed on a GPU.
+LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
+
+
 def hf_layer(architecture: str | None) -> HFLayer | None:
     """The table's row for a Hugging Face class (None: a type Liger's stand-in does not cover)."""
     model_type = ARCHITECTURE_TYPES.get(architecture or "")
@@ -79,4 +86,12 @@ def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
     return use_liger_kernel and tp == 1 and cp == 1
 
 
-__all__ = ["ARCHITECTURE_TYPES", "HFLayer", "LIGER_LAYERS", "LIGER_VERSION", "hf_layer", "liger_applies"]
+__all__ = [
+    "ARCHITECTURE_TYPES",
+    "HFLayer",
+    "LIGER_LAYERS",
+    "LIGER_VERSION",
+    "LOCAL_DISPATCHERS",
+    "hf_layer",
+    "liger_applies",
+]

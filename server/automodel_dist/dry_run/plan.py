@@ -10,13 +10,13 @@ from typing import Any
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
+from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
-    LOCAL_DISPATCHERS,
     StackRecipe,
     backend_for,
     jsonable,
@@ -194,7 +194,7 @@ def plan_dry_run(
         backend=backend or None,
         torch_dtype=w.torch_dtype,
         force_hf=w.force_hf,
-        liger=read_workload(ctx.recipe).use_liger_kernel,
+        liger=w.use_liger_kernel,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         clip_grad_norm=w.clip_grad_norm,
     )

@@ -62,6 +62,10 @@ class RankResult(BaseModel):
     traceback: list[str] = Field(default_factory=list)
     explanations: list[Explanation] = Field(default_factory=list)
     reason: str | None = Field(default=None, description="Why the rank was not measured, when it was not.")
+    shim_hits: dict[str, int] = Field(
+        default_factory=dict,
+        description="The shims and stand-ins (stack/shims.py) that acted on this rank, with how many times.",
+    )
     builds: list[dict[str, float | int | str | None]] = Field(
         default_factory=list,
         description="The shallow builds the figures were extrapolated from (layers, their own peak GiB and phase); "

@@ -213,6 +213,7 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         explanations=explanations,
         reason=raw.get("reason"),
         builds=raw.get("builds") or [],
+        shim_hits=raw.get("shim_hits") or {},
     )
 
 

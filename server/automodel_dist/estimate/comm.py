@@ -18,6 +18,7 @@ from functools import lru_cache
 from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU
+from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, microbatches
@@ -114,7 +115,7 @@ def _ep_time(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster, nbyt
     intra = copies * (g - 1) / n
     eff = COLLECTIVE_EFFICIENCY * 1e9
     rdma = eff
-    if tr.dispatcher in ("deepep", "hybridep", "uccl_ep"):
+    if tr.dispatcher in LOCAL_DISPATCHERS:
         distinct = nodes * (1 - (1 - 1 / nodes) ** k)  # expected nodes a token's k experts fall in
         inter = copies / k * distinct * (nodes - 1) / nodes
         rdma = DEEPEP_RDMA_EFFICIENCY * 1e9

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
-from ..catalog.kernels import hf_layer, liger_applies
+from ..catalog.kernels import LOCAL_DISPATCHERS, hf_layer, liger_applies
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -137,7 +137,7 @@ class Training:
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
-    dispatcher: str | None = None  # model.backend.dispatcher: deepep/hybridep replay the token exchange on recompute
+    dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
     train_towers: bool = False  # freeze_config leaves a VLM's vision/audio towers trainable (frozen by default)
 
 
@@ -271,14 +271,15 @@ _ROUTER_AFTER_DOWN = frozenset(
         "KimiLinear48BForCausalLM",
     }
 )
-# AutoModel's TP plan for Phi-3 (optimized_tp_plans._parallelize_phi3: "fused attention cannot be sharded") makes the
-# fused qkv_proj row-parallel with a replicated output, so every rank computes every head, and chunks the column-
-# parallel gate_up_proj's sharded output, which DTensor gathers first: attention and the MLP keep what they keep at tp 1
-# (AutoModel's step on fake tensors: Phi-4 keeps more per layer at tp 2 than at tp 1).
-_TP_UNSHARDED = frozenset({"Phi3ForCausalLM"})
-# Phi-3's fused qkv_proj: keys and values are views of the one projection, so its whole output stays alive for
-# backward, and the attention output is copied for o_proj (Hugging Face's Phi3Attention, measured as above).
-_FUSED_QKV = frozenset({"Phi3ForCausalLM"})
+# Phi-3 (Hugging Face's class, AutoModel's TP plan):
+# - AutoModel's TP plan (optimized_tp_plans._parallelize_phi3: "fused attention cannot be sharded") makes the fused
+#   qkv_proj row-parallel with a replicated output, so every rank computes every head, and chunks the column-parallel
+#   gate_up_proj's sharded output, which DTensor gathers first: attention and the MLP keep what they keep at tp 1, and
+#   the plan has no sequence-parallel entries (AutoModel's step on fake tensors: Phi-4 keeps more per layer at tp 2
+#   than at tp 1);
+# - its fused qkv_proj: keys and values are views of the one projection, so its whole output stays alive for
+#   backward, and the attention output is copied for o_proj (Phi3Attention, measured as above).
+_PHI3 = frozenset({"Phi3ForCausalLM"})
 
 
 def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
@@ -286,14 +287,14 @@ def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
     return tr.hf_class and hf_layer(m.architecture) is not None and liger_applies(tr.liger, p.tp, p.cp)
 
 
-def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: bool) -> float:
+def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: bool, sp: bool) -> float:
     """Bf16-equivalent bytes per token a layer's norms keep, with the two norm outputs the attention and MLP
     projections keep (gathered under SP).
 
     AutoModel's own classes keep each norm's bf16 input: with the outputs, ``8h`` (``4h/t + 4h`` under SP). A Hugging
     Face class keeps the same under Liger; without it each norm keeps an fp32 copy of its input and the normalised
     tensor (bf16, or fp32 for Gemma's norms): ``6h`` or ``8h`` per norm, and Gemma-2/3 have four norms a layer."""
-    h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
+    h, t = m.hidden_size, p.tp
     if not tr.hf_class or m.kv_lora_rank:
         return 4 * h / t + 4 * h if sp else 8 * h
     row = hf_layer(m.architecture)
@@ -335,10 +336,10 @@ def _act_per_token(
     a = m.num_attention_heads
     scale = comp_bytes / 2.0  # the terms are bf16 bytes
     liger = _liger(m, p, tr)
-    rep = _norm_bytes(m, p, tr, liger)
-    unsharded = tr.hf_class and m.architecture in _TP_UNSHARDED
+    unsharded = tr.hf_class and m.architecture in _PHI3
     if unsharded:
-        t = 1  # neither attention nor the MLP is split (see _TP_UNSHARDED); the gathered gate/up shard is added below
+        t, sp = 1, False  # its plan splits neither attention nor the MLP and ignores SP (see _PHI3)
+    rep = _norm_bytes(m, p, tr, liger, sp)
     if m.kv_lora_rank:  # MLA: per head, queries and keys of nope+rope, values and outputs of v_head_dim
         q = a * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))
         kv = a * (m.v_head_dim or m.hd)
@@ -351,7 +352,7 @@ def _act_per_token(
     else:
         q, kv = a * m.hd, m.num_key_value_heads * m.hd
         attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
-        if tr.hf_class and m.architecture in _FUSED_QKV:
+        if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
@@ -375,17 +376,19 @@ def _act_per_token(
             mlp += 2 * ki + 4 * kh
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
-        if m.expert_bias and k * tr.micro_batch_size * tr.seq_len / p.cp <= EXPERT_BIAS_CHUNK_ROWS:
+        grouped = tr.hf_class or tr.experts != "torch"  # the per-expert loop adds each expert's bias itself
+        if m.expert_bias and grouped and k * tr.micro_batch_size * tr.seq_len / p.cp <= EXPERT_BIAS_CHUNK_ROWS:
             mlp += 4 * kh  # the unchunked bias path keeps the fp32 expanded bias; above the threshold it is chunked
         if tr.hf_class and tr.lora is None:
             mlp += 2 * kh  # trainable Hugging Face experts also keep their input for the weight gradients
         gate = 2 * k * m.moe_intermediate_size + 2 * m.shared_expert_intermediate_size
     else:
         # gate, up, the activation's output and the product; Liger keeps no activation output (it recomputes it)
-        mlp, gate = (6 if liger else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
+        liger_mlp = liger and (row := hf_layer(m.architecture)) is not None and row.mlp is not None
+        mlp, gate = (6 if liger_mlp else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
-    dropout = tr.lora.dropout_bytes(kind) / p.tp if tr.lora is not None else 0.0  # one byte a mask element
+    dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element
     plain = (rep + attn + mlp) * scale + dropout
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
@@ -479,10 +482,15 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         frozen_bytes = 0.0
     else:
         adapters = sum(n * lora.layer(k) for k, n in g.kinds.items())
-        # the routed experts' adapters are split over EP with their experts (without EP they are block parameters)
-        expert_adapters = sum(n * lora.experts(k) for k, n in g.kinds.items()) if p.ep > 1 else 0.0
-        train_experts = expert_adapters / p.ep
-        train_dense = (adapters - expert_adapters) / p.tp + (lora.lm_head / p.tp if g.last else 0.0)
+        # the routed experts' adapters go with their experts: split over EP (without EP they are block parameters,
+        # sharded by FSDP with the rest), never over TP (moe/parallelizer.py keeps routed experts EP-owned)
+        expert_adapters = sum(n * lora.experts(k) for k, n in g.kinds.items())
+        train_experts = expert_adapters / p.ep if p.ep > 1 else 0.0
+        train_dense = (
+            (adapters - expert_adapters) / p.tp
+            + (expert_adapters if p.ep <= 1 else 0.0)
+            + (lora.lm_head / p.tp if g.last else 0.0)
+        )
         layer_bytes = comp
         if lora.quant_bits:
             share = _linear_share(m)
@@ -643,7 +651,7 @@ def _torch_dispatch_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Group
     and builds an fp32 output of that size (k of them with the routing weights applied after the down projection)
     before its all-reduce (moe/experts.py); its backward mirrors it. Nothing of it is saved; DeepEP and HybridEP move
     only the rows this rank's experts need."""
-    if p.ep <= 1 or not g.kinds.get("moe") or tr.dispatcher not in (None, "torch"):
+    if p.ep <= 1 or not g.kinds.get("moe") or tr.dispatcher in LOCAL_DISPATCHERS:
         return 0.0
     out = 4.0 * (max(m.experts_per_token, 1) if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN else 1)
     return p.ep * tokens * m.hidden_size * (DTYPE_BYTES[tr.compute_dtype] + out)

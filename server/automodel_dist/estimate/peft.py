@@ -23,6 +23,7 @@ from typing import Any
 from ..catalog.models import ModelSpec
 
 DEFAULT_TARGETS = ("*_proj",)
+_ROW_PARALLEL = (".o_proj", ".down_proj", ".out_proj")  # AutoModel's TP plans: row-parallel, full-width outputs
 MAX_PATTERNS = 256
 MAX_PATTERN_CHARS = 512
 # bitsandbytes NF4 with double quantization (AutoModel's default): 4-bit codes, an 8-bit absmax per 64 weights and
@@ -57,6 +58,9 @@ class Lora:
     # keeps a one-byte mask of each adapted Linear's output (lora.py's F.dropout on lora_res); "pre" a dropped bf16
     # copy of its input and the mask. The routed experts' adapters take no dropout.
     dropout_per_layer: tuple[tuple[str, float], ...] = ()
+    # the part of dropout_per_layer on row-parallel Linears (o_proj, down_proj, out_proj): their LoRA output is full
+    # width on every TP rank, the others' are split by TP ("pre"'s copies are counted in bf16)
+    dropout_rowwise_per_layer: tuple[tuple[str, float], ...] = ()
 
     def layer(self, kind: str) -> float:
         return dict(self.per_layer).get(kind, 0.0)
@@ -64,8 +68,10 @@ class Lora:
     def experts(self, kind: str) -> float:
         return dict(self.per_layer_experts).get(kind, 0.0)
 
-    def dropout_bytes(self, kind: str) -> float:
-        return dict(self.dropout_per_layer).get(kind, 0.0)
+    def dropout_bytes(self, kind: str, tp: int = 1) -> float:
+        """Bytes per token a layer's LoRA dropout keeps on a rank at TP ``tp``."""
+        rowwise = dict(self.dropout_rowwise_per_layer).get(kind, 0.0)
+        return (dict(self.dropout_per_layer).get(kind, 0.0) - rowwise) / tp + rowwise
 
     def total(self, m: ModelSpec) -> float:
         return sum(self.layer(m.layer_kind(i)) for i in range(m.num_layers)) + self.lm_head
@@ -215,10 +221,10 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
     p_drop = peft.get("dropout", 0.0)
     dropout = isinstance(p_drop, (int, float)) and not isinstance(p_drop, bool) and p_drop > 0
     pre = peft.get("dropout_position") == "pre"
-    per_layer, adapted_weights, adapted, per_experts, dropout_bytes = [], [], [], [], []
+    per_layer, adapted_weights, adapted, per_experts, dropout_bytes, dropout_rowwise = [], [], [], [], [], []
     for kind in sorted(set(m.layer_kind(i) for i in range(m.num_layers))):
         first = next(i for i in range(m.num_layers) if m.layer_kind(i) == kind)
-        params = weights = experts = kept = 0.0
+        params = weights = experts = kept = rowwise = 0.0
         for lin in layer_modules(m, kind):
             name = lin.name.format(i=first)
             if not _matches(name, targets, excludes, match_all, lin.kind):
@@ -232,10 +238,13 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
                 weights += lin.fan_in * lin.fan_out
                 if dropout:
                     kept += 3 * lin.fan_in if pre else lin.fan_out
+                    if not pre and name.endswith(_ROW_PARALLEL):
+                        rowwise += lin.fan_out
         per_layer.append((kind, params + experts))
         per_experts.append((kind, experts))
         adapted_weights.append((kind, weights))
         dropout_bytes.append((kind, kept))
+        dropout_rowwise.append((kind, rowwise))
     lm_head = 0.0
     if _matches("lm_head", targets, excludes, match_all, "linear"):
         lm_head = dim * (m.hidden_size + m.vocab_size)
@@ -254,6 +263,7 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
         bits,
         per_layer_experts=tuple(per_experts),
         dropout_per_layer=tuple(dropout_bytes),
+        dropout_rowwise_per_layer=tuple(dropout_rowwise),
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..workload import Workload
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
@@ -20,9 +21,6 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
     "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
     "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
 }
-# DeepEP, HybridEP and UCCL-EP send each rank only the token rows its experts need; the torch dispatcher standing in
-# for them all-gathers the EP group's tokens, so the dry run keeps the exchange on the rank (stack/dispatch.py)
-LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
 _TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
 _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -213,7 +211,6 @@ def jsonable(value: Any) -> Any:
 
 
 __all__ = [
-    "LOCAL_DISPATCHERS",
     "StackRecipe",
     "backend_for",
     "loss_for",

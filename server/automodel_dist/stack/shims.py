@@ -270,12 +270,12 @@ LOCAL_DISPATCH = _register(
             "dist_nn_f.all_reduce(",
             "sum(gathered_lens[:ep_rank])",
         )(),
-        _source_has(
-            "nemo_automodel.components._peft.lora_experts:GroupedExpertsLoRA.forward",
-            "self._gather_ep_inputs(",
-            "dist_nn_f.all_reduce(",
-            "sum(gathered_lens[:ep_rank])",
-        )(),
+        *(
+            _source_has(
+                f"{path}.forward", "self._gather_ep_inputs(", "dist_nn_f.all_reduce(", "sum(gathered_lens[:ep_rank])"
+            )()
+            for path in _GATHERING_EXPERTS[1:]
+        ),
     ),
 )
 
@@ -376,23 +376,34 @@ def te_cross_entropy() -> Iterator[None]:
         yield
 
 
+# The expert classes whose forward gathers the EP group's tokens and all-reduces the combined output
+_GATHERING_EXPERTS = (
+    "nemo_automodel.components.moe.experts:GroupedExperts",
+    "nemo_automodel.components._peft.lora_experts:GroupedExpertsLoRA",
+    "nemo_automodel.components.moe.quantized_experts:GroupedExpertsMXFP4",
+    "nemo_automodel.components._peft.lora_experts_mxfp4:GroupedExpertsLoRAMXFP4",
+)
+
+
 @contextlib.contextmanager
 def local_dispatch(enabled: bool) -> Iterator[None]:
     """The experts' token exchange kept on the rank (stack/dispatch.py) while ``enabled``."""
     if not enabled:
         yield
         return
-    from nemo_automodel.components._peft.lora_experts import GroupedExpertsLoRA
     from nemo_automodel.components.moe.experts import GroupedExperts
 
     from . import dispatch
 
-    LOCAL_DISPATCH.hits += 1
-    with (
-        _patched(GroupedExperts, "_gather_ep_inputs", staticmethod(dispatch.local_gather)),
-        _patched(GroupedExperts, "forward", dispatch.local_forward(GroupedExperts.forward)),
-        _patched(GroupedExpertsLoRA, "forward", dispatch.local_forward(GroupedExpertsLoRA.forward)),
-    ):
+    def gather(*args: Any, **kwargs: Any) -> Any:
+        LOCAL_DISPATCH.hits += 1
+        return dispatch.local_gather(*args, **kwargs)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(GroupedExperts, "_gather_ep_inputs", staticmethod(gather)))
+        for path in _GATHERING_EXPERTS:
+            cls = _resolve(path)
+            stack.enter_context(_patched(cls, "forward", dispatch.local_forward(cls.__dict__["forward"])))
         yield
 
 

@@ -1,8 +1,8 @@
 """A stand-in for what DeepEP, HybridEP and UCCL-EP hold, on AutoModel's torch dispatcher path (the dry run only).
 
 Those dispatchers need CUDA; the dry run runs the recipe's ``dispatcher: deepep|hybridep|uccl_ep`` as ``torch``. On
-that path ``GroupedExperts.forward`` (and ``GroupedExpertsLoRA.forward``, its mirror) all-gathers every token of the EP
-group (``_gather_ep_inputs``), computes an fp32 output of the gathered size and all-reduces it (moe/experts.py), none
+that path ``GroupedExperts.forward`` (and its LoRA and MXFP4 twins, shims._GATHERING_EXPERTS) all-gathers every token
+of the EP group (``_gather_ep_inputs``), computes an fp32 output of the gathered size and all-reduces it, none
 of which DeepEP or HybridEP hold: they send each rank the token rows its experts need (``GroupedExpertsDeepEP``). The
 stand-in keeps the exchange on the rank: ``_gather_ep_inputs`` returns this rank's own tokens (with the per-rank counts
 that make the forward's final narrow select all of them) and the all-reduce passes its input through, while the

@@ -624,7 +624,10 @@ def create_server() -> MCPServer:
             Field(
                 default=None,
                 max_length=16,
-                description=("Ranks to measure (default: rank 0, or the first rank of every pipeline stage)."),
+                description=(
+                    "Ranks to measure (default: rank 0, or the first rank of the first two and last two pipeline "
+                    "stages)."
+                ),
             ),
         ] = None,
         seq_len: SeqLen = None,

@@ -14,6 +14,7 @@ from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
+from ..estimate.memory import peak_candidate_pp_ranks
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
@@ -178,7 +179,17 @@ def plan_dry_run(
     )
     if ranks is None:
         lay = d.layout
-        ranks = lay.group("pp", 0) if d.pp > 1 and lay is not None and lay.device_mesh() is not None else [0]
+        ranks = [0]
+        if d.pp > 1 and lay is not None and lay.device_mesh() is not None:
+            firsts = lay.group("pp", 0)  # the first rank of every pipeline stage position
+            ranks = [firsts[i] for i in peak_candidate_pp_ranks(d.pp)]
+            if len(ranks) < len(firsts):
+                notes.append(
+                    f"measured the pipeline ranks where the peak can fall ({', '.join(map(str, ranks))}: the first "
+                    "two hold the most in-flight microbatches and the embedding, the last two the lm_head and the "
+                    f"loss); the other {len(firsts) - len(ranks)} stage positions hold fewer microbatches and "
+                    "neither end: `--rank R` (MCP `ranks`) measures any of them"
+                )
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
     if bad or not ranks:
         raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")

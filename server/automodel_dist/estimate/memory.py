@@ -451,11 +451,17 @@ def microbatches(p: ParallelDims, tr: Training) -> tuple[int, int]:
     return 1, max(1, gbs // (p.dp * tr.micro_batch_size))
 
 
+def peak_candidate_pp_ranks(pp: int) -> list[int]:
+    """The pipeline ranks whose memory can peak: the first two (the most in-flight microbatches and the embedding;
+    with V schedules rank 0 holds both ends) and the last two (the lm_head and the loss)."""
+    return sorted({r for r in (0, 1, pp - 2, pp - 1) if 0 <= r < pp})
+
+
 def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakdown:
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
     # The first ranks hold the most in-flight microbatches and the embedding, the last the lm_head and
     # the loss; with V schedules rank 0 holds both ends.
-    ranks = sorted({r for r in (0, 1, p.pp - 2, p.pp - 1) if 0 <= r < p.pp})
+    ranks = peak_candidate_pp_ranks(p.pp)
     worst = max((_memory_of_pp_rank(m, p, tr, r) for r in ranks), key=lambda x: x["total"])
     return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
 

@@ -249,8 +249,8 @@ def install_te_attention() -> None:
 LOCAL_DISPATCH = _register(
     "local_dispatch_stand_in",
     "forward",
-    "nemo_automodel.components.moe.experts:GroupedExperts._gather_ep_inputs, and the EP all-reduce in "
-    "GroupedExperts.forward / GroupedExpertsLoRA.forward (stack/dispatch.py)",
+    "nemo_automodel.components.moe.experts:GroupedExperts._gather_ep_inputs, and the EP all-reduce in the forward "
+    "of GroupedExperts and its LoRA and MXFP4 twins (_GATHERING_EXPERTS; stack/dispatch.py)",
     "DeepEP, HybridEP and UCCL-EP need CUDA and run as AutoModel's torch dispatcher, which all-gathers the whole EP "
     "group's tokens and all-reduces an fp32 output of that size; the stand-in keeps the exchange on the rank, as "
     "those dispatchers deliver only the rows this rank's experts need, through AutoModel's own expert GEMMs.",

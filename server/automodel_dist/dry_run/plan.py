@@ -166,12 +166,12 @@ def plan_dry_run(
         )
     loss = loss_for(w, subs)
     optimizer = optimizer_for(w, subs)
-    subs.append(
-        "torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted, "
-        "except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
-        if spec.is_moe
-        else "torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted"
-    )
+    eager = "torch.compile'd code runs eagerly (Dynamo refuses fake tensors): its fusions' savings are not counted"
+    if spec.is_moe:
+        eager += (
+            ", except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
+        )
+    subs.append(eager)
     subs.append(
         "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
         "scores); the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused "

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS, hf_layer, liger_applies
+from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, liger_applies
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -282,12 +282,13 @@ _ROUTER_AFTER_DOWN = frozenset(
 _PHI3 = frozenset({"Phi3ForCausalLM"})
 
 
-def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
-    """Whether AutoModel runs this layer's norms and MLP through Liger Kernel (catalog/kernels.py)."""
-    return tr.hf_class and hf_layer(m.architecture) is not None and liger_applies(tr.liger, p.tp, p.cp)
+def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> HFLayer | None:
+    """The layer as Liger Kernel patches it, where AutoModel runs it through Liger (catalog/kernels.py), else None."""
+    row = hf_layer(m.architecture) if tr.hf_class else None
+    return row if row is not None and liger_applies(tr.liger, p.tp, p.cp) else None
 
 
-def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: bool, sp: bool) -> float:
+def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | None, sp: bool) -> float:
     """Bf16-equivalent bytes per token a layer's norms keep, with the two norm outputs the attention and MLP
     projections keep (gathered under SP).
 
@@ -298,7 +299,7 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: bool, sp: bo
     if not tr.hf_class or m.kv_lora_rank:
         return 4 * h / t + 4 * h if sp else 8 * h
     row = hf_layer(m.architecture)
-    per_norm = 2 * h if liger else 4 * h + (4 * h if row is not None and row.fp32_norm else 2 * h)
+    per_norm = 2 * h if liger is not None else 4 * h + (4 * h if row is not None and row.fp32_norm else 2 * h)
     return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
 
 
@@ -384,7 +385,7 @@ def _act_per_token(
         gate = 2 * k * m.moe_intermediate_size + 2 * m.shared_expert_intermediate_size
     else:
         # gate, up, the activation's output and the product; Liger keeps no activation output (it recomputes it)
-        liger_mlp = liger and (row := hf_layer(m.architecture)) is not None and row.mlp is not None
+        liger_mlp = liger is not None and liger.mlp is not None
         mlp, gate = (6 if liger_mlp else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive

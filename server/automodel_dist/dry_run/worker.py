@@ -25,6 +25,7 @@ from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
 from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
+from .tracker import categories, make_tracker, module_views, repeated_calls
 
 GIB = float(1 << 30)
 _CATEGORIES = {  # torch's tracker categories -> the report's split
@@ -70,15 +71,6 @@ class Phases:
             self.current = previous
 
 
-def _categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for per_device in snapshot.values():
-        for key, value in per_device.items():
-            name = getattr(key, "value", None) or getattr(key, "name", None) or str(key)
-            out[name] = out.get(name, 0) + int(value)
-    return out
-
-
 def _split(categories: dict[str, int], param_bytes: int | None = None) -> dict[str, float]:
     """The tracker's categories as the report's split, with ``params`` the local parameter shards
     (``param_bytes``): FSDPMemTracker files parameters outside a sharded FSDP unit (experts on a one-rank ep_shard
@@ -94,96 +86,6 @@ def _split(categories: dict[str, int], param_bytes: int | None = None) -> dict[s
         out["temporaries"] -= moved
     out["total"] = categories.get("Total", 0) / GIB
     return out
-
-
-def make_tracker(parts: list[Any], optimizers: list[Any], phases: Phases) -> Any:
-    """torch's FSDPMemTracker for one FSDP root, else its MemTracker; either also records the phase at the peak and
-    the peak of every phase."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
-    from torch.distributed.fsdp import FSDPModule
-
-    base = FSDPMemTracker if len(parts) == 1 and isinstance(parts[0], FSDPModule) else MemTracker
-
-    class Tracker(base):  # type: ignore[misc, valid-type]
-        peak_phase: str | None = None
-        pipeline_roots: bool = False  # restart records of repeated calls (set by _repeated_calls)
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.phase_peaks: dict[str, int] = {}
-            self.phase_categories: dict[str, dict[str, int]] = {}  # torch's categories at each phase's peak
-
-        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
-            # torch registers a gradient hook on every parameter, and a frozen one (PEFT's base weights) refuses it
-            out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if install_grad_hooks:
-                for p in module.parameters():
-                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
-
-                        def grad_hook(g: Any) -> None:
-                            self._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
-
-                        def post_accumulate(q: Any) -> None:
-                            self._update_and_maybe_create_winfos(q.grad, _MemRefType.GRAD)
-
-                        self._param_to_grad_hook_handles[p] = (
-                            p.register_hook(grad_hook),
-                            p.register_post_accumulate_grad_hook(post_accumulate),
-                        )
-            return out
-
-        def repeated_top_level(self, module: Any) -> bool:
-            """A pipeline schedule calls each stage module once per microbatch; torch's trackers refuse a second
-            call of a tracked root, so its per-module record restarts (the global peak is unaffected)."""
-            if self._mod_tracker.is_bw or module not in self.memory_tracking:
-                return False
-            return set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}
-
-        def _pre_fw_hook(self, module: Any, inputs: Any) -> Any:
-            if base is MemTracker and self.pipeline_roots and self.repeated_top_level(module):
-                self.memory_tracking.pop(module, None)
-            return super()._pre_fw_hook(module, inputs)
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            before = dict(self._peak_mem)
-            super()._update_peak_stats(peak_state)
-            total = sum(snap.get(_TOTAL_KEY, 0) for snap in self._curr_mem_snap.values())
-            if total > self.phase_peaks.get(phases.current, 0):
-                self.phase_peaks[phases.current] = total
-                self.phase_categories[phases.current] = _categories(self._curr_mem_snap)
-            if any(self._peak_mem.get(d, 0) > before.get(d, 0) for d in self._peak_mem):
-                self.peak_phase = phases.current
-
-    if base is FSDPMemTracker:
-        return Tracker(parts[0], optimizers[0])
-    tracker = Tracker()
-    tracker.track_external(*parts, *optimizers)
-    return tracker
-
-
-def _module_views(tracker: Any) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-    """(modules by torch's local peak, modules by what their first forward left allocated), GiB, largest first."""
-    peaks, retained = [], []
-    for stats in tracker.memory_tracking.values():
-        if stats.local_peak:
-            peaks.append((stats.mod_fqn, round(sum(stats.local_peak.values()) / GIB, 3)))
-        pre = post = None
-        for state, snaps in stats.snapshots.items():
-            name = getattr(state, "value", str(state))
-            if name in ("Pre-Forward", "Before Pre-Forward") and snaps and pre is None:
-                pre = snaps[0]
-            if name in ("Post-Forward", "After Post-Forward") and snaps and post is None:
-                post = snaps[0]
-        if pre is not None and post is not None:
-
-            def total(snap: Any) -> int:
-                return sum(v for per in snap.values() for k, v in per.items() if str(getattr(k, "value", k)) == "Total")
-
-            retained.append((stats.mod_fqn, round((total(post) - total(pre)) / GIB, 3)))
-    peaks.sort(key=lambda x: -x[1])
-    retained = sorted((x for x in retained if x[1] > 0), key=lambda x: -x[1])
-    return peaks[:8], retained[:8]
 
 
 def _local_bytes(parts: list[Any], optimizers: list[Any]) -> dict[str, int]:
@@ -346,7 +248,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp_group // max(mc.cp_size, 1))
         if pp_enabled:
             step.configure_pipeline_loss(built)
-        with tracker, _repeated_calls(tracker):
+        with tracker, repeated_calls(tracker):
             step.train_step(
                 built,
                 optimizers,
@@ -356,15 +258,15 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
                 phases=phases,
                 after_loss=lambda: snapshots.setdefault(
-                    "after_forward", _categories(tracker.get_tracker_snapshot("current"))
+                    "after_forward", categories(tracker.get_tracker_snapshot("current"))
                 ),
                 before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
                 # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
                 # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
                 step_optimizer=not spec.recipe.optimizer["state_dtype"],
             )
-        peak = _categories(tracker.get_tracker_snapshot("peak"))
-        largest, retained = _module_views(tracker)
+        peak = categories(tracker.get_tracker_snapshot("peak"))
+        largest, retained = module_views(tracker)
     local = _local_bytes(parts, optimizers)
     after_forward = snapshots.get("after_forward")
     res.update(
@@ -461,27 +363,6 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             if dist.is_initialized():
                 dist.destroy_process_group()
     return result
-
-
-@contextlib.contextmanager
-def _repeated_calls(tracker: Any) -> Any:
-    """Let the tracker see a module called once per microbatch (gradient accumulation, pipeline schedules): its
-    per-module record restarts at each call (see ``Tracker.repeated_top_level``). A global forward pre-hook runs
-    before FSDP's own pre-forward, which is where FSDPMemTracker refuses a second call."""
-    import torch
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    tracker.pipeline_roots = True
-
-    def restart(module: Any, args: Any) -> None:
-        if isinstance(tracker, FSDPMemTracker) and tracker.repeated_top_level(module):
-            tracker.memory_tracking.pop(module, None)
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(restart)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def _short_traceback(exc: BaseException) -> list[str]:

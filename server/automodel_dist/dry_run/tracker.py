@@ -1,0 +1,210 @@
+"""torch's memory tracker as the dry run uses it: one per measured step (FSDPMemTracker for one FSDP root, else
+MemTracker), recording the phase of the peak and each phase's peak, letting a module be called once per microbatch,
+and finding the modules running at each operator through an index by name.
+
+torch's ``MemTracker._update_peak_stats`` runs after every operator and walks every module it has ever tracked to
+find the running ones (``mod_fqn in parents``): O(modules) per operator, which was most of a pipeline dry run's time
+(a rank holding several stages tracks thousands of modules). The running modules are the few names in
+``parents``; an index from name to records, kept current by counting changes to the records, gives the same updates
+in O(running modules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from copy import deepcopy
+from typing import Any, Protocol
+
+from ..estimate.memory import GIB
+
+
+class _Phase(Protocol):
+    current: str
+
+
+def _counted_records() -> Any:
+    """torch's per-module record dictionary (a weak-key dictionary by module identity), counting its changes."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class Records(WeakIdKeyDictionary):  # type: ignore[misc]
+        changes = 0
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            self.changes += 1
+            super().__setitem__(key, value)
+
+        def __delitem__(self, key: Any) -> None:
+            self.changes += 1
+            super().__delitem__(key)
+
+        def pop(self, key: Any, *args: Any) -> Any:
+            self.changes += 1
+            return super().pop(key, *args)
+
+        def popitem(self) -> Any:
+            self.changes += 1
+            return super().popitem()
+
+        def setdefault(self, key: Any, default: Any = None) -> Any:
+            self.changes += 1
+            return super().setdefault(key, default)
+
+        def update(self, dict: Any = None, **kwargs: Any) -> None:  # noqa: A002 - torch's signature
+            self.changes += 1
+            super().update(dict, **kwargs)
+
+    return Records()
+
+
+def categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for per_device in snapshot.values():
+        for key, value in per_device.items():
+            name = getattr(key, "value", None) or getattr(key, "name", None) or str(key)
+            out[name] = out.get(name, 0) + int(value)
+    return out
+
+
+def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any:
+    """torch's FSDPMemTracker for one FSDP root, else its MemTracker; either also records the phase at the peak and
+    the peak of every phase."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+    from torch.distributed.fsdp import FSDPModule
+
+    base = FSDPMemTracker if len(parts) == 1 and isinstance(parts[0], FSDPModule) else MemTracker
+
+    class Tracker(base):  # type: ignore[misc, valid-type]
+        peak_phase: str | None = None
+        pipeline_roots: bool = False  # restart records of repeated calls (set by repeated_calls)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.phase_peaks: dict[str, int] = {}
+            self.phase_categories: dict[str, dict[str, int]] = {}  # torch's categories at each phase's peak
+            records = _counted_records()
+            records.update(self.memory_tracking)
+            self.memory_tracking = records
+            self._by_name: dict[str, list[Any]] = {}
+            self._indexed: tuple[int, int] | None = None  # (changes, length) of the records the index was built at
+            self._indexed_name: dict[int, str] = {}  # id(record) -> its name in the index
+
+        def _records_by_name(self) -> dict[str, list[Any]]:
+            """Module records by module name, rebuilt when the records changed (a garbage-collected module drops
+            its record without a call: the length catches it)."""
+            state = (self.memory_tracking.changes, len(self.memory_tracking))
+            if state != self._indexed:
+                self._by_name, self._indexed_name = {}, {}
+                for stats in self.memory_tracking.values():
+                    self._by_name.setdefault(stats.mod_fqn, []).append(stats)
+                    self._indexed_name[id(stats)] = stats.mod_fqn
+                self._indexed = state
+            return self._by_name
+
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> Any:
+            # torch registers a gradient hook on every parameter, and a frozen one (PEFT's base weights) refuses it
+            out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                for p in module.parameters():
+                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+
+                        def grad_hook(g: Any) -> None:
+                            self._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
+
+                        def post_accumulate(q: Any) -> None:
+                            self._update_and_maybe_create_winfos(q.grad, _MemRefType.GRAD)
+
+                        self._param_to_grad_hook_handles[p] = (
+                            p.register_hook(grad_hook),
+                            p.register_post_accumulate_grad_hook(post_accumulate),
+                        )
+            return out
+
+        def repeated_top_level(self, module: Any) -> bool:
+            """A pipeline schedule calls each stage module once per microbatch; torch's trackers refuse a second
+            call of a tracked root, so its per-module record restarts (the global peak is unaffected)."""
+            if self._mod_tracker.is_bw or module not in self.memory_tracking:
+                return False
+            return set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)} == {"Global"}
+
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> Any:
+            if base is MemTracker and self.pipeline_roots and self.repeated_top_level(module):
+                self.memory_tracking.pop(module, None)
+            out = super()._pre_fw_hook(module, inputs)
+            stats = self.memory_tracking.get(module)
+            # MemTracker renames a module's record on a repeated call: the index must follow the new name
+            if stats is not None and self._indexed_name.get(id(stats), stats.mod_fqn) != stats.mod_fqn:
+                self._indexed = None
+            return out
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # torch's update (mem_tracker.py), with the running modules found by name (see the module docstring)
+            curr = self._curr_mem_snap
+            by_name = self._records_by_name()
+            for name in self._mod_tracker.parents:
+                for stats in by_name.get(name, ()):
+                    if peak_state in stats.snapshots:
+                        for dev, dev_snap in curr.items():
+                            if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                                stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                                stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+            for dev, dev_snap in curr.items():
+                if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                    self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+                    self._peak_mem_snap[dev] = deepcopy(dev_snap)
+                    self.peak_phase = phases.current
+            total = sum(snap.get(_TOTAL_KEY, 0) for snap in curr.values())
+            if total > self.phase_peaks.get(phases.current, 0):
+                self.phase_peaks[phases.current] = total
+                self.phase_categories[phases.current] = categories(curr)
+
+    if base is FSDPMemTracker:
+        return Tracker(parts[0], optimizers[0])
+    tracker = Tracker()
+    tracker.track_external(*parts, *optimizers)
+    return tracker
+
+
+def module_views(tracker: Any) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(modules by torch's local peak, modules by what their first forward left allocated), GiB, largest first."""
+    peaks, retained = [], []
+    for stats in tracker.memory_tracking.values():
+        if stats.local_peak:
+            peaks.append((stats.mod_fqn, round(sum(stats.local_peak.values()) / GIB, 3)))
+        pre = post = None
+        for state, snaps in stats.snapshots.items():
+            name = getattr(state, "value", str(state))
+            if name in ("Pre-Forward", "Before Pre-Forward") and snaps and pre is None:
+                pre = snaps[0]
+            if name in ("Post-Forward", "After Post-Forward") and snaps and post is None:
+                post = snaps[0]
+        if pre is not None and post is not None:
+
+            def total(snap: Any) -> int:
+                return sum(v for per in snap.values() for k, v in per.items() if str(getattr(k, "value", k)) == "Total")
+
+            retained.append((stats.mod_fqn, round((total(post) - total(pre)) / GIB, 3)))
+    peaks.sort(key=lambda x: -x[1])
+    retained = sorted((x for x in retained if x[1] > 0), key=lambda x: -x[1])
+    return peaks[:8], retained[:8]
+
+
+@contextlib.contextmanager
+def repeated_calls(tracker: Any) -> Any:
+    """Let the tracker see a module called once per microbatch (gradient accumulation, pipeline schedules): its
+    per-module record restarts at each call (see ``Tracker.repeated_top_level``). A global forward pre-hook runs
+    before FSDP's own pre-forward, which is where FSDPMemTracker refuses a second call."""
+    import torch
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    tracker.pipeline_roots = True
+
+    def restart(module: Any, args: Any) -> None:
+        if isinstance(tracker, FSDPMemTracker) and tracker.repeated_top_level(module):
+            tracker.memory_tracking.pop(module, None)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(restart)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -686,7 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rank",
         type=_nonneg,
         action="append",
-        help="a rank to measure (repeatable; default: rank 0, or the first rank of the first two and last two pipeline stages)",
+        help="a rank to measure (repeatable; default: rank 0, or the first rank of each pipeline stage position where the "
+        "peak can fall)",
     )
     dr.add_argument("--seq-len", type=_positive, help="tokens per sequence (default: the recipe's, else 4096)")
     dr.add_argument(

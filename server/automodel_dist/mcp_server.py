@@ -625,8 +625,8 @@ def create_server() -> MCPServer:
                 default=None,
                 max_length=16,
                 description=(
-                    "Ranks to measure (default: rank 0, or the first rank of the first two and last two pipeline "
-                    "stages)."
+                    "Ranks to measure (default: rank 0, or the first rank of each pipeline stage position where the "
+                    "peak can fall: the first and last, and those whose stages hold more of a heavier layer kind)."
                 ),
             ),
         ] = None,

@@ -20,11 +20,10 @@ from automodel_dist.dry_run.depth import (
     peak_phase,
     period_of,
     plan_depth,
-    rank_stages,
-    stage_layers,
     truncated_config,
 )
 from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.layout import stage_ids, stage_layer_counts
 from automodel_dist.request import Request
 from support.paths import ROOT
 
@@ -55,7 +54,7 @@ def test_stage_split_is_automodels(layers, stages):
     from nemo_automodel.components.distributed.pipelining.functional import generate_hf_model_fqn_per_model_part
 
     theirs = generate_hf_model_fqn_per_model_part(stages, layers)
-    assert stage_layers(layers, stages) == [sum(".layers." in m for m in names) for names in theirs]
+    assert stage_layer_counts(layers, stages) == [sum(".layers." in m for m in names) for names in theirs]
 
 
 @needs_automodel
@@ -64,7 +63,9 @@ def test_rank_stages_are_automodels(pp, spr, v):
     from nemo_automodel.components.distributed.pipelining.functional import stage_ids_this_rank
 
     for r in range(pp):
-        assert rank_stages(r, pp, pp * spr, v) == list(stage_ids_this_rank(r, pp, pp * spr, "v" if v else "loop"))
+        assert list(stage_ids(r, pp, pp * spr, v_style=v)) == list(
+            stage_ids_this_rank(r, pp, pp * spr, "v" if v else "loop")
+        )
 
 
 def test_plan_depth_uniform_prefix_and_pipeline():

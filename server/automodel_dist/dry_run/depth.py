@@ -19,6 +19,7 @@ from typing import Any
 
 from ..catalog.models import ModelSpec, period_of
 from ..dims import ParallelDims
+from ..layout import stage_ids, stage_layer_counts
 
 # The shallower build holds at least this many layers (per stage under PP). A phase's peak is the largest of its
 # moments, each linear in the depth, so the peak is convex in the depth: a build too shallow for the layers to
@@ -52,21 +53,6 @@ def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def stage_layers(num_layers: int, num_stages: int) -> list[int]:
-    """Layers of each pipeline stage as AutoModel splits them (``generate_hf_model_fqn_per_model_part``: an even
-    split, the remainder one each to the first stages)."""
-    base, extra = divmod(num_layers, num_stages)
-    return [base + (1 if i < extra else 0) for i in range(num_stages)]
-
-
-def rank_stages(pp_rank: int, pp: int, num_stages: int, v_schedule: bool) -> list[int]:
-    """Stages a pipeline rank holds: looped (rank r holds r, r + pp, ...) or V-shaped (ZBV / DualPipeV)."""
-    per = num_stages // pp
-    if v_schedule:
-        return [s for i in range(per) for s in ((i * pp + pp_rank) if i % 2 == 0 else (i * pp + pp - 1 - pp_rank),)]
-    return [pp_rank + i * pp for i in range(per)]
-
-
 def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | None:
     """The two shallow builds that stand for the full model on a rank of pipeline rank ``pp_rank``, or None when it
     must be built whole (a model no deeper than the second build, or with no repeating period of layer kinds)."""
@@ -80,8 +66,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
             return None
         spr = dims.stages_per_rank_of(L)
         num_stages = dims.pp * spr
-        per_stage = stage_layers(L, num_stages)
-        held = sum(per_stage[s] for s in rank_stages(pp_rank, dims.pp, num_stages, dims.v_schedule))
+        per_stage = stage_layer_counts(L, num_stages)
+        held = sum(per_stage[s] for s in stage_ids(pp_rank, dims.pp, num_stages, v_style=dims.v_schedule))
         n1 = max(1, math.ceil(MIN_LAYERS / period))
         if min(per_stage) <= (n1 + 1) * period:
             return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
@@ -216,8 +202,6 @@ __all__ = [
     "Depth",
     "layer_kinds",
     "period_of",
-    "stage_layers",
-    "rank_stages",
     "plan_depth",
     "truncated_config",
     "line",

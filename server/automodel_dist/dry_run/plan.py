@@ -182,13 +182,14 @@ def plan_dry_run(
         ranks = [0]
         if d.pp > 1 and lay is not None and lay.device_mesh() is not None:
             firsts = lay.group("pp", 0)  # the first rank of every pipeline stage position
-            ranks = [firsts[i] for i in peak_candidate_pp_ranks(d.pp)]
+            ranks = [firsts[i] for i in peak_candidate_pp_ranks(spec, d)]
             if len(ranks) < len(firsts):
                 notes.append(
-                    f"measured the pipeline ranks where the peak can fall ({', '.join(map(str, ranks))}: the first "
-                    "two hold the most in-flight microbatches and the embedding, the last two the lm_head and the "
-                    f"loss); the other {len(firsts) - len(ranks)} stage positions hold fewer microbatches and "
-                    "neither end: `--rank R` (MCP `ranks`) measures any of them"
+                    f"measured the pipeline ranks where the peak can fall ({', '.join(map(str, ranks))}): the "
+                    f"other {len(firsts) - len(ranks)} stage positions each run no more forwards before their first "
+                    "backward than a lower measured rank whose stages hold at least their layers of every kind, and "
+                    "hold neither end (estimate/memory.py peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) "
+                    "measures any of them"
                 )
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
     if bad or not ranks:

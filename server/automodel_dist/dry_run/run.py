@@ -273,8 +273,8 @@ def dry_run(
     parallelizer), weight materialisation, loss and optimizer step for ``config`` (or a whole :class:`Request`; the
     keywords are its fields: world size or nodes x GPUs per node, model, sizes, overrides, ``gpu`` for the verdict)
     at the full model size and world size, on a fake process group under FakeTensorMode: nothing is allocated.
-    Measures rank 0, or the first rank of the first two and last two pipeline stages (or ``ranks``) with torch's
-    memory tracker.
+    Measures rank 0, or the first rank of each pipeline stage position where the peak can fall (or ``ranks``) with
+    torch's memory tracker.
 
     The model is found as ``validate_config`` finds it (``fetch_config``: may download its config.json alone).
     A model whose layers repeat is built twice per rank at a shallow depth and its figures extrapolated per layer to

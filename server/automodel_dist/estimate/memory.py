@@ -452,17 +452,50 @@ def microbatches(p: ParallelDims, tr: Training) -> tuple[int, int]:
     return 1, max(1, gbs // (p.dp * tr.micro_batch_size))
 
 
-def peak_candidate_pp_ranks(pp: int) -> list[int]:
-    """The pipeline ranks whose memory can peak: the first two (the most in-flight microbatches and the embedding;
-    with V schedules rank 0 holds both ends) and the last two (the lm_head and the loss)."""
-    return sorted({r for r in (0, 1, pp - 2, pp - 1) if 0 <= r < pp})
+def peak_candidate_pp_ranks(m: ModelSpec, p: ParallelDims) -> list[int]:
+    """The pipeline ranks whose memory can peak, lowest first.
+
+    Outside V schedules a lower pipeline rank runs at least as many forwards before its first backward (torch's
+    warm-up shrinks along the pipeline: 1F1B ``pp-1-r``, interleaved ``(V-1)*pp + 2*(pp-1-r)``; GPipe and looped BFS
+    run every forward first on every rank), in the same order over its local stages, and rank 0 also holds the
+    embedding. So a rank is dominated by a lower one whose every local stage holds at least as many layers of each
+    kind (mixer, attention, dense or MoE MLP): it holds no more of anything at any point of the schedule. The
+    candidates are the ranks no lower candidate dominates, and the last rank (the lm_head and the loss): {0, last}
+    for a uniform model; a dense prefix (DeepSeek's first layers) or a hybrid pattern adds the ranks whose stages
+    hold more of a heavier kind. V schedules (a rank holds a stage from each end) keep every rank."""
+    if p.pp <= 1:
+        return [0]
+    if p.v_schedule:
+        return list(range(p.pp))
+    n_stages = p.pp * p.stages_per_rank_of(m.num_layers)
+    counts = stage_layer_counts(m.num_layers, n_stages)
+    starts = [sum(counts[:s]) for s in range(n_stages)]
+
+    def kinds(stage: int) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for layer in range(starts[stage], starts[stage] + counts[stage]):
+            attn = m.layer_attention[layer] if layer < len(m.layer_attention) else "-"
+            key = (m.layer_kind(layer), attn)
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    held = [[kinds(s) for s in stage_ids(r, p.pp, n_stages)] for r in range(p.pp)]
+
+    def covers(a: int, b: int) -> bool:
+        return len(held[a]) == len(held[b]) and all(
+            all(ka.get(k, 0) >= n for k, n in kb.items()) for ka, kb in zip(held[a], held[b])
+        )
+
+    out: list[int] = []
+    for r in range(p.pp):
+        if r == p.pp - 1 or not any(covers(a, r) for a in out):
+            out.append(r)
+    return out
 
 
 def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakdown:
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
-    # The first ranks hold the most in-flight microbatches and the embedding, the last the lm_head and
-    # the loss; with V schedules rank 0 holds both ends.
-    ranks = peak_candidate_pp_ranks(p.pp)
+    ranks = peak_candidate_pp_ranks(m, p)
     worst = max((_memory_of_pp_rank(m, p, tr, r) for r in ranks), key=lambda x: x["total"])
     return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
 

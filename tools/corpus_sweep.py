@@ -214,7 +214,8 @@ def table(rows: list[Row], notes: list[str] | None = None) -> str:
         "verdict, the estimate's allocated peak (no CUDA context or fragmentation) and its verdict, the dry run's "
         "measured peak on the worst measured rank (AutoModel's own step on fake tensors), the estimate's error "
         f"against it (the project holds it to {MEMORY_ERROR:.0%}), and the dry run's wall time and host memory on a "
-        "2-core machine.",
+        "2-core machine. The per-category table is asserted by `tests/oracle/test_corpus_sweep.py` (one recipe of every "
+        "sized category in the default suite, every sized recipe and category under `-m slow`).",
         "",
     ]
     out += [

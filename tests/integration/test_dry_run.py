@@ -177,6 +177,59 @@ def test_pipeline_stages_are_measured_on_their_own_ranks():
     assert any("separate lm_head" in n for n in report.notes)
 
 
+def test_the_tracker_counts_what_torchs_counts():
+    """dry_run/tracker.py finds the running modules by name instead of walking every tracked module after every
+    operator: the global peak, its split and every module's local peak are torch's MemTracker's exactly."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from automodel_dist.dry_run.tracker import make_tracker
+
+    class Phase:
+        current = "step"
+
+    def run(tracker_of):
+        torch.manual_seed(0)
+        inner = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), inner, inner, torch.nn.Linear(64, 8))  # inner runs twice
+        opt = torch.optim.AdamW(model.parameters())
+        tracker = tracker_of(model, opt)
+        with tracker:
+            model(torch.randn(16, 32)).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        local = {s.mod_fqn: dict(s.local_peak) for s in tracker.memory_tracking.values()}
+        return tracker.get_tracker_snapshot("peak"), local
+
+    def torchs(model, opt):
+        t = MemTracker()
+        t.track_external(model, opt)
+        return t
+
+    theirs, ours = run(torchs), run(lambda model, opt: make_tracker([model], [opt], Phase()))
+    assert ours == theirs and len(ours[1]) >= 4
+
+
+@needs_automodel
+def test_the_pipeline_ranks_left_unmeasured_never_peak_higher():
+    """By default the dry run measures only peak_candidate_pp_ranks: rank 0 and the last for a uniform model. Measured
+    at every pipeline rank of an interleaved schedule, AutoModel's own step puts the middle ranks (no more in-flight
+    microbatches, neither end) at or below rank 0."""
+    text = (
+        "distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n    pp_microbatch_size: 1\n"
+        "    layers_per_stage: 1\nstep_scheduler:\n  local_batch_size: 4\n"
+    )
+    # seq 4096: the in-flight activations (GiBs) weigh against the embedding and the lm_head
+    kw = {"world_size": 4, "model": L1B, "seq_len": 4096, "num_layers": 8, "micro_batch_size": None}
+    default = dry_run(text, **kw)
+    assert [r.rank for r in default.ranks] == [0, 3] and any("peak can fall" in n for n in default.notes)
+    every = dry_run(text, ranks=[0, 1, 2, 3], **kw)
+    assert every.status == "measured"
+    peaks = {r.rank: r.peak_allocated_gib for r in every.ranks}
+    assert peaks[2] <= peaks[1] <= peaks[0], peaks  # fewer forwards before the first backward along the pipeline
+    assert max(peaks.values()) == max(peaks[0], peaks[3]) == max(r.peak_allocated_gib for r in default.ranks)
+
+
 @needs_automodel
 def test_a_layout_automodel_rejects_comes_back_failed_with_its_own_message():
     report = _run("distributed:\n  tp_size: 3\n", world_size=6)

@@ -814,3 +814,52 @@ def test_expert_adapters_are_split_over_ep_with_their_experts():
 )
 def test_the_estimate_follows_the_dry_run_on_corpus_recipes(recipe: str, dry_run_gib: float):
     assert _est(recipe).tracked_peak == pytest.approx(dry_run_gib, rel=0.10)
+
+
+_PP_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble", "dualpipev")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(
+        [
+            "meta-llama/Llama-3.1-8B",
+            "deepseek-ai/DeepSeek-V3",
+            "moonshotai/Kimi-K2-Instruct",
+            "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            "nvidia/Nemotron-H-8B-Base-8K",
+            "google/gemma-2-9b",
+            "Qwen/Qwen3-30B-A3B",
+        ]
+    ),
+    pp=st.sampled_from([2, 3, 4, 6, 8, 16]),
+    schedule=st.sampled_from(_PP_SCHEDULES),
+    lps=st.sampled_from([None, 1, 2, 3, 4, 5]),
+    tp=st.sampled_from([1, 2, 8]),
+    ep=st.sampled_from([1, 4, 8]),
+    ac=st.booleans(),
+    n_mb=st.sampled_from([1, 2, 4, 8]),
+)
+def test_the_worst_pipeline_rank_is_a_candidate(name, pp, schedule, lps, tp, ep, ac, n_mb):
+    """The estimate searches only peak_candidate_pp_ranks (and the dry run measures only them): no other pipeline rank
+    is ever worse, with dense prefixes (DeepSeek-V3, Kimi-K2) and hybrid patterns (Nemotron-H) spread over stages."""
+    from automodel_dist.dims import read_dims
+    from automodel_dist.estimate.memory import _memory_of_pp_rank, peak_candidate_pp_ranks
+
+    m = lookup(name)
+    block: dict[str, Any] = {
+        "pp_size": pp,
+        "tp_size": tp,
+        "ep_size": ep if m.is_moe else 1,
+        "activation_checkpointing": ac,
+        "pipeline": {"pp_schedule": schedule, "pp_microbatch_size": 1, "layers_per_stage": lps},
+    }
+    p = read_dims(block, 8 * tp * pp)
+    tr = Training(seq_len=2048, pp_microbatches=n_mb * pp)
+    every = [_memory_of_pp_rank(m, p, tr, r)["total"] for r in range(pp)]
+    ranks = peak_candidate_pp_ranks(m, p)
+    assert ranks[0] == 0 and ranks[-1] == pp - 1
+    assert max(every[r] for r in ranks) == max(every)
+    uniform = not m.first_dense_layers and not m.layer_types and not p.v_schedule
+    if uniform:
+        assert ranks == [0, pp - 1]  # a uniform model: the first and the last rank

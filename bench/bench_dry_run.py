@@ -10,6 +10,7 @@ Run: python bench/bench_dry_run.py
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from automodel_dist import estimate_memory
@@ -27,7 +28,8 @@ CASES = [
 ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     print(f"{'case':<46} {'dry run s':>10} {'RSS MiB':>8} {'estimate s':>11} {'ratio':>9} {'peak GiB':>9}  goal")
     for label, model, text, world, seq in CASES:
         t0 = time.perf_counter()

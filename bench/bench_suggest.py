@@ -6,13 +6,15 @@ Run: python bench/bench_suggest.py
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 from automodel_dist import suggest_strategy
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     times = []
     for _ in range(5):
         t = time.perf_counter()

@@ -116,9 +116,10 @@ def test_the_plan_measures_the_pipeline_ranks_where_the_peak_can_fall():
         return [s.rank for s in plan_dry_run(Request.of(block, world_size=world, model=model, seq_len=128)).specs]
 
     pp4 = "distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: interleaved1f1b\n"
-    assert ranks("meta-llama/Llama-3.1-8B", pp4, 32) == [0, 24]  # uniform: the first and the last stage position
-    # DeepSeek-V3 over 16 stages: rank 0 holds the 3 dense layers and one MoE layer, rank 1 four MoE layers (more
-    # than rank 0 of the heavier kind), ranks 2-14 no more than rank 1; the last holds the lm_head
+    # uniform: rank 0 (the embedding), rank 1 (the first with receive buffers) and the last stage position
+    assert ranks("meta-llama/Llama-3.1-8B", pp4, 32) == [0, 8, 24]
+    # DeepSeek-V3 over 16 stages: ranks 2-14 hold no more layers of any kind than rank 1 and run fewer forwards before
+    # their first backward; the last holds the lm_head
     pp16 = "distributed:\n  pp_size: 16\n  ep_size: 8\n  pipeline:\n    pp_schedule: 1f1b\n"
     assert ranks("deepseek-ai/DeepSeek-V3", pp16, 128) == [0, 8, 120]
     zbv = "distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: zbvzerobubble\n"

@@ -839,10 +839,12 @@ _PP_SCHEDULES = ("1f1b", "gpipe", "interleaved1f1b", "loopedbfs", "interleavedze
     ep=st.sampled_from([1, 4, 8]),
     ac=st.booleans(),
     n_mb=st.sampled_from([1, 2, 4, 8]),
+    teacher=st.sampled_from([None, "deepseek-ai/DeepSeek-V3", "meta-llama/Llama-3.1-70B"]),
 )
-def test_the_worst_pipeline_rank_is_a_candidate(name, pp, schedule, lps, tp, ep, ac, n_mb):
+def test_the_worst_pipeline_rank_is_a_candidate(name, pp, schedule, lps, tp, ep, ac, n_mb, teacher):
     """The estimate searches only peak_candidate_pp_ranks (and the dry run measures only them): no other pipeline rank
-    is ever worse, with dense prefixes (DeepSeek-V3, Kimi-K2) and hybrid patterns (Nemotron-H) spread over stages."""
+    is ever worse, with dense prefixes (DeepSeek-V3, Kimi-K2) and hybrid patterns (Nemotron-H) spread over stages and
+    a distillation teacher split as the student."""
     from automodel_dist.dims import read_dims
     from automodel_dist.estimate.memory import _memory_of_pp_rank, peak_candidate_pp_ranks
 
@@ -855,11 +857,15 @@ def test_the_worst_pipeline_rank_is_a_candidate(name, pp, schedule, lps, tp, ep,
         "pipeline": {"pp_schedule": schedule, "pp_microbatch_size": 1, "layers_per_stage": lps},
     }
     p = read_dims(block, 8 * tp * pp)
-    tr = Training(seq_len=2048, pp_microbatches=n_mb * pp)
+    t = lookup(teacher) if teacher else None
+    tr = Training(seq_len=2048, pp_microbatches=n_mb * pp, teacher=t)
     every = [_memory_of_pp_rank(m, p, tr, r)["total"] for r in range(pp)]
-    ranks = peak_candidate_pp_ranks(m, p)
-    assert ranks[0] == 0 and ranks[-1] == pp - 1
+    ranks = peak_candidate_pp_ranks(m, p, t)
+    assert ranks[:2] == [0, 1] and ranks[-1] == pp - 1
     assert max(every[r] for r in ranks) == max(every)
-    uniform = not m.first_dense_layers and not m.layer_types and not p.v_schedule
-    if uniform:
-        assert ranks == [0, pp - 1]  # a uniform model: the first and the last rank
+    every_rank = p.v_schedule or p.pp_schedule == "InterleavedZeroBubble"
+    uniform = not any(x.first_dense_layers or x.layer_types or x.layer_attention for x in (m, t) if x)
+    if every_rank:
+        assert ranks == list(range(pp))
+    elif uniform:
+        assert ranks == sorted({0, 1, pp - 1})  # rank 0, the first with receive buffers, the last

@@ -187,9 +187,9 @@ def plan_dry_run(
                 notes.append(
                     f"measured the pipeline ranks where the peak can fall ({', '.join(map(str, ranks))}): the "
                     f"other {len(firsts) - len(ranks)} stage positions each run no more forwards before their first "
-                    "backward than a lower measured rank whose stages hold at least their layers of every kind, and "
-                    "hold neither end (estimate/memory.py peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) "
-                    "measures any of them"
+                    "backward than a lower measured rank past the first, with the same receive buffers and stages "
+                    "holding at least their layers of every kind, and hold neither end (estimate/memory.py "
+                    "peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) measures any of them"
                 )
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
     if bad or not ranks:

@@ -433,7 +433,12 @@ def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0, stages_
         return float(min(n_mb, p.pp - pp_rank))
     if sched in ("ZBVZeroBubble", "DualPipeV"):
         return float(min(n_mb, p.pp + (1 if sched == "DualPipeV" else 0)))
-    warm = 2 * (p.pp - pp_rank - 1) + (v - 1) * p.pp + 1  # interleaved (Megatron): chunk-microbatches
+    if sched == "InterleavedZeroBubble":
+        # torch's warm-up grows by one a rank (multiply_factor 1), and rank r keeps r more microbatches' graphs
+        # (retain_graph) until their delayed weight-gradient steps (num_1f1b_microbatches = rank)
+        warm = (p.pp - pp_rank - 1) + (v - 1) * p.pp + 1 + pp_rank
+    else:
+        warm = 2 * (p.pp - pp_rank - 1) + (v - 1) * p.pp + 1  # interleaved (Megatron): chunk-microbatches
     return min(n_mb * v, warm) / v
 
 
@@ -452,50 +457,58 @@ def microbatches(p: ParallelDims, tr: Training) -> tuple[int, int]:
     return 1, max(1, gbs // (p.dp * tr.micro_batch_size))
 
 
-def peak_candidate_pp_ranks(m: ModelSpec, p: ParallelDims) -> list[int]:
-    """The pipeline ranks whose memory can peak, lowest first.
+def peak_candidate_pp_ranks(m: ModelSpec, p: ParallelDims, teacher: ModelSpec | None = None) -> list[int]:
+    """The pipeline ranks whose memory can peak, lowest first (the estimate searches them, the dry run measures them).
 
-    Outside V schedules a lower pipeline rank runs at least as many forwards before its first backward (torch's
-    warm-up shrinks along the pipeline: 1F1B ``pp-1-r``, interleaved ``(V-1)*pp + 2*(pp-1-r)``; GPipe and looped BFS
-    run every forward first on every rank), in the same order over its local stages, and rank 0 also holds the
-    embedding. So a rank is dominated by a lower one whose every local stage holds at least as many layers of each
-    kind (mixer, attention, dense or MoE MLP): it holds no more of anything at any point of the schedule. The
-    candidates are the ranks no lower candidate dominates, and the last rank (the lm_head and the loss): {0, last}
-    for a uniform model; a dense prefix (DeepSeek's first layers) or a hybrid pattern adds the ranks whose stages
-    hold more of a heavier kind. V schedules (a rank holds a stage from each end) keep every rank."""
+    Outside V schedules and InterleavedZeroBubble a higher pipeline rank runs no more forwards before its first
+    backward (torch's warm-up shrinks along the pipeline: 1F1B ``pp-1-r``, Interleaved1F1B ``2*(pp-1-r)`` more than
+    the last rank; GPipe and LoopedBFS run every forward first on every rank), in the same order over its local
+    stages. Every rank but 0 also holds the same receive buffers (torch preallocates one per microbatch for each
+    non-first stage), which rank 0's first stage does not. So a rank from 1 on is dominated by a lower one from 1 on
+    whose every local stage holds at least as many layers of each kind (mixer, attention, dense or MoE MLP; the
+    distillation teacher's layers too, split as the student's): it holds no more of anything at any point of the
+    schedule. The candidates: rank 0 (the embedding, no receive buffers), rank 1, each later rank no lower candidate
+    from 1 on dominates, and the last (the lm_head and the loss) -- {0, 1, last} for a uniform model, more with a
+    dense prefix (DeepSeek's first layers) or a hybrid pattern. V schedules (a rank holds a stage from each end) and
+    InterleavedZeroBubble (its warm-up shrinks by one a rank while each rank r holds r more microbatches awaiting
+    their weight gradients) keep every rank."""
     if p.pp <= 1:
         return [0]
-    if p.v_schedule:
+    if p.v_schedule or p.pp_schedule == "InterleavedZeroBubble":
         return list(range(p.pp))
-    n_stages = p.pp * p.stages_per_rank_of(m.num_layers)
-    counts = stage_layer_counts(m.num_layers, n_stages)
-    starts = [sum(counts[:s]) for s in range(n_stages)]
+    models = (m,) if teacher is None else (m, teacher)
+    return list(_candidates(models, p.pp, tuple(p.stages_per_rank_of(x.num_layers) for x in models)))
 
-    def kinds(stage: int) -> dict[tuple[str, str], int]:
+
+@lru_cache(maxsize=1024)  # suggest asks for the same few splits thousands of times
+def _candidates(models: tuple[ModelSpec, ...], pp: int, stages_per_rank: tuple[int, ...]) -> tuple[int, ...]:
+    def kinds(x: ModelSpec, counts: list[int], stage: int) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
-        for layer in range(starts[stage], starts[stage] + counts[stage]):
-            attn = m.layer_attention[layer] if layer < len(m.layer_attention) else "-"
-            key = (m.layer_kind(layer), attn)
+        start = sum(counts[:stage])
+        for layer in range(start, start + counts[stage]):
+            key = (x.layer_kind(layer), x.layer_attention[layer] if layer < len(x.layer_attention) else "-")
             out[key] = out.get(key, 0) + 1
         return out
 
-    held = [[kinds(s) for s in stage_ids(r, p.pp, n_stages)] for r in range(p.pp)]
+    held: list[list[dict[tuple[str, str], int]]] = [[] for _ in range(pp)]
+    for x, spr in zip(models, stages_per_rank):  # the teacher's stages follow the student's
+        counts = stage_layer_counts(x.num_layers, pp * spr)
+        for r in range(pp):
+            held[r] += [kinds(x, counts, s) for s in stage_ids(r, pp, pp * spr)]
 
     def covers(a: int, b: int) -> bool:
-        return len(held[a]) == len(held[b]) and all(
-            all(ka.get(k, 0) >= n for k, n in kb.items()) for ka, kb in zip(held[a], held[b])
-        )
+        return all(all(ka.get(k, 0) >= n for k, n in kb.items()) for ka, kb in zip(held[a], held[b]))
 
-    out: list[int] = []
-    for r in range(p.pp):
-        if r == p.pp - 1 or not any(covers(a, r) for a in out):
+    out = [0]
+    for r in range(1, pp):
+        if r in (1, pp - 1) or not any(covers(a, r) for a in out if a >= 1):
             out.append(r)
-    return out
+    return tuple(out)
 
 
 def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakdown:
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
-    ranks = peak_candidate_pp_ranks(m, p)
+    ranks = peak_candidate_pp_ranks(m, p, tr.teacher)
     worst = max((_memory_of_pp_rank(m, p, tr, r) for r in ranks), key=lambda x: x["total"])
     return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
+from automodel_dist.dry_run.plan import plan_dry_run
 from automodel_dist.request import Request
 from support.session import own_processes
 
@@ -222,13 +223,13 @@ def test_the_pipeline_ranks_left_unmeasured_never_peak_higher():
     )
     # seq 4096: the in-flight activations (GiBs) weigh against the embedding and the lm_head
     kw = {"world_size": 4, "model": L1B, "seq_len": 4096, "num_layers": 8, "micro_batch_size": None}
-    default = dry_run(text, **kw)
-    assert [r.rank for r in default.ranks] == [0, 1, 3] and any("peak can fall" in n for n in default.notes)
+    default = plan_dry_run(Request.of(text, **kw))
+    assert [s.rank for s in default.specs] == [0, 1, 3] and any("peak can fall" in n for n in default.notes)
     every = dry_run(text, ranks=[0, 1, 2, 3], **kw)
     assert every.status == "measured"
     peaks = {r.rank: r.peak_allocated_gib for r in every.ranks}
     assert peaks[2] <= peaks[1], peaks
-    assert max(peaks.values()) == max(r.peak_allocated_gib for r in default.ranks)
+    assert max(peaks.values()) == max(peaks[s.rank] for s in default.specs)
 
 
 @needs_automodel

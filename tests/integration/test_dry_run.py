@@ -222,10 +222,10 @@ def test_the_pipeline_ranks_left_unmeasured_never_peak_higher():
         "    layers_per_stage: 1\nstep_scheduler:\n  local_batch_size: 4\n"
     )
     # seq 4096: the in-flight activations (GiBs) weigh against the embedding and the lm_head
-    kw = {"world_size": 4, "model": L1B, "seq_len": 4096, "num_layers": 8, "micro_batch_size": None}
-    default = plan_dry_run(Request.of(text, **kw))
+    kw = {"world_size": 4, "model": L1B, "seq_len": 4096, "micro_batch_size": None}
+    default = plan_dry_run(Request.of(text, **kw), num_layers=8)
     assert [s.rank for s in default.specs] == [0, 1, 3] and any("peak can fall" in n for n in default.notes)
-    every = dry_run(text, ranks=[0, 1, 2, 3], **kw)
+    every = dry_run(text, ranks=[0, 1, 2, 3], num_layers=8, **kw)
     assert every.status == "measured"
     peaks = {r.rank: r.peak_allocated_gib for r in every.ranks}
     assert peaks[2] <= peaks[1], peaks

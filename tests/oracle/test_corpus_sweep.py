@@ -63,22 +63,15 @@ def _check(rows):
         assert r.dry_rss_mib is not None and r.dry_rss_mib < 2048, (r.recipe, r.dry_rss_mib)
 
 
-class Swept:
-    """Each recipe swept once per test module (the xdist group keeps the module on one worker), shared by the
-    per-recipe and the per-category tests."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, object] = {}
-
-    def __call__(self, recipe: str):
-        if recipe not in self.rows:
-            self.rows[recipe] = sweep.sweep_one(sweep.CORPUS / recipe)
-        return self.rows[recipe]
+_SWEPT: dict[str, object] = {}
 
 
-@pytest.fixture(scope="module")
-def swept() -> Swept:
-    return Swept()
+def swept(recipe: str):
+    """Each recipe swept once per test process, shared by the per-recipe and the per-category tests (a process-wide
+    cache: pytest-xdist may interleave other files' tests of the group, which tears module fixtures down)."""
+    if recipe not in _SWEPT:
+        _SWEPT[recipe] = sweep.sweep_one(sweep.CORPUS / recipe)
+    return _SWEPT[recipe]
 
 
 # The categories whose recipes name a model the catalog sizes (the others' config.json needs the Hub): strict, so a
@@ -100,13 +93,13 @@ def _check_categories(rows, expected: set[str]) -> None:
 @pytest.mark.parametrize(
     "recipe", [r if r in sweep.DEFAULT_SAMPLE else pytest.param(r, marks=pytest.mark.slow) for r in sweep.SAMPLE]
 )
-def test_sample_estimate_agrees_with_the_dry_run(recipe, swept):
+def test_sample_estimate_agrees_with_the_dry_run(recipe):
     _check([swept(recipe)])
 
 
 @needs_corpus
 @needs_automodel
-def test_sample_agrees_per_category(swept):
+def test_sample_agrees_per_category():
     rows = [swept(r) for r in sweep.DEFAULT_SAMPLE]
     assert {r.category for r in rows} == SIZED_CATEGORIES  # the sample holds a recipe of every sized category
     _check_categories(rows, SIZED_CATEGORIES)
@@ -148,14 +141,14 @@ def _sized() -> list[str]:
         for r in _sized()
     ],
 )
-def test_every_sized_recipe(recipe, swept):
+def test_every_sized_recipe(recipe):
     _check([swept(recipe)])
 
 
 @pytest.mark.slow
 @needs_corpus
 @needs_automodel
-def test_every_sized_category_agrees(swept):
+def test_every_sized_category_agrees():
     """Per category, over every sized recipe the dry run can measure here (the two verdict cases of KNOWN_MISSES are
     measured and agree with the estimate, so they count)."""
     rows = [swept(r) for r in _sized() if r not in NOT_MEASURED]

@@ -225,11 +225,10 @@ def test_the_pipeline_ranks_left_unmeasured_never_peak_higher():
     kw = {"world_size": 4, "model": L1B, "seq_len": 4096, "micro_batch_size": None}
     default = plan_dry_run(Request.of(text, **kw), num_layers=8)
     assert [s.rank for s in default.specs] == [0, 1, 3] and any("peak can fall" in n for n in default.notes)
-    every = dry_run(text, ranks=[0, 1, 2, 3], num_layers=8, **kw)
-    assert every.status == "measured"
-    peaks = {r.rank: r.peak_allocated_gib for r in every.ranks}
-    assert peaks[2] <= peaks[1], peaks
-    assert max(peaks.values()) == max(peaks[s.rank] for s in default.specs)
+    skipped = dry_run(text, ranks=[1, 2], num_layers=8, **kw)  # rank 2 beside the candidate that dominates it
+    assert skipped.status == "measured"
+    peaks = {r.rank: r.peak_allocated_gib for r in skipped.ranks}
+    assert 0 < peaks[2] <= peaks[1], peaks
 
 
 @needs_automodel

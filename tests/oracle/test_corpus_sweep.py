@@ -1,7 +1,7 @@
 """AutoModel's own CI recipes (../shared/corpus) as real inputs: each RAN in AutoModel's CI at its ci: world size, so
 validate must pass every one, the estimate must call none of them "does not fit", and the estimate must agree with
 the dry run (AutoModel's own step on fake tensors) within MEMORY_ERROR on the peak, per recipe and per category. A
-fixed sample (one recipe of every category the catalog sizes) runs the dry run by default; every sized recipe under
+fixed sample (one recipe of each large category the catalog sizes) runs the dry run by default; every sized recipe under
 the slow marker. The table in docs/corpus-sweep.md is the same sweep's output (``corpus_sweep.categories`` is its
 first part)."""
 
@@ -101,8 +101,8 @@ def test_sample_estimate_agrees_with_the_dry_run(recipe):
 @needs_automodel
 def test_sample_agrees_per_category():
     rows = [swept(r) for r in sweep.DEFAULT_SAMPLE]
-    assert {r.category for r in rows} == SIZED_CATEGORIES  # the sample holds a recipe of every sized category
-    _check_categories(rows, SIZED_CATEGORIES)
+    # the sample: a recipe of every sized category but convergence (its one recipe, 16 s, runs under -m slow)
+    _check_categories(rows, SIZED_CATEGORIES - {"convergence"})
 
 
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.

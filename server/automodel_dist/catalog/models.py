@@ -120,6 +120,10 @@ class ModelSpec:
         """Layers per mixer of a hybrid model (None for a uniform transformer)."""
         return {t: self.count(t) for t in sorted(set(self.layer_types))} or None
 
+    def attention_kind(self, layer: int) -> str:
+        """A layer's attention kind ("full", "sliding", "linear", ...), "-" where the model names none."""
+        return self.layer_attention[layer] if layer < len(self.layer_attention) else "-"
+
     def layer_kind(self, layer: int) -> str:
         """ "dense" or "moe" for a transformer layer; the mixer ("mamba", "attention", "mlp", "moe") of a hybrid."""
         if self.layer_types:

@@ -47,7 +47,7 @@ def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
     out = []
     for i in range(spec.num_layers):
         mixer = spec.layer_types[i] if i < len(spec.layer_types) else "attention"
-        attn = spec.layer_attention[i] if i < len(spec.layer_attention) else "-"
+        attn = spec.attention_kind(i)
         mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
         out.append((mixer, attn, mlp))
     return out

@@ -486,7 +486,7 @@ def _candidates(models: tuple[ModelSpec, ...], pp: int, stages_per_rank: tuple[i
         out: dict[tuple[str, str], int] = {}
         start = sum(counts[:stage])
         for layer in range(start, start + counts[stage]):
-            key = (x.layer_kind(layer), x.layer_attention[layer] if layer < len(x.layer_attention) else "-")
+            key = (x.layer_kind(layer), x.attention_kind(layer))
             out[key] = out.get(key, 0) + 1
         return out
 

@@ -89,18 +89,22 @@ def ci_overrides(path: Path) -> tuple[list[str], list[str]]:
     return base, [f"{k}={v}" for k, v in tier.items() if isinstance(v, (int, float, str, bool))]
 
 
-def sweep_one(path: Path, *, dry: bool = True, root: Path = CORPUS, timeout_s: float = 300.0) -> Row:
+def sweep_one(
+    path: Path, *, dry: bool = True, root: Path = CORPUS, timeout_s: float = 300.0, fetch: bool = False
+) -> Row:
+    """One recipe: validate, estimate, dry run. ``fetch``: a model whose config.json is neither in the local Hugging
+    Face cache nor the catalog is downloaded (config.json alone), as ``--fetch-config`` does in every tool."""
     from automodel_dist.api import validate_config
     from automodel_dist.estimate import estimate_memory
     from automodel_dist.report import ConfigError
 
     row = Row(recipe=str(path.relative_to(root)), category=category(path, root))
     overrides, tier = ci_overrides(path)
-    report = validate_config(path, overrides=overrides)
+    report = validate_config(path, overrides=overrides, fetch_config=fetch)
     if not report.valid and tier:
         # a recipe whose ci: block names a test tier ran in that tier's shape (e.g. fewer layers, other degrees)
         overrides = overrides + tier
-        report = validate_config(path, overrides=overrides)
+        report = validate_config(path, overrides=overrides, fetch_config=fetch)
         row.ci_tier = True
     row.overrides = overrides
     row.world_size, row.valid = report.world_size, report.valid
@@ -109,7 +113,7 @@ def sweep_one(path: Path, *, dry: bool = True, root: Path = CORPUS, timeout_s: f
         return row
     t0 = time.perf_counter()
     try:
-        est = estimate_memory(path, overrides=overrides or None)
+        est = estimate_memory(path, overrides=overrides or None, fetch_config=fetch)
     except (ConfigError, ValueError) as exc:
         row.skipped = f"estimate: {exc}"[:200]
         return row
@@ -124,7 +128,7 @@ def sweep_one(path: Path, *, dry: bool = True, root: Path = CORPUS, timeout_s: f
     from automodel_dist.dry_run.plan import DryRunUsageError
 
     try:
-        dr = dry_run(path, overrides=overrides or None, timeout_s=timeout_s)
+        dr = dry_run(path, overrides=overrides or None, timeout_s=timeout_s, fetch_config=fetch)
     except DryRunUsageError as exc:
         row.dry_status, row.dry_note = "unusable", str(exc)[:200]
         return row
@@ -145,10 +149,12 @@ def sweep_one(path: Path, *, dry: bool = True, root: Path = CORPUS, timeout_s: f
     return row
 
 
-def sweep(paths: Iterable[Path], *, dry: bool = True, root: Path = CORPUS, log: Any = None) -> list[Row]:
+def sweep(
+    paths: Iterable[Path], *, dry: bool = True, root: Path = CORPUS, log: Any = None, fetch: bool = False
+) -> list[Row]:
     rows = []
     for path in paths:
-        row = sweep_one(path, dry=dry, root=root)
+        row = sweep_one(path, dry=dry, root=root, fetch=fetch)
         rows.append(row)
         if log is not None:
             err = f"{row.error:+.0%}" if row.error is not None else "-"
@@ -259,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--match", help="only recipes whose path contains this")
     ap.add_argument("--exclude", action="append", default=[], help="skip recipes whose path contains this")
     ap.add_argument("--sized", action="store_true", help="only recipes whose model the catalog sizes")
+    ap.add_argument(
+        "--fetch-config",
+        action="store_true",
+        help="download a model's config.json alone from the Hub where neither the HF cache nor the catalog has it "
+        "(needs Hub access; HF_HUB_OFFLINE=1 forbids it)",
+    )
     ap.add_argument("--table-from", metavar="JSON", help="write the table from a sweep's saved rows (no new run)")
     ap.add_argument("--note", action="append", default=[], help="a note under the table (repeatable)")
     args = ap.parse_args(argv)
@@ -273,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         paths = [p for p in paths if args.match in str(p)]
     paths = [p for p in paths if not any(x in str(p) for x in args.exclude)]
     if args.sized:
-        paths = [CORPUS / r.recipe for r in sweep(paths, dry=False) if r.estimate_gib is not None]
-    rows = sweep(paths, dry=not args.no_dry_run, log=sys.stderr)
+        paths = [
+            CORPUS / r.recipe for r in sweep(paths, dry=False, fetch=args.fetch_config) if r.estimate_gib is not None
+        ]
+    rows = sweep(paths, dry=not args.no_dry_run, log=sys.stderr, fetch=args.fetch_config)
     if args.json:
         save_rows(rows, Path(args.json))
     if not (args.sample or args.match or args.exclude or args.sized or args.no_dry_run):

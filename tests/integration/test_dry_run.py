@@ -450,3 +450,60 @@ def test_a_distillation_run_says_its_teacher_is_not_measured():
     plan = plan_dry_run(Request.of(recipe, world_size=8, model=L1B, seq_len=64), num_layers=2)
     assert any(x.startswith(TEACHER_NOT_BUILT) and "no fit verdict" in x for x in plan.not_measured)
     assert not plan_dry_run(Request.of("distributed: {}\n", world_size=8, model=L1B), num_layers=2).not_measured
+
+
+def test_the_fla_gated_deltanet_stand_in_keeps_what_flas_kernel_keeps():
+    """stack/fla_gdn.py against fla's ChunkGatedDeltaRuleFunction (fla/ops/gated_delta_rule/chunk.py): forward saves
+    the l2-normalised q and k with their fp32 rstd, v, beta, the fp32 gate cumsum and the [B, T, H, 64] WY matrix in
+    k's dtype; backward returns a gradient of each input's shape and dtype."""
+    torch = pytest.importorskip("torch")
+    from automodel_dist.stack.fla_gdn import chunk_gated_delta_rule
+
+    b, t, h, dk, dv = 2, 256, 4, 32, 64
+    q, k = (torch.randn(b, t, h, dk, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    v = torch.randn(b, t, h, dv, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(b, t, h, dtype=torch.float32, requires_grad=True)
+    beta = torch.rand(b, t, h, dtype=torch.bfloat16, requires_grad=True)
+    inputs = {x.untyped_storage().data_ptr() for x in (q, k, v, g, beta)}
+    saved: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+
+    def pack(x):
+        saved.append((tuple(x.shape), x.dtype, x.untyped_storage().data_ptr() in inputs))
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        o, final = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+    assert o.shape == v.shape and o.dtype == v.dtype and final is None
+    assert sorted(saved, key=repr) == sorted(
+        [
+            ((b, t, h, dk), torch.bfloat16, False),  # q, normalised
+            ((b, t, h, dk), torch.bfloat16, False),  # k, normalised
+            ((b, t, h, dv), torch.bfloat16, True),  # v
+            ((b, t, h), torch.float32, False),  # the gate's chunk-local cumsum
+            ((b, t, h), torch.bfloat16, True),  # beta
+            ((b, t, h, 64), torch.bfloat16, False),  # the WY matrix A after solve_tril
+            ((b, t, h), torch.float32, False),  # q's rstd
+            ((b, t, h), torch.float32, False),  # k's rstd
+        ],
+        key=repr,
+    )
+    o.sum().backward()
+    for x in (q, k, v, g, beta):
+        assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+
+
+@needs_automodel
+def test_qwen3_next_runs_flas_kernel_as_the_stand_in():
+    """AutoModel's Qwen3-Next binds fla's chunked kernel at build time: the dry run puts the stand-in there, says so,
+    and measures the rank (transformers' torch loop, the fallback without fla, is not what a GPU job with
+    nemo-automodel[fla] runs)."""
+    report = dry_run(
+        "distributed:\n  ep_size: 2\n",
+        world_size=2,
+        model="Qwen/Qwen3-Next-80B-A3B-Instruct",
+        seq_len=256,
+        num_layers=4,
+        micro_batch_size=1,
+    )
+    assert _only(report).peak_allocated_gib > 0
+    assert any("fla's chunked kernel as a stand-in" in x for x in report.substitutions)

@@ -5,15 +5,12 @@ the published config.json of each model (fields the tools do not read left out).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +18,12 @@ import pytest
 
 from automodel_dist import validate_config
 from automodel_dist.catalog.models import MAX_CONFIG_BYTES, ModelConfigError
-from automodel_dist.catalog.sources import hub_cache_dir, resolve
+from automodel_dist.catalog.sources import resolve
 from automodel_dist.request import Request
+from support.hub import Hub
 from support.paths import MODELS
 
-QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Instruct"
+QWEN3_NEXT = "Qwen/Qwen3-Next-80B-A3B-Thinking"
 GEMMA4 = "google/gemma-4-31B-it"
 PHI4 = "microsoft/phi-4"
 CONFIGS = {
@@ -65,72 +63,11 @@ freeze_config:
 """
 
 
-class Hub:
-    """A stand-in for the Hugging Face Hub's file endpoint: ``/{repo}/resolve/{revision}/{file}``."""
-
-    def __init__(self) -> None:
-        self.files: dict[tuple[str, str, str], bytes] = {}
-        self.requests: list[str] = []
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self, body: bool) -> None:
-                hub.requests.append(self.path)
-                parts = self.path.split("?")[0].strip("/").split("/")
-                key = None
-                if len(parts) >= 5 and parts[2] == "resolve":
-                    key = ("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
-                data = hub.files.get(key) if key else None
-                if data is None:
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("X-Repo-Commit", hashlib.sha1(f"{key[0]}@{key[1]}".encode()).hexdigest())
-                self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if body:
-                    self.wfile.write(data)
-
-            def do_HEAD(self) -> None:  # noqa: N802
-                self._answer(False)
-
-            def do_GET(self) -> None:  # noqa: N802
-                self._answer(True)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def put(self, repo: str, config: Path | bytes | dict, revision: str = "main") -> None:
-        if isinstance(config, Path):
-            data = config.read_bytes()
-        elif isinstance(config, dict):
-            data = json.dumps(config).encode()
-        else:
-            data = config
-        self.files[(repo, revision, "config.json")] = data
-
-    def download(self, repo: str, revision: str = "main") -> Path:
-        """Lay out the cache with huggingface_hub itself, as a user's earlier download did."""
-        from huggingface_hub import hf_hub_download
-
-        return Path(
-            hf_hub_download(repo, "config.json", revision=revision, cache_dir=hub_cache_dir(), endpoint=self.url)
-        )
-
-
 @pytest.fixture
 def hub() -> Iterator[Hub]:
     h = Hub()
     yield h
-    h.server.shutdown()
+    h.close()
 
 
 @pytest.fixture
@@ -242,7 +179,7 @@ def test_qwen3_next_tp2_is_the_error_automodel_raises(hub: Hub, hf_home: Path, n
     report = validate_config({"tp_size": 2, "ep_size": 1}, world_size=8, model=QWEN3_NEXT)
     cap = _rules(report)["model-capability"]
     assert cap.message == (
-        "tp_size=2: AutoModel 0.7.0 builds Qwen/Qwen3-Next-80B-A3B-Instruct with AutoModel's own Qwen3NextForCausalLM "
+        "tp_size=2: AutoModel 0.7.0 builds Qwen/Qwen3-Next-80B-A3B-Thinking with AutoModel's own Qwen3NextForCausalLM "
         "(nemo_automodel.components.models.qwen3_next.model) and raises 'Tensor parallelism (tp_size=2) requested but "
         "Qwen3NextForCausalLM has no TP plan' right after building it, after launch"
     )
@@ -285,7 +222,7 @@ def test_nothing_is_downloaded_without_fetch_config_and_the_summary_says_so(hub:
     assert done.returncode == 0, done.stderr
     assert (
         "VALID: 0 error(s), 1 warning(s); world_size=8 (argument); model-aware checks NOT run: the model given "
-        "cannot be resolved (unknown model 'Qwen/Qwen3-Next-80B-A3B-Instruct': not a config.json path, not in the "
+        "cannot be resolved (unknown model 'Qwen/Qwen3-Next-80B-A3B-Thinking': not a config.json path, not in the "
         "Hugging Face cache" in done.stdout
     )
     assert hub.requests == []

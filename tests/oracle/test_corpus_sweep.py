@@ -8,13 +8,18 @@ first part)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from automodel_dist.dry_run import missing_packages
 from automodel_dist.estimate import MEMORY_ERROR
-from support.paths import ROOT
+from support.hub import Hub
+from support.paths import MODELS, ROOT
 
 _spec = importlib.util.spec_from_file_location("corpus_sweep", ROOT / "tools" / "corpus_sweep.py")
 assert _spec is not None and _spec.loader is not None
@@ -41,6 +46,52 @@ def test_every_ci_recipe_validates_at_its_ci_world_size():
     assert len(sized) >= 40  # the models the catalog knows; the rest need their config.json (no Hub here)
     wrong = {r.recipe for r in sized if r.verdict == "does not fit"}
     assert wrong == set(DOES_NOT_FIT), wrong
+
+
+QWEN3_NEXT_RECIPE = "llm_finetune/qwen/qwen3_next_te_deepep.yaml"
+
+
+@needs_corpus
+def test_fetch_config_sizes_a_recipe_the_catalog_lacks(tmp_path: Path) -> None:
+    """``--fetch-config``: a recipe whose model is neither in the HF cache nor the catalog is sized from its config.json
+    downloaded alone (a local server stands in for the Hub); without it nothing is requested and the recipe is only
+    validated."""
+    corpus = tmp_path / "corpus"
+    (corpus / "llm_finetune" / "qwen").mkdir(parents=True)
+    # the recipe as shipped, naming the Thinking variant: the same config.json, a repo the catalog does not hold
+    recipe = (sweep.CORPUS / QWEN3_NEXT_RECIPE).read_text()
+    (corpus / QWEN3_NEXT_RECIPE).write_text(recipe.replace("A3B-Instruct", "A3B-Thinking"))
+    hub = Hub()
+    try:
+        hub.put("Qwen/Qwen3-Next-80B-A3B-Thinking", MODELS / "qwen3_next_80b_a3b.json")
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HOME")}
+        env |= {"AUTOMODEL_DIST_CORPUS": str(corpus), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url}
+
+        def run(*flags: str) -> dict:
+            out = tmp_path / "rows.json"
+            done = subprocess.run(
+                [sys.executable, str(ROOT / "tools" / "corpus_sweep.py"), "--no-dry-run", "--json", str(out), *flags],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, done.stderr
+            (row,) = json.loads(out.read_text())
+            return row
+
+        offline = run()
+        assert offline["valid"] and offline["world_size"] == 32 and offline["estimate_gib"] is None
+        assert "unknown model 'Qwen/Qwen3-Next-80B-A3B-Thinking'" in offline["skipped"]
+        assert hub.requests == []
+        fetched = run("--fetch-config")
+        assert fetched["valid"] and fetched["model"] == "Qwen/Qwen3-Next-80B-A3B-Thinking"
+        # HellaSwag states no sequence length: sized at an assumed 4,096 tokens, so a figure and no verdict
+        assert fetched["estimate_gib"] > 10 and fetched["verdict"] is None
+        files = [r for r in hub.requests if "/resolve/" in r]
+        assert files and all(r.endswith("/config.json") for r in files)  # config.json alone, never weights
+    finally:
+        hub.close()
 
 
 # The one CI recipe the estimate calls "does not fit", and why it is kept so: AutoModel's own step on fake tensors

@@ -60,6 +60,17 @@ class ModelSpec:
     ssm_state_size: int = 0
     conv_kernel: int = 4
     gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
+    # transformers' python GELU (NewGELUActivation, "gelu_new": Phi-2) keeps its input, tanh, 0.5x and 1+tanh for
+    # backward where a fused activation keeps its input alone
+    python_gelu: bool = False
+    mlp_bias: bool = False  # biases on the dense MLP's projections (Phi-2, StarCoder2)
+    norm_bias: bool = False  # LayerNorm with a bias (Phi-2, StarCoder2) instead of RMSNorm
+    lm_head_bias: bool = False  # Phi-2
+    qk_norm_full: bool = False  # q/k norms over the whole projection (OLMo-2) instead of per head
+    shared_expert_gate: bool = False  # a sigmoid gate (Linear(h, 1)) on the shared expert (Qwen2-MoE, Qwen3-Next)
+    attn_output_gate: bool = False  # q_proj also emits a per-element output gate (Qwen3-Next's full attention)
+    index_heads: int = 0  # DeepSeek-V3.2's sparse-attention indexer: heads and head dim (0: none)
+    index_head_dim: int = 0
     # per-layer attention where it varies: "full" (Gemma-4's global layers: full_head_dim, full_kv_heads), "sliding",
     # "linear" (Qwen3-Next / Qwen3.5 Gated DeltaNet layers, which hold no KV heads); empty: every layer the same
     layer_attention: tuple[str, ...] = ()
@@ -198,16 +209,19 @@ class ModelSpec:
             kv = h * (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) + self.kv_lora_rank
             kv += self.kv_lora_rank * nh * ((self.qk_nope_head_dim or 0) + (self.v_head_dim or 0))
             o = nh * (self.v_head_dim or 0) * h
-            return q + kv + o
+            # the indexer: wq_b from the query latent, wk and its LayerNorm, weights_proj
+            ih, idim = self.index_heads, self.index_head_dim
+            index = (self.q_lora_rank or h) * ih * idim + h * idim + 2 * idim + h * ih if ih else 0
+            return q + kv + o + index
         q = self.num_attention_heads * self.hd
         kv = self.num_key_value_heads * self.hd
-        params = h * q + 2 * h * kv + q * h
+        params = h * q * (2 if self.attn_output_gate else 1) + 2 * h * kv + q * h
         if self.qkv_bias:
             params += q + 2 * kv
         if self.o_bias:
             params += h
         if self.qk_norm:
-            params += 2 * self.hd
+            params += q + kv if self.qk_norm_full else 2 * self.hd
         if self.attention_sinks:
             params += self.num_attention_heads
         return params
@@ -217,7 +231,8 @@ class ModelSpec:
         return 3 if self.gated_mlp else 2
 
     def dense_mlp_params(self) -> int:
-        return self.mlp_matrices * self.hidden_size * self.intermediate_size
+        bias = (self.mlp_matrices - 1) * self.intermediate_size + self.hidden_size if self.mlp_bias else 0
+        return self.mlp_matrices * self.hidden_size * self.intermediate_size + bias
 
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
@@ -227,7 +242,8 @@ class ModelSpec:
     def moe_nonexpert_params(self) -> int:
         """Router and shared experts of one MoE layer (replicated across EP ranks)."""
         router = self.num_experts * self.hidden_size + (self.num_experts if self.expert_bias else 0)
-        return router + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+        gate = self.hidden_size if self.shared_expert_gate else 0
+        return router + gate + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
 
     def mamba_params(self) -> int:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
@@ -251,11 +267,18 @@ class ModelSpec:
         return self.vocab_size * self.hidden_size
 
     def lm_head_params(self) -> int:
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        if self.tie_word_embeddings:
+            return 0
+        return self.vocab_size * self.hidden_size + (self.vocab_size if self.lm_head_bias else 0)
+
+    @property
+    def norm_params(self) -> int:
+        """One norm's parameters (a LayerNorm's bias included)."""
+        return self.hidden_size * (2 if self.norm_bias else 1)
 
     def layer_params(self, layer: int) -> int:
         """All parameters of decoder layer ``layer``."""
-        norms = self.norms_per_layer * self.hidden_size
+        norms = self.norms_per_layer * self.norm_params
         if self.layer_types:
             return self.mixer_params(self.layer_types[layer]) + norms
         if self.is_moe and layer >= self.first_dense_layers:
@@ -280,7 +303,7 @@ class ModelSpec:
             layers = self.num_dense_layers * self.layer_params(0)
             if self.is_moe:
                 layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
-        return self.embedding_params() + layers + self.hidden_size + self.lm_head_params() + towers
+        return self.embedding_params() + layers + self.norm_params + self.lm_head_params() + towers
 
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts)."""
@@ -440,6 +463,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
     if shared is None and cfg.get("n_shared_experts"):
         shared = _int(cfg["n_shared_experts"], "n_shared_experts") * moe_inter
+    # transformers' Phi keeps a bias on every projection; StarCoder2 where use_bias (its default) says so
+    biased = mtype == "phi" or (mtype == "starcoder2" and bool(cfg.get("use_bias", True)))
     head_dim = _first(cfg, "head_dim", default=None)
     if cfg.get("kv_lora_rank"):
         head_dim = _int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim") + _int(
@@ -456,11 +481,21 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         intermediate_size=inter,
         vocab_size=_int(_first(cfg, "vocab_size", default=32000), "vocab_size"),
         head_dim=_int(head_dim, "head_dim") if head_dim else None,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))),
-        o_bias=mtype == "gpt_oss",
-        qk_norm=bool(cfg.get("use_qk_norm")) or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
-        norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 2,
+        tie_word_embeddings=_tied(cfg, mtype),
+        qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))) or biased,
+        o_bias=mtype == "gpt_oss" or biased,
+        qk_norm=bool(cfg.get("use_qk_norm"))
+        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "qwen3_next"),
+        qk_norm_full=mtype == "olmo2" or cfg.get("qk_norm_type") == "per_layer",
+        attn_output_gate=mtype == "qwen3_next" or bool(cfg.get("attn_output_gate")),
+        index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
+        index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
+        norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 1 if mtype == "phi" else 2,
+        mlp_bias=bool(cfg.get("mlp_bias")) or biased,
+        python_gelu=_first(cfg, "hidden_activation", "hidden_act") == "gelu_new",
+        norm_bias=mtype in LAYER_NORM,
+        lm_head_bias=mtype == "phi",
+        shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next"),
         num_experts=experts,
         experts_per_token=_int(
             _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", default=0) or 0,
@@ -470,6 +505,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
         first_dense_layers=_int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace"),
         expert_bias=mtype == "gpt_oss",
+        gated_mlp=mtype not in UNGATED_MLP,
         attention_sinks=mtype == "gpt_oss",
         q_lora_rank=_opt_int(cfg, "q_lora_rank"),
         kv_lora_rank=_opt_int(cfg, "kv_lora_rank"),
@@ -497,6 +533,28 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
             linear_conv_kernel=_int(cfg.get("linear_conv_kernel_dim") or 4, "linear_conv_kernel_dim"),
         )
     return spec
+
+
+# The causal-LM model types whose transformers config class ties the output projection to the embeddings when
+# config.json leaves tie_word_embeddings out (transformers 5.18: AutoConfig.for_model(t).tie_word_embeddings; the
+# oracle test recomputes it): Gemma's, StarCoder2's and others' published configs rely on it.
+TIED_BY_DEFAULT = frozenset(
+    """bart bert bert-generation big_bird bigbird_pegasus biogpt blenderbot blenderbot-small bloom camembert cohere
+    cohere2 cohere2_moe cohere_compass_text cpmant ctrl data2vec-text electra ernie ernie4_5 ernie4_5_moe falcon
+    falcon_mamba gemma gemma2 gemma3 gemma3_text gemma3n gemma3n_text gemma4 gemma4_assistant gemma4_text gemma4_unified
+    gemma4_unified_assistant gemma4_unified_text got_ocr2 gpt-sw3 gpt2 gpt_bigcode gpt_neo gpt_neox_japanese granite_swa
+    jetmoe lfm2 lfm2_moe mamba marian mbart megatron-bert minicpm3 modernbert-decoder mpt mvp openai-gpt opt pegasus
+    plbart prophetnet recurrent_gemma roberta roberta-prelayernorm roc_bert roformer smollm3 starcoder2 trocr vaultgemma
+    whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet xmod youtu zamba zamba2 zaya""".split()
+)
+# Model types whose MLP is up/down without a gate (transformers' PhiMLP fc1/fc2, Starcoder2MLP c_fc/c_proj), and
+# those whose norms are LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP).
+UNGATED_MLP = frozenset({"phi", "starcoder2"})
+LAYER_NORM = frozenset({"phi", "starcoder2"})
+
+
+def _tied(cfg: dict[str, Any], mtype: str) -> bool:
+    return bool(cfg.get("tie_word_embeddings", mtype in TIED_BY_DEFAULT))
 
 
 def is_int(value: Any) -> bool:

@@ -172,6 +172,12 @@ def plan_dry_run(
             ", except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
         )
     subs.append(eager)
+    if "linear" in spec.layer_attention:
+        subs.append(
+            "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
+            "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
+            "is installed; without fla, AutoModel falls back to transformers' torch loop, which keeps far more"
+        )
     subs.append(
         "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
         "scores); the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused "

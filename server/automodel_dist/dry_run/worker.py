@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
+from ..catalog.models import from_hf_config
 from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
@@ -334,6 +335,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             return result
         if (spec.recipe.backend or {}).get("attn") == "te":
             shims.install_te_attention()
+        if "linear" in from_hf_config(spec.build.hf_config).layer_attention:  # Gated DeltaNet layers
+            shims.install_fla_gdn()
         shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
         if spec.depth is not None and len(measured) == 2:

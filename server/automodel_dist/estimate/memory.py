@@ -71,7 +71,7 @@ from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, liger_applie
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
-from .peft import QLORA_BYTES, Lora, quantized_linear_weights
+from .peft import QLORA_BYTES, Lora, down_adapted, quantized_linear_weights
 from .report import MemoryBreakdown
 
 GIB = float(1 << 30)
@@ -387,6 +387,12 @@ def _act_per_token(
         # gate, up, the activation's output and the product; Liger keeps no activation output (it recomputes it)
         liger_mlp = liger is not None and liger.mlp is not None
         mlp, gate = (6 if liger_mlp else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
+        if not m.gated_mlp:
+            # up/down without a gate (Phi-2, StarCoder2): the activation keeps the up projection's output (a python
+            # GELU also its tanh, 0.5x and 1+tanh: transformers' NewGELUActivation, counted by saved-tensor hooks),
+            # and the down projection its input where it trains (a frozen Linear keeps no input)
+            act = 8 if m.python_gelu else 2
+            mlp = (act + (2 if down_adapted(m, tr.lora) else 0)) * m.intermediate_size / t
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
     dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element

@@ -152,11 +152,28 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
     if kind == "moe":
         return out + _moe(m, mlp, shared="shared_experts")
     inter = m.intermediate_size
+    up, down = mlp_names(m)
     if m.gated_mlp:
-        out += [Linear(f"{mlp}.gate_proj", h, inter), Linear(f"{mlp}.up_proj", h, inter)]
+        out += [Linear(f"{mlp}.gate_proj", h, inter), Linear(f"{mlp}.{up}", h, inter)]
     else:
-        out += [Linear(f"{mlp}.up_proj", h, inter)]
-    return out + [Linear(f"{mlp}.down_proj", inter, h)]
+        out += [Linear(f"{mlp}.{up}", h, inter)]
+    return out + [Linear(f"{mlp}.{down}", inter, h)]
+
+
+# transformers' names where an architecture does not use Llama's (what a peft: target_modules pattern is matched on)
+_MLP_NAMES = {"PhiForCausalLM": ("fc1", "fc2"), "Starcoder2ForCausalLM": ("c_fc", "c_proj")}
+_O_NAMES = {"PhiForCausalLM": "dense"}
+
+
+def mlp_names(m: ModelSpec) -> tuple[str, str]:
+    """The dense MLP's up and down projections' module names."""
+    return _MLP_NAMES.get(m.architecture or "", ("up_proj", "down_proj"))
+
+
+def down_adapted(m: ModelSpec, lora: Lora | None) -> bool:
+    """Whether the dense MLP's down projection trains (no peft:, or LoRA on it), so backward keeps its input."""
+    down = "." + mlp_names(m)[1]
+    return lora is None or any(name.endswith(down) for name in lora.adapted)
 
 
 def _attention(m: ModelSpec, base: str) -> list[Linear]:
@@ -181,7 +198,7 @@ def _attention(m: ModelSpec, base: str) -> list[Linear]:
         Linear(f"{base}.q_proj", h, heads * d),
         Linear(f"{base}.k_proj", h, kv * d),
         Linear(f"{base}.v_proj", h, kv * d),
-        Linear(f"{base}.o_proj", heads * d, h),
+        Linear(f"{base}.{_O_NAMES.get(m.architecture or '', 'o_proj')}", heads * d, h),
     ]
 
 

@@ -192,6 +192,26 @@ TE_ATTENTION = _register(
         "from transformer_engine.pytorch.attention import DotProductAttention",
     ),
 )
+FLA_GDN = _register(
+    "fla_gated_delta_rule_stand_in",
+    "build",
+    "fla.ops.gated_delta_rule.chunk_gated_delta_rule (a stand-in module, stack/fla_gdn.py)",
+    "AutoModel's Qwen3-Next and Qwen3.5 linear-attention layers bind flash-linear-attention's chunked Gated DeltaNet "
+    "kernel where it is installed (its fla extra, in the moe and all extras), else transformers' pure-torch chunk "
+    "loop, which keeps every chunk's intermediates; fla needs Triton on CUDA. The stand-in takes fla's call and keeps "
+    "what its kernel keeps (normalised q, k, their rstd, v, beta, the gate's cumsum, the WY matrix) and its chunk "
+    "states while they live.",
+    lambda: (
+        _source_has(
+            "nemo_automodel.components.models.qwen3_next.layers:Qwen3NextFp32GatedDeltaNet._bind_kernels",
+            '"fla.ops.gated_delta_rule", "chunk_gated_delta_rule"',
+        )(),
+        _file_has(
+            "nemo_automodel.components.models.qwen3_5_moe.cp_linear_attn",
+            "from fla.ops.gated_delta_rule import chunk_gated_delta_rule",
+        )(),
+    ),
+)
 CUDA_STREAM = _register(
     "cuda_stream_for_cp",
     "build",
@@ -244,6 +264,14 @@ def install_te_attention() -> None:
 
     if te_attention.install():
         TE_ATTENTION.hits += 1
+
+
+def install_fla_gdn() -> None:
+    """Put the fla Gated DeltaNet stand-in in place before the model is built (its layers bind the kernel then)."""
+    from . import fla_gdn
+
+    if fla_gdn.install():
+        FLA_GDN.hits += 1
 
 
 LOCAL_DISPATCH = _register(
@@ -1001,6 +1029,7 @@ __all__ = [
     "broken",
     "import_automodel",
     "install_te_attention",
+    "install_fla_gdn",
     "install_compiled_activations",
     "liger_stand_in",
     "local_dispatch",

@@ -69,8 +69,9 @@ class ModelSpec:
     qk_norm_full: bool = False  # q/k norms over the whole projection (OLMo-2) instead of per head
     shared_expert_gate: bool = False  # a sigmoid gate (Linear(h, 1)) on the shared expert (Qwen2-MoE, Qwen3-Next)
     attn_output_gate: bool = False  # q_proj also emits a per-element output gate (Qwen3-Next's full attention)
-    index_heads: int = 0  # DeepSeek-V3.2's sparse-attention indexer: heads and head dim (0: none)
+    index_heads: int = 0  # DeepSeek-V3.2's sparse-attention indexer: heads, head dim (0: none), keys kept per query
     index_head_dim: int = 0
+    index_topk: int = 0
     # per-layer attention where it varies: "full" (Gemma-4's global layers: full_head_dim, full_kv_heads), "sliding",
     # "linear" (Qwen3-Next / Qwen3.5 Gated DeltaNet layers, which hold no KV heads); empty: every layer the same
     layer_attention: tuple[str, ...] = ()
@@ -490,6 +491,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         attn_output_gate=mtype == "qwen3_next" or bool(cfg.get("attn_output_gate")),
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
+        index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 1 if mtype == "phi" else 2,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
         python_gelu=_first(cfg, "hidden_activation", "hidden_act") == "gelu_new",

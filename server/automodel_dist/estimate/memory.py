@@ -415,6 +415,13 @@ def _act_per_token(
         # recomputed with the rest (AutoModel's step on fake tensors keeps no dispatcher output, full checkpoint
         # or the router-saving policy alike: per layer the block's input and the router's tensors, LoRA or not)
         saved = 2 * h + (2 * m.num_experts + 12 * k if moe else 0.0)
+        if m.index_heads and p.pp > 1:
+            # DeepSeek-V3.2's sparse-attention indexer under a pipeline schedule: each checkpointed block in flight
+            # also keeps the indexer's fp32 q and k (index heads x head dim each) and the top-k's fp32 scores and
+            # int64 indices (the policy saves every aten.topk). AutoModel's step on fake tensors: V3.2 against V3 at
+            # the same PP 2 interleaved layout, and its LoRA benchmark recipe; without PP the blocks keep no more
+            # than V3's
+            saved += 8 * m.index_heads * m.index_head_dim + 12 * min(m.index_topk, tr.seq_len)
     else:  # the whole layer (Hugging Face's gradient checkpointing)
         saved = edge
     return saved * scale, plain

@@ -452,6 +452,17 @@ def test_a_distillation_run_says_its_teacher_is_not_measured():
     assert not plan_dry_run(Request.of("distributed: {}\n", world_size=8, model=L1B), num_layers=2).not_measured
 
 
+@pytest.mark.parametrize("recipe", ["FinetuneRecipeForVLM", "DiffusionLMSFTRecipe"])
+def test_a_recipe_whose_step_is_not_next_token_is_not_measured(recipe):
+    """A VLM recipe's step feeds images the dry run does not; a diffusion LM's step masks and denoises: the plan runs
+    no rank and says why, rather than a text step's figure for them."""
+    from automodel_dist.dry_run.plan import plan_dry_run
+
+    plan = plan_dry_run(Request.of(f"recipe: {recipe}\ndistributed: {{}}\n", world_size=8, model=L1B), num_layers=2)
+    assert set(plan.unmeasured_ranks) == {0} and plan.unmeasured_ranks[0].startswith(recipe)
+    assert plan.unmeasured_ranks[0] in plan.not_measured and ": not measured" in plan.unmeasured_ranks[0]
+
+
 def test_the_fla_gated_deltanet_stand_in_keeps_what_flas_kernel_keeps():
     """stack/fla_gdn.py against fla's ChunkGatedDeltaRuleFunction (fla/ops/gated_delta_rule/chunk.py): forward saves
     the l2-normalised q and k with their fp32 rstd, v, beta, the fp32 gate cumsum and the [B, T, H, 64] WY matrix in

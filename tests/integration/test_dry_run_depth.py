@@ -10,6 +10,7 @@ import json
 import pytest
 
 from automodel_dist.catalog.hf_config import hf_config
+from automodel_dist.catalog.models import from_hf_config
 from automodel_dist.catalog.sources import resolve_model as lookup_model
 from automodel_dist.dims import read_dims
 from automodel_dist.dry_run import dry_run, missing_packages
@@ -98,6 +99,12 @@ def test_truncated_config_cuts_per_layer_lists():
     assert out["num_hidden_layers"] == 4 and out["layer_types"] == ["s", "f", "s", "f"]
     assert out["hybrid_override_pattern"] == "M*M*" and cfg["num_hidden_layers"] == 8
     assert truncated_config({"first_k_dense_replace": 3}, 8, moe_prefix_as_moe=True)["first_k_dense_replace"] == 0
+    # a multimodal config: its language model is cut (AutoModel builds the text_config's layers), the towers are not
+    vlm = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "vision_config": {"depth": 27}, "text_config": cfg}
+    out = truncated_config(vlm, 4)
+    assert out["text_config"]["num_hidden_layers"] == 4 and out["text_config"]["layer_types"] == ["s", "f", "s", "f"]
+    assert out["vision_config"] == {"depth": 27} and "num_hidden_layers" not in out
+    assert from_hf_config(truncated_config(lookup_model("Qwen/Qwen3.5-35B-A3B").hf_config, 8)).num_layers == 8
 
 
 def test_line_and_the_peak_phase_after_extrapolating():

@@ -338,7 +338,8 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
-    assert sum(p.numel() for p in model.parameters()) == small.param_count()
+    # a multimodal config builds its text model as a causal LM: the spec's towers are left out of the comparison
+    assert sum(p.numel() for p in model.parameters()) == small.param_count() - small.vision_params - small.audio_params
 
 
 def test_every_config_file_is_a_catalog_entry_and_reads_as_the_hugging_face_cache_would():

@@ -486,9 +486,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))) or biased,
         o_bias=mtype == "gpt_oss" or biased,
         qk_norm=bool(cfg.get("use_qk_norm"))
-        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "qwen3_next"),
+        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *GATED_DELTANET),
         qk_norm_full=mtype == "olmo2" or cfg.get("qk_norm_type") == "per_layer",
-        attn_output_gate=mtype == "qwen3_next" or bool(cfg.get("attn_output_gate")),
+        attn_output_gate=mtype in GATED_DELTANET or bool(cfg.get("attn_output_gate")),
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
@@ -497,7 +497,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         python_gelu=_first(cfg, "hidden_activation", "hidden_act") == "gelu_new",
         norm_bias=mtype in LAYER_NORM,
         lm_head_bias=mtype == "phi",
-        shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next"),
+        shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"),
         num_experts=experts,
         experts_per_token=_int(
             _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", default=0) or 0,
@@ -552,6 +552,8 @@ TIED_BY_DEFAULT = frozenset(
 # Model types whose MLP is up/down without a gate (transformers' PhiMLP fc1/fc2, Starcoder2MLP c_fc/c_proj), and
 # those whose norms are LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP).
 UNGATED_MLP = frozenset({"phi", "starcoder2"})
+# Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
+GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 LAYER_NORM = frozenset({"phi", "starcoder2"})
 
 

@@ -144,8 +144,12 @@ def _by_stages(
 
 
 def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: bool = False) -> dict[str, Any]:
-    """``cfg`` (a config.json) with only its first ``layers`` layers (per-layer lists and patterns cut to match)."""
+    """``cfg`` (a config.json) with only its first ``layers`` layers (per-layer lists and patterns cut to match; a
+    multimodal config's language model, its ``text_config``)."""
     out = dict(cfg)
+    if isinstance(out.get("text_config"), Mapping) and "num_attention_heads" not in out:
+        out["text_config"] = truncated_config(out["text_config"], layers, moe_prefix_as_moe=moe_prefix_as_moe)
+        return out
     out["num_hidden_layers"] = layers
     if isinstance(out.get("hybrid_override_pattern"), str):
         out["hybrid_override_pattern"] = out["hybrid_override_pattern"][:layers]

@@ -59,6 +59,11 @@ class Plan:
     unmeasured_ranks: dict[int, str] = field(default_factory=dict)
 
 
+# Recipes whose step is not the next-token step the dry run runs (recipe class names as the YAML gives them)
+MEDIA_RECIPES = frozenset({"FinetuneRecipeForVLM", "FinetuneRecipeForMultimodal", "PretrainRecipeForMultimodal"})
+DIFFUSION_LM_RECIPES = frozenset({"DiffusionLMSFTRecipe", "DiffusionGemmaSFTRecipe"})
+
+
 def plan_dry_run(
     request: Request, *, ranks: list[int] | None = None, num_layers: int | None = None, full_depth: bool = False
 ) -> Plan:
@@ -157,6 +162,18 @@ def plan_dry_run(
             f"{TEACHER_NOT_BUILT}: the figures are the student's alone, so there is no fit verdict (estimate counts "
             "the teacher on the student's GPUs)"
         )
+    blocking: list[str] = []  # what makes every rank's figure meaningless: none is run
+    if ctx.kind.recipe in MEDIA_RECIPES:
+        blocking.append(
+            f"{ctx.kind.recipe}: the dry run's step feeds token batches only (no images, video or audio), so the "
+            "towers' activations and the media tokens would go uncounted: not measured (the estimate counts the "
+            "towers' weights, not their activations)"
+        )
+    elif ctx.kind.recipe in DIFFUSION_LM_RECIPES:
+        blocking.append(
+            f"{ctx.kind.recipe}: a diffusion LM's masked-denoising step is not the next-token step the dry run runs: "
+            "not measured"
+        )
     if d.strategy in ("megatron_fsdp",):
         not_measured.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:
@@ -201,9 +218,9 @@ def plan_dry_run(
     if bad or not ranks:
         raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")
     ranks = sorted(set(ranks))
-    unmeasured = (
-        {r: not_measured[0] for r in ranks} if any(x.startswith(("MegatronFSDP", "DDP:")) for x in not_measured) else {}
-    )
+    blocking += [x for x in not_measured if x.startswith(("MegatronFSDP", "DDP:"))]
+    not_measured += [x for x in blocking if x not in not_measured]
+    unmeasured = {r: blocking[0] for r in ranks} if blocking else {}
     full = Build(hf_config=cfg, distributed=jsonable(sanitized_block(ctx.block, subs, DryRunUsageError)))
     recipe = StackRecipe(
         loss=loss,

@@ -137,6 +137,21 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
                 self._indexed = None
             return out
 
+        if base is FSDPMemTracker:
+
+            def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+                tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+                def inner(*args: Any, **kwargs: Any) -> Any:
+                    # a group that never ran forward in this step (a multimodal tower under a text batch) was never
+                    # unsharded: torch's tracker would read its unsharded parameters; FSDP's own post-backward runs
+                    group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                    if group and any(not hasattr(p, "_unsharded_param") for p in group.fsdp_params):
+                        return orig(*args, **kwargs)
+                    return tracked(*args, **kwargs)
+
+                return inner
+
         def _update_peak_stats(self, peak_state: Any) -> None:
             # torch's update (mem_tracker.py), with the running modules found by name (see the module docstring)
             curr = self._curr_mem_snap

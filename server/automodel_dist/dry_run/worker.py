@@ -163,6 +163,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
+        # a multimodal class run as a causal LM looks for image / video tokens in the ids: a text batch has none
+        "models/qwen3_5_moe/model.py:forward": False,
     }
     with phases("setup"):
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
@@ -205,11 +207,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
     dp_group = step.dp_group_size(built.mesh)
     ep = max(mc.ep_size, 1)
+    text_config = hf_config.get_text_config()  # a multimodal config's language model (the config itself otherwise)
     n_experts = next(
         (
-            getattr(hf_config, k)
+            getattr(text_config, k)
             for k in ("num_experts", "n_routed_experts", "num_local_experts")
-            if getattr(hf_config, k, None)
+            if getattr(text_config, k, None)
         ),
         1,
     )
@@ -235,7 +238,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 opt.zero_grad(set_to_none=True)
             if spec.recipe.optimizer["state_dtype"]:
                 _states_to(optimizers, spec.recipe.optimizer["state_dtype"])
-        vocab = hf_config.vocab_size
+        vocab = text_config.vocab_size
         if pp_enabled:
             shapes = [(spec.local_batch_size, seq)]
         else:

@@ -357,3 +357,16 @@ def test_every_config_file_is_a_catalog_entry_and_reads_as_the_hugging_face_cach
         assert from_hf_config(cfg, name=entry["name"]) == dataclasses.replace(
             spec, published_params=None, source=None, aliases=()
         )
+
+
+def test_a_multimodal_configs_language_model_is_read_with_the_whole_models_settings():
+    """Qwen3.5's text_config: its Gated DeltaNet layers stay linear when a shallow build keeps only linear layers, and a
+    tie_word_embeddings said once for the whole model applies to the language model."""
+    from automodel_dist.dry_run.depth import truncated_config
+
+    cfg = lookup("Qwen/Qwen3.5-35B-A3B").hf_config
+    assert from_hf_config(truncated_config(cfg, 3)).layer_attention == ("linear",) * 3
+    assert from_hf_config(truncated_config(cfg, 4)).layer_attention == ("linear",) * 3 + ("full",)
+    text = {k: v for k, v in cfg["text_config"].items() if k != "tie_word_embeddings"}
+    for tie in (True, False):
+        assert from_hf_config({**cfg, "text_config": text, "tie_word_embeddings": tie}).tie_word_embeddings is tie

@@ -869,3 +869,43 @@ def test_the_worst_pipeline_rank_is_a_candidate(name, pp, schedule, lps, tp, ep,
         assert ranks == list(range(pp))
     elif uniform:
         assert ranks == sorted({0, 1, pp - 1})  # rank 0, the first with receive buffers, the last
+
+
+def test_an_ungated_mlp_keeps_the_activations_input_and_the_down_projections_only_where_it_trains():
+    """Phi-2 (fc1 / gelu_new / fc2) and StarCoder2 (c_fc / gelu / c_proj) have no gate: the activation keeps the up
+    projection's output (transformers' python GELU also its tanh, 0.5x and 1+tanh: 8 bytes an element, counted with
+    saved-tensor hooks on PhiMLP), and the down projection keeps its input only where it trains. LoRA's target names
+    are transformers' (Phi's q/k/v_proj and dense, fc1, fc2), so '*_proj' leaves Phi's MLP frozen."""
+    from automodel_dist.estimate.memory import _act_per_token
+    from automodel_dist.estimate.peft import down_adapted, lora_of
+
+    phi, star = lookup("microsoft/phi-2"), lookup("bigcode/starcoder2-7b")
+    assert phi.mlp_names == ("fc1", "fc2") and phi.o_name == "dense" and star.mlp_names == ("c_fc", "c_proj")
+    proj = lora_of(phi, {"target_modules": "*_proj", "dim": 8})
+    assert {n.rsplit(".", 1)[-1] for n in proj.adapted} == {"q_proj", "k_proj", "v_proj"}
+    fc2 = lora_of(phi, {"target_modules": ["*_proj", "*.fc2"], "dim": 8})
+    assert not down_adapted(phi, proj) and down_adapted(phi, fc2) and down_adapted(phi, None)
+    p1 = dims("fsdp2", dp=8)
+    frozen, _ = _act_per_token(phi, p1, Training(hf_class=True, lora=proj), "dense", 2)
+    trained, _ = _act_per_token(phi, p1, Training(hf_class=True, lora=fc2), "dense", 2)
+    assert trained - frozen == 2 * phi.intermediate_size  # fc2 trains: its input stays for its weight gradient
+    full, _ = _act_per_token(star, p1, Training(hf_class=True), "dense", 2)
+    gated, _ = _act_per_token(dataclasses.replace(star, gated_mlp=True), p1, Training(hf_class=True), "dense", 2)
+    assert gated - full == 4 * star.intermediate_size  # 8I gated (gate, up, silu out, product) against 4I
+    python_gelu, _ = _act_per_token(phi, p1, Training(hf_class=True), "dense", 2)
+    fused, _ = _act_per_token(dataclasses.replace(phi, python_gelu=False), p1, Training(hf_class=True), "dense", 2)
+    assert python_gelu - fused == 6 * phi.intermediate_size
+
+
+def test_deepseek_v32s_indexer_term_is_added_under_a_pipeline_schedule_only():
+    """The fitted V3.2 term (estimate/memory.py): per checkpointed block in flight under PP, the indexer's fp32 q and k
+    and the top-k's fp32 scores and int64 indices; nothing without PP, where the dry run measures V3's."""
+    from automodel_dist.estimate.memory import _act_per_token
+
+    v32, v3 = lookup("deepseek-ai/DeepSeek-V3.2"), lookup("deepseek-ai/DeepSeek-V3")
+    tr = Training(seq_len=4096)
+    pp = dims("fsdp2", dp=4, pp=2, ep=4, activation_checkpointing=True)
+    flat = dims("fsdp2", dp=8, ep=8, activation_checkpointing=True)
+    extra = 8 * 64 * 128 + 12 * 2048
+    assert _act_per_token(v32, pp, tr, "moe", 2)[0] - _act_per_token(v3, pp, tr, "moe", 2)[0] == extra
+    assert _act_per_token(v32, flat, tr, "moe", 2)[0] == _act_per_token(v3, flat, tr, "moe", 2)[0]

@@ -2,8 +2,9 @@
 
 Nothing is downloaded: the catalog (``catalog.json``) holds each model's config.json trimmed to the values that matter
 for parallelism (heads, kv heads, layers, experts, sizes; ``configs/``), read by the same parser as a config.json in
-the Hugging Face cache, and its published parameter total, which ``tests/unit/test_catalog.py`` checks against
-``ModelSpec.param_count()`` (within 2%).
+the Hugging Face cache, and its published parameter total where one was at hand, which ``tests/unit/test_catalog.py``
+checks against ``ModelSpec.param_count()`` (within 2%); every entry's count is also checked, exactly, against the
+transformers class built from the same file on the meta device.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ModelSpec:
     # transformers' python GELU (NewGELUActivation, "gelu_new": Phi-2) keeps its input, tanh, 0.5x and 1+tanh for
     # backward where a fused activation keeps its input alone
     python_gelu: bool = False
+    mlp_names: tuple[str, str] = ("up_proj", "down_proj")  # the dense MLP's up and down Linears (Phi-2: fc1, fc2)
+    o_name: str = "o_proj"  # the attention output Linear (Phi-2: dense)
     mlp_bias: bool = False  # biases on the dense MLP's projections (Phi-2, StarCoder2)
     norm_bias: bool = False  # LayerNorm with a bias (Phi-2, StarCoder2) instead of RMSNorm
     lm_head_bias: bool = False  # Phi-2
@@ -221,8 +224,7 @@ class ModelSpec:
             params += q + 2 * kv
         if self.o_bias:
             params += h
-        if self.qk_norm:
-            params += q + kv if self.qk_norm_full else 2 * self.hd
+        params += self.qk_norm_params()
         if self.attention_sinks:
             params += self.num_attention_heads
         return params
@@ -276,6 +278,12 @@ class ModelSpec:
     def norm_params(self) -> int:
         """One norm's parameters (a LayerNorm's bias included)."""
         return self.hidden_size * (2 if self.norm_bias else 1)
+
+    def qk_norm_params(self) -> int:
+        """The q and k norms of one attention block (replicated under TP): per head, or over the whole projections."""
+        if not self.qk_norm:
+            return 0
+        return (self.num_attention_heads + self.num_key_value_heads) * self.hd if self.qk_norm_full else 2 * self.hd
 
     def layer_params(self, layer: int) -> int:
         """All parameters of decoder layer ``layer``."""
@@ -420,7 +428,7 @@ def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
     if isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) and k in names for k in kinds):
         out = tuple(names[k] for k in kinds)
-        return out if len(set(out)) > 1 else ()
+        return out if len(set(out)) > 1 or "linear" in out else ()  # a cut to linear layers alone stays linear
     interval = cfg.get("full_attention_interval")
     if cfg.get("linear_num_key_heads") and isinstance(interval, int) and interval > 0:
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
@@ -441,11 +449,14 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         text_hidden = cfg["text_config"].get("hidden_size")
         vision = _tower_params(cfg.get("vision_config"), text_hidden if isinstance(text_hidden, int) else None)
         audio = _tower_params(cfg.get("audio_config"), text_hidden if isinstance(text_hidden, int) else None)
+        outer = cfg
         cfg = {
             **cfg["text_config"],
             "_name_or_path": cfg.get("_name_or_path"),
             "architectures": cfg.get("architectures"),
         }
+        if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in outer:  # said once, for the whole model
+            cfg["tie_word_embeddings"] = outer["tie_word_embeddings"]
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(
@@ -487,13 +498,15 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         o_bias=mtype == "gpt_oss" or biased,
         qk_norm=bool(cfg.get("use_qk_norm"))
         or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *GATED_DELTANET),
-        qk_norm_full=mtype == "olmo2" or cfg.get("qk_norm_type") == "per_layer",
-        attn_output_gate=mtype in GATED_DELTANET or bool(cfg.get("attn_output_gate")),
+        qk_norm_full=mtype in ("olmo2", "minimax_m2"),  # transformers' Olmo2Attention, MiniMaxM2Attention
+        attn_output_gate=mtype in GATED_DELTANET,
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 1 if mtype == "phi" else 2,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
+        mlp_names=MLP_NAMES.get(mtype, ("up_proj", "down_proj")),
+        o_name="dense" if mtype == "phi" else "o_proj",
         python_gelu=_first(cfg, "hidden_activation", "hidden_act") == "gelu_new",
         norm_bias=mtype in LAYER_NORM,
         lm_head_bias=mtype == "phi",
@@ -555,6 +568,7 @@ UNGATED_MLP = frozenset({"phi", "starcoder2"})
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 LAYER_NORM = frozenset({"phi", "starcoder2"})
+MLP_NAMES = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}  # transformers' module names
 
 
 def _tied(cfg: dict[str, Any], mtype: str) -> bool:

@@ -88,6 +88,17 @@ SPECULATIVE_RECIPES = frozenset(
     }
 )
 KD_RECIPES = frozenset({"KnowledgeDistillationRecipeForNextTokenPrediction", "KnowledgeDistillationRecipeForVLM"})
+# Recipes whose step feeds media (images, video, audio) besides tokens, and those whose step is a diffusion LM's
+# masked denoising: neither is the next-token step (what the dry run runs)
+MEDIA_RECIPES = frozenset(
+    {
+        "FinetuneRecipeForVLM",
+        "KnowledgeDistillationRecipeForVLM",
+        "FinetuneRecipeForMultimodal",
+        "PretrainRecipeForMultimodal",
+    }
+)
+DIFFUSION_LM_RECIPES = frozenset({"DiffusionLMSFTRecipe", "DiffusionGemmaSFTRecipe"})
 # Recipes that build CheckpointingConfig from the YAML with RecipeConfig.checkpoint (model-derived keys overwrite
 # the YAML's); the speculative and multimodal recipes build their own (the YAML's win).
 RECIPE_CONFIG_CHECKPOINT = TRAIN_FT_RECIPES | {

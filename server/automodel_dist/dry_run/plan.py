@@ -12,6 +12,7 @@ from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
 from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..catalog.models import ModelSpec
+from ..config.kinds import DIFFUSION_LM_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
@@ -57,11 +58,6 @@ class Plan:
     not_measured: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unmeasured_ranks: dict[int, str] = field(default_factory=dict)
-
-
-# Recipes whose step is not the next-token step the dry run runs (recipe class names as the YAML gives them)
-MEDIA_RECIPES = frozenset({"FinetuneRecipeForVLM", "FinetuneRecipeForMultimodal", "PretrainRecipeForMultimodal"})
-DIFFUSION_LM_RECIPES = frozenset({"DiffusionLMSFTRecipe", "DiffusionGemmaSFTRecipe"})
 
 
 def plan_dry_run(
@@ -189,7 +185,7 @@ def plan_dry_run(
             ", except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
         )
     subs.append(eager)
-    if "linear" in spec.layer_attention:
+    if "linear" in spec.layer_attention and not w.force_hf:  # transformers' own class keeps its torch loop
         subs.append(
             "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "

@@ -163,8 +163,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
-        # a multimodal class run as a causal LM looks for image / video tokens in the ids: a text batch has none
-        "models/qwen3_5_moe/model.py:forward": False,
+        # a multimodal class run as a causal LM looks for image / video tokens in the ids (a bool): a text batch has
+        # none; any other read there is refused
+        "models/qwen3_5_moe/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
+        "models/qwen3_5/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
     }
     with phases("setup"):
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
@@ -338,8 +340,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             return result
         if (spec.recipe.backend or {}).get("attn") == "te":
             shims.install_te_attention()
-        if "linear" in from_hf_config(spec.build.hf_config).layer_attention:  # Gated DeltaNet layers
-            shims.install_fla_gdn()
+        if "linear" in from_hf_config(spec.build.hf_config).layer_attention and not spec.recipe.force_hf:
+            shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
         shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
         if spec.depth is not None and len(measured) == 2:

@@ -23,7 +23,14 @@ from typing import Any
 from ..catalog.models import ModelSpec
 
 DEFAULT_TARGETS = ("*_proj",)
-_ROW_PARALLEL = (".o_proj", ".down_proj", ".out_proj")  # AutoModel's TP plans: row-parallel, full-width outputs
+_ROW_PARALLEL = (
+    ".o_proj",
+    ".down_proj",
+    ".out_proj",
+    ".dense",
+    ".fc2",
+    ".c_proj",
+)  # AutoModel's TP plans: row-parallel, full-width outputs
 MAX_PATTERNS = 256
 MAX_PATTERN_CHARS = 512
 # bitsandbytes NF4 with double quantization (AutoModel's default): 4-bit codes, an 8-bit absmax per 64 weights and
@@ -152,7 +159,7 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
     if kind == "moe":
         return out + _moe(m, mlp, shared="shared_experts")
     inter = m.intermediate_size
-    up, down = mlp_names(m)
+    up, down = m.mlp_names
     if m.gated_mlp:
         out += [Linear(f"{mlp}.gate_proj", h, inter), Linear(f"{mlp}.{up}", h, inter)]
     else:
@@ -160,19 +167,9 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
     return out + [Linear(f"{mlp}.{down}", inter, h)]
 
 
-# transformers' names where an architecture does not use Llama's (what a peft: target_modules pattern is matched on)
-_MLP_NAMES = {"PhiForCausalLM": ("fc1", "fc2"), "Starcoder2ForCausalLM": ("c_fc", "c_proj")}
-_O_NAMES = {"PhiForCausalLM": "dense"}
-
-
-def mlp_names(m: ModelSpec) -> tuple[str, str]:
-    """The dense MLP's up and down projections' module names."""
-    return _MLP_NAMES.get(m.architecture or "", ("up_proj", "down_proj"))
-
-
 def down_adapted(m: ModelSpec, lora: Lora | None) -> bool:
     """Whether the dense MLP's down projection trains (no peft:, or LoRA on it), so backward keeps its input."""
-    down = "." + mlp_names(m)[1]
+    down = "." + m.mlp_names[1]
     return lora is None or any(name.endswith(down) for name in lora.adapted)
 
 
@@ -198,7 +195,7 @@ def _attention(m: ModelSpec, base: str) -> list[Linear]:
         Linear(f"{base}.q_proj", h, heads * d),
         Linear(f"{base}.k_proj", h, kv * d),
         Linear(f"{base}.v_proj", h, kv * d),
-        Linear(f"{base}.{_O_NAMES.get(m.architecture or '', 'o_proj')}", heads * d, h),
+        Linear(f"{base}.{m.o_name}", heads * d, h),
     ]
 
 

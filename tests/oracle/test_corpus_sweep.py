@@ -156,8 +156,7 @@ def test_sample_agrees_per_category():
     _check_categories(rows, SIZED_CATEGORIES - {"convergence"})
 
 
-# Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
-# The dry run cannot measure these here: strict, so a fix shows.
+# The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 NOT_MEASURED: dict[str, str] = {
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",

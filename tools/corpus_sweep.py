@@ -4,7 +4,7 @@ estimate and the dry run per recipe, and the estimate's error against the dry ru
 
     python tools/corpus_sweep.py                      # every recipe, the table to docs/corpus-sweep.md
     python tools/corpus_sweep.py --sample             # the fixed sample the default test suite runs
-    python tools/corpus_sweep.py --no-dry-run --json  # validate and estimate only, as JSON
+    python tools/corpus_sweep.py --no-dry-run --json rows.json  # validate and estimate only, rows as JSON
     python tools/corpus_sweep.py --fetch-config       # with Hub access: size the recipes whose model the catalog lacks
 
 The table is what tests/oracle/test_corpus_sweep.py asserts (a fixed sample by default, every recipe under the slow marker).

@@ -504,6 +504,24 @@ def test_the_fla_gated_deltanet_stand_in_keeps_what_flas_kernel_keeps():
 
 
 @needs_automodel
+def test_a_multimodal_class_trained_as_a_causal_lm_is_measured():
+    """Qwen3.5-35B-A3B's config is multimodal (text_config, vision_config), as its LoRA benchmark recipes build it with
+    NeMoAutoModelForCausalLM: the dry run reads the language model's vocabulary and experts, answers the class's
+    media-token check for a text batch, and FSDP's post-backward passes the vision tower that never ran."""
+    report = dry_run(
+        "distributed:\n  ep_size: 2\n",
+        world_size=2,
+        model="Qwen/Qwen3.5-35B-A3B",
+        seq_len=256,
+        num_layers=4,
+        micro_batch_size=1,
+    )
+    r = _only(report)
+    assert r.peak_allocated_gib > 0 and report.params_total > 0
+    assert any("fla's chunked kernel as a stand-in" in x for x in report.substitutions)
+
+
+@needs_automodel
 def test_qwen3_next_runs_flas_kernel_as_the_stand_in():
     """AutoModel's Qwen3-Next binds fla's chunked kernel at build time: the dry run puts the stand-in there, says so,
     and measures the rank (transformers' torch loop, the fallback without fla, is not what a GPU job with

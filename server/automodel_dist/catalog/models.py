@@ -505,10 +505,10 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
         norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 1 if mtype == "phi" else 2,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
-        mlp_names=MLP_NAMES.get(mtype, ("up_proj", "down_proj")),
+        mlp_names=UNGATED_MLP.get(mtype, ("up_proj", "down_proj")),
         o_name="dense" if mtype == "phi" else "o_proj",
         python_gelu=_first(cfg, "hidden_activation", "hidden_act") == "gelu_new",
-        norm_bias=mtype in LAYER_NORM,
+        norm_bias=mtype in UNGATED_MLP,
         lm_head_bias=mtype == "phi",
         shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"),
         num_experts=experts,
@@ -562,13 +562,11 @@ TIED_BY_DEFAULT = frozenset(
     plbart prophetnet recurrent_gemma roberta roberta-prelayernorm roc_bert roformer smollm3 starcoder2 trocr vaultgemma
     whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet xmod youtu zamba zamba2 zaya""".split()
 )
-# Model types whose MLP is up/down without a gate (transformers' PhiMLP fc1/fc2, Starcoder2MLP c_fc/c_proj), and
-# those whose norms are LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP).
-UNGATED_MLP = frozenset({"phi", "starcoder2"})
+# transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
+# Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
+UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-LAYER_NORM = frozenset({"phi", "starcoder2"})
-MLP_NAMES = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}  # transformers' module names
 
 
 def _tied(cfg: dict[str, Any], mtype: str) -> bool:

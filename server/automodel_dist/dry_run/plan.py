@@ -171,9 +171,9 @@ def plan_dry_run(
             "not measured"
         )
     if d.strategy in ("megatron_fsdp",):
-        not_measured.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
+        blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:
-        not_measured.append(
+        blocking.append(
             "DDP: its reducer's gradient all-reduce cannot complete on a fake process group (no values come back): "
             "not measured"
         )
@@ -185,7 +185,8 @@ def plan_dry_run(
             ", except in AutoModel's compiled MoE expert activations, which keep their inputs as a compiled graph does"
         )
     subs.append(eager)
-    if "linear" in spec.layer_attention and not w.force_hf:  # transformers' own class keeps its torch loop
+    fla_gdn = "linear" in spec.layer_attention and not w.force_hf  # transformers' own class keeps its torch loop
+    if fla_gdn:
         subs.append(
             "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
@@ -214,8 +215,7 @@ def plan_dry_run(
     if bad or not ranks:
         raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")
     ranks = sorted(set(ranks))
-    blocking += [x for x in not_measured if x.startswith(("MegatronFSDP", "DDP:"))]
-    not_measured += [x for x in blocking if x not in not_measured]
+    not_measured += blocking
     unmeasured = {r: blocking[0] for r in ranks} if blocking else {}
     full = Build(hf_config=cfg, distributed=jsonable(sanitized_block(ctx.block, subs, DryRunUsageError)))
     recipe = StackRecipe(
@@ -227,6 +227,7 @@ def plan_dry_run(
         force_hf=w.force_hf,
         liger=w.use_liger_kernel,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
+        fla_gdn=fla_gdn,
         clip_grad_norm=w.clip_grad_norm,
     )
     depths: dict[int, Depth] = {}

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
-from ..catalog.models import from_hf_config
 from ..stack import shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
@@ -340,7 +339,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             return result
         if (spec.recipe.backend or {}).get("attn") == "te":
             shims.install_te_attention()
-        if "linear" in from_hf_config(spec.build.hf_config).layer_attention and not spec.recipe.force_hf:
+        if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
         shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]

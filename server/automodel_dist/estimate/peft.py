@@ -23,14 +23,8 @@ from typing import Any
 from ..catalog.models import ModelSpec
 
 DEFAULT_TARGETS = ("*_proj",)
-_ROW_PARALLEL = (
-    ".o_proj",
-    ".down_proj",
-    ".out_proj",
-    ".dense",
-    ".fc2",
-    ".c_proj",
-)  # AutoModel's TP plans: row-parallel, full-width outputs
+# AutoModel's TP plans: row-parallel, full-width outputs (Llama's names, Mamba's, Phi's and StarCoder2's)
+_ROW_PARALLEL = (".o_proj", ".down_proj", ".out_proj", ".dense", ".fc2", ".c_proj")
 MAX_PATTERNS = 256
 MAX_PATTERN_CHARS = 512
 # bitsandbytes NF4 with double quantization (AutoModel's default): 4-bit codes, an 8-bit absmax per 64 weights and

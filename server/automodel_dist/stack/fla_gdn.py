@@ -21,13 +21,14 @@ v [B, T, H, V] in bf16, g fp32 and beta [B, T, H]; NT = T / 64):
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import sys
 import types
 from typing import Any
 
 import torch
+
+from .stand_in import stand_in_module
 
 CHUNK = 64
 
@@ -110,22 +111,14 @@ def fused_recurrent_gated_delta_rule(*args: Any, **kwargs: Any) -> Any:
 NAMES = ("fla", "fla.ops", "fla.ops.gated_delta_rule")
 
 
-def _module(name: str, **attrs: Any) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)
-    mod.__path__ = []
-    mod.__dict__.update(attrs)
-    return mod
-
-
 def install() -> dict[str, types.ModuleType]:
     """Put the stand-in where ``safe_import_from("fla.ops.gated_delta_rule", ...)`` finds it; nothing where the real
     fla is installed."""
     if "fla" in sys.modules or importlib.util.find_spec("fla") is not None:
         return {}
-    fla = _module("fla", __version__="0.4.2", _stand_in=True)
-    ops = _module("fla.ops")
-    gdr = _module(
+    fla = stand_in_module("fla", __version__="0.4.2", _stand_in=True)
+    ops = stand_in_module("fla.ops")
+    gdr = stand_in_module(
         "fla.ops.gated_delta_rule",
         chunk_gated_delta_rule=chunk_gated_delta_rule,
         fused_recurrent_gated_delta_rule=fused_recurrent_gated_delta_rule,

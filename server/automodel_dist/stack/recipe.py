@@ -46,6 +46,9 @@ class StackRecipe(BaseModel):
     force_hf: bool = False
     liger: bool = False  # use_liger_kernel
     local_dispatch: bool = False  # the dry run's stand-in for DeepEP/HybridEP/UCCL-EP (LOCAL_DISPATCHERS)
+    fla_gdn: bool = (
+        False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)
+    )
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
 
 

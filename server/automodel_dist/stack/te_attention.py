@@ -22,12 +22,13 @@ Memory model (TE 2.x ``AttnFuncWithCPAndKVP2P``, f16/bf16, cp_comm_type="p2p"):
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
 import types
 from typing import Any
 
 import torch
+
+from .stand_in import stand_in_module
 
 PREIMPORT = (
     "nemo_automodel.components._peft.lora",
@@ -197,14 +198,6 @@ def thd_get_partitioned_indices(cu_seqlens_padded: torch.Tensor, total_tokens: i
     return out.to(device=cu_seqlens_padded.device, dtype=torch.int64)
 
 
-def _module(name: str, **attrs: Any) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    mod.__spec__ = importlib.machinery.ModuleSpec(name, loader=None, is_package=True)  # find_spec() must not raise
-    mod.__path__ = []  # a package, so "import a.b.c" resolves submodules from sys.modules
-    mod.__dict__.update(attrs)
-    return mod
-
-
 NAMES = (
     "transformer_engine",
     "transformer_engine.pytorch",
@@ -220,10 +213,10 @@ def install() -> dict[str, types.ModuleType]:
         return {}  # the real Transformer Engine is imported: nothing to stand in for
     for name in PREIMPORT:  # their import-time safe_import_te() must still see no TE
         importlib.import_module(name)
-    te = _module("transformer_engine", __version__="2.16.0", _stand_in=True)
-    te_pt = _module("transformer_engine.pytorch", DotProductAttention=DotProductAttention)
-    te_attn = _module("transformer_engine.pytorch.attention", DotProductAttention=DotProductAttention)
-    tex = _module("transformer_engine_torch", thd_get_partitioned_indices=thd_get_partitioned_indices)
+    te = stand_in_module("transformer_engine", __version__="2.16.0", _stand_in=True)
+    te_pt = stand_in_module("transformer_engine.pytorch", DotProductAttention=DotProductAttention)
+    te_attn = stand_in_module("transformer_engine.pytorch.attention", DotProductAttention=DotProductAttention)
+    tex = stand_in_module("transformer_engine_torch", thd_get_partitioned_indices=thd_get_partitioned_indices)
     te.pytorch, te_pt.attention = te_pt, te_attn  # type: ignore[attr-defined]
     mods = dict(zip(NAMES, (te, te_pt, te_attn, tex)))
     sys.modules.update(mods)

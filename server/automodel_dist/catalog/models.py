@@ -503,7 +503,11 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
-        norms_per_layer=4 if mtype.startswith("gemma2") or mtype.startswith("gemma3") else 1 if mtype == "phi" else 2,
+        norms_per_layer=4
+        if mtype.startswith("gemma2") or mtype.startswith("gemma3")
+        else 1
+        if mtype in PARALLEL_BLOCK
+        else 2,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
         mlp_names=UNGATED_MLP.get(mtype, ("up_proj", "down_proj")),
         o_name="dense" if mtype == "phi" else "o_proj",
@@ -565,6 +569,9 @@ TIED_BY_DEFAULT = frozenset(
 # transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
 # Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
 UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
+# transformers' parallel blocks, one norm a layer whose output feeds both the attention and the MLP (PhiDecoderLayer,
+# Cohere2DecoderLayer)
+PARALLEL_BLOCK = ("phi", "cohere2")
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 

@@ -93,6 +93,24 @@ def test_plan_depth_uniform_prefix_and_pipeline():
     assert plan_depth(dataclasses.replace(l8, num_layers=3), read_dims({}, 8), 0) is None  # as shallow as a build
 
 
+def test_plan_depth_builds_whole_where_the_two_builds_would_run_more_layers():
+    """Two shallow builds of 3 and 4 units run 7 units' worth of layers: a rank holding fewer is built once, whole
+    (less work, and nothing extrapolated)."""
+    l8 = lookup_model("meta-llama/Llama-3.1-8B")
+    assert plan_depth(dataclasses.replace(l8, num_layers=6), read_dims({}, 8), 0) is None  # 3 + 4 > 6
+    assert plan_depth(dataclasses.replace(l8, num_layers=7), read_dims({}, 8), 0) is not None  # 3 + 4 = 7
+    ling = lookup_model("inclusionAI/Ling-1T")  # 80 layers, PP 8 at 2 layers a stage: 5 stages a rank
+    pp8 = read_dims(
+        {"pp_size": 8, "ep_size": 8, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 2}}, 64
+    )
+    assert plan_depth(ling, pp8, 0) is None  # 3 + 4 stages > 5
+    # 6 stages of 6 layers a rank: builds of 3 and 4 layers a stage would run 7 of every 6
+    pp2 = read_dims({"pp_size": 2, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 6}}, 16)
+    assert plan_depth(dataclasses.replace(l8, num_layers=72), pp2, 0) is None
+    pp2 = read_dims({"pp_size": 2, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 8}}, 16)
+    assert plan_depth(dataclasses.replace(l8, num_layers=96), pp2, 0) is not None  # 7 of every 8
+
+
 def test_truncated_config_cuts_per_layer_lists():
     cfg = {"num_hidden_layers": 8, "layer_types": ["s", "f"] * 4, "hybrid_override_pattern": "M*M*M*M*"}
     out = truncated_config(cfg, 4)

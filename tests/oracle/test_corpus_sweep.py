@@ -164,10 +164,6 @@ NOT_MEASURED: dict[str, str] = {
     "mamba_ssm (a CUDA extension), which is not installed here",
     "llm_finetune/nemotron/nemotron_nano_v3_hellaswag_peft_te.yaml": "dry run failed: Nemotron-H's Mamba layers import "
     "mamba_ssm (a CUDA extension), which is not installed here",
-    "llm_finetune/minimax_m2/minimax_m2.1_hellaswag_pp.yaml": "dry run failed in the optimizer: AutoModel restores "
-    "MiniMax-M2's strict-fp32 router gate through .data after FSDP sharding (cast_model_to_dtype), which leaves the "
-    "fake build's local shard bf16 under an fp32 DTensor, and Adam's lerp_ refuses the mix; whether a GPU run holds "
-    "the same state is not checked here (its CI run trained it)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_35b_neat_packing.yaml": "a VLM recipe: the dry run's step feeds no images (the "
     "plan runs no rank and says so)",
 }

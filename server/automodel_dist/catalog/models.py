@@ -473,8 +473,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
-    if shared is None and cfg.get("n_shared_experts"):
-        shared = _int(cfg["n_shared_experts"], "n_shared_experts") * moe_inter
+    shared_count = _first(cfg, "n_shared_experts", "num_shared_experts", default=None)  # DeepSeek's, Ling's
+    if shared is None and shared_count:
+        shared = _int(shared_count, "n_shared_experts") * moe_inter
     # transformers' Phi keeps a bias on every projection; StarCoder2 where use_bias (its default) says so
     biased = mtype == "phi" or (mtype == "starcoder2" and bool(cfg.get("use_bias", True)))
     head_dim = _first(cfg, "head_dim", default=None)

@@ -55,7 +55,8 @@ def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
 
 def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | None:
     """The two shallow builds that stand for the full model on a rank of pipeline rank ``pp_rank``, or None when it
-    must be built whole (a model no deeper than the second build, or with no repeating period of layer kinds)."""
+    is built whole: a model no deeper than the second build, one whose two builds would together run more layers than
+    one whole build (slower, and no more exact), or one with no repeating period of layer kinds."""
     kinds = layer_kinds(spec)
     L = spec.num_layers
     notes: list[str] = []
@@ -71,6 +72,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         n1 = max(1, math.ceil(MIN_LAYERS / period))
         if min(per_stage) <= (n1 + 1) * period:
             return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
+        if spr * (2 * n1 + 1) * period > held:
+            return None  # the two builds would run more layers than the rank holds: one whole build is less work
         if spec.first_dense_layers:
             notes.append(
                 f"the first {spec.first_dense_layers} dense layers are built as the model's MoE layers in the "
@@ -95,8 +98,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         return None
     n1 = max(1, math.ceil(MIN_LAYERS / period))
     target = (L - prefix) / period
-    if target <= n1 + 1:
-        return None
+    if target <= n1 + 1 or 2 * prefix + (2 * n1 + 1) * period > L:
+        return None  # no deeper than the second build, or the two builds run more layers than one whole build
     built = (prefix + n1 * period, prefix + (n1 + 1) * period)
     return Depth(
         period=period,
@@ -120,7 +123,8 @@ def _by_stages(
     stage, and with every microbatch in one round all of them are in flight); torch keeps at most three stages
     gathered, which both builds already hold."""
     lps = min(per_stage)
-    if spr <= MIN_STAGES + 1 or lps % period or dims.v_schedule:
+    # whole when the two builds would run more stages than the rank holds (3 + 4 > spr): less work, and exact
+    if spr < 2 * MIN_STAGES + 1 or lps % period or dims.v_schedule:
         return None
     notes = [
         f"built with {MIN_STAGES} and {MIN_STAGES + 1} of the rank's {spr} pipeline stages ({lps} layers each) and "

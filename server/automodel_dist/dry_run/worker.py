@@ -174,7 +174,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     with phases("build"):
         with shims.liger_stand_in() as liger:
             patches = contextlib.ExitStack()
-            patches.enter_context(shims.build_patches(fake_mode))
+            patches.enter_context(
+                shims.build_patches(
+                    fake_mode,
+                    pretrained_pp=spec.recipe.load_base_model and dist_setup.mesh_context.pp_size > 1,
+                )
+            )
             patches.enter_context(shims.value_oracles(items, {}))
             built = step.build(
                 spec.recipe,

@@ -44,6 +44,9 @@ class StackRecipe(BaseModel):
     backend: dict[str, Any] | None = None  # BackendConfig's fields (AutoModel's own classes): backend_for
     torch_dtype: str | None = None
     force_hf: bool = False
+    # from_pretrained (load_base_model): under PP AutoModel skips the random initialization its checkpoint load
+    # overwrites (infrastructure.py: _skip_init_weights_on_load), and with it the dtype cast inside it
+    load_base_model: bool = False
     liger: bool = False  # use_liger_kernel
     local_dispatch: bool = False  # the dry run's stand-in for DeepEP/HybridEP/UCCL-EP (LOCAL_DISPATCHERS)
     fla_gdn: bool = (

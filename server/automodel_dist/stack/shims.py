@@ -472,6 +472,20 @@ FAKE_INIT = _register(
         "peft_init_method",
     ),
 )
+PRETRAINED_PP_INIT = _register(
+    "pretrained_pp_skip_init",
+    "build",
+    "each pipeline part gets _skip_init_weights_on_load before initialize_model_weights (from_pretrained under PP)",
+    "The dry run builds through from_config (no checkpoint to load), which initializes every parameter randomly after "
+    "sharding; a recipe's from_pretrained under PP sets _skip_init_weights_on_load on each part first "
+    "(infrastructure.py, load_base_model), so AutoModel skips that initialization and its dtype cast (which, run on "
+    "sharded parameters, turns a strict-fp32 parameter's local shard bf16: MiniMax-M2's router gate) and loads the "
+    "checkpoint into the materialised shards instead, which allocates nothing the step keeps.",
+    _source_has(
+        "nemo_automodel._transformers.infrastructure:apply_model_infrastructure",
+        "mp._skip_init_weights_on_load = True",
+    ),
+)
 RETIE = _register(
     "fake_init_retie",
     "build",
@@ -534,8 +548,9 @@ def _shared_params(model: Any) -> list[list[tuple[Any, str]]]:
 
 
 @contextlib.contextmanager
-def build_patches(fake_mode: Any) -> Iterator[None]:
-    """What from_config needs on a CPU, on fake tensors."""
+def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[None]:
+    """What from_config needs on a CPU, on fake tensors. ``pretrained_pp``: the recipe's from_pretrained under PP,
+    whose pipeline parts AutoModel initializes as it does before loading the checkpoint (see PRETRAINED_PP_INIT)."""
     import nemo_automodel._transformers.auto_model as am
     import torch
     from nemo_automodel.components.checkpoint.checkpointing import Checkpointer
@@ -580,6 +595,9 @@ def build_patches(fake_mode: Any) -> Iterator[None]:
         @functools.wraps(init_fn)
         def initialize_model_weights(model: Any, device: Any, peft_init_method: Any = None) -> Any:
             FAKE_INIT.hits += 1
+            if pretrained_pp:
+                PRETRAINED_PP_INIT.hits += 1
+                model._skip_init_weights_on_load = True
             ties = _shared_params(model)
             with fake_mode, _patched(torch.nn.Module, "_apply", apply):
                 out = init_fn(model, device, peft_init_method=peft_init_method)

@@ -10,8 +10,8 @@ from typing import Any
 from typing_extensions import Unpack
 
 from .catalog.implementations import AUTOMODEL_VERSION
-from .catalog.models import ModelConfigError, ModelSpec
-from .catalog.sources import resolve
+from .catalog.models import ModelConfigError, ModelSpec, from_hf_config
+from .catalog.sources import ModelSource, resolve
 from .config import schema
 from .config.kinds import DIFFUSION_FSDP_DEFAULTS, DIFFUSION_FSDP_KEYS, RecipeKind, recipe_kind
 from .config.load import Document, clip, from_mapping, load_path, load_text
@@ -345,6 +345,23 @@ def _recipe_model_name(recipe: dict[str, Any] | None) -> tuple[str, tuple[str, .
     return None
 
 
+def _recipe_inline_config(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The config.json a recipe writes out in ``model.config`` (a transformers config class's ``_target_`` with its
+    fields, as from_config recipes do): the fields, with the model type read from the class's module path
+    ``transformers.models.<type>.configuration_<type>.<Class>`` (a string, never imported) unless given."""
+    m = recipe.get("model") if recipe else None
+    cfg = m.get("config") if isinstance(m, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("_target_"), str) or "hidden_size" not in cfg:
+        return None
+    parts = cfg["_target_"].split(".")
+    out = {str(k): v for k, v in cfg.items() if k != "_target_"}
+    if "model_type" not in out:
+        if len(parts) != 5 or parts[:2] != ["transformers", "models"] or parts[3] != f"configuration_{parts[2]}":
+            return None
+        out["model_type"] = parts[2]
+    return out
+
+
 def _model(
     model: ModelInput, recipe: dict[str, Any] | None, doc: Document, findings: list[Finding], fetch: bool
 ) -> _ModelFound:
@@ -372,7 +389,24 @@ def _model(
         return _ModelFound(src.spec, src.describe())
     named = _recipe_model_name(recipe)
     if named is None:
-        return _ModelFound(skipped=NO_MODEL)
+        inline = _recipe_inline_config(recipe)
+        if inline is None:
+            return _ModelFound(skipped=NO_MODEL)
+        try:
+            spec = from_hf_config(inline, name=f"{inline['model_type']} (model.config)")
+        except ModelConfigError as exc:
+            return _ModelFound(skipped=f"model.config: {clip(str(exc), 240)}")
+        src = ModelSource(spec, "recipe", "model.config")
+        findings.append(
+            _finding(
+                "model-from-recipe",
+                f"model-aware checks use the model written out in model.config ({inline['model_type']})",
+                path="model.config",
+                line=doc.line(("model", "config")),
+                severity="info",
+            )
+        )
+        return _ModelFound(spec, src.describe())
     name, path, revision = named
     dotted = ".".join(path)
     try:

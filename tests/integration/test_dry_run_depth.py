@@ -256,3 +256,13 @@ def test_the_qwen3_moe_chat_recipe_estimate_is_what_it_says_it_measured():
 
     est = estimate_memory(ROOT / "tests" / "examples" / "qwen3_moe_30b_te_chat_thd.yaml", gpus_per_node=8)
     assert est.memory_gib.tracked_peak == pytest.approx(19.0, rel=0.20) and est.verdict == "fits"
+
+
+@pytest.mark.parametrize(
+    "ranks,cores,workers",
+    [(1, 2, 1), (2, 2, 2), (3, 2, 3), (4, 2, 2), (5, 2, 2), (8, 2, 2), (4, 3, 4), (3, 16, 3), (6, 16, 4)],
+)
+def test_measured_ranks_run_in_even_rounds(ranks, cores, workers):
+    from automodel_dist.dry_run.run import concurrency
+
+    assert concurrency(ranks, cores) == workers

@@ -342,9 +342,9 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
         _assert_automodel_class_matches(model_type, cfg, small)
         return
     config = transformers.AutoConfig.for_model(model_type, **cfg)
-    if type(config) not in transformers.AutoModelForCausalLM._model_mapping:
-        # a multimodal class transformers has no causal-LM mapping for (Mistral3; AutoModel registers one on import):
-        # its language model is built alone
+    if model_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        # a multimodal class transformers' own table maps to no causal LM (Mistral3; AutoModel registers one on
+        # import, so the static table decides): its language model is built alone
         config = config.get_text_config()
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)

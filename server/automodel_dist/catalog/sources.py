@@ -36,7 +36,7 @@ class ModelSource:
     """A resolved model and where its dims came from."""
 
     spec: ModelSpec
-    source: str  # argument | config.json | hf-cache | catalog | downloaded
+    source: str  # argument | config.json | hf-cache | catalog | downloaded | recipe
     where: str | None = None  # the file read, or the catalog's reference
     note: str | None = None  # what the reader should know about this source (a revision that was not found)
 
@@ -48,6 +48,7 @@ class ModelSource:
             "catalog": "the built-in catalog",
             "downloaded": f"config.json downloaded from the Hub ({self.where})",
             "mapping": "the config dict passed",
+            "recipe": f"the recipe's {self.where} (written out in it)",
         }.get(self.source, self.source)
         return f"{said} ({self.note})" if self.note else said
 

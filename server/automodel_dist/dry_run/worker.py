@@ -228,6 +228,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     nonzero = {
         "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // (1 if local else ep),
         "moe/experts.py:_forward_loop": lambda mask: mask.numel() * (ep if local else 1) // n_experts,
+        # the LoRA experts' own per-expert loop (experts: torch with LoRA on the experts): the same mask per expert
+        "_peft/lora_experts.py:_forward_loop": lambda mask: mask.numel() * (ep if local else 1) // n_experts,
     }
     with (
         shims.step_patches(),

@@ -345,20 +345,32 @@ def _recipe_model_name(recipe: dict[str, Any] | None) -> tuple[str, tuple[str, .
     return None
 
 
-def _recipe_inline_config(recipe: dict[str, Any] | None) -> dict[str, Any] | None:
+def _recipe_inline_config(recipe: dict[str, Any] | None) -> dict[str, Any] | str | None:
     """The config.json a recipe writes out in ``model.config`` (a transformers config class's ``_target_`` with its
-    fields, as from_config recipes do): the fields, with the model type read from the class's module path
-    ``transformers.models.<type>.configuration_<type>.<Class>`` (a string, never imported) unless given."""
+    fields, as from_config recipes do), or why it cannot be read (None: the recipe writes none out). The model type is
+    read off the class's path ``transformers.models.<type>.configuration_<type>.<Type>Config`` as a string (never
+    imported), else taken from a ``model_type`` field; a module's other classes (Gemma3TextConfig in
+    configuration_gemma3) need the field, as the path would name the wrong type."""
     m = recipe.get("model") if recipe else None
     cfg = m.get("config") if isinstance(m, dict) else None
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("_target_"), str) or "hidden_size" not in cfg:
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("_target_"), str):
         return None
-    parts = cfg["_target_"].split(".")
-    out = {str(k): v for k, v in cfg.items() if k != "_target_"}
-    if "model_type" not in out:
-        if len(parts) != 5 or parts[:2] != ["transformers", "models"] or parts[3] != f"configuration_{parts[2]}":
-            return None
+    target = cfg["_target_"]
+    # Hydra's own keys (_target_, _recursive_, ...) are instructions to it, not config fields
+    out = {k: v for k, v in cfg.items() if isinstance(k, str) and not k.startswith("_")}
+    parts = target.split(".")
+    if (
+        len(parts) == 5
+        and parts[:2] == ["transformers", "models"]
+        and parts[3] == f"configuration_{parts[2]}"
+        and parts[4].lower() == parts[2].replace("_", "") + "config"
+    ):
         out["model_type"] = parts[2]
+    elif not isinstance(out.get("model_type"), str) or not out["model_type"].strip():
+        return (
+            f"model.config's _target_ {clip(repr(target), 100)} does not name its model type: add model_type: <type> "
+            "to model.config, or give the class as transformers.models.<type>.configuration_<type>.<Class>"
+        )
     return out
 
 
@@ -392,15 +404,18 @@ def _model(
         inline = _recipe_inline_config(recipe)
         if inline is None:
             return _ModelFound(skipped=NO_MODEL)
+        if isinstance(inline, str):
+            return _ModelFound(skipped=inline)
+        mtype = clip(inline["model_type"], 60)
         try:
-            spec = from_hf_config(inline, name=f"{inline['model_type']} (model.config)")
+            spec = from_hf_config(inline, name=f"{mtype} (model.config)")
         except ModelConfigError as exc:
             return _ModelFound(skipped=f"model.config: {clip(str(exc), 240)}")
         src = ModelSource(spec, "recipe", "model.config")
         findings.append(
             _finding(
                 "model-from-recipe",
-                f"model-aware checks use the model written out in model.config ({inline['model_type']})",
+                f"model-aware checks use the model written out in model.config ({mtype})",
                 path="model.config",
                 line=doc.line(("model", "config")),
                 severity="info",

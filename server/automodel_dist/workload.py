@@ -31,6 +31,22 @@ def _name(target: Any) -> str | None:
     return target.rsplit(".", 1)[-1] if isinstance(target, str) else None
 
 
+# AutoModel's from_pretrained passes load_base_model=False for these (their encoders load their own weights)
+_OWN_LOADERS = frozenset({"NeMoAutoModelBiEncoder", "NeMoAutoModelCrossEncoder"})
+
+
+def _loads_base_model(model: Mapping[str, Any]) -> bool:
+    """AutoModel's ``load_base_model`` for the recipe's model: from_pretrained passes True (but for the retrieval
+    encoders), from_config takes it as a keyword (``model.load_base_model``, False unless given)."""
+    target = model.get("_target_")
+    if isinstance(model.get("load_base_model"), bool):
+        return bool(model["load_base_model"])
+    if not isinstance(target, str) or _name(target) != "from_pretrained":
+        return False
+    parts = target.split(".")
+    return len(parts) < 2 or parts[-2] not in _OWN_LOADERS
+
+
 def _kwargs(section: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in section.items() if isinstance(k, str) and not k.startswith("_")}
 
@@ -51,7 +67,7 @@ class Workload:
     torch_dtype: str | None = None  # model.torch_dtype
     backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
     force_hf: bool = False
-    pretrained: bool = False  # model._target_ is from_pretrained: AutoModel loads the checkpoint (load_base_model)
+    pretrained: bool = False  # AutoModel's load_base_model: it loads the checkpoint (from_pretrained, or as asked)
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
@@ -103,7 +119,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
-        facts["pretrained"] = _name(model.get("_target_")) == "from_pretrained"
+        facts["pretrained"] = _loads_base_model(model)
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False
     teacher = recipe.get("teacher_model")
     if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):

@@ -536,3 +536,41 @@ def test_qwen3_next_runs_flas_kernel_as_the_stand_in():
     )
     assert _only(report).peak_allocated_gib > 0
     assert any("fla's chunked kernel as a stand-in" in x for x in report.substitutions)
+
+
+MINIMAX_PP = """model:
+  _target_: nemo_automodel.NeMoAutoModelForCausalLM.{builder}
+  pretrained_model_name_or_path: MiniMaxAI/MiniMax-M2.7
+  backend:  # the corpus's MiniMax-M2.1 PP recipe's
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: te
+    linear: te
+    rms_norm: torch_fp32
+    rope_fusion: true
+    dispatcher: hybridep
+    experts: gmm
+distributed:
+  pp_size: 2
+  ep_size: 2
+  pipeline:  # as the corpus recipe sets them: MiniMax-M2's class keeps its own forward under PP
+    pp_schedule: 1f1b
+    pp_microbatch_size: 1
+    patch_inner_model: false
+    patch_causal_lm_model: false
+step_scheduler:
+  local_batch_size: 2
+"""
+
+
+@needs_automodel
+def test_from_pretrained_under_pp_initializes_as_automodel_does_before_loading():
+    """Under PP AutoModel's from_pretrained skips the random initialization (and its dtype cast) that the checkpoint
+    load overwrites. MiniMax-M2's router gate is strict fp32: the cast, run on sharded parameters, would leave its local
+    shard bf16 under an fp32 DTensor, which Adam refuses. from_config runs that initialization, in AutoModel too."""
+    kw = {"world_size": 4, "seq_len": 256, "num_layers": 4, "micro_batch_size": None}
+    report = dry_run(MINIMAX_PP.format(builder="from_pretrained"), **kw)
+    assert report.status == "measured", [(r.status, r.error) for r in report.ranks]
+    assert all(r.shim_hits.get("pretrained_pp_skip_init") for r in report.ranks)
+    built = dry_run(MINIMAX_PP.format(builder="from_config"), **kw)
+    assert not any(r.shim_hits.get("pretrained_pp_skip_init") for r in built.ranks)
+    assert built.status == "failed" and "expected dtype" in (built.ranks[0].error or "")

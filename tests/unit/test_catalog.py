@@ -332,7 +332,9 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     from automodel_dist.catalog.hf_config import hf_config
     from automodel_dist.dry_run.depth import truncated_config
 
-    cfg = hf_config(spec) if spec.layer_types else truncated_config(hf_config(spec), min(spec.num_layers, 4))
+    # four layers, or two past a dense prefix so the MoE layers are compared too (Ling-1T's first four are dense)
+    depth = min(spec.num_layers, max(4, spec.first_dense_layers + 2))
+    cfg = hf_config(spec) if spec.layer_types else truncated_config(hf_config(spec), depth)
     small = from_hf_config(cfg, name=spec.name)
     assert small.architecture == spec.architecture and small.hd == spec.hd
     model_type = cfg.pop("model_type")
@@ -401,3 +403,27 @@ def test_a_multimodal_configs_language_model_is_read_with_the_whole_models_setti
     text = {k: v for k, v in cfg["text_config"].items() if k != "tie_word_embeddings"}
     for tie in (True, False):
         assert from_hf_config({**cfg, "text_config": text, "tie_word_embeddings": tie}).tie_word_embeddings is tie
+
+
+@pytest.mark.parametrize("model_type", ["cohere", "cohere2"])
+def test_a_parallel_block_has_one_norm_a_layer(model_type):
+    """Cohere's and Cohere2's decoder layers run attention and the MLP on one norm's output (PARALLEL_BLOCK), a
+    LayerNorm without bias: the parser counts what transformers builds."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {
+        "model_type": model_type,
+        "architectures": ["Cohere2ForCausalLM" if model_type == "cohere2" else "CohereForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
+    spec = from_hf_config(dict(cfg))
+    assert spec.norms_per_layer == 1 and spec.tie_word_embeddings
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count()

@@ -205,22 +205,26 @@ def test_fits_agrees_with_the_limits_it_prints():
 
 
 @pytest.mark.parametrize(
-    "target,pretrained",
+    "target,extra,pretrained",
     [
-        ("nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained", True),
-        ("nemo_automodel.NeMoAutoModelForCausalLM.from_config", False),
-        (None, False),
+        ("nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained", {}, True),
+        ("nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained", {}, True),
+        ("nemo_automodel.NeMoAutoModelForCausalLM.from_config", {}, False),
+        ("nemo_automodel.NeMoAutoModelForCausalLM.from_config", {"load_base_model": True}, True),
+        ("nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained", {"load_base_model": False}, False),
+        ("nemo_automodel.NeMoAutoModelBiEncoder.from_pretrained", {}, False),  # its encoder loads its own weights
+        (None, {}, False),
     ],
 )
-def test_a_from_pretrained_model_loads_its_checkpoint_and_the_dry_run_knows(target, pretrained):
-    """model._target_ from_pretrained is AutoModel's load_base_model: the dry run's plan hands it to the worker, which
-    initializes a pipeline part as AutoModel does before loading a checkpoint (shims.PRETRAINED_PP_INIT)."""
+def test_automodels_load_base_model_is_read_and_the_dry_run_knows(target, extra, pretrained):
+    """AutoModel's load_base_model (from_pretrained's, or from_config's keyword): the dry run's plan hands it to the
+    worker, which initializes a pipeline part as AutoModel does before loading a checkpoint (shims.PRETRAINED_PP_INIT)."""
     from automodel_dist.dry_run.plan import plan_dry_run
     from automodel_dist.request import Request
     from automodel_dist.workload import read_workload
 
-    model = {"pretrained_model_name_or_path": L8, **({"_target_": target} if target else {})}
+    model = {"pretrained_model_name_or_path": L8, **extra, **({"_target_": target} if target else {})}
     recipe = {"model": model, "distributed": {"strategy": "fsdp2", "pp_size": 2}}
     assert read_workload(recipe).pretrained is pretrained
     plan = plan_dry_run(Request.of(recipe, world_size=4))
-    assert all(s.recipe.load_base_model is pretrained for s in plan.specs)
+    assert plan.specs and all(s.recipe.load_base_model is pretrained for s in plan.specs)

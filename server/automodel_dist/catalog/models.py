@@ -473,9 +473,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
-    shared_count = _first(cfg, "n_shared_experts", "num_shared_experts", default=None)  # DeepSeek's, Ling's
-    if shared is None and shared_count:
-        shared = _int(shared_count, "n_shared_experts") * moe_inter
+    count_key = next((k for k in SHARED_EXPERT_COUNT_KEYS if cfg.get(k)), None)
+    if shared is None and count_key is not None:
+        shared = _int(cfg[count_key], count_key) * moe_inter
     # transformers' Phi keeps a bias on every projection; StarCoder2 where use_bias (its default) says so
     biased = mtype == "phi" or (mtype == "starcoder2" and bool(cfg.get("use_bias", True)))
     head_dim = _first(cfg, "head_dim", default=None)
@@ -570,9 +570,11 @@ TIED_BY_DEFAULT = frozenset(
 # transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
 # Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
 UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
+# the count of shared experts, each moe_intermediate_size wide: DeepSeek's and others' name, Ling's (bailing_moe)
+SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
 # transformers' parallel blocks, one norm a layer whose output feeds both the attention and the MLP (PhiDecoderLayer,
-# Cohere2DecoderLayer)
-PARALLEL_BLOCK = ("phi", "cohere2")
+# CohereDecoderLayer, Cohere2DecoderLayer)
+PARALLEL_BLOCK = ("phi", "cohere", "cohere2")
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 

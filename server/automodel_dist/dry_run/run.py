@@ -257,10 +257,11 @@ def _estimate(request: Request, plan: Plan) -> dict[str, float] | None:
 
 
 def concurrency(ranks: int, cores: int) -> int:
-    """How many measured ranks run at once. A rank's work is CPU-bound and fixed, so ranks beyond the cores only pay
-    when they even out the rounds: 3 ranks on 2 cores finish in 1.5 ranks' time all at once rather than 2 in two
-    rounds, while 4 ranks on 2 cores took longer all at once than two at a time (Ling-1T's PP 8 recipe, two alternating
-    runs: 96 and 80 s against 84 and 64 s). Up to 4 at once (each rank's process takes about 0.5 GiB of host memory)."""
+    """How many measured ranks run at once: never more than 4 (each rank's process takes about 0.5 GiB of host
+    memory). A rank's work is CPU-bound and fixed: 3 ranks on 2 cores finish in 1.5 ranks' time all at once rather
+    than 2 in two rounds, while 4 ranks on 2 cores took longer all at once than two at a time (Ling-1T's PP 8 recipe,
+    two alternating runs: 96 and 80 s against 84 and 64 s), so more ranks than cores run at once only where all of
+    them fit under the cap and the cores cannot take them in even rounds."""
     if ranks <= min(cores, 4) or (ranks <= 4 and ranks % cores):
         return max(1, ranks)
     return min(cores, 4)
@@ -318,7 +319,8 @@ def dry_run(
         done[rank] = done.get(rank, 0) + 1
         notify(phase, sum(done.values()), len(plan.specs) * len(PHASES), f"rank {rank}")
 
-    workers = concurrency(len(plan.specs), os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = concurrency(len(plan.specs), cores)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         raws = list(
             pool.map(

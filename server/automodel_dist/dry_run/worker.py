@@ -225,11 +225,15 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     # balanced routing: this rank's experts receive 1/ep of the EP group's token assignments (the torch dispatcher's
     # mask covers the gathered group's tokens; the local stand-in's only this rank's, as many as it receives)
     local = spec.recipe.local_dispatch and ep > 1
+
+    def per_expert(mask: Any) -> int:
+        return mask.numel() * (ep if local else 1) // n_experts
+
     nonzero = {
         "moe/experts.py:_permute_tokens_for_grouped_mm": lambda mask: mask.numel() // (1 if local else ep),
-        "moe/experts.py:_forward_loop": lambda mask: mask.numel() * (ep if local else 1) // n_experts,
+        "moe/experts.py:_forward_loop": per_expert,
         # the LoRA experts' own per-expert loop (experts: torch with LoRA on the experts): the same mask per expert
-        "_peft/lora_experts.py:_forward_loop": lambda mask: mask.numel() * (ep if local else 1) // n_experts,
+        "_peft/lora_experts.py:_forward_loop": per_expert,
     }
     with (
         shims.step_patches(),
@@ -240,7 +244,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     ):
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
             for p in (p for part in parts for p in part.parameters() if p.requires_grad):
-                p.grad = torch.zeros_like(p)
+                # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor
+                # whose local shard disagrees (a strict-fp32 parameter cast after sharding) fails where AutoModel's
+                # own step fails, in the optimizer, not here
+                p.grad = torch.zeros_like(p, dtype=p.dtype)
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)

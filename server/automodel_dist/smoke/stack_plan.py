@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..catalog.implementations import implementation
-from ..catalog.models import period_of
+from ..catalog.models import SHARED_EXPERT_COUNT_KEYS, period_of
 from ..dims import ParallelDims
 from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block
 from ..workload import Workload
@@ -82,8 +82,9 @@ def tiny_hf_config(cfg: Mapping[str, Any], *, tp: int, ep: int, stages: int, seq
         for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
             if key in cfg:
                 out[key] = hidden // 2
-        if cfg.get("n_shared_experts"):
-            out["n_shared_experts"] = 1
+        for key in SHARED_EXPERT_COUNT_KEYS:
+            if cfg.get(key):
+                out[key] = 1
         if "n_group" in cfg:
             out.update(n_group=1, topk_group=1)
         if cfg.get("first_k_dense_replace"):

@@ -483,6 +483,7 @@ PRETRAINED_PP_INIT = _register(
     "checkpoint into the materialised shards instead, which allocates nothing the step keeps.",
     _source_has(
         "nemo_automodel._transformers.infrastructure:apply_model_infrastructure",
+        "autopipeline is not None and load_base_model",
         "mp._skip_init_weights_on_load = True",
     ),
 )

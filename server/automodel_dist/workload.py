@@ -67,7 +67,7 @@ class Workload:
     torch_dtype: str | None = None  # model.torch_dtype
     backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
     force_hf: bool = False
-    pretrained: bool = False  # AutoModel's load_base_model: it loads the checkpoint (from_pretrained, or as asked)
+    load_base_model: bool = False  # AutoModel loads the checkpoint: from_pretrained, or from_config when asked
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
@@ -119,7 +119,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
-        facts["pretrained"] = _loads_base_model(model)
+        facts["load_base_model"] = _loads_base_model(model)
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False
     teacher = recipe.get("teacher_model")
     if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):

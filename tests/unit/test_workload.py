@@ -225,6 +225,6 @@ def test_automodels_load_base_model_is_read_and_the_dry_run_knows(target, extra,
 
     model = {"pretrained_model_name_or_path": L8, **extra, **({"_target_": target} if target else {})}
     recipe = {"model": model, "distributed": {"strategy": "fsdp2", "pp_size": 2}}
-    assert read_workload(recipe).pretrained is pretrained
+    assert read_workload(recipe).load_base_model is pretrained
     plan = plan_dry_run(Request.of(recipe, world_size=4))
     assert plan.specs and all(s.recipe.load_base_model is pretrained for s in plan.specs)

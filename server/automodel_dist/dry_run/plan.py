@@ -225,7 +225,7 @@ def plan_dry_run(
         backend=backend or None,
         torch_dtype=w.torch_dtype,
         force_hf=w.force_hf,
-        load_base_model=w.pretrained,
+        load_base_model=w.load_base_model,
         liger=w.use_liger_kernel,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,

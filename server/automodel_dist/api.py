@@ -400,39 +400,28 @@ def _model(
             )
         return _ModelFound(src.spec, src.describe())
     named = _recipe_model_name(recipe)
-    if named is None:
-        inline = _recipe_inline_config(recipe)
-        if inline is None:
-            return _ModelFound(skipped=NO_MODEL)
-        if isinstance(inline, str):
-            return _ModelFound(skipped=inline)
-        mtype = clip(inline["model_type"], 60)
+    if named is not None:
+        name, path, revision = named
+        dotted = ".".join(path)
         try:
-            spec = from_hf_config(inline, name=f"{mtype} (model.config)")
+            src = resolve(name, revision=revision, fetch=fetch)
         except ModelConfigError as exc:
-            return _ModelFound(skipped=f"model.config: {clip(str(exc), 240)}")
-        src = ModelSource(spec, "recipe", "model.config")
-        findings.append(
-            _finding(
-                "model-from-recipe",
-                f"model-aware checks use the model written out in model.config ({mtype})",
-                path="model.config",
-                line=doc.line(("model", "config")),
-                severity="info",
-            )
-        )
-        return _ModelFound(spec, src.describe())
-    name, path, revision = named
-    dotted = ".".join(path)
-    try:
-        src = resolve(name, revision=revision, fetch=fetch)
-    except ModelConfigError as exc:
-        return _ModelFound(skipped=f"{dotted} {clip(repr(name), 80)}: {clip(str(exc), 240)}")
+            return _ModelFound(skipped=f"{dotted} {clip(repr(name), 80)}: {clip(str(exc), 240)}")
+    else:
+        inline = _recipe_inline_config(recipe)
+        if not isinstance(inline, dict):
+            return _ModelFound(skipped=inline or NO_MODEL)
+        path, dotted = ("model", "config"), "model.config"
+        try:
+            spec = from_hf_config(inline, name=f"{clip(inline['model_type'], 60)} ({dotted})")
+        except ModelConfigError as exc:
+            return _ModelFound(skipped=f"{dotted}: {clip(str(exc), 240)}")
+        src = ModelSource(spec, "recipe", dotted)
     findings.append(
         _finding(
             "model-from-recipe",
             f"model-aware checks use {src.spec.name} from {dotted}"
-            + ("" if src.source == "catalog" else f" (dims from {src.describe()})"),
+            + ("" if src.source in ("catalog", "recipe") else f" (dims from {src.describe()})"),
             path=dotted,
             line=doc.line(path),
             severity="info",

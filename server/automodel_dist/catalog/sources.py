@@ -48,7 +48,7 @@ class ModelSource:
             "catalog": "the built-in catalog",
             "downloaded": f"config.json downloaded from the Hub ({self.where})",
             "mapping": "the config dict passed",
-            "recipe": f"the recipe's {self.where} (written out in it)",
+            "recipe": f"the recipe's {self.where}",
         }.get(self.source, self.source)
         return f"{said} ({self.note})" if self.note else said
 

@@ -28,6 +28,12 @@ from ..layout import stage_ids, stage_layer_counts
 MIN_LAYERS = 3
 
 
+def _whole_is_less_work(first: float, second: float, whole: float) -> bool:
+    """Whether one whole build runs fewer layers (or stages) than the two shallow builds together: then it is built
+    whole, which is faster and extrapolates nothing."""
+    return first + second > whole
+
+
 @dataclass(frozen=True)
 class Depth:
     """How one rank is built: the layers of each build and the units they hold on the rank, and the units the rank
@@ -72,8 +78,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         n1 = max(1, math.ceil(MIN_LAYERS / period))
         if min(per_stage) <= (n1 + 1) * period:
             return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
-        if spr * (2 * n1 + 1) * period > held:
-            return None  # the two builds would run more layers than the rank holds: one whole build is less work
+        if _whole_is_less_work(spr * n1 * period, spr * (n1 + 1) * period, held):
+            return None
         if spec.first_dense_layers:
             notes.append(
                 f"the first {spec.first_dense_layers} dense layers are built as the model's MoE layers in the "
@@ -98,9 +104,9 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         return None
     n1 = max(1, math.ceil(MIN_LAYERS / period))
     target = (L - prefix) / period
-    if target <= n1 + 1 or 2 * prefix + (2 * n1 + 1) * period > L:
-        return None  # no deeper than the second build, or the two builds run more layers than one whole build
     built = (prefix + n1 * period, prefix + (n1 + 1) * period)
+    if target <= n1 + 1 or _whole_is_less_work(*built, L):
+        return None
     return Depth(
         period=period,
         prefix=prefix,
@@ -123,8 +129,7 @@ def _by_stages(
     stage, and with every microbatch in one round all of them are in flight); torch keeps at most three stages
     gathered, which both builds already hold."""
     lps = min(per_stage)
-    # whole when the two builds would run more stages than the rank holds (3 + 4 > spr): less work, and exact
-    if spr < 2 * MIN_STAGES + 1 or lps % period or dims.v_schedule:
+    if _whole_is_less_work(MIN_STAGES, MIN_STAGES + 1, spr) or lps % period or dims.v_schedule:
         return None
     notes = [
         f"built with {MIN_STAGES} and {MIN_STAGES + 1} of the rank's {spr} pipeline stages ({lps} layers each) and "

@@ -74,7 +74,11 @@ class Workload:
     teacher: str | None = None
     teacher_offloaded: bool = False  # offload_teacher_model: on the CPU between its forwards
     teacher_separate_mesh: bool = False  # separate_meshes: on ranks of its own (teacher_distributed:)
-    train_towers: bool = False  # freeze_config.freeze_vision_tower: false (AutoModel freezes the tower by default)
+    # a VLM's towers, trained unless freeze_config freezes them (AutoModel's FreezeConfig: with no section nothing is
+    # frozen; a section freezes the vision tower unless it says freeze_vision_tower: false or names module selectors;
+    # the audio tower only with freeze_audio_tower: true). PEFT freezes both whatever it says.
+    train_towers: bool = True
+    train_audio: bool = True
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -127,7 +131,12 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     facts["teacher_offloaded"] = recipe.get("offload_teacher_model") is True
     facts["teacher_separate_mesh"] = recipe.get("separate_meshes") is True
     freeze = recipe.get("freeze_config")
-    facts["train_towers"] = isinstance(freeze, Mapping) and freeze.get("freeze_vision_tower") is False
+    if isinstance(freeze, Mapping):
+        vision = freeze.get("freeze_vision_tower")
+        if vision is None:  # model_utils.apply_parameter_freezing: selectors replace the implicit vision freeze
+            vision = "freeze_modules" not in freeze and "unfreeze_modules" not in freeze
+        facts["train_towers"] = vision is False
+        facts["train_audio"] = freeze.get("freeze_audio_tower") is not True
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")

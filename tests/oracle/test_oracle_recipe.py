@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import logging
 import pathlib
+import tempfile
 import warnings
 
 import pytest
@@ -291,3 +292,132 @@ def test_recipe_kind_tables_are_automodels() -> None:
     diffusion = (root / "diffusion/train.py").read_text()
     assert "Cannot specify both 'fsdp' and 'ddp' configurations" in diffusion
     assert 'self.cfg.get("distributed"' not in diffusion and "cfg.distributed" not in diffusion
+
+
+# freeze_config values: what AutoModel accepts, what it rejects, and the option earlier versions ignored
+_SELECTORS = st.sampled_from(
+    [
+        [{"path": "model.language_model.embed_tokens"}],
+        [{"glob": "*.visual.*"}, {"path": "lm_head"}],
+        [],
+        [{"path": "a", "glob": "b"}],
+        [{}],
+        [{"name": "a"}],
+        [{"path": ""}],
+        [{"glob": 3}],
+        ["model.visual"],
+        {"path": "model.visual"},
+        "model.visual",
+    ]
+)
+_FLAGS = st.sampled_from([True, False, None, "true", 1, 0, "no"])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    section=st.fixed_dictionaries(
+        {},
+        optional={
+            "freeze_vision_tower": _FLAGS,
+            "freeze_audio_tower": _FLAGS,
+            "freeze_language_model": _FLAGS,
+            "freeze_video_embedder": _FLAGS,
+            "freeze_modules": _SELECTORS,
+            "unfreeze_modules": _SELECTORS,
+            "freeze_embeddings": st.booleans(),
+            "freeze_vision": st.booleans(),
+        },
+    ),
+    recipe=st.sampled_from([LLM, "FinetuneRecipeForVLM", "TrainBiEncoderRecipe"]),
+)
+def test_freeze_configs_are_refused_exactly_when_automodel_refuses_them(section: dict, recipe: str) -> None:
+    """Every freeze_config AutoModel raises for, and only those, is an error here (the YAML read by its own loader,
+    which turns 'true' into true, then its parse_freeze_config, which the model build calls, ModuleSelector's checks
+    included), and every problem is named at once."""
+    from nemo_automodel.components.utils.model_utils import parse_freeze_config
+
+    text = yaml.safe_dump({"recipe": recipe, "model": MODEL, "distributed": {}, "freeze_config": section})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "recipe.yaml"
+        path.write_text(text)
+        loaded = oracle.load_with_overrides(str(path), []).get("freeze_config").to_dict()
+    try:
+        parse_freeze_config(loaded)
+        theirs = None
+    except (TypeError, ValueError) as exc:
+        theirs = str(exc)
+    ours = [f for f in validate_config(text, world_size=8).errors if f.rule == "freeze-config-invalid"]
+    assert bool(ours) == (theirs is not None), (section, theirs, [f.message for f in ours])
+    for f in ours:
+        assert f.fix and f.line is not None and f.path.startswith("freeze_config"), f
+
+
+def test_freeze_config_is_checked_only_where_the_recipe_reads_it() -> None:
+    """The recipes whose build parses freeze_config (FREEZE_CONFIG_RECIPES) are those whose source passes it on;
+    a VLM distillation's teacher_freeze_config is parsed the same way."""
+    for name in ("train_ft.py", "train_seq_cls.py"):
+        assert "freeze_config" in (ROOT / "recipes" / "llm" / name).read_text()
+    assert "freeze_config" in (ROOT / "recipes" / "vlm" / "finetune.py").read_text()
+    assert 'self.cfg.get("teacher_freeze_config"' in (ROOT / "recipes" / "vlm" / "kd.py").read_text()
+    bad = {"freeze_embeddings": True}
+    for recipe, checked in [
+        ("KnowledgeDistillationRecipeForVLM", True),
+        ("FinetuneRecipeForVLM", True),
+        ("TrainEagle3Recipe", False),
+    ]:
+        data = {"recipe": recipe, "model": MODEL, "distributed": {}, "freeze_config": bad}
+        if recipe.startswith("Knowledge"):
+            data |= {"teacher_model": MODEL, "teacher_freeze_config": bad}
+        found = [
+            f.path
+            for f in validate_config(yaml.safe_dump(data), world_size=8).errors
+            if f.rule == "freeze-config-invalid"
+        ]
+        expected = ["freeze_config.freeze_embeddings"] if checked else []
+        if recipe.startswith("Knowledge"):
+            expected.append("teacher_freeze_config.freeze_embeddings")
+        assert found == expected, (recipe, found)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        None,
+        {},
+        {"freeze_vision_tower": True},
+        {"freeze_vision_tower": False},
+        {"freeze_modules": [{"path": "language_model"}]},
+        {"unfreeze_modules": [{"glob": "lm_*"}], "freeze_vision_tower": True},
+        {"freeze_audio_tower": True},
+        {"freeze_audio_tower": False, "freeze_vision_tower": False},
+    ],
+)
+def test_the_towers_the_estimate_trains_are_the_ones_automodel_leaves_trainable(section: dict | None) -> None:
+    """Workload.train_towers / train_audio (what the estimate trains) against AutoModel's own freezing
+    (model_utils.apply_parameter_freezing, which infrastructure._apply_trainability_policy runs for a section and
+    skips without one) on a model with a vision tower, an audio tower and a language model."""
+    import torch.nn as nn
+    from nemo_automodel.components.utils.model_utils import apply_parameter_freezing
+
+    policy = (ROOT / "_transformers" / "infrastructure.py").read_text()  # not imported: it needs torchao
+    assert "    if freeze_config is not None:\n        apply_parameter_freezing(model, freeze_config" in policy
+
+    from automodel_dist.workload import read_workload
+
+    class Tiny(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.visual = nn.Linear(2, 2)
+            self.audio_tower = nn.Linear(2, 2)
+            self.language_model = nn.Linear(2, 2)
+            self.lm_head = nn.Linear(2, 2)
+
+    model = Tiny()
+    if section is not None:
+        apply_parameter_freezing(model, section, strict=True)
+    recipe = {"recipe": "FinetuneRecipeForVLM", "model": MODEL} | (
+        {} if section is None else {"freeze_config": section}
+    )
+    w = read_workload(recipe)
+    assert w.train_towers == model.visual.weight.requires_grad, section
+    assert w.train_audio == model.audio_tower.weight.requires_grad, section

@@ -1251,6 +1251,35 @@ CASES = [
         id="checkpoint-invalid-typo",
     ),
     RuleCase(
+        text="recipe: FinetuneRecipeForVLM\ndistributed: {}\nfreeze_config:\n  freeze_embeddings: true\n  freeze_vision_tower: true\n",
+        kwargs={"world_size": 8},
+        rule="freeze-config-invalid",
+        severity="error",
+        path="freeze_config.freeze_embeddings",
+        line=4,
+        valid=False,
+        message="freeze_config.freeze_embeddings is not an option of AutoModel 0.7.0's freeze_config: it raises "
+        "\"freeze_config has unsupported option(s) ['freeze_embeddings']\" while building the model",
+        fix="remove freeze_embeddings: earlier AutoModel versions accepted and ignored it (AutoModel dropped it from its "
+        "own recipes with trainability unchanged); to really freeze the token embeddings use a selector, e.g. "
+        "freeze_modules: [{path: model.language_model.embed_tokens}] (the module path is the model's own), and then "
+        "say freeze_vision_tower: true outright: with a selector the vision tower is no longer frozen by default",
+        id="freeze-config-invalid",
+    ),
+    RuleCase(
+        text="recipe: FinetuneRecipeForVLM\ndistributed: {}\nfreeze_config:\n  freeze_vision: true\n",
+        kwargs={"world_size": 8},
+        rule="freeze-config-invalid",
+        severity="error",
+        path="freeze_config.freeze_vision",
+        line=4,
+        valid=False,
+        message="freeze_config.freeze_vision is not an option of AutoModel 0.7.0's freeze_config: it raises "
+        "\"freeze_config has unsupported option(s) ['freeze_vision']\" while building the model",
+        fix="rename it: freeze_vision_tower: true",
+        id="freeze-config-invalid-typo",
+    ),
+    RuleCase(
         text="recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-70B\ndistributed:\n  tp_size: 1\ncheckpoint:\n  model_repo_id: foo/bar\n",
         kwargs={"world_size": 8},
         rule="checkpoint-overwritten",

@@ -98,6 +98,18 @@ MEDIA_RECIPES = frozenset(
         "PretrainRecipeForMultimodal",
     }
 )
+# Recipes whose model build parses freeze_config (model_utils.parse_freeze_config, strict since 0.7.0): train_ft's and
+# its subclasses, the VLM and multimodal finetunes, sequence classification and the retrieval encoders
+FREEZE_CONFIG_RECIPES = TRAIN_FT_RECIPES | {
+    "FinetuneRecipeForVLM",
+    "KnowledgeDistillationRecipeForVLM",
+    "FinetuneRecipeForMultimodal",
+    "PretrainRecipeForMultimodal",
+    "TrainFinetuneRecipeForSequenceClassification",
+    "TrainBiEncoderRecipe",
+    "TrainCrossEncoderRecipe",
+    "EmbeddingDistillRecipe",
+}
 DIFFUSION_LM_RECIPES = frozenset({"DiffusionLMSFTRecipe", "DiffusionGemmaSFTRecipe"})
 # Recipes that build CheckpointingConfig from the YAML with RecipeConfig.checkpoint (model-derived keys overwrite
 # the YAML's); the speculative and multimodal recipes build their own (the YAML's win).
@@ -198,6 +210,7 @@ __all__ = [
     "TRAIN_FT_RECIPES",
     "SPECULATIVE_RECIPES",
     "KD_RECIPES",
+    "FREEZE_CONFIG_RECIPES",
     "DIFFUSION_FSDP_KEYS",
     "DIFFUSION_FSDP_DEFAULTS",
 ]

@@ -138,7 +138,8 @@ class Training:
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
     dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
-    train_towers: bool = False  # freeze_config leaves a VLM's vision/audio towers trainable (frozen by default)
+    train_towers: bool = False  # a VLM's vision tower trains (freeze_config: workload.Workload.train_towers)
+    train_audio: bool = False  # and its audio tower
 
 
 @dataclass
@@ -157,7 +158,8 @@ class _Groups:
     layer_experts: float = 0.0
     dense_layers: float = 0.0  # all layers' non-expert params on this rank
     kinds: dict[str, int] = field(default_factory=dict)  # layers on this rank per ModelSpec.layer_kind
-    towers: float = 0.0  # a VLM's vision/audio towers (on the first stage)
+    towers: float = 0.0  # a VLM's vision tower (on the first stage)
+    audio: float = 0.0  # and its audio tower
 
 
 def _attn_split(m: ModelSpec) -> tuple[float, float]:
@@ -218,7 +220,7 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
     g.layer_experts = max((per[k][1] for k in g.kinds), default=0.0)
     if g.first:
         g.embed = m.embedding_params() / p.tp
-        g.towers = float(m.vision_params + m.audio_params)
+        g.towers, g.audio = float(m.vision_params), float(m.audio_params)
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
         g.root += m.hidden_size
@@ -564,11 +566,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             share = _linear_share(m)
             layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
         frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + g.root / sp_ * comp
-    if g.towers:  # a VLM's towers: frozen in the compute dtype unless freeze_config trains them (no LoRA on them)
-        if tr.train_towers and lora is None:
-            train_dense += g.towers
-        else:
-            frozen_bytes += g.towers / sp_ * comp
+    # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them)
+    for tower, trains in ((g.towers, tr.train_towers), (g.audio, tr.train_audio)):
+        if tower and trains and lora is None:
+            train_dense += tower
+        elif tower:
+            frozen_bytes += tower / sp_ * comp
     params = frozen_bytes + (train_dense / sp_ + train_experts / se) * store
     grads_sharded = (train_dense / sg + train_experts / se) * store
     opt_per = optimizer_states_per_param(tr)

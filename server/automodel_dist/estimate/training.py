@@ -143,6 +143,7 @@ def training_for(
         experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
         train_towers=w.train_towers,
+        train_audio=w.train_audio,
     )
     return WorkloadTerms(prec, tr, tuple(read))
 

@@ -1,6 +1,6 @@
 """The rule table. Importing this package registers every rule (one module per family)."""
 
-from . import automodel, checkpoint, cluster, fallbacks, forward, model, parallelize, recipe, runtime  # noqa: F401
+from . import automodel, checkpoint, cluster, fallbacks, forward, freeze, model, parallelize, recipe, runtime  # noqa: F401
 from .base import RULES, Context, Rule, note, run_rules
 
 F = "input"

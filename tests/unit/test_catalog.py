@@ -62,6 +62,11 @@ def test_the_parsers_transformers_defaults_are_transformers():
         if tie:
             tied.add(model_type)
     assert tied == TIED_BY_DEFAULT
+    from automodel_dist.catalog.models import TEXT_CONFIG_DEFAULTS
+
+    for model_type, defaults in TEXT_CONFIG_DEFAULTS.items():
+        config = AutoConfig.for_model(model_type)
+        assert {k: getattr(config, k) for k in defaults} == defaults, model_type
     assert set(UNGATED_MLP) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
@@ -344,14 +349,24 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
         _assert_automodel_class_matches(model_type, cfg, small)
         return
     config = transformers.AutoConfig.for_model(model_type, **cfg)
+    if model_type in EXACT_TOWERS:
+        # the whole multimodal model, its towers and projector included: the parser counts them exactly
+        with torch.device("meta"):
+            model = transformers.AutoModelForImageTextToText.from_config(config)
+        assert sum(p.numel() for p in model.parameters()) == small.param_count()
+        return
     if model_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         # a multimodal class transformers' own table maps to no causal LM (Mistral3; AutoModel registers one on
         # import, so the static table decides): its language model is built alone
         config = config.get_text_config()
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
-    # a multimodal config builds its text model as a causal LM: the spec's towers are left out of the comparison
+    # another multimodal config builds its text model as a causal LM: the spec's approximate towers are left out
     assert sum(p.numel() for p in model.parameters()) == small.param_count() - small.vision_params - small.audio_params
+
+
+# the multimodal model types whose towers the parser counts exactly (catalog.models._qwen_or_siglip_tower)
+EXACT_TOWERS = {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3"}
 
 
 def _assert_automodel_class_matches(model_type, cfg, small):

@@ -416,9 +416,48 @@ def _tower_params(cfg: Any, text_hidden: int | None) -> int:
         else 4 * h
     )
     patch = _int(cfg["patch_size"], "vision_config.patch_size") if is_int(cfg.get("patch_size")) else 14
+    exact = _qwen_or_siglip_tower(cfg, h, layers, inter, patch, text_hidden)
+    if exact is not None:
+        return exact
     per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
     projector = h * text_hidden if text_hidden else 0
     return layers * per_layer + 3 * patch * patch * h + projector
+
+
+def _qwen_or_siglip_tower(
+    cfg: dict[str, Any], h: int, layers: int, inter: int, patch: int, text_hidden: int | None
+) -> int | None:
+    """The exact parameters of the towers transformers builds for Qwen2.5-VL (windowed blocks, gated MLP, RMSNorm),
+    Qwen3-VL / Qwen3.5 (LayerNorm, learned position table, DeepStack mergers) and Gemma-3's SigLIP with its projector
+    (the catalog test builds each in transformers); None for another tower."""
+    channels = cfg.get("in_channels", cfg.get("in_chans", cfg.get("num_channels", 3)))
+    out = cfg.get("out_hidden_size")
+    merge, temporal = cfg.get("spatial_merge_size", 2), cfg.get("temporal_patch_size", 2)
+    if not all(is_int(v) for v in (channels, merge, temporal)):
+        return None
+    if "fullatt_block_indexes" in cfg or "window_size" in cfg:  # Qwen2.5-VL
+        if not is_int(out):
+            return None
+        block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 3 * h * inter + 2 * inter + h
+        hm = h * merge * merge
+        return channels * temporal * patch * patch * h + layers * block + h + (hm * hm + hm) + (out * hm + out)
+    if "num_position_embeddings" in cfg:  # Qwen3-VL, Qwen3.5
+        positions, deepstack = cfg["num_position_embeddings"], cfg.get("deepstack_visual_indexes") or []
+        if not (is_int(out) and is_int(positions) and isinstance(deepstack, list)):
+            return None
+        block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h * inter + inter + h
+        hm = h * merge * merge
+        merger = (hm * hm + hm) + (out * hm + out)
+        tower = (channels * temporal * patch * patch * h + h) + positions * h + layers * block
+        return tower + (2 * h + merger) + len(deepstack) * (2 * hm + merger)
+    if str(cfg.get("model_type", "")).startswith("siglip") and is_int(cfg.get("image_size")) and text_hidden:
+        block = 4 * h + 4 * (h * h + h) + 2 * h * inter + inter + h
+        embeddings = channels * patch * patch * h + h + (cfg["image_size"] // patch) ** 2 * h
+        head = cfg.get("vision_use_head", True)
+        if head:  # SigLIP's attention-pooling head (Gemma-3 turns it off)
+            return None
+        return embeddings + layers * block + 2 * h + (h * text_hidden + h)  # + Gemma-3's projector and its norm
+    return None
 
 
 def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -444,11 +483,13 @@ def _unnamed(cfg: dict[str, Any], default: str) -> str:
 
 
 def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
-    vision = audio = 0
-    if isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg:
-        text_hidden = cfg["text_config"].get("hidden_size")
-        vision = _tower_params(cfg.get("vision_config"), text_hidden if isinstance(text_hidden, int) else None)
-        audio = _tower_params(cfg.get("audio_config"), text_hidden if isinstance(text_hidden, int) else None)
+    # a multimodal config's towers, whether its language model's fields sit in text_config or at the top (Qwen2.5-VL)
+    nested = isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg
+    text_hidden = (cfg["text_config"] if nested else cfg).get("hidden_size")
+    text_hidden = text_hidden if isinstance(text_hidden, int) else None
+    vision = _tower_params(cfg.get("vision_config"), text_hidden)
+    audio = _tower_params(cfg.get("audio_config"), text_hidden)
+    if nested:
         outer = cfg
         cfg = {
             **cfg["text_config"],
@@ -457,6 +498,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         }
         if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in outer:  # said once, for the whole model
             cfg["tie_word_embeddings"] = outer["tie_word_embeddings"]
+    cfg = {**TEXT_CONFIG_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(
@@ -495,10 +537,10 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         vocab_size=_int(_first(cfg, "vocab_size", default=32000), "vocab_size"),
         head_dim=_int(head_dim, "head_dim") if head_dim else None,
         tie_word_embeddings=_tied(cfg, mtype),
-        qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss"))) or biased,
+        qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss", *QWEN2_VL_TEXT))) or biased,
         o_bias=mtype == "gpt_oss" or biased,
         qk_norm=bool(cfg.get("use_qk_norm"))
-        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *GATED_DELTANET),
+        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *GATED_DELTANET, *QWEN3_VL_TEXT),
         qk_norm_full=mtype in ("olmo2", "minimax_m2"),  # transformers' Olmo2Attention, MiniMaxM2Attention
         attn_output_gate=mtype in GATED_DELTANET,
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
@@ -553,6 +595,17 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
             linear_conv_kernel=_int(cfg.get("linear_conv_kernel_dim") or 4, "linear_conv_kernel_dim"),
         )
     return spec
+
+
+# The language models of Qwen's VLMs by their config's model_type (the outer one where the text fields sit at the top):
+# Qwen2-VL's and Qwen2.5-VL's keep Qwen2's q/k/v biases, Qwen3-VL's Qwen3's q/k norms
+QWEN2_VL_TEXT = ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text")
+QWEN3_VL_TEXT = ("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text")
+# Size fields a model type's published config.json leaves to its transformers config class's defaults (transformers
+# 5.18; the catalog test recomputes them): gemma-3-4b-it's text_config names no heads and no vocabulary size
+TEXT_CONFIG_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208},
+}
 
 
 # The causal-LM model types whose transformers config class ties the output projection to the embeddings when

@@ -34,6 +34,7 @@ SAMPLE = (
     "convergence/tulu3/models/moonlight-16b/moonlight_16b_ep8_te_fusedadam.yaml",  # MoE, EP 8 (slow marker)
     "llm_benchmark/qwen/qwen3_moe_30b_quack_deepep.yaml",  # MoE, EP 8, checkpointing (slow marker)
     "llm_benchmark/qwen/custom_qwen2_5_32b_peft_benchmark_2nodes.yaml",  # LoRA, TP 2, 16 GPUs (slow marker)
+    "vlm_finetune/qwen3/qwen3_vl_moe_30b_te_deepep.yaml",  # a VLM step with images, MoE, EP 8 (slow marker)
 )
 DEFAULT_SAMPLE = SAMPLE[:3]
 

@@ -9,9 +9,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config.kinds import VLM_STEP_RECIPES, recipe_class
 from .config.values import is_positive_int
 
-SEQ_LEN_KEYS = ("dataset.seq_len", "dataset.seq_length", "packed_sequence.packed_sequence_size")
+# the LLM recipes' data sets and packing, then the VLM recipe's packing (pack_size) and its collate's padded length
+SEQ_LEN_KEYS = (
+    "dataset.seq_len",
+    "dataset.seq_length",
+    "packed_sequence.packed_sequence_size",
+    "packed_sequence.pack_size",
+    "dataloader.collate_fn.max_length",
+)
 
 # Loss classes AutoModel has typed configs for (components/loss/loss.py LOSS_CONFIG_REGISTRY); its default is the
 # masked cross entropy.
@@ -79,6 +87,13 @@ class Workload:
     # the audio tower only with freeze_audio_tower: true). PEFT freezes both whatever it says.
     train_towers: bool = True
     train_audio: bool = True
+    freeze_config: dict[str, Any] | None = None  # the section as written: AutoModel's model build parses it
+    # a VLM recipe's image processing: the processor's pixel bounds (min_pixels / max_pixels), and the collate
+    # function's name (qwen2_5_collate_fn hands the processor's fp32 pixels on; the default one casts them to bf16)
+    processor_pixels: tuple[int | None, int | None] = (None, None)
+    collate: str | None = None
+    vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence
+    frame_sharding: bool = False  # distributed.multimodal.vision.frame_sharding.enabled: the tower's frames over CP
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -132,11 +147,18 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     facts["teacher_separate_mesh"] = recipe.get("separate_meshes") is True
     freeze = recipe.get("freeze_config")
     if isinstance(freeze, Mapping):
+        facts["freeze_config"] = dict(freeze)
         vision = freeze.get("freeze_vision_tower")
         if vision is None:  # model_utils.apply_parameter_freezing: selectors replace the implicit vision freeze
             vision = "freeze_modules" not in freeze and "unfreeze_modules" not in freeze
         facts["train_towers"] = vision is False
         facts["train_audio"] = freeze.get("freeze_audio_tower") is not True
+    facts["vlm_step"] = recipe_class(recipe)[0] in VLM_STEP_RECIPES
+    facts["frame_sharding"] = _get(recipe, "distributed.multimodal.vision.frame_sharding.enabled") is True
+    bounds = tuple(_get(recipe, f"processor.{k}") for k in ("min_pixels", "max_pixels"))
+    facts["processor_pixels"] = tuple(v if is_positive_int(v) else None for v in bounds)
+    if isinstance(collate := _get(recipe, "dataloader.collate_fn._target_"), str):
+        facts["collate"] = _name(collate)
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")

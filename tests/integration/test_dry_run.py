@@ -574,3 +574,48 @@ def test_from_pretrained_under_pp_initializes_as_automodel_does_before_loading()
     built = dry_run(MINIMAX_PP.format(builder="from_config"), **kw)
     assert not any(r.shim_hits.get("pretrained_pp_skip_init") for r in built.ranks)
     assert built.status == "failed" and "expected dtype" in (built.ranks[0].error or "")
+
+
+VLM_RECIPE = """recipe: {recipe}
+model:
+  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
+  pretrained_model_name_or_path: Qwen/Qwen3-VL-8B-Instruct
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+freeze_config:
+  freeze_vision_tower: {frozen}
+"""
+
+
+def _vlm(recipe: str = "FinetuneRecipeForVLM", frozen: str = "true"):
+    text = VLM_RECIPE.format(recipe=recipe, frozen=frozen)
+    return dry_run(text, seq_len=2048, num_layers=2, world_size=2)
+
+
+@needs_automodel
+def test_a_vlm_recipe_is_measured_with_its_images():
+    report = _vlm()
+    _only(report)
+    assert any("62 x 62 patch grid" in s and "961 placeholder tokens" in s for s in report.substitutions)
+    assert any("one 1024 x 1024 image per sequence" in a for a in report.assumed)
+
+
+@pytest.mark.slow  # three builds; the default suite measures one VLM recipe (above) and the corpus sample's
+@needs_automodel
+def test_a_vlm_step_runs_its_images_through_the_tower_and_keeps_its_logits():
+    """AutoModel's VLM step on Qwen3-VL (its own class): every sequence carries the assumed image (961 placeholder
+    tokens of 62 x 62 patches), the model's output stays until backward ends, and a trained tower keeps its
+    activations; the same model's text-only step (the LLM recipe) holds less by at least the kept logits."""
+    frozen = _only(_vlm())
+    trained = _only(_vlm(frozen="false"))
+    text = _only(_vlm(recipe="TrainFinetuneRecipeForNextTokenPrediction"))
+    report = _vlm()
+    logits = 2048 * 151936 * 2 / (1 << 30)  # bf16 logits of one sequence, kept through backward
+    assert frozen.peak.activations > text.peak.activations + 0.9 * logits
+    # freeze_config reaches AutoModel's build: the frozen tower has no optimizer states; the LLM recipe trains it
+    assert frozen.optimizer_state_bytes < trained.optimizer_state_bytes == text.optimizer_state_bytes
+    assert trained.peak.activations > frozen.peak.activations + 0.5  # 27 blocks x 3,844 patches, kept for backward
+    assert report.estimate is not None and abs(report.estimate["total"] - frozen.peak.total) / frozen.peak.total < 0.15

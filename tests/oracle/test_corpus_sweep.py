@@ -142,7 +142,7 @@ def swept(recipe: str):
 
 # The categories whose recipes name a model the catalog sizes (the others' config.json needs the Hub): strict, so a
 # category gained or lost shows.
-SIZED_CATEGORIES = {"convergence", "llm_benchmark", "llm_finetune", "retrieval"}
+SIZED_CATEGORIES = {"convergence", "llm_benchmark", "llm_finetune", "retrieval", "vlm_finetune"}
 
 
 def _check_categories(rows, expected: set[str]) -> None:
@@ -167,8 +167,9 @@ def test_sample_estimate_agrees_with_the_dry_run(recipe):
 @needs_automodel
 def test_sample_agrees_per_category():
     rows = [swept(r) for r in sweep.DEFAULT_SAMPLE]
-    # the sample: a recipe of every sized category but convergence (its one recipe, 16 s, runs under -m slow)
-    _check_categories(rows, SIZED_CATEGORIES - {"convergence"})
+    # the sample: a recipe of every sized category but convergence (its one recipe, 16 s) and the VLM recipes (their
+    # sample recipe runs under -m slow; tests/integration/test_dry_run.py measures a VLM step by default)
+    _check_categories(rows, SIZED_CATEGORIES - {"convergence", "vlm_finetune"})
 
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
@@ -179,8 +180,19 @@ NOT_MEASURED: dict[str, str] = {
     "mamba_ssm (a CUDA extension), which is not installed here",
     "llm_finetune/nemotron/nemotron_nano_v3_hellaswag_peft_te.yaml": "dry run failed: Nemotron-H's Mamba layers import "
     "mamba_ssm (a CUDA extension), which is not installed here",
-    "vlm_finetune/qwen3_5_moe/qwen3_5_35b_neat_packing.yaml": "a VLM recipe: the dry run's step feeds no images (the "
-    "plan runs no rank and says so)",
+    "vlm_finetune/qwen3_5_moe/qwen3_5_35b_neat_packing.yaml": "a VLM recipe under pipeline parallelism: its loader "
+    "stages each microbatch's images on the first stage, which the dry run does not reproduce (the plan runs no rank)",
+    "vlm_finetune/qwen3_5_moe/qwen3_6_35b_medpix_ep8cp2_4k.yaml": "Gated DeltaNet under context parallelism runs "
+    "fla's context-parallel kernel, which the dry run does not stand in (the plan runs no rank)",
+    "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "Gated DeltaNet under context parallelism runs fla's "
+    "context-parallel kernel, which the dry run does not stand in (the plan runs no rank)",
+}
+# Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
+ESTIMATE_MISSES: dict[str, str] = {
+    "vlm_finetune/qwen3_5/qwen3_6_27b_medpix_cp1_2k_2node_100steps.yaml": "TP 4 on Qwen3.6-27B: the estimate is 15.5% "
+    "under the dry run (42.1 vs 49.8 GiB): the dry run holds 1.0 GiB more parameters and 2.0 GiB more optimizer state "
+    "a rank than the estimate's TP split, as AutoModel's Qwen3.5 TP plan (optimized_tp_plans._parallelize_qwen3_5_vlm) "
+    "leaves the Gated DeltaNet layers replicated, which the estimate does not model",
 }
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
@@ -188,6 +200,7 @@ KNOWN_MISSES: dict[str, str] = {
     "(138 and 139 GiB; see DOES_NOT_FIT)",
     "llm_benchmark/moonlight/moonlight_16b_torch.yaml": "the dry run's 71.2 GiB plus CUDA context and fragmentation is "
     "over the 10% headroom's 72 GiB of the 80 GB GPU it ran on (the estimate: tight, within its error)",
+    **ESTIMATE_MISSES,
     **NOT_MEASURED,
 }
 
@@ -221,5 +234,5 @@ def test_every_sized_category_agrees():
     every = [swept(r) for r in _sized()]
     if os.environ.get("AUTOMODEL_DIST_SWEEP_ROWS"):  # the run's rows, for `corpus_sweep.py --table-from`
         sweep.save_rows(every, Path(os.environ["AUTOMODEL_DIST_SWEEP_ROWS"]))
-    rows = [r for r in every if r.recipe not in NOT_MEASURED]
+    rows = [r for r in every if r.recipe not in NOT_MEASURED and r.recipe not in ESTIMATE_MISSES]
     _check_categories(rows, SIZED_CATEGORIES)

@@ -353,7 +353,8 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
         # the whole multimodal model, its towers and projector included: the parser counts them exactly
         with torch.device("meta"):
             model = transformers.AutoModelForImageTextToText.from_config(config)
-        assert sum(p.numel() for p in model.parameters()) == small.param_count()
+        # transformers' classes leave the MTP layers out (AutoModel's build them: the test below)
+        assert sum(p.numel() for p in model.parameters()) == small.param_count() - small.mtp_params()
         return
     if model_type not in transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         # a multimodal class transformers' own table maps to no causal LM (Mistral3; AutoModel registers one on
@@ -362,7 +363,29 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     # another multimodal config builds its text model as a causal LM: the spec's approximate towers are left out
-    assert sum(p.numel() for p in model.parameters()) == small.param_count() - small.vision_params - small.audio_params
+    towers = small.vision_params + small.audio_params
+    assert sum(p.numel() for p in model.parameters()) == small.param_count() - towers - small.mtp_params()
+
+
+@pytest.mark.parametrize("spec", [s for s in catalog() if s.mtp_layers], ids=lambda s: s.name)
+def test_the_mtp_layers_are_the_ones_automodels_class_builds(spec):
+    """The multi-token-prediction layers AutoModel's own class builds from the config (its ``mtp.`` parameters,
+    on the meta device at two layers) are the spec's ``mtp_params``."""
+    import importlib
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    registry = pytest.importorskip("nemo_automodel._transformers.registry")
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.dry_run.depth import truncated_config
+
+    cfg = truncated_config(hf_config(spec), 2)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    module, name = registry.MODEL_ARCH_MAPPING[cfg["architectures"][0]][:2]
+    with torch.device("meta"):
+        model = getattr(importlib.import_module(module), name)(config)
+    mtp = sum(p.numel() for k, p in model.named_parameters() if k.startswith("mtp."))
+    assert mtp == from_hf_config(cfg | {"model_type": config.model_type}, name=spec.name).mtp_params() > 0
 
 
 # the multimodal model types whose towers the parser counts exactly (catalog.models._qwen_or_siglip_tower)

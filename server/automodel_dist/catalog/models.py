@@ -86,6 +86,10 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv_kernel: int = 4
     vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
+    # multi-token-prediction depths AutoModel's class builds (Qwen3.5's mtp_num_hidden_layers): each a full-attention
+    # decoder layer of the model's MLP kind, its input projection from [embedding, hidden] (2h x h) and three norms;
+    # both recipes add their loss (a second pass through the shared lm_head)
+    mtp_layers: int = 0
     audio_params: int = 0
     published_params: float | None = None  # total parameters from the model card
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
@@ -297,8 +301,18 @@ class ModelSpec:
         kind = self.layer_attention[layer] if self.layer_attention else ""
         return self.attention_params(kind) + mlp + norms
 
+    def mtp_params(self) -> int:
+        """The multi-token-prediction layers' parameters (none where the model has none)."""
+        if not self.mtp_layers:
+            return 0
+        last = self.num_layers - 1
+        h = self.hidden_size
+        mlp = self.layer_params(last) - self.attention_params(self.attention_kind(last))  # the MLP kind of a late layer
+        layer = self.attention_params("full" if self.layer_attention else "") + mlp  # AutoModel makes it full attention
+        return self.mtp_layers * (layer + 2 * h * h + 3 * self.norm_params)
+
     def param_count(self) -> int:
-        """Total parameters (embedding + layers + final norm + untied lm_head)."""
+        """Total parameters (embedding + layers + final norm + untied lm_head + MTP layers)."""
         if self.layer_types:
             layers = sum(
                 self.count(t) * (self.mixer_params(t) + self.norms_per_layer * self.hidden_size)
@@ -312,7 +326,7 @@ class ModelSpec:
             layers = self.num_dense_layers * self.layer_params(0)
             if self.is_moe:
                 layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
-        return self.embedding_params() + layers + self.norm_params + self.lm_head_params() + towers
+        return self.embedding_params() + layers + self.norm_params + self.lm_head_params() + towers + self.mtp_params()
 
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts)."""
@@ -505,6 +519,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
             f"config.json lacks {', '.join(missing) or 'num_hidden_layers'}; give a Hugging Face causal-LM config"
         )
     mtype = str(cfg.get("model_type", ""))
+    mtp_type = mtype
     if _is_nemotron_h(cfg, mtype):
         return _from_nemotron_h(cfg, name=name)
     h = _int(cfg["hidden_size"], "hidden_size")
@@ -577,6 +592,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         architecture=_architecture(cfg),
         vision_params=vision,
         audio_params=audio,
+        mtp_layers=_int(_first(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0) or 0, "mtp_layers")
+        if mtp_type in MTP_BUILT
+        else 0,
     )
     kinds = _layer_attention(cfg, layers)
     if kinds:
@@ -601,6 +619,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
 # Qwen2-VL's and Qwen2.5-VL's keep Qwen2's q/k/v biases, Qwen3-VL's Qwen3's q/k norms
 QWEN2_VL_TEXT = ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text")
 QWEN3_VL_TEXT = ("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text")
+# The model types whose AutoModel class builds the config's multi-token-prediction layers (and whose output carries
+# mtp_per_depth_h, which both recipes' steps add a loss for)
+MTP_BUILT = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 # Size fields a model type's published config.json leaves to its transformers config class's defaults (transformers
 # 5.18; the catalog test recomputes them): gemma-3-4b-it's text_config names no heads and no vocabulary size
 TEXT_CONFIG_DEFAULTS: dict[str, dict[str, int]] = {

@@ -110,6 +110,8 @@ FREEZE_CONFIG_RECIPES = TRAIN_FT_RECIPES | {
     "TrainCrossEncoderRecipe",
     "EmbeddingDistillRecipe",
 }
+# The recipes whose step is vlm/finetune.py's (images in the batch, the model output kept through backward)
+VLM_STEP_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
 DIFFUSION_LM_RECIPES = frozenset({"DiffusionLMSFTRecipe", "DiffusionGemmaSFTRecipe"})
 # Recipes that build CheckpointingConfig from the YAML with RecipeConfig.checkpoint (model-derived keys overwrite
 # the YAML's); the speculative and multimodal recipes build their own (the YAML's win).
@@ -211,6 +213,7 @@ __all__ = [
     "SPECULATIVE_RECIPES",
     "KD_RECIPES",
     "FREEZE_CONFIG_RECIPES",
+    "VLM_STEP_RECIPES",
     "DIFFUSION_FSDP_KEYS",
     "DIFFUSION_FSDP_DEFAULTS",
 ]

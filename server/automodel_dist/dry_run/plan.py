@@ -16,6 +16,7 @@ from ..config.kinds import DIFFUSION_LM_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
+from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_qwen_tower
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
@@ -28,7 +29,7 @@ from ..stack.recipe import (
 )
 from ..workload import read_workload
 from .depth import Depth, plan_depth, truncated_config
-from .spec import Build, DryRunSpec
+from .spec import Build, DryRunSpec, Media
 
 DEFAULT_SEQ_LEN = 4096
 TEACHER_NOT_BUILT = "knowledge distillation: the teacher_model is not built or run"
@@ -159,16 +160,46 @@ def plan_dry_run(
             "the teacher on the student's GPUs)"
         )
     blocking: list[str] = []  # what makes every rank's figure meaningless: none is run
+    media: Media | None = None
     if ctx.kind.recipe in MEDIA_RECIPES:
-        blocking.append(
-            f"{ctx.kind.recipe}: the dry run's step feeds token batches only (no images, video or audio), so the "
-            "towers' activations and the media tokens would go uncounted: not measured (the estimate counts the "
-            "towers' weights, not their activations)"
-        )
+        why = _media_unsupported(ctx.kind.recipe, cfg, d)
+        if why:
+            blocking.append(why)
+        else:
+            px = IMAGE_PX
+            low, high = w.processor_pixels
+            media = Media(
+                image_px=px,
+                images_per_sample=IMAGES_PER_SAMPLE,
+                min_pixels=low,
+                max_pixels=high,
+                pixel_dtype="float32" if w.collate == "qwen2_5_collate_fn" else "bfloat16",
+            )
+            bounds = (
+                f"the recipe's processor bounds ({low or 'default'}..{high or 'default'} pixels)"
+                if low or high
+                else "the processor class's default bounds (the checkpoint's preprocessor_config.json is not read)"
+            )
+            assumed.append(
+                f"one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized within "
+                f"{bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, inside the "
+                f"{seq}-token sequence (the rank's result gives the grid)"
+            )
+            subs.append(
+                "VLM step: AutoModel's NeMoAutoModelForImageTextToText with the recipe's freeze_config, its step's "
+                "context-parallel pre-embed hook and vision frame-sharding context, and the model output kept "
+                "through backward as its step keeps it; the multimodal position ids come from the model's own "
+                "get_rope_index on the batch's ids (computed ahead, as its CP hook does)"
+            )
     elif ctx.kind.recipe in DIFFUSION_LM_RECIPES:
         blocking.append(
             f"{ctx.kind.recipe}: a diffusion LM's masked-denoising step is not the next-token step the dry run runs: "
             "not measured"
+        )
+    if "linear" in spec.layer_attention and not w.force_hf and d.cp > 1:
+        blocking.append(
+            "Gated DeltaNet layers under context parallelism run fla's context-parallel kernel (fla.ops.cp), which the "
+            "dry run does not stand in (its chunked kernel only): not measured"
         )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
@@ -230,6 +261,8 @@ def plan_dry_run(
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,
         clip_grad_norm=w.clip_grad_norm,
+        vlm=media is not None,
+        freeze_config=w.freeze_config if media is not None else None,
     )
     depths: dict[int, Depth] = {}
     specs: list[DryRunSpec] = []
@@ -264,6 +297,7 @@ def plan_dry_run(
                 seq_len=seq,
                 builds=builds,
                 depth=depth,
+                media=media,
             )
         )
     if layers == spec.num_layers and not full_depth:
@@ -299,6 +333,24 @@ def plan_dry_run(
         notes=notes,
         unmeasured_ranks=unmeasured,
     )
+
+
+def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str | None:
+    """Why the dry run cannot run this media recipe's step (None: it can). It feeds images the way the Qwen-VL
+    processors make them (flattened patches and a grid per image), through the VLM finetune recipe's step."""
+    qwen = is_qwen_tower(cfg.get("vision_config"))
+    if recipe != "FinetuneRecipeForVLM" or not qwen or not isinstance(cfg.get("image_token_id"), int):
+        return (
+            f"{recipe}: the dry run feeds images only as the Qwen-VL processors make them (Qwen2.5-VL, Qwen3-VL, "
+            "Qwen3.5 and their MoE models, through the VLM finetune recipe's step); this model's images, video or "
+            "audio would go uncounted: not measured (the estimate counts the towers' weights, not their activations)"
+        )
+    if d.pp > 1:
+        return (
+            f"{recipe} with pipeline parallelism: its loader splits each batch's images per microbatch and stages "
+            "them on the first stage's model (pp_media.py), which the dry run does not reproduce: not measured"
+        )
+    return None
 
 
 def _with_layers_per_stage(block: dict[str, Any], lps: int | None) -> dict[str, Any]:

@@ -21,6 +21,21 @@ class Build(BaseModel):
     distributed: dict[str, Any]
 
 
+class Media(BaseModel):
+    """The images each sequence of a VLM step carries, as its processor and collate function would hand them over:
+    the Qwen-VL processors' flattened patches, one ``(t, h, w)`` grid per image and that many placeholder tokens
+    (``grid_thw.prod() / merge**2``) in the ids. ``image_px`` is the source image, resized by the processor's own
+    rule (transformers' ``smart_resize``) within the recipe's pixel bounds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image_px: tuple[int, int]  # (height, width) of each source image
+    images_per_sample: int = 1
+    min_pixels: int | None = None  # the recipe's processor bounds (None: the processor class's default)
+    max_pixels: int | None = None
+    pixel_dtype: str = "bfloat16"  # what reaches the model: the default collate casts to bf16, Qwen2.5's keeps fp32
+
+
 class DryRunSpec(BaseModel):
     """One measured rank: the world it is a rank of, the model (``build``; ``builds``, two shallow builds measured
     instead and extrapolated to ``depth``), what AutoModel builds and trains (``recipe``) and the batch shapes of the
@@ -38,6 +53,7 @@ class DryRunSpec(BaseModel):
     seq_len: int
     builds: tuple[Build, Build] | None = None
     depth: Depth | None = None
+    media: Media | None = None  # a VLM step's images (None: token batches)
 
     def measured_builds(self) -> list[Build]:
         """The builds the worker runs: the two shallow ones, else the model at its depth."""
@@ -51,4 +67,4 @@ class DryRunSpec(BaseModel):
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
-__all__ = ["DryRunSpec", "Build"]
+__all__ = ["DryRunSpec", "Build", "Media"]

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
-from ..stack import shims, step
+from ..media import qwen_image
+from ..stack import media, shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
 from .tracker import categories, make_tracker, module_views, repeated_calls
@@ -235,6 +236,16 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # the LoRA experts' own per-expert loop (experts: torch with LoRA on the experts): the same mask per expert
         "_peft/lora_experts.py:_forward_loop": per_expert,
     }
+    if spec.media is not None:
+        # Qwen3-VL under CP: the DeepStack features of this rank's share of the image tokens (the round-robin split
+        # gives each CP rank an equal share of every sequence)
+        m = spec.media
+        image = qwen_image(hf_config.vision_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
+        visual = image.tokens * m.images_per_sample
+        local_visual = lambda mask: mask.shape[0] * visual // max(mc.cp_size, 1)  # noqa: E731
+        nonzero["models/qwen3_vl/model.py:_shard_multimodal_inputs_for_cp"] = local_visual
+        nonzero["qwen3_vl/modeling_qwen3_vl.py:_deepstack_process"] = local_visual  # each text layer adds them
+        nonzero["torch/autograd/graph.py:_engine_run_backward"] = local_visual  # and their backward selects them again
     with (
         shims.step_patches(),
         shims.local_dispatch(local),
@@ -260,14 +271,39 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             shapes = [(batch, seq)] * spec.microbatches
         batches = []
         for shape in shapes:
+            if spec.media is not None:  # a VLM step: images in every sequence (stack/media.py)
+                m = spec.media
+                batches.append(
+                    media.qwen_batch(
+                        parts[0],
+                        hf_config,
+                        batch=shape[0],
+                        seq=shape[1],
+                        image_px=m.image_px,
+                        images_per_sample=m.images_per_sample,
+                        bounds=(m.min_pixels, m.max_pixels),
+                        pixel_dtype=m.pixel_dtype,
+                        fake_mode=fake_mode,
+                    )
+                )
+                continue
             ids = torch.randint(0, vocab, shape)
             batches.append({"input_ids": ids, "labels": ids.clone()})
+        if spec.media is not None:
+            m = spec.media
+            image = qwen_image(hf_config.vision_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
+            rewrites.append(
+                f"images: {m.images_per_sample} a sequence, {m.image_px[0]} x {m.image_px[1]} resized to a "
+                f"{image.grid[1]} x {image.grid[2]} patch grid ({image.patches} patches of {image.patch_size} px, "
+                f"{image.tokens} placeholder tokens), pixel_values in {m.pixel_dtype}"
+            )
         tracker = make_tracker(parts, optimizers, phases)
         snapshots: dict[str, Any] = {}
         num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp_group // max(mc.cp_size, 1))
         if pp_enabled:
             step.configure_pipeline_loss(built)
-        with tracker, repeated_calls(tracker):
+        known = media.known_inputs(fake_mode) if spec.media is not None else contextlib.nullcontext()
+        with tracker, repeated_calls(tracker), known:
             step.train_step(
                 built,
                 optimizers,

@@ -140,6 +140,14 @@ class Training:
     dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
     train_towers: bool = False  # a VLM's vision tower trains (freeze_config: workload.Workload.train_towers)
     train_audio: bool = False  # and its audio tower
+    # the VLM recipe's step: the model output (the logits) kept through backward, and each sequence's image patches
+    # through the vision tower (media.py's assumed image): its saved activations per patch and block, trained or not
+    vlm_step: bool = False
+    tower_patches: int = 0  # patches a sequence's images make
+    tower_layers: int = 0
+    tower_hidden: int = 0
+    tower_block_elems: int = 0  # what one trained block keeps for backward per patch, in elements
+    tower_frame_sharded: bool = False  # distributed.multimodal.vision.frame_sharding: the patches split over CP
 
 
 @dataclass
@@ -213,6 +221,10 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
             kind = m.layer_kind(layer)
             g.kinds[kind] = g.kinds.get(kind, 0) + 1
     g.first, g.last = 0 in my, (n_stages - 1) in my
+    if g.last and m.mtp_layers:  # the multi-token-prediction layers sit after the last decoder layer
+        kind = m.layer_kind(m.num_layers - 1)
+        g.kinds[kind] = g.kinds.get(kind, 0) + m.mtp_layers
+        g.root += m.mtp_layers * (2 * m.hidden_size * m.hidden_size + 3 * m.norm_params)  # input projection, norms
     g.dense_layers = sum(n * per[k][0] for k, n in g.kinds.items())
     g.dense = g.dense_layers
     g.experts = sum(n * per[k][1] for k, n in g.kinds.items())
@@ -305,6 +317,22 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
 
 
+# AutoModel classes whose decoder layers are transformers' own with fp32 (1 + w) RMSNorms (Qwen3.5 dense)
+_FP32_NORM_DECODER = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"})
+
+
+def _gated_deltanet_act(m: ModelSpec) -> float:
+    """Bytes per token a Gated DeltaNet mixer keeps for backward without checkpointing (AutoModel's Qwen3.5 layer
+    with fla's chunked kernel, stack/fla_gdn.py): in_proj's input; the mixed q/k/v (conv dim ``C = 2K + V``) out of
+    in_proj, into and out of the causal conv and its SiLU; q and k l2-normalised at the value heads and v (kernel);
+    its WY matrix (64 a head); the kernel's output, the gated norm's fp32 input, z and SiLU(z); out_proj's input."""
+    k = m.linear_key_heads * m.linear_key_dim
+    v = m.linear_value_heads * m.linear_value_dim
+    conv = 2 * k + v
+    elements = m.hidden_size + 4 * conv + 2 * v + v + 64 * m.linear_value_heads + v + 4 * v + v + v
+    return 2.0 * elements
+
+
 def _attention_act(m: ModelSpec, t: int) -> float:
     """Bytes per token an attention block saves besides its norms and residuals (q/k/v/o inputs and outputs,
     RoPE, the SDPA output and its statistics), fitted with bf16 compute: ``8h/t + 8d + 4a/t + 8``."""
@@ -357,6 +385,13 @@ def _act_per_token(
         attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
+        if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output
+            attn += 6 * q / t
+        if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
+            n_linear = m.layer_attention.count("linear")
+            attn = (n_linear * _gated_deltanet_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
+    if m.architecture in _FP32_NORM_DECODER:
+        rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
     if moe:
@@ -596,8 +631,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         per_saved, per_temp = LOSS_BYTES.get((tr.loss, tr.fp32_upcast), LOSS_BYTES.get((tr.loss, True), (4.0, 8.0)))
         if tr.loss == "TEParallelCrossEntropy":
             per_saved /= p.tp
-        loss_saved = per_saved * vocab * tokens
+        # each multi-token-prediction depth adds its own loss over the vocabulary (through the shared lm_head) and
+        # keeps its input projection's input ([embedding, hidden]) and its norms' inputs
+        depths = 1 + m.mtp_layers
+        loss_saved = per_saved * vocab * tokens * depths
         loss_temp = per_temp * vocab * tokens
+        extra += m.mtp_layers * 6 * m.hidden_size * comp / 2
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
             loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / p.tp
     # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
@@ -608,6 +647,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / p.tp
         outputs = comp * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
+    if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
+        acts += comp * vocab / p.tp * tokens  # the VLM step holds the model's logits until its backward is done
+    if g.first and tr.tower_patches and tr.train_towers and lora is None:
+        # a trained vision tower keeps its blocks' inputs (checkpointed) or everything its backward needs; each CP
+        # rank runs every patch unless frame sharding splits them
+        patches = tr.micro_batch_size * tr.tower_patches / (p.cp if tr.tower_frame_sharded else 1)
+        per_block = tr.tower_hidden if ac else tr.tower_block_elems
+        acts += patches * tr.tower_layers * per_block * comp * inflight
     # FSDP: the lm_head (its own unit, kept gathered for the loss) and the root (final norm; with a tied,
     # frozen or pipeline-split embedding, the embedding too) stay unsharded through forward; a trainable
     # untied embedding is its own unit, resharded after forward without PP. The last block stays too, and

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..catalog.implementations import implementation
 from ..catalog.models import ModelSpec
+from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_qwen_tower, qwen_image
 from ..workload import Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
 from .peft import describe, lora_of
@@ -144,8 +145,38 @@ def training_for(
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
         train_towers=w.train_towers,
         train_audio=w.train_audio,
+        **_vlm_terms(spec, w, read),
     )
     return WorkloadTerms(prec, tr, tuple(read))
+
+
+def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
+    """The VLM step's terms: its kept logits, and a Qwen-VL tower's patches for the assumed image (media.py)."""
+    if not w.vlm_step:
+        return {}
+    out: dict[str, Any] = {"vlm_step": True}
+    vision = (spec.hf_config or {}).get("vision_config")
+    if not is_qwen_tower(vision):
+        read.append("VLM step: the model's logits kept through backward; its images' tower activations not sized")
+        return out
+    image = qwen_image(vision, IMAGE_PX, w.processor_pixels)
+    h, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
+    gated = "fullatt_block_indexes" in vision  # Qwen2.5-VL's SwiGLU keeps one more intermediate tensor
+    out.update(
+        tower_patches=IMAGES_PER_SAMPLE * image.patches,
+        tower_layers=int(vision.get("depth") or vision.get("num_hidden_layers") or 0),
+        tower_hidden=h,
+        # per patch and block: the two norms' and the projections' inputs, q, k, v (and rotary's q, k), the
+        # attention output and the MLP's hidden activations
+        tower_block_elems=11 * h + (3 if gated else 2) * inter,
+        tower_frame_sharded=w.frame_sharding,
+    )
+    read.append(
+        f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {IMAGE_PX[0]} x {IMAGE_PX[1]} "
+        f"image a sequence ({image.grid[1]} x {image.grid[2]} patches, {image.tokens} of the sequence's tokens)"
+        + (", its tower trained" if w.train_towers and w.peft is None else ", its tower frozen (no activations kept)")
+    )
+    return out
 
 
 def workload_facts(terms: WorkloadTerms) -> dict[str, Any]:

@@ -60,6 +60,8 @@ class Built:
     pp_enabled: bool
     params: dict[str, Any] = field(default_factory=dict)
 
+    vlm: bool = False  # built by the VLM recipe's build, trained by its step
+
     @property
     def mesh(self) -> Any:
         return self.setup.mesh_context.device_mesh
@@ -86,10 +88,10 @@ def build(
     local_batch_size: int,
     seq_len: int,
 ) -> Built:
-    """NeMoAutoModelForCausalLM.from_config with the recipe's loss, PEFT, backend, dtype, ``force_hf`` and Liger
-    choice, inside ``patches``. AutoModel's own fallbacks that change what trains are applied and added to
-    ``rewrites``."""
-    from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM
+    """NeMoAutoModelForCausalLM.from_config (the VLM recipe's NeMoAutoModelForImageTextToText, with its
+    freeze_config) with the recipe's loss, PEFT, backend, dtype, ``force_hf`` and Liger choice, inside ``patches``.
+    AutoModel's own fallbacks that change what trains are applied and added to ``rewrites``."""
+    from nemo_automodel._transformers.auto_model import NeMoAutoModelForCausalLM, NeMoAutoModelForImageTextToText
     from nemo_automodel.components._peft.lora import PeftConfig
     from nemo_automodel.components.loss import build_loss_config
     from nemo_automodel.components.loss.linear_ce_base import LinearCrossEntropy
@@ -125,10 +127,12 @@ def build(
         kwargs["torch_dtype"] = recipe.torch_dtype
     if recipe.force_hf:
         kwargs["force_hf"] = True
+    auto_class: Any = NeMoAutoModelForCausalLM
+    if recipe.vlm:  # vlm/finetune.py's build_model: the image-text class, freeze_config as a mapping
+        auto_class = NeMoAutoModelForImageTextToText
+        kwargs["freeze_config"] = recipe.freeze_config
     with patches:
-        model = NeMoAutoModelForCausalLM.from_config(
-            hf_config, distributed_setup=dist_setup, peft_config=peft, **kwargs
-        )
+        model = auto_class.from_config(hf_config, distributed_setup=dist_setup, peft_config=peft, **kwargs)
     parts = list(getattr(model, "parts", [model]))
     if hasattr(model, "total_params_before_pp"):
         trainable, total = model.trainable_params_before_pp, model.total_params_before_pp
@@ -149,7 +153,34 @@ def build(
                 "FusedLinearCrossEntropy -> MaskedCrossEntropy: AutoModel's own fallback under pipeline "
                 "parallelism for a model without hidden-state outputs (train_ft._maybe_downgrade_loss_fn)"
             )
-    return Built(model, parts, dist_setup, loss_fn, hf_config, pp_enabled, params)
+    return Built(model, parts, dist_setup, loss_fn, hf_config, pp_enabled, params, vlm=recipe.vlm)
+
+
+@contextlib.contextmanager
+def vision_frame_sharding(built: Built) -> Iterator[None]:
+    """The VLM recipe's ``_cp_vision_frame_sharding_context``: with CP, publish the CP group (and the strategy's
+    ``multimodal.vision.frame_sharding`` config) while a forward may run the vision tower."""
+    from nemo_automodel.components.distributed.config import FSDP2Config
+    from nemo_automodel.components.distributed.cp_vision_frame_shard import (
+        reset_cp_vision_group,
+        set_cp_vision_group,
+    )
+
+    strategy = built.setup.strategy_config
+    mesh = built.mesh
+    if mesh is None or not isinstance(strategy, FSDP2Config):
+        yield
+        return
+    config = strategy.multimodal.vision.frame_sharding
+    dim = config.mesh_dims[0]
+    if dim not in mesh.mesh_dim_names or mesh[dim].size() <= 1:
+        yield
+        return
+    token = set_cp_vision_group(mesh[dim].get_group(), config=config)
+    try:
+        yield
+    finally:
+        reset_cp_vision_group(token)
 
 
 def optimizer(built: Built, target: str, kwargs: dict[str, Any]) -> list[Any]:
@@ -305,12 +336,35 @@ def _microbatch(
     from nemo_automodel.components.utils.model_utils import filter_forward_kwargs
 
     part, mesh, loss_fn = built.parts[0], built.mesh, built.loss_fn
+    vlm = built.vlm
     with phases("forward"):
-        sharder = ContextParallelSharder(part, mesh, batch, padding_token_id=pad_token_id, num_chunks=1)
+        # the VLM recipe lets a model compute its multimodal positions ahead of the CP split (its pre-embed hook)
+        sharder = ContextParallelSharder(
+            part, mesh, batch, padding_token_id=pad_token_id, num_chunks=1, invoke_pre_embed=vlm
+        )
+        ignore_index = getattr(loss_fn, "ignore_index", -100)
+        mtp_cp = None  # the MTP heads' targets under CP, prepared on the whole sequence as both recipes do
+        cp = mesh is not None and "cp" in mesh.mesh_dim_names and mesh["cp"].size() > 1
+        if cp and getattr(getattr(part, "supports", None), "mtp_enabled", False):
+            mtp_cp = part.prepare_mtp_inputs_for_cp(batch, ignore_index=ignore_index)
         train_ctx, mb = sharder.shard(dict(batch))
+        mtp_targets = None
+        if mtp_cp is not None:
+            mb["mtp_per_depth_input_ids"] = tuple(
+                sharder.shard_token_tensor(ids, seq_dim=1, fill=0) for ids in mtp_cp.input_ids
+            )
+            mb["mtp_per_depth_position_ids"] = tuple(
+                sharder.shard_token_tensor(ids, seq_dim=mtp_cp.position_ids_seq_dim, fill=0)
+                for ids in mtp_cp.position_ids
+            )
+            mb["mtp_per_depth_valid_masks"] = tuple(
+                sharder.shard_token_tensor(m, seq_dim=1, fill=False) for m in mtp_cp.valid_masks
+            )
+            mtp_targets = tuple(sharder.shard_token_tensor(t, seq_dim=1, fill=ignore_index) for t in mtp_cp.targets)
     labels = mb.pop("labels")
     sync = get_sync_ctx(part, last, defer_fsdp_grad_sync=defer_fsdp_grad_sync)
-    with train_ctx(), sync:
+    frames = vision_frame_sharding(built) if vlm else contextlib.nullcontext()
+    with sync, frames, train_ctx():
         linear_ce = isinstance(loss_fn, LinearCrossEntropy)
         with phases("forward"):
             forward = filter_forward_kwargs(part, mb)
@@ -336,7 +390,26 @@ def _microbatch(
                 num_label_tokens=num_label_tokens,
                 **extra,
             )
-        del out
+            mtp_h, mtp_logits = getattr(out, "mtp_per_depth_h", None), getattr(out, "mtp_per_depth_logits", None)
+            if mtp_h is not None or mtp_logits is not None:  # the multi-token-prediction heads' loss, as both steps
+                from nemo_automodel.components.loss.mtp import calculate_mtp_loss
+
+                loss = loss + calculate_mtp_loss(
+                    loss_fn,
+                    mtp_per_depth_h=mtp_h,
+                    mtp_per_depth_logits=mtp_logits,
+                    mtp_per_depth_targets=mtp_targets,
+                    labels=labels,
+                    model=part,
+                    scaling_factor=getattr(out, "mtp_loss_scaling_factor", None) or 0.1,
+                    num_label_tokens=num_label_tokens,
+                    ignore_index=ignore_index,
+                    lm_weight=lm_weight,
+                    **extra,
+                )
+            del mtp_h, mtp_logits
+        if not vlm:  # train_ft frees the output before backward; the VLM recipe's step keeps it to the end
+            del out
         if after_loss is not None:
             after_loss()
         detached = loss.clone().detach()

@@ -1,0 +1,84 @@
+"""A VLM recipe's images as the Qwen-VL processors turn them into model inputs (pure: no torch, no transformers):
+the resize to a patch grid, the grid's patches and the placeholder tokens each image takes in the sequence. The
+estimate sizes the vision tower's work from it and the dry run builds its batch from it; the tests hold
+``smart_resize`` to transformers' own ``smart_resize``.
+
+A recipe's data set is never read, so each sequence is assumed to carry ``IMAGES_PER_SAMPLE`` image(s) of
+``IMAGE_PX`` pixels, resized within the recipe's processor bounds (``processor.min_pixels`` / ``max_pixels``), else
+within the processor class's defaults (the checkpoint's own preprocessor_config.json is not read either).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+IMAGE_PX = (1024, 1024)  # (height, width) of the source image assumed per sequence
+IMAGES_PER_SAMPLE = 1
+# transformers' Qwen2VLImageProcessor defaults (its size: shortest_edge / longest_edge)
+DEFAULT_MIN_PIXELS = 56 * 56
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+
+
+def is_qwen_tower(vision: Any) -> bool:
+    """A Qwen-VL vision tower (Qwen2.5-VL's windowed one, Qwen3-VL's and Qwen3.5's with a learned position table)."""
+    return isinstance(vision, dict) and ("num_position_embeddings" in vision or "fullatt_block_indexes" in vision)
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers' ``qwen2_vl`` ``smart_resize`` (5.18): both sides to multiples of ``factor``, the area within the
+    bounds, the aspect ratio kept as closely as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(
+            f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}"
+        )
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class ImageGeometry:
+    """One image as the model receives it."""
+
+    grid: tuple[int, int, int]  # (t, h, w) patches
+    patch_size: int
+    merge: int
+
+    @property
+    def patches(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def tokens(self) -> int:
+        """The placeholder tokens it takes in the ids: its patches merged ``merge`` squared to one."""
+        return self.patches // (self.merge * self.merge)
+
+
+def qwen_image(
+    vision: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
+) -> ImageGeometry:
+    """One image's patch grid: the processor's resize to multiples of patch x merge within the pixel bounds, then
+    patches of ``patch_size`` (an image is one temporal step)."""
+    patch, merge = int(vision.get("patch_size", 14)), int(vision.get("spatial_merge_size", 2))
+    low, high = bounds[0] or DEFAULT_MIN_PIXELS, bounds[1] or DEFAULT_MAX_PIXELS
+    h, w = smart_resize(image_px[0], image_px[1], patch * merge, low, high)
+    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge)
+
+
+__all__ = [
+    "IMAGE_PX",
+    "IMAGES_PER_SAMPLE",
+    "ImageGeometry",
+    "is_qwen_tower",
+    "qwen_image",
+    "smart_resize",
+]

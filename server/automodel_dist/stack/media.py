@@ -1,0 +1,201 @@
+"""A VLM step's batch, as AutoModel's VLM recipe hands it to a Qwen-VL model (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and
+their MoE versions): token ids with each image's placeholder tokens, the processor's flattened patches
+(``pixel_values``), one ``(t, h, w)`` grid per image, the token-type ids the multimodal RoPE needs, and the 3-axis
+position ids the model's own ``get_rope_index`` computes from them.
+
+The ids, grids and positions are small and their values decide shapes (how many image tokens, where they go, the
+vision tower's attention segments), so on fake tensors they stay known values: fake tensors with a constant behind
+them, which FakeTensorMode propagates through every operation whose inputs are all such constants (``known_values``
+raises its size limit for the step). The patches, weights and activations are fake as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ..media import qwen_image
+
+# the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
+# sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
+KNOWN_VALUES_LIMIT = 1 << 20
+
+
+def _rope_owner(part: Any) -> Any:
+    return next((m for m in part.modules() if callable(getattr(m, "get_rope_index", None))), None)
+
+
+def qwen_batch(
+    part: Any,
+    hf_config: Any,
+    *,
+    batch: int,
+    seq: int,
+    image_px: tuple[int, int],
+    images_per_sample: int,
+    bounds: tuple[int | None, int | None],
+    pixel_dtype: str,
+    fake_mode: Any,
+) -> dict[str, Any]:
+    """One microbatch of ``batch`` sequences of ``seq`` tokens, each holding ``images_per_sample`` images (a vision
+    start token, the image's placeholders, a vision end token, the rest text); labels cover the text. Call inside
+    ``fake_mode``: the patches are fake, the rest constants."""
+    import torch
+
+    vision = hf_config.vision_config.to_dict()
+    image = qwen_image(vision, image_px, bounds)
+    grid, n_img = list(image.grid), image.tokens
+    ids_of = {
+        k: getattr(hf_config, k, None) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+    }
+    if ids_of["image_token_id"] is None:
+        raise ValueError("the model's config names no image_token_id: its images cannot be placed in the ids")
+    if images_per_sample * (n_img + 2) >= seq:
+        raise ValueError(
+            f"{images_per_sample} image(s) of {n_img} tokens ({grid[1]}x{grid[2]} patches) do not fit in a "
+            f"{seq}-token sequence: raise the sequence length or lower the image size"
+        )
+    special = [v for v in (*ids_of.values(), getattr(hf_config, "video_token_id", None)) if isinstance(v, int)]
+    text_high = max(2, min(special) - 64)  # ordinary text ids: below every special token
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # real values
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, text_high, (batch, seq), generator=g)
+        kinds = torch.zeros(batch, seq, dtype=torch.int32)
+        at = 1
+        for _ in range(images_per_sample):
+            if ids_of["vision_start_token_id"] is not None:
+                ids[:, at] = ids_of["vision_start_token_id"]
+            ids[:, at + 1 : at + 1 + n_img] = ids_of["image_token_id"]
+            kinds[:, at + 1 : at + 1 + n_img] = 1
+            if ids_of["vision_end_token_id"] is not None:
+                ids[:, at + 1 + n_img] = ids_of["vision_end_token_id"]
+            at += n_img + 2
+        grids = torch.tensor([grid] * (batch * images_per_sample), dtype=torch.int64)
+        labels = ids.clone()
+        labels[kinds.bool()] = -100  # the collate masks the image placeholders out of the loss
+        owner = _rope_owner(part)
+        positions = None
+        if owner is not None:  # the model's own multimodal RoPE positions (its forward computes the same)
+            positions = owner.get_rope_index(ids, kinds, image_grid_thw=grids)[0]
+    known = fake_mode.fake_tensor_converter
+    out = {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),  # fake: the loss reads no value of it
+        "mm_token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
+        "image_grid_thw": known.from_real_tensor(fake_mode, grids, make_constant=True),
+        "pixel_values": torch.empty(
+            batch * images_per_sample * grid[0] * grid[1] * grid[2],
+            int(vision.get("in_channels", vision.get("in_chans", 3)))
+            * int(vision.get("temporal_patch_size", 2))
+            * int(vision.get("patch_size", 14)) ** 2,
+            dtype=getattr(torch, pixel_dtype),
+        ),
+    }
+    if positions is not None:
+        out["position_ids"] = known.from_real_tensor(fake_mode, positions, make_constant=True)
+    return out
+
+
+@contextlib.contextmanager
+def known_vision_indices(fake_mode: Any) -> Iterator[None]:
+    """transformers' vision index helpers (``transformers.vision_utils``: attention segments, window order, rotary and
+    position-table indices, all computed from the image grids alone, the functions it keeps apart so they can be
+    computed ahead) run on the grid's known values and hand back constants, where a grid is one: the factories inside
+    them (``arange``, ``pad``) would otherwise make values FakeTensorMode cannot know."""
+    import sys
+
+    import transformers.vision_utils as vision_utils
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.utils._pytree import tree_map
+
+    names = [n for n in dir(vision_utils) if n.startswith("get_vision_") and callable(getattr(vision_utils, n))]
+    known = fake_mode.fake_tensor_converter
+
+    def wrap(fn: Any) -> Any:
+        def run(grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
+            if not (isinstance(grid_thw, FakeTensor) and grid_thw.constant is not None):
+                return fn(grid_thw, *args, **kwargs)
+            with unset_fake_temporarily():
+                out = fn(grid_thw.constant, *args, **kwargs)
+            return tree_map(lambda t: known.from_real_tensor(fake_mode, t, make_constant=True) if _real(t) else t, out)
+
+        run.__wrapped__ = fn  # type: ignore[attr-defined]
+        return run
+
+    saved: list[tuple[Any, str, Any]] = []
+    modules = [vision_utils] + [
+        m
+        for k, m in list(sys.modules.items())
+        if k.startswith("transformers.models.") and k.rsplit(".", 1)[-1].startswith("modeling_")
+    ]
+    originals = {name: getattr(vision_utils, name) for name in names}
+    for module in modules:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                saved.append((module, name, original))
+                setattr(module, name, wrap(original))
+    try:
+        yield
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+
+
+def _real(t: Any) -> bool:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
+
+
+@contextlib.contextmanager
+def known_values() -> Iterator[None]:
+    """FakeTensorMode computes really, and keeps as constants, the results of operations on constants up to
+    ``KNOWN_VALUES_LIMIT`` elements (its default keeps single numbers only)."""
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    saved = fake_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = KNOWN_VALUES_LIMIT
+    try:
+        yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = saved
+
+
+@contextlib.contextmanager
+def symmetric_reductions() -> Iterator[None]:
+    """An all-reduce of a known value on the fake process group: every rank of the group holds the same value (the
+    dry run's ranks are alike, as the oracle for unknown values assumes), so a sum is the value times the group's
+    size and a maximum, minimum or average the value itself (the fake group would leave a sum at one rank's)."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = dist.all_reduce
+
+    def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+        if isinstance(tensor, FakeTensor) and tensor.constant is not None:
+            if op == dist.ReduceOp.SUM:
+                tensor.constant.mul_(dist.get_world_size(group))
+            elif op not in (dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG):
+                raise NotImplementedError(f"all_reduce {op} of a known value")
+        return original(tensor, op=op, group=group, async_op=async_op)
+
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+@contextlib.contextmanager
+def known_inputs(fake_mode: Any) -> Iterator[None]:
+    """All three: constants propagate through the step, the vision index helpers run on the grids' values, and
+    an all-reduce of a known value sums over alike ranks."""
+    with known_values(), known_vision_indices(fake_mode), symmetric_reductions():
+        yield
+
+
+__all__ = ["qwen_batch", "known_inputs"]

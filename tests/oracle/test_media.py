@@ -1,0 +1,47 @@
+"""A VLM recipe's images as the model receives them (automodel_dist.media): the resize held to transformers' own
+Qwen-VL processor, and the dry run's VLM step (AutoModel's image-text class, its step, images in every sequence) on a
+Qwen-VL model, against the same model's step without images."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from automodel_dist import media
+
+transformers = pytest.importorskip("transformers")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    height=st.integers(28, 4096),
+    width=st.integers(28, 4096),
+    factor=st.sampled_from([28, 32]),
+    low=st.sampled_from([56 * 56, 65536, 200704]),
+    high=st.sampled_from([1003520, 4194304, 16777216]),
+)
+def test_the_resize_is_transformers_own(height: int, width: int, factor: int, low: int, high: int) -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    if max(height, width) / min(height, width) > 200:
+        return
+    assert media.smart_resize(height, width, factor, low, high) == smart_resize(
+        height, width, factor=factor, min_pixels=low, max_pixels=high
+    )
+
+
+def test_the_default_bounds_are_the_processor_classs() -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    size = Qwen2VLImageProcessorPil.size
+    assert (size["shortest_edge"], size["longest_edge"]) == (media.DEFAULT_MIN_PIXELS, media.DEFAULT_MAX_PIXELS)
+
+
+def test_an_image_is_the_grid_and_tokens_the_processor_makes() -> None:
+    """Qwen3-VL's 16-pixel patches merged 2 x 2: a 1,024-pixel square within the class's default bounds is resized
+    to 992 pixels a side, 62 x 62 patches and 961 placeholder tokens (what the processor itself gives)."""
+    image = media.qwen_image({"patch_size": 16, "spatial_merge_size": 2}, media.IMAGE_PX, (None, None))
+    assert (image.grid, image.patches, image.tokens) == ((1, 62, 62), 3844, 961)
+    capped = media.qwen_image({"patch_size": 14, "spatial_merge_size": 2}, (2084, 2084), (200704, 1003520))
+    assert capped.grid == (1, 70, 70) and capped.tokens == 1225  # Shopify's largest photo at the recipe's bounds

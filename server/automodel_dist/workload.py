@@ -93,7 +93,8 @@ class Workload:
     processor_pixels: tuple[int | None, int | None] = (None, None)
     collate: str | None = None
     vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence
-    frame_sharding: bool = False  # distributed.multimodal.vision.frame_sharding.enabled: the tower's frames over CP
+    # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
+    frame_sharding: tuple[int, int] | None = None
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -154,7 +155,12 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["train_towers"] = vision is False
         facts["train_audio"] = freeze.get("freeze_audio_tower") is not True
     facts["vlm_step"] = recipe_class(recipe)[0] in VLM_STEP_RECIPES
-    facts["frame_sharding"] = _get(recipe, "distributed.multimodal.vision.frame_sharding.enabled") is True
+    frames = _get(recipe, "distributed.multimodal.vision.frame_sharding")
+    if isinstance(frames, Mapping) and frames.get("enabled") is True:
+        # CpVisionFrameShardingConfig's defaults
+        low = frames.get("min_tokens", 2048)
+        few = frames.get("min_frames", 32)
+        facts["frame_sharding"] = (low if isinstance(low, int) else 2048, few if isinstance(few, int) else 32)
     bounds = tuple(_get(recipe, f"processor.{k}") for k in ("min_pixels", "max_pixels"))
     facts["processor_pixels"] = tuple(v if is_positive_int(v) else None for v in bounds)
     if isinstance(collate := _get(recipe, "dataloader.collate_fn._target_"), str):

@@ -1,6 +1,5 @@
 """A VLM recipe's images as the model receives them (automodel_dist.media): the resize held to transformers' own
-Qwen-VL processor, and the dry run's VLM step (AutoModel's image-text class, its step, images in every sequence) on a
-Qwen-VL model, against the same model's step without images."""
+Qwen-VL processor and its default bounds (the dry run's VLM step itself: tests/integration/test_dry_run.py)."""
 
 from __future__ import annotations
 

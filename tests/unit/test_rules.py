@@ -1261,9 +1261,10 @@ CASES = [
         message="freeze_config.freeze_embeddings is not an option of AutoModel 0.7.0's freeze_config: it raises "
         "\"freeze_config has unsupported option(s) ['freeze_embeddings']\" while building the model",
         fix="remove freeze_embeddings: earlier AutoModel versions accepted and ignored it (AutoModel dropped it from its "
-        "own recipes with trainability unchanged); to really freeze the token embeddings use a selector, e.g. "
-        "freeze_modules: [{path: model.language_model.embed_tokens}] (the module path is the model's own), and then "
-        "say freeze_vision_tower: true outright: with a selector the vision tower is no longer frozen by default",
+        "own recipes with trainability unchanged); to really freeze the token embeddings name the model's embedding "
+        "module in a selector, e.g. freeze_modules: [{path: model.embed_tokens}] (a VLM's: "
+        "model.language_model.embed_tokens), and in a VLM recipe also say freeze_vision_tower: true outright: a "
+        "selector turns the implicit vision freeze off",
         id="freeze-config-invalid",
     ),
     RuleCase(

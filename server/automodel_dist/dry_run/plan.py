@@ -12,7 +12,7 @@ from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
 from ..catalog.kernels import LOCAL_DISPATCHERS
 from ..catalog.models import ModelSpec
-from ..config.kinds import DIFFUSION_LM_RECIPES, MEDIA_RECIPES
+from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
@@ -262,7 +262,7 @@ def plan_dry_run(
         fla_gdn=fla_gdn,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,
-        freeze_config=w.freeze_config if media is not None else None,
+        freeze_config=w.freeze_config if ctx.kind.recipe in FREEZE_CONFIG_RECIPES or media is not None else None,
     )
     depths: dict[int, Depth] = {}
     specs: list[DryRunSpec] = []

@@ -242,7 +242,14 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         m = spec.media
         image = qwen_image(hf_config.vision_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
         visual = image.tokens * m.images_per_sample
-        local_visual = lambda mask: mask.shape[0] * visual // max(mc.cp_size, 1)  # noqa: E731
+        local_seq = seq // max(mc.cp_size, 1)
+
+        def local_visual(mask: Any) -> int | None:
+            # only a [batch, local sequence] mask of image positions; any other refused as before
+            if mask.dim() != 2 or mask.shape[1] != local_seq:
+                return None
+            return mask.shape[0] * visual // max(mc.cp_size, 1)
+
         nonzero["models/qwen3_vl/model.py:_shard_multimodal_inputs_for_cp"] = local_visual
         nonzero["qwen3_vl/modeling_qwen3_vl.py:_deepstack_process"] = local_visual  # each text layer adds them
         nonzero["torch/autograd/graph.py:_engine_run_backward"] = local_visual  # and their backward selects them again

@@ -63,7 +63,8 @@ them out), its end (sharded gradients and the root's unsharded fp32 gradients) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
@@ -141,13 +142,14 @@ class Training:
     train_towers: bool = False  # a VLM's vision tower trains (freeze_config: workload.Workload.train_towers)
     train_audio: bool = False  # and its audio tower
     # the VLM recipe's step: the model output (the logits) kept through backward, and each sequence's image patches
-    # through the vision tower (media.py's assumed image): its saved activations per patch and block, trained or not
+    # through the vision tower (media.py's assumed image): what a trained tower keeps per patch and block
     vlm_step: bool = False
+    tower_images: int = 0  # images a sequence carries
     tower_patches: int = 0  # patches a sequence's images make
     tower_layers: int = 0
     tower_hidden: int = 0
     tower_block_elems: int = 0  # what one trained block keeps for backward per patch, in elements
-    tower_frame_sharded: bool = False  # distributed.multimodal.vision.frame_sharding: the patches split over CP
+    tower_frame_sharded: bool = False  # frame sharding active: whole images dealt out over the CP ranks
 
 
 @dataclass
@@ -167,6 +169,7 @@ class _Groups:
     dense_layers: float = 0.0  # all layers' non-expert params on this rank
     kinds: dict[str, int] = field(default_factory=dict)  # layers on this rank per ModelSpec.layer_kind
     towers: float = 0.0  # a VLM's vision tower (on the first stage)
+    mtp: float = 0.0  # AutoModel's multi-token-prediction layers (on the last stage)
     audio: float = 0.0  # and its audio tower
 
 
@@ -221,10 +224,6 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
             kind = m.layer_kind(layer)
             g.kinds[kind] = g.kinds.get(kind, 0) + 1
     g.first, g.last = 0 in my, (n_stages - 1) in my
-    if g.last and m.mtp_layers:  # the multi-token-prediction layers sit after the last decoder layer
-        kind = m.layer_kind(m.num_layers - 1)
-        g.kinds[kind] = g.kinds.get(kind, 0) + m.mtp_layers
-        g.root += m.mtp_layers * (2 * m.hidden_size * m.hidden_size + 3 * m.norm_params)  # input projection, norms
     g.dense_layers = sum(n * per[k][0] for k, n in g.kinds.items())
     g.dense = g.dense_layers
     g.experts = sum(n * per[k][1] for k, n in g.kinds.items())
@@ -236,6 +235,8 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
         g.root += m.hidden_size
+        g.mtp = float(m.mtp_params())  # the multi-token-prediction layers after the last decoder layer (not TP-split)
+        g.dense += g.mtp
     g.root += g.embed + g.lm_head
     g.dense += g.root
     return g
@@ -317,7 +318,9 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
 
 
-# AutoModel classes whose decoder layers are transformers' own with fp32 (1 + w) RMSNorms (Qwen3.5 dense)
+# AutoModel's dense Qwen3.5 class: Qwen3-Next's block with its fp32 (1 + w) RMSNorm (each norm keeps an fp32 copy and
+# the fp32 normalised input). Its MoE sibling and Qwen3-Next share the norm; they are measured here only under
+# activation checkpointing, where the norms' intermediates are not kept, so the term is not extended to them untested.
 _FP32_NORM_DECODER = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"})
 
 
@@ -325,11 +328,14 @@ def _gated_deltanet_act(m: ModelSpec) -> float:
     """Bytes per token a Gated DeltaNet mixer keeps for backward without checkpointing (AutoModel's Qwen3.5 layer
     with fla's chunked kernel, stack/fla_gdn.py): in_proj's input; the mixed q/k/v (conv dim ``C = 2K + V``) out of
     in_proj, into and out of the causal conv and its SiLU; q and k l2-normalised at the value heads and v (kernel);
-    its WY matrix (64 a head); the kernel's output, the gated norm's fp32 input, z and SiLU(z); out_proj's input."""
+    its WY matrix (64 a head); the kernel's output; the gated norm's fp32 input and fp32 normalised input (two
+    elements each), z and SiLU(z); out_proj's input."""
     k = m.linear_key_heads * m.linear_key_dim
     v = m.linear_value_heads * m.linear_value_dim
     conv = 2 * k + v
-    elements = m.hidden_size + 4 * conv + 2 * v + v + 64 * m.linear_value_heads + v + 4 * v + v + v
+    kernel = 2 * v + v + 64 * m.linear_value_heads + v  # q and k at the value heads, v, A, the output
+    norm = 2 * v + 2 * v + v + v  # fp32 input, fp32 normalised, z, SiLU(z)
+    elements = m.hidden_size + 4 * conv + kernel + norm + v
     return 2.0 * elements
 
 
@@ -390,7 +396,7 @@ def _act_per_token(
         if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
             n_linear = m.layer_attention.count("linear")
             attn = (n_linear * _gated_deltanet_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
-    if m.architecture in _FP32_NORM_DECODER:
+    if m.architecture in _FP32_NORM_DECODER and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
         rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
@@ -577,6 +583,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     store = DTYPE_BYTES[tr.storage_dtype]
     spr = p.stages_per_rank_of(m.num_layers)
     g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank)
+    if tr.hf_class and g.mtp:  # transformers' class drops the MTP layers (AutoModel's own builds them)
+        g = replace(g, dense=g.dense - g.mtp, mtp=0.0)
     sp_, sg, so, se = _state_shards(p)
     ac = p.ac_applied
     style = ac_style(m, p, tr)
@@ -617,9 +625,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     saved = 0.0
     recompute = 0.0
     last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
+    mtp_layers = m.mtp_layers if g.mtp else 0  # each a decoder layer of the last layer's kind
     for kind, count in g.kinds.items():
         s, plain = _act_per_token(m, p, tr, kind, comp, style)
-        saved += s * count
+        saved += s * (count + (mtp_layers if kind == m.layer_kind(m.num_layers - 1) else 0))
         last_block = max(last_block, s)
         if ac and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
@@ -632,11 +641,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if tr.loss == "TEParallelCrossEntropy":
             per_saved /= p.tp
         # each multi-token-prediction depth adds its own loss over the vocabulary (through the shared lm_head) and
-        # keeps its input projection's input ([embedding, hidden]) and its norms' inputs
-        depths = 1 + m.mtp_layers
-        loss_saved = per_saved * vocab * tokens * depths
+        # keeps its input projection's input ([embedding, hidden]: 2h) and its final norm's input (h)
+        loss_saved = per_saved * vocab * tokens * (1 + mtp_layers)
         loss_temp = per_temp * vocab * tokens
-        extra += m.mtp_layers * 6 * m.hidden_size * comp / 2
+        extra += mtp_layers * 3 * m.hidden_size * comp
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
             loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / p.tp
     # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
@@ -652,7 +660,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     if g.first and tr.tower_patches and tr.train_towers and lora is None:
         # a trained vision tower keeps its blocks' inputs (checkpointed) or everything its backward needs; each CP
         # rank runs every patch unless frame sharding splits them
-        patches = tr.micro_batch_size * tr.tower_patches / (p.cp if tr.tower_frame_sharded else 1)
+        images = tr.micro_batch_size * tr.tower_images
+        per_rank = math.ceil(images / p.cp) if tr.tower_frame_sharded else images  # whole images, never split
+        patches = per_rank * tr.tower_patches / max(tr.tower_images, 1)
         per_block = tr.tower_hidden if ac else tr.tower_block_elems
         acts += patches * tr.tower_layers * per_block * comp * inflight
     # FSDP: the lm_head (its own unit, kept gathered for the loss) and the root (final norm; with a tied,

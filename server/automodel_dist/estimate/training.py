@@ -143,8 +143,10 @@ def training_for(
         compile=compile_layers,
         experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,
-        train_towers=w.train_towers,
-        train_audio=w.train_audio,
+        # a tower trains only where the step feeds it media: in a text step its parameters get no gradient, so
+        # Adam keeps no state for them (trainable or not)
+        train_towers=w.train_towers and w.vlm_step,
+        train_audio=w.train_audio and w.vlm_step,
         **_vlm_terms(spec, w, read),
     )
     return WorkloadTerms(prec, tr, tuple(read))
@@ -162,14 +164,18 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     image = qwen_image(vision, IMAGE_PX, w.processor_pixels)
     h, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
     gated = "fullatt_block_indexes" in vision  # Qwen2.5-VL's SwiGLU keeps one more intermediate tensor
+    sharding = w.frame_sharding
     out.update(
+        tower_images=IMAGES_PER_SAMPLE,
         tower_patches=IMAGES_PER_SAMPLE * image.patches,
         tower_layers=int(vision.get("depth") or vision.get("num_hidden_layers") or 0),
         tower_hidden=h,
         # per patch and block: the two norms' and the projections' inputs, q, k, v (and rotary's q, k), the
         # attention output and the MLP's hidden activations
         tower_block_elems=11 * h + (3 if gated else 2) * inter,
-        tower_frame_sharded=w.frame_sharding,
+        # AutoModel splits whole frames (an image is one) over CP only past its thresholds (cp_vision_frame_shard.py)
+        tower_frame_sharded=sharding is not None
+        and (IMAGES_PER_SAMPLE * image.tokens >= sharding[0] or IMAGES_PER_SAMPLE >= sharding[1]),
     )
     read.append(
         f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {IMAGE_PX[0]} x {IMAGE_PX[1]} "

@@ -28,9 +28,9 @@ BOOLEANS = ("freeze_vision_tower", "freeze_audio_tower", "freeze_language_model"
 # recipes written earlier still carry it (AutoModel removed it from its own, PR #3851: trainability unchanged)
 REMOVED = {
     "freeze_embeddings": "earlier AutoModel versions accepted and ignored it (AutoModel dropped it from its own "
-    "recipes with trainability unchanged); to really freeze the token embeddings use a selector, e.g. freeze_modules: [{path: "
-    "model.language_model.embed_tokens}] (the module path is the model's own), and then say "
-    "freeze_vision_tower: true outright: with a selector the vision tower is no longer frozen by default"
+    "recipes with trainability unchanged); to really freeze the token embeddings name the model's embedding module "
+    "in a selector, e.g. freeze_modules: [{path: model.embed_tokens}] (a VLM's: model.language_model.embed_tokens), "
+    "and in a VLM recipe also say freeze_vision_tower: true outright: a selector turns the implicit vision freeze off"
 }
 
 
@@ -120,7 +120,7 @@ def freeze_config_invalid(ctx: Context) -> Iterator[Finding]:
                     (),
                     f"{section}.{key} must be a boolean, got {value!r}: AutoModel raises ValueError while building "
                     "the model",
-                    f"{key}: true or {key}: false (a YAML boolean, unquoted)",
+                    f"{key}: true or {key}: false",
                     recipe_path=f"{section}.{key}",
                 )
         for key in SELECTOR_LISTS:

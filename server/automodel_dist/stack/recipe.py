@@ -53,9 +53,8 @@ class StackRecipe(BaseModel):
         False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)
     )
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
-    # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText with its freeze_config, and its step
-    vlm: bool = False
-    freeze_config: dict[str, Any] | None = None
+    vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step
+    freeze_config: dict[str, Any] | None = None  # the recipe's freeze_config: section, as its build_model passes it
 
 
 def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False) -> dict[str, Any]:

@@ -127,9 +127,9 @@ def build(
         kwargs["torch_dtype"] = recipe.torch_dtype
     if recipe.force_hf:
         kwargs["force_hf"] = True
-    auto_class: Any = NeMoAutoModelForCausalLM
-    if recipe.vlm:  # vlm/finetune.py's build_model: the image-text class, freeze_config as a mapping
-        auto_class = NeMoAutoModelForImageTextToText
+    # both recipes' build_model hand freeze_config over as a mapping; the VLM one builds the image-text class
+    auto_class: Any = NeMoAutoModelForImageTextToText if recipe.vlm else NeMoAutoModelForCausalLM
+    if recipe.freeze_config is not None:
         kwargs["freeze_config"] = recipe.freeze_config
     with patches:
         model = auto_class.from_config(hf_config, distributed_setup=dist_setup, peft_config=peft, **kwargs)
@@ -338,14 +338,17 @@ def _microbatch(
     part, mesh, loss_fn = built.parts[0], built.mesh, built.loss_fn
     vlm = built.vlm
     with phases("forward"):
-        # the VLM recipe lets a model compute its multimodal positions ahead of the CP split (its pre-embed hook)
-        sharder = ContextParallelSharder(
-            part, mesh, batch, padding_token_id=pad_token_id, num_chunks=1, invoke_pre_embed=vlm
-        )
+        # (the model's CP pre-embed hook runs in both recipes: the sharder's default)
+        sharder = ContextParallelSharder(part, mesh, batch, padding_token_id=pad_token_id, num_chunks=1)
         ignore_index = getattr(loss_fn, "ignore_index", -100)
         mtp_cp = None  # the MTP heads' targets under CP, prepared on the whole sequence as both recipes do
         cp = mesh is not None and "cp" in mesh.mesh_dim_names and mesh["cp"].size() > 1
         if cp and getattr(getattr(part, "supports", None), "mtp_enabled", False):
+            if not part.supports.supports_mtp_cp:  # both recipes refuse it
+                raise NotImplementedError(
+                    f"{type(part).__name__} declares supports_mtp_cp=False; "
+                    "MTP target preparation for context parallelism is unavailable"
+                )
             mtp_cp = part.prepare_mtp_inputs_for_cp(batch, ignore_index=ignore_index)
         train_ctx, mb = sharder.shard(dict(batch))
         mtp_targets = None
@@ -353,18 +356,23 @@ def _microbatch(
             mb["mtp_per_depth_input_ids"] = tuple(
                 sharder.shard_token_tensor(ids, seq_dim=1, fill=0) for ids in mtp_cp.input_ids
             )
+            # train_ft shards the positions on dim 1 and hands no valid masks; the VLM step follows the model's layout
+            seq_dim = mtp_cp.position_ids_seq_dim if vlm else 1
             mb["mtp_per_depth_position_ids"] = tuple(
-                sharder.shard_token_tensor(ids, seq_dim=mtp_cp.position_ids_seq_dim, fill=0)
-                for ids in mtp_cp.position_ids
+                sharder.shard_token_tensor(ids, seq_dim=seq_dim, fill=0) for ids in mtp_cp.position_ids
             )
-            mb["mtp_per_depth_valid_masks"] = tuple(
-                sharder.shard_token_tensor(m, seq_dim=1, fill=False) for m in mtp_cp.valid_masks
-            )
+            if vlm:
+                mb["mtp_per_depth_valid_masks"] = tuple(
+                    sharder.shard_token_tensor(m, seq_dim=1, fill=False) for m in mtp_cp.valid_masks
+                )
             mtp_targets = tuple(sharder.shard_token_tensor(t, seq_dim=1, fill=ignore_index) for t in mtp_cp.targets)
     labels = mb.pop("labels")
     sync = get_sync_ctx(part, last, defer_fsdp_grad_sync=defer_fsdp_grad_sync)
-    frames = vision_frame_sharding(built) if vlm else contextlib.nullcontext()
-    with sync, frames, train_ctx():
+    # train_ft enters the CP context, then the sync; the VLM step the sync, the frame-sharding group, then CP
+    steps = (sync, vision_frame_sharding(built), train_ctx()) if vlm else (train_ctx(), sync)
+    with contextlib.ExitStack() as stack:
+        for ctx in steps:
+            stack.enter_context(ctx)
         linear_ce = isinstance(loss_fn, LinearCrossEntropy)
         with phases("forward"):
             forward = filter_forward_kwargs(part, mb)

@@ -182,18 +182,18 @@ NOT_MEASURED: dict[str, str] = {
     "mamba_ssm (a CUDA extension), which is not installed here",
     "vlm_finetune/qwen3_5_moe/qwen3_5_35b_neat_packing.yaml": "a VLM recipe under pipeline parallelism: its loader "
     "stages each microbatch's images on the first stage, which the dry run does not reproduce (the plan runs no rank)",
+    **{
+        f"vlm_finetune/gemma3/{name}.yaml": "a Gemma-3 VLM recipe: the dry run feeds images only as the Qwen-VL "
+        "processors make them (the plan runs no rank)"
+        for name in ("gemma3_vl_4b_cord_v2", "gemma3_vl_4b_cord_v2_peft", "gemma3_vl_4b_medpix_peft")
+    },
     "vlm_finetune/qwen3_5_moe/qwen3_6_35b_medpix_ep8cp2_4k.yaml": "Gated DeltaNet under context parallelism runs "
     "fla's context-parallel kernel, which the dry run does not stand in (the plan runs no rank)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "Gated DeltaNet under context parallelism runs fla's "
     "context-parallel kernel, which the dry run does not stand in (the plan runs no rank)",
 }
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
-ESTIMATE_MISSES: dict[str, str] = {
-    "vlm_finetune/qwen3_5/qwen3_6_27b_medpix_cp1_2k_2node_100steps.yaml": "TP 4 on Qwen3.6-27B: the estimate is 15.5% "
-    "under the dry run (42.1 vs 49.8 GiB): the dry run holds 1.0 GiB more parameters and 2.0 GiB more optimizer state "
-    "a rank than the estimate's TP split, as AutoModel's Qwen3.5 TP plan (optimized_tp_plans._parallelize_qwen3_5_vlm) "
-    "leaves the Gated DeltaNet layers replicated, which the estimate does not model",
-}
+ESTIMATE_MISSES: dict[str, str] = {}
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
     "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "the dry run and the estimate both say it does not fit "

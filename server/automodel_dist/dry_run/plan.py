@@ -181,7 +181,7 @@ def plan_dry_run(
                 else "the processor class's default bounds (the checkpoint's preprocessor_config.json is not read)"
             )
             assumed.append(
-                f"one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized within "
+                f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized within "
                 f"{bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, inside the "
                 f"{seq}-token sequence (the rank's result gives the grid)"
             )

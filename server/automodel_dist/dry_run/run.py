@@ -384,7 +384,7 @@ def dry_run(
             if with_overhead is not None
             and status == "measured"
             and not any(x.startswith(TEACHER_NOT_BUILT) for x in plan.not_measured)
-            and not any(x.startswith("seq_len") for x in plan.assumed)  # no verdict on an assumed length
+            and not any(x.startswith(("seq_len", "image")) for x in plan.assumed)  # none on an assumed length or image
             else None
         ),
         model=plan.model.name,

@@ -312,13 +312,15 @@ def estimate_memory(
         teacher=teacher,
     )
     tr = terms.training
+    if tr.vlm_step:
+        assumed.append("image")  # the data's images are not read: a VLM step's figures are at an assumed image
     cluster = cluster_of(request, ctx.gpus_per_node)
     mem, comm, _ = evaluate(spec, p, tr, cluster, headroom=headroom)
     assert comm is not None
     budget = cluster.gpu.memory_gib * (1 - headroom)
     verdict: Verdict | None = verdict_for(mem.total, budget)
-    if not teacher_known or "seq_len" in assumed:
-        verdict = None  # the length is the unknown (or the teacher is): no verdict on an assumed value
+    if not teacher_known or "seq_len" in assumed or "image" in assumed:
+        verdict = None  # the length is the unknown (or the teacher, or the images): no verdict on an assumed value
     fits = FITS[verdict] if verdict is not None else None
     max_seq, max_mbs = fit_limits(spec, p, tr, budget)
     seq_known = "seq_len" not in assumed

@@ -71,7 +71,7 @@ class Estimate(BaseModel):
         default=None,
         description="fits: total x (1 + memory_error) <= GPU memory x (1 - headroom); does not fit: total x "
         "(1 - memory_error) exceeds it; tight: the budget is inside the estimate's error band (run the dry run); "
-        "null: not judged (an assumed sequence length or an unknown teacher).",
+        "null: not judged (an assumed sequence length or image, or an unknown teacher).",
     )
     memory_error: float = Field(
         default=0.0, description="The estimate's measured error on the peak (a fraction), which the verdict allows."
@@ -114,7 +114,10 @@ class Estimate(BaseModel):
         default=None, description=("The memory at shortest_seq_len: what does not shrink with the sequence.")
     )
     assumed: list[str] = Field(
-        default_factory=list, description=("Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1.")
+        default_factory=list,
+        description=(
+            "Sizes neither passed nor in the recipe: seq_len 4096, micro batch 1, a VLM step's image (media.IMAGE_PX)."
+        ),
     )
     workload: list[str] = Field(
         default_factory=list,

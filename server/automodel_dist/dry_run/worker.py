@@ -139,6 +139,23 @@ def _states_to(optimizers: list[Any], dtype_name: str) -> None:
                     state[key] = value.to(dtype)
 
 
+def _stepped(parts: list[Any], *, media: bool) -> list[Any]:
+    """The parameters the first step gave a gradient (so Adam holds states for them): every trainable one, but in a
+    step that feeds no media a multimodal tower's and projector's (AutoModel's own list of those modules), which
+    the forward never reaches."""
+    from nemo_automodel.components.distributed.multimodal_fsdp import MULTIMODAL_MODULE_NAMES
+
+    out = []
+    for part in parts:
+        for name, p in part.named_parameters():
+            if not p.requires_grad:
+                continue
+            if not media and any(n in MULTIMODAL_MODULE_NAMES for n in name.split(".")):
+                continue
+            out.append(p)
+    return out
+
+
 def _import_automodel() -> None:
     shims.import_automodel()
     import nemo_automodel.components.training.utils  # noqa: F401 - the step's helpers (timed with the import)
@@ -261,7 +278,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         fake_mode,
     ):
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
-            for p in (p for part in parts for p in part.parameters() if p.requires_grad):
+            for p in _stepped(parts, media=spec.media is not None):
                 # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor
                 # whose local shard disagrees (a strict-fp32 parameter cast after sharding) fails where AutoModel's
                 # own step fails, in the optimizer, not here

@@ -77,6 +77,8 @@ class Workload:
     force_hf: bool = False
     load_base_model: bool = False  # AutoModel loads the checkpoint: from_pretrained, or from_config when asked
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
+    attn_implementation: str | None = None  # model.attn_implementation (None: AutoModel's default, flash or SDPA)
+    packed: bool = False  # packed_sequence.packed_sequence_size > 0 (the LLM recipes' has_packed_sequence)
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
     teacher: str | None = None
@@ -141,6 +143,10 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["force_hf"] = model.get("force_hf") is True
         facts["load_base_model"] = _loads_base_model(model)
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False
+        if isinstance(model.get("attn_implementation"), str):
+            facts["attn_implementation"] = model["attn_implementation"]
+    packed = _get(recipe, "packed_sequence.packed_sequence_size")
+    facts["packed"] = isinstance(packed, int) and not isinstance(packed, bool) and packed > 0
     teacher = recipe.get("teacher_model")
     if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):
         facts["teacher"] = teacher["pretrained_model_name_or_path"]

@@ -81,6 +81,7 @@ def estimate_row(row: dict):
 L8, Q3 = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"
 LLM = "recipe: TrainFinetuneRecipeForNextTokenPrediction\n"
 PP = "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 16\n"
+EAGER = "model:\n  attn_implementation: eager\n"
 LORA = "peft:\n  target_modules: ['*_proj']\n  dim: 16\n"
 DRY = [
     pytest.param(L8, "distributed: {}\n", id="dense"),
@@ -95,6 +96,8 @@ DRY = [
     pytest.param(
         Q3, "distributed:\n  ep_size: 8\n  activation_checkpointing: true\n", id="qwen3-moe-ep8-checkpointing"
     ),
+    # transformers' eager attention, as AutoModel's own Llama class runs it when the recipe asks (seq x seq scores)
+    pytest.param(L8, EAGER + "distributed: {}\n", id="eager-attention"),
 ]
 DRY_SLOW = [
     pytest.param(L8, "distributed:\n  activation_checkpointing: true\n", id="checkpointing-submodules"),
@@ -119,4 +122,7 @@ DRY_SLOW = [
         id="pp2-1f1b",
     ),
     pytest.param(Q3, "distributed:\n  ep_size: 8\n", id="qwen3-moe-ep8"),
+    pytest.param(L8, EAGER + "distributed:\n  tp_size: 2\n", id="eager-attention-tp2"),
+    # a Hugging Face class with softcapped scores (Gemma-2: its tanh is kept too)
+    pytest.param("google/gemma-2-9b-it", EAGER + "distributed: {}\n", id="eager-attention-softcap"),
 ]

@@ -909,3 +909,44 @@ def test_deepseek_v32s_indexer_term_is_added_under_a_pipeline_schedule_only():
     extra = 8 * 64 * 128 + 12 * 2048
     assert _act_per_token(v32, pp, tr, "moe", 2)[0] - _act_per_token(v3, pp, tr, "moe", 2)[0] == extra
     assert _act_per_token(v32, flat, tr, "moe", 2)[0] == _act_per_token(v3, flat, tr, "moe", 2)[0]
+
+
+@pytest.mark.parametrize(
+    "model,block,eager",
+    [
+        ("google/gemma-2-9b-it", {}, True),  # a Hugging Face class honours the recipe's choice
+        (L8, {}, True),  # so does AutoModel's own Llama class (it dispatches on config._attn_implementation)
+        ("Qwen/Qwen3-30B-A3B", {}, False),  # AutoModel's MoE class takes its attention from model.backend.attn
+        ("google/gemma-2-9b-it", {"cp_size": 2}, False),  # AutoModel runs SDPA under CP
+    ],
+)
+def test_eager_attention_keeps_every_heads_scores_where_automodel_runs_it(model, block, eager):
+    """model.attn_implementation: eager runs transformers' eager_attention_forward, which keeps each head's seq x seq
+    fp32 softmax and its bf16 copy (6 bytes a score, 8 with Gemma-2's softcap tanh) where flash keeps a log-sum-exp;
+    AutoModel's pre-load overrides turn it into SDPA under CP and into flash for packed sequences. The dry run
+    measures the same (tests/oracle/test_calibration.py eager-attention cases)."""
+
+    def mem(attn: str | None, packed: bool = False) -> float:
+        recipe: dict[str, Any] = {
+            "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+            "model": {"pretrained_model_name_or_path": model, **({"attn_implementation": attn} if attn else {})},
+            "distributed": block,
+            "step_scheduler": {"local_batch_size": 1, "global_batch_size": 8},
+        }
+        if packed:
+            recipe["packed_sequence"] = {"packed_sequence_size": 2048}
+        return estimate_memory(recipe, world_size=8, seq_len=2048).memory_gib.activations
+
+    flash = mem(None)
+    if not eager:
+        assert mem("eager") == pytest.approx(flash)
+        return
+    spec = lookup(model)
+    per_score = 8 if spec.attn_softcap else 6
+    scores = spec.num_layers * spec.num_attention_heads * 2048 * 2048 * per_score / GIB
+    # the scores, and keys and values repeated to every query head in place of the kernel's k, v and log-sum-exp
+    swap = spec.num_layers * 2048 * 4 * (spec.num_attention_heads - spec.num_key_value_heads) * spec.hd / GIB
+    swap -= spec.num_layers * 2048 * 4 * spec.num_attention_heads / GIB
+    assert mem("eager") - flash == pytest.approx(scores + swap, rel=1e-6)
+    assert mem("sdpa") == pytest.approx(flash)
+    assert mem("eager", packed=True) == pytest.approx(mem(None, packed=True))  # AutoModel picks flash for packing

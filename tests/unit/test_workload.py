@@ -228,3 +228,25 @@ def test_automodels_load_base_model_is_read_and_the_dry_run_knows(target, extra,
     assert read_workload(recipe).load_base_model is pretrained
     plan = plan_dry_run(Request.of(recipe, world_size=4))
     assert plan.specs and all(s.recipe.load_base_model is pretrained for s in plan.specs)
+
+
+def test_attention_implementation_and_packing_are_read_where_automodel_reads_them():
+    from automodel_dist.workload import read_workload
+
+    w = read_workload({"model": {"attn_implementation": "eager"}, "packed_sequence": {"packed_sequence_size": 4096}})
+    assert (w.attn_implementation, w.packed) == ("eager", True)
+    w = read_workload({"model": {"attn_implementation": 3}, "packed_sequence": {"packed_sequence_size": 0}})
+    assert (w.attn_implementation, w.packed) == (None, False)
+
+
+@pytest.mark.parametrize("attn,eager", [("eager", True), ("sdpa", False), (None, False)])
+def test_the_dry_run_builds_with_eager_attention_only_where_the_step_runs_it(attn, eager):
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    model = {"pretrained_model_name_or_path": "google/gemma-2-9b-it", **({"attn_implementation": attn} if attn else {})}
+    plan = plan_dry_run(Request.of({"model": model, "distributed": {"strategy": "fsdp2"}}, world_size=8))
+    assert all(s.recipe.attn_implementation == ("eager" if eager else None) for s in plan.specs)
+    assert any("eager attention" in x for x in plan.substitutions) is eager
+    under_cp = plan_dry_run(Request.of({"model": model, "distributed": {"cp_size": 2}}, world_size=8))
+    assert all(s.recipe.attn_implementation is None for s in under_cp.specs)

@@ -75,6 +75,24 @@ ARCHITECTURE_TYPES = {
 LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 
 
+# AutoModel's own classes whose attention dispatches on config._attn_implementation as transformers' do, so that
+# ``attn_implementation: eager`` runs transformers' eager_attention_forward (components/models/llama/model.py and
+# qwen2/model.py); its other classes take their attention from model.backend.attn
+EAGER_DISPATCH_CUSTOM = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
+
+
+def runs_eager_attention(
+    attn_implementation: str | None, *, hf_class: bool, architecture: str | None, cp: int, packed: bool
+) -> bool:
+    """Whether the step runs transformers' eager attention, which materialises every head's seq x seq scores (its
+    fp32 softmax and their bf16 copy stay for backward) where a flash or SDPA kernel keeps none: the recipe asks for
+    ``eager`` on a class that honours it, and AutoModel's pre-load overrides keep it
+    (``kernel_patches._apply_preload_overrides``: SDPA under CP, a flash kernel for packed sequences)."""
+    if attn_implementation != "eager" or cp > 1 or packed:
+        return False
+    return hf_class or architecture in EAGER_DISPATCH_CUSTOM
+
+
 def hf_layer(architecture: str | None) -> HFLayer | None:
     """The table's row for a Hugging Face class (None: a type Liger's stand-in does not cover)."""
     model_type = ARCHITECTURE_TYPES.get(architecture or "")
@@ -88,10 +106,12 @@ def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
 
 __all__ = [
     "ARCHITECTURE_TYPES",
+    "EAGER_DISPATCH_CUSTOM",
     "HFLayer",
     "LIGER_LAYERS",
     "LIGER_VERSION",
     "LOCAL_DISPATCHERS",
     "hf_layer",
     "liger_applies",
+    "runs_eager_attention",
 ]

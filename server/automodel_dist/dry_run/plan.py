@@ -10,7 +10,7 @@ from typing import Any
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS
+from ..catalog.kernels import LOCAL_DISPATCHERS, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
@@ -223,10 +223,25 @@ def plan_dry_run(
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
             "is installed; without fla, AutoModel falls back to transformers' torch loop, which keeps far more"
         )
+    eager_attn = runs_eager_attention(
+        w.attn_implementation,
+        hf_class=impl is None or not impl.custom or w.force_hf,
+        architecture=spec.architecture,
+        cp=d.cp,
+        packed=w.packed,
+    )
+    if eager_attn:  # the class runs transformers' eager attention, whatever model.backend.attn says
+        subs[:] = [x for x in subs if not x.startswith("model.backend.attn:")]
     subs.append(
-        "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
-        "scores); the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused "
-        "CUDA kernel's)"
+        (
+            "attention runs as the recipe asks, transformers' eager attention (model.attn_implementation: eager): "
+            "every head's seq x seq scores, its fp32 softmax and their bf16 copy, as on the GPU"
+            if eager_attn
+            else "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
+            "scores)"
+        )
+        + "; the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused CUDA "
+        "kernel's)"
     )
     if ranks is None:
         lay = d.layout
@@ -258,6 +273,7 @@ def plan_dry_run(
         force_hf=w.force_hf,
         load_base_model=w.load_base_model,
         liger=w.use_liger_kernel,
+        attn_implementation="eager" if eager_attn else None,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,
         clip_grad_norm=w.clip_grad_norm,

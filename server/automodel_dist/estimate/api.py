@@ -29,8 +29,8 @@ ASSUMPTIONS = [
     f"collectives reach {COLLECTIVE_EFFICIENCY:.0%} of link bandwidth; matmuls {MATMUL_EFFICIENCY:.0%} of bf16 peak",
     f"FSDP/DDP traffic overlaps up to {OVERLAP:.0%} of compute; TP and EP traffic is exposed; CP half hidden",
     f"overhead = {CUDA_CONTEXT_GIB:.0f} GiB CUDA context/NCCL + {FRAGMENTATION:.0%} allocator fragmentation",
-    "activations: what AutoModel's own classes save (read from its code run on fake tensors), flash attention, "
-    "no dropout",
+    "activations: what AutoModel's own classes save (read from its code run on fake tensors), flash attention (eager "
+    "where the recipe asks for it and AutoModel runs it), no dropout",
 ]
 
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, liger_applies
+from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, liger_applies, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -136,6 +136,8 @@ class Training:
     fp32_upcast: bool = True
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
+    attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
+    packed: bool = False  # packed sequences (AutoModel then picks a flash kernel for a Hugging Face class)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
     dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
@@ -345,6 +347,13 @@ def _attention_act(m: ModelSpec, t: int) -> float:
     return 8 * m.hidden_size / t + 8 * m.hd + 4 * m.num_attention_heads / t + 8
 
 
+def eager_attention(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
+    """Whether this layout's step runs transformers' eager attention (the recipe's choice, AutoModel's overrides)."""
+    return runs_eager_attention(
+        tr.attn_implementation, hf_class=tr.hf_class, architecture=m.architecture, cp=p.cp, packed=tr.packed
+    )
+
+
 def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
     """How AutoModel checkpoints this model's layers: none | submodule | layer | block | selective."""
     return _ac_style(m.architecture, m.is_moe, tr.hf_class, p.ac_applied, p.ep > 1)
@@ -396,6 +405,14 @@ def _act_per_token(
         if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
             n_linear = m.layer_attention.count("linear")
             attn = (n_linear * _gated_deltanet_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
+    eager = 0.0
+    if eager_attention(m, p, tr) and not m.kv_lora_rank:
+        # transformers' eager_attention_forward: per head and key, the fp32 softmax (its backward's input) and its
+        # bf16 copy (the value matmul's), a softcapped model's tanh of the scores too; keys and values expanded to
+        # every query head (repeat_kv copies them for the matmuls) in place of the kernel's own k, v and
+        # log-sum-exp. AutoModel's step on fake tensors: 6 bytes a score (Gemma-3 270M, at two lengths).
+        attn += 4 * q / t - 4 * kv / t - 4 * a / t
+        eager = a / t * tr.seq_len / p.cp * (4 + comp_bytes + (comp_bytes if m.attn_softcap else 0))
     if m.architecture in _FP32_NORM_DECODER and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
         rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
     moe = kind == "moe"
@@ -439,7 +456,7 @@ def _act_per_token(
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
     dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element
-    plain = (rep + attn + mlp) * scale + dropout
+    plain = (rep + attn + mlp) * scale + dropout + eager
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
     if style == "none" or (style == "selective" and moe):

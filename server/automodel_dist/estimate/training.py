@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog.implementations import implementation
+from ..catalog.kernels import runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_qwen_tower, qwen_image
 from ..workload import Workload
@@ -124,6 +125,13 @@ def training_for(
     read.append(loss_text)
     impl = implementation(spec.architecture)
     hf_class = w.force_hf or impl is None or not impl.custom
+    if runs_eager_attention(
+        w.attn_implementation, hf_class=hf_class, architecture=spec.architecture, cp=1, packed=w.packed
+    ):
+        read.append(
+            "model.attn_implementation eager: every head's seq x seq scores kept for backward (fp32 softmax and its "
+            "bf16 copy), where the layout has no CP (AutoModel runs SDPA under CP)"
+        )
     if w.torch_dtype and precision in (None, "auto"):
         read.append(f"model.torch_dtype {w.torch_dtype}: {DTYPE_BYTES[storage]}-byte parameters")
     tr = Training(
@@ -140,6 +148,8 @@ def training_for(
         fp32_upcast=upcast,
         hf_class=hf_class,
         liger=w.use_liger_kernel,
+        attn_implementation=w.attn_implementation,
+        packed=w.packed,
         compile=compile_layers,
         experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,

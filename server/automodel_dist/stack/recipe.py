@@ -48,6 +48,9 @@ class StackRecipe(BaseModel):
     # overwrites (infrastructure.py: _skip_init_weights_on_load), and with it the dtype cast inside it
     load_base_model: bool = False
     liger: bool = False  # use_liger_kernel
+    # model.attn_implementation where it changes what is kept (eager: catalog/kernels.runs_eager_attention); None
+    # leaves AutoModel's default, whose SDPA the dry run measures as the GPU's flash kernel holds it
+    attn_implementation: str | None = None
     local_dispatch: bool = False  # the dry run's stand-in for DeepEP/HybridEP/UCCL-EP (LOCAL_DISPATCHERS)
     fla_gdn: bool = (
         False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)

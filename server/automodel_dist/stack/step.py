@@ -100,6 +100,8 @@ def build(
     from transformers import AutoConfig
 
     cfg = dict(hf_config_dict)
+    if recipe.attn_implementation:  # as from_pretrained's get_hf_config sets it (AutoModel's own classes read it)
+        cfg["attn_implementation"] = recipe.attn_implementation
     hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     loss_fn = build_loss_config(recipe.loss["name"], **recipe.loss["kwargs"]).build()
     pp_enabled = dist_setup.mesh_context.pp_size > 1
@@ -127,6 +129,8 @@ def build(
         kwargs["torch_dtype"] = recipe.torch_dtype
     if recipe.force_hf:
         kwargs["force_hf"] = True
+    if recipe.attn_implementation:
+        kwargs["attn_implementation"] = recipe.attn_implementation
     # both recipes' build_model hand freeze_config over as a mapping; the VLM one builds the image-text class
     auto_class: Any = NeMoAutoModelForImageTextToText if recipe.vlm else NeMoAutoModelForCausalLM
     if recipe.freeze_config is not None:

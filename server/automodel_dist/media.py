@@ -1,7 +1,9 @@
-"""A VLM recipe's images as the Qwen-VL processors turn them into model inputs (pure: no torch, no transformers):
-the resize to a patch grid, the grid's patches and the placeholder tokens each image takes in the sequence. The
-estimate sizes the vision tower's work from it and the dry run builds its batch from it; the tests hold
-``smart_resize`` to transformers' own ``smart_resize``.
+"""A VLM recipe's images as its processor turns them into model inputs (pure: no torch, no transformers): the
+resize to a patch grid, the grid's patches and the placeholder tokens each image takes in the sequence, for the
+Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token) and Gemma-3's (every
+image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens). The estimate sizes the vision
+tower's work from it and the dry run builds its batch from it; the tests hold ``smart_resize`` to transformers' own
+``smart_resize``.
 
 A recipe's data set is never read, so each sequence is assumed to carry ``IMAGES_PER_SAMPLE`` image(s) of
 ``IMAGE_PX`` pixels, resized within the recipe's processor bounds (``processor.min_pixels`` / ``max_pixels``), else
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 IMAGE_PX = (1024, 1024)  # (height, width) of the source image assumed per sequence
 IMAGES_PER_SAMPLE = 1
@@ -24,6 +26,19 @@ DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 def is_qwen_tower(vision: Any) -> bool:
     """A Qwen-VL vision tower (Qwen2.5-VL's windowed one, Qwen3-VL's and Qwen3.5's with a learned position table)."""
     return isinstance(vision, dict) and ("num_position_embeddings" in vision or "fullatt_block_indexes" in vision)
+
+
+def is_gemma3_tower(cfg: Any) -> bool:
+    """Gemma-3's SigLIP tower and pooling projector, with the sizes its processor's resize needs: the tower's square
+    ``image_size`` and patch, and the tokens an image is pooled to (a perfect square dividing the patch grid)."""
+    if not (isinstance(cfg, dict) and cfg.get("model_type") == "gemma3"):
+        return False
+    vision, tokens = cfg.get("vision_config"), cfg.get("mm_tokens_per_image")
+    if not (isinstance(vision, dict) and isinstance(vision.get("image_size"), int) and isinstance(tokens, int)):
+        return False
+    side = vision["image_size"] // int(vision.get("patch_size", 14))
+    per_side = math.isqrt(max(tokens, 1))
+    return per_side * per_side == tokens and side % per_side == 0
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -51,7 +66,13 @@ class ImageGeometry:
 
     grid: tuple[int, int, int]  # (t, h, w) patches
     patch_size: int
-    merge: int
+    merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's pooling kernel)
+    processor: Literal["qwen", "gemma3"] = "qwen"
+
+    @property
+    def pixels(self) -> tuple[int, int]:
+        """(height, width) of the resized image."""
+        return self.grid[1] * self.patch_size, self.grid[2] * self.patch_size
 
     @property
     def patches(self) -> int:
@@ -74,11 +95,40 @@ def qwen_image(
     return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge)
 
 
+def gemma3_image(cfg: dict[str, Any]) -> ImageGeometry:
+    """One image as Gemma-3's processor hands it over: resized to the tower's ``image_size`` square whatever its own
+    size (no pan-and-scan, the processor's default), its patches pooled to ``mm_tokens_per_image`` tokens."""
+    vision = cfg["vision_config"]
+    patch = int(vision.get("patch_size", 14))
+    side = int(vision["image_size"]) // patch
+    return ImageGeometry(
+        grid=(1, side, side),
+        patch_size=patch,
+        merge=side // math.isqrt(int(cfg["mm_tokens_per_image"])),
+        processor="gemma3",
+    )
+
+
+def vlm_image(
+    cfg: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
+) -> ImageGeometry | None:
+    """One image of the assumed size as the model's processor hands it over (``cfg`` the whole config.json); None for
+    a processor this module does not know."""
+    if is_gemma3_tower(cfg):
+        return gemma3_image(cfg)
+    if is_qwen_tower(cfg.get("vision_config")):
+        return qwen_image(cfg["vision_config"], image_px, bounds)
+    return None
+
+
 __all__ = [
     "IMAGE_PX",
     "IMAGES_PER_SAMPLE",
     "ImageGeometry",
+    "gemma3_image",
+    "is_gemma3_tower",
     "is_qwen_tower",
     "qwen_image",
     "smart_resize",
+    "vlm_image",
 ]

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from .config.load import flow
 from .layout import Layout
-from .media import IMAGE_PX
 from .report import ExplainReport, Finding, MeshReport, ValidationReport
 
 if TYPE_CHECKING:  # the reports of the tools above the engine, for the signatures only
@@ -312,7 +311,7 @@ def estimate_text(est: Estimate) -> str:
             "longest sequence in the data, or the packed length)"
         )
     if est.assumed:
-        image = f"one {IMAGE_PX[0]} x {IMAGE_PX[1]} a sequence (the data's images are not read)"
+        image = "one a sequence (the data's images are not read; the VLM step line gives its size)"
         values = {"seq_len": est.seq_len, "micro_batch_size": est.micro_batch_size, "image": image}
         lines.append(_assumed(values, est.assumed))
     for line in getattr(est, "workload", []):

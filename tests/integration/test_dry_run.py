@@ -623,3 +623,37 @@ def test_a_vlm_step_runs_its_images_through_the_tower_and_keeps_its_logits():
     assert unreached.optimizer_state_bytes == text.optimizer_state_bytes
     assert trained.peak.activations > frozen.peak.activations + 0.5  # 27 blocks x 3,844 patches, kept for backward
     assert report.estimate is not None and abs(report.estimate["total"] - frozen.peak.total) / frozen.peak.total < 0.15
+
+
+GEMMA3_VLM = """recipe: FinetuneRecipeForVLM
+model:
+  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
+  pretrained_model_name_or_path: google/gemma-3-4b-it
+  use_liger_kernel: false
+  attn_implementation: {attn}
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+freeze_config:
+  freeze_vision_tower: true
+"""
+
+
+@needs_automodel
+def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
+    """Gemma-3's processor resizes every image to its SigLIP tower's 896 x 896 and the projector pools the 64 x 64
+    patches to 256 soft tokens: the model's own placeholder check (the image-token count against the features) and
+    its bidirectional image mask (from token_type_ids) run on the batch's known ids; with the recipe's eager
+    attention each head's seq x seq scores are kept, by the dry run and the estimate alike."""
+    eager = dry_run(GEMMA3_VLM.format(attn="eager"), seq_len=2048, num_layers=2, world_size=2)
+    rank = _only(eager)
+    assert any("896 x 896" in s and "256 placeholder tokens" in s for s in eager.substitutions)
+    assert any(a.startswith("image: one image per sequence") and "Gemma-3" in a for a in eager.assumed)
+    assert eager.fits is None  # no verdict on an assumed image
+    assert eager.estimate is not None
+    assert abs(eager.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    flash = _only(dry_run(GEMMA3_VLM.format(attn="sdpa"), seq_len=2048, num_layers=2, world_size=2))
+    scores = 2 * 8 * 2048 * 2048 * 6 / (1 << 30)  # 2 layers x 8 heads of fp32 softmax + its bf16 copy
+    assert rank.peak.activations - flash.peak.activations == pytest.approx(scores, rel=0.1)

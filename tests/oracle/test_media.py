@@ -44,3 +44,49 @@ def test_an_image_is_the_grid_and_tokens_the_processor_makes() -> None:
     assert (image.grid, image.patches, image.tokens) == ((1, 62, 62), 3844, 961)
     capped = media.qwen_image({"patch_size": 14, "spatial_merge_size": 2}, (2084, 2084), (200704, 1003520))
     assert capped.grid == (1, 70, 70) and capped.tokens == 1225  # Shopify's largest photo at the recipe's bounds
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    image_size=st.sampled_from([224, 448, 896]),
+    patch=st.sampled_from([14, 16]),
+    per_side=st.sampled_from([4, 8, 16]),
+    height=st.integers(8, 1500),
+    width=st.integers(8, 1500),
+)
+def test_a_gemma3_image_is_what_its_processor_and_projector_make(
+    image_size: int, patch: int, per_side: int, height: int, width: int
+) -> None:
+    """Gemma-3's image processor resizes any image to the tower's square (its checkpoint's size, which the projector's
+    fixed reshape requires) and the projector pools the patch grid to ``mm_tokens_per_image``: transformers' own
+    processor and projector, against media.gemma3_image."""
+    import numpy as np
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+
+    side = image_size // patch
+    if side % per_side:
+        return
+    cfg = {
+        "model_type": "gemma3",
+        "mm_tokens_per_image": per_side * per_side,
+        "vision_config": {"model_type": "siglip_vision_model", "image_size": image_size, "patch_size": patch},
+    }
+    assert media.is_gemma3_tower(cfg)
+    image = media.vlm_image(cfg, (height, width), (None, None))
+    assert image is not None and image.processor == "gemma3"
+    processor = Gemma3ImageProcessorPil(size={"height": image_size, "width": image_size})
+    pixels = processor(np.zeros((height, width, 3), dtype=np.uint8), return_tensors="pt")["pixel_values"]
+    assert tuple(pixels.shape) == (1, 3, *image.pixels)
+    config = AutoConfig.for_model(
+        "gemma3",
+        mm_tokens_per_image=per_side * per_side,
+        vision_config={"image_size": image_size, "patch_size": patch, "hidden_size": 8},
+        text_config={"hidden_size": 8},
+    )
+    with torch.device("meta"):
+        projector = Gemma3MultiModalProjector(config)
+    assert (projector.patches_per_image, projector.kernel_size) == (image.grid[1], image.merge)
+    assert image.tokens == projector.tokens_per_side**2 == config.mm_tokens_per_image

@@ -82,6 +82,7 @@ L8, Q3 = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"
 LLM = "recipe: TrainFinetuneRecipeForNextTokenPrediction\n"
 PP = "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 16\n"
 EAGER = "model:\n  attn_implementation: eager\n"
+NO_LIGER = "model:\n  use_liger_kernel: false\n"
 LORA = "peft:\n  target_modules: ['*_proj']\n  dim: 16\n"
 DRY = [
     pytest.param(L8, "distributed: {}\n", id="dense"),
@@ -123,6 +124,12 @@ DRY_SLOW = [
     ),
     pytest.param(Q3, "distributed:\n  ep_size: 8\n", id="qwen3-moe-ep8"),
     pytest.param(L8, EAGER + "distributed:\n  tp_size: 2\n", id="eager-attention-tp2"),
+    # a Hugging Face multimodal class's language model without Liger: Gemma-3's fp32 layer and q/k norms, whose
+    # normalised tensors stay only for a trained norm weight
+    pytest.param("google/gemma-3-4b-it", NO_LIGER + "distributed: {}\n", id="hf-fp32-norms"),
+    pytest.param("google/gemma-3-4b-it", NO_LIGER + LORA + "distributed: {}\n", id="hf-fp32-norms-lora"),
+    # a Hugging Face class's frozen norms under LoRA (no Liger under TP): they keep no normalised copy
+    pytest.param(L8, "model:\n  force_hf: true\n" + LORA + "distributed:\n  tp_size: 2\n", id="hf-class-lora-tp2"),
     # a Hugging Face class with softcapped scores (Gemma-2: its tanh is kept too)
     pytest.param("google/gemma-2-9b-it", EAGER + "distributed: {}\n", id="eager-attention-softcap"),
 ]

@@ -99,6 +99,16 @@ def hf_layer(architecture: str | None) -> HFLayer | None:
     return LIGER_LAYERS.get(model_type) if model_type else None
 
 
+# multimodal classes -> their language model's layer type, for what its Hugging Face norms keep without Liger (Liger's
+# stand-in patches by the root model's type, and no row here is a multimodal type)
+TEXT_LAYER_TYPES = {"Gemma3ForConditionalGeneration": "gemma3_text"}
+
+
+def hf_text_layer(architecture: str | None) -> HFLayer | None:
+    """The row of a class's decoder layer: its own (hf_layer), or its language model's for a multimodal class."""
+    return hf_layer(architecture) or LIGER_LAYERS.get(TEXT_LAYER_TYPES.get(architecture or "", ""))
+
+
 def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
     """Whether AutoModel applies Liger to a Hugging Face class: asked for (its default) and neither TP nor CP."""
     return use_liger_kernel and tp == 1 and cp == 1
@@ -112,6 +122,7 @@ __all__ = [
     "LIGER_VERSION",
     "LOCAL_DISPATCHERS",
     "hf_layer",
+    "hf_text_layer",
     "liger_applies",
     "runs_eager_attention",
 ]

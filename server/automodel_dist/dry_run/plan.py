@@ -16,7 +16,7 @@ from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RE
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
-from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_qwen_tower
+from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_gemma3_tower, is_qwen_tower, vlm_image
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
@@ -180,16 +180,30 @@ def plan_dry_run(
                 if low or high
                 else "the processor class's default bounds (the checkpoint's preprocessor_config.json is not read)"
             )
-            assumed.append(
-                f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized within "
-                f"{bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, inside the "
-                f"{seq}-token sequence (the rank's result gives the grid)"
-            )
+            image = vlm_image(cfg, px, (low, high))
+            assert image is not None  # _media_unsupported refused every other processor
+            if image.processor == "gemma3":
+                assumed.append(
+                    f"image: one image per sequence (the data set's images are not read), resized to "
+                    f"{image.pixels[0]} x {image.pixels[1]} by Gemma-3's processor whatever its size (no pan-and-scan, "
+                    f"its default) and pooled to {image.tokens} soft tokens, inside the {seq}-token sequence"
+                )
+            else:
+                assumed.append(
+                    f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized "
+                    f"within {bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, "
+                    f"inside the {seq}-token sequence (the rank's result gives the grid)"
+                )
             subs.append(
                 "VLM step: AutoModel's NeMoAutoModelForImageTextToText with the recipe's freeze_config, its step's "
                 "context-parallel pre-embed hook and vision frame-sharding context, and the model output kept "
-                "through backward as its step keeps it; the multimodal position ids come from the model's own "
-                "get_rope_index on the batch's ids (computed ahead, as its CP hook does)"
+                "through backward as its step keeps it"
+                + (
+                    "; the image tokens typed for Gemma-3's bidirectional image attention (token_type_ids)"
+                    if image.processor == "gemma3"
+                    else "; the multimodal position ids come from the model's own get_rope_index on the batch's ids "
+                    "(computed ahead, as its CP hook does)"
+                )
             )
     elif ctx.kind.recipe in DIFFUSION_LM_RECIPES:
         blocking.append(
@@ -354,12 +368,19 @@ def plan_dry_run(
 def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str | None:
     """Why the dry run cannot run this media recipe's step (None: it can). It feeds images the way the Qwen-VL
     processors make them (flattened patches and a grid per image), through the VLM finetune recipe's step."""
-    qwen = is_qwen_tower(cfg.get("vision_config"))
-    if recipe != "FinetuneRecipeForVLM" or not qwen or not isinstance(cfg.get("image_token_id"), int):
+    qwen = is_qwen_tower(cfg.get("vision_config")) and isinstance(cfg.get("image_token_id"), int)
+    gemma3 = is_gemma3_tower(cfg)  # (its config class defaults the image, begin- and end-of-image token ids)
+    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3):
         return (
-            f"{recipe}: the dry run feeds images only as the Qwen-VL processors make them (Qwen2.5-VL, Qwen3-VL, "
-            "Qwen3.5 and their MoE models, through the VLM finetune recipe's step); this model's images, video or "
-            "audio would go uncounted: not measured (the estimate counts the towers' weights, not their activations)"
+            f"{recipe}: the dry run feeds images only as the Qwen-VL and Gemma-3 processors make them (Qwen2.5-VL, "
+            "Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, through the VLM finetune recipe's step); this model's "
+            "images, video or audio would go uncounted: not measured (the estimate counts the towers' weights, not "
+            "their activations)"
+        )
+    if gemma3 and d.cp > 1:
+        return (
+            f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
+            "the CP ranks) is not run by the dry run: not measured"
         )
     if d.pp > 1:
         return (

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
-from ..media import qwen_image
+from ..media import vlm_image
 from ..stack import media, shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
@@ -253,11 +253,16 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # the LoRA experts' own per-expert loop (experts: torch with LoRA on the experts): the same mask per expert
         "_peft/lora_experts.py:_forward_loop": per_expert,
     }
+    image = None
     if spec.media is not None:
+        m = spec.media
+        image = vlm_image(hf_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
+        if image is None:
+            raise ValueError(f"no known image processor for model type {hf_config.model_type}")
+    if image is not None and image.processor == "qwen":
         # Qwen3-VL under CP: the DeepStack features of this rank's share of the image tokens (the round-robin split
         # gives each CP rank an equal share of every sequence)
         m = spec.media
-        image = qwen_image(hf_config.vision_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
         visual = image.tokens * m.images_per_sample
         local_seq = seq // max(mc.cp_size, 1)
 
@@ -295,6 +300,19 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             shapes = [(batch, seq)] * spec.microbatches
         batches = []
         for shape in shapes:
+            if image is not None and image.processor == "gemma3":
+                m = spec.media
+                batches.append(
+                    media.gemma3_batch(
+                        hf_config,
+                        batch=shape[0],
+                        seq=shape[1],
+                        images_per_sample=m.images_per_sample,
+                        pixel_dtype=m.pixel_dtype,
+                        fake_mode=fake_mode,
+                    )
+                )
+                continue
             if spec.media is not None:  # a VLM step: images in every sequence (stack/media.py)
                 m = spec.media
                 batches.append(
@@ -313,12 +331,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 continue
             ids = torch.randint(0, vocab, shape)
             batches.append({"input_ids": ids, "labels": ids.clone()})
-        if spec.media is not None:
+        if image is not None:
             m = spec.media
-            image = qwen_image(hf_config.vision_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
+            source = "any size" if image.processor == "gemma3" else f"{m.image_px[0]} x {m.image_px[1]}"
             rewrites.append(
-                f"images: {m.images_per_sample} a sequence, {m.image_px[0]} x {m.image_px[1]} resized to a "
-                f"{image.grid[1]} x {image.grid[2]} patch grid ({image.patches} patches of {image.patch_size} px, "
+                f"images: {m.images_per_sample} a sequence, {source} resized to {image.pixels[0]} x {image.pixels[1]}, "
+                f"a {image.grid[1]} x {image.grid[2]} patch grid ({image.patches} patches of {image.patch_size} px, "
                 f"{image.tokens} placeholder tokens), pixel_values in {m.pixel_dtype}"
             )
         tracker = make_tracker(parts, optimizers, phases)

@@ -27,6 +27,10 @@ width, I the MLP width, a the heads and t the TP size:
   routing weights multiply after the down projection (GLM-4.5), ``+4kh`` for experts with a bias (gpt-oss) on
   at most 12,288 routed rows (more are chunked), ``+2kI + 4kh`` with ``backend.experts: torch`` (one expert at
   a time); frozen experts (LoRA elsewhere) keep only the activation's input, ``4kI``;
+- eager attention (``model.attn_implementation: eager`` where AutoModel runs it): per head and key the fp32 softmax
+  and its bf16 copy, ``6a*s/t`` (``8a*s/t`` with Gemma-2's softcap tanh), keys and values repeated to every query head
+  in place of the kernel's own and its log-sum-exp; a Hugging Face norm keeps its normalised tensor only for a
+  trained weight (not under LoRA), and Gemma-3's q/k norms scale in fp32 like its layer norms;
 - MLA: queries and keys (nope + rope, each a cat), kv_b_proj's whole output (the values are its view),
   the attention output and log-sum-exp, and each latent norm's input and output;
 - LoRA with dropout: a one-byte mask of each adapted Linear's output (``dropout_position: post``);
@@ -68,7 +72,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, liger_applies, runs_eager_attention
+from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, hf_text_layer, liger_applies, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -315,8 +319,12 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     h, t = m.hidden_size, p.tp
     if not tr.hf_class or m.kv_lora_rank:
         return 4 * h / t + 4 * h if sp else 8 * h
-    row = hf_layer(m.architecture)
-    per_norm = 2 * h if liger is not None else 4 * h + (4 * h if row is not None and row.fp32_norm else 2 * h)
+    row = hf_text_layer(m.architecture)
+    fp32 = row is not None and row.fp32_norm
+    # the normalised tensor is kept for the norm weight's gradient: not where the weight is frozen (LoRA), except by
+    # a LayerNorm, whose kernel keeps its input and statistics either way
+    normalised = (4 * h if fp32 else 2 * h) if tr.lora is None or m.norm_bias else 0.0
+    per_norm = 2 * h if liger is not None else 4 * h + normalised
     return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
 
 
@@ -398,6 +406,11 @@ def _act_per_token(
     else:
         q, kv = a * m.hd, m.num_key_value_heads * m.hd
         attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
+        row = hf_text_layer(m.architecture) if tr.hf_class and liger is None else None
+        if m.qk_norm and row is not None and row.fp32_norm:
+            # Gemma-3's own q/k norms scale in fp32 as its layer norms do: an fp32 copy of q and k and, for a trained
+            # weight, their fp32 normalised values (saved-tensor hooks on transformers' Gemma3 layer)
+            attn += (6 if tr.lora is None else 2) * (q + kv) / t
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output

@@ -10,7 +10,7 @@ from typing import Any
 from ..catalog.implementations import implementation
 from ..catalog.kernels import runs_eager_attention
 from ..catalog.models import ModelSpec
-from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_qwen_tower, qwen_image
+from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
 from ..workload import Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
 from .peft import describe, lora_of
@@ -168,6 +168,18 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {"vlm_step": True}
     vision = (spec.hf_config or {}).get("vision_config")
+    if is_gemma3_tower(spec.hf_config):
+        image = gemma3_image(spec.hf_config or {})
+        read.append(
+            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} image a sequence resized to "
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)"
+            + (
+                ", its tower trained: its activations not sized"
+                if w.train_towers and w.peft is None
+                else ", its tower frozen (no activations kept)"
+            )
+        )
+        return out
     if not is_qwen_tower(vision):
         read.append("VLM step: the model's logits kept through backward; its images' tower activations not sized")
         return out

@@ -1,7 +1,9 @@
 """A VLM step's batch, as AutoModel's VLM recipe hands it to a Qwen-VL model (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and
 their MoE versions): token ids with each image's placeholder tokens, the processor's flattened patches
 (``pixel_values``), one ``(t, h, w)`` grid per image, the token-type ids the multimodal RoPE needs, and the 3-axis
-position ids the model's own ``get_rope_index`` computes from them.
+position ids the model's own ``get_rope_index`` computes from them; or to Gemma-3: ids with each image's
+begin-of-image, soft and end-of-image tokens, the token-type ids its bidirectional image attention reads, and the
+images at the tower's square.
 
 The ids, grids and positions are small and their values decide shapes (how many image tokens, where they go, the
 vision tower's attention segments), so on fake tensors they stay known values: fake tensors with a constant behind
@@ -15,7 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from ..media import qwen_image
+from ..media import gemma3_image, qwen_image
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
 # sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
@@ -97,6 +99,48 @@ def qwen_batch(
     if positions is not None:
         out["position_ids"] = known.from_real_tensor(fake_mode, positions, make_constant=True)
     return out
+
+
+def gemma3_batch(
+    hf_config: Any, *, batch: int, seq: int, images_per_sample: int, pixel_dtype: str, fake_mode: Any
+) -> dict[str, Any]:
+    """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-3, each holding ``images_per_sample`` images as
+    its processor writes them (``\\n\\n``, begin-of-image, ``mm_tokens_per_image`` soft tokens, end-of-image, ``\\n\\n``;
+    the soft tokens typed 1), the rest text; labels cover the text. Call inside ``fake_mode``: the pixels are fake,
+    the ids and types constants."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    image = gemma3_image(hf_config.to_dict())
+    n_img = image.tokens
+    soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
+    if images_per_sample * (n_img + 4) >= seq:
+        raise ValueError(
+            f"{images_per_sample} image(s) of {n_img} tokens do not fit in a {seq}-token sequence: raise the sequence "
+            "length"
+        )
+    text_high = max(2, min(soft, boi, eoi) - 64)  # ordinary text ids: below every special token
+    with unset_fake_temporarily():  # real values
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, text_high, (batch, seq), generator=g)
+        kinds = torch.zeros(batch, seq, dtype=torch.int64)
+        at = 1
+        for _ in range(images_per_sample):
+            ids[:, at + 2] = boi  # after the processor's "\n\n"
+            ids[:, at + 3 : at + 3 + n_img] = soft
+            kinds[:, at + 3 : at + 3 + n_img] = 1
+            ids[:, at + 3 + n_img] = eoi
+            at += n_img + 6
+        labels = ids.clone()
+        labels[kinds.bool()] = -100
+    known = fake_mode.fake_tensor_converter
+    height, width = image.pixels
+    return {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+        "token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
+        "pixel_values": torch.empty(batch * images_per_sample, 3, height, width, dtype=getattr(torch, pixel_dtype)),
+    }
 
 
 @contextlib.contextmanager
@@ -198,4 +242,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["qwen_batch", "known_inputs"]
+__all__ = ["gemma3_batch", "qwen_batch", "known_inputs"]

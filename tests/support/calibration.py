@@ -130,6 +130,10 @@ DRY_SLOW = [
     pytest.param("google/gemma-3-4b-it", NO_LIGER + LORA + "distributed: {}\n", id="hf-fp32-norms-lora"),
     # a Hugging Face class's frozen norms under LoRA (no Liger under TP): they keep no normalised copy
     pytest.param(L8, "model:\n  force_hf: true\n" + LORA + "distributed:\n  tp_size: 2\n", id="hf-class-lora-tp2"),
+    # transformers' q/k norms (fp32 copies) on a Hugging Face class without Liger (off under TP)
+    pytest.param("Qwen/Qwen3-8B", "model:\n  force_hf: true\ndistributed:\n  tp_size: 2\n", id="hf-qk-norms-tp2"),
+    # AutoModel's Qwen3-VL class subclasses transformers': its layers keep transformers' norms (and get no Liger)
+    pytest.param("Qwen/Qwen3-VL-4B-Instruct", "distributed: {}\n", id="hf-layers-own-class"),
     # a Hugging Face class with softcapped scores (Gemma-2: its tanh is kept too)
     pytest.param("google/gemma-2-9b-it", EAGER + "distributed: {}\n", id="eager-attention-softcap"),
 ]

@@ -99,9 +99,13 @@ def hf_layer(architecture: str | None) -> HFLayer | None:
     return LIGER_LAYERS.get(model_type) if model_type else None
 
 
+# AutoModel's own classes that subclass transformers' model, so that their decoder layers and norms are transformers'
+# (components/models/qwen3_vl/model.py); AutoModel applies Liger to Hugging Face classes only, never to these
+HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration"})
+
 # multimodal classes -> their language model's layer type, for what its Hugging Face norms keep without Liger (Liger's
 # stand-in patches by the root model's type, and no row here is a multimodal type)
-TEXT_LAYER_TYPES = {"Gemma3ForConditionalGeneration": "gemma3_text"}
+TEXT_LAYER_TYPES = {"Gemma3ForConditionalGeneration": "gemma3_text", "Qwen3VLForConditionalGeneration": "qwen3"}
 
 
 def hf_text_layer(architecture: str | None) -> HFLayer | None:
@@ -117,6 +121,7 @@ def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
 __all__ = [
     "ARCHITECTURE_TYPES",
     "EAGER_DISPATCH_CUSTOM",
+    "HF_LAYER_CLASSES",
     "HFLayer",
     "LIGER_LAYERS",
     "LIGER_VERSION",

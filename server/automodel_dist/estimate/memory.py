@@ -72,7 +72,15 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..catalog.implementations import implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS, HFLayer, hf_layer, hf_text_layer, liger_applies, runs_eager_attention
+from ..catalog.kernels import (
+    HF_LAYER_CLASSES,
+    LOCAL_DISPATCHERS,
+    HFLayer,
+    hf_layer,
+    hf_text_layer,
+    liger_applies,
+    runs_eager_attention,
+)
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
@@ -309,6 +317,12 @@ def _liger(m: ModelSpec, p: ParallelDims, tr: Training) -> HFLayer | None:
     return row if row is not None and liger_applies(tr.liger, p.tp, p.cp) else None
 
 
+def hf_norms(m: ModelSpec, tr: Training) -> bool:
+    """Whether the layers' norms are transformers' (a Hugging Face class, or AutoModel's subclass of one), not
+    AutoModel's own."""
+    return (tr.hf_class or m.architecture in HF_LAYER_CLASSES) and not m.kv_lora_rank
+
+
 def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | None, sp: bool) -> float:
     """Bf16-equivalent bytes per token a layer's norms keep, with the two norm outputs the attention and MLP
     projections keep (gathered under SP).
@@ -317,7 +331,7 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     Face class keeps the same under Liger; without it each norm keeps an fp32 copy of its input and the normalised
     tensor (bf16, or fp32 for Gemma's norms): ``6h`` or ``8h`` per norm, and Gemma-2/3 have four norms a layer."""
     h, t = m.hidden_size, p.tp
-    if not tr.hf_class or m.kv_lora_rank:
+    if not hf_norms(m, tr):
         return 4 * h / t + 4 * h if sp else 8 * h
     row = hf_text_layer(m.architecture)
     fp32 = row is not None and row.fp32_norm
@@ -406,11 +420,13 @@ def _act_per_token(
     else:
         q, kv = a * m.hd, m.num_key_value_heads * m.hd
         attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
-        row = hf_text_layer(m.architecture) if tr.hf_class and liger is None else None
-        if m.qk_norm and row is not None and row.fp32_norm:
-            # Gemma-3's own q/k norms scale in fp32 as its layer norms do: an fp32 copy of q and k and, for a trained
-            # weight, their fp32 normalised values (saved-tensor hooks on transformers' Gemma3 layer)
-            attn += (6 if tr.lora is None else 2) * (q + kv) / t
+        if m.qk_norm and liger is None and hf_norms(m, tr):
+            # transformers' q/k norms keep an fp32 copy of q and k and, for a trained weight, the normalised values
+            # (fp32 where the norm scales in fp32, as Gemma-3's): saved-tensor hooks on transformers' Qwen3 and
+            # Gemma-3 layers; counted above as the bf16 input alone
+            row = hf_text_layer(m.architecture)
+            normalised = (4 if row is not None and row.fp32_norm else 2) if tr.lora is None else 0
+            attn += (4 + normalised - 2) * (q + kv) / t
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output

@@ -114,7 +114,7 @@ def gemma3_batch(
     image = gemma3_image(hf_config.to_dict())
     n_img = image.tokens
     soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
-    if images_per_sample * (n_img + 4) >= seq:
+    if 1 + images_per_sample * (n_img + 4) > seq:  # each image: "\n\n", begin, soft tokens, end, "\n\n"
         raise ValueError(
             f"{images_per_sample} image(s) of {n_img} tokens do not fit in a {seq}-token sequence: raise the sequence "
             "length"
@@ -126,11 +126,11 @@ def gemma3_batch(
         kinds = torch.zeros(batch, seq, dtype=torch.int64)
         at = 1
         for _ in range(images_per_sample):
-            ids[:, at + 2] = boi  # after the processor's "\n\n"
-            ids[:, at + 3 : at + 3 + n_img] = soft
-            kinds[:, at + 3 : at + 3 + n_img] = 1
-            ids[:, at + 3 + n_img] = eoi
-            at += n_img + 6
+            ids[:, at + 1] = boi  # after the processor's "\n\n" (text, as the one after eoi)
+            ids[:, at + 2 : at + 2 + n_img] = soft
+            kinds[:, at + 2 : at + 2 + n_img] = 1
+            ids[:, at + 2 + n_img] = eoi
+            at += n_img + 4
         labels = ids.clone()
         labels[kinds.bool()] = -100
     known = fake_mode.fake_tensor_converter

@@ -36,7 +36,7 @@ def is_gemma3_tower(cfg: Any) -> bool:
     vision, tokens = cfg.get("vision_config"), cfg.get("mm_tokens_per_image")
     if not (isinstance(vision, dict) and isinstance(vision.get("image_size"), int) and isinstance(tokens, int)):
         return False
-    side = vision["image_size"] // int(vision.get("patch_size", 14))
+    side = vision["image_size"] // int(vision.get("patch_size", 16))  # SiglipVisionConfig's default
     per_side = math.isqrt(max(tokens, 1))
     return per_side * per_side == tokens and side % per_side == 0
 
@@ -99,7 +99,7 @@ def gemma3_image(cfg: dict[str, Any]) -> ImageGeometry:
     """One image as Gemma-3's processor hands it over: resized to the tower's ``image_size`` square whatever its own
     size (no pan-and-scan, the processor's default), its patches pooled to ``mm_tokens_per_image`` tokens."""
     vision = cfg["vision_config"]
-    patch = int(vision.get("patch_size", 14))
+    patch = int(vision.get("patch_size", 16))  # SiglipVisionConfig's default
     side = int(vision["image_size"]) // patch
     return ImageGeometry(
         grid=(1, side, side),

@@ -146,7 +146,13 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("attn_implementation"), str):
             facts["attn_implementation"] = model["attn_implementation"]
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
-    facts["packed"] = isinstance(packed, int) and not isinstance(packed, bool) and packed > 0
+    # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
+    facts["packed"] = (
+        isinstance(packed, int)
+        and not isinstance(packed, bool)
+        and packed > 0
+        and recipe_class(recipe)[0] not in VLM_STEP_RECIPES
+    )
     teacher = recipe.get("teacher_model")
     if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):
         facts["teacher"] = teacher["pretrained_model_name_or_path"]

@@ -132,7 +132,9 @@ DRY_SLOW = [
     pytest.param(L8, "model:\n  force_hf: true\n" + LORA + "distributed:\n  tp_size: 2\n", id="hf-class-lora-tp2"),
     # transformers' q/k norms (fp32 copies) on a Hugging Face class without Liger (off under TP)
     pytest.param("Qwen/Qwen3-8B", "model:\n  force_hf: true\ndistributed:\n  tp_size: 2\n", id="hf-qk-norms-tp2"),
-    # AutoModel's Qwen3-VL class subclasses transformers': its layers keep transformers' norms (and get no Liger)
+    # AutoModel's Qwen3-VL class subclasses transformers', its Qwen3 class transformers' decoder layer: their layers
+    # keep transformers' norms (and get no Liger)
+    pytest.param("Qwen/Qwen3-8B", LORA + "distributed: {}\n", id="hf-layers-own-qwen3-lora"),
     pytest.param("Qwen/Qwen3-VL-4B-Instruct", "distributed: {}\n", id="hf-layers-own-class"),
     # a Hugging Face class with softcapped scores (Gemma-2: its tanh is kept too)
     pytest.param("google/gemma-2-9b-it", EAGER + "distributed: {}\n", id="eager-attention-softcap"),

@@ -916,6 +916,7 @@ def test_deepseek_v32s_indexer_term_is_added_under_a_pipeline_schedule_only():
     [
         ("google/gemma-2-9b-it", {}, True),  # a Hugging Face class honours the recipe's choice
         (L8, {}, True),  # so does AutoModel's own Llama class (it dispatches on config._attn_implementation)
+        ("Qwen/Qwen3-8B", {}, True),  # and its Qwen3 class, built on transformers' Qwen3 layers
         ("Qwen/Qwen3-30B-A3B", {}, False),  # AutoModel's MoE class takes its attention from model.backend.attn
         ("google/gemma-2-9b-it", {"cp_size": 2}, False),  # AutoModel runs SDPA under CP
     ],
@@ -950,3 +951,25 @@ def test_eager_attention_keeps_every_heads_scores_where_automodel_runs_it(model,
     assert mem("eager") - flash == pytest.approx(scores + swap, rel=1e-6)
     assert mem("sdpa") == pytest.approx(flash)
     assert mem("eager", packed=True) == pytest.approx(mem(None, packed=True))  # AutoModel picks flash for packing
+
+
+def test_eager_scores_only_where_there_are_scores_and_no_copy_in_fp32():
+    """A hybrid's linear-attention layers have no seq x seq scores (the eager term is the attention layers' share); in
+    fp32 compute the softmax's cast to the query's dtype is the same tensor (4 bytes a score, not 8)."""
+    from automodel_dist.catalog.models import from_hf_config
+    from automodel_dist.estimate.memory import _act_per_token
+
+    cfg = json.loads((TESTS / "models" / "qwen3_next_80b_a3b.json").read_text())
+    m = from_hf_config(cfg)
+    p1 = dims("fsdp2", dp=8)
+    flash = Training(hf_class=True, seq_len=2048)
+    eager = dataclasses.replace(flash, attn_implementation="eager")
+    share = 1 - m.layer_attention.count("linear") / m.num_layers
+    assert 0 < share < 1
+    q, kv, a = m.num_attention_heads * m.hd, m.num_key_value_heads * m.hd, m.num_attention_heads
+    extra = _act_per_token(m, p1, eager, "moe", 2)[1] - _act_per_token(m, p1, flash, "moe", 2)[1]
+    assert extra == pytest.approx(share * (a * 2048 * 6 + 4 * q - 4 * kv - 4 * a))
+    llama = lookup(L8)
+    fp32 = [_act_per_token(llama, p1, dataclasses.replace(t, hf_class=True), "dense", 4)[1] for t in (flash, eager)]
+    q, kv, a = llama.num_attention_heads * llama.hd, llama.num_key_value_heads * llama.hd, llama.num_attention_heads
+    assert fp32[1] - fp32[0] == pytest.approx(a * 2048 * 4 + 2 * (4 * q - 4 * kv - 4 * a))

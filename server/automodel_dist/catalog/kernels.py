@@ -76,9 +76,12 @@ LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 
 
 # AutoModel's own classes whose attention dispatches on config._attn_implementation as transformers' do, so that
-# ``attn_implementation: eager`` runs transformers' eager_attention_forward (components/models/llama/model.py and
-# qwen2/model.py); its other classes take their attention from model.backend.attn
-EAGER_DISPATCH_CUSTOM = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
+# ``attn_implementation: eager`` runs transformers' eager_attention_forward on an unpacked batch
+# (components/models/llama, qwen2 and qwen3/model.py, and the Qwen3-VL class, a subclass of transformers'); the
+# classes checked here, not every one that may (the Gemma-4 and Ministral-3 classes are not in the catalog)
+EAGER_DISPATCH_CUSTOM = frozenset(
+    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3VLForConditionalGeneration"}
+)
 
 
 def runs_eager_attention(
@@ -86,8 +89,10 @@ def runs_eager_attention(
 ) -> bool:
     """Whether the step runs transformers' eager attention, which materialises every head's seq x seq scores (its
     fp32 softmax and their bf16 copy stay for backward) where a flash or SDPA kernel keeps none: the recipe asks for
-    ``eager`` on a class that honours it, and AutoModel's pre-load overrides keep it
-    (``kernel_patches._apply_preload_overrides``: SDPA under CP, a flash kernel for packed sequences)."""
+    ``eager`` on a class that honours it, and nothing overrides it. On a Hugging Face class AutoModel's pre-load
+    overrides do (``kernel_patches._apply_preload_overrides``: SDPA under CP, a flash kernel for packed sequences);
+    its own classes run CP and packed (THD) batches on their TE path. Not covered: ``packing_strategy: neat`` on
+    its own classes, whose block-causal mask takes the unpacked path (eager there)."""
     if attn_implementation != "eager" or cp > 1 or packed:
         return False
     return hf_class or architecture in EAGER_DISPATCH_CUSTOM
@@ -99,9 +104,10 @@ def hf_layer(architecture: str | None) -> HFLayer | None:
     return LIGER_LAYERS.get(model_type) if model_type else None
 
 
-# AutoModel's own classes that subclass transformers' model, so that their decoder layers and norms are transformers'
-# (components/models/qwen3_vl/model.py); AutoModel applies Liger to Hugging Face classes only, never to these
-HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration"})
+# AutoModel's own classes whose decoder layers and norms are transformers' (components/models/qwen3_vl/model.py
+# subclasses transformers' model, qwen3/model.py its decoder layer); AutoModel applies Liger to Hugging Face classes
+# only, never to these
+HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"})
 
 # multimodal classes -> their language model's layer type, for what its Hugging Face norms keep without Liger (Liger's
 # stand-in patches by the root model's type, and no row here is a multimodal type)

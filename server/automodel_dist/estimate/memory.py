@@ -435,13 +435,19 @@ def _act_per_token(
             n_linear = m.layer_attention.count("linear")
             attn = (n_linear * _gated_deltanet_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
     eager = 0.0
-    if eager_attention(m, p, tr) and not m.kv_lora_rank:
+    if eager_attention(m, p, tr):
         # transformers' eager_attention_forward: per head and key, the fp32 softmax (its backward's input) and its
-        # bf16 copy (the value matmul's), a softcapped model's tanh of the scores too; keys and values expanded to
-        # every query head (repeat_kv copies them for the matmuls) in place of the kernel's own k, v and
-        # log-sum-exp. AutoModel's step on fake tensors: 6 bytes a score (Gemma-3 270M, at two lengths).
-        attn += 4 * q / t - 4 * kv / t - 4 * a / t
-        eager = a / t * tr.seq_len / p.cp * (4 + comp_bytes + (comp_bytes if m.attn_softcap else 0))
+        # copy in the compute dtype (the value matmul's; none in fp32), a softcapped model's tanh of the scores too;
+        # keys and values expanded to every query head (repeat_kv copies them for the matmuls) in place of the
+        # kernel's own k, v and log-sum-exp (MLA's keys already have every head). AutoModel's step on fake tensors:
+        # 6 bytes a score (Gemma-3 270M, at two lengths). A hybrid's linear-attention layers have no scores.
+        share = 1.0
+        if "linear" in m.layer_attention:
+            share = (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
+        if not m.kv_lora_rank:
+            attn += share * (4 * q / t - 4 * kv / t - 4 * a / t)
+        copy = comp_bytes if comp_bytes != 4 else 0
+        eager = share * a / t * tr.seq_len / p.cp * (4 + copy + (comp_bytes if m.attn_softcap else 0))
     if m.architecture in _FP32_NORM_DECODER and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
         rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
     moe = kind == "moe"

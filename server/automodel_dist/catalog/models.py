@@ -40,6 +40,7 @@ class ModelSpec:
     qk_norm: bool = False
     attention_sinks: bool = False  # one learned logit per head (gpt-oss)
     attn_softcap: bool = False  # attn_logit_softcapping (Gemma-2): eager attention keeps a tanh of the scores too
+    final_softcap: bool = False  # final_logit_softcapping (Gemma-2): the tanh of the logits is kept for backward
     norms_per_layer: int = 2
     # MoE
     num_experts: int = 0  # routed experts (0 = dense)
@@ -586,6 +587,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         gated_mlp=mtype not in UNGATED_MLP,
         attention_sinks=mtype == "gpt_oss",
         attn_softcap=cfg.get("attn_logit_softcapping") is not None,
+        final_softcap=cfg.get("final_logit_softcapping") is not None,
         q_lora_rank=_opt_int(cfg, "q_lora_rank"),
         kv_lora_rank=_opt_int(cfg, "kv_lora_rank"),
         qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim"),
@@ -626,11 +628,11 @@ QWEN3_VL_TEXT = ("qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text
 MTP_BUILT = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 # Fields a model type's config.json may leave to its transformers config class's defaults (transformers 5.18; the
 # catalog test recomputes them): gemma-3-4b-it's text_config names no heads and no vocabulary size; Gemma-2's class
-# softcaps the attention scores unless the config says null
+# softcaps the attention scores and the logits unless the config says null
 TEXT_CONFIG_DEFAULTS: dict[str, dict[str, int | float]] = {
     "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208},
-    "gemma2": {"attn_logit_softcapping": 50.0},
-    "vaultgemma": {"attn_logit_softcapping": 50.0},
+    "gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+    "vaultgemma": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
 }
 
 

@@ -695,6 +695,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # each multi-token-prediction depth adds its own loss over the vocabulary (through the shared lm_head) and
         # keeps its input projection's input ([embedding, hidden]: 2h) and its final norm's input (h)
         loss_saved = per_saved * vocab * tokens * (1 + mtp_layers)
+        if m.final_softcap and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
+            # Gemma-2's final_logit_softcapping: the tanh of the logits keeps its output (the logits' dtype) for
+            # backward, on the logits as the loss takes them (transformers' Gemma2ForCausalLM; the dry run: one bf16
+            # vocabulary row a token)
+            loss_saved += comp * vocab * tokens
         loss_temp = per_temp * vocab * tokens
         extra += mtp_layers * 3 * m.hidden_size * comp
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients

@@ -45,8 +45,8 @@ width, I the MLP width, a the heads and t the TP size:
 The last stage adds the final norm's ``4h`` and the loss: masked cross entropy keeps fp32 log-
 probabilities of the full vocabulary (4 bytes per logit, gathered under TP) and makes two fp32 copies
 of that size at the start of backward; without ``fp32_upcast`` 2 and 4; the fused linear cross entropy
-materialises no logits; the chunked one a 512-token chunk and fp32 and bf16 weight gradients. Gemma-2's final logit softcap keeps one more
-copy of the logits (its tanh's output).
+materialises no logits; the chunked one a 512-token chunk and fp32 and bf16 weight gradients. Gemma-2's
+final logit softcap keeps one more copy of the logits (its tanh's output).
 
 Hybrid Mamba models (Nemotron-H: one norm and one mixer per layer, no TP plan in AutoModel) count
 each layer's own parameters, and per token half a transformer layer's norm/residual share (``8h``)

@@ -145,14 +145,6 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False
         if isinstance(model.get("attn_implementation"), str):
             facts["attn_implementation"] = model["attn_implementation"]
-    packed = _get(recipe, "packed_sequence.packed_sequence_size")
-    # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
-    facts["packed"] = (
-        isinstance(packed, int)
-        and not isinstance(packed, bool)
-        and packed > 0
-        and recipe_class(recipe)[0] not in VLM_STEP_RECIPES
-    )
     teacher = recipe.get("teacher_model")
     if isinstance(teacher, Mapping) and isinstance(teacher.get("pretrained_model_name_or_path"), str):
         facts["teacher"] = teacher["pretrained_model_name_or_path"]
@@ -167,6 +159,9 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["train_towers"] = vision is False
         facts["train_audio"] = freeze.get("freeze_audio_tower") is not True
     facts["vlm_step"] = recipe_class(recipe)[0] in VLM_STEP_RECIPES
+    packed = _get(recipe, "packed_sequence.packed_sequence_size")
+    # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
+    facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]
     frames = _get(recipe, "distributed.multimodal.vision.frame_sharding")
     if isinstance(frames, Mapping) and frames.get("enabled") is True:
         # CpVisionFrameShardingConfig's defaults

@@ -579,8 +579,8 @@ def test_from_pretrained_under_pp_initializes_as_automodel_does_before_loading()
 VLM_RECIPE = """recipe: {recipe}
 model:
   _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
-  pretrained_model_name_or_path: Qwen/Qwen3-VL-8B-Instruct
-step_scheduler:
+  pretrained_model_name_or_path: {model}
+{model_extra}step_scheduler:
   local_batch_size: 1
   global_batch_size: 2
 distributed:
@@ -591,7 +591,7 @@ freeze_config:
 
 
 def _vlm(recipe: str = "FinetuneRecipeForVLM", frozen: str = "true"):
-    text = VLM_RECIPE.format(recipe=recipe, frozen=frozen)
+    text = VLM_RECIPE.format(recipe=recipe, frozen=frozen, model="Qwen/Qwen3-VL-8B-Instruct", model_extra="")
     return dry_run(text, seq_len=2048, num_layers=2, world_size=2)
 
 
@@ -625,20 +625,12 @@ def test_a_vlm_step_runs_its_images_through_the_tower_and_keeps_its_logits():
     assert report.estimate is not None and abs(report.estimate["total"] - frozen.peak.total) / frozen.peak.total < 0.15
 
 
-GEMMA3_VLM = """recipe: FinetuneRecipeForVLM
-model:
-  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
-  pretrained_model_name_or_path: google/gemma-3-4b-it
-  use_liger_kernel: false
-  attn_implementation: {attn}
-step_scheduler:
-  local_batch_size: 1
-  global_batch_size: 2
-distributed:
-  strategy: fsdp2
-freeze_config:
-  freeze_vision_tower: true
-"""
+GEMMA3_VLM = VLM_RECIPE.format(
+    recipe="FinetuneRecipeForVLM",
+    model="google/gemma-3-4b-it",
+    model_extra="  use_liger_kernel: false\n  attn_implementation: {attn}\n",
+    frozen="true",
+)
 
 
 @needs_automodel

@@ -124,6 +124,13 @@ def implementation(architecture: str | None) -> Implementation | None:
     return implementations().get(architecture) if architecture else None
 
 
+def builds_own_class(architecture: str | None, force_hf: bool) -> bool:
+    """Whether AutoModel builds a class of its own for ``architecture`` (not transformers', which ``model.force_hf``
+    asks for)."""
+    impl = implementation(architecture)
+    return impl is not None and impl.custom and not force_hf
+
+
 def registered(architecture: str | None) -> bool:
     """Whether AutoModel's registry maps ``architecture`` to a class of its own."""
     return bool(architecture) and architecture in _table()["architectures"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
-from ..catalog.implementations import implementation
+from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import LOCAL_DISPATCHERS, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
@@ -142,8 +142,8 @@ def plan_dry_run(
             f"built with {layers} of the model's {spec.num_layers} layers (num_layers): the peak is not "
             "the full model's"
         )
-    impl = implementation(spec.architecture)
-    backend = backend_for(w, spec.is_moe, impl is not None and impl.custom and not w.force_hf, subs)
+    own_class = builds_own_class(spec.architecture, w.force_hf)
+    backend = backend_for(w, spec.is_moe, own_class, subs)
     if spec.is_moe:
         subs.append(
             "MoE routing assumed balanced: each rank's experts receive 1/ep of the token assignments (a "
@@ -239,7 +239,7 @@ def plan_dry_run(
         )
     eager_attn = runs_eager_attention(
         w.attn_implementation,
-        hf_class=impl is None or not impl.custom or w.force_hf,
+        hf_class=not own_class,
         architecture=spec.architecture,
         cp=d.cp,
         packed=w.packed,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog.implementations import implementation
+from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
@@ -123,8 +123,7 @@ def training_for(
     read.append(opt_text)
     loss_name, upcast, loss_text = loss_of(w) if loss is None else (loss, True, f"loss {loss}")
     read.append(loss_text)
-    impl = implementation(spec.architecture)
-    hf_class = w.force_hf or impl is None or not impl.custom
+    hf_class = not builds_own_class(spec.architecture, w.force_hf)
     if runs_eager_attention(
         w.attn_implementation, hf_class=hf_class, architecture=spec.architecture, cp=1, packed=w.packed
     ):

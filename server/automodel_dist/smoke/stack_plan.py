@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog.implementations import implementation
+from ..catalog.implementations import builds_own_class
 from ..catalog.models import SHARED_EXPERT_COUNT_KEYS, period_of
 from ..dims import ParallelDims
 from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block
@@ -153,8 +153,7 @@ def plan_stack(
     """Raises :class:`StackUnavailable` with the reason where AutoModel's stack cannot run this here."""
     subs: list[str] = []
     notes: list[str] = []
-    impl = implementation(architecture)
-    custom = impl is not None and impl.custom and not workload.force_hf
+    custom = builds_own_class(architecture, workload.force_hf)
     if workload.quantization is not None:
         raise StackUnavailable("quantization: (QLoRA) needs bitsandbytes' CUDA kernels")
     if dims.strategy == "megatron_fsdp":

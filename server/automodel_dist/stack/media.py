@@ -28,6 +28,49 @@ def _rope_owner(part: Any) -> Any:
     return next((m for m in part.modules() if callable(getattr(m, "get_rope_index", None))), None)
 
 
+def _ids_with_images(
+    batch: int,
+    seq: int,
+    *,
+    images: int,
+    tokens: int,
+    start: int | None,
+    image: int,
+    end: int | None,
+    text_high: int,
+    lead: int,
+    kinds_dtype: Any,
+    what: str,
+) -> tuple[Any, Any, Any]:
+    """Real token ids of ``batch`` sequences of ``seq`` tokens, random text (below ``text_high``, under every special
+    token) with ``images`` images a sequence, each written as ``lead`` text tokens, its start token, ``tokens`` image
+    tokens (typed 1 in the kinds), its end token and ``lead`` text tokens (a start or end the model has none of stays
+    text); the labels are the ids with the image tokens masked out, as the collate masks them."""
+    import torch
+
+    if 1 + images * (tokens + 2 + 2 * lead) > seq:
+        raise ValueError(
+            f"{images} image(s) of {what} do not fit in a {seq}-token sequence: raise the sequence length or lower "
+            "the image size"
+        )
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, text_high, (batch, seq), generator=g)
+    kinds = torch.zeros(batch, seq, dtype=kinds_dtype)
+    at = 1
+    for _ in range(images):
+        first = at + lead + 1  # the first image token
+        if start is not None:
+            ids[:, first - 1] = start
+        ids[:, first : first + tokens] = image
+        kinds[:, first : first + tokens] = 1
+        if end is not None:
+            ids[:, first + tokens] = end
+        at += tokens + 2 + 2 * lead
+    labels = ids.clone()
+    labels[kinds.bool()] = -100
+    return ids, kinds, labels
+
+
 def qwen_batch(
     part: Any,
     hf_config: Any,
@@ -53,31 +96,24 @@ def qwen_batch(
     }
     if ids_of["image_token_id"] is None:
         raise ValueError("the model's config names no image_token_id: its images cannot be placed in the ids")
-    if images_per_sample * (n_img + 2) >= seq:
-        raise ValueError(
-            f"{images_per_sample} image(s) of {n_img} tokens ({grid[1]}x{grid[2]} patches) do not fit in a "
-            f"{seq}-token sequence: raise the sequence length or lower the image size"
-        )
     special = [v for v in (*ids_of.values(), getattr(hf_config, "video_token_id", None)) if isinstance(v, int)]
-    text_high = max(2, min(special) - 64)  # ordinary text ids: below every special token
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # real values
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, text_high, (batch, seq), generator=g)
-        kinds = torch.zeros(batch, seq, dtype=torch.int32)
-        at = 1
-        for _ in range(images_per_sample):
-            if ids_of["vision_start_token_id"] is not None:
-                ids[:, at] = ids_of["vision_start_token_id"]
-            ids[:, at + 1 : at + 1 + n_img] = ids_of["image_token_id"]
-            kinds[:, at + 1 : at + 1 + n_img] = 1
-            if ids_of["vision_end_token_id"] is not None:
-                ids[:, at + 1 + n_img] = ids_of["vision_end_token_id"]
-            at += n_img + 2
+        ids, kinds, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=n_img,
+            start=ids_of["vision_start_token_id"],
+            image=ids_of["image_token_id"],
+            end=ids_of["vision_end_token_id"],
+            text_high=max(2, min(special) - 64),
+            lead=0,
+            kinds_dtype=torch.int32,
+            what=f"{n_img} tokens ({grid[1]}x{grid[2]} patches)",
+        )
         grids = torch.tensor([grid] * (batch * images_per_sample), dtype=torch.int64)
-        labels = ids.clone()
-        labels[kinds.bool()] = -100  # the collate masks the image placeholders out of the loss
         owner = _rope_owner(part)
         positions = None
         if owner is not None:  # the model's own multimodal RoPE positions (its forward computes the same)
@@ -114,25 +150,20 @@ def gemma3_batch(
     image = gemma3_image(hf_config.to_dict())
     n_img = image.tokens
     soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
-    if 1 + images_per_sample * (n_img + 4) > seq:  # each image: "\n\n", begin, soft tokens, end, "\n\n"
-        raise ValueError(
-            f"{images_per_sample} image(s) of {n_img} tokens do not fit in a {seq}-token sequence: raise the sequence "
-            "length"
-        )
-    text_high = max(2, min(soft, boi, eoi) - 64)  # ordinary text ids: below every special token
     with unset_fake_temporarily():  # real values
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, text_high, (batch, seq), generator=g)
-        kinds = torch.zeros(batch, seq, dtype=torch.int64)
-        at = 1
-        for _ in range(images_per_sample):
-            ids[:, at + 1] = boi  # after the processor's "\n\n" (text, as the one after eoi)
-            ids[:, at + 2 : at + 2 + n_img] = soft
-            kinds[:, at + 2 : at + 2 + n_img] = 1
-            ids[:, at + 2 + n_img] = eoi
-            at += n_img + 4
-        labels = ids.clone()
-        labels[kinds.bool()] = -100
+        ids, kinds, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=n_img,
+            start=boi,
+            image=soft,
+            end=eoi,
+            text_high=max(2, min(soft, boi, eoi) - 64),
+            lead=1,  # the processor's "\n\n" before begin-of-image and after end-of-image: text
+            kinds_dtype=torch.int64,
+            what=f"{n_img} tokens",
+        )
     known = fake_mode.fake_tensor_converter
     height, width = image.pixels
     return {

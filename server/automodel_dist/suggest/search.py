@@ -16,7 +16,7 @@ import yaml
 from typing_extensions import Unpack
 
 from ..api import validate_config
-from ..catalog.implementations import implementation
+from ..catalog.implementations import builds_own_class, implementation
 from ..catalog.models import ModelSpec
 from ..catalog.sources import resolve
 from ..config.load import flow
@@ -578,8 +578,7 @@ def _current(
 
 def _model_needs(m: ModelSpec, p: ParallelDims, w: Workload) -> str | None:
     """What the recipe's model: section must say for this layout, when AutoModel needs it."""
-    impl = implementation(m.architecture)
-    if p.cp > 1 and impl is not None and impl.custom and not w.force_hf:
+    if p.cp > 1 and builds_own_class(m.architecture, w.force_hf):
         attn = w.backend.get("attn")
         if attn not in ("te", "magi"):
             return (

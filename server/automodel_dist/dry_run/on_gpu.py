@@ -1,0 +1,399 @@
+"""A dry run's spec measured on a real GPU: the same AutoModel 0.7.0 setup, model build, parallelizer and training step
+as the dry run's worker (:mod:`.worker`, train_ft's order through :mod:`automodel_dist.stack.step`), on real CUDA
+tensors, with the CUDA caching allocator's own counters (``torch.cuda.max_memory_allocated``, what AutoModel's log
+calls ``mem``) in place of the fake tensors and torch's memory tracker.
+
+A rank of a larger world runs alone on one GPU on torch's fake process group: its collectives move nothing, but every
+buffer they allocate, every shard, gathered parameter, gradient and activation is a real allocation of its real size,
+so the counters are that rank's memory. What the device lacks is stood in for exactly as the dry run stands in for it
+(Transformer Engine's attention and cross-entropy: :mod:`automodel_dist.stack.te_attention`); the report lists it.
+Weights are AutoModel's own random initialisation, so a MoE router routes as random weights route (the dry run
+assumes balanced routing): specs with expert parallelism are refused, since the fake group's token exchange would
+carry no counts.
+
+Run as ``python -m automodel_dist.dry_run.on_gpu CASES_DIR RESULT.json [--deadline-s S] [--jobs N]``. ``CASES_DIR``
+holds one JSON file per case, ``{"name", "recipe", "full_depth", "spec"}`` with ``spec`` a :class:`DryRunSpec`
+(written by ``tools/gpu_check.py make``). Every build runs in a process of its own, so no build inherits another's
+allocations (a first run in one process kept a finished build's 3.3 GiB of weights alive into the next): first every
+case's shallow builds (``--jobs`` at once: each process reads its own peak), then the full depths, one at a time. The
+result is rewritten after every build, so a run cut short keeps what it measured, with each build's phase times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .spec import Build, DryRunSpec
+
+GIB = float(1 << 30)
+
+
+def _layers(build: Build) -> int | None:
+    cfg = build.hf_config
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    return cfg.get("num_hidden_layers") or text.get("num_hidden_layers")
+
+
+def refused(spec: DryRunSpec) -> str | None:
+    """Why this spec cannot be measured on one GPU alone (None: it can)."""
+    ep = spec.build.distributed.get("ep_size", 1) or 1
+    if ep > 1:
+        return f"expert parallelism (ep {ep}): the fake group's token exchange carries no counts"
+    if spec.media is not None:
+        return "a VLM step (its batches are built for fake tensors)"
+    if spec.recipe.fla_gdn:
+        return "Gated DeltaNet layers (fla is not installed on the device)"
+    return None
+
+
+def _batches(spec: DryRunSpec, vocab: int, pp: bool, device: Any) -> list[dict[str, Any]]:
+    import torch
+
+    shapes = (
+        [(spec.local_batch_size, spec.seq_len)] if pp else [(spec.micro_batch_size, spec.seq_len)] * spec.microbatches
+    )
+    out = []
+    for shape in shapes:
+        ids = torch.randint(0, vocab, shape, device=device)
+        out.append({"input_ids": ids, "labels": ids.clone()})
+    return out
+
+
+@contextlib.contextmanager
+def replicas_agree() -> Iterator[None]:
+    """The TP replicas' gradient census (``tp_replicas.synchronize_tp_replica_gradients`` sums, over the TP group,
+    which parameters have a gradient) as a world of ranks running the same graph answers it: on the fake group the
+    sum moves nothing, so each count is scaled by the group's size (the dry run answers the same read with the TP
+    size)."""
+    import nemo_automodel.components.distributed.tp_replicas as tp_replicas
+    import torch
+    import torch.distributed as dist
+
+    plain = dist.all_reduce
+
+    def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
+        work = plain(tensor, op=op, group=group, async_op=async_op)
+        if op == dist.ReduceOp.SUM and tensor.dtype == torch.int32:
+            tensor.mul_(dist.get_world_size(group))
+        return work
+
+    census = types.SimpleNamespace(**{k: getattr(dist, k) for k in dir(dist) if not k.startswith("__")})
+    census.all_reduce = all_reduce
+    tp_replicas.dist = census
+    try:
+        yield
+    finally:
+        tp_replicas.dist = dist
+
+
+def _is_moe(build: Build) -> bool:
+    cfg = build.hf_config
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    keys = ("num_experts", "n_routed_experts", "num_local_experts")
+    return any((cfg.get(k) or text.get(k) or 0) > 1 for k in keys)
+
+
+def _init_group(spec: DryRunSpec, build: Build, cuda: bool) -> str:
+    """The rank alone on torch's fake group, as in the dry run; but a one-rank MoE world on a real group, whose
+    collectives keep the values (FSDP's gather on the fake group leaves its output unwritten, and a router fed such
+    weights routes as garbage routes, not as random weights do). Returns the backend."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if spec.world_size == 1 and _is_moe(build):
+        backend = "nccl" if cuda else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return backend
+    dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
+    return "fake"
+
+
+def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
+    """One build of ``spec`` trained one step on the GPU (after a first optimizer step, so Adam's states exist, as
+    in the dry run): the allocator's peak over the step, what was allocated before it, and each phase's seconds.
+    Meant to run once per process (``--one``)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..stack import shims, step
+    from .worker import _states_to, _stepped
+
+    out: dict[str, Any] = {"layers": _layers(build), "status": "failed", "rewrites": [], "phases_s": {}}
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    cuda = device.type == "cuda"
+    out["start_allocated_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
+    t0 = time.perf_counter()
+    mark = [t0]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        out["phases_s"][name] = round(now - mark[0], 3)
+        mark[0] = now
+
+    try:
+        out["process_group"] = _init_group(spec, build, cuda)
+        dist_setup = step.setup(build.distributed, spec.world_size)
+        phase("group")
+        built = step.build(
+            spec.recipe,
+            build.hf_config,
+            dist_setup,
+            shims.real_build_patches(),
+            out["rewrites"],
+            local_batch_size=spec.local_batch_size,
+            seq_len=spec.seq_len,
+        )
+        out["class"] = built.params.get("class")
+        out["after_build_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
+        phase("build")
+        optimizers = step.optimizer(built, spec.recipe.optimizer["target"], spec.recipe.optimizer["kwargs"])
+        with contextlib.ExitStack() as patches:
+            patches.enter_context(replicas_agree())
+            if spec.recipe.loss["name"] == "TEParallelCrossEntropy":
+                patches.enter_context(shims.te_cross_entropy())
+            for p in _stepped(built.parts, media=False):
+                p.grad = torch.zeros_like(p, dtype=p.dtype)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if spec.recipe.optimizer["state_dtype"]:
+                _states_to(optimizers, spec.recipe.optimizer["state_dtype"])
+            mc = built.mc
+            vocab = built.hf_config.get_text_config().vocab_size
+            batches = _batches(spec, vocab, built.pp_enabled, device)
+            dp = step.dp_group_size(built.mesh)
+            num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp // max(mc.cp_size, 1))
+            if built.pp_enabled:
+                step.configure_pipeline_loss(built)
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                out["before_step_gib"] = torch.cuda.memory_allocated() / GIB
+            phase("optimizer")
+            step.train_step(
+                built,
+                optimizers,
+                batches,
+                num_label_tokens=num_label_tokens,
+                clip_grad_norm=spec.recipe.clip_grad_norm,
+                defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
+                step_optimizer=not spec.recipe.optimizer["state_dtype"],
+            )
+            if cuda:
+                torch.cuda.synchronize()
+                out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+                out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+            phase("step")
+        out["status"] = "measured"
+    except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
+        oom = cuda and isinstance(exc, torch.cuda.OutOfMemoryError)
+        out.update(status="out_of_memory" if oom else "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        frames = traceback.extract_tb(exc.__traceback__)
+        out["traceback"] = [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}" for f in frames][-10:]
+        if oom:
+            out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    finally:
+        out["wall_s"] = round(time.perf_counter() - t0, 2)
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    return out
+
+
+def environment() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import torch
+
+    env: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, device_memory_gib=round(props.total_memory / GIB, 2))
+    for dist_name in ("nemo-automodel", "transformers", "liger-kernel", "triton"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            env[dist_name] = md.version(dist_name)
+    return env
+
+
+def one(case_path: Path, which: str, out_path: Path) -> dict[str, Any]:
+    """A single build of a case (``which``: the shallow build's index, or ``full``), in this process."""
+    import warnings
+
+    import torch._dynamo
+
+    from ..stack import shims
+
+    warnings.filterwarnings("ignore")
+    t0 = time.perf_counter()
+    torch._dynamo.config.disable = True  # as the dry run: AutoModel's compiled pieces run eager
+    shims.import_automodel()
+    spec = DryRunSpec.model_validate(json.loads(case_path.read_text(encoding="utf-8"))["spec"])
+    if (spec.recipe.backend or {}).get("attn") == "te":
+        shims.install_te_attention()  # TE is not installed on the device either: the dry run's stand-in
+    shims.install_compiled_activations()
+    build = spec.build if which == "full" else spec.measured_builds()[int(which)]
+    import_s = round(time.perf_counter() - t0, 2)
+    res = measure_build(spec, build)
+    res["phases_s"] = {"import": import_s, **res["phases_s"]}
+    res["build"] = which
+    res["environment"] = environment()
+    res["broken_shims"] = shims.broken()
+    res["shim_hits"] = {name: s.hits for name, s in shims.SHIMS.items() if s.hits}
+    out_path.write_text(json.dumps(res, default=str), encoding="utf-8")
+    return res
+
+
+def _tasks(cases_dir: Path) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], Path, str]], list[Any]]:
+    """The result rows, and the builds to run: every case's shallow builds (or its one build), then full depths."""
+    rows, shallow, full = [], [], []
+    paths = sorted(cases_dir.glob("*.json"))
+    if not paths:
+        raise SystemExit(f"no case files (*.json) in {cases_dir}: write them with tools/gpu_check.py make")
+    for path in paths:
+        case = json.loads(path.read_text(encoding="utf-8"))
+        spec = DryRunSpec.model_validate(case["spec"])
+        row: dict[str, Any] = {k: case[k] for k in ("name", "recipe") if k in case}
+        row.update(world_size=spec.world_size, rank=spec.rank, seq_len=spec.seq_len, builds=[])
+        rows.append(row)
+        why = refused(spec)
+        if why:
+            row["refused"] = why
+            continue
+        for i in range(len(spec.measured_builds())):
+            shallow.append((row, path, str(i)))
+        if spec.builds and case.get("full_depth"):
+            full.append((row, path, "full"))
+    return rows, shallow, full
+
+
+def run_cases(cases_dir: Path, result_path: Path, deadline_s: float, jobs: int = 1) -> dict[str, Any]:
+    """Every build of every case in a process of its own (see the module's docstring); the result rewritten as each
+    ends. A build still running at the deadline is stopped and says so."""
+    import subprocess
+    import tempfile
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    rows, shallow, full = _tasks(cases_dir)
+    result: dict[str, Any] = {"cases": rows}
+    lock = threading.Lock()
+    # no hub: a config is the spec's, and a lookup that waits on a network that is not there costs a build its time
+    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+    def save() -> None:
+        result["wall_s"] = round(time.perf_counter() - t0, 1)
+        result_path.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+
+    def task(item: tuple[dict[str, Any], Path, str]) -> None:
+        row, path, which = item
+        left = deadline_s - (time.perf_counter() - t0)
+        res: dict[str, Any] = {"build": which, "status": "skipped", "error": "deadline"}
+        if left > 5:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "build.json"
+                cmd = [sys.executable, "-m", "automodel_dist.dry_run.on_gpu", "--one", str(path), which, str(out)]
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=child_env)
+                    if out.exists():
+                        res = json.loads(out.read_text(encoding="utf-8"))
+                    else:
+                        res = {
+                            "build": which,
+                            "status": "failed",
+                            "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}",
+                        }
+                except subprocess.TimeoutExpired:
+                    res = {
+                        "build": which,
+                        "status": "skipped",
+                        "error": f"stopped at the deadline ({deadline_s:.0f} s)",
+                    }
+        with lock:
+            env = res.pop("environment", None)
+            if env:
+                result.setdefault("environment", env)
+            row["builds"].append(res)
+            print(
+                f"{row['name']} [{which}]: {res['status']} {res.get('peak_allocated_gib')} {res.get('error', '')[:200]}",
+                flush=True,
+            )
+            save()
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(task, shallow))
+    for item in full:
+        task(item)
+    save()
+    return result
+
+
+def leftover_gib(build: dict[str, Any], params_gib: float) -> float:
+    """What was still allocated when a measured build started (0 in a process of its own). The runner records it;
+    the first record (2026-12-04) ran its builds in one process and did not: there it is what was allocated after the
+    build beyond the build's own weights (``params_gib``: a first build's after-build figure is its weights alone)."""
+    if build.get("start_allocated_gib") is not None:
+        return float(build["start_allocated_gib"])
+    return float(build["after_build_gib"]) - params_gib
+
+
+def against_gpu(recipe: Path, fields: dict[str, Any], build: dict[str, Any], *, full_depth: bool) -> dict[str, Any]:
+    """The dry run (``dry_run(recipe, num_layers=...)``, or extrapolated to the full depth) and the estimate of a build
+    the GPU measured, beside the GPU's own peak (less what an earlier build left allocated)."""
+    from .run import dry_run
+
+    layers = None if full_depth else build["layers"]
+    report = dry_run(recipe, num_layers=layers, headroom=0.0, **fields)
+    ranks = [r for r in report.ranks if r.peak is not None]
+    out: dict[str, Any] = {"layers": build["layers"], "full_depth": full_depth, "dry_run_status": report.status}
+    if not ranks:
+        return out
+    rank = ranks[0]
+    left = leftover_gib(build, rank.peak.params)
+    gpu = build["peak_allocated_gib"] - left
+    total = next((d for d in report.estimate_vs_dry_run if d.category == "total"), None)
+    out.update(
+        gpu_gib=round(gpu, 3),
+        # the allocator's reserve only where nothing was left over (a leftover's share of it is not known)
+        gpu_reserved_gib=round(build["peak_reserved_gib"], 3) if abs(left) < 0.01 else None,
+        leftover_gib=round(left, 3),
+        dry_run_gib=round(rank.peak_allocated_gib, 3),
+        params_gib=round(rank.peak.params, 4),
+        estimate_gib=round(total.estimate_gib, 3) if total else None,
+    )
+    out["dry_run_vs_gpu"] = round(out["dry_run_gib"] / gpu - 1, 4)
+    if total:
+        out["estimate_vs_gpu"] = round(total.estimate_gib / gpu - 1, 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--one":
+        one(Path(args[1]), args[2], Path(args[3]))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m automodel_dist.dry_run.on_gpu")
+    ap.add_argument("cases", type=Path)
+    ap.add_argument("result", type=Path)
+    ap.add_argument("--deadline-s", type=float, default=3600.0)
+    ap.add_argument("--jobs", type=int, default=1, help="shallow builds measured at once (one process each)")
+    ns = ap.parse_args(args)
+    run_cases(ns.cases, ns.result, ns.deadline_s, ns.jobs)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

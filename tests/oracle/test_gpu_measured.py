@@ -1,0 +1,118 @@
+"""The dry run and the estimate against AutoModel's own step on a real GPU.
+
+``tests/calibration/gpu/`` holds what a GPU measured (``python -m automodel_dist.dry_run.on_gpu``: AutoModel 0.7.0's
+build and training step on real CUDA tensors, the caching allocator's ``max_memory_allocated``) for the case specs
+beside it, which the dry run's own planner wrote. Here the dry run measures the same builds on fake tensors and the
+estimate sizes them; both are held to the GPU's figure. The runner itself is run on the CPU on a small case, so a
+session with a GPU only has to run it (docs/gpu-check.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.request import Request
+from support.paths import CALIBRATION, ROOT
+
+HAS_AUTOMODEL = importlib.util.find_spec("nemo_automodel") is not None
+GPU = CALIBRATION / "gpu"
+RECORDS = sorted(GPU.glob("h200_*.json"))
+CASES = GPU / "cases"
+DRY_RUN_ERROR = 0.01  # the same code and shapes: only what the stand-ins hold differently may differ
+ESTIMATE_ERROR = 0.15  # the project's band for the estimate against AutoModel's step
+
+
+def _measured() -> list[tuple[str, dict[str, Any], int, dict[str, Any] | None]]:
+    """(record, case, position of the build in its process, the build) for every measured build."""
+    out = []
+    for record in RECORDS:
+        for row in json.loads(record.read_text(encoding="utf-8"))["cases"]:
+            case = json.loads((CASES / f"{row['name']}.json").read_text(encoding="utf-8"))
+            for i, build in enumerate(row["builds"]):
+                if build["status"] == "measured":
+                    out.append((record.name, case, i, build))
+    return out
+
+
+MEASURED = _measured()
+
+
+def test_a_gpu_record_exists_and_names_its_stack():
+    assert RECORDS
+    for record in RECORDS:
+        env = json.loads(record.read_text(encoding="utf-8"))["environment"]
+        assert env["nemo-automodel"] == "0.7.0" and env["device"].startswith("NVIDIA")
+    assert MEASURED
+
+
+@pytest.mark.parametrize(
+    "record,case,position,build", MEASURED, ids=[f"{c['name']}-{b['layers']}" for _, c, _, b in MEASURED]
+)
+def test_the_measured_build_is_what_the_dry_run_plans_for_that_depth(record, case, position, build):
+    """The GPU's build is the planner's: ``dry_run(recipe, num_layers=N)`` builds the same config and block."""
+    spec = plan_dry_run(Request.of(ROOT / case["recipe"], **case["fields"]), num_layers=build["layers"]).specs[0]
+    recorded = next(b for b in case["spec"]["builds"] if b["hf_config"]["num_hidden_layers"] == build["layers"])
+    assert spec.build.model_dump() == recorded
+    assert (spec.seq_len, spec.micro_batch_size, spec.world_size) == (
+        case["spec"]["seq_len"],
+        case["spec"]["micro_batch_size"],
+        case["spec"]["world_size"],
+    )
+
+
+@pytest.mark.skipif(not HAS_AUTOMODEL, reason="the dry run needs AutoModel 0.7.0")
+@pytest.mark.parametrize(
+    "record,case,position,build",
+    [pytest.param(*m, marks=[pytest.mark.slow] if m[2] else []) for m in MEASURED],
+    ids=[f"{c['name']}-{b['layers']}" for _, c, _, b in MEASURED],
+)
+def test_the_dry_run_and_the_estimate_match_the_gpu(record, case, position, build):
+    """The dry run's allocated peak within 1% of the GPU's ``max_memory_allocated`` for the same build (its weights
+    to the hundredth of a GiB), and the estimate within the project's 15%."""
+    from automodel_dist.dry_run.on_gpu import against_gpu
+
+    got = against_gpu(ROOT / case["recipe"], case["fields"], build, full_depth=build.get("build") == "full")
+    assert got["dry_run_status"] == "measured", got
+    if position == 0 and build.get("start_allocated_gib") is None:
+        # the first build of a process: the weights it allocated are the dry run's parameter bytes
+        assert abs(build["after_build_gib"] - got["params_gib"]) < 0.01, (build["after_build_gib"], got)
+    assert abs(got["dry_run_vs_gpu"]) <= DRY_RUN_ERROR, got
+    assert abs(got["estimate_vs_gpu"]) <= ESTIMATE_ERROR, got
+
+
+@pytest.mark.skipif(not HAS_AUTOMODEL, reason="the runner runs AutoModel 0.7.0")
+def test_the_gpu_runner_runs_every_build_in_its_own_process(tmp_path: Path):
+    """The runner end to end on this machine's CPU (the allocator's counters are CUDA's, so they stay empty here): a
+    small Llama's two shallow builds and its full depth, each in a process of its own, with its phase times, in the
+    order a short lease wants (shallow builds first)."""
+    case = json.loads((CASES / "07_llama3_2_1b_full_sft_chat.json").read_text(encoding="utf-8"))
+    small = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+    small |= {"vocab_size": 512, "max_position_embeddings": 256}
+    spec = case["spec"]
+    spec["seq_len"] = 32
+    for build, layers in zip([*spec["builds"], spec["build"]], (1, 2, 3)):
+        build["hf_config"] |= small | {"num_hidden_layers": layers}
+    spec["depth"] = None
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    (cases / "small.json").write_text(json.dumps(case), encoding="utf-8")
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "server")}
+    cmd = [sys.executable, "-m", "automodel_dist.dry_run.on_gpu", str(cases), str(out), "--jobs", "2"]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=600)
+    [row] = json.loads(out.read_text(encoding="utf-8"))["cases"]
+    assert [b["build"] for b in row["builds"]][-1] == "full"
+    assert sorted(b["layers"] for b in row["builds"]) == [1, 2, 3]
+    for b in row["builds"]:
+        assert b["status"] == "measured", b.get("error")
+        assert set(b["phases_s"]) == {"import", "group", "build", "optimizer", "step"}
+        assert b["process_group"] == "fake" and b["class"] == "LlamaForCausalLM"
+        assert b.get("peak_allocated_gib") is None and b["start_allocated_gib"] is None  # no CUDA: nothing claimed

@@ -119,6 +119,47 @@ def _init_group(spec: DryRunSpec, build: Build, cuda: bool) -> str:
     return "fake"
 
 
+def _build(spec: DryRunSpec, build: Build, dist_setup: Any, device: Any, out: dict[str, Any]) -> Any:
+    """AutoModel's build of ``build``. On a GPU its modules are first made with the GPU as torch's default device:
+    AutoModel builds a model without a pretrained checkpoint on the host and initialises every weight there twice
+    (the layers' own reset, then transformers' init) before moving it, which took a three-layer 8B build over a
+    minute on the device; made on the GPU the weights end where they would, and the step's peak is measured after
+    the build. Should AutoModel refuse to build that way, it is built again as it builds itself (and says so)."""
+    import gc
+
+    import torch
+
+    from ..stack import shims, step
+
+    def plain(rewrites: list[str]) -> Any:
+        return step.build(
+            spec.recipe,
+            build.hf_config,
+            dist_setup,
+            shims.real_build_patches(),
+            rewrites,
+            local_batch_size=spec.local_batch_size,
+            seq_len=spec.seq_len,
+        )
+
+    if device.type != "cuda":
+        return plain(out["rewrites"])
+    rewrites: list[str] = []
+    try:
+        with torch.device(device):
+            built = plain(rewrites)
+        out["rewrites"] += rewrites
+        out["init_on_gpu"] = True
+        return built
+    except Exception as exc:  # noqa: BLE001 - retried as AutoModel builds it
+        out["init_on_gpu"] = False
+        out["init_on_gpu_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    gc.collect()
+    torch.cuda.empty_cache()
+    out["retry_start_allocated_gib"] = torch.cuda.memory_allocated() / GIB
+    return plain(out["rewrites"])
+
+
 def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
     """One build of ``spec`` trained one step on the GPU (after a first optimizer step, so Adam's states exist, as
     in the dry run): the allocator's peak over the step, what was allocated before it, and each phase's seconds.
@@ -145,15 +186,7 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
         out["process_group"] = _init_group(spec, build, cuda)
         dist_setup = step.setup(build.distributed, spec.world_size)
         phase("group")
-        built = step.build(
-            spec.recipe,
-            build.hf_config,
-            dist_setup,
-            shims.real_build_patches(),
-            out["rewrites"],
-            local_batch_size=spec.local_batch_size,
-            seq_len=spec.seq_len,
-        )
+        built = _build(spec, build, dist_setup, device, out)
         out["class"] = built.params.get("class")
         out["after_build_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
         phase("build")
@@ -343,6 +376,8 @@ def leftover_gib(build: dict[str, Any], params_gib: float) -> float:
     """What was still allocated when a measured build started (0 in a process of its own). The runner records it;
     the first record (2026-12-04) ran its builds in one process and did not: there it is what was allocated after the
     build beyond the build's own weights (``params_gib``: a first build's after-build figure is its weights alone)."""
+    if build.get("retry_start_allocated_gib") is not None:  # what a refused build on the GPU left
+        return float(build["retry_start_allocated_gib"])
     if build.get("start_allocated_gib") is not None:
         return float(build["start_allocated_gib"])
     return float(build["after_build_gib"]) - params_gib

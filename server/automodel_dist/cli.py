@@ -370,7 +370,7 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     except DryRunUsageError as exc:
         raise UsageError(str(exc)) from exc
     _show(args, report, "dry_run_text")
-    return EXIT_OK if report.status == "measured" and report.fits is not False else EXIT_FAIL
+    return EXIT_OK if report.status == "measured" and report.verdict != "does not fit" else EXIT_FAIL
 
 
 def cmd_suggest(args: argparse.Namespace) -> int:

@@ -546,11 +546,15 @@ def dry_run_text(r: DryRunReport) -> str:
     """A dry run: verdict, then per measured rank its peak, split and phase, then what was substituted or not run."""
     head = {"measured": "MEASURED", "failed": "FAILED", "partial": "PARTIAL"}[r.status]
     verdict = ""
-    if r.fits is not None:
-        verdict = (
-            f": peak {r.peak_with_overhead_gib:.1f} GiB with overhead {'fits' if r.fits else 'does NOT fit'} in "
-            f"{r.gpu_memory_gib * (1 - r.headroom):.1f} GiB usable of {r.gpu} ({r.headroom:.0%} headroom)"
-        )
+    if r.verdict is not None:
+        usable = f"{r.gpu_memory_gib * (1 - r.headroom):.1f} GiB usable of {r.gpu} ({r.headroom:.0%} headroom)"
+        peak = f": peak {r.peak_with_overhead_gib:.1f} GiB with overhead"
+        verdict = {
+            "fits": f"{peak} fits in {usable}",
+            "tight": f"{peak} is TIGHT: over the {usable} but within the GPU's {r.gpu_memory_gib:.0f} GiB (the "
+            "overhead margin, allocator fragmentation above all, decides it)",
+            "does not fit": f"{peak} does NOT fit in the GPU's {r.gpu_memory_gib:.0f} GiB",
+        }[r.verdict]
     lines = [f"{head}{verdict}"]
     lines.append(
         f"{r.model} (dims from {r.model_source}, {r.num_layers} layers) on {r.world_size} ranks; seq_len {r.seq_len}, micro batch "

@@ -48,6 +48,7 @@ def test_dense_fsdp2_bytes_are_exact():
     assert r.local_param_bytes == r.local_grad_bytes == 2 * P2 // 8  # bf16, sharded over 8
     assert r.optimizer_state_bytes == 2 * (2 * P2 // 8) + STEP * 20  # exp_avg, exp_avg_sq; 20 tensors
     assert r.peak_allocated_gib > 2 and r.peak_phase == "backward" and report.fits is True
+    assert report.verdict == "fits"
     assert r.peak.params * (1 << 30) == pytest.approx(2 * P2 / 8, rel=1e-6)
     assert report.versions["nemo_automodel"].startswith("0.7.0") and report.estimate is not None
 

@@ -190,6 +190,6 @@ def test_published_one_gpu_lora_runs_are_under_80_gib_by_the_dry_run_and_the_est
         CALIBRATION / "recipes" / recipe, world_size=1, seq_len=row["seq"], micro_batch_size=row["MBS"], headroom=0.0
     )
     assert dr.status == "measured", [(r.error, r.reason) for r in dr.ranks]
-    assert dr.ranks[0].peak_allocated_gib < 80 and dr.fits is True
+    assert dr.ranks[0].peak_allocated_gib < 80 and dr.fits is True and dr.verdict == "fits"
     est = estimate_row(row)
     assert est.memory_gib.total < 80 and est.verdict != "does not fit"

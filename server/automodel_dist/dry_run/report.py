@@ -80,6 +80,14 @@ class CategoryDiff(BaseModel):
     difference: float = Field(description="(estimate - dry run) / dry run.")
 
 
+def measured_verdict(with_overhead_gib: float, usable_gib: float, gpu_gib: float) -> str:
+    """A measured peak's verdict (see :attr:`DryRunReport.verdict`): the peak is AutoModel's own allocation, so the
+    only uncertain part is the overhead added to it, and a peak over the headroom but under the GPU is tight."""
+    if with_overhead_gib <= usable_gib:
+        return "fits"
+    return "tight" if with_overhead_gib <= gpu_gib else "does not fit"
+
+
 class DryRunReport(BaseModel):
     """Result of ``dry_run``: AutoModel 0.7.0's own code at full size and world size on fake tensors."""
 
@@ -88,7 +96,15 @@ class DryRunReport(BaseModel):
         "partial: some ranks were not measured (the reasons are given)."
     )
     fits: bool | None = Field(
-        default=None, description="Every measured rank's peak, with the overhead terms, within the GPU's memory."
+        default=None,
+        description="Every measured rank's peak, with the overhead terms, within the usable memory (the GPU's less "
+        "the headroom); None: no verdict (an assumed sequence length or image, or a rank not measured).",
+    )
+    verdict: Literal["fits", "tight", "does not fit"] | None = Field(
+        default=None,
+        description="fits: within the usable memory; tight: over the headroom but within the GPU's memory (the "
+        "overhead terms, allocator fragmentation above all, decide it: a margin, not a measurement); does not fit: "
+        "the measured peak with the overhead is over the GPU's memory. None where ``fits`` is None.",
     )
     model: str
     model_source: str

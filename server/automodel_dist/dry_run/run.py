@@ -27,7 +27,7 @@ from ..estimate.memory import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
 from ..explain import explain_error
 from ..request import ConfigInput, Request, RequestFields
 from .plan import TEACHER_NOT_BUILT, DryRunUsageError, Plan, plan_dry_run
-from .report import CategoryDiff, DryRunReport, MemorySplit, RankResult
+from .report import CategoryDiff, DryRunReport, MemorySplit, RankResult, measured_verdict
 from .spec import DryRunSpec
 
 ProgressFn = Callable[[str, int, int, str], None]
@@ -360,7 +360,8 @@ def dry_run(
             )
     notes = list(plan.notes) + [
         "figures are bytes torch's allocator would be asked for (FakeTensorMode: nothing allocated), without its "
-        "caching and fragmentation, CUDA context or NCCL buffers; not yet compared with a GPU run",
+        "caching and fragmentation, CUDA context or NCCL buffers; the same figure as a GPU's max_memory_allocated "
+        "where one was compared (docs/gpu-check.md: within 0.3% on the builds an H200 ran)",
     ]
     expected = plan.model.param_count() if plan.num_layers == plan.model.num_layers else None
     if (
@@ -377,16 +378,19 @@ def dry_run(
     version = versions().get("nemo_automodel", "?")
     if version.split("+")[0] != "0.7.0":
         notes.append(f"AutoModel {version} is installed, not 0.7.0: the dry run ran that release's own code")
+    judged = (
+        with_overhead is not None
+        and status == "measured"
+        and not any(x.startswith(TEACHER_NOT_BUILT) for x in plan.not_measured)
+        and not any(x.startswith(("seq_len", "image")) for x in plan.assumed)  # none on an assumed length or image
+    )
+    verdict = None
+    if judged and with_overhead is not None:
+        verdict = measured_verdict(with_overhead, budget, gpu_spec.memory_gib)
     return DryRunReport(
         status=status,
-        fits=(
-            (with_overhead <= budget)
-            if with_overhead is not None
-            and status == "measured"
-            and not any(x.startswith(TEACHER_NOT_BUILT) for x in plan.not_measured)
-            and not any(x.startswith(("seq_len", "image")) for x in plan.assumed)  # none on an assumed length or image
-            else None
-        ),
+        fits=(with_overhead <= budget) if judged and with_overhead is not None else None,
+        verdict=verdict,
         model=plan.model.name,
         model_source=plan.model_source,
         world_size=plan.dims.world_size or 0,

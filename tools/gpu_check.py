@@ -90,7 +90,7 @@ def compare(cases: Path, result: Path, json_out: Path | None) -> list[dict[str, 
     rows = []
     for row in gpu["cases"]:
         case = json.loads((cases / f"{row['name']}.json").read_text(encoding="utf-8"))
-        for build in row["builds"]:
+        for i, build in enumerate(row["builds"]):
             if build["status"] != "measured":
                 out = {
                     "name": row["name"],
@@ -99,8 +99,15 @@ def compare(cases: Path, result: Path, json_out: Path | None) -> list[dict[str, 
                     "error": build.get("error"),
                 }
             else:
-                full = build.get("build") == "full"
-                out = {"name": row["name"], **against_gpu(recipe_path(case), case["fields"], build, full_depth=full)}
+                got = against_gpu(
+                    recipe_path(case),
+                    case["fields"],
+                    build,
+                    rank=row.get("rank", 0),
+                    full_depth=build.get("build") == "full",
+                    previous=row["builds"][i - 1] if i else None,
+                )
+                out = {"name": row["name"], **got}
             rows.append(out)
             print(json.dumps(out), flush=True)
         if row.get("refused"):

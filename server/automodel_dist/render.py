@@ -434,7 +434,11 @@ def suggest_text(rep: SuggestReport) -> str:
             + (
                 f"; MEASURED by the dry run: {c.measured_peak_gib:.1f} GiB allocated (estimated "
                 f"{c.memory_gib.tracked_peak:.1f}), "
-                + {True: "fits", False: "does NOT fit", None: "no verdict"}[c.measured_fits]
+                + {
+                    "fits": "fits",
+                    "tight": "TIGHT (over the headroom, within the GPU)",
+                    "does not fit": "does NOT fit",
+                }.get(c.measured_verdict or "", "no verdict")
                 if c.measured and c.measured_peak_gib is not None
                 else ""
             )

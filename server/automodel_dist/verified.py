@@ -73,6 +73,7 @@ def verify_candidates(
         peaks = [r.peak_allocated_gib for r in dr.ranks if r.status == "measured" and r.peak_allocated_gib]
         if dr.status == "measured" and peaks:
             cand.measured, cand.measured_peak_gib, cand.measured_fits = True, round(max(peaks), 3), dr.fits
+            cand.measured_verdict = dr.verdict
         else:
             why = next((r.error or r.reason for r in dr.ranks if r.status != "measured"), dr.status)
             if any(r.status == "timeout" for r in dr.ranks):

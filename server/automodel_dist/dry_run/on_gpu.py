@@ -48,24 +48,13 @@ def refused(spec: DryRunSpec) -> str | None:
     ep = spec.build.distributed.get("ep_size", 1) or 1
     if ep > 1:
         return f"expert parallelism (ep {ep}): the fake group's token exchange carries no counts"
+    if spec.world_size > 1 and _is_moe(spec.build):
+        return "a MoE model on a fake group: FSDP's gather leaves the weights unwritten, so the router's choices are not random weights' choices"
     if spec.media is not None:
         return "a VLM step (its batches are built for fake tensors)"
     if spec.recipe.fla_gdn:
         return "Gated DeltaNet layers (fla is not installed on the device)"
     return None
-
-
-def _batches(spec: DryRunSpec, vocab: int, pp: bool, device: Any) -> list[dict[str, Any]]:
-    import torch
-
-    shapes = (
-        [(spec.local_batch_size, spec.seq_len)] if pp else [(spec.micro_batch_size, spec.seq_len)] * spec.microbatches
-    )
-    out = []
-    for shape in shapes:
-        ids = torch.randint(0, vocab, shape, device=device)
-        out.append({"input_ids": ids, "labels": ids.clone()})
-    return out
 
 
 @contextlib.contextmanager
@@ -93,6 +82,17 @@ def replicas_agree() -> Iterator[None]:
         yield
     finally:
         tp_replicas.dist = dist
+
+
+def _liger_patched(parts: list[Any]) -> int:
+    """How many modules run a Liger kernel's forward (its instance patch rebinds ``forward``; AutoModel falls back to
+    the plain class quietly where the patch fails, so the record says whether it took)."""
+    count = 0
+    for part in parts:
+        for module in part.modules():
+            fn = getattr(getattr(module, "forward", None), "__func__", None)
+            count += bool(fn is not None and getattr(fn, "__module__", "").startswith("liger_kernel"))
+    return count
 
 
 def _is_moe(build: Build) -> bool:
@@ -151,6 +151,8 @@ def _build(spec: DryRunSpec, build: Build, dist_setup: Any, device: Any, out: di
         out["rewrites"] += rewrites
         out["init_on_gpu"] = True
         return built
+    except torch.cuda.OutOfMemoryError:
+        raise  # the build does not fit: building it on the host first would not change that
     except Exception as exc:  # noqa: BLE001 - retried as AutoModel builds it
         out["init_on_gpu"] = False
         out["init_on_gpu_error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -168,12 +170,14 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
     import torch.distributed as dist
 
     from ..stack import shims, step
-    from .worker import _states_to, _stepped
 
     out: dict[str, Any] = {"layers": _layers(build), "status": "failed", "rewrites": [], "phases_s": {}}
+    out["pid"] = os.getpid()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     cuda = device.type == "cuda"
     out["start_allocated_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
+    if cuda:  # what the device had free: builds measured side by side (--jobs) share it
+        out["free_at_start_gib"] = round(torch.cuda.mem_get_info()[0] / GIB, 3)
     t0 = time.perf_counter()
     mark = [t0]
 
@@ -188,6 +192,7 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
         phase("group")
         built = _build(spec, build, dist_setup, device, out)
         out["class"] = built.params.get("class")
+        out["liger_patched_modules"] = _liger_patched(built.parts)
         out["after_build_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
         phase("build")
         optimizers = step.optimizer(built, spec.recipe.optimizer["target"], spec.recipe.optimizer["kwargs"])
@@ -195,18 +200,18 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
             patches.enter_context(replicas_agree())
             if spec.recipe.loss["name"] == "TEParallelCrossEntropy":
                 patches.enter_context(shims.te_cross_entropy())
-            for p in _stepped(built.parts, media=False):
-                p.grad = torch.zeros_like(p, dtype=p.dtype)
-            for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if spec.recipe.optimizer["state_dtype"]:
-                _states_to(optimizers, spec.recipe.optimizer["state_dtype"])
-            mc = built.mc
+            step.first_optimizer_step(
+                built.parts, optimizers, media=False, state_dtype=spec.recipe.optimizer["state_dtype"]
+            )
             vocab = built.hf_config.get_text_config().vocab_size
-            batches = _batches(spec, vocab, built.pp_enabled, device)
-            dp = step.dp_group_size(built.mesh)
-            num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp // max(mc.cp_size, 1))
+            shapes = step.batch_shapes(
+                built.pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, spec.seq_len
+            )
+            batches = []
+            for shape in shapes:
+                ids = torch.randint(0, vocab, shape, device=device)
+                batches.append({"input_ids": ids, "labels": ids.clone()})
+            num_label_tokens = step.every_token_labelled(built, batches)
             if built.pp_enabled:
                 step.configure_pipeline_loss(built)
             if cuda:
@@ -259,6 +264,12 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def spec_digest(spec: dict[str, Any]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
 def one(case_path: Path, which: str, out_path: Path) -> dict[str, Any]:
     """A single build of a case (``which``: the shallow build's index, or ``full``), in this process."""
     import warnings
@@ -269,7 +280,9 @@ def one(case_path: Path, which: str, out_path: Path) -> dict[str, Any]:
 
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
-    torch._dynamo.config.disable = True  # as the dry run: AutoModel's compiled pieces run eager
+    # eager, as the dry run's step runs (Dynamo refuses fake tensors there), so both measure the same graph; a
+    # recipe with enable_compile is measured without its fusions on both sides
+    torch._dynamo.config.disable = True
     shims.import_automodel()
     spec = DryRunSpec.model_validate(json.loads(case_path.read_text(encoding="utf-8"))["spec"])
     if (spec.recipe.backend or {}).get("attn") == "te":
@@ -280,6 +293,8 @@ def one(case_path: Path, which: str, out_path: Path) -> dict[str, Any]:
     res = measure_build(spec, build)
     res["phases_s"] = {"import": import_s, **res["phases_s"]}
     res["build"] = which
+    # which spec this is the measurement of (the test holds a record to the committed case file)
+    res["spec_sha256"] = spec_digest(json.loads(case_path.read_text(encoding="utf-8"))["spec"])
     res["environment"] = environment()
     res["broken_shims"] = shims.broken()
     res["shim_hits"] = {name: s.hits for name, s in shims.SHIMS.items() if s.hits}
@@ -329,73 +344,85 @@ def run_cases(cases_dir: Path, result_path: Path, deadline_s: float, jobs: int =
         result["wall_s"] = round(time.perf_counter() - t0, 1)
         result_path.write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
 
-    def task(item: tuple[dict[str, Any], Path, str]) -> None:
-        row, path, which = item
+    def measure(path: Path, which: str) -> dict[str, Any]:
         left = deadline_s - (time.perf_counter() - t0)
-        res: dict[str, Any] = {"build": which, "status": "skipped", "error": "deadline"}
-        if left > 5:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "build.json"
-                cmd = [sys.executable, "-m", "automodel_dist.dry_run.on_gpu", "--one", str(path), which, str(out)]
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=child_env)
-                    if out.exists():
-                        res = json.loads(out.read_text(encoding="utf-8"))
-                    else:
-                        res = {
-                            "build": which,
-                            "status": "failed",
-                            "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}",
-                        }
-                except subprocess.TimeoutExpired:
-                    res = {
-                        "build": which,
-                        "status": "skipped",
-                        "error": f"stopped at the deadline ({deadline_s:.0f} s)",
-                    }
+        if left <= 5:
+            return {"build": which, "status": "skipped", "error": "deadline"}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "build.json"
+            cmd = [sys.executable, "-m", "automodel_dist.dry_run.on_gpu", "--one", str(path), which, str(out)]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=child_env)
+            except subprocess.TimeoutExpired:
+                return {"build": which, "status": "skipped", "error": f"stopped at the deadline ({deadline_s:.0f} s)"}
+            try:
+                return json.loads(out.read_text(encoding="utf-8"))
+            except (OSError, ValueError):  # killed before or while writing its result
+                return {"build": which, "status": "failed", "error": f"exit {proc.returncode}: {proc.stderr[-1500:]}"}
+
+    def record(row: dict[str, Any], res: dict[str, Any]) -> None:
         with lock:
             env = res.pop("environment", None)
             if env:
                 result.setdefault("environment", env)
-            row["builds"].append(res)
-            print(
-                f"{row['name']} [{which}]: {res['status']} {res.get('peak_allocated_gib')} {res.get('error', '')[:200]}",
-                flush=True,
-            )
+            row["builds"] = [b for b in row["builds"] if b.get("build") != res.get("build")] + [res]
+            said = f"{res['status']} {res.get('peak_allocated_gib')} {res.get('error', '')[:200]}"
+            print(f"{row['name']} [{res.get('build')}]: {said}", flush=True)
             save()
 
+    def task(item: tuple[dict[str, Any], Path, str]) -> dict[str, Any]:
+        row, path, which = item
+        res = measure(path, which)
+        record(row, res)
+        return res
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(task, shallow))
+        done = list(pool.map(task, shallow))
+    if jobs > 1:  # out of memory beside other builds is not out of memory alone: measured again, alone
+        for item, res in zip(shallow, done):
+            if res.get("status") == "out_of_memory":
+                task(item)
     for item in full:
         task(item)
     save()
     return result
 
 
-def leftover_gib(build: dict[str, Any], params_gib: float) -> float:
-    """What was still allocated when a measured build started (0 in a process of its own). The runner records it;
-    the first record (2026-12-04) ran its builds in one process and did not: there it is what was allocated after the
-    build beyond the build's own weights (``params_gib``: a first build's after-build figure is its weights alone)."""
-    if build.get("retry_start_allocated_gib") is not None:  # what a refused build on the GPU left
-        return float(build["retry_start_allocated_gib"])
-    if build.get("start_allocated_gib") is not None:
-        return float(build["start_allocated_gib"])
-    return float(build["after_build_gib"]) - params_gib
+def leftover_gib(build: dict[str, Any], previous: dict[str, Any] | None) -> float:
+    """What was still allocated when a measured build started, to take off its peak. The runner records it (0 in a
+    process of its own). The first record (2026-12-04) ran a case's builds one after another in one process and did
+    not: there the build before (``previous``) left its weights and optimizer states, what it had allocated before its
+    step. Its one-off allocations in the step (cuBLAS's workspaces) are not taken off: a process of its own makes them
+    too."""
+    for key in ("retry_start_allocated_gib", "start_allocated_gib"):  # a refused GPU-default build's, else the start's
+        if build.get(key) is not None:
+            return float(build[key])
+    return 0.0 if previous is None else float(previous["before_step_gib"])
 
 
-def against_gpu(recipe: Path, fields: dict[str, Any], build: dict[str, Any], *, full_depth: bool) -> dict[str, Any]:
+def against_gpu(
+    recipe: Path,
+    fields: dict[str, Any],
+    build: dict[str, Any],
+    *,
+    rank: int = 0,
+    full_depth: bool = False,
+    previous: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The dry run (``dry_run(recipe, num_layers=...)``, or extrapolated to the full depth) and the estimate of a build
-    the GPU measured, beside the GPU's own peak (less what an earlier build left allocated)."""
+    the GPU measured on ``rank``, beside the GPU's own peak (less what an earlier build left, :func:`leftover_gib`);
+    ``weights_gap_gib``: what the build had allocated beyond the dry run's parameter bytes (nothing but the weights
+    exist then)."""
     from .run import dry_run
 
     layers = None if full_depth else build["layers"]
-    report = dry_run(recipe, num_layers=layers, headroom=0.0, **fields)
-    ranks = [r for r in report.ranks if r.peak is not None]
+    report = dry_run(recipe, num_layers=layers, ranks=[rank], headroom=0.0, **fields)
+    measured = [r for r in report.ranks if r.peak is not None and r.rank == rank]
     out: dict[str, Any] = {"layers": build["layers"], "full_depth": full_depth, "dry_run_status": report.status}
-    if not ranks:
+    if not measured:
         return out
-    rank = ranks[0]
-    left = leftover_gib(build, rank.peak.params)
+    peak = measured[0].peak
+    left = leftover_gib(build, previous)
     gpu = build["peak_allocated_gib"] - left
     total = next((d for d in report.estimate_vs_dry_run if d.category == "total"), None)
     out.update(
@@ -403,8 +430,9 @@ def against_gpu(recipe: Path, fields: dict[str, Any], build: dict[str, Any], *, 
         # the allocator's reserve only where nothing was left over (a leftover's share of it is not known)
         gpu_reserved_gib=round(build["peak_reserved_gib"], 3) if abs(left) < 0.01 else None,
         leftover_gib=round(left, 3),
-        dry_run_gib=round(rank.peak_allocated_gib, 3),
-        params_gib=round(rank.peak.params, 4),
+        dry_run_gib=round(peak.total, 3),
+        params_gib=round(peak.params, 4),
+        weights_gap_gib=round(build["after_build_gib"] - left - peak.params, 4),
         estimate_gib=round(total.estimate_gib, 3) if total else None,
     )
     out["dry_run_vs_gpu"] = round(out["dry_run_gib"] / gpu - 1, 4)

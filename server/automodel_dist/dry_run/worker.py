@@ -127,35 +127,6 @@ def _grad_bytes(parts: list[Any]) -> int:
     return total
 
 
-def _states_to(optimizers: list[Any], dtype_name: str) -> None:
-    """Optimizer states in ``dtype_name`` (a replaced optimizer that keeps its moments in another dtype)."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    for opt in optimizers:
-        for state in opt.state.values():
-            for key, value in list(state.items()):
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    state[key] = value.to(dtype)
-
-
-def _stepped(parts: list[Any], *, media: bool) -> list[Any]:
-    """The parameters the first step gave a gradient (so Adam holds states for them): every trainable one, but in a
-    step that feeds no media a multimodal tower's and projector's (AutoModel's own list of those modules), which
-    the forward never reaches."""
-    from nemo_automodel.components.distributed.multimodal_fsdp import MULTIMODAL_MODULE_NAMES
-
-    out = []
-    for part in parts:
-        for name, p in part.named_parameters():
-            if not p.requires_grad:
-                continue
-            if not media and any(n in MULTIMODAL_MODULE_NAMES for n in name.split(".")):
-                continue
-            out.append(p)
-    return out
-
-
 def _import_automodel() -> None:
     shims.import_automodel()
     import nemo_automodel.components.training.utils  # noqa: F401 - the step's helpers (timed with the import)
@@ -175,7 +146,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     if dist.is_initialized():
         dist.destroy_process_group()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    batch, seq = spec.micro_batch_size, spec.seq_len
+    seq = spec.seq_len
     items: dict[str, Any] = {
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
@@ -229,7 +200,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         optimizers = step.optimizer(built, spec.recipe.optimizer["target"], spec.recipe.optimizer["kwargs"])
 
     items["tp_replicas.py:synchronize_tp_replica_gradients"] = mc.tp_size  # every replica reports its gradient
-    dp_group = step.dp_group_size(built.mesh)
     ep = max(mc.ep_size, 1)
     text_config = hf_config.get_text_config()  # a multimodal config's language model (the config itself otherwise)
     n_experts = next(
@@ -283,21 +253,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         fake_mode,
     ):
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
-            for p in _stepped(parts, media=spec.media is not None):
-                # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor
-                # whose local shard disagrees (a strict-fp32 parameter cast after sharding) fails where AutoModel's
-                # own step fails, in the optimizer, not here
-                p.grad = torch.zeros_like(p, dtype=p.dtype)
-            for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if spec.recipe.optimizer["state_dtype"]:
-                _states_to(optimizers, spec.recipe.optimizer["state_dtype"])
+            step.first_optimizer_step(
+                parts, optimizers, media=spec.media is not None, state_dtype=spec.recipe.optimizer["state_dtype"]
+            )
         vocab = text_config.vocab_size
-        if pp_enabled:
-            shapes = [(spec.local_batch_size, seq)]
-        else:
-            shapes = [(batch, seq)] * spec.microbatches
+        shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
         batches = []
         for shape in shapes:
             if image is not None and image.processor == "gemma3":
@@ -341,7 +301,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             )
         tracker = make_tracker(parts, optimizers, phases)
         snapshots: dict[str, Any] = {}
-        num_label_tokens = sum(b["input_ids"].numel() for b in batches) * (dp_group // max(mc.cp_size, 1))
+        num_label_tokens = step.every_token_labelled(built, batches)
         if pp_enabled:
             step.configure_pipeline_loss(built)
         known = media.known_inputs(fake_mode) if spec.media is not None else contextlib.nullcontext()

@@ -481,6 +481,69 @@ def reported_loss(built: Built, loss_buffer: list[Any], num_label_tokens: int) -
     return float(total.item())
 
 
+def states_to(optimizers: list[Any], dtype_name: str) -> None:
+    """Optimizer states in ``dtype_name`` (a replaced optimizer that keeps its moments in another dtype)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    for opt in optimizers:
+        for state in opt.state.values():
+            for key, value in list(state.items()):
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
+                    state[key] = value.to(dtype)
+
+
+def stepped_params(parts: list[Any], *, media: bool) -> list[Any]:
+    """The parameters the first step gave a gradient (so Adam holds states for them): every trainable one, but in a
+    step that feeds no media a multimodal tower's and projector's (AutoModel's own list of those modules), which
+    the forward never reaches."""
+    from nemo_automodel.components.distributed.multimodal_fsdp import MULTIMODAL_MODULE_NAMES
+
+    out = []
+    for part in parts:
+        for name, p in part.named_parameters():
+            if not p.requires_grad:
+                continue
+            if not media and any(n in MULTIMODAL_MODULE_NAMES for n in name.split(".")):
+                continue
+            out.append(p)
+    return out
+
+
+def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool, state_dtype: str | None) -> None:
+    """The step before the measured one, so the optimizer's states exist: a zero gradient on every parameter the
+    first step reaches (:func:`stepped_params`), one optimizer step, the gradients freed; a replaced optimizer's
+    states then cast to ``state_dtype``."""
+    import torch
+
+    for p in stepped_params(parts, media=media):
+        # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor whose local
+        # shard disagrees (a strict-fp32 parameter cast after sharding) fails where AutoModel's own step fails, in the
+        # optimizer, not here
+        p.grad = torch.zeros_like(p, dtype=p.dtype)
+    for opt in optimizers:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if state_dtype:
+        states_to(optimizers, state_dtype)
+
+
+def batch_shapes(pp: bool, micro_batch_size: int, local_batch_size: int, microbatches: int, seq_len: int) -> list[Any]:
+    """The measured step's batches: under PP one batch of the rank's local batch (the schedule splits it), else
+    ``microbatches`` micro batches."""
+    if pp:
+        return [(local_batch_size, seq_len)]
+    return [(micro_batch_size, seq_len)] * microbatches
+
+
+def every_token_labelled(built: Built, batches: list[dict[str, Any]]) -> int:
+    """train_ft's ``num_label_tokens`` where every token is supervised: this rank's tokens times the data-parallel
+    ranks (CP ranks hold the same sequences). Counted from the shapes, where :func:`label_tokens`' all-reduce could
+    not sum (a fake group) or the values are not there (fake tensors)."""
+    dp = dp_group_size(built.mesh)
+    return sum(b["input_ids"].numel() for b in batches) * (dp // max(built.mc.cp_size, 1))
+
+
 def label_tokens(built: Built, batches: list[dict[str, Any]], ignore_index: int = -100) -> int:
     """train_ft's ``num_label_tokens``: the supervised tokens of the step, summed over the data-parallel ranks (not
     over context-parallel ones, which hold the same sequences)."""
@@ -496,6 +559,11 @@ def label_tokens(built: Built, batches: list[dict[str, Any]], ignore_index: int 
 
 __all__ = [
     "Built",
+    "batch_shapes",
+    "every_token_labelled",
+    "first_optimizer_step",
+    "states_to",
+    "stepped_params",
     "StepResult",
     "build",
     "clip",

@@ -35,7 +35,12 @@ class Candidate(BaseModel):
         default=None, description="The dry run's allocated peak on the worst measured rank (no overhead), GiB."
     )
     measured_fits: bool | None = Field(
-        default=None, description="The dry run's verdict with overhead and headroom (null: it could not decide)."
+        default=None, description="The dry run's peak with overhead within the headroom (null: it could not decide)."
+    )
+    measured_verdict: Literal["fits", "tight", "does not fit"] | None = Field(
+        default=None,
+        description="The dry run's verdict: fits within the headroom, tight over it but within the GPU, does not fit "
+        "over the GPU (null: it could not decide).",
     )
     measured_note: str | None = Field(default=None, description="Why the dry run did not measure it, when it did not.")
 

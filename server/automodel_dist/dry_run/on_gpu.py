@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..catalog.hf_config import EXPERT_COUNT_KEYS
 from .spec import Build, DryRunSpec
 
 GIB = float(1 << 30)
@@ -67,6 +68,8 @@ def replicas_agree() -> Iterator[None]:
     import torch
     import torch.distributed as dist
 
+    from ..stack import shims
+
     plain = dist.all_reduce
 
     def all_reduce(tensor: Any, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
@@ -77,11 +80,8 @@ def replicas_agree() -> Iterator[None]:
 
     census = types.SimpleNamespace(**{k: getattr(dist, k) for k in dir(dist) if not k.startswith("__")})
     census.all_reduce = all_reduce
-    tp_replicas.dist = census
-    try:
+    with shims._patched(tp_replicas, "dist", census):
         yield
-    finally:
-        tp_replicas.dist = dist
 
 
 def _liger_patched(parts: list[Any]) -> int:
@@ -98,8 +98,7 @@ def _liger_patched(parts: list[Any]) -> int:
 def _is_moe(build: Build) -> bool:
     cfg = build.hf_config
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    keys = ("num_experts", "n_routed_experts", "num_local_experts")
-    return any((cfg.get(k) or text.get(k) or 0) > 1 for k in keys)
+    return any((cfg.get(k) or text.get(k) or 0) > 1 for k in EXPERT_COUNT_KEYS)
 
 
 def _init_group(spec: DryRunSpec, build: Build, cuda: bool) -> str:

@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..catalog.hf_config import EXPERT_COUNT_KEYS
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
 from ..media import vlm_image
 from ..stack import media, shims, step
@@ -203,11 +204,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     ep = max(mc.ep_size, 1)
     text_config = hf_config.get_text_config()  # a multimodal config's language model (the config itself otherwise)
     n_experts = next(
-        (
-            getattr(text_config, k)
-            for k in ("num_experts", "n_routed_experts", "num_local_experts")
-            if getattr(text_config, k, None)
-        ),
+        (getattr(text_config, k) for k in EXPERT_COUNT_KEYS if getattr(text_config, k, None)),
         1,
     )
     # balanced routing: this rank's experts receive 1/ep of the EP group's token assignments (the torch dispatcher's

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..catalog.hf_config import EXPERT_COUNT_KEYS
 from ..catalog.implementations import builds_own_class
 from ..catalog.models import SHARED_EXPERT_COUNT_KEYS, period_of
 from ..dims import ParallelDims
@@ -18,7 +19,6 @@ from ..workload import Workload
 
 HEAD_DIM = 16
 VOCAB = 256
-_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 _NOT_CAUSAL_LM = ("vision_config", "audio_config", "speech_config")
 FLEX_ONLY = frozenset({"GptOssForCausalLM"})  # AutoModel asserts te or flex attention for these classes
 
@@ -73,7 +73,7 @@ def tiny_hf_config(cfg: Mapping[str, Any], *, tp: int, ep: int, stages: int, seq
     for key in ("linear_key_head_dim", "linear_value_head_dim"):
         if key in cfg:
             out[key] = HEAD_DIM
-    expert_key = next((k for k in _EXPERT_KEYS if cfg.get(k)), None)
+    expert_key = next((k for k in EXPERT_COUNT_KEYS if cfg.get(k)), None)
     prefix = 0
     if expert_key is not None:
         experts = max(4, 2 * ep)
@@ -209,7 +209,7 @@ def plan_stack(
     notes.append(
         f"AutoModel's stack: {architecture} at tiny dims ({cfg['num_hidden_layers']} layers, hidden "
         f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV heads"
-        + (f", {next(cfg[k] for k in _EXPERT_KEYS if cfg.get(k))} experts" if is_moe else "")
+        + (f", {next(cfg[k] for k in EXPERT_COUNT_KEYS if cfg.get(k))} experts" if is_moe else "")
         + f", vocab {cfg['vocab_size']}); the reference is the same class on one process"
     )
     subs.append(

@@ -3,7 +3,10 @@
 1. every published H100 run (tests/calibration/README.md) at its measured sizes: the fit verdict and the estimated
    over the measured step time (goal: fits, within STEP_TIME_ERROR);
 2. AutoModel's own step on fake tensors (the dry run) on a matrix of layouts: the estimate over the dry run per memory
-   category (goal: each within 15% of the dry run's peak, the total within 15%). ``--quick`` skips this part.
+   category (goal: each within 15% of the dry run's peak, the total within 15%);
+3. AutoModel's own step on a real GPU (tests/calibration/gpu/, docs/gpu-check.md): the dry run and the estimate over
+   the GPU's max_memory_allocated for every recorded build (goal: the dry run within 1%, the estimate within 15%).
+``--quick`` skips parts 2 and 3.
 
 Run: python bench/bench_calibration.py [--quick]
 """
@@ -70,6 +73,48 @@ def against_dry_run() -> None:
     )
 
 
+def against_gpu() -> None:
+    import importlib.util
+    import json
+
+    from automodel_dist.dry_run import on_gpu
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gpu_check", root / "tools" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    gpu = root / "tests" / "calibration" / "gpu"
+    print()
+    print(f"{'GPU-measured build':<44} {'GPU GiB':>8} {'dry run':>8} {'ratio':>6} {'estimate':>9} {'ratio':>6}")
+    worst_dry = worst_est = 0.0
+    for record in sorted(gpu.glob("h200_*.json")):
+        for row in json.loads(record.read_text(encoding="utf-8"))["cases"]:
+            case = json.loads((gpu / "cases" / f"{row['name']}.json").read_text(encoding="utf-8"))
+            recipe = gpu_check.recipe_path(case)
+            for i, build in enumerate(row["builds"]):
+                if build["status"] != "measured" or not recipe.exists():
+                    continue
+                got = on_gpu.against_gpu(
+                    recipe,
+                    case["fields"],
+                    build,
+                    rank=row.get("rank", 0),
+                    full_depth=build.get("build") == "full",
+                    previous=row["builds"][i - 1] if i else None,
+                )
+                if "gpu_gib" not in got:
+                    print(f"{row['name']:<44} dry run {got['dry_run_status']}")
+                    continue
+                worst_dry = max(worst_dry, abs(got["dry_run_vs_gpu"]))
+                worst_est = max(worst_est, abs(got["estimate_vs_gpu"]))
+                name = f"{row['name']} ({build['layers']} layers)"
+                print(
+                    f"{name:<44} {got['gpu_gib']:>8.3f} {got['dry_run_gib']:>8.3f} {1 + got['dry_run_vs_gpu']:>6.3f} "
+                    f"{got['estimate_gib']:>9.3f} {1 + got['estimate_vs_gpu']:>6.3f}"
+                )
+    print(f"worst dry-run error {worst_dry:.1%} (goal 1%), worst estimate error {worst_est:.1%} (goal 15%)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="only the published runs (no dry runs)")
@@ -77,6 +122,7 @@ def main() -> None:
     published()
     if not args.quick:
         against_dry_run()
+        against_gpu()
 
 
 if __name__ == "__main__":

@@ -988,6 +988,43 @@ def flash_sdpa() -> Iterator[None]:
         yield
 
 
+FOREACH = _register(
+    "optimizer_foreach_as_on_cuda",
+    "optimizer",
+    "torch.optim.optimizer._get_foreach_kernels_supported_devices and _foreach_supported_types (the CPU and "
+    "FakeTensor added while the step runs)",
+    "On a GPU, torch's Adam, AdamW and SGD default to their foreach implementation for plain and DTensor parameters "
+    "alike. It updates a whole parameter group at once and makes group-sized temporaries (the second moment's square "
+    "root, the step sizes). On CPU tensors they default to the per-tensor loop, whose temporaries are one tensor's. "
+    "The fake CPU step therefore takes the GPU's default, so a peak in the optimizer step is the GPU's.",
+    lambda: (
+        _resolve("torch.optim.optimizer:_get_foreach_kernels_supported_devices"),
+        _resolve("torch.optim.optimizer:_foreach_supported_types"),
+    ),
+)
+
+
+@contextlib.contextmanager
+def foreach_optimizers() -> Iterator[None]:
+    """See FOREACH."""
+    import torch.optim.optimizer as optimizer
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    plain = optimizer._get_foreach_kernels_supported_devices
+
+    def devices() -> list[str]:
+        FOREACH.hits += 1
+        return [*plain(), "cpu"]
+
+    # a parameter outside a DTensor is a FakeTensor here, where a GPU has a plain tensor
+    types = [*optimizer._foreach_supported_types, FakeTensor]
+    with (
+        _patched(optimizer, "_get_foreach_kernels_supported_devices", devices),
+        _patched(optimizer, "_foreach_supported_types", types),
+    ):
+        yield
+
+
 @contextlib.contextmanager
 def step_patches() -> Iterator[None]:
     """What the training step needs on fake tensors."""
@@ -1023,6 +1060,7 @@ def step_patches() -> Iterator[None]:
         stack.enter_context(_patched(tp_replicas, "_is_tp_replicated", real(tp_replicas._is_tp_replicated)))
 
         stack.enter_context(flash_sdpa())
+        stack.enter_context(foreach_optimizers())
         plain_dropout, plain_torch_dropout = F.dropout, torch.dropout
 
         def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:

@@ -6,17 +6,17 @@ calls ``mem``) in place of the fake tensors and torch's memory tracker.
 A rank of a larger world runs alone on one GPU on torch's fake process group: its collectives move nothing, but every
 buffer they allocate, every shard, gathered parameter, gradient and activation is a real allocation of its real size,
 so the counters are that rank's memory. What the device lacks is stood in for exactly as the dry run stands in for it
-(Transformer Engine's attention and cross-entropy: :mod:`automodel_dist.stack.te_attention`); the report lists it.
-Weights are AutoModel's own random initialisation, so a MoE router routes as random weights route (the dry run
-assumes balanced routing): specs with expert parallelism are refused, since the fake group's token exchange would
-carry no counts.
+(Transformer Engine's attention and cross-entropy: :mod:`automodel_dist.stack.te_attention`). Weights are AutoModel's
+own random initialisation, so a one-rank MoE router routes as random weights route (the dry run assumes balanced
+routing); expert parallelism and MoE on more than one rank are refused (:func:`refused`).
 
 Run as ``python -m automodel_dist.dry_run.on_gpu CASES_DIR RESULT.json [--deadline-s S] [--jobs N]``. ``CASES_DIR``
 holds one JSON file per case, ``{"name", "recipe", "full_depth", "spec"}`` with ``spec`` a :class:`DryRunSpec`
 (written by ``tools/gpu_check.py make``). Every build runs in a process of its own, so no build inherits another's
-allocations (a first run in one process kept a finished build's 3.3 GiB of weights alive into the next): first every
-case's shallow builds (``--jobs`` at once: each process reads its own peak), then the full depths, one at a time. The
-result is rewritten after every build, so a run cut short keeps what it measured, with each build's phase times.
+allocations (a first run in one process kept a finished build's 3.2 GiB of weights and states into the next):
+first every case's shallow builds (``--jobs`` at once: each process reads its own peak), then the full depths, one at
+a time. The result is rewritten after every build, so a run cut short keeps what it measured, with each build's phase
+times.
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ def refused(spec: DryRunSpec) -> str | None:
     if ep > 1:
         return f"expert parallelism (ep {ep}): the fake group's token exchange carries no counts"
     if spec.world_size > 1 and _is_moe(spec.build):
-        return "a MoE model on a fake group: FSDP's gather leaves the weights unwritten, so the router's choices are not random weights' choices"
+        return (
+            "a MoE model on a fake group: FSDP's gather leaves the weights unwritten, so the router would not choose "
+            "as random weights do"
+        )
     if spec.media is not None:
         return "a VLM step (its batches are built for fake tensors)"
     if spec.recipe.fla_gdn:

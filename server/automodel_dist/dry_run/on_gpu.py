@@ -227,7 +227,6 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
                 batches,
                 num_label_tokens=num_label_tokens,
                 clip_grad_norm=spec.recipe.clip_grad_norm,
-                defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
                 step_optimizer=not spec.recipe.optimizer["state_dtype"],
             )
             if cuda:

@@ -309,7 +309,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 batches,
                 num_label_tokens=num_label_tokens,
                 clip_grad_norm=spec.recipe.clip_grad_norm,
-                defer_fsdp_grad_sync=getattr(dist_setup.strategy_config, "defer_fsdp_grad_sync", True),
                 phases=phases,
                 after_loss=lambda: snapshots.setdefault(
                     "after_forward", categories(tracker.get_tracker_snapshot("current"))

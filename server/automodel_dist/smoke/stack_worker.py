@@ -181,7 +181,6 @@ class _Run:
                     batches,
                     num_label_tokens=n_tokens,
                     clip_grad_norm=self.recipe.clip_grad_norm,
-                    defer_fsdp_grad_sync=getattr(self.setup.strategy_config, "defer_fsdp_grad_sync", True),
                     before_optimizer=hook,
                 )
                 loss = step.reported_loss(self.built, out.loss_buffer, n_tokens)

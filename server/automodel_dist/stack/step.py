@@ -224,7 +224,6 @@ def train_step(
     *,
     num_label_tokens: int,
     clip_grad_norm: float | None,
-    defer_fsdp_grad_sync: bool = True,
     phases: PhaseFn = no_phases,
     after_loss: Callable[[], None] | None = None,
     before_optimizer: Callable[[], None] | None = None,
@@ -233,7 +232,8 @@ def train_step(
 ) -> StepResult:
     """train_ft's ``_run_train_optim_step`` on ``batches`` (dicts with input_ids and labels; under PP one batch holds
     the rank's local batch). ``after_loss`` runs after the first microbatch's loss, before its backward;
-    ``before_optimizer`` after the gradient clip, before the optimizer step."""
+    ``before_optimizer`` after the gradient clip, before the optimizer step. FSDP's gradient sync is deferred to the
+    last microbatch as the strategy says (``defer_fsdp_grad_sync``, AutoModel's default true), as train_ft reads it."""
     import torch
     from nemo_automodel.components.moe.megatron.moe_utils import MoEAuxLossAutoScaler
     from nemo_automodel.components.training.utils import (
@@ -268,7 +268,7 @@ def train_step(
                     batch,
                     last=last,
                     num_label_tokens=num_label_tokens,
-                    defer_fsdp_grad_sync=defer_fsdp_grad_sync,
+                    defer_fsdp_grad_sync=getattr(built.setup.strategy_config, "defer_fsdp_grad_sync", True),
                     phases=phases,
                     after_loss=after_loss if i == 0 else None,
                     pad_token_id=pad_token_id,

@@ -650,3 +650,43 @@ def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
     flash = _only(dry_run(GEMMA3_VLM.format(attn="sdpa"), seq_len=2048, num_layers=2, world_size=2))
     scores = 2 * 8 * 2048 * 2048 * 6 / (1 << 30)  # 2 layers x 8 heads of fp32 softmax + its bf16 copy
     assert rank.peak.activations - flash.peak.activations == pytest.approx(scores, rel=0.1)
+
+
+QWEN35_VLM_PP = """recipe: {recipe}
+model:
+  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
+  pretrained_model_name_or_path: Qwen/Qwen3.5-4B
+step_scheduler:
+  local_batch_size: 2
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+  pp_size: 2
+  pipeline:
+    pp_schedule: 1f1b
+    pp_microbatch_size: 1
+freeze_config:
+  freeze_vision_tower: {frozen}
+"""
+
+
+@needs_automodel
+def test_a_vlm_recipe_under_pipeline_parallelism_stages_each_microbatchs_images_on_the_first_stage():
+    """The VLM recipe under PP: its loader splits the batch's images per microbatch (AutoModel's
+    prepare_vlm_media_for_pp) and its step stages them on the first stage's model for the schedule's call, whose
+    forward takes one microbatch's images at a time (the dry run refuses a class that takes none). A trained tower
+    keeps its activations on the first stage's rank alone; the last stage's rank is the same either way."""
+
+    def run(frozen: str) -> list:
+        report = dry_run(
+            QWEN35_VLM_PP.format(recipe="FinetuneRecipeForVLM", frozen=frozen), seq_len=2048, num_layers=4, world_size=2
+        )
+        assert report.status == "measured", [(r.status, r.error) for r in report.ranks]
+        assert any("961 placeholder tokens" in s for s in report.substitutions)
+        return sorted(report.ranks, key=lambda r: r.rank)
+
+    frozen, trained = run("true"), run("false")
+    assert [r.rank for r in frozen] == [0, 1]
+    # the tower's 24 blocks over 3,844 patches, kept for backward while the first stage's microbatches are in flight
+    assert trained[0].peak.activations > frozen[0].peak.activations + 0.3
+    assert trained[1].peak.total == pytest.approx(frozen[1].peak.total, abs=0.01)

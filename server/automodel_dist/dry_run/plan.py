@@ -205,6 +205,13 @@ def plan_dry_run(
                     "(computed ahead, as its CP hook does)"
                 )
             )
+            if d.pp > 1:
+                subs.append(
+                    "VLM under pipeline parallelism: the batch's images split per microbatch by AutoModel's "
+                    "prepare_vlm_media_for_pp (its loader's PP collate) and staged on the first stage's model for the "
+                    "schedule (stage_vlm_media_for_pp); multimodal positions are handed to the schedule only where "
+                    "the model splits them itself (get_pipeline_kwargs_chunk_dims), else its forward computes them"
+                )
     elif ctx.kind.recipe in DIFFUSION_LM_RECIPES:
         blocking.append(
             f"{ctx.kind.recipe}: a diffusion LM's masked-denoising step is not the next-token step the dry run runs: "
@@ -381,11 +388,6 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str
         return (
             f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
             "the CP ranks) is not run by the dry run: not measured"
-        )
-    if d.pp > 1:
-        return (
-            f"{recipe} with pipeline parallelism: its loader splits each batch's images per microbatch and stages "
-            "them on the first stage's model (pp_media.py), which the dry run does not reproduce: not measured"
         )
     return None
 

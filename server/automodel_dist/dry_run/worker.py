@@ -149,6 +149,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     seq = spec.seq_len
     items: dict[str, Any] = {
+        # transformers' check that the image placeholders match the image features, where the placeholders are found
+        # by comparing embeddings (a VLM pipeline's first stage): the dry run's batch writes each image's tokens from
+        # the same grid its patches come from (stack/media.py); first, as the model forwards below enclose it
+        ":get_placeholder_mask": lambda t: True if t.dtype == torch.bool else None,
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
@@ -301,7 +305,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         num_label_tokens = step.every_token_labelled(built, batches)
         if pp_enabled:
             step.configure_pipeline_loss(built)
-        known = media.known_inputs(fake_mode) if spec.media is not None else contextlib.nullcontext()
+        known = contextlib.ExitStack()
+        if spec.media is not None:
+            known.enter_context(media.known_inputs(fake_mode))
+            known.enter_context(media.known_rope_index(parts, fake_mode))
         with tracker, repeated_calls(tracker), known:
             step.train_step(
                 built,

@@ -219,6 +219,39 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
             setattr(module, name, fn)
 
 
+@contextlib.contextmanager
+def known_rope_index(parts: list[Any], fake_mode: Any) -> Iterator[None]:
+    """The models' own ``get_rope_index`` runs on its inputs' known values and hands back constants, where every tensor
+    it is given is one: a forward that computes its multimodal positions itself (a pipeline stage's microbatch, whose
+    positions the schedule does not hand in) builds them with factories whose values FakeTensorMode cannot know. The
+    batch's positions are computed the same way ahead (``qwen_batch``)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    known = fake_mode.fake_tensor_converter
+    owners = [m for part in parts for m in part.modules() if callable(getattr(m, "get_rope_index", None))]
+
+    def wrap(fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
+            if not tensors or any(t.constant is None for t in tensors):
+                return fn(*args, **kwargs)
+            values = tree_map(lambda t: t.constant if isinstance(t, FakeTensor) else t, (args, kwargs))
+            with unset_fake_temporarily():
+                out = fn(*values[0], **values[1])
+            return tree_map(lambda t: known.from_real_tensor(fake_mode, t, make_constant=True) if _real(t) else t, out)
+
+        return run
+
+    for owner in owners:
+        owner.get_rope_index = wrap(owner.get_rope_index)  # an instance attribute over the class's method
+    try:
+        yield
+    finally:
+        for owner in owners:
+            del owner.get_rope_index
+
+
 def _real(t: Any) -> bool:
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
@@ -273,4 +306,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["gemma3_batch", "qwen_batch", "known_inputs"]
+__all__ = ["gemma3_batch", "qwen_batch", "known_inputs", "known_rope_index"]

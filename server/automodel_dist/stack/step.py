@@ -206,7 +206,7 @@ def configure_pipeline_loss(built: Built) -> None:
     if not info.has_last_stage:
         return
     last = next(m for m, st in zip(built.parts, info.stages) if st.is_last)
-    if isinstance(built.loss_fn, LinearCrossEntropy):
+    if isinstance(built.loss_fn, LinearCrossEntropy) and not built.vlm:  # the VLM recipe's version does not flag it
         last._pp_return_hidden_states = True
     info.schedule._loss_fn = MTPLossConfig().build(built.loss_fn, last, grad_reduce_group=dp_group(built.mesh))
 
@@ -259,7 +259,9 @@ def train_step(
         last = i == len(batches) - 1
         if last:
             prepare_for_final_backward(parts, pp_enabled=pp)
-        if pp:
+        if pp and built.vlm:
+            out.loss_buffer.append(_vlm_pipeline_microbatch(built, batch, phases, pad_token_id))
+        elif pp:
             out.loss_buffer.append(_pipeline_microbatch(built, batch, phases, pad_token_id))
         else:
             out.loss_buffer.append(
@@ -458,6 +460,91 @@ def _pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, p
                 info.schedule.step(input_ids, target=targets, losses=losses, **rest)
             else:
                 info.schedule.step(target=targets, losses=losses, **rest)
+    if info.has_last_stage and losses:
+        return torch.sum(torch.stack(losses)).detach()
+    return torch.tensor(0.0)
+
+
+def _pp_media() -> Any:
+    """AutoModel's ``components/datasets/vlm/pp_media.py`` (torch alone). Its package's ``__init__`` imports the data
+    set stack (Hugging Face ``datasets``), which the step does not need: where that is not installed the file is
+    loaded by itself."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "nemo_automodel.components.datasets.vlm.pp_media"
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError:
+        if name in sys.modules:
+            return sys.modules[name]
+        import nemo_automodel
+
+        path = Path(nemo_automodel.__file__).parent / "components" / "datasets" / "vlm" / "pp_media.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+        return module
+
+
+def _vlm_pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, pad_token_id: int) -> Any:
+    """The pipeline branch of the VLM recipe's ``_forward_backward_step``. Its loader has already split the batch's
+    images per microbatch (``wrap_vlm_collate_for_pp``: AutoModel's ``prepare_vlm_media_for_pp`` here); the step
+    stages them on the first stage's model for the schedule's call (``stage_vlm_media_for_pp``), whose forward takes
+    each microbatch's images in turn, and runs the schedule through the pipeline's own ``step`` (the model's chunk
+    dims for its multimodal position ids)."""
+    import torch
+    from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
+    from nemo_automodel.components.utils.model_utils import VLM_INPUT_KEYS
+
+    pp_media = _pp_media()
+    prepare_vlm_media_for_pp, stage_vlm_media_for_pp = (
+        pp_media.prepare_vlm_media_for_pp,
+        pp_media.stage_vlm_media_for_pp,
+    )
+    pipeline, info, mesh = built.model, built.model.info, built.mesh
+    n_microbatches = pipeline.pp_batch_size // max(pipeline.pp_microbatch_size, 1)
+    batch = prepare_vlm_media_for_pp(dict(batch), batch_size=batch["input_ids"].shape[0], n_microbatches=n_microbatches)
+    chunk_dims = getattr(built.parts[0], "get_pipeline_kwargs_chunk_dims", None)
+    if "position_ids" in batch and not (callable(chunk_dims) and "position_ids" in chunk_dims(batch)):
+        # the multimodal positions were computed ahead (stack/media.py); the default VLM collate hands none and the
+        # model computes them per microbatch, and the schedule would split a [3, batch, seq] tensor on its first axis
+        # where the model does not say to split it on the batch axis (the packed collates' positions need that)
+        del batch["position_ids"]
+    cp = mesh is not None and "cp" in mesh.mesh_dim_names and mesh["cp"].size() > 1
+    if cp and not info.has_first_stage and hasattr(built.parts[0], "prepare_model_inputs_for_cp"):
+        for key in VLM_INPUT_KEYS:  # stages that do not embed see the text alone
+            if key != "input_ids":
+                batch.pop(key, None)
+    sharder = ContextParallelSharder(
+        built.parts[0], mesh, batch, padding_token_id=pad_token_id, num_chunks=n_microbatches, invoke_pre_embed=True
+    )
+    train_ctx, mb = sharder.shard(batch)
+    labels = mb.pop("labels")
+    with vision_frame_sharding(built), train_ctx():
+        losses: list[Any] | None = [] if info.has_last_stage else None
+        targets = labels.clone() if info.has_last_stage else None
+        model_input = mb.pop("inputs_embeds" if "inputs_embeds" in mb else "input_ids")
+        pipeline.update_seq_len(model_input.shape[1])
+        if info.has_first_stage and model_input.dtype.is_floating_point and model_input.ndim == 3:
+            for stage in info.stages:  # the recipe's _maybe_set_pp_first_stage_embed_input_meta
+                if stage.is_first:
+                    shape = (pipeline.pp_microbatch_size, *model_input.shape[1:])
+                    stage.inputs_meta = (torch.empty(shape, device="meta", dtype=model_input.dtype),)
+        staged = info.has_first_stage and pp_media.VLM_PP_MEDIA_KEY in mb
+        with phases("pipeline_schedule"), stage_vlm_media_for_pp(pipeline, built.parts, mb):
+            pipeline.step(model_input, target=targets, losses=losses, **mb)
+            taken = getattr(built.parts[0], "_vlm_chunk_idx", None) if staged else None
+    if staged and taken != n_microbatches:
+        # a class whose forward does not read the staged chunks trains its first stage on the text alone
+        raise NotImplementedError(
+            f"{type(built.parts[0]).__name__} took {taken or 0} of the {n_microbatches} microbatches' staged images "
+            "under pipeline parallelism (AutoModel's pp_media staging): its images would not reach the vision tower"
+        )
     if info.has_last_stage and losses:
         return torch.sum(torch.stack(losses)).detach()
     return torch.tensor(0.0)

@@ -504,6 +504,87 @@ def test_the_fla_gated_deltanet_stand_in_keeps_what_flas_kernel_keeps():
         assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
 
 
+def test_the_fla_context_parallel_stand_ins_keep_what_flas_cp_path_keeps():
+    """stack/fla_gdn.py's CP path against fla's (fla/ops/cp/chunk_delta_h.py, modules/causal_conv1d/cp.py): the
+    chunked kernel keeps, beyond its own tensors, the fp32 state handed along the CP ranks [N, H, K, V]; the CP causal
+    conv1d keeps its input, weight, bias and the previous rank's tail tokens [N, D, W]; gradients of every input's
+    shape and dtype."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from automodel_dist.stack.fla_gdn import build_cp_context, causal_conv1d, chunk_gated_delta_rule
+
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        b, t, h, dk, dv, d, w = 1, 256, 4, 32, 64, 96, 4
+        ctx = build_cp_context(torch.tensor([0, 4 * t]), dist.group.WORLD, conv1d_kernel_size=w)
+        assert (ctx.world, ctx.sequences) == (4, 1)
+        q, k = (torch.randn(b, t, h, dk, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        v = torch.randn(b, t, h, dv, dtype=torch.bfloat16, requires_grad=True)
+        g = torch.randn(b, t, h, dtype=torch.float32, requires_grad=True)
+        beta = torch.rand(b, t, h, dtype=torch.bfloat16, requires_grad=True)
+        x = torch.randn(b, t, d, dtype=torch.bfloat16, requires_grad=True)
+        weight = torch.randn(d, w, dtype=torch.bfloat16, requires_grad=True)
+        bias = torch.randn(d, dtype=torch.bfloat16, requires_grad=True)
+        saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+        def pack(t_):
+            saved.append((tuple(t_.shape), t_.dtype))
+            return t_
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t_: t_):
+            o, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, cp_context=ctx)
+        assert ((1, h, dk, dv), torch.float32) in saved and len(saved) == 9  # the eight of the kernel, the state
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t_: t_):
+            y, final = causal_conv1d(x=x, weight=weight, bias=bias, activation="silu", cp_context=ctx)
+        assert y.shape == x.shape and y.dtype == x.dtype and final is None
+        assert sorted(saved, key=repr) == sorted(
+            [((b, t, d), torch.bfloat16), ((d, w), torch.bfloat16), ((d,), torch.bfloat16), ((1, d, w), x.dtype)],
+            key=repr,
+        )
+        (o.float().sum() + y.float().sum()).backward()
+        for x_ in (q, k, v, g, beta, x, weight, bias):
+            assert x_.grad is not None and x_.grad.shape == x_.shape and x_.grad.dtype == x_.dtype
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_automodel
+def test_gated_deltanet_under_context_parallelism_runs_flas_cp_path_as_stand_ins():
+    """AutoModel's Qwen3.5 CP linear attention (qwen3_5_moe/cp_linear_attn.py) on two CP ranks, in the VLM step the
+    corpus's two Qwen3.5 CP recipes run: its own all-gathers
+    of the hidden states around fla's CP kernels (build_cp_context, the CP causal conv1d, the chunked kernel with the
+    state handed along), its position checks answered as the sharder lays the sequence out; the estimate within the
+    project's error."""
+    recipe = """recipe: FinetuneRecipeForVLM
+model:
+  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
+  pretrained_model_name_or_path: Qwen/Qwen3.5-35B-A3B
+  backend:
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: te
+    experts: torch_mm
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 1
+distributed:
+  strategy: fsdp2
+  cp_size: 2
+  ep_size: 2
+  activation_checkpointing: true
+freeze_config:
+  freeze_vision_tower: true
+"""
+    report = dry_run(recipe, seq_len=2048, num_layers=4, world_size=2)
+    rank = _only(report)
+    assert any("context-parallel path as stand-ins" in s for s in report.substitutions)
+    assert rank.shim_hits.get("fla_gated_delta_rule_stand_in")
+    assert report.estimate is not None and abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
 @needs_automodel
 def test_a_multimodal_class_trained_as_a_causal_lm_is_measured():
     """Qwen3.5-35B-A3B's config is multimodal (text_config, vision_config), as its LoRA benchmark recipes build it with

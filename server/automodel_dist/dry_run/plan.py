@@ -218,9 +218,11 @@ def plan_dry_run(
             "not measured"
         )
     if "linear" in spec.layer_attention and not w.force_hf and d.cp > 1:
-        blocking.append(
-            "Gated DeltaNet layers under context parallelism run fla's context-parallel kernel (fla.ops.cp), which the "
-            "dry run does not stand in (its chunked kernel only): not measured"
+        subs.append(
+            "Gated DeltaNet layers under context parallelism run fla's context-parallel path as stand-ins with its "
+            "shapes (stack/fla_gdn.py: build_cp_context, the CP causal conv1d with the previous rank's tail tokens, "
+            "the chunked kernel's state handed along the CP ranks and its all-gathers); AutoModel's own gathers of "
+            "the hidden states around them run as written"
         )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
@@ -238,6 +240,15 @@ def plan_dry_run(
         )
     subs.append(eager)
     fla_gdn = "linear" in spec.layer_attention and not w.force_hf  # transformers' own class keeps its torch loop
+    # AutoModel's MoE parallelizer sets up CP by importing TE's DotProductAttention whatever the attention backend
+    # (moe/parallelizer.py apply_cp): TE's module must import, as on the GPUs the recipes ran on
+    te_module = own_class and spec.is_moe and d.cp > 1 and (backend or {}).get("attn") != "te"
+    if te_module:
+        subs.append(
+            f"Transformer Engine importable (the stand-in's module) for AutoModel's MoE context-parallel setup, which "
+            f"imports its DotProductAttention whatever the backend; the attention runs as {backend.get('attn')}, "
+            "which that setup leaves without a CP group (AutoModel warns so on a GPU too)"
+        )
     if fla_gdn:
         subs.append(
             "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
@@ -297,6 +308,7 @@ def plan_dry_run(
         attn_implementation="eager" if eager_attn else None,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,
+        te_module=te_module,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,
         freeze_config=w.freeze_config if ctx.kind.recipe in FREEZE_CONFIG_RECIPES or media is not None else None,

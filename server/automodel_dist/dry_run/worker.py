@@ -153,6 +153,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # by comparing embeddings (a VLM pipeline's first stage): the dry run's batch writes each image's tokens from
         # the same grid its patches come from (stack/media.py); first, as the model forwards below enclose it
         ":get_placeholder_mask": lambda t: True if t.dtype == torch.bool else None,
+        # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and
+        # come back in place (torch.equal): the CP sharder hands every rank its share, as on a GPU
+        "cp_linear_attn.py:_undo_attention_load_balancing": True,
+        "cp_linear_attn.py:_redo_attention_load_balancing": True,
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
@@ -392,7 +396,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             result["status"] = "not_measured"
             result["reason"] = "the installed AutoModel or torch moved what the dry run hooks: " + "; ".join(broken)
             return result
-        if (spec.recipe.backend or {}).get("attn") == "te":
+        if (spec.recipe.backend or {}).get("attn") == "te" or spec.recipe.te_module:
             shims.install_te_attention()
         if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built

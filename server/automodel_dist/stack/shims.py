@@ -901,14 +901,21 @@ def _answer(table: dict[str, Any], what: str, arg: Any) -> tuple[str, Any]:
 
 @contextlib.contextmanager
 def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[None]:
-    """Answer ``.item()`` reads and data-dependent shapes from the tables (``site suffix -> value | fn(tensor)``)."""
+    """Answer ``.item()`` reads, ``torch.equal`` and data-dependent shapes from the tables (``site suffix -> value |
+    fn(tensor)``; an equality is asked of the items table with its first tensor)."""
     import torch
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     table = fake_impls.op_implementations_dict
     aten = torch.ops.aten
-    ops = (aten._local_scalar_dense.default, aten.item.default, aten.nonzero.default, aten.bincount.default)
+    ops = (
+        aten._local_scalar_dense.default,
+        aten.item.default,
+        aten.nonzero.default,
+        aten.bincount.default,
+        aten.equal.default,
+    )
     saved = {op: table.get(op) for op in ops}
 
     def item(fake_mode: Any, func: Any, arg: Any) -> Any:
@@ -938,9 +945,21 @@ def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[No
         SHAPES.hits += 1
         return arg.new_empty((minlength,), dtype=weights.dtype if weights is not None else torch.int64)
 
+    def equal_impl(fake_mode: Any, func: Any, a: Any, b: Any) -> Any:
+        if a.shape != b.shape:  # torch.equal's answer needs no value then
+            return False
+        site, value = _answer(items, "equal", a)
+        if value is None:
+            raise DataDependentOutputException(func)
+        record = CALLS.setdefault(f"equal@{site}", {"answer": bool(value), "calls": 0})
+        record["calls"] += 1
+        ITEM.hits += 1
+        return bool(value)
+
     table[ops[0]] = table[ops[1]] = item
     table[ops[2]] = nonzero_impl
     table[ops[3]] = bincount_impl
+    table[ops[4]] = equal_impl
     try:
         yield
     finally:

@@ -79,6 +79,7 @@ class Workload:
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
     attn_implementation: str | None = None  # model.attn_implementation (None: AutoModel's default, flash or SDPA)
     packed: bool = False  # packed_sequence.packed_sequence_size > 0 (the LLM recipes' has_packed_sequence)
+    vlm_packed: bool = False  # packed_sequence.pack_size > 0 in the VLM recipe (its packing collates)
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
     teacher: str | None = None
@@ -162,6 +163,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
     # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
     facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]
+    facts["vlm_packed"] = facts["vlm_step"] and is_positive_int(_get(recipe, "packed_sequence.pack_size"))
     frames = _get(recipe, "distributed.multimodal.vision.frame_sharding")
     if isinstance(frames, Mapping) and frames.get("enabled") is True:
         # CpVisionFrameShardingConfig's defaults

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
-from ..catalog.implementations import builds_own_class
+from ..catalog.implementations import builds_own_class, implementation
 from ..catalog.kernels import LOCAL_DISPATCHERS, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
@@ -218,12 +218,26 @@ def plan_dry_run(
             "not measured"
         )
     if "linear" in spec.layer_attention and not w.force_hf and d.cp > 1:
-        subs.append(
-            "Gated DeltaNet layers under context parallelism run fla's context-parallel path as stand-ins with its "
-            "shapes (stack/fla_gdn.py: build_cp_context, the CP causal conv1d with the previous rank's tail tokens, "
-            "the chunked kernel's state handed along the CP ranks and its all-gathers); AutoModel's own gathers of "
-            "the hidden states around them run as written"
-        )
+        impl = implementation(spec.architecture)
+        if impl is None or not impl.module.startswith(CP_GATED_DELTANET_MODULES):
+            blocking.append(
+                "Gated DeltaNet layers under context parallelism on a class without AutoModel's CP-aware layer "
+                "(qwen3_5_moe/cp_linear_attn.py) are not run by the dry run: not measured"
+            )
+        elif w.vlm_packed:
+            blocking.append(
+                "a packed VLM batch under context parallelism takes AutoModel's block-diagonal CP path (the packing "
+                "collate's _packed_seq_ids: each rank a contiguous share of many documents, its attention through "
+                "blockdiag_cp's flash-attn varlen kernels), which the dry run does not build (its VLM batches are "
+                "unpacked): not measured"
+            )
+        else:
+            subs.append(
+                "Gated DeltaNet layers under context parallelism run fla's context-parallel path as stand-ins with its "
+                "shapes (stack/fla_gdn.py: build_cp_context, the CP causal conv1d with the previous rank's tail "
+                "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
+                "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
+            )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:
@@ -242,12 +256,13 @@ def plan_dry_run(
     fla_gdn = "linear" in spec.layer_attention and not w.force_hf  # transformers' own class keeps its torch loop
     # AutoModel's MoE parallelizer sets up CP by importing TE's DotProductAttention whatever the attention backend
     # (moe/parallelizer.py apply_cp): TE's module must import, as on the GPUs the recipes ran on
-    te_module = own_class and spec.is_moe and d.cp > 1 and (backend or {}).get("attn") != "te"
+    attn = (backend or {}).get("attn")
+    te_module = own_class and spec.is_moe and d.cp > 1 and attn != "te"
     if te_module:
         subs.append(
             f"Transformer Engine importable (the stand-in's module) for AutoModel's MoE context-parallel setup, which "
-            f"imports its DotProductAttention whatever the backend; the attention runs as {backend.get('attn')}, "
-            "which that setup leaves without a CP group (AutoModel warns so on a GPU too)"
+            f"imports its DotProductAttention whatever the backend; the attention runs as {attn}, which that setup "
+            "leaves without a CP group (AutoModel warns so on a GPU too)"
         )
     if fla_gdn:
         subs.append(
@@ -382,6 +397,13 @@ def plan_dry_run(
         notes=notes,
         unmeasured_ranks=unmeasured,
     )
+
+
+# AutoModel's classes whose Gated DeltaNet layers run under CP (cp_linear_attn.CPAwareGatedDeltaNet); Qwen3-Next's
+# declares no CP support
+CP_GATED_DELTANET_MODULES = tuple(
+    f"nemo_automodel.components.models.{m}." for m in ("qwen3_5", "qwen3_5_moe", "qwen3_8_flash_next")
+)
 
 
 def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str | None:

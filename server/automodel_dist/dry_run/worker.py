@@ -150,13 +150,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     seq = spec.seq_len
     items: dict[str, Any] = {
         # transformers' check that the image placeholders match the image features, where the placeholders are found
-        # by comparing embeddings (a VLM pipeline's first stage): the dry run's batch writes each image's tokens from
-        # the same grid its patches come from (stack/media.py); first, as the model forwards below enclose it
+        # by comparing embeddings (a VLM pipeline's first stage): made on the known values before the schedule runs
+        # (stack/media.check_staged_images); first, as the model forwards below enclose it
         ":get_placeholder_mask": lambda t: True if t.dtype == torch.bool else None,
-        # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and
-        # come back in place (torch.equal): the CP sharder hands every rank its share, as on a GPU
-        "cp_linear_attn.py:_undo_attention_load_balancing": True,
-        "cp_linear_attn.py:_redo_attention_load_balancing": True,
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
@@ -164,6 +160,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # none; any other read there is refused
         "models/qwen3_5_moe/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
         "models/qwen3_5/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
+    }
+    equal = {  # torch.equal
+        # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and
+        # come back in place: the CP sharder hands every rank its share, as on a GPU (shims.FLA_CP)
+        "cp_linear_attn.py:_undo_attention_load_balancing": True,
+        "cp_linear_attn.py:_redo_attention_load_balancing": True,
     }
     with phases("setup"):
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
@@ -254,7 +256,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         shims.step_patches(),
         shims.local_dispatch(local),
         shims.te_cross_entropy() if spec.recipe.loss["name"] == "TEParallelCrossEntropy" else contextlib.nullcontext(),
-        shims.value_oracles(items, nonzero),
+        shims.value_oracles(items, nonzero, equal),
         fake_mode,
     ):
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
@@ -312,7 +314,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         known = contextlib.ExitStack()
         if spec.media is not None:
             known.enter_context(media.known_inputs(fake_mode))
-            known.enter_context(media.known_rope_index(parts, fake_mode))
+            if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
+                known.enter_context(media.known_rope_index(parts, fake_mode))
         with tracker, repeated_calls(tracker), known:
             step.train_step(
                 built,

@@ -19,14 +19,17 @@ v [B, T, H, V] in bf16, g fp32 and beta [B, T, H]; NT = T / 64):
                       backward's dk, dv, dbeta, fp32 dg, dg's reverse cumsum, l2norm's dq, dk
 (fla/ops/gated_delta_rule/chunk.py, fla/ops/common/chunk_o.py, chunk_delta_h.py, wy_fast.py)
 
-Under context parallelism (fla/ops/cp/chunk_delta_h.py, contiguous layout; HV heads, N local sequences, W CP ranks):
+Under context parallelism (fla/ops/cp/chunk_delta_h.py, contiguous layout, one sequence split over the CP ranks as
+AutoModel's unpacked CP path builds it; HV heads, W CP ranks):
   forward:            the rank's affine summary hm [HV, K, V + K] fp32 and its all-gather [W, HV, K, V + K] while the
-                      incoming state is merged; that state [N, HV, K, V] fp32 is kept for backward
-  backward:           dhm [HV, K, V + K] fp32, its all-gather [W, ...] and the incoming state gradient [N, HV, K, V]
-                      fp32, which lives until the state backward (chunk_gated_delta_rule_bwd_dhu) has run
+                      incoming state is merged; that state [1, HV, K, V] fp32 is kept for backward
+  backward:           dhm [HV, K, V + K] fp32 and its all-gather [W, ...] while the state gradient [1, HV, K, V] fp32
+                      is merged; that gradient lives to the end of the backward
+A packed batch (many documents in the CP context's boundaries) is refused: its per-document states are not stood in.
 Causal conv1d under CP (fla/modules/causal_conv1d/cp.py and ops.py, chunk 64): the previous rank's last W - 1 tokens
-as an initial state [N, D, W] kept for backward with x; forward y like x; backward the pre-activation output
-recomputed (like x), dx like x, and per-chunk fp32 weight and bias gradients [B * T / 64, D, W] summed to the weight's.
+as an initial state [1, D, W] kept for backward with x (fla builds it on every rank but the first: a few KiB);
+forward y like x; backward the pre-activation output recomputed (like x), dx like x, and per-chunk fp32 weight and
+bias gradients [B * T / 64, D, W] summed to the weight's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ import torch
 from .stand_in import stand_in_module
 
 CHUNK = 64
+on_cp_context: Any = (
+    None  # called at each build_cp_context (the dry run's shim counts the layers that ran fla's CP path)
+)
 
 
 def _states(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -53,12 +59,13 @@ def _rows(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.empty(x.shape[:3], dtype=dtype, device=x.device)
 
 
-def _cp_state(k: torch.Tensor, v: torch.Tensor, world: int, sequences: int) -> tuple[torch.Tensor, ...]:
-    """The rank's affine summary, its all-gather over the CP group and the state merged from it (fp32)."""
-    heads, dk, dv = k.shape[2], k.shape[3], v.shape[-1]
+def _cp_state(k: torch.Tensor, v: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
+    """The rank's affine summary, its all-gather over the CP group and the state merged from it (fp32; fla sizes
+    them by v's heads, HV)."""
+    heads, dk, dv = v.shape[2], k.shape[3], v.shape[-1]
     summary = torch.empty((heads, dk, dv + dk), dtype=torch.float32, device=k.device)
     gathered = torch.empty((world, heads, dk, dv + dk), dtype=torch.float32, device=k.device)
-    state = torch.empty((sequences, heads, dk, dv), dtype=torch.float32, device=k.device)
+    state = torch.empty((1, heads, dk, dv), dtype=torch.float32, device=k.device)
     return summary, gathered, state
 
 
@@ -78,11 +85,6 @@ class CPContext:
 
         return dist.get_world_size(self.group)
 
-    @property
-    def sequences(self) -> int:
-        # the global boundaries' count: each rank's share holds at most as many (one for an unpacked sequence)
-        return max(int(self.cu_seqlens.shape[0]) - 1, 1)
-
 
 def build_cp_context(
     cu_seqlens: torch.Tensor,
@@ -92,9 +94,14 @@ def build_cp_context(
     layout: str = "contiguous",
     **_: Any,
 ) -> CPContext:
-    """fla's signature; the stand-in keeps what its kernels size their buffers by (the group, the sequences)."""
+    """fla's signature; the stand-in keeps what its kernels size their buffers by (the group). One sequence only:
+    AutoModel's unpacked CP path hands [0, S]."""
     if layout != "contiguous":
         raise NotImplementedError(f"the dry run's fla stand-in has the contiguous CP layout only, not {layout!r}")
+    if cu_seqlens.shape[0] != 2:
+        raise NotImplementedError("the dry run's fla stand-in has one sequence under CP, not a packed batch")
+    if on_cp_context is not None:
+        on_cp_context()
     return CPContext(group, cu_seqlens, cu_seqlens_cpu, conv1d_kernel_size, layout)
 
 
@@ -102,9 +109,9 @@ class _CausalConv1dCP(torch.autograd.Function):
     """Shapes and memory of fla's context-parallel causal conv1d (``CausalConv1dFunctionCP``)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sequences: int) -> Any:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
         d, w = weight.shape
-        state = torch.empty((sequences, d, w), dtype=x.dtype, device=x.device)  # the previous rank's tail tokens
+        state = torch.empty((1, d, w), dtype=x.dtype, device=x.device)  # the previous rank's tail tokens
         ctx.save_for_backward(x, weight, *(() if bias is None else (bias,)), state)
         ctx.has_bias = bias is not None
         return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -121,7 +128,7 @@ class _CausalConv1dCP(torch.autograd.Function):
         if bias is not None:
             db = torch.empty((chunks, *bias.shape), dtype=torch.float32, device=x.device).sum(0).to(bias.dtype)
         del y
-        return dx, dw, db, None
+        return dx, dw, db
 
 
 def causal_conv1d(
@@ -140,7 +147,7 @@ def causal_conv1d(
         raise NotImplementedError(
             "the dry run's fla stand-in has the context-parallel causal conv1d of a training step"
         )
-    return _CausalConv1dCP.apply(x, weight, bias, cp_context.sequences), None
+    return _CausalConv1dCP.apply(x, weight, bias), None
 
 
 class _ChunkGatedDeltaRule(torch.autograd.Function):
@@ -155,7 +162,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         g: torch.Tensor,
         beta: torch.Tensor,
         l2norm: bool,
-        cp: tuple[int, int] | None,
+        cp: int | None,
     ) -> torch.Tensor:
         if l2norm:
             q, q_rstd = torch.empty_like(q), _rows(q)
@@ -168,7 +175,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         w, u = torch.empty_like(k), torch.empty_like(v)  # recompute_w_u_fwd
         h0 = None
         if cp is not None:  # chunk_gated_delta_rule_fwd_h_pre_process: the state handed on along the CP ranks
-            hm, gathered, h0 = _cp_state(k, v, *cp)
+            hm, gathered, h0 = _cp_state(k, v, cp)
             del hm, gathered
         h, v_new = _states(k, v), torch.empty_like(u)  # chunk_gated_delta_rule_fwd_h
         o = torch.empty_like(v)  # chunk_fwd_o
@@ -185,16 +192,15 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         w, u = torch.empty_like(k), torch.empty_like(v)
         h, v_new = _states(k, v), torch.empty_like(u)
         dv = torch.empty_like(do)  # chunk_bwd_dv_local
-        dht = None
+        dht = None  # lives to the end of fla's chunk_gated_delta_rule_bwd
         if ctx.cp is not None:  # chunk_gated_delta_rule_bwd_dhu_pre_process: the state gradient from the next ranks
-            dhm, gathered, dht = _cp_state(k, v, *ctx.cp)
+            dhm, gathered, dht = _cp_state(k, v, ctx.cp)
             del dhm, gathered
         dh, dv = _states(k, v), torch.empty_like(dv)  # chunk_gated_delta_rule_bwd_dhu
-        del dht
         dq, dk, dw, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(w), _rows(q)  # chunk_bwd_dqkwg
         dk2, dv, db, dg2 = torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta), _rows(q)  # wy bwd
         dg = torch.empty_like(dg)  # the reverse chunk-local cumsum
-        del w, u, h, v_new, dh, dw, dk2, dg2
+        del w, u, h, v_new, dh, dw, dk2, dg2, dht  # (chunk_gated_delta_rule_bwd returns)
         if ctx.l2norm:
             dq, dk = torch.empty_like(dq), torch.empty_like(dk)  # l2norm_bwd
         return dq, dk, dv, dg, db, None, None
@@ -217,7 +223,7 @@ def chunk_gated_delta_rule(
     """fla's signature (``cu_seqlens`` packs the batch into one row, as fla's varlen path does: same bytes)."""
     if initial_state is not None:
         raise NotImplementedError("the dry run's fla stand-in runs training steps only (no initial recurrent state)")
-    cp = None if cp_context is None else (cp_context.world, cp_context.sequences)
+    cp = None if cp_context is None else cp_context.world
     o = _ChunkGatedDeltaRule.apply(q, k, v, g, beta, bool(use_qk_l2norm_in_kernel), cp)
     final = None
     if output_final_state:

@@ -219,6 +219,29 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
             setattr(module, name, fn)
 
 
+def check_staged_images(hf_config: Any, input_ids: Any, grids: list[Any]) -> None:
+    """The check transformers' ``get_placeholder_mask`` makes on each microbatch (its image tokens against its image
+    features), made here on the known values: the pipeline's first stage finds the placeholders by comparing
+    embeddings, which fake tensors cannot, so the dry run answers that read true (dry_run/worker.py) and rests the
+    answer on this. ``grids`` are the microbatches' staged image grids, in order; the schedule splits the ids by
+    rows into as many microbatches."""
+    import torch
+
+    ids = getattr(input_ids, "constant", None)
+    known = [getattr(g, "constant", None) for g in grids]
+    if ids is None or any(g is None for g in known):
+        raise NotImplementedError("the staged images cannot be checked against the ids: their values are not known")
+    merge = int(getattr(hf_config.vision_config, "spatial_merge_size", 1) or 1) ** 2
+    for i, (rows, grid) in enumerate(zip(torch.tensor_split(ids, len(known)), known, strict=True)):
+        tokens = int((rows == hf_config.image_token_id).sum())
+        features = int(grid.prod(-1).sum()) // merge if grid.numel() else 0
+        if tokens != features:
+            raise ValueError(
+                f"microbatch {i}: {tokens} image tokens in the ids against {features} staged image features "
+                "(transformers' get_placeholder_mask raises for this)"
+            )
+
+
 @contextlib.contextmanager
 def known_rope_index(parts: list[Any], fake_mode: Any) -> Iterator[None]:
     """The models' own ``get_rope_index`` runs on its inputs' known values and hands back constants, where every tensor
@@ -243,13 +266,17 @@ def known_rope_index(parts: list[Any], fake_mode: Any) -> Iterator[None]:
 
         return run
 
+    saved = [(owner, owner.__dict__.get("get_rope_index")) for owner in owners]
     for owner in owners:
         owner.get_rope_index = wrap(owner.get_rope_index)  # an instance attribute over the class's method
     try:
         yield
     finally:
-        for owner in owners:
-            del owner.get_rope_index
+        for owner, before in saved:
+            if before is None:
+                del owner.get_rope_index
+            else:
+                owner.get_rope_index = before
 
 
 def _real(t: Any) -> bool:
@@ -306,4 +333,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["gemma3_batch", "qwen_batch", "known_inputs", "known_rope_index"]
+__all__ = ["check_staged_images", "gemma3_batch", "qwen_batch", "known_inputs", "known_rope_index"]

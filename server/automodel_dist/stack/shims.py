@@ -212,6 +212,35 @@ FLA_GDN = _register(
         )(),
     ),
 )
+FLA_CP = _register(
+    "fla_context_parallel_stand_in",
+    "forward",
+    "fla.ops.cp.build_cp_context, fla.modules.convolution.causal_conv1d and the chunked kernel's cp_context (stand-ins, "
+    "stack/fla_gdn.py) in AutoModel's Qwen3.5 CP linear attention, and its torch.equal position checks",
+    "Under context parallelism AutoModel's Qwen3.5 Gated DeltaNet layers (cp_linear_attn.CPAwareGatedDeltaNet) "
+    "gather the hidden states back to sequence order, check the gathered positions with torch.equal, and call fla's "
+    "CP context, CP causal conv1d and chunked kernel with it. The stand-ins keep what fla's CP path keeps; the checks "
+    "are answered true (the CP sharder hands each rank its share, as on a GPU).",
+    lambda: (
+        _file_has(
+            "nemo_automodel.components.models.qwen3_5_moe.cp_linear_attn", "from fla.ops.cp import build_cp_context"
+        )(),
+        _file_has(
+            "nemo_automodel.components.models.qwen3_5_moe.cp_linear_attn",
+            "from fla.modules.convolution import causal_conv1d as fla_causal_conv1d",
+        )(),
+        _source_has(
+            "nemo_automodel.components.models.qwen3_5_moe.cp_linear_attn:CPAwareGatedDeltaNet."
+            "_undo_attention_load_balancing",
+            "torch.equal(sorted_positions, expected_positions)",
+        )(),
+        _source_has(
+            "nemo_automodel.components.models.qwen3_5_moe.cp_linear_attn:CPAwareGatedDeltaNet."
+            "_redo_attention_load_balancing",
+            "torch.equal(restored_positions, original_positions)",
+        )(),
+    ),
+)
 CUDA_STREAM = _register(
     "cuda_stream_for_cp",
     "build",
@@ -272,6 +301,11 @@ def install_fla_gdn() -> None:
 
     if fla_gdn.install():
         FLA_GDN.hits += 1
+
+    def counted() -> None:
+        FLA_CP.hits += 1
+
+    fla_gdn.on_cp_context = counted
 
 
 LOCAL_DISPATCH = _register(
@@ -900,9 +934,11 @@ def _answer(table: dict[str, Any], what: str, arg: Any) -> tuple[str, Any]:
 
 
 @contextlib.contextmanager
-def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[None]:
-    """Answer ``.item()`` reads, ``torch.equal`` and data-dependent shapes from the tables (``site suffix -> value |
-    fn(tensor)``; an equality is asked of the items table with its first tensor)."""
+def value_oracles(
+    items: dict[str, Any], nonzero: dict[str, Any], equal: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Answer ``.item()`` reads, data-dependent shapes and ``torch.equal`` from the tables (``site suffix -> value |
+    fn(tensor)``; an equality's function gets its first tensor)."""
     import torch
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -948,7 +984,7 @@ def value_oracles(items: dict[str, Any], nonzero: dict[str, Any]) -> Iterator[No
     def equal_impl(fake_mode: Any, func: Any, a: Any, b: Any) -> Any:
         if a.shape != b.shape:  # torch.equal's answer needs no value then
             return False
-        site, value = _answer(items, "equal", a)
+        site, value = _answer(equal or {}, "equal", a)
         if value is None:
             raise DataDependentOutputException(func)
         record = CALLS.setdefault(f"equal@{site}", {"answer": bool(value), "calls": 0})

@@ -435,7 +435,6 @@ def _microbatch(
 def _pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, pad_token_id: int) -> Any:
     """The pipeline branch of train_ft's ``_forward_backward_step``: this rank's stages run the schedule on the
     local batch; returns the sum of the last stage's microbatch losses (0 on other ranks)."""
-    import torch
     from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
 
     info = built.model.info
@@ -460,9 +459,7 @@ def _pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, p
                 info.schedule.step(input_ids, target=targets, losses=losses, **rest)
             else:
                 info.schedule.step(target=targets, losses=losses, **rest)
-    if info.has_last_stage and losses:
-        return torch.sum(torch.stack(losses)).detach()
-    return torch.tensor(0.0)
+    return _stage_loss(info, losses)
 
 
 def _pp_media() -> Any:
@@ -477,7 +474,9 @@ def _pp_media() -> Any:
     name = "nemo_automodel.components.datasets.vlm.pp_media"
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("nemo_automodel"):
+            raise  # AutoModel moved the file: the dry run's shim checks say so
         if name in sys.modules:
             return sys.modules[name]
         import nemo_automodel
@@ -501,6 +500,8 @@ def _vlm_pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseF
     from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
     from nemo_automodel.components.utils.model_utils import VLM_INPUT_KEYS
 
+    from .media import check_staged_images
+
     pp_media = _pp_media()
     prepare_vlm_media_for_pp, stage_vlm_media_for_pp = (
         pp_media.prepare_vlm_media_for_pp,
@@ -509,11 +510,14 @@ def _vlm_pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseF
     pipeline, info, mesh = built.model, built.model.info, built.mesh
     n_microbatches = pipeline.pp_batch_size // max(pipeline.pp_microbatch_size, 1)
     batch = prepare_vlm_media_for_pp(dict(batch), batch_size=batch["input_ids"].shape[0], n_microbatches=n_microbatches)
+    staged_media = batch.get(pp_media.VLM_PP_MEDIA_KEY)
+    if staged_media and "image_grid_hws" in staged_media:
+        check_staged_images(built.hf_config, batch["input_ids"], staged_media["image_grid_hws"])
     chunk_dims = getattr(built.parts[0], "get_pipeline_kwargs_chunk_dims", None)
     if "position_ids" in batch and not (callable(chunk_dims) and "position_ids" in chunk_dims(batch)):
-        # the multimodal positions were computed ahead (stack/media.py); the default VLM collate hands none and the
-        # model computes them per microbatch, and the schedule would split a [3, batch, seq] tensor on its first axis
-        # where the model does not say to split it on the batch axis (the packed collates' positions need that)
+        # the multimodal positions were computed ahead (stack/media.py); the dry run's VLM batch is unpacked, and the
+        # default collate hands an unpacked batch no positions: the model computes them per microbatch (a [3, batch,
+        # seq] tensor the model does not split by batch would be split on its first axis by the schedule)
         del batch["position_ids"]
     cp = mesh is not None and "cp" in mesh.mesh_dim_names and mesh["cp"].size() > 1
     if cp and not info.has_first_stage and hasattr(built.parts[0], "prepare_model_inputs_for_cp"):
@@ -545,6 +549,13 @@ def _vlm_pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseF
             f"{type(built.parts[0]).__name__} took {taken or 0} of the {n_microbatches} microbatches' staged images "
             "under pipeline parallelism (AutoModel's pp_media staging): its images would not reach the vision tower"
         )
+    return _stage_loss(info, losses)
+
+
+def _stage_loss(info: Any, losses: list[Any] | None) -> Any:
+    """The rank's loss for the loss buffer: the sum of its last stage's microbatch losses (0 on other ranks)."""
+    import torch
+
     if info.has_last_stage and losses:
         return torch.sum(torch.stack(losses)).detach()
     return torch.tensor(0.0)

@@ -227,7 +227,7 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
                 batches,
                 num_label_tokens=num_label_tokens,
                 clip_grad_norm=spec.recipe.clip_grad_norm,
-                step_optimizer=not spec.recipe.optimizer["state_dtype"],
+                step_optimizer=spec.recipe.steps_optimizer,
             )
             if cuda:
                 torch.cuda.synchronize()

@@ -328,9 +328,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                     "after_forward", categories(tracker.get_tracker_snapshot("current"))
                 ),
                 before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
-                # the stand-in for TE's FusedAdam holds its fp32 states, which torch's Adam cannot step against
-                # bf16 gradients; TE's fused kernel updates them in place, with no temporaries to measure
-                step_optimizer=not spec.recipe.optimizer["state_dtype"],
+                step_optimizer=spec.recipe.steps_optimizer,
             )
         peak = categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = module_views(tracker)

@@ -60,6 +60,13 @@ class StackRecipe(BaseModel):
     vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step
     freeze_config: dict[str, Any] | None = None  # the recipe's freeze_config: section, as its build_model passes it
 
+    @property
+    def steps_optimizer(self) -> bool:
+        """Whether the step runs the optimizer's own step: the stand-in for TE's FusedAdam (a ``state_dtype``) holds
+        its fp32 states, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates them in
+        place, with no temporaries to measure."""
+        return not self.optimizer["state_dtype"]
+
 
 def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False) -> dict[str, Any]:
     """model.backend as the dry run (``values`` False: fake tensors, memory) or the smoke run (``values``: real

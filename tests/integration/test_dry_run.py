@@ -618,6 +618,90 @@ def test_a_multimodal_class_trained_as_a_causal_lm_is_measured():
 
 
 @needs_automodel
+def test_the_mamba_ssm_stand_in_keeps_what_its_fused_kernel_keeps():
+    """stack/mamba_ssd.py against mamba_ssm 2.3.2's MambaSplitConv1dScanCombinedFn (ops/triton/ssd_combined.py) as
+    AutoModel's Nemotron-H mixer calls it (fused gated RMSNorm and out_proj): forward saves zxbcdt itself, the scan's
+    output [b, s, h, p] in zxbcdt's dtype and the norm's fp32 rstd [groups * b * s] besides the weights; backward
+    returns a gradient of each input's shape and dtype."""
+    torch = pytest.importorskip("torch")
+    from automodel_dist.stack.mamba_ssd import mamba_split_conv1d_scan_combined
+
+    b, s, h, p, g, n, hidden, width = 2, 256, 8, 16, 2, 32, 96, 4
+    dim, conv = h * p, h * p + 2 * g * n
+    zxbcdt = torch.randn(b, s, 2 * dim + 2 * g * n + h, dtype=torch.bfloat16, requires_grad=True)
+    conv_w = torch.randn(conv, width, dtype=torch.bfloat16, requires_grad=True)
+    conv_b = torch.randn(conv, dtype=torch.bfloat16, requires_grad=True)
+    dt_bias, a_, d_ = (torch.randn(h, requires_grad=True) for _ in range(3))
+    norm_w = torch.randn(dim, dtype=torch.bfloat16, requires_grad=True)
+    out_w = torch.randn(hidden, dim, dtype=torch.bfloat16, requires_grad=True)
+    weights = {x.untyped_storage().data_ptr() for x in (conv_w, conv_b, dt_bias, a_, d_, norm_w, out_w)}
+    saved: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
+
+    def pack(x):
+        if x.untyped_storage().data_ptr() not in weights:
+            saved.append(
+                (tuple(x.shape), x.dtype, x.untyped_storage().data_ptr() == zxbcdt.untyped_storage().data_ptr())
+            )
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        y = mamba_split_conv1d_scan_combined(
+            zxbcdt,
+            conv_w,
+            conv_b,
+            dt_bias,
+            a_,
+            D=d_,
+            chunk_size=64,
+            activation="silu",
+            rmsnorm_weight=norm_w,
+            rmsnorm_eps=1e-5,
+            outproj_weight=out_w,
+            outproj_bias=None,
+            headdim=p,
+            ngroups=g,
+            norm_before_gate=False,
+        )
+    assert y.shape == (b, s, hidden) and y.dtype == torch.bfloat16
+    assert sorted(saved, key=repr) == sorted(
+        [
+            (tuple(zxbcdt.shape), torch.bfloat16, True),  # zxbcdt, in_proj's output itself
+            ((b, s, h, p), torch.bfloat16, False),  # the scan's output (out_x)
+            ((g * b * s,), torch.float32, False),  # the gated RMSNorm's rstd
+        ],
+        key=repr,
+    )
+    y.float().sum().backward()
+    for x in (zxbcdt, conv_w, conv_b, dt_bias, a_, d_, norm_w, out_w):
+        assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+
+
+def test_the_mamba_ssm_stand_in_splits_its_reductions_as_the_kernels_do():
+    """nsplits of mamba_ssm's dB / dC / dCB kernels: heads per program = max(min(ceil(b * chunks * heads / SMs),
+    heads per group), 1), splits = ceil(heads per group / that); on an H100's 132 SMs Nemotron-3-Nano at 2,048 tokens
+    (16 chunks of 128, 64 heads in 8 groups) needs one split, a 256-token one (2 chunks) eight."""
+    from automodel_dist.stack.mamba_ssd import _splits
+
+    assert _splits(1, 16, 64, 8) == 1
+    assert _splits(1, 2, 64, 8) == 8  # ceil(128 / 132) = 1 head a program: 8 splits
+
+
+def test_nemotron_h_runs_mamba_ssms_kernel_as_the_stand_in():
+    """AutoModel's Nemotron-H mixers import mamba_ssm's fused kernel in forward: the dry run puts the stand-in there,
+    says so, and measures the rank; every Mamba layer ran it (the shim's count), and the estimate keeps to it."""
+    report = dry_run(
+        "distributed:\n  ep_size: 2\n",
+        world_size=2,
+        model="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        seq_len=256,
+        num_layers=5,  # MEMEM: three Mamba layers, two MoE
+        micro_batch_size=1,
+    )
+    rank = _only(report)
+    assert rank.peak_allocated_gib > 0 and rank.shim_hits.get("mamba_ssd_stand_in") == 3
+    assert any("mamba_ssm's fused conv1d + SSD scan" in x for x in report.substitutions)
+
+
 def test_qwen3_next_runs_flas_kernel_as_the_stand_in():
     """AutoModel's Qwen3-Next binds fla's chunked kernel at build time: the dry run puts the stand-in there, says so,
     and measures the rank (transformers' torch loop, the fallback without fla, is not what a GPU job with

@@ -176,10 +176,6 @@ def test_sample_agrees_per_category():
 NOT_MEASURED: dict[str, str] = {
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
-    "llm_finetune/nemotron/customizer_nemotron_nano_full_sft.yaml": "dry run failed: Nemotron-H's Mamba layers import "
-    "mamba_ssm (a CUDA extension), which is not installed here",
-    "llm_finetune/nemotron/nemotron_nano_v3_hellaswag_peft_te.yaml": "dry run failed: Nemotron-H's Mamba layers import "
-    "mamba_ssm (a CUDA extension), which is not installed here",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
     "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
     "run does not build (the plan runs no rank)",

@@ -264,6 +264,15 @@ def plan_dry_run(
             f"imports its DotProductAttention whatever the backend; the attention runs as {attn}, which that setup "
             "leaves without a CP group (AutoModel warns so on a GPU too)"
         )
+    mamba_ssm = (
+        own_class and "mamba" in spec.layer_types
+    )  # AutoModel's Nemotron-H mixer; transformers' has a torch path
+    if mamba_ssm:
+        subs.append(
+            "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "
+            "with its shapes (stack/mamba_ssd.py: what it keeps for backward, its chunk states and workspaces while "
+            "they live, as mamba_ssm 2.3.2 allocates them; split reductions sized for an H100's 132 SMs)"
+        )
     if fla_gdn:
         subs.append(
             "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
@@ -323,6 +332,7 @@ def plan_dry_run(
         attn_implementation="eager" if eager_attn else None,
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,
+        mamba_ssm=mamba_ssm,
         te_module=te_module,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,

@@ -401,6 +401,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_te_attention()
         if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
+        if spec.recipe.mamba_ssm:
+            shims.install_mamba_ssd()  # AutoModel's Mamba-2 mixers import mamba_ssm's kernel in forward
         shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
         if spec.depth is not None and len(measured) == 2:

@@ -49,14 +49,15 @@ materialises no logits; the chunked one a 512-token chunk and fp32 and bf16 weig
 final logit softcap keeps one more copy of the logits (its tanh's output).
 
 Hybrid Mamba models (Nemotron-H: one norm and one mixer per layer, no TP plan in AutoModel) count
-each layer's own parameters, and per token half a transformer layer's norm/residual share (``8h``)
-plus what its mixer saves: Mamba-2 through AutoModel's fused ``mamba_split_conv1d_scan_combined``
-keeps its ``zxbcdt`` input and the scan output (``2*(2*inner + 2*groups*state + heads) + 2*inner``,
-``+8*inner`` under CP, where the gated norm and out_proj run outside the kernel); attention
-``8h + 8d + 4a + 8``; the relu2 MLP ``6I``; MoE ``6kI + 6kh + 4E + 6S``. These follow the saved
-tensors of the kernels AutoModel calls. Activation checkpointing: with ep_size 1 the class's own
-FSDP2 policy wraps only its Mamba and MLP blocks (in any mode); with ep_size > 1 the MoE path wraps
-every block (``selective`` is counted as not checkpointing).
+each layer's own parameters, and per token the norm's input and output (``4h``) plus what its mixer
+saves: Mamba-2 through AutoModel's fused ``mamba_split_conv1d_scan_combined`` keeps its ``zxbcdt``
+input, the scan output and the gated norm's fp32 rstd (``2*(2*inner + 2*groups*state + heads) +
+2*inner + 4*groups``, ``+8*inner`` under CP, where the gated norm and out_proj run outside the
+kernel); attention ``4q + 4kv + 4a``; the relu2 MLP ``4I``; MoE ``2kh + 4kI`` with trained experts
+(``2kI`` frozen), ``4S`` for the shared expert, ``4E`` and, where the fp32 gate trains, ``4h``
+(``_hybrid_act_per_token``: AutoModel's step on fake tensors, layer kind by layer kind). Activation
+checkpointing: with ep_size 1 the class's own FSDP2 policy wraps only its Mamba and MLP blocks (in
+any mode); with ep_size > 1 the MoE path wraps every block (``selective`` is counted as not checkpointing).
 
 Four moments compete for the peak: the start of backward (every activation, the gathered units and
 the loss temporaries; gradients were freed by the last step's zero_grad, except an earlier accumulation
@@ -269,20 +270,36 @@ def _state_shards(p: ParallelDims) -> tuple[float, float, float, float]:
     return n, n, n, float(p.ep_shard)
 
 
-def _hybrid_act_per_token(m: ModelSpec, p: ParallelDims, kind: str, comp_bytes: int) -> tuple[float, float]:
-    """(saved, not-checkpointed) bytes per local token of one hybrid layer (see the module docstring)."""
+def _hybrid_act_per_token(
+    m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int
+) -> tuple[float, float]:
+    """(saved, not-checkpointed) bytes per local token of one hybrid layer (see the module docstring). AutoModel's
+    Nemotron-H step on fake tensors (the dry run, with its mamba_ssm stand-in), layer by layer on Nemotron-3-Nano, full
+    fine-tuning at 2,048 tokens and LoRA at 4,096: every kind keeps its norm's input and output (``4h``) and
+    - Mamba-2: what the fused kernel keeps (in_proj's output, the scan's output, the gated norm's fp32 rstd per
+      group), ``+8*inner`` under CP, where the gated norm and out_proj run outside the kernel;
+    - attention: q, k, v, the output and its fp32 log-sum-exp (``4q + 4kv + 4a``);
+    - relu2 MLP: the up projection's and the activation's outputs;
+    - MoE: per routed copy (k a token) the permuted input and the activation's input and output where the experts
+      train, only the activation's input where they are frozen; the shared expert's up and activation outputs; the
+      router's fp32 logits, and its fp32 input where the gate trains (Nemotron-H's gate runs in fp32)."""
     h, scale = m.hidden_size, comp_bytes / 2.0
+    act_in = 4 if m.gated_mlp else 2  # bytes a token of intermediate width the activation keeps (gate and up: 4)
     if kind == "mamba":
         inner = m.mamba_inner
         mixer = 2 * m.mamba_in_proj_width + 2 * inner + 4 * m.mamba_n_groups + (8 * inner if p.cp > 1 else 0)
     elif kind == "attention":
-        mixer = _attention_act(m, 1)
+        q, kv = m.num_attention_heads * m.hd, m.num_key_value_heads * m.hd
+        mixer = 4 * q + 4 * kv + 4 * m.num_attention_heads
     elif kind == "mlp":
-        mixer = 6 * m.intermediate_size
+        mixer = (act_in + 2) * m.intermediate_size
     else:
-        k = max(m.experts_per_token, 1)
-        mixer = 6 * k * m.moe_intermediate_size + 6 * k * h + 4 * m.num_experts + 6 * m.shared_expert_intermediate_size
-    plain = (8 * h + mixer) * scale
+        ki, kh = max(m.experts_per_token, 1) * m.moe_intermediate_size, max(m.experts_per_token, 1) * h
+        trained = tr.lora is None or bool(tr.lora.experts(kind))
+        routed = (2 * kh + (act_in + 2) * ki) if trained else act_in * ki
+        gate = 4 * m.num_experts + (4 * h if tr.lora is None else 0)
+        mixer = routed + (act_in + 2) * m.shared_expert_intermediate_size + gate
+    plain = (4 * h + mixer) * scale
     if not p.ac_applied:
         return plain, plain
     wrapped = kind in ("mamba", "mlp") if p.ep <= 1 else p.ac_applied is True
@@ -400,7 +417,7 @@ def _act_per_token(
 ) -> tuple[float, float]:
     """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
     if m.is_hybrid:
-        return _hybrid_act_per_token(m, p, kind, comp_bytes)
+        return _hybrid_act_per_token(m, p, tr, kind, comp_bytes)
     h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
     a = m.num_attention_heads
     scale = comp_bytes / 2.0  # the terms are bf16 bytes

@@ -55,6 +55,7 @@ class StackRecipe(BaseModel):
     fla_gdn: bool = (
         False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)
     )
+    mamba_ssm: bool = False  # the dry run's stand-in for mamba_ssm's fused Mamba-2 kernel (AutoModel's Nemotron-H)
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
     vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step

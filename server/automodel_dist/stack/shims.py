@@ -212,6 +212,29 @@ FLA_GDN = _register(
         )(),
     ),
 )
+MAMBA_SSD = _register(
+    "mamba_ssd_stand_in",
+    "forward",
+    "mamba_ssm.ops.triton.ssd_combined.mamba_split_conv1d_scan_combined and layernorm_gated.rmsnorm_fn (stand-in "
+    "modules, stack/mamba_ssd.py)",
+    "AutoModel's Nemotron-H Mamba-2 mixers (nemotron_v3/layers.py) import mamba_ssm's fused conv1d + SSD scan + gated "
+    "RMSNorm + out_proj kernel in their training forward, and its gated RMSNorm under context parallelism; mamba_ssm "
+    "needs Triton on CUDA and causal_conv1d's CUDA extension. The stand-in takes mamba_ssm's call and keeps what its "
+    "kernel keeps for backward (in_proj's output, the scan's output, the norm's fp32 rstd) and its conv output, chunk "
+    "cumsums, chunk states and C^T B while they live, forward and backward.",
+    lambda: (
+        _source_has(
+            "nemo_automodel.components.models.nemotron_v3.layers:NemotronV3Mamba2Mixer.forward",
+            "from mamba_ssm.ops.triton.ssd_combined import mamba_split_conv1d_scan_combined",
+            "rmsnorm_weight=self.norm.weight",
+            "outproj_weight=self.out_proj.weight",
+        )(),
+        _source_has(
+            "nemo_automodel.components.models.nemotron_v3.layers:NemotronV3MambaRMSNormGated.forward",
+            "from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn",
+        )(),
+    ),
+)
 FLA_CP = _register(
     "fla_context_parallel_stand_in",
     "forward",
@@ -306,6 +329,19 @@ def install_fla_gdn() -> None:
         FLA_CP.hits += 1
 
     fla_gdn.on_cp_context = counted
+
+
+def install_mamba_ssd() -> None:
+    """Put the mamba_ssm stand-in in place before the step (AutoModel's Mamba-2 mixers import it in forward); its
+    calls are counted."""
+    from . import mamba_ssd
+
+    mamba_ssd.install()
+
+    def counted() -> None:
+        MAMBA_SSD.hits += 1
+
+    mamba_ssd.on_call = counted
 
 
 LOCAL_DISPATCH = _register(
@@ -1142,6 +1178,7 @@ __all__ = [
     "import_automodel",
     "install_te_attention",
     "install_fla_gdn",
+    "install_mamba_ssd",
     "install_compiled_activations",
     "liger_stand_in",
     "local_dispatch",

@@ -620,9 +620,9 @@ def test_a_multimodal_class_trained_as_a_causal_lm_is_measured():
 @needs_automodel
 def test_the_mamba_ssm_stand_in_keeps_what_its_fused_kernel_keeps():
     """stack/mamba_ssd.py against mamba_ssm 2.3.2's MambaSplitConv1dScanCombinedFn (ops/triton/ssd_combined.py) as
-    AutoModel's Nemotron-H mixer calls it (fused gated RMSNorm and out_proj): forward saves zxbcdt itself, the scan's
-    output [b, s, h, p] in zxbcdt's dtype and the norm's fp32 rstd [groups * b * s] besides the weights; backward
-    returns a gradient of each input's shape and dtype."""
+    AutoModel's Nemotron-H mixer calls it (fused gated RMSNorm and out_proj; under CP neither): forward saves zxbcdt
+    itself, the scan's output [b, s, h, p] in zxbcdt's dtype and the norm's fp32 rstd [groups * b * s] besides the
+    weights; backward returns a gradient of each input's shape and dtype."""
     torch = pytest.importorskip("torch")
     from automodel_dist.stack.mamba_ssd import mamba_split_conv1d_scan_combined
 
@@ -674,6 +674,20 @@ def test_the_mamba_ssm_stand_in_keeps_what_its_fused_kernel_keeps():
     y.float().sum().backward()
     for x in (zxbcdt, conv_w, conv_b, dt_bias, a_, d_, norm_w, out_w):
         assert x.grad is not None and x.grad.shape == x.shape and x.grad.dtype == x.dtype
+    # AutoModel's CP path: neither the norm nor out_proj in the kernel; the scan gates with z, returns [b, s, dim]
+    # and keeps the ungated output (out_x) for backward, no rstd
+    saved.clear()
+    zxbcdt.grad = None
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        y = mamba_split_conv1d_scan_combined(
+            zxbcdt, conv_w, conv_b, dt_bias, a_, D=d_, chunk_size=64, headdim=p, ngroups=g, norm_before_gate=False
+        )
+    assert y.shape == (b, s, dim) and y.dtype == torch.bfloat16
+    assert sorted(saved, key=repr) == sorted(
+        [(tuple(zxbcdt.shape), torch.bfloat16, True), ((b, s, h, p), torch.bfloat16, False)], key=repr
+    )
+    y.float().sum().backward()
+    assert zxbcdt.grad is not None and zxbcdt.grad.shape == zxbcdt.shape
 
 
 def test_the_mamba_ssm_stand_in_splits_its_reductions_as_the_kernels_do():
@@ -700,6 +714,22 @@ def test_nemotron_h_runs_mamba_ssms_kernel_as_the_stand_in():
     rank = _only(report)
     assert rank.peak_allocated_gib > 0 and rank.shim_hits.get("mamba_ssd_stand_in") == 3
     assert any("mamba_ssm's fused conv1d + SSD scan" in x for x in report.substitutions)
+
+
+def test_nemotron_h_under_context_parallelism_runs_its_cp_mixer_path():
+    """Under CP AutoModel's Nemotron-H mixer exchanges heads for sequence (MambaContextParallel) around the kernel and
+    runs the gated norm and out_proj outside it: the stand-in's unfused path, once per Mamba layer and microbatch."""
+    report = dry_run(
+        "distributed:\n  cp_size: 2\n",
+        world_size=2,
+        model="nvidia/Nemotron-H-8B-Base-8K",
+        seq_len=256,
+        num_layers=4,  # M-M-: two Mamba layers
+        micro_batch_size=1,
+        global_batch_size=1,
+    )
+    rank = _only(report)
+    assert rank.peak_allocated_gib > 0 and rank.shim_hits.get("mamba_ssd_stand_in") == 2
 
 
 def test_qwen3_next_runs_flas_kernel_as_the_stand_in():

@@ -29,9 +29,9 @@ MIN_LAYERS = 3
 
 
 def _whole_is_less_work(first: float, second: float, whole: float) -> bool:
-    """Whether one whole build runs fewer layers (or stages) than the two shallow builds together: then it is built
-    whole, which is faster and extrapolates nothing."""
-    return first + second > whole
+    """Whether one whole build runs no more layers (or stages) than the two shallow builds together: then it is built
+    whole, which is faster (one build, one step) and extrapolates nothing."""
+    return first + second >= whole
 
 
 @dataclass(frozen=True)

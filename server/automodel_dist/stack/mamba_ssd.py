@@ -5,7 +5,8 @@ import both inside their forward; mamba_ssm (AutoModel's ``cuda`` extra) needs T
 extension. Only the dry run's worker imports this module: the values it returns are not the scan's.
 
 Memory model (mamba_ssm 2.3.2 ``MambaSplitConv1dScanCombinedFn`` with causal_conv1d 1.7.0, as AutoModel's training
-path calls it: no initial state, no ``seq_idx``, the gated RMSNorm and out_proj fused, no non-SSM part). b sequences of
+path calls it: no initial state, no non-SSM part; the gated RMSNorm and out_proj fused, or, under context parallelism,
+the gate applied by the scan and both left to the caller). b sequences of
 s tokens; h heads of p, g groups of state n, ``dim = h p``, ``conv = dim + 2 g n``, chunks of c tokens (N = s / c),
 ``zxbcdt`` [b, s, 2 dim + 2 g n + h] in_proj's output:
 
@@ -13,7 +14,9 @@ s tokens; h heads of p, g groups of state n, ``dim = h p``, ``conv = dim + 2 g n
              [b, N, h, p, n] fp32, passed along the chunks into a copy in the input's dtype with fp32 final states
              [b, h, p n]; C^T B per chunk [b, N, g, c, c] fp32; the scan's output [b, s, h, p]; the norm's output
              [b s, dim] and its fp32 rstd [g b s]; out_proj's output.
-  saved:     zxbcdt, the scan's output and rstd (with the weights).
+  saved:     zxbcdt, the scan's output and rstd (with the weights and ``seq_idx``).
+  unfused:   the scan returns its gated output and keeps the ungated one [b, s, h, p]; no norm, no out_proj, no
+             recomputed output; backward adds the scan's output gradient before the gate [b, s, h, p].
   backward:  the norm's output recomputed [b, s, dim]; the conv output recomputed; dzxbcdt like zxbcdt and dxBC
              [b, s, conv]; the incoming gradient through out_proj [b, s, dim]; the norm's backward (dx like its input,
              fp32 weight partials per row group); the scan's backward: dt cloned, the chunk cumsums, C^T B, the fp32
@@ -22,7 +25,8 @@ s tokens; h heads of p, g groups of state n, ``dim = h p``, ``conv = dim + 2 g n
              fp32, the stable ddA workspace [b, h, N, c / 16, c] fp32; out_proj's weight gradient; the conv's fp32
              weight and bias gradients.
 
-Workspaces that scale with neither the tokens nor the chunks (per head, per SM) are left out. ``splits`` follows the
+Where zxbcdt's width is not a multiple of 8, ensure_stride's copy of xBC lives while each conv call runs. Workspaces
+that scale with neither the tokens nor the chunks (per head, per SM) are left out. ``splits`` follows the
 kernels' own rule from the GPU's SM count (``SM_COUNT``: an H100's 132).
 (mamba_ssm/ops/triton/ssd_combined.py, ssd_chunk_state.py, ssd_state_passing.py, ssd_bmm.py, ssd_chunk_scan.py,
 layernorm_gated.py; causal_conv1d/cpp_functions.py)
@@ -75,7 +79,12 @@ class _Dims:
             )
         self.c = c
         self.nc = -(-self.s // c)
-        self.device = zxbcdt.device
+        self.device, self.dtype = zxbcdt.device, zxbcdt.dtype
+        self.aligned = width % 8 == 0  # ensure_stride copies xBC for causal_conv1d where its row stride is not
+
+    def conv_input(self) -> torch.Tensor | None:
+        """ensure_stride's copy of xBC, alive while causal_conv1d runs on it (None: no copy)."""
+        return None if self.aligned else self.empty(self.b, self.s, self.conv, dtype=self.dtype)
 
     def empty(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device)
@@ -91,7 +100,9 @@ class _Dims:
 
 
 class _SplitConv1dScan(torch.autograd.Function):
-    """Shapes and memory of mamba_ssm's MambaSplitConv1dScanCombinedFn (module docstring); values are not the scan's."""
+    """Shapes and memory of mamba_ssm's MambaSplitConv1dScanCombinedFn (module docstring); values are not the scan's.
+    ``fused``: the gated RMSNorm and out_proj inside the kernel (AutoModel's path without CP), else the gate ``z``
+    applied by the scan and the raw output returned (its CP path, whose norm and out_proj run outside)."""
 
     @staticmethod
     def forward(
@@ -102,85 +113,105 @@ class _SplitConv1dScan(torch.autograd.Function):
         dt_bias: torch.Tensor,
         A: torch.Tensor,
         D: torch.Tensor,
-        rmsnorm_weight: torch.Tensor,
-        outproj_weight: torch.Tensor,
+        seq_idx: torch.Tensor | None,
+        rmsnorm_weight: torch.Tensor | None,
+        outproj_weight: torch.Tensor | None,
         outproj_bias: torch.Tensor | None,
         meta: tuple[int, int, int, int],
     ) -> torch.Tensor:
         nheads, headdim, ngroups, chunk = meta
+        fused = outproj_weight is not None
         d = _Dims(zxbcdt, conv_weight, nheads, headdim, ngroups, chunk)
         dt_ = zxbcdt.dtype
+        copy = d.conv_input()
         xbc_conv = d.empty(d.b, d.s, d.conv, dtype=dt_)  # causal_conv1d_fwd_function: empty_like(xBC)
+        del copy
         dt_out, da_cumsum = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
         states = d.states(F32)  # _chunk_state_fwd, states_in_fp32
         passed, final = d.states(dt_), d.empty(d.b, d.h, d.p * d.n, dtype=F32)  # _state_passing_fwd(out_dtype=C's)
         del states
         cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
-        out_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd
+        out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
+        out_x = out if fused else d.empty(d.b, d.s, d.h, d.p, dtype=dt_)
         del cb  # local to _mamba_chunk_scan_combined_fwd
-        normed = d.empty(d.b * d.s, d.dim, dtype=dt_)  # _layer_norm_fwd: empty_like(x)
-        rstd = d.empty(d.g * d.b * d.s, dtype=F32)
-        out = torch.nn.functional.linear(normed.view(d.b, d.s, d.dim), outproj_weight, outproj_bias)
-        del xbc_conv, dt_out, da_cumsum, passed, final, normed
+        rstd = None
+        if fused:
+            normed = d.empty(d.b * d.s, d.dim, dtype=dt_)  # _layer_norm_fwd: empty_like(x)
+            rstd = d.empty(d.g * d.b * d.s, dtype=F32)
+            y = torch.nn.functional.linear(normed.view(d.b, d.s, d.dim), outproj_weight, outproj_bias)
+            del normed
+        else:
+            y = out.view(d.b, d.s, d.dim)
+        del xbc_conv, dt_out, da_cumsum, passed, final, out
         ctx.save_for_backward(
-            zxbcdt, conv_weight, conv_bias, out_x, A, D, dt_bias, rmsnorm_weight, rstd, outproj_weight
+            zxbcdt, conv_weight, conv_bias, out_x, A, D, dt_bias, seq_idx, rmsnorm_weight, rstd, outproj_weight
         )
         ctx.meta, ctx.has_outproj_bias = meta, outproj_bias is not None
-        return out
+        return y
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
-        zxbcdt, conv_weight, conv_bias, out_x, A, D, dt_bias, rmsnorm_weight, rstd, outproj_weight = ctx.saved_tensors
+        zxbcdt, conv_weight, conv_bias, out_x, A, D, dt_bias, _, rmsnorm_weight, _, outproj_weight = ctx.saved_tensors
         nheads, headdim, ngroups, chunk = ctx.meta
+        fused = outproj_weight is not None
         d = _Dims(zxbcdt, conv_weight, nheads, headdim, ngroups, chunk)
         dt_ = zxbcdt.dtype
-        out_recompute = d.empty(d.b, d.s, d.dim, dtype=dt_)
+        out_recompute = d.empty(d.b, d.s, d.dim, dtype=dt_) if fused else None  # recompute_output
+        copy = d.conv_input()
         xbc_conv = d.empty(d.b, d.s, d.conv, dtype=dt_)  # the conv recomputed
+        del copy
         dzxbcdt = torch.empty_like(zxbcdt)
         dxbc = d.empty(d.b, d.s, d.conv, dtype=dt_)  # empty_like(xBC), a strided view: dense
-        dy = torch.nn.functional.linear(dout, outproj_weight.t())  # lives to the end (dy_rms is a view of it)
-        # _layer_norm_bwd: dx like its input, dz and the output recomputed into the buffers given, fp32 partials
-        dnorm = d.empty(d.b * d.s, d.dim, dtype=dt_)
-        dw_partial = d.empty(_norm_row_groups(d.dim // d.g, d.g), d.dim, dtype=F32)
-        drmsnorm_weight = dw_partial.sum(0).to(rmsnorm_weight.dtype)
-        del dw_partial
-        # _mamba_chunk_scan_combined_bwd
+        dy = dnorm = drmsnorm_weight = None
+        if fused:
+            dy = torch.nn.functional.linear(dout, outproj_weight.t())  # lives to the end (dy_rms is a view of it)
+            # _layer_norm_bwd: dx like its input, dz and the output recomputed into the buffers given, fp32 partials
+            dnorm = d.empty(d.b * d.s, d.dim, dtype=dt_)
+            dw_partial = d.empty(_norm_row_groups(d.dim // d.g, d.g), d.dim, dtype=F32)
+            drmsnorm_weight = dw_partial.sum(0).to(rmsnorm_weight.dtype)
+            del dw_partial
+        # _mamba_chunk_scan_combined_bwd: every local below lives until it returns
         dt_in = d.empty(d.b, d.s, d.h, dtype=dt_)  # dt.clone()
-        da_cumsum, dt_out = d.per_chunk(), d.per_chunk()
-        cb = d.cb()
-        states = d.states(F32)
-        passed = d.states(F32)  # _state_passing_fwd without out_dtype: the states' fp32
-        final = d.empty(d.b, d.h, d.p * d.n, dtype=F32)
-        del states, final
+        da_cumsum, dt_out = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
+        cb = d.cb()  # _bmm_chunk_fwd
+        states = d.states(F32)  # _chunk_state_fwd
+        passed, final = d.states(F32), d.empty(d.b, d.h, d.p * d.n, dtype=F32)  # _state_passing_fwd, no out_dtype
+        del states
+        dout_x = None if fused else d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_bwd_dz (dz given)
         dstates = d.states(F32)  # _chunk_scan_bwd_dstates(dtype=states.dtype)
-        # _state_passing_bwd: the state gradients and the states converted to x's dtype; the fp32 ones are released
+        # _state_passing_bwd: the state gradients and the states converted to x's dtype, its fp32 workspace per
+        # 64-block of p * n; the fp32 states and state gradients are released when their names are rebound
         dstates_x, states_x = d.states(dt_), d.states(dt_)
+        dda_chunk = d.empty(d.b, d.h, d.nc, -(-(d.p * d.n) // 64), dtype=F32)
         del dstates, passed
         ddt = d.per_chunk()  # _chunk_scan_chunk_state_bwd_dx (dx written into dxBC)
         splits = _splits(d.b, d.nc, d.h, d.g)
-        # dB, dC and d(C^T B) in fp32 per split, summed; written into dB / dC given (views of dxBC) with residuals,
-        # and, like every local of _mamba_chunk_scan_combined_bwd, released when it returns
-        db = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)  # _chunk_state_bwd_db
-        dda_next = d.per_chunk()
-        dc = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)  # _chunk_scan_bwd_dC
-        dda_cumsum_prev = d.per_chunk()
+        # dB, dC and d(C^T B): the fp32 ddA tile workspace, then the split fp32 buffers summed, written into dB / dC
+        # given (views of dxBC) with residuals
+        dda_next = d.per_chunk()  # _chunk_state_bwd_db
+        db = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
+        dda_cumsum_prev = d.per_chunk()  # _chunk_scan_bwd_dC
+        dc = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
         dcb = d.empty(d.b, d.nc, splits, d.g, d.c, d.c, dtype=F32).sum(2)  # _chunk_scan_bwd_dcb
         dda_prev = dda_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
-        dda = d.empty(d.b, d.h, d.nc, -(-d.c // 16), d.c, dtype=F32).sum(3)  # _chunk_scan_bwd_ddAcs_stable
+        dda = d.empty(d.b, d.h, d.nc, -(-d.c // 32), d.c, dtype=F32).sum(3)  # _chunk_scan_bwd_ddAcs_stable
         dda += dda_next + dda_prev
         dA = torch.empty_like(A, dtype=F32)  # _chunk_cumsum_bwd (ddt into dzxbcdt)
         ddt_bias = torch.empty_like(dt_bias, dtype=F32)
         dD = torch.empty_like(D, dtype=F32)
-        del db, dda_next, dc, dda_cumsum_prev, dcb, dda_prev, dda, ddt, states_x, dstates_x, cb, dt_out, da_cumsum
-        del dt_in
-        doutproj_weight = torch.empty_like(outproj_weight)  # einsum("bso,bsd->od", dout, out_recompute)
-        doutproj_bias = dout.sum(dim=(0, 1)) if ctx.has_outproj_bias else None
+        del db, dda_next, dc, dda_cumsum_prev, dcb, dda_prev, dda, ddt, states_x, dstates_x, dda_chunk, cb
+        del dt_out, da_cumsum, dt_in, final, dout_x
+        doutproj_weight = doutproj_bias = None
+        if fused:
+            doutproj_weight = torch.empty_like(outproj_weight)  # einsum("bso,bsd->od", dout, out_recompute)
+            doutproj_bias = dout.sum(dim=(0, 1)) if ctx.has_outproj_bias else None
         del out_recompute, xbc_conv, dy, dnorm
         # causal_conv1d_bwd_function: dx into dxBC's part of dzxbcdt; fp32 weight and bias gradients, cast
+        copies = (d.conv_input(), d.conv_input())  # ensure_stride on xBC and on dxBC's part of dzxbcdt
         dweight = torch.zeros_like(conv_weight, dtype=F32).type_as(conv_weight)
         dbias = None if conv_bias is None else torch.zeros_like(conv_bias, dtype=F32).type_as(conv_bias)
-        del dxbc
-        return dzxbcdt, dweight, dbias, ddt_bias, dA, dD, drmsnorm_weight, doutproj_weight, doutproj_bias, None
+        del dxbc, copies
+        return (dzxbcdt, dweight, dbias, ddt_bias, dA, dD, None, drmsnorm_weight, doutproj_weight, doutproj_bias, None)
 
 
 def mamba_split_conv1d_scan_combined(
@@ -204,13 +235,14 @@ def mamba_split_conv1d_scan_combined(
     ngroups: int = 1,
     norm_before_gate: bool = True,
 ) -> torch.Tensor:
-    """mamba_ssm's signature; the fused norm and out_proj path (AutoModel's training path without CP) only."""
+    """mamba_ssm's signature: the gated RMSNorm and out_proj fused (AutoModel's path without CP) or neither (its CP
+    path)."""
     if initial_states is not None or return_final_states:
         raise NotImplementedError("the dry run's mamba_ssm stand-in runs training steps only (no recurrent state)")
-    if rmsnorm_weight is None or outproj_weight is None:
+    if (rmsnorm_weight is None) != (outproj_weight is None):
         raise NotImplementedError(
-            "the dry run's mamba_ssm stand-in has the fused gated-RMSNorm and out_proj path only (AutoModel's "
-            "Nemotron-H mixer without context parallelism)"
+            "the dry run's mamba_ssm stand-in fuses the gated RMSNorm and out_proj together or neither (AutoModel's "
+            "Nemotron-H mixer)"
         )
     if D.dim() != 1 or headdim is None:
         raise NotImplementedError("the dry run's mamba_ssm stand-in takes per-head D with headdim given")
@@ -218,7 +250,7 @@ def mamba_split_conv1d_scan_combined(
     if on_call is not None:
         on_call()
     return _SplitConv1dScan.apply(
-        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, rmsnorm_weight, outproj_weight, outproj_bias, meta
+        zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, seq_idx, rmsnorm_weight, outproj_weight, outproj_bias, meta
     )
 
 

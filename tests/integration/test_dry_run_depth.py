@@ -94,11 +94,12 @@ def test_plan_depth_uniform_prefix_and_pipeline():
 
 
 def test_plan_depth_builds_whole_where_the_two_builds_would_run_more_layers():
-    """Two shallow builds of 3 and 4 units run 7 units' worth of layers: a rank holding fewer is built once, whole
-    (less work, and nothing extrapolated)."""
+    """Two shallow builds of 3 and 4 units run 7 units' worth of layers: a rank holding no more is built once, whole
+    (one build and one step, and nothing extrapolated)."""
     l8 = lookup_model("meta-llama/Llama-3.1-8B")
     assert plan_depth(dataclasses.replace(l8, num_layers=6), read_dims({}, 8), 0) is None  # 3 + 4 > 6
-    assert plan_depth(dataclasses.replace(l8, num_layers=7), read_dims({}, 8), 0) is not None  # 3 + 4 = 7
+    assert plan_depth(dataclasses.replace(l8, num_layers=7), read_dims({}, 8), 0) is None  # 3 + 4 = 7
+    assert plan_depth(dataclasses.replace(l8, num_layers=8), read_dims({}, 8), 0) is not None  # 3 + 4 < 8
     ling = lookup_model("inclusionAI/Ling-1T")  # 80 layers, PP 8 at 2 layers a stage: 5 stages a rank
     pp8 = read_dims(
         {"pp_size": 8, "ep_size": 8, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 2}}, 64

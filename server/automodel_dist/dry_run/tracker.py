@@ -139,6 +139,47 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
 
         if base is FSDPMemTracker:
 
+            def _instrument_fsdp_module(self) -> None:
+                # FSDPMemTracker registers the sharded parameters of FSDP's groups only: a parameter FSDP leaves out
+                # (AutoModel's experts on a one-rank ep_shard mesh, its ignored_params) was first seen when forward
+                # touched it and filed as an activation, its gradient as a temporary or an activation. Registered
+                # here as this rank's shard, with a gradient hook, they are split as the estimate splits them; the
+                # bytes are the same.
+                super()._instrument_fsdp_module()
+                from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+
+                managed = {
+                    id(fp.sharded_param)
+                    for m in self._root_mod.modules()
+                    if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group)
+                    for fp in group.fsdp_params
+                }
+                self._outside_hooks = []
+                for p in self._root_mod.parameters():
+                    if id(p) in managed:
+                        continue
+                    self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
+                    if p.grad is not None:
+                        self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD)
+                    if p.requires_grad:
+
+                        def grad_hook(g: Any) -> None:
+                            self._update_and_maybe_create_winfos(g, _FSDPRefType.SHARDED_GRAD)
+
+                        def post_accumulate(q: Any) -> None:
+                            self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.SHARDED_GRAD)
+
+                        self._outside_hooks += [
+                            p.register_hook(grad_hook),
+                            p.register_post_accumulate_grad_hook(post_accumulate),
+                        ]
+
+            def _deregister_module_and_optimizer_hooks(self) -> None:
+                super()._deregister_module_and_optimizer_hooks()
+                for handle in getattr(self, "_outside_hooks", ()):
+                    handle.remove()
+                self._outside_hooks = []
+
             def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
                 tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
 

@@ -700,9 +700,12 @@ def test_the_mamba_ssm_stand_in_splits_its_reductions_as_the_kernels_do():
     assert _splits(1, 2, 64, 8) == 8  # ceil(128 / 132) = 1 head a program: 8 splits
 
 
+@needs_automodel
 def test_nemotron_h_runs_mamba_ssms_kernel_as_the_stand_in():
     """AutoModel's Nemotron-H mixers import mamba_ssm's fused kernel in forward: the dry run puts the stand-in there,
-    says so, and measures the rank; every Mamba layer ran it (the shim's count), and the estimate keeps to it."""
+    says so, and measures the rank; every Mamba layer ran it (the shim's count). EP 2 on 2 ranks leaves the experts
+    out of FSDP (a one-rank ep_shard mesh): the tracker still files them as this rank's parameter shards, so its
+    parameter category is the rank's local parameter bytes, not short of the experts (filed as activations before)."""
     report = dry_run(
         "distributed:\n  ep_size: 2\n",
         world_size=2,
@@ -714,8 +717,11 @@ def test_nemotron_h_runs_mamba_ssms_kernel_as_the_stand_in():
     rank = _only(report)
     assert rank.peak_allocated_gib > 0 and rank.shim_hits.get("mamba_ssd_stand_in") == 3
     assert any("mamba_ssm's fused conv1d + SSD scan" in x for x in report.substitutions)
+    assert rank.local_param_bytes and rank.tracker_categories_gib
+    assert rank.tracker_categories_gib["Sharded Param"] == pytest.approx(rank.local_param_bytes / 2**30, rel=1e-6)
 
 
+@needs_automodel
 def test_nemotron_h_under_context_parallelism_runs_its_cp_mixer_path():
     """Under CP AutoModel's Nemotron-H mixer exchanges heads for sequence (MambaContextParallel) around the kernel and
     runs the gated norm and out_proj outside it: the stand-in's unfused path, once per Mamba layer and microbatch."""

@@ -105,6 +105,8 @@ def test_plan_depth_builds_whole_where_the_two_builds_would_run_more_layers():
         {"pp_size": 8, "ep_size": 8, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 2}}, 64
     )
     assert plan_depth(ling, pp8, 0) is None  # 3 + 4 stages > 5
+    assert plan_depth(dataclasses.replace(ling, num_layers=112), pp8, 0) is None  # 7 stages a rank: 3 + 4 = 7
+    assert plan_depth(dataclasses.replace(ling, num_layers=128), pp8, 0) is not None  # 8 stages a rank
     # 6 stages of 6 layers a rank: builds of 3 and 4 layers a stage would run 7 of every 6
     pp2 = read_dims({"pp_size": 2, "pipeline": {"pp_schedule": "interleaved1f1b", "layers_per_stage": 6}}, 16)
     assert plan_depth(dataclasses.replace(l8, num_layers=72), pp2, 0) is None

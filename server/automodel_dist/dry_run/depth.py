@@ -28,7 +28,7 @@ from ..layout import stage_ids, stage_layer_counts
 MIN_LAYERS = 3
 
 
-def _whole_is_less_work(first: float, second: float, whole: float) -> bool:
+def _whole_is_no_more_work(first: float, second: float, whole: float) -> bool:
     """Whether one whole build runs no more layers (or stages) than the two shallow builds together: then it is built
     whole, which is faster (one build, one step) and extrapolates nothing."""
     return first + second >= whole
@@ -78,7 +78,7 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         n1 = max(1, math.ceil(MIN_LAYERS / period))
         if min(per_stage) <= (n1 + 1) * period:
             return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
-        if _whole_is_less_work(spr * n1 * period, spr * (n1 + 1) * period, held):
+        if _whole_is_no_more_work(spr * n1 * period, spr * (n1 + 1) * period, held):
             return None
         if spec.first_dense_layers:
             notes.append(
@@ -105,7 +105,7 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
     n1 = max(1, math.ceil(MIN_LAYERS / period))
     target = (L - prefix) / period
     built = (prefix + n1 * period, prefix + (n1 + 1) * period)
-    if target <= n1 + 1 or _whole_is_less_work(*built, L):
+    if target <= n1 + 1 or _whole_is_no_more_work(*built, L):
         return None
     return Depth(
         period=period,
@@ -129,7 +129,7 @@ def _by_stages(
     stage, and with every microbatch in one round all of them are in flight); torch keeps at most three stages
     gathered, which both builds already hold."""
     lps = min(per_stage)
-    if _whole_is_less_work(MIN_STAGES, MIN_STAGES + 1, spr) or lps % period or dims.v_schedule:
+    if _whole_is_no_more_work(MIN_STAGES, MIN_STAGES + 1, spr) or lps % period or dims.v_schedule:
         return None
     notes = [
         f"built with {MIN_STAGES} and {MIN_STAGES + 1} of the rank's {spr} pipeline stages ({lps} layers each) and "

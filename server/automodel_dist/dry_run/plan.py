@@ -272,6 +272,12 @@ def plan_dry_run(
             "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "
             "with its shapes (stack/mamba_ssd.py: what it keeps for backward, its chunk states and workspaces while "
             "they live, as mamba_ssm 2.3.2 allocates them; split reductions sized for an H100's 132 SMs)"
+            + (
+                "; under context parallelism the kernel runs without the norm and out_proj, and the gated RMSNorm "
+                "as mamba_ssm's rmsnorm_fn stand-in"
+                if d.cp > 1
+                else ""
+            )
         )
     if fla_gdn:
         subs.append(

@@ -75,9 +75,9 @@ class Phases:
 
 def _split(categories: dict[str, int], param_bytes: int | None = None) -> dict[str, float]:
     """The tracker's categories as the report's split, with ``params`` the local parameter shards
-    (``param_bytes``): FSDPMemTracker files parameters outside a sharded FSDP unit (experts on a one-rank ep_shard
-    mesh) as unsharded copies, MemTracker (several FSDP roots: pipeline stages) counts the gathered copies as
-    parameters; either way the difference belongs to the temporaries, as the estimate splits them."""
+    (``param_bytes``): MemTracker (several FSDP roots: pipeline stages) counts the gathered copies as parameters, and
+    the difference belongs to the temporaries, as the estimate splits them. (FSDPMemTracker's parameters outside
+    FSDP's groups are registered as shards by dry_run/tracker.py.)"""
     out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporaries"), 0.0)
     for name, value in categories.items():
         if name in _CATEGORIES:

@@ -274,8 +274,10 @@ def _hybrid_act_per_token(
     m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int
 ) -> tuple[float, float]:
     """(saved, not-checkpointed) bytes per local token of one hybrid layer (see the module docstring). AutoModel's
-    Nemotron-H step on fake tensors (the dry run, with its mamba_ssm stand-in), layer by layer on Nemotron-3-Nano, full
-    fine-tuning at 2,048 tokens and LoRA at 4,096: every kind keeps its norm's input and output (``4h``) and
+    Nemotron-H step on fake tensors (the dry run, with its mamba_ssm stand-in), layer by layer: Nemotron-3-Nano's
+    Mamba, MoE and attention layers (full fine-tuning at 2,048 tokens, LoRA at 4,096) and Nemotron-H-8B's Mamba and MLP
+    layers (full fine-tuning at 4,096; its first four layers match to the byte): every kind keeps its norm's input and
+    output (``4h``) and
     - Mamba-2: what the fused kernel keeps (in_proj's output, the scan's output, the gated norm's fp32 rstd per
       group), ``+8*inner`` under CP, where the gated norm and out_proj run outside the kernel;
     - attention: q, k, v, the output and its fp32 log-sum-exp (``4q + 4kv + 4a``);

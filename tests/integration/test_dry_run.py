@@ -179,29 +179,43 @@ def test_pipeline_stages_are_measured_on_their_own_ranks():
     assert any("separate lm_head" in n for n in report.notes)
 
 
-def test_the_tracker_counts_what_torchs_counts():
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_tracker_counts_what_torchs_counts(checkpointed):
     """dry_run/tracker.py finds the running modules by name instead of walking every tracked module after every
-    operator: the global peak, its split and every module's local peak are torch's MemTracker's exactly."""
+    operator, and skips the walk where no local peak can rise: the global peak, its split, every module's local peak
+    and every snapshot torch records are torch's MemTracker's exactly, with a module called twice in a step and with
+    activation checkpointing (modules re-entered in backward)."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils.checkpoint import checkpoint
 
     from automodel_dist.dry_run.tracker import make_tracker
 
     class Phase:
         current = "step"
 
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False) if checkpointed else self.inner(x)
+
     def run(tracker_of):
         torch.manual_seed(0)
         inner = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
-        model = torch.nn.Sequential(torch.nn.Linear(32, 64), inner, inner, torch.nn.Linear(64, 8))  # inner runs twice
+        block = Checkpointed(inner)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), block, block, torch.nn.Linear(64, 8))  # runs twice
         opt = torch.optim.AdamW(model.parameters())
         tracker = tracker_of(model, opt)
-        with tracker:
+        with tracker:  # the optimizer step runs with the new parents set ModTracker starts after backward
             model(torch.randn(16, 32)).square().sum().backward()
             opt.step()
             opt.zero_grad()
         local = {s.mod_fqn: dict(s.local_peak) for s in tracker.memory_tracking.values()}
-        return tracker.get_tracker_snapshot("peak"), local
+        snaps = {s.mod_fqn: dict(s.snapshots) for s in tracker.memory_tracking.values()}
+        return tracker.get_tracker_snapshot("peak"), local, snaps
 
     def torchs(model, opt):
         t = MemTracker()
@@ -209,7 +223,7 @@ def test_the_tracker_counts_what_torchs_counts():
         return t
 
     theirs, ours = run(torchs), run(lambda model, opt: make_tracker([model], [opt], Phase()))
-    assert ours == theirs and len(ours[1]) >= 4
+    assert ours == theirs and len(ours[1]) >= 5
 
 
 @needs_automodel

@@ -6,7 +6,10 @@ torch's ``MemTracker._update_peak_stats`` runs after every operator and walks ev
 find the running ones (``mod_fqn in parents``): O(modules) per operator, which was most of a pipeline dry run's time
 (a rank holding several stages tracks thousands of modules). The running modules are the few names in
 ``parents``; an index from name to records, kept current by counting changes to the records, gives the same updates
-in O(running modules).
+in O(running modules). Each update leaves every running module's local peak at least the current total, so until a
+module enters (a name joins ``parents``, or a pre-forward / pre-backward hook resets a local peak), the records change
+or forward turns to backward, an operator that leaves the total at or below that update's finds nothing to raise: the
+walk is skipped there, with the same figures (the global and per-phase peaks are still checked at every operator).
 """
 
 from __future__ import annotations
@@ -56,6 +59,16 @@ def _counted_records() -> Any:
     return Records()
 
 
+class _CountingSet(set):  # type: ignore[type-arg]
+    """ModTracker's ``parents`` set, counting the names added to it."""
+
+    adds = 0
+
+    def add(self, name: Any) -> None:
+        self.adds += 1
+        super().add(name)
+
+
 def categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for per_device in snapshot.values():
@@ -88,6 +101,9 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
             self._by_name: dict[str, list[Any]] = {}
             self._indexed: tuple[int, int] | None = None  # (changes, length) of the records the index was built at
             self._indexed_name: dict[int, str] = {}  # id(record) -> its name in the index
+            self._entries = 0  # module entries that may reset a local peak (pre-forward / pre-backward hooks)
+            self._quiet_key: tuple[Any, ...] | None = None  # what the last full update saw running
+            self._ceiling: dict[Any, int] = {}  # ... and the totals it left every running local peak at or above
 
         def _records_by_name(self) -> dict[str, list[Any]]:
             """Module records by module name, rebuilt when the records changed (a garbage-collected module drops
@@ -130,14 +146,33 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
         def _pre_fw_hook(self, module: Any, inputs: Any) -> Any:
             if base is MemTracker and self.pipeline_roots and self.repeated_top_level(module):
                 self.memory_tracking.pop(module, None)
+            self._entries += 1
             out = super()._pre_fw_hook(module, inputs)
+            self._entries += 1
             stats = self.memory_tracking.get(module)
             # MemTracker renames a module's record on a repeated call: the index must follow the new name
             if stats is not None and self._indexed_name.get(id(stats), stats.mod_fqn) != stats.mod_fqn:
                 self._indexed = None
             return out
 
+        def _pre_bw_hook(self, module: Any, args: Any) -> Any:
+            self._entries += 1
+            out = super()._pre_bw_hook(module, args)
+            self._entries += 1
+            return out
+
         if base is FSDPMemTracker:
+
+            def _fsdp_param_group_pre_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+                tracked = super()._fsdp_param_group_pre_backward(fsdp_mod, orig)
+
+                def counted(*args: Any, **kwargs: Any) -> Any:
+                    self._entries += 1  # torch's wrapper resets the module's local peak
+                    out = tracked(*args, **kwargs)
+                    self._entries += 1
+                    return out
+
+                return counted
 
             def _instrument_fsdp_module(self) -> None:
                 # FSDPMemTracker registers the sharded parameters of FSDP's groups only: a parameter FSDP leaves out
@@ -193,17 +228,30 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
 
                 return inner
 
+        def _running_key(self, peak_state: Any) -> tuple[Any, ...]:
+            parents = self._mod_tracker.parents
+            if type(parents) is not _CountingSet:  # ModTracker starts a new set after each backward
+                parents = self._mod_tracker.parents = _CountingSet(parents)
+            records = self.memory_tracking
+            return (id(parents), parents.adds, self._entries, records.changes, len(records), peak_state)
+
         def _update_peak_stats(self, peak_state: Any) -> None:
-            # torch's update (mem_tracker.py), with the running modules found by name (see the module docstring)
+            # torch's update (mem_tracker.py), with the running modules found by name and the walk skipped where it
+            # cannot raise a local peak (see the module docstring)
             curr = self._curr_mem_snap
-            by_name = self._records_by_name()
-            for name in self._mod_tracker.parents:
-                for stats in by_name.get(name, ()):
-                    if peak_state in stats.snapshots:
-                        for dev, dev_snap in curr.items():
-                            if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                                stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
-                                stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+            key = self._running_key(peak_state)
+            ceiling = self._ceiling
+            if key != self._quiet_key or any(snap[_TOTAL_KEY] > ceiling.get(dev, -1) for dev, snap in curr.items()):
+                by_name = self._records_by_name()
+                for name in self._mod_tracker.parents:
+                    for stats in by_name.get(name, ()):
+                        if peak_state in stats.snapshots:
+                            for dev, dev_snap in curr.items():
+                                if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+                                    stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
+                                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+                self._quiet_key = key
+                self._ceiling = {dev: snap[_TOTAL_KEY] for dev, snap in curr.items()}
             for dev, dev_snap in curr.items():
                 if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = dev_snap[_TOTAL_KEY]

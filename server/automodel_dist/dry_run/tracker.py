@@ -15,6 +15,7 @@ walk is skipped there, with the same figures (the global and per-phase peaks are
 from __future__ import annotations
 
 import contextlib
+import itertools
 from copy import deepcopy
 from typing import Any, Protocol
 
@@ -60,9 +61,15 @@ def _counted_records() -> Any:
 
 
 class _CountingSet(set):  # type: ignore[type-arg]
-    """ModTracker's ``parents`` set, counting the names added to it."""
+    """ModTracker's ``parents`` set, counting the names added to it; each one has its own generation (an ``id`` can be
+    reused once the set it named is freed)."""
 
     adds = 0
+    made = itertools.count()
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.generation = next(_CountingSet.made)
 
     def add(self, name: Any) -> None:
         self.adds += 1
@@ -233,7 +240,7 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
             if type(parents) is not _CountingSet:  # ModTracker starts a new set after each backward
                 parents = self._mod_tracker.parents = _CountingSet(parents)
             records = self.memory_tracking
-            return (id(parents), parents.adds, self._entries, records.changes, len(records), peak_state)
+            return (parents.generation, parents.adds, self._entries, records.changes, len(records), peak_state)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # torch's update (mem_tracker.py), with the running modules found by name and the walk skipped where it

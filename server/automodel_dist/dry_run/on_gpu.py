@@ -288,7 +288,7 @@ def one(case_path: Path, which: str, out_path: Path) -> dict[str, Any]:
     torch._dynamo.config.disable = True
     shims.import_automodel()
     spec = DryRunSpec.model_validate(json.loads(case_path.read_text(encoding="utf-8"))["spec"])
-    if (spec.recipe.backend or {}).get("attn") == "te":
+    if spec.recipe.te_stand_in:
         shims.install_te_attention()  # TE is not installed on the device either: the dry run's stand-in
     shims.install_compiled_activations()
     build = spec.build if which == "full" else spec.measured_builds()[int(which)]

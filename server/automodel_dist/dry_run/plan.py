@@ -264,9 +264,8 @@ def plan_dry_run(
             f"imports its DotProductAttention whatever the backend; the attention runs as {attn}, which that setup "
             "leaves without a CP group (AutoModel warns so on a GPU too)"
         )
-    mamba_ssm = (
-        own_class and "mamba" in spec.layer_types
-    )  # AutoModel's Nemotron-H mixer; transformers' has a torch path
+    # AutoModel's Nemotron-H mixer imports mamba_ssm's kernel; transformers' own class has a torch path
+    mamba_ssm = own_class and "mamba" in spec.layer_types
     if mamba_ssm:
         subs.append(
             "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "

@@ -130,17 +130,25 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
             if install_grad_hooks:
                 for p in module.parameters():
                     if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                        self._param_to_grad_hook_handles[p] = self._grad_hooks(p, _MemRefType.GRAD)
+            return out
 
-                        def grad_hook(g: Any) -> None:
-                            self._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
+        def _grad_hooks(self, p: Any, reftype: Any) -> tuple[Any, Any]:
+            """A trainable parameter's gradient filed under ``reftype`` when it is made and when it is accumulated."""
 
-                        def post_accumulate(q: Any) -> None:
-                            self._update_and_maybe_create_winfos(q.grad, _MemRefType.GRAD)
+            def grad_hook(g: Any) -> None:
+                self._update_and_maybe_create_winfos(g, reftype)
 
-                        self._param_to_grad_hook_handles[p] = (
-                            p.register_hook(grad_hook),
-                            p.register_post_accumulate_grad_hook(post_accumulate),
-                        )
+            def post_accumulate(q: Any) -> None:
+                self._update_and_maybe_create_winfos(q.grad, reftype)
+
+            return p.register_hook(grad_hook), p.register_post_accumulate_grad_hook(post_accumulate)
+
+        def _entering(self, hook: Any, *args: Any, **kwargs: Any) -> Any:
+            """Run a hook that may reset a local peak (a module entering), counted before and after it."""
+            self._entries += 1
+            out = hook(*args, **kwargs)
+            self._entries += 1
             return out
 
         def repeated_top_level(self, module: Any) -> bool:
@@ -153,9 +161,7 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
         def _pre_fw_hook(self, module: Any, inputs: Any) -> Any:
             if base is MemTracker and self.pipeline_roots and self.repeated_top_level(module):
                 self.memory_tracking.pop(module, None)
-            self._entries += 1
-            out = super()._pre_fw_hook(module, inputs)
-            self._entries += 1
+            out = self._entering(super()._pre_fw_hook, module, inputs)
             stats = self.memory_tracking.get(module)
             # MemTracker renames a module's record on a repeated call: the index must follow the new name
             if stats is not None and self._indexed_name.get(id(stats), stats.mod_fqn) != stats.mod_fqn:
@@ -163,23 +169,13 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
             return out
 
         def _pre_bw_hook(self, module: Any, args: Any) -> Any:
-            self._entries += 1
-            out = super()._pre_bw_hook(module, args)
-            self._entries += 1
-            return out
+            return self._entering(super()._pre_bw_hook, module, args)
 
         if base is FSDPMemTracker:
 
             def _fsdp_param_group_pre_backward(self, fsdp_mod: Any, orig: Any) -> Any:
                 tracked = super()._fsdp_param_group_pre_backward(fsdp_mod, orig)
-
-                def counted(*args: Any, **kwargs: Any) -> Any:
-                    self._entries += 1  # torch's wrapper resets the module's local peak
-                    out = tracked(*args, **kwargs)
-                    self._entries += 1
-                    return out
-
-                return counted
+                return lambda *args, **kwargs: self._entering(tracked, *args, **kwargs)  # it resets the local peak
 
             def _instrument_fsdp_module(self) -> None:
                 # FSDPMemTracker registers the sharded parameters of FSDP's groups only: a parameter FSDP leaves out
@@ -204,17 +200,7 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
                     if p.grad is not None:
                         self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD)
                     if p.requires_grad:
-
-                        def grad_hook(g: Any) -> None:
-                            self._update_and_maybe_create_winfos(g, _FSDPRefType.SHARDED_GRAD)
-
-                        def post_accumulate(q: Any) -> None:
-                            self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.SHARDED_GRAD)
-
-                        self._outside_hooks += [
-                            p.register_hook(grad_hook),
-                            p.register_post_accumulate_grad_hook(post_accumulate),
-                        ]
+                        self._outside_hooks += self._grad_hooks(p, _FSDPRefType.SHARDED_GRAD)
 
             def _deregister_module_and_optimizer_hooks(self) -> None:
                 super()._deregister_module_and_optimizer_hooks()

@@ -397,7 +397,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             result["status"] = "not_measured"
             result["reason"] = "the installed AutoModel or torch moved what the dry run hooks: " + "; ".join(broken)
             return result
-        if (spec.recipe.backend or {}).get("attn") == "te" or spec.recipe.te_module:
+        if spec.recipe.te_stand_in:
             shims.install_te_attention()
         if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built

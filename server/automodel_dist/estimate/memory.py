@@ -270,6 +270,18 @@ def _state_shards(p: ParallelDims) -> tuple[float, float, float, float]:
     return n, n, n, float(p.ep_shard)
 
 
+def _routed_expert_bytes(m: ModelSpec, trained: bool) -> float:
+    """Bytes per token AutoModel's grouped experts keep for the token's k routed copies: where the experts train, the
+    permuted input the first GEMM keeps, the activation's input (gate and up; up alone for an ungated MLP such as
+    Nemotron-H's relu2) and its output (the down GEMM's input); frozen under LoRA elsewhere, their GEMMs keep no input
+    (no weight gradient) and only the activation's input stays (AutoModel's step on fake tensors: GPT-OSS's single-GPU
+    LoRA recipe, Nemotron-3-Nano's)."""
+    k = max(m.experts_per_token, 1)
+    ki = k * m.moe_intermediate_size
+    act_in = (4 if m.gated_mlp else 2) * ki
+    return 2 * k * m.hidden_size + act_in + 2 * ki if trained else act_in
+
+
 def _hybrid_act_per_token(
     m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int
 ) -> tuple[float, float]:
@@ -296,9 +308,7 @@ def _hybrid_act_per_token(
     elif kind == "mlp":
         mixer = (act_in + 2) * m.intermediate_size
     else:
-        ki, kh = max(m.experts_per_token, 1) * m.moe_intermediate_size, max(m.experts_per_token, 1) * h
-        trained = tr.lora is None or bool(tr.lora.experts(kind))
-        routed = (2 * kh + (act_in + 2) * ki) if trained else act_in * ki
+        routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind)))
         gate = 4 * m.num_experts + (4 * h if tr.lora is None else 0)
         mixer = routed + (act_in + 2) * m.shared_expert_intermediate_size + gate
     plain = (4 * h + mixer) * scale
@@ -480,11 +490,8 @@ def _act_per_token(
         # copy of the routed output. A Hugging Face class's frozen experts keep no input (transformers'
         # integrations/moe.py) but the routed output for the weights' product: the same 2kh.
         ki, kh = k * m.moe_intermediate_size, k * h
-        mlp = 6 * ki + 2 * kh + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
-        if not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind):
-            # frozen experts under LoRA elsewhere: their GEMMs keep no input (no weight gradient), only the
-            # activation's input stays (AutoModel's step on fake tensors: GPT-OSS's single-GPU LoRA recipe)
-            mlp -= 2 * ki + 2 * kh
+        frozen = not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind)
+        mlp = _routed_expert_bytes(m, not frozen) + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
         if not tr.hf_class and tr.experts == "torch":
             # backend.experts: torch runs the experts one by one: each keeps its gathered tokens, its gate, up,
             # activation and product, and its weighted output (AutoModel's step on fake tensors, the corpus's

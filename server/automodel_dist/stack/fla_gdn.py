@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .stand_in import stand_in_module
+from .stand_in import install_modules
 
 CHUNK = 64
 on_cp_context: Any = (
@@ -235,29 +235,24 @@ def fused_recurrent_gated_delta_rule(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("the dry run's fla stand-in has no recurrent (decoding) kernel")
 
 
-NAMES = ("fla", "fla.ops", "fla.ops.gated_delta_rule", "fla.ops.cp", "fla.modules", "fla.modules.convolution")
-
-
 def install() -> dict[str, types.ModuleType]:
     """Put the stand-in where ``safe_import_from("fla.ops.gated_delta_rule", ...)`` finds it; nothing where the real
     fla is installed."""
     if "fla" in sys.modules or importlib.util.find_spec("fla") is not None:
         return {}
-    fla = stand_in_module("fla", __version__="0.4.2", _stand_in=True)
-    ops = stand_in_module("fla.ops")
-    gdr = stand_in_module(
-        "fla.ops.gated_delta_rule",
-        chunk_gated_delta_rule=chunk_gated_delta_rule,
-        fused_recurrent_gated_delta_rule=fused_recurrent_gated_delta_rule,
+    return install_modules(
+        {
+            "fla": {"__version__": "0.4.2", "_stand_in": True},
+            "fla.ops": {},
+            "fla.ops.gated_delta_rule": {
+                "chunk_gated_delta_rule": chunk_gated_delta_rule,
+                "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+            },
+            "fla.ops.cp": {"build_cp_context": build_cp_context, "FLACPContext": CPContext},
+            "fla.modules": {},
+            "fla.modules.convolution": {"causal_conv1d": causal_conv1d},
+        }
     )
-    cp = stand_in_module("fla.ops.cp", build_cp_context=build_cp_context, FLACPContext=CPContext)
-    modules = stand_in_module("fla.modules")
-    convolution = stand_in_module("fla.modules.convolution", causal_conv1d=causal_conv1d)
-    fla.ops, ops.gated_delta_rule, ops.cp = ops, gdr, cp  # type: ignore[attr-defined]
-    fla.modules, modules.convolution = modules, convolution  # type: ignore[attr-defined]
-    mods = dict(zip(NAMES, (fla, ops, gdr, cp, modules, convolution)))
-    sys.modules.update(mods)
-    return mods
 
 
 __all__ = ["build_cp_context", "causal_conv1d", "chunk_gated_delta_rule", "install"]

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .stand_in import stand_in_module
+from .stand_in import install_modules
 
 SM_COUNT = 132  # an H100 SXM's streaming multiprocessors: the kernels size their split reductions by it
 F32 = torch.float32
@@ -298,36 +298,24 @@ def _inference_only(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("the dry run's mamba_ssm stand-in has no inference (prefill / decode) kernels")
 
 
-NAMES = (
-    "mamba_ssm",
-    "mamba_ssm.ops",
-    "mamba_ssm.ops.triton",
-    "mamba_ssm.ops.triton.ssd_combined",
-    "mamba_ssm.ops.triton.layernorm_gated",
-    "mamba_ssm.ops.triton.selective_state_update",
-)
-
-
 def install() -> dict[str, types.ModuleType]:
     """Put the stand-in where AutoModel's ``from mamba_ssm.ops.triton... import ...`` finds it; nothing where the
     real mamba_ssm is installed. causal_conv1d stays absent: only the inference paths import it."""
     if "mamba_ssm" in sys.modules or importlib.util.find_spec("mamba_ssm") is not None:
         return {}
-    root = stand_in_module("mamba_ssm", __version__="2.3.2", _stand_in=True)
-    ops = stand_in_module("mamba_ssm.ops")
-    triton = stand_in_module("mamba_ssm.ops.triton")
-    ssd = stand_in_module(
-        "mamba_ssm.ops.triton.ssd_combined",
-        mamba_split_conv1d_scan_combined=mamba_split_conv1d_scan_combined,
-        mamba_chunk_scan_combined=_inference_only,
+    return install_modules(
+        {
+            "mamba_ssm": {"__version__": "2.3.2", "_stand_in": True},
+            "mamba_ssm.ops": {},
+            "mamba_ssm.ops.triton": {},
+            "mamba_ssm.ops.triton.ssd_combined": {
+                "mamba_split_conv1d_scan_combined": mamba_split_conv1d_scan_combined,
+                "mamba_chunk_scan_combined": _inference_only,
+            },
+            "mamba_ssm.ops.triton.layernorm_gated": {"rmsnorm_fn": rmsnorm_fn},
+            "mamba_ssm.ops.triton.selective_state_update": {"selective_state_update": _inference_only},
+        }
     )
-    norm = stand_in_module("mamba_ssm.ops.triton.layernorm_gated", rmsnorm_fn=rmsnorm_fn)
-    update = stand_in_module("mamba_ssm.ops.triton.selective_state_update", selective_state_update=_inference_only)
-    root.ops, ops.triton = ops, triton  # type: ignore[attr-defined]
-    triton.ssd_combined, triton.layernorm_gated, triton.selective_state_update = ssd, norm, update  # type: ignore[attr-defined]
-    mods = dict(zip(NAMES, (root, ops, triton, ssd, norm, update)))
-    sys.modules.update(mods)
-    return mods
 
 
 __all__ = ["install", "mamba_split_conv1d_scan_combined", "rmsnorm_fn"]

@@ -62,6 +62,12 @@ class StackRecipe(BaseModel):
     freeze_config: dict[str, Any] | None = None  # the recipe's freeze_config: section, as its build_model passes it
 
     @property
+    def te_stand_in(self) -> bool:
+        """Whether Transformer Engine's attention module is stood in: TE attention, or TE importable for AutoModel's
+        MoE CP setup (``te_module``)."""
+        return (self.backend or {}).get("attn") == "te" or self.te_module
+
+    @property
     def steps_optimizer(self) -> bool:
         """Whether the step runs the optimizer's own step: the stand-in for TE's FusedAdam (a ``state_dtype``) holds
         its fp32 states, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates them in

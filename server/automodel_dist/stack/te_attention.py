@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .stand_in import stand_in_module
+from .stand_in import install_modules
 
 PREIMPORT = (
     "nemo_automodel.components._peft.lora",
@@ -198,14 +198,6 @@ def thd_get_partitioned_indices(cu_seqlens_padded: torch.Tensor, total_tokens: i
     return out.to(device=cu_seqlens_padded.device, dtype=torch.int64)
 
 
-NAMES = (
-    "transformer_engine",
-    "transformer_engine.pytorch",
-    "transformer_engine.pytorch.attention",
-    "transformer_engine_torch",
-)
-
-
 def install() -> dict[str, types.ModuleType]:
     import importlib
 
@@ -213,11 +205,11 @@ def install() -> dict[str, types.ModuleType]:
         return {}  # the real Transformer Engine is imported: nothing to stand in for
     for name in PREIMPORT:  # their import-time safe_import_te() must still see no TE
         importlib.import_module(name)
-    te = stand_in_module("transformer_engine", __version__="2.16.0", _stand_in=True)
-    te_pt = stand_in_module("transformer_engine.pytorch", DotProductAttention=DotProductAttention)
-    te_attn = stand_in_module("transformer_engine.pytorch.attention", DotProductAttention=DotProductAttention)
-    tex = stand_in_module("transformer_engine_torch", thd_get_partitioned_indices=thd_get_partitioned_indices)
-    te.pytorch, te_pt.attention = te_pt, te_attn  # type: ignore[attr-defined]
-    mods = dict(zip(NAMES, (te, te_pt, te_attn, tex)))
-    sys.modules.update(mods)
-    return mods
+    return install_modules(
+        {
+            "transformer_engine": {"__version__": "2.16.0", "_stand_in": True},
+            "transformer_engine.pytorch": {"DotProductAttention": DotProductAttention},
+            "transformer_engine.pytorch.attention": {"DotProductAttention": DotProductAttention},
+            "transformer_engine_torch": {"thd_get_partitioned_indices": thd_get_partitioned_indices},
+        }
+    )

@@ -16,7 +16,7 @@ import pytest
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
 from automodel_dist.dry_run.plan import plan_dry_run
 from automodel_dist.request import Request
-from support.session import own_processes
+from support.session import own_tag, still_running
 
 needs_automodel = pytest.mark.skipif(
     bool(missing_packages()), reason="the dry run needs AutoModel, torch, transformers"
@@ -165,18 +165,69 @@ def test_liger_stands_in_for_phi3_without_tp_only():
 
 @needs_automodel
 def test_pipeline_stages_are_measured_on_their_own_ranks():
-    report = _run(
-        "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n"
-        "step_scheduler:\n  local_batch_size: 2\n",
-        world_size=8,
-        micro_batch_size=None,
-    )
+    with own_tag() as tag:
+        report = _run(
+            "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n"
+            "step_scheduler:\n  local_batch_size: 2\n",
+            world_size=8,
+            micro_batch_size=None,
+        )
     assert report.status == "measured" and [r.rank for r in report.ranks] == [0, 4]
     first, last = report.ranks
     assert first.pp_stages == [0] and last.pp_stages == [1]
     assert first.local_param_bytes == 2 * (EMBED + LAYER) // 4  # dp 4 per stage
     assert last.local_param_bytes == 2 * (LAYER + NORM + EMBED) // 4  # AutoModel's PP path unties lm_head
     assert any("separate lm_head" in n for n in report.notes)
+    # both ranks were forked from a fork server that imported AutoModel's stack once (dry_run/launcher.py): each
+    # reports that import as its own import phase, so the two figures are one
+    assert first.phases_s["import"] == pytest.approx(last.phases_s["import"], abs=0.5) and first.phases_s["import"] > 1
+    assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
+
+
+def test_a_started_rank_that_writes_no_result_fails_with_its_own_traceback(tmp_path):
+    """The launcher's protocol on its own (no AutoModel needed: an import that fails in the fork server is the rank's
+    to report): a rank whose spec cannot be read runs in a session of its own and exits 1, its traceback in its stderr
+    file; the launcher then exits, and nothing of it is left."""
+    from automodel_dist.dry_run.run import _Launcher
+
+    with own_tag() as tag:
+        launcher = _Launcher(tmp_path)
+    try:
+        out = [tmp_path / name for name in ("result.json", "stdout", "stderr")]
+        pid = launcher.start("r0", [tmp_path / "missing.json", *out], lambda: None)
+        assert isinstance(pid, int) and pid not in (os.getpid(), launcher.proc.pid)
+        code = None
+        for _ in range(600):
+            code = launcher.exit_code(pid, timeout=0.2)
+            if code is not None:
+                break
+        assert code == 1 and not out[0].exists()
+        assert "missing.json" in out[2].read_text()
+    finally:
+        launcher.close()
+    assert launcher.proc.returncode == 0
+    assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
+
+
+@needs_automodel
+def test_a_rank_whose_launcher_dies_fails_and_nothing_is_left_running(monkeypatch):
+    """A launcher that exits under a running rank: the rank is reported failed at once, not waited for, and the
+    orphaned rank process is stopped."""
+    from automodel_dist.dry_run import run as dry_run_module
+
+    original = dry_run_module._Launcher.start
+
+    def start_then_die(self, *args):
+        pid = original(self, *args)
+        os.killpg(self.proc.pid, 9)  # the launcher and its fork server; the rank has a session of its own
+        return pid
+
+    monkeypatch.setattr(dry_run_module._Launcher, "start", start_then_die)
+    with own_tag() as tag:
+        report = _run("distributed: {}\n", world_size=8)
+    assert report.status == "failed" and report.ranks[0].status == "failed"
+    assert "automodel_dist.dry_run.launcher" in report.ranks[0].error and "exited" in report.ranks[0].error
+    assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])
@@ -285,11 +336,12 @@ def test_context_parallelism_runs_on_hugging_face_classes():
 @needs_automodel
 @pytest.mark.parametrize("limit,status", [({"host_gib": 0.1}, "host_memory_cap"), ({"timeout_s": 1}, "timeout")])
 def test_limits_stop_a_rank_cleanly(limit, status):
-    report = _run("distributed: {}\n", world_size=8, **limit)
+    with own_tag() as tag:
+        report = _run("distributed: {}\n", world_size=8, **limit)
     assert report.status == "failed" and report.ranks[0].status == status and "stopped by" in report.ranks[0].reason
     if status == "host_memory_cap":  # says how to raise it
         assert "--host-memory-gib" in report.ranks[0].reason and "host_gib" in report.ranks[0].reason
-    assert not own_processes("automodel_dist.dry_run.worker")
+    assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
 @needs_automodel

@@ -22,7 +22,7 @@ from mcp import Client, StdioServerParameters
 from automodel_dist.mcp_server import NAME, create_server
 from support.mcp_client import call, run
 from support.paths import EXAMPLES, ROOT
-from support.session import own_processes, wait_for_port
+from support.session import own_processes, own_tag, still_running, wait_for_port
 
 EXAMPLE = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
 
@@ -245,8 +245,8 @@ def test_dry_run_reports_progress_and_cancels_its_processes():
     assert not r.is_error and r.structured_content["status"] == "measured"
     assert any(m.startswith("build") for m in seen) and any(m.startswith("backward") for m in seen)
 
-    def workers() -> list[str]:
-        return own_processes("automodel_dist.dry_run.worker")
+    def workers() -> list[str]:  # this test's: a test on another worker may be running a dry run meanwhile
+        return own_processes("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
     async def go():
         async with Client(create_server()) as c:
@@ -263,11 +263,9 @@ def test_dry_run_reports_progress_and_cancels_its_processes():
                 assert workers()
                 tg.cancel_scope.cancel()
 
-    run(go)
-    deadline = time.time() + 15
-    while workers() and time.time() < deadline:
-        time.sleep(0.2)
-    assert workers() == []
+    with own_tag() as tag:
+        run(go)
+    assert still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag) == []
 
 
 def _run_dirs() -> set[str]:

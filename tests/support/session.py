@@ -3,12 +3,14 @@ directory, and the helpers that look for what it left behind. Imported by confte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 # Every process this test session starts inherits this tag, orphans included, so "nothing left behind" checks look
@@ -23,15 +25,18 @@ os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
-def own_processes(*needles: str) -> list[str]:
-    """``"pid cmdline"`` of this session's live processes (not this one) whose command line holds any needle."""
-    tag = f"AUTOMODEL_DIST_TEST_TAG={TEST_TAG}".encode()
+def own_processes(*needles: str, tag: str | None = None) -> list[str]:
+    """``"pid cmdline"`` of this session's live processes (not this one) whose command line holds any needle; with
+    ``tag``, only those started under that tag (:func:`own_tag`)."""
+    exact = f"AUTOMODEL_DIST_TEST_TAG={tag}".encode() if tag else None
+    prefix = f"AUTOMODEL_DIST_TEST_TAG={TEST_TAG}".encode()
     out = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if tag not in (entry / "environ").read_bytes().split(b"\0"):
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if not any(v == exact if exact else v.startswith(prefix) for v in env):
                 continue
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             state = next((ln for ln in (entry / "status").read_text().splitlines() if ln.startswith("State:")), "")
@@ -40,6 +45,27 @@ def own_processes(*needles: str) -> list[str]:
         if "zombie" not in state and any(n in cmd for n in needles):
             out.append(f"{entry.name} {cmd}")
     return out
+
+
+def still_running(*needles: str, tag: str | None = None, timeout_s: float = 15) -> list[str]:
+    """:func:`own_processes` once they are gone or the time is up (a killed process takes a moment to exit)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := own_processes(*needles, tag=tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@contextlib.contextmanager
+def own_tag() -> Iterator[str]:
+    """A tag of the calling test's own, inherited by every process it starts meanwhile (this session's tag with a
+    suffix), so that ``own_processes(..., tag=...)`` sees that test's processes only, not those a test running on
+    another worker of this session started."""
+    tag = f"{TEST_TAG}-{uuid.uuid4().hex[:8]}"
+    os.environ["AUTOMODEL_DIST_TEST_TAG"] = tag
+    try:
+        yield tag
+    finally:
+        os.environ["AUTOMODEL_DIST_TEST_TAG"] = TEST_TAG
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:

@@ -1,5 +1,5 @@
 """Run the planned ranks, each in its own process (the fake process group and AutoModel's module state are per
-process), with a wall-time limit, a host-memory cap, progress and cancellation; then assemble the report."""
+process; forked from one that imported AutoModel's stack once, dry_run/launcher.py), with a wall-time limit, a host-memory cap, progress and cancellation; then assemble the report."""
 
 from __future__ import annotations
 
@@ -81,8 +81,123 @@ def _rss_mib(pgid: int) -> float:
     return total / 1024
 
 
+def _environment() -> dict[str, str]:
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TORCH_CPP_LOG_LEVEL="ERROR",
+        # torch.compile'd functions (GPT-OSS's experts) run eagerly: Dynamo refuses the fake-tensor and tracker
+        # dispatch modes; eager code keeps at least what a compiled graph keeps (stated in the report)
+        TORCHDYNAMO_DISABLE="1",
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class _Launcher:
+    """The parent's side of dry_run/launcher.py: the process the ranks are started from (through a fork server that
+    imports AutoModel's stack once)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._err = (tmp / "launcher.stderr").open("w+", encoding="utf-8")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "automodel_dist.dry_run.launcher"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            text=True,
+            env=_environment(),
+            start_new_session=True,
+        )
+        self._changed = threading.Condition()
+        self.gone = False
+        self.pids: dict[str, int] = {}
+        self.exits: dict[int, int] = {}
+        self._abandoned: set[str] = set()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                kind, *rest = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # not the protocol's (output of an import)
+            with self._changed:
+                if kind == "pid":
+                    self.pids[rest[0]] = rest[1]
+                    if rest[0] in self._abandoned:  # its rank gave up while the fork server imported
+                        _stop(rest[1])
+                elif kind == "exit":
+                    self.exits[rest[0]] = rest[1]
+                self._changed.notify_all()
+        with self._changed:
+            self.gone = True
+            self._changed.notify_all()
+
+    def start(self, tag: str, paths: list[Path], give_up: Callable[[], str | None]) -> int | str:
+        """The started rank's pid (its process group's id), or why there is none: ``give_up``'s answer (the rank is
+        stopped as soon as it starts), or ``"gone"`` when the launcher exited."""
+        assert self.proc.stdin is not None
+        with self._changed:
+            try:
+                self.proc.stdin.write(json.dumps([tag, *map(str, paths)]) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                return "gone"
+            while tag not in self.pids:
+                why = "gone" if self.gone else give_up()
+                if why:
+                    self._abandoned.add(tag)
+                    return why
+                self._changed.wait(0.2)
+            return self.pids[tag]
+
+    def exit_code(self, pid: int, timeout: float) -> int | None:
+        """The rank's exit code once it ended (None while it runs)."""
+        with self._changed:
+            if pid not in self.exits and not self.gone:
+                self._changed.wait(timeout)
+            return self.exits.get(pid, -signal.SIGKILL if self.gone else None)
+
+    def orphaned(self, pid: int) -> bool:
+        """The launcher exited with the rank still running (it is stopped by :meth:`close`)."""
+        return self.gone and pid not in self.exits
+
+    def stderr(self) -> list[str]:
+        self._err.seek(0)
+        return self._err.read().strip().splitlines()[-12:]
+
+    def close(self) -> None:
+        """No more ranks: the launcher exits; a rank still running (a cancelled run's, an orphan's) is stopped."""
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        with self._changed:
+            running = [pid for pid in self.pids.values() if pid not in self.exits]
+        for pid in running:
+            _stop(pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        _stop(self.proc.pid)  # its session: the fork server, which may still be importing, and its resource tracker
+        self.proc.wait()
+        self._err.close()
+
+
+def _stop(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def _run_rank(
     spec: DryRunSpec,
+    launcher: _Launcher,
+    tmp: Path,
     *,
     timeout_s: float,
     host_gib: float,
@@ -90,94 +205,81 @@ def _run_rank(
     progress: Callable[[int, str], None],
 ) -> dict[str, Any]:
     rank = spec.rank
-    with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec.write(spec_path)
-        env = dict(
-            os.environ,
-            OMP_NUM_THREADS="1",
-            MKL_NUM_THREADS="1",
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            PYTHONUNBUFFERED="1",
-            TORCH_CPP_LOG_LEVEL="ERROR",
-            # torch.compile'd functions (GPT-OSS's experts) run eagerly: Dynamo refuses the fake-tensor and tracker
-            # dispatch modes; eager code keeps at least what a compiled graph keeps (stated in the report)
-            TORCHDYNAMO_DISABLE="1",
-        )
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "automodel_dist.dry_run.worker", str(spec_path), str(out_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        stopped: list[str] = []
-        peak_rss = [0.0]
+    start = time.monotonic()
+    paths = {name: tmp / f"rank{rank}.{name}" for name in ("spec.json", "result.json", "stdout", "stderr")}
+    spec.write(paths["spec.json"])
+    peak_rss = 0.0
+    seen = 0
 
-        def read_progress() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
+    def limit_hit(rss: float = 0.0) -> str | None:
+        if cancel.is_set():
+            return "cancelled"
+        if time.monotonic() - start > timeout_s:
+            return "timeout"
+        return "host_memory_cap" if rss > host_gib * 1024 else None
+
+    def read_progress() -> None:
+        nonlocal seen
+        with contextlib.suppress(OSError):
+            lines = paths["stdout"].read_text(encoding="utf-8", errors="replace").splitlines()
+            for line in lines[seen:]:
                 if line.startswith("PHASE "):
                     progress(rank, line[6:].strip())
+            seen = len(lines)
 
-        def watch() -> None:
-            start = time.monotonic()
-            while proc.poll() is None:
-                rss = _rss_mib(proc.pid)
-                peak_rss[0] = max(peak_rss[0], rss)
-                why = (
-                    "cancelled"
-                    if cancel.is_set()
-                    else "timeout"
-                    if time.monotonic() - start > timeout_s
-                    else "host_memory_cap"
-                    if rss > host_gib * 1024
-                    else None
-                )
-                if why:
-                    stopped.append(why)
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    return
-                time.sleep(0.2)
-
-        readers = [threading.Thread(target=f, daemon=True) for f in (read_progress, watch)]
-        for t in readers:
-            t.start()
-        stderr = proc.stderr.read() if proc.stderr else ""
-        proc.wait()
-        for t in readers:
-            t.join(timeout=5)
-        if stopped:
-            limit = {
-                "timeout": f"the wall-time limit of {timeout_s:.0f} s",
-                "host_memory_cap": (
-                    f"the host-memory cap of {host_gib:g} GiB (raise it with --host-memory-gib / host_gib; a rank "
-                    "that holds real tensors, e.g. a model built at full depth, needs more)"
-                ),
-                "cancelled": "cancellation",
-            }[stopped[0]]
-            return {
-                "rank": rank,
-                "status": stopped[0],
-                "reason": f"stopped by {limit}",
-                "host_peak_rss_mib": round(peak_rss[0], 1),
-            }
-        try:
-            result = json.loads(out_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {
-                "rank": rank,
-                "status": "failed",
-                "error": f"the dry-run process exited with {proc.returncode} and wrote no result",
-                "traceback": stderr.strip().splitlines()[-12:],
-            }
-        result["host_peak_rss_mib"] = max(float(result.get("host_peak_rss_mib") or 0), round(peak_rss[0], 1))
-        return result
+    started = launcher.start(str(rank), list(paths.values()), limit_hit)
+    why = started if isinstance(started, str) else None
+    code = None
+    if why == "gone":
+        return {
+            "rank": rank,
+            "status": "failed",
+            "error": f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with "
+            f"{launcher.proc.poll()} before rank {rank} started",
+            "traceback": launcher.stderr(),
+        }
+    while isinstance(started, int):
+        code = launcher.exit_code(started, timeout=0.2)
+        read_progress()
+        if code is not None:
+            break
+        rss = _rss_mib(started)
+        peak_rss = max(peak_rss, rss)
+        why = limit_hit(rss)
+        if why:
+            _stop(started)
+            break
+    if why:
+        limit = {
+            "timeout": f"the wall-time limit of {timeout_s:.0f} s",
+            "host_memory_cap": (
+                f"the host-memory cap of {host_gib:g} GiB (raise it with --host-memory-gib / host_gib; a rank "
+                "that holds real tensors, e.g. a model built at full depth, needs more)"
+            ),
+            "cancelled": "cancellation",
+        }[why]
+        return {"rank": rank, "status": why, "reason": f"stopped by {limit}", "host_peak_rss_mib": round(peak_rss, 1)}
+    try:
+        result = json.loads(paths["result.json"].read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stderr = ""
+        with contextlib.suppress(OSError):
+            stderr = paths["stderr"].read_text(encoding="utf-8", errors="replace")
+        assert isinstance(started, int)
+        orphaned = launcher.orphaned(started)
+        return {
+            "rank": rank,
+            "status": "failed",
+            "error": (
+                f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with "
+                f"{launcher.proc.poll()} while rank {rank} ran"
+                if orphaned
+                else f"the dry-run process exited with {code} and wrote no result"
+            ),
+            "traceback": (launcher.stderr() if orphaned else []) + stderr.strip().splitlines()[-12:],
+        }
+    result["host_peak_rss_mib"] = max(float(result.get("host_peak_rss_mib") or 0), round(peak_rss, 1))
+    return result
 
 
 def _rank_result(raw: dict[str, Any]) -> RankResult:
@@ -321,13 +423,26 @@ def dry_run(
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = concurrency(len(plan.specs), cores)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        raws = list(
-            pool.map(
-                lambda s: _run_rank(s, timeout_s=timeout_s, host_gib=host_gib, cancel=cancel, progress=on_phase),
-                plan.specs,
-            )
-        )
+    with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
+        launcher = _Launcher(Path(tmp))
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                raws = list(
+                    pool.map(
+                        lambda s: _run_rank(
+                            s,
+                            launcher,
+                            Path(tmp),
+                            timeout_s=timeout_s,
+                            host_gib=host_gib,
+                            cancel=cancel,
+                            progress=on_phase,
+                        ),
+                        plan.specs,
+                    )
+                )
+        finally:
+            launcher.close()
     results = [_rank_result(r) for r in raws]
     results += [RankResult(rank=r, status="not_measured", reason=why) for r, why in plan.unmeasured_ranks.items()]
     results.sort(key=lambda r: r.rank)
@@ -359,6 +474,9 @@ def dry_run(
                 )
             )
     notes = list(plan.notes) + [
+        "the step ran with Python's cyclic garbage collector held off after one collection, as AutoModel runs it "
+        "where a recipe sets step_scheduler.gc_every_steps; elsewhere a collection mid-step could only free memory, "
+        "so the figures are at most that much higher",
         "figures are bytes torch's allocator would be asked for (FakeTensorMode: nothing allocated), without its "
         "caching and fragmentation, CUDA context or NCCL buffers; the same figure as a GPU's max_memory_allocated "
         "where one was compared (docs/gpu-check.md: within 0.3% on the builds an H200 ran)",

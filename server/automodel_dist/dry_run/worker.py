@@ -1,7 +1,7 @@
 """One measured rank of a dry run: AutoModel 0.7.0's own setup, model build, parallelizer and training step, on a fake
-process group under FakeTensorMode, with torch's memory tracker. Run as
-``python -m automodel_dist.dry_run.worker SPEC.json RESULT.json`` (one process per rank: the fake process group and
-AutoModel's module state are per process). Progress goes to stdout as ``PHASE <name>`` lines; the result is always
+process group under FakeTensorMode, with torch's memory tracker. One process per rank (the fake process group and
+AutoModel's module state are per process): :func:`serve` in a rank forked by dry_run/launcher.py, or on its own
+``python -m automodel_dist.dry_run.worker SPEC.json RESULT.json``. Progress goes to stdout as ``PHASE <name>`` lines; the result is always
 written, an AutoModel exception included.
 
 The step follows ``recipes/llm/train_ft.py`` (``_run_train_optim_step`` and ``_forward_backward_step``), calling the
@@ -73,6 +73,26 @@ class Phases:
             self.current = previous
 
 
+@contextlib.contextmanager
+def _garbage_collection_held_off() -> Any:
+    """Python's cyclic garbage collector off for the measured step, after one full collection, as AutoModel's recipes
+    run it where they set ``step_scheduler.gc_every_steps`` (``GarbageCollection``: a collection, then ``gc.disable()``
+    until every N-th step). Elsewhere a collection can run at any allocation, and one that frees a cycle's tensors
+    before the peak lowers it: when depends on how many Python objects the process made before, which the fake run's
+    own bookkeeping changes (importing one module earlier moved a peak by 33 MiB). Held off, the figure does not
+    depend on it: no collection frees anything mid-step, the most such tensors could hold."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _split(categories: dict[str, int], param_bytes: int | None = None) -> dict[str, float]:
     """The tracker's categories as the report's split, with ``params`` the local parameter shards
     (``param_bytes``): MemTracker (several FSDP roots: pipeline stages) counts the gathered copies as parameters, and
@@ -126,13 +146,6 @@ def _grad_bytes(parts: list[Any]) -> int:
                 g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
                 total += g.numel() * g.element_size()
     return total
-
-
-def _import_automodel() -> None:
-    shims.import_automodel()
-    import nemo_automodel.components.training.utils  # noqa: F401 - the step's helpers (timed with the import)
-    import nemo_automodel.recipes._dist_utils  # noqa: F401
-    import transformers  # noqa: F401
 
 
 def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]) -> dict[str, Any]:
@@ -316,7 +329,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             known.enter_context(media.known_inputs(fake_mode))
             if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
                 known.enter_context(media.known_rope_index(parts, fake_mode))
-        with tracker, repeated_calls(tracker), known:
+        with tracker, repeated_calls(tracker), known, _garbage_collection_held_off():
             step.train_step(
                 built,
                 optimizers,
@@ -388,10 +401,13 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
 def run(spec: DryRunSpec) -> dict[str, Any]:
     phases = Phases()
     result: dict[str, Any] = {"rank": spec.rank, "status": "failed", "rewrites": []}
+    preloaded = sys.modules.get("automodel_dist.stack.preload")
     try:
         with phases("import"):
             warnings.filterwarnings("ignore")
-            _import_automodel()
+            from ..stack import preload
+        if preloaded is not None:  # by the fork server this rank was forked from (dry_run/launcher.py): its time too
+            phases.seconds["import"] = round(phases.seconds["import"] + preload.SECONDS, 3)
         broken = shims.broken()
         if broken:
             result["status"] = "not_measured"
@@ -439,13 +455,17 @@ def _short_traceback(exc: BaseException) -> list[str]:
     return [f"{f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name}" for f in frames][-12:]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    spec_path, out_path = Path(args[0]), Path(args[1])
-    result = run(DryRunSpec.read(spec_path))
-    out_path.write_text(json.dumps(result, default=str), encoding="utf-8")
+def serve(spec_path: str | Path, out_path: str | Path) -> int:
+    """Run the rank of the spec at ``spec_path`` and write its result to ``out_path`` (always, a failure included)."""
+    result = run(DryRunSpec.read(Path(spec_path)))
+    Path(out_path).write_text(json.dumps(result, default=str), encoding="utf-8")
     print("PHASE done", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    return serve(args[0], args[1])
 
 
 if __name__ == "__main__":  # pragma: no cover

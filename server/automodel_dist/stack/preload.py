@@ -1,10 +1,15 @@
-"""Imported by the smoke launcher's fork server before it forks the ranks of a run on AutoModel's stack: AutoModel,
-transformers and the modules its build and step use load once, not once per rank (several seconds each on a busy
-CPU). Importing starts no thread, so the fork server stays safe to fork from."""
+"""Imported by the fork servers the smoke runner (on AutoModel's stack) and the dry run start their ranks from, and
+by a dry-run rank started on its own: AutoModel, transformers and the modules its build and step use load once, not
+once per rank (several seconds each on a busy CPU). Importing starts no thread, so the fork server stays safe to fork
+from."""
 
 from __future__ import annotations
 
-from . import shims
+import time
+
+_START = time.perf_counter()
+
+from . import shims  # noqa: E402
 
 shims.import_automodel()
 
@@ -16,3 +21,6 @@ import nemo_automodel.recipes._dist_utils  # noqa: E402,F401
 import transformers  # noqa: E402,F401
 
 from . import step  # noqa: E402,F401
+
+SECONDS = round(time.perf_counter() - _START, 3)
+"""How long the import took: a rank forked after it reports it as its own import phase (dry_run/worker.py)."""

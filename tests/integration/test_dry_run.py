@@ -5,6 +5,8 @@ without AutoModel the install line and exit 2. Full sizes run under the slow mar
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -228,6 +230,63 @@ def test_a_rank_whose_launcher_dies_fails_and_nothing_is_left_running(monkeypatc
     assert report.status == "failed" and report.ranks[0].status == "failed"
     assert "automodel_dist.dry_run.launcher" in report.ranks[0].error and "exited" in report.ranks[0].error
     assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
+
+
+@needs_automodel
+@pytest.mark.parametrize(
+    "schedule,rank,per_stage", [("interleaved1f1b", 1, 2), ("1f1b", 3, 4), ("zbvzerobubble", 0, 2)]
+)
+def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages(schedule, rank, per_stage):
+    """AutoModel's pipeline split deep-copies the whole model per stage and drops what other stages hold; the dry
+    run's copy shares those layers instead of copying them (shims.STAGE_COPY). The stages come out the same, module
+    by module, and none holds a module of the model it was split from."""
+    import torch
+    import torch.distributed as dist
+    from nemo_automodel.components.distributed.pipelining import functional
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from automodel_dist.stack import shims
+
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
+
+    def stages(share: bool) -> tuple[list[list[tuple]], list[int]]:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("pp",))
+        split = functools.partial(functional.split_model_into_stages, model, mesh["pp"], "pp", schedule)
+        with shims.stage_copies_share_dropped_layers() if share else contextlib.nullcontext():
+            _, parts = split(torch.device("cpu"), layers_per_stage=per_stage)
+        theirs = {id(m) for m in model.modules()} | {id(p) for p in model.parameters()}
+        overlap = [n for part in parts for n, m in [*part.named_modules(), *part.named_parameters()] if id(m) in theirs]
+        described = [
+            [(n, type(m).__name__) for n, m in part.named_modules()]
+            + [(n, tuple(p.shape), p.dtype) for n, p in part.named_parameters()]
+            for part in parts
+        ]
+        return described, overlap
+
+    dist.init_process_group("fake", rank=rank, world_size=4, store=FakeStore())
+    try:
+        copied, _ = stages(share=False)
+        hits = shims.STAGE_COPY.hits
+        shared, overlap = stages(share=True)
+    finally:
+        dist.destroy_process_group()
+    assert shims.STAGE_COPY.hits - hits == len(shared) >= 1 and shared == copied and not overlap
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    dropped = shims.dropped_layers(model, ["model.embed_tokens", "model.layers.3", "model.layers.12"])
+    assert [id(m) for m in dropped] == [id(m) for i, m in enumerate(model.model.layers) if i not in (3, 12)]
+    assert shims.dropped_layers(model, ["model"]) == []  # a kept ancestor keeps every layer
 
 
 @pytest.mark.parametrize("checkpointed", [False, True])

@@ -582,6 +582,24 @@ PP_WARMUP = _register(
         "_warmup_pipeline_stage_neighbors(stages[0])",
     ),
 )
+STAGE_COPY = _register(
+    "pipeline_stage_copy_shares_dropped_layers",
+    "build",
+    "copy.deepcopy(model) in nemo_automodel.components.distributed.pipelining.functional's _build_stage_from_modules "
+    "(the layers the stage drops are shared with the model in the copy, not copied)",
+    "AutoModel builds each pipeline stage by deep-copying the whole meta-device model and then dropping from the copy "
+    "the layers other stages hold; at full depth that copying is a large share of a rank's build (DeepSeek-V3.2: its "
+    "61 layers copied for each of a rank's 7 stages). The copy is given the layers it is about to drop as they are "
+    "(deepcopy's memo) and drops them as before, so the stage holds the same copied modules and never one of the "
+    "model's (tests/integration/test_dry_run.py builds the stages both ways).",
+    _source_has(
+        "nemo_automodel.components.distributed.pipelining.functional:split_model_into_stages",
+        "stage_model = copy.deepcopy(model)",
+        "modules_to_keep = set(module_names)",
+        'name.split(".")[-1] for name in modules_to_keep if name.startswith(f"{full_name}.")',
+        "isinstance(module, (nn.ModuleDict, nn.ModuleList))",
+    ),
+)
 META_INIT = _register(
     "meta_init_on_one_rank",
     "build",
@@ -603,6 +621,60 @@ MODULE_TO = _register(
     "parameters to the device they are on fails in nn.Module._apply's tensor swap.",
     _source_has("nemo_automodel._transformers.infrastructure:apply_model_infrastructure", "model.to(device"),
 )
+
+
+def dropped_layers(model: Any, module_names: list[str]) -> list[Any]:
+    """The children of ``model``'s layer containers (ModuleList / ModuleDict) that AutoModel's
+    ``_build_stage_from_modules`` drops from its copy for a stage that keeps ``module_names``: those whose name is not
+    the last part of a kept name under the container (its own rule), in a container that is neither kept whole nor
+    inside a kept module or another container (those it keeps or drops whole)."""
+    import torch
+
+    containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
+    keep = set(module_names)
+    out = []
+    for path, container in model.named_modules():
+        if not path or not isinstance(container, containers):
+            continue
+        parts = path.split(".")
+        above = [".".join(parts[:i]) for i in range(1, len(parts))]
+        if path in keep or any(a in keep or isinstance(model.get_submodule(a), containers) for a in above):
+            continue
+        kept = {name.split(".")[-1] for name in keep if name.startswith(f"{path}.")}
+        out += [child for name, child in container.named_children() if name not in kept]
+    return out
+
+
+@contextlib.contextmanager
+def stage_copies_share_dropped_layers() -> Iterator[None]:
+    """While active, AutoModel's pipeline split copies only what each stage keeps (see STAGE_COPY)."""
+    import copy
+
+    import nemo_automodel.components.distributed.pipelining.functional as pp_functional
+    import torch
+
+    class StageCopy(types.ModuleType):  # the ``copy`` module as functional.py sees it
+        def __getattr__(self, name: str) -> Any:
+            return getattr(copy, name)
+
+        @staticmethod
+        def deepcopy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+            caller = sys._getframe(1)
+            names = caller.f_locals.get("module_names") if caller.f_code is split_code else None
+            if names is not None and isinstance(obj, torch.nn.Module):
+                memo = {} if memo is None else memo
+                for layer in dropped_layers(obj, list(names)):
+                    memo[id(layer)] = layer
+                STAGE_COPY.hits += 1
+            return copy.deepcopy(obj, memo)
+
+    split_code = next(
+        c
+        for c in pp_functional.split_model_into_stages.__code__.co_consts
+        if isinstance(c, types.CodeType) and c.co_name == "_build_stage_from_modules"
+    )
+    with _patched(pp_functional, "copy", StageCopy("copy")):
+        yield
 
 
 def _shared_params(model: Any) -> list[list[tuple[Any, str]]]:
@@ -696,6 +768,7 @@ def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[No
 
         stack.enter_context(_patched(torch.nn.Module, "to", to))
         stack.enter_context(flash_sdpa())
+        stack.enter_context(stage_copies_share_dropped_layers())
         yield
 
 

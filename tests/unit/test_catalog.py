@@ -124,6 +124,21 @@ def test_hf_config_round_trip(tmp_path):
     assert vlm.num_attention_heads == 32
 
 
+def test_ernie_moe_reads_its_own_expert_keys_and_refuses_what_it_cannot_count():
+    """ERNIE-4.5 names its experts moe_num_experts / moe_k / moe_num_shared_experts and routes the layers from
+    moe_layer_start_index on: a dense prefix, as transformers' and AutoModel's classes build it (the catalog entry is
+    held to transformers' class by the test above). An interleaved pattern, a range that stops short of the last
+    layer, or use_bias is refused rather than miscounted."""
+    spec = lookup("baidu/ERNIE-4.5-21B-A3B-PT")
+    assert (spec.num_experts, spec.experts_per_token, spec.first_dense_layers) == (64, 6, 1)
+    assert spec.shared_expert_intermediate_size == 2 * 1536 and spec.num_moe_layers == 27 and spec.tie_word_embeddings
+    cfg = dict(spec.hf_config)
+    for change in ({"moe_layer_interval": 2}, {"moe_layer_end_index": 20}, {"use_bias": True}):
+        with pytest.raises(ModelConfigError, match="ERNIE-4.5"):
+            from_hf_config({**cfg, **change})
+    assert from_hf_config({**cfg, "moe_layer_end_index": -1, "moe_layer_start_index": 3}).first_dense_layers == 3
+
+
 @pytest.mark.parametrize(
     "bad",
     ["unknown/model", {"hidden_size": 8}, {"hidden_size": "x", "num_attention_heads": 2, "num_hidden_layers": 1}, 42],
@@ -364,7 +379,10 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
         model = transformers.AutoModelForCausalLM.from_config(config)
     # another multimodal config builds its text model as a causal LM: the spec's approximate towers are left out
     towers = small.vision_params + small.audio_params
-    assert sum(p.numel() for p in model.parameters()) == small.param_count() - towers - small.mtp_params()
+    # ERNIE-4.5's routers keep their score-correction bias as an untrained parameter in transformers' class, a buffer
+    # in AutoModel's (as every other class here keeps it), which the spec follows
+    buffers = sum(p.numel() for n, p in model.named_parameters() if n.endswith("moe_statics.e_score_correction_bias"))
+    assert sum(p.numel() for p in model.parameters()) - buffers == small.param_count() - towers - small.mtp_params()
 
 
 @pytest.mark.parametrize("spec", [s for s in catalog() if s.mtp_layers], ids=lambda s: s.name)

@@ -13,7 +13,7 @@ from typing import Any
 from .models import ModelSpec
 
 # where a config.json gives its routed-expert count, in the order transformers' MoE configs use them
-EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
 
 
 class NoConfigError(ValueError):

@@ -528,7 +528,10 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
     kv = _int(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads")
-    experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0, "num_experts")
+    experts = _int(
+        _first(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0) or 0,
+        "num_experts",
+    )
     inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
@@ -537,6 +540,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         shared = _int(cfg[count_key], count_key) * moe_inter
     # transformers' Phi keeps a bias on every projection; StarCoder2 where use_bias (its default) says so
     biased = mtype == "phi" or (mtype == "starcoder2" and bool(cfg.get("use_bias", True)))
+    first_dense = _int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace")
+    if mtype == "ernie4_5_moe":
+        first_dense = _ernie_dense_prefix(cfg, layers)
     head_dim = _first(cfg, "head_dim", default=None)
     if cfg.get("kv_lora_rank"):
         head_dim = _int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim") + _int(
@@ -577,12 +583,12 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"),
         num_experts=experts,
         experts_per_token=_int(
-            _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", default=0) or 0,
+            _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_k", default=0) or 0,
             "num_experts_per_tok",
         ),
         moe_intermediate_size=moe_inter if experts else 0,
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
-        first_dense_layers=_int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace"),
+        first_dense_layers=first_dense,
         expert_bias=mtype == "gpt_oss",
         gated_mlp=mtype not in UNGATED_MLP,
         attention_sinks=mtype == "gpt_oss",
@@ -651,13 +657,33 @@ TIED_BY_DEFAULT = frozenset(
 # transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
 # Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
 UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
-# the count of shared experts, each moe_intermediate_size wide: DeepSeek's and others' name, Ling's (bailing_moe)
-SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
+# the count of shared experts, each moe_intermediate_size wide: DeepSeek's and others' name, Ling's (bailing_moe),
+# ERNIE-4.5's
+SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 # transformers' parallel blocks, one norm a layer whose output feeds both the attention and the MLP (PhiDecoderLayer,
 # CohereDecoderLayer, Cohere2DecoderLayer)
 PARALLEL_BLOCK = ("phi", "cohere", "cohere2")
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
+    """ERNIE-4.5 MoE's dense layers, which must lead: transformers' and AutoModel's classes route the layers from
+    moe_layer_start_index to moe_layer_end_index (-1 or absent: the last) every moe_layer_interval-th; the spec holds a
+    dense prefix, so another pattern, or use_bias (a bias on every projection, experts and lm_head included), is refused
+    rather than miscounted."""
+    start = _int(_first(cfg, "moe_layer_start_index", default=1), "moe_layer_start_index")
+    end = _first(cfg, "moe_layer_end_index", default=-1)
+    end = layers - 1 if end == -1 else _int(end, "moe_layer_end_index")
+    interval = _int(_first(cfg, "moe_layer_interval", default=1), "moe_layer_interval")
+    if interval != 1 or end < layers - 1 or start > layers:
+        raise ModelConfigError(
+            f"ERNIE-4.5's MoE layers {start}..{end} every {interval} of {layers}: only a dense prefix is sized "
+            "(moe_layer_interval 1, moe_layer_end_index the last layer), as its published checkpoints have"
+        )
+    if cfg.get("use_bias"):
+        raise ModelConfigError("ERNIE-4.5 with use_bias: true (a bias on every projection) is not sized")
+    return start
 
 
 def _tied(cfg: dict[str, Any], mtype: str) -> bool:

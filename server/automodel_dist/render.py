@@ -585,9 +585,10 @@ def dry_run_text(r: DryRunReport) -> str:
                 top = ", ".join(f"{name} {gib:.2f}" for name, gib in rk.largest_modules[:3])
                 lines.append(f"    largest while running (GiB): {top}")
             wall = sum(rk.phases_s.values())
+            shared = {"import": "import (shared by the ranks)"} if rk.import_shared else {}
             lines.append(
-                f"    {wall:.1f} s ({', '.join(f'{k} {v:.1f}' for k, v in rk.phases_s.items())}), host RSS "
-                f"{rk.host_peak_rss_mib:.0f} MiB"
+                f"    {wall:.1f} s ({', '.join(f'{shared.get(k, k)} {v:.1f}' for k, v in rk.phases_s.items())}), "
+                f"host RSS {rk.host_peak_rss_mib:.0f} MiB"
             )
         elif rk.error:
             lines.append(f"rank {rk.rank}{stages}: FAILED in {rk.error_phase}: {rk.error}")

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,29 +183,36 @@ def test_pipeline_stages_are_measured_on_their_own_ranks():
     assert any("separate lm_head" in n for n in report.notes)
     # both ranks were forked from a fork server that imported AutoModel's stack once (dry_run/launcher.py): each
     # reports that import as its own import phase, so the two figures are one
+    assert first.import_shared and last.import_shared
     assert first.phases_s["import"] == pytest.approx(last.phases_s["import"], abs=0.5) and first.phases_s["import"] > 1
     assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
-def test_a_started_rank_that_writes_no_result_fails_with_its_own_traceback(tmp_path):
+def test_a_started_rank_runs_in_its_own_session_and_fails_with_its_own_traceback(tmp_path):
     """The launcher's protocol on its own (no AutoModel needed: an import that fails in the fork server is the rank's
-    to report): a rank whose spec cannot be read runs in a session of its own and exits 1, its traceback in its stderr
-    file; the launcher then exits, and nothing of it is left."""
+    to report): the pid comes back once the rank leads its own process group (a stop by group reaches it); a rank
+    whose spec is not a spec exits 1, its traceback in its stderr file; the launcher then exits, and nothing of it is
+    left."""
     from automodel_dist.dry_run.run import _Launcher
 
+    spec = tmp_path / "spec.json"
+    os.mkfifo(spec)  # the rank waits on it until the test writes
     with own_tag() as tag:
         launcher = _Launcher(tmp_path)
     try:
         out = [tmp_path / name for name in ("result.json", "stdout", "stderr")]
-        pid = launcher.start("r0", [tmp_path / "missing.json", *out], lambda: None)
+        pid = launcher.start("r0", [spec, *out], lambda: None)
         assert isinstance(pid, int) and pid not in (os.getpid(), launcher.proc.pid)
+        assert os.getpgid(pid) == pid and os.getsid(pid) == pid
+        assert launcher.exit_code("r0", timeout=0.2) is None
+        spec.write_text("not a spec")
         code = None
         for _ in range(600):
-            code = launcher.exit_code(pid, timeout=0.2)
+            code = launcher.exit_code("r0", timeout=0.2)
             if code is not None:
                 break
         assert code == 1 and not out[0].exists()
-        assert "missing.json" in out[2].read_text()
+        assert "Traceback" in out[2].read_text()
     finally:
         launcher.close()
     assert launcher.proc.returncode == 0
@@ -213,15 +221,17 @@ def test_a_started_rank_that_writes_no_result_fails_with_its_own_traceback(tmp_p
 
 @needs_automodel
 def test_a_rank_whose_launcher_dies_fails_and_nothing_is_left_running(monkeypatch):
-    """A launcher that exits under a running rank: the rank is reported failed at once, not waited for, and the
-    orphaned rank process is stopped."""
+    """A launcher killed under a running rank (with its fork server): the rank is reported failed with the launcher
+    named, not as a timeout, and no rank process is left (it dies with the fork server, and the run's end stops any
+    left)."""
     from automodel_dist.dry_run import run as dry_run_module
 
     original = dry_run_module._Launcher.start
 
     def start_then_die(self, *args):
         pid = original(self, *args)
-        os.killpg(self.proc.pid, 9)  # the launcher and its fork server; the rank has a session of its own
+        assert os.getpgid(pid) == pid  # the rank leads its own group: the kill below is not what stops it
+        os.killpg(self.proc.pid, 9)
         return pid
 
     monkeypatch.setattr(dry_run_module._Launcher, "start", start_then_die)
@@ -232,14 +242,41 @@ def test_a_rank_whose_launcher_dies_fails_and_nothing_is_left_running(monkeypatc
     assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
+def test_the_measured_step_runs_with_the_garbage_collector_held_off():
+    """As AutoModel's GarbageCollection runs a step where a recipe sets gc_every_steps: collected once, then off until
+    the step is done; the collector's state before is restored."""
+    import gc
+
+    from automodel_dist.dry_run.worker import _garbage_collection_held_off
+
+    assert gc.isenabled()
+    with _garbage_collection_held_off():
+        assert not gc.isenabled() and gc.get_count()[0] < 50
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _garbage_collection_held_off():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @needs_automodel
 @pytest.mark.parametrize(
-    "schedule,rank,per_stage", [("interleaved1f1b", 1, 2), ("1f1b", 3, 4), ("zbvzerobubble", 0, 2)]
+    "schedule,rank,per_stage,variant",
+    [
+        ("interleaved1f1b", 1, 2, "module_list"),
+        ("1f1b", 3, 4, "tied"),
+        ("zbvzerobubble", 0, 2, "module_dict"),  # AutoModel's own classes hold their layers in a ModuleDict
+        ("interleaved1f1b", 0, 2, "registered_twice"),  # a dropped layer also held where a stage keeps it
+    ],
 )
-def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages(schedule, rank, per_stage):
+def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages(schedule, rank, per_stage, variant):
     """AutoModel's pipeline split deep-copies the whole model per stage and drops what other stages hold; the dry
     run's copy shares those layers instead of copying them (shims.STAGE_COPY). The stages come out the same, module
-    by module, and none holds a module of the model it was split from."""
+    by module, and none holds a module of the model it was split from; where a dropped layer is also held where the
+    stage keeps it, the stage is copied whole, as AutoModel copies it, and the shim says so."""
     import torch
     import torch.distributed as dist
     from nemo_automodel.components.distributed.pipelining import functional
@@ -256,11 +293,21 @@ def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=256,
+        tie_word_embeddings=variant == "tied",
     )
 
-    def stages(share: bool) -> tuple[list[list[tuple]], list[int]]:
+    def model_of_variant() -> Any:
         with torch.device("meta"):
             model = LlamaForCausalLM(config)
+        layers = model.model.layers
+        if variant == "module_dict":
+            model.model.layers = torch.nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
+        elif variant == "registered_twice":
+            layers[4] = layers[0]  # rank 0's first stage keeps layer 0 and drops layer 4: the same module
+        return model
+
+    def stages(share: bool) -> tuple[list[list[tuple]], list[str]]:
+        model = model_of_variant()
         mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("pp",))
         split = functools.partial(functional.split_model_into_stages, model, mesh["pp"], "pp", schedule)
         with shims.stage_copies_share_dropped_layers() if share else contextlib.nullcontext():
@@ -268,8 +315,8 @@ def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages
         theirs = {id(m) for m in model.modules()} | {id(p) for p in model.parameters()}
         overlap = [n for part in parts for n, m in [*part.named_modules(), *part.named_parameters()] if id(m) in theirs]
         described = [
-            [(n, type(m).__name__) for n, m in part.named_modules()]
-            + [(n, tuple(p.shape), p.dtype) for n, p in part.named_parameters()]
+            [(n, type(m).__name__) for n, m in part.named_modules(remove_duplicate=False)]
+            + [(n, tuple(p.shape), p.dtype) for n, p in part.named_parameters(remove_duplicate=False)]
             for part in parts
         ]
         return described, overlap
@@ -277,15 +324,19 @@ def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages
     dist.init_process_group("fake", rank=rank, world_size=4, store=FakeStore())
     try:
         copied, _ = stages(share=False)
-        hits = shims.STAGE_COPY.hits
+        hits, notes = shims.STAGE_COPY.hits, len(shims.STAGE_COPY.notes)
         shared, overlap = stages(share=True)
     finally:
         dist.destroy_process_group()
-    assert shims.STAGE_COPY.hits - hits == len(shared) >= 1 and shared == copied and not overlap
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+    assert shared == copied and len(shared) >= 1 and not overlap
+    whole = shims.STAGE_COPY.notes[notes:]
+    if variant == "registered_twice":
+        assert whole and all("copied whole" in n for n in whole)
+    else:
+        assert shims.STAGE_COPY.hits - hits == len(shared) and not whole
+    model = model_of_variant()
     dropped = shims.dropped_layers(model, ["model.embed_tokens", "model.layers.3", "model.layers.12"])
-    assert [id(m) for m in dropped] == [id(m) for i, m in enumerate(model.model.layers) if i not in (3, 12)]
+    assert [p for p, _ in dropped] == [f"model.layers.{i}" for i in range(16) if i not in (3, 12)]
     assert shims.dropped_layers(model, ["model"]) == []  # a kept ancestor keeps every layer
 
 

@@ -120,6 +120,8 @@ def test_truncated_config_cuts_per_layer_lists():
     assert out["num_hidden_layers"] == 4 and out["layer_types"] == ["s", "f", "s", "f"]
     assert out["hybrid_override_pattern"] == "M*M*" and cfg["num_hidden_layers"] == 8
     assert truncated_config({"first_k_dense_replace": 3}, 8, moe_prefix_as_moe=True)["first_k_dense_replace"] == 0
+    ernie = truncated_config({"moe_layer_start_index": 1, "moe_layer_end_index": 27}, 4, moe_prefix_as_moe=True)
+    assert ernie["moe_layer_start_index"] == 0 and ernie["num_hidden_layers"] == 4  # ERNIE-4.5's dense prefix
     # a multimodal config: its language model is cut (AutoModel builds the text_config's layers), the towers are not
     vlm = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "vision_config": {"depth": 27}, "text_config": cfg}
     out = truncated_config(vlm, 4)

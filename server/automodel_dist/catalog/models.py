@@ -673,7 +673,9 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     dense prefix, so another pattern, or use_bias (a bias on every projection, experts and lm_head included), is refused
     rather than miscounted."""
     start = _int(_first(cfg, "moe_layer_start_index", default=1), "moe_layer_start_index")
-    end = _first(cfg, "moe_layer_end_index", default=-1)
+    end = cfg.get("moe_layer_end_index", -1)
+    if end is None:  # transformers maps only -1 to the last layer; both classes compare each layer with it
+        raise ModelConfigError("ERNIE-4.5's moe_layer_end_index is null: give -1 (the last layer) or a layer index")
     end = layers - 1 if end == -1 else _int(end, "moe_layer_end_index")
     interval = _int(_first(cfg, "moe_layer_interval", default=1), "moe_layer_interval")
     if interval != 1 or end < layers - 1 or start > layers:

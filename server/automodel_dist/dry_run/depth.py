@@ -167,6 +167,8 @@ def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: 
             out[key] = out[key][:layers]
     if moe_prefix_as_moe and out.get("first_k_dense_replace"):
         out["first_k_dense_replace"] = 0
+    if moe_prefix_as_moe and out.get("moe_layer_start_index"):  # ERNIE-4.5's dense prefix
+        out["moe_layer_start_index"] = 0
     return out
 
 

@@ -56,6 +56,11 @@ class RankResult(BaseModel):
     local_trainable_param_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     phases_s: dict[str, float] = Field(default_factory=dict, description="Wall time per phase.")
+    import_shared: bool = Field(
+        default=False,
+        description="The rank was forked after its stack was imported once for every rank (dry_run/launcher.py); "
+        "its import phase is that shared import's time.",
+    )
     host_peak_rss_mib: float | None = None
     error: str | None = Field(default=None, description="AutoModel's own exception, when it raised.")
     error_phase: str | None = None

@@ -101,50 +101,56 @@ def _environment() -> dict[str, str]:
 
 class _Launcher:
     """The parent's side of dry_run/launcher.py: the process the ranks are started from (through a fork server that
-    imports AutoModel's stack once)."""
+    imports AutoModel's stack once). Ranks are named by their tag (the rank number)."""
 
     def __init__(self, tmp: Path) -> None:
-        self._err = (tmp / "launcher.stderr").open("w+", encoding="utf-8")
+        self._err = (tmp / "launcher.stderr").open("w+", encoding="utf-8", errors="replace")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "automodel_dist.dry_run.launcher"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
             text=True,
+            errors="replace",
             env=_environment(),
             start_new_session=True,
         )
         self._changed = threading.Condition()
         self.gone = False
         self.pids: dict[str, int] = {}
-        self.exits: dict[int, int] = {}
+        self.exits: dict[str, int] = {}
         self._abandoned: set[str] = set()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                kind, *rest = json.loads(line)
-            except (ValueError, TypeError):
-                continue  # not the protocol's (output of an import)
+        try:
+            for line in self.proc.stdout:
+                try:
+                    kind, tag, value = json.loads(line)
+                except (ValueError, TypeError):
+                    continue
+                with self._changed:
+                    if kind == "pid":
+                        self.pids[tag] = value
+                        if tag in self._abandoned:  # its rank gave up while the fork server imported
+                            _stop(value)
+                    elif kind == "exit":
+                        self.exits[tag] = value
+                    self._changed.notify_all()
+        finally:
             with self._changed:
-                if kind == "pid":
-                    self.pids[rest[0]] = rest[1]
-                    if rest[0] in self._abandoned:  # its rank gave up while the fork server imported
-                        _stop(rest[1])
-                elif kind == "exit":
-                    self.exits[rest[0]] = rest[1]
+                self.gone = True
                 self._changed.notify_all()
-        with self._changed:
-            self.gone = True
-            self._changed.notify_all()
 
     def start(self, tag: str, paths: list[Path], give_up: Callable[[], str | None]) -> int | str:
-        """The started rank's pid (its process group's id), or why there is none: ``give_up``'s answer (the rank is
-        stopped as soon as it starts), or ``"gone"`` when the launcher exited."""
+        """The started rank's pid (the id of its own process group), or why there is none: ``give_up``'s answer
+        (a rank started meanwhile is stopped as soon as its pid arrives), or ``"gone"`` when the launcher exited."""
         assert self.proc.stdin is not None
         with self._changed:
+            why = give_up()
+            if why:
+                return why
             try:
                 self.proc.stdin.write(json.dumps([tag, *map(str, paths)]) + "\n")
                 self.proc.stdin.flush()
@@ -158,40 +164,55 @@ class _Launcher:
                 self._changed.wait(0.2)
             return self.pids[tag]
 
-    def exit_code(self, pid: int, timeout: float) -> int | None:
-        """The rank's exit code once it ended (None while it runs)."""
+    def exit_code(self, tag: str, timeout: float) -> int | None:
+        """The rank's exit code once it ended (None while it runs); a rank the launcher left behind counts as
+        killed."""
         with self._changed:
-            if pid not in self.exits and not self.gone:
+            if tag not in self.exits and not self.gone:
                 self._changed.wait(timeout)
-            return self.exits.get(pid, -signal.SIGKILL if self.gone else None)
+            return self.exits.get(tag, -signal.SIGKILL if self.gone else None)
 
-    def orphaned(self, pid: int) -> bool:
+    def orphaned(self, tag: str) -> bool:
         """The launcher exited with the rank still running (it is stopped by :meth:`close`)."""
-        return self.gone and pid not in self.exits
+        with self._changed:
+            return self.gone and tag not in self.exits
 
     def stderr(self) -> list[str]:
         self._err.seek(0)
         return self._err.read().strip().splitlines()[-12:]
 
-    def close(self) -> None:
-        """No more ranks: the launcher exits; a rank still running (a cancelled run's, an orphan's) is stopped."""
+    def _running(self) -> list[int]:
+        with self._changed:
+            return [pid for tag, pid in self.pids.items() if tag not in self.exits]
+
+    def close(self, *, cancelled: bool = False) -> None:
+        """No more ranks: the launcher exits; a rank still running (a cancelled run's, an orphan's) is stopped, and
+        so is the launcher's session (its fork server, which may still be importing, and its resource tracker) once it
+        has exited, or at once when the run was cancelled."""
         with contextlib.suppress(OSError, ValueError):
             assert self.proc.stdin is not None
             self.proc.stdin.close()
-        with self._changed:
-            running = [pid for pid in self.pids.values() if pid not in self.exits]
-        for pid in running:
+        for pid in self._running():
             _stop(pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=30)
-        _stop(self.proc.pid)  # its session: the fork server, which may still be importing, and its resource tracker
+        if not cancelled:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=30)
+        _stop(self.proc.pid)
         self.proc.wait()
+        for pid in self._running():  # started while the launcher wound down
+            _stop(pid)
         self._err.close()
 
 
-def _stop(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def _stop(pid: int) -> None:
+    """Kill the process group ``pid`` leads, or the process alone where it leads none."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    except PermissionError:
+        pass
 
 
 def _run_rank(
@@ -239,7 +260,7 @@ def _run_rank(
             "traceback": launcher.stderr(),
         }
     while isinstance(started, int):
-        code = launcher.exit_code(started, timeout=0.2)
+        code = launcher.exit_code(str(rank), timeout=0.2)
         read_progress()
         if code is not None:
             break
@@ -265,8 +286,7 @@ def _run_rank(
         stderr = ""
         with contextlib.suppress(OSError):
             stderr = paths["stderr"].read_text(encoding="utf-8", errors="replace")
-        assert isinstance(started, int)
-        orphaned = launcher.orphaned(started)
+        orphaned = launcher.orphaned(str(rank))
         return {
             "rank": rank,
             "status": "failed",
@@ -308,6 +328,7 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         local_trainable_param_bytes=loc.get("trainable_params"),
         optimizer_state_bytes=loc.get("optimizer_states"),
         phases_s=raw.get("phases_s") or {},
+        import_shared=bool(raw.get("import_shared")),
         host_peak_rss_mib=raw.get("host_peak_rss_mib"),
         error=error,
         error_phase=raw.get("error_phase"),
@@ -423,26 +444,29 @@ def dry_run(
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = concurrency(len(plan.specs), cores)
+    raws: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
-        launcher = _Launcher(Path(tmp))
+        launcher = _Launcher(Path(tmp)) if plan.specs else None
         try:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                raws = list(
-                    pool.map(
-                        lambda s: _run_rank(
-                            s,
-                            launcher,
-                            Path(tmp),
-                            timeout_s=timeout_s,
-                            host_gib=host_gib,
-                            cancel=cancel,
-                            progress=on_phase,
-                        ),
-                        plan.specs,
+                if launcher is not None:
+                    raws = list(
+                        pool.map(
+                            lambda s: _run_rank(
+                                s,
+                                launcher,
+                                Path(tmp),
+                                timeout_s=timeout_s,
+                                host_gib=host_gib,
+                                cancel=cancel,
+                                progress=on_phase,
+                            ),
+                            plan.specs,
+                        )
                     )
-                )
         finally:
-            launcher.close()
+            if launcher is not None:
+                launcher.close(cancelled=cancel.is_set())
     results = [_rank_result(r) for r in raws]
     results += [RankResult(rank=r, status="not_measured", reason=why) for r, why in plan.unmeasured_ranks.items()]
     results.sort(key=lambda r: r.rank)

@@ -408,6 +408,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             from ..stack import preload
         if preloaded is not None:  # by the fork server this rank was forked from (dry_run/launcher.py): its time too
             phases.seconds["import"] = round(phases.seconds["import"] + preload.SECONDS, 3)
+            result["import_shared"] = True
         broken = shims.broken()
         if broken:
             result["status"] = "not_measured"

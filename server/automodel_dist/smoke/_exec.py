@@ -6,21 +6,10 @@ process when its parent dies (PR_SET_PDEATHSIG survives exec), then exec ``argv`
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-import signal
 import sys
 
-
-def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+from ..child_process import set_pdeathsig
 
 
 def main() -> None:

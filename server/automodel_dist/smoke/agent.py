@@ -22,7 +22,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from ._exec import set_pdeathsig
+from ..child_process import set_pdeathsig
 
 PRELOAD = (
     "torch",

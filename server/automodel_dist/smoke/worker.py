@@ -77,7 +77,7 @@ def run(
     (the rank, its backend and device), then on the tiny stack init (process group, meshes checked against the
     engine's layout, this rank's data), build (the tiny model, split into stages and parallelized), the one-process
     reference, the schedule, the steps and the comparison; AutoModel's stack runs its own (stack_worker.py)."""
-    from ._exec import set_pdeathsig
+    from ..child_process import set_pdeathsig
 
     set_pdeathsig()  # die with torchrun, whatever happens to it
     r = _start(spec, t_start)

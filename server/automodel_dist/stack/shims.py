@@ -623,11 +623,12 @@ MODULE_TO = _register(
 )
 
 
-def dropped_layers(model: Any, module_names: list[str]) -> list[Any]:
-    """The children of ``model``'s layer containers (ModuleList / ModuleDict) that AutoModel's
+def dropped_layers(model: Any, module_names: list[str]) -> list[tuple[str, Any]]:
+    """``(path, module)`` of the children of ``model``'s layer containers (ModuleList / ModuleDict) that AutoModel's
     ``_build_stage_from_modules`` drops from its copy for a stage that keeps ``module_names``: those whose name is not
     the last part of a kept name under the container (its own rule), in a container that is neither kept whole nor
-    inside a kept module or another container (those it keeps or drops whole)."""
+    inside a kept module or another container (those it keeps or drops whole). Every registration is listed, a module
+    registered twice twice."""
     import torch
 
     containers = (torch.nn.ModuleList, torch.nn.ModuleDict)
@@ -641,13 +642,15 @@ def dropped_layers(model: Any, module_names: list[str]) -> list[Any]:
         if path in keep or any(a in keep or isinstance(model.get_submodule(a), containers) for a in above):
             continue
         kept = {name.split(".")[-1] for name in keep if name.startswith(f"{path}.")}
-        out += [child for name, child in container.named_children() if name not in kept]
+        out += [(f"{path}.{name}", child) for name, child in container._modules.items() if name not in kept]
     return out
 
 
 @contextlib.contextmanager
 def stage_copies_share_dropped_layers() -> Iterator[None]:
-    """While active, AutoModel's pipeline split copies only what each stage keeps (see STAGE_COPY)."""
+    """While active, AutoModel's pipeline split copies only what each stage keeps (see STAGE_COPY). Where a dropped
+    layer is also held at a place the stage keeps (a module registered twice), the stage is copied whole, as AutoModel
+    copies it, and the shim says so in its notes."""
     import copy
 
     import nemo_automodel.components.distributed.pipelining.functional as pp_functional
@@ -661,11 +664,18 @@ def stage_copies_share_dropped_layers() -> Iterator[None]:
         def deepcopy(obj: Any, memo: dict[int, Any] | None = None) -> Any:
             caller = sys._getframe(1)
             names = caller.f_locals.get("module_names") if caller.f_code is split_code else None
-            if names is not None and isinstance(obj, torch.nn.Module):
-                memo = {} if memo is None else memo
-                for layer in dropped_layers(obj, list(names)):
-                    memo[id(layer)] = layer
+            if names is None or not isinstance(obj, torch.nn.Module):
+                return copy.deepcopy(obj, memo)
+            dropped = dropped_layers(obj, list(names))
+            shared, paths = {id(m) for _, m in dropped}, {p for p, _ in dropped}
+            trial = {} if memo is None else dict(memo)
+            trial.update((id(m), m) for _, m in dropped)
+            stage = copy.deepcopy(obj, trial)
+            held = [p for p, m in stage.named_modules(remove_duplicate=False) if id(m) in shared and p not in paths]
+            if not held:
                 STAGE_COPY.hits += 1
+                return stage
+            STAGE_COPY.notes.append(f"copied whole: a dropped layer is also held at {held[0]}")
             return copy.deepcopy(obj, memo)
 
     split_code = next(

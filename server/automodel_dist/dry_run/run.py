@@ -204,15 +204,11 @@ class _Launcher:
         self._err.close()
 
 
-def _stop(pid: int) -> None:
-    """Kill the process group ``pid`` leads, or the process alone where it leads none."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    except PermissionError:
-        pass
+def _stop(pgid: int) -> None:
+    """Kill the process group ``pgid`` (a rank's, or the launcher's session): a rank's pid is reported only once it
+    leads its own group, so no process is ever killed by a pid that may since have been reused."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _run_rank(

@@ -1,5 +1,6 @@
 """Run the planned ranks, each in its own process (the fake process group and AutoModel's module state are per
-process; forked from one that imported AutoModel's stack once, dry_run/launcher.py), with a wall-time limit, a host-memory cap, progress and cancellation; then assemble the report."""
+process; forked from one that imported AutoModel's stack once, dry_run/launcher.py), with a wall-time limit, a
+host-memory cap, progress and cancellation; then assemble the report."""
 
 from __future__ import annotations
 

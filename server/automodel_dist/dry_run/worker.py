@@ -1,8 +1,8 @@
 """One measured rank of a dry run: AutoModel 0.7.0's own setup, model build, parallelizer and training step, on a fake
 process group under FakeTensorMode, with torch's memory tracker. One process per rank (the fake process group and
 AutoModel's module state are per process): :func:`serve` in a rank forked by dry_run/launcher.py, or on its own
-``python -m automodel_dist.dry_run.worker SPEC.json RESULT.json``. Progress goes to stdout as ``PHASE <name>`` lines; the result is always
-written, an AutoModel exception included.
+``python -m automodel_dist.dry_run.worker SPEC.json RESULT.json``. Progress goes to stdout as ``PHASE <name>`` lines;
+the result is always written, an AutoModel exception included.
 
 The step follows ``recipes/llm/train_ft.py`` (``_run_train_optim_step`` and ``_forward_backward_step``), calling the
 same AutoModel functions in the same order; the recipe module itself is not imported (it needs torchao, torchdata and

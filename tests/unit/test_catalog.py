@@ -127,8 +127,9 @@ def test_hf_config_round_trip(tmp_path):
 def test_ernie_moe_reads_its_own_expert_keys_and_refuses_what_it_cannot_count():
     """ERNIE-4.5 names its experts moe_num_experts / moe_k / moe_num_shared_experts and routes the layers from
     moe_layer_start_index on: a dense prefix, as transformers' and AutoModel's classes build it (the catalog entry is
-    held to transformers' class by test_the_config_json_of_every_entry_builds_the_same_model_in_transformers). An interleaved pattern, a range that stops short of the last
-    layer, or use_bias is refused rather than miscounted."""
+    held to transformers' class by test_the_config_json_of_every_entry_builds_the_same_model_in_transformers). An
+    interleaved pattern, a range that stops short of the last layer, use_bias or a null end index is refused rather
+    than miscounted."""
     spec = lookup("baidu/ERNIE-4.5-21B-A3B-PT")
     assert (spec.num_experts, spec.experts_per_token, spec.first_dense_layers) == (64, 6, 1)
     assert spec.shared_expert_intermediate_size == 2 * 1536 and spec.num_moe_layers == 27 and spec.tie_word_embeddings

@@ -178,6 +178,11 @@ class _Launcher:
         with self._changed:
             return self.gone and tag not in self.exits
 
+    def exited(self, when: str) -> str:
+        """A rank's error where the launcher exited ``when``."""
+        code = self.proc.poll()
+        return f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with {code} {when}"
+
     def stderr(self) -> list[str]:
         self._err.seek(0)
         return self._err.read().strip().splitlines()[-12:]
@@ -252,8 +257,7 @@ def _run_rank(
         return {
             "rank": rank,
             "status": "failed",
-            "error": f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with "
-            f"{launcher.proc.poll()} before rank {rank} started",
+            "error": launcher.exited(f"before rank {rank} started"),
             "traceback": launcher.stderr(),
         }
     while isinstance(started, int):
@@ -288,8 +292,7 @@ def _run_rank(
             "rank": rank,
             "status": "failed",
             "error": (
-                f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with "
-                f"{launcher.proc.poll()} while rank {rank} ran"
+                launcher.exited(f"while rank {rank} ran")
                 if orphaned
                 else f"the dry-run process exited with {code} and wrote no result"
             ),
@@ -442,11 +445,11 @@ def dry_run(
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = concurrency(len(plan.specs), cores)
     raws: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
-        launcher = _Launcher(Path(tmp)) if plan.specs else None
-        try:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                if launcher is not None:
+    if plan.specs:  # none where every rank is refused before it runs: no launcher, no import
+        with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
+            launcher = _Launcher(Path(tmp))
+            try:
+                with ThreadPoolExecutor(max_workers=workers) as pool:
                     raws = list(
                         pool.map(
                             lambda s: _run_rank(
@@ -461,8 +464,7 @@ def dry_run(
                             plan.specs,
                         )
                     )
-        finally:
-            if launcher is not None:
+            finally:
                 launcher.close(cancelled=cancel.is_set())
     results = [_rank_result(r) for r in raws]
     results += [RankResult(rank=r, status="not_measured", reason=why) for r, why in plan.unmeasured_ranks.items()]

@@ -50,7 +50,8 @@ on_call: Any = None  # called at each fused-kernel call (the dry run's shim coun
 
 
 def _splits(batch: int, nchunks: int, nheads: int, ngroups: int) -> int:
-    """``nsplits`` of mamba_ssm's dB / dC / dCB kernels (_chunk_state_bwd_db, _chunk_scan_bwd_dC, _chunk_scan_bwd_dcb)."""
+    """``nsplits`` of mamba_ssm's dB / dC / dCB kernels (_chunk_state_bwd_db, _chunk_scan_bwd_dC,
+    _chunk_scan_bwd_dcb)."""
     ratio = nheads // ngroups
     per_program = max(min(math.ceil(batch * nchunks * nheads / SM_COUNT), ratio), 1)
     return -(-ratio // per_program)

@@ -1,6 +1,6 @@
 """The module objects a stand-in puts in ``sys.modules`` in place of a CUDA-only package (Transformer Engine's
-attention, flash-linear-attention's Gated DeltaNet kernel, mamba_ssm's Mamba-2 kernel), so AutoModel's ``safe_import`` and ``import a.b.c`` find
-them. Only the dry run's worker imports the stand-ins."""
+attention, flash-linear-attention's Gated DeltaNet kernel, mamba_ssm's Mamba-2 kernel), so AutoModel's ``safe_import``
+and ``import a.b.c`` find them. Only the dry run's worker imports the stand-ins."""
 
 from __future__ import annotations
 

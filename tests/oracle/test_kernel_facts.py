@@ -39,3 +39,76 @@ def test_the_dispatchers_the_dry_run_keeps_local_are_backend_choices():
 
     choices = set(typing.get_args(typing.get_type_hints(BackendConfig)["dispatcher"]))
     assert LOCAL_DISPATCHERS < choices and "torch" in choices
+
+
+def _eager_attention_peak(dtype, sinks: bool) -> tuple[float, float]:
+    """(saved, peak) bytes a score of AutoModel's MiMo-V2-Flash eager attention, forward and backward on fake tensors
+    under torch's MemTracker: 64 query heads over 8 KV heads, q/k head dim 192, v 128, as the checkpoint's sliding
+    layers."""
+    import torch
+    from nemo_automodel.components.models.mimo_v2_flash.model import _eager_attention_forward
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    heads, kv, seq = 64, 8, 4096
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.num_key_value_groups = heads // kv
+            self.register_buffer("attention_sink_bias", torch.zeros(heads) if sinks else None)
+
+    with FakeTensorMode():
+        module = Attention()
+        q = torch.randn(1, heads, seq, 192, dtype=dtype, requires_grad=True)
+        k = torch.randn(1, kv, seq, 192, dtype=dtype, requires_grad=True)
+        v = torch.randn(1, kv, seq, 128, dtype=dtype, requires_grad=True)
+        mask = torch.zeros(1, 1, seq, seq, dtype=dtype)
+        tracker = MemTracker()
+        tracker.track_external(module)
+        with tracker:
+            out, _ = _eager_attention_forward(module, q, k, v, mask, scaling=192**-0.5)
+            out.sum().backward()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    scores = heads * seq * seq
+    saved = [n for kind, n in peak.items() if str(kind).endswith("ACT")][0]
+    return saved / scores, peak["Total"] / scores
+
+
+@pytest.mark.parametrize("dtype_name, comp_bytes", [("bfloat16", 2), ("float32", 4)])
+@pytest.mark.parametrize("sinks", [True, False])
+def test_eager_attentions_backward_transient_is_the_estimates(dtype_name, comp_bytes, sinks):
+    """The estimate's eager-attention terms against AutoModel's own eager attention: what it saves a score (the fp32
+    softmax, and its copy in a 16-bit compute dtype) and what its backward adds on top (eager_backward_bytes), within
+    0.75 bytes a score: the rest are q, k and v expanded to every head (640 elements a query against 4,096 keys)
+    and the mask."""
+    import torch
+
+    from automodel_dist.catalog.models import lookup
+    from automodel_dist.estimate.memory import ParallelDims, Training, eager_backward_bytes
+
+    saved, peak = _eager_attention_peak(getattr(torch, dtype_name), sinks)
+    kept = 4 + (comp_bytes if comp_bytes != 4 else 0)
+    assert kept <= saved < kept + 0.75
+    m = lookup("XiaomiMiMo/MiMo-V2-Flash")
+    tr = Training(seq_len=4096, attn_backend="sdpa")
+    per_score = eager_backward_bytes(m, ParallelDims(world_size=1), tr, comp_bytes) / (64 * 4096)
+    assert peak - 0.75 < kept + per_score <= peak
+
+
+def test_mimo_runs_its_own_eager_attention_off_te():
+    """MiMo-V2-Flash's attention (the class the catalog names in EAGER_UNLESS_TE) calls its eager function on every
+    backend but te, and SDPA nowhere: its sinks have no SDPA path."""
+    from nemo_automodel.components.models.mimo_v2_flash import model
+
+    from automodel_dist.catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
+
+    assert EAGER_UNLESS_TE == {model.MiMoV2FlashForCausalLM.__name__}
+    forward = inspect.getsource(model.MiMoV2FlashAttention.forward)
+    assert 'if self.backend.attn == "te":' in forward and "_eager_attention_forward(" in forward
+    assert "scaled_dot_product_attention" not in inspect.getsource(model)
+    for attn, eager in (("sdpa", True), ("flex", True), ("te", False), (None, False)):
+        got = runs_eager_attention(
+            None, hf_class=False, architecture="MiMoV2FlashForCausalLM", cp=1, packed=False, backend_attn=attn
+        )
+        assert got is eager

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup
+from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup, period_of
 from automodel_dist.catalog.sources import resolve_model
 
 REQUIRED_FAMILIES = [
@@ -358,8 +358,10 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     from automodel_dist.catalog.hf_config import hf_config
     from automodel_dist.dry_run.depth import truncated_config
 
-    # four layers, or two past a dense prefix so the MoE layers are compared too (Ling-1T's first four are dense)
-    depth = min(spec.num_layers, max(4, spec.first_dense_layers + 2))
+    # four layers, or two past a dense prefix so the MoE layers are compared too (Ling-1T's first four are dense), or a
+    # whole period of layer kinds (transformers' Gemma-4 config makes a cut's last layer full attention)
+    period = period_of(spec.layer_attention) if spec.layer_attention else None
+    depth = min(spec.num_layers, max(4, spec.first_dense_layers + 2, period or 0))
     cfg = hf_config(spec) if spec.layer_types else truncated_config(hf_config(spec), depth)
     small = from_hf_config(cfg, name=spec.name)
     assert small.architecture == spec.architecture and small.hd == spec.hd
@@ -369,7 +371,11 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
         # decide): Ling's bailing_moe, built from AutoModel's own config and class
         _assert_automodel_class_matches(model_type, cfg, small)
         return
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
+    # transformers' own config class, named by its static table: AutoModel re-registers some model types on import
+    # (MiMo-V2-Flash's) with its own config class, which transformers' model classes cannot read
+    config = getattr(transformers, transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES[model_type])(**cfg)
+    if model_type in OWN_CLASS_TOO:
+        _assert_automodel_class_matches(model_type, dict(cfg), small)
     if model_type in EXACT_TOWERS:
         # the whole multimodal model, its towers and projector included: the parser counts them exactly
         with torch.device("meta"):
@@ -386,8 +392,12 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     # another multimodal config builds its text model as a causal LM: the spec's approximate towers are left out
     towers = small.vision_params + small.audio_params
     # ERNIE-4.5's routers keep their score-correction bias as an untrained parameter in transformers' class, a buffer
-    # in AutoModel's (as every other class here keeps it), which the spec follows
-    buffers = sum(p.numel() for n, p in model.named_parameters() if n.endswith("moe_statics.e_score_correction_bias"))
+    # in AutoModel's (as every other class here keeps it), and MiMo-V2-Flash's sliding layers their attention sinks
+    # (AutoModel's class: a frozen fp32 buffer, the checkpoint's sink kept as it is); the spec follows AutoModel
+    untrained = ("moe_statics.e_score_correction_bias",) + (
+        ("self_attn.sinks",) if model_type == "mimo_v2_flash" else ()
+    )
+    buffers = sum(p.numel() for n, p in model.named_parameters() if n.endswith(untrained))
     assert sum(p.numel() for p in model.parameters()) - buffers == small.param_count() - towers - small.mtp_params()
 
 
@@ -413,7 +423,12 @@ def test_the_mtp_layers_are_the_ones_automodels_class_builds(spec):
 
 
 # the multimodal model types whose towers the parser counts exactly (catalog.models._qwen_or_siglip_tower)
-EXACT_TOWERS = {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3"}
+EXACT_TOWERS = {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma4"}
+
+
+# model types whose AutoModel class keeps as buffers what transformers' class has as parameters: the spec follows
+# AutoModel's, which is checked too (MiMo-V2-Flash's attention sinks)
+OWN_CLASS_TOO = ("mimo_v2_flash",)
 
 
 def _assert_automodel_class_matches(model_type, cfg, small):

@@ -84,15 +84,30 @@ EAGER_DISPATCH_CUSTOM = frozenset(
 )
 
 
+# AutoModel's own classes whose attention on any backend but te is their own eager matmul and softmax, whatever
+# model.attn_implementation says: MiMo-V2-Flash's (components/models/mimo_v2_flash/model.py, _eager_attention_forward:
+# its sliding layers' sinks have no SDPA path). Unset, backend.attn is te on a GPU with Transformer Engine.
+EAGER_UNLESS_TE = frozenset({"MiMoV2FlashForCausalLM"})
+
+
 def runs_eager_attention(
-    attn_implementation: str | None, *, hf_class: bool, architecture: str | None, cp: int, packed: bool
+    attn_implementation: str | None,
+    *,
+    hf_class: bool,
+    architecture: str | None,
+    cp: int,
+    packed: bool,
+    backend_attn: str | None = None,
 ) -> bool:
     """Whether the step runs transformers' eager attention, which materialises every head's seq x seq scores (its
     fp32 softmax and their bf16 copy stay for backward) where a flash or SDPA kernel keeps none: the recipe asks for
     ``eager`` on a class that honours it, and nothing overrides it. On a Hugging Face class AutoModel's pre-load
     overrides do (``kernel_patches._apply_preload_overrides``: SDPA under CP, a flash kernel for packed sequences);
     its own classes run CP and packed (THD) batches on their TE path. Not covered: ``packing_strategy: neat`` on
-    its own classes, whose block-causal mask takes the unpacked path (eager there)."""
+    its own classes, whose block-causal mask takes the unpacked path (eager there). A class of ``EAGER_UNLESS_TE``
+    runs its own eager attention wherever ``backend_attn`` (model.backend.attn) is not te."""
+    if not hf_class and architecture in EAGER_UNLESS_TE:
+        return (backend_attn or "te") != "te"
     if attn_implementation != "eager" or cp > 1 or packed:
         return False
     return hf_class or architecture in EAGER_DISPATCH_CUSTOM
@@ -127,6 +142,7 @@ def liger_applies(use_liger_kernel: bool, tp: int, cp: int) -> bool:
 __all__ = [
     "ARCHITECTURE_TYPES",
     "EAGER_DISPATCH_CUSTOM",
+    "EAGER_UNLESS_TE",
     "HF_LAYER_CLASSES",
     "HFLayer",
     "LIGER_LAYERS",

@@ -82,6 +82,7 @@ class ModelSpec:
     layer_attention: tuple[str, ...] = ()
     full_head_dim: int | None = None
     full_kv_heads: int | None = None
+    full_k_eq_v: bool = False  # Gemma-4's attention_k_eq_v: the full layers' values are their keys (no v_proj)
     linear_key_heads: int = 0
     linear_value_heads: int = 0
     linear_key_dim: int = 0
@@ -201,12 +202,14 @@ class ModelSpec:
         if kind == "linear":
             return self.linear_attention_params()
         if kind == "full" and (self.full_head_dim or self.full_kv_heads):
-            return replace(
+            full = replace(
                 self,
                 head_dim=self.full_head_dim or self.head_dim,
                 num_key_value_heads=self.full_kv_heads or self.num_key_value_heads,
                 layer_attention=(),
-            ).attention_params()
+            )
+            shared_v = full.num_key_value_heads * full.hd * (self.hidden_size + int(self.qkv_bias))
+            return full.attention_params() - (shared_v if self.full_k_eq_v else 0)
         h = self.hidden_size
         if self.kv_lora_rank:  # MLA
             nh = self.num_attention_heads
@@ -225,9 +228,12 @@ class ModelSpec:
             return q + kv + o + index
         q = self.num_attention_heads * self.hd
         kv = self.num_key_value_heads * self.hd
-        params = h * q * (2 if self.attn_output_gate else 1) + 2 * h * kv + q * h
+        # values and the output projection at v_head_dim where it differs from the q/k head dim (MiMo-V2-Flash)
+        v = self.num_key_value_heads * (self.v_head_dim or self.hd)
+        o = self.num_attention_heads * (self.v_head_dim or self.hd)
+        params = h * q * (2 if self.attn_output_gate else 1) + h * kv + h * v + o * h
         if self.qkv_bias:
-            params += q + 2 * kv
+            params += q + kv + v
         if self.o_bias:
             params += h
         params += self.qk_norm_params()
@@ -466,6 +472,15 @@ def _qwen_or_siglip_tower(
         merger = (hm * hm + hm) + (out * hm + out)
         tower = (channels * temporal * patch * patch * h + h) + positions * h + layers * block
         return tower + (2 * h + merger) + len(deepstack) * (2 * hm + merger)
+    if cfg.get("model_type") == "gemma4_vision" and text_hidden:
+        # Gemma-4's tower: a learned 2-axis position table, the patches' input projection, q/k-normed attention and
+        # a gated MLP with four norms a block, then the projection to the text width (embed_vision)
+        heads, d = cfg.get("num_attention_heads"), cfg.get("head_dim")
+        kv, table = cfg.get("num_key_value_heads", heads), cfg.get("position_embedding_size")
+        if not all(is_int(v) for v in (heads, d, kv, table)):
+            return None
+        block = 2 * h * heads * d + 2 * h * kv * d + 2 * d + 3 * h * inter + 4 * h
+        return 2 * table * h + channels * patch * patch * h + layers * block + text_hidden * h
     if str(cfg.get("model_type", "")).startswith("siglip") and is_int(cfg.get("image_size")) and text_hidden:
         block = 4 * h + 4 * (h * h + h) + 2 * h * inter + inter + h
         embeddings = channels * patch * patch * h + h + (cfg["image_size"] // patch) ** 2 * h
@@ -481,6 +496,13 @@ def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     layers, Qwen3-Next / Qwen3.5's Gated DeltaNet ("linear_attention") and full layers."""
     kinds = cfg.get("layer_types")
     names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
+    pattern = cfg.get("hybrid_layer_pattern")  # MiMo-V2-Flash's hub spelling: 0 full, 1 sliding window
+    if kinds is None and isinstance(pattern, list):
+        if len(pattern) != layers or any(v not in (0, 1) or isinstance(v, bool) for v in pattern):
+            raise ModelConfigError(
+                f"hybrid_layer_pattern must list 0 (full) or 1 (sliding window) for each of the {layers} layers"
+            )
+        return tuple("sliding" if v else "full" for v in pattern)
     if isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) and k in names for k in kinds):
         out = tuple(names[k] for k in kinds)
         return out if len(set(out)) > 1 or "linear" in out else ()  # a cut to linear layers alone stays linear
@@ -543,6 +565,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     first_dense = _int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace")
     if mtype == "ernie4_5_moe":
         first_dense = _ernie_dense_prefix(cfg, layers)
+    if isinstance(cfg.get("moe_layer_freq"), list):  # MiMo-V2-Flash: 0 dense, 1 MoE, per layer
+        first_dense = _freq_dense_prefix(cfg["moe_layer_freq"], layers)
     head_dim = _first(cfg, "head_dim", default=None)
     if cfg.get("kv_lora_rank"):
         head_dim = _int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim") + _int(
@@ -563,17 +587,14 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss", *QWEN2_VL_TEXT))) or biased,
         o_bias=mtype == "gpt_oss" or biased,
         qk_norm=bool(cfg.get("use_qk_norm"))
-        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", *GATED_DELTANET, *QWEN3_VL_TEXT),
+        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4_text", "olmo2", *GATED_DELTANET)
+        or mtype in QWEN3_VL_TEXT,
         qk_norm_full=mtype in ("olmo2", "minimax_m2"),  # transformers' Olmo2Attention, MiniMaxM2Attention
         attn_output_gate=mtype in GATED_DELTANET,
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
-        norms_per_layer=4
-        if mtype.startswith("gemma2") or mtype.startswith("gemma3")
-        else 1
-        if mtype in PARALLEL_BLOCK
-        else 2,
+        norms_per_layer=4 if mtype.startswith(("gemma2", "gemma3", "gemma4")) else 1 if mtype in PARALLEL_BLOCK else 2,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
         mlp_names=UNGATED_MLP.get(mtype, ("up_proj", "down_proj")),
         o_name="dense" if mtype == "phi" else "o_proj",
@@ -611,11 +632,15 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         full_kv = None
         if cfg.get("attention_k_eq_v") and is_int(cfg.get("num_global_key_value_heads")):
             full_kv = _int(cfg["num_global_key_value_heads"], "num_global_key_value_heads")
+        if "swa_num_key_value_heads" in cfg:  # MiMo-V2-Flash: the sliding layers' own KV heads, the spec's base
+            spec = replace(spec, num_key_value_heads=_mimo_swa_kv(cfg, spec))
+            full_kv = kv
         spec = replace(
             spec,
             layer_attention=kinds,
             full_head_dim=_opt_int(cfg, "global_head_dim") if "sliding" in kinds else None,
             full_kv_heads=full_kv,
+            full_k_eq_v=bool(cfg.get("attention_k_eq_v")) and full_kv is not None,
             linear_key_heads=_int(cfg.get("linear_num_key_heads") or 0, "linear_num_key_heads"),
             linear_value_heads=_int(cfg.get("linear_num_value_heads") or 0, "linear_num_value_heads"),
             linear_key_dim=_int(cfg.get("linear_key_head_dim") or 0, "linear_key_head_dim"),
@@ -686,6 +711,28 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     if cfg.get("use_bias"):
         raise ModelConfigError("ERNIE-4.5 with use_bias: true (a bias on every projection) is not sized")
     return start
+
+
+def _freq_dense_prefix(freq: list[Any], layers: int) -> int:
+    """The dense layers of a per-layer MoE list (MiMo-V2-Flash's moe_layer_freq: 0 dense, 1 MoE), which must lead:
+    the spec holds a dense prefix, so another pattern is refused rather than miscounted."""
+    if len(freq) != layers or any(v not in (0, 1) or isinstance(v, bool) for v in freq):
+        raise ModelConfigError(f"moe_layer_freq must list 0 (dense) or 1 (MoE) for each of the {layers} layers")
+    dense = freq.index(1) if 1 in freq else layers
+    if any(v == 0 for v in freq[dense:]):
+        raise ModelConfigError("moe_layer_freq interleaves dense and MoE layers: only a dense prefix is sized")
+    return dense
+
+
+def _mimo_swa_kv(cfg: dict[str, Any], spec: ModelSpec) -> int:
+    """MiMo-V2-Flash's sliding-window layers' KV heads. Their query heads and head dims must be the full layers'
+    (as the published checkpoint has them): the spec varies only the KV heads by layer kind."""
+    for swa, full in (("swa_num_attention_heads", spec.num_attention_heads), ("swa_head_dim", spec.hd)):
+        if cfg.get(swa, full) != full:
+            raise ModelConfigError(f"{swa}={cfg[swa]} differs from the full layers' {full}: not sized")
+    if cfg.get("swa_v_head_dim", spec.v_head_dim) != spec.v_head_dim:
+        raise ModelConfigError(f"swa_v_head_dim={cfg['swa_v_head_dim']} differs from v_head_dim: not sized")
+    return _int(cfg["swa_num_key_value_heads"], "swa_num_key_value_heads")
 
 
 def _tied(cfg: dict[str, Any], mtype: str) -> bool:

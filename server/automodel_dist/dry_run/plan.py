@@ -10,7 +10,7 @@ from typing import Any
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import builds_own_class, implementation
-from ..catalog.kernels import LOCAL_DISPATCHERS, runs_eager_attention
+from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
@@ -284,19 +284,26 @@ def plan_dry_run(
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
             "is installed; without fla, AutoModel falls back to transformers' torch loop, which keeps far more"
         )
+    attn_backend = w.backend.get("attn") if isinstance(w.backend.get("attn"), str) else None
     eager_attn = runs_eager_attention(
         w.attn_implementation,
         hf_class=not own_class,
         architecture=spec.architecture,
         cp=d.cp,
         packed=w.packed,
+        backend_attn=attn_backend,
     )
+    own_eager = eager_attn and own_class and spec.architecture in EAGER_UNLESS_TE
     if eager_attn:  # the class runs transformers' eager attention, whatever model.backend.attn says
         subs[:] = [x for x in subs if not x.startswith("model.backend.attn:")]
     subs.append(
         (
-            "attention runs as the recipe asks, transformers' eager attention (model.attn_implementation: eager): "
-            "every head's seq x seq scores, its fp32 softmax and their bf16 copy, as on the GPU"
+            f"attention runs as on the GPU: model.backend.attn {attn_backend} makes AutoModel's "
+            f"{spec.architecture} run its own eager attention (every head's seq x seq scores, its fp32 softmax and "
+            "their bf16 copy)"
+            if own_eager
+            else "attention runs as the recipe asks, transformers' eager attention (model.attn_implementation: "
+            "eager): every head's seq x seq scores, its fp32 softmax and their bf16 copy, as on the GPU"
             if eager_attn
             else "SDPA attention is measured as the GPU's flash kernel holds it (output and log-sum-exp, no seq x seq "
             "scores)"

@@ -151,6 +151,7 @@ class Training:
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
+    attn_backend: str | None = None  # model.backend.attn (AutoModel's own classes; catalog/kernels.EAGER_UNLESS_TE)
     packed: bool = False  # packed sequences (AutoModel then picks a flash kernel for a Hugging Face class)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
@@ -402,8 +403,26 @@ def _attention_act(m: ModelSpec, t: int) -> float:
 def eager_attention(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
     """Whether this layout's step runs transformers' eager attention (the recipe's choice, AutoModel's overrides)."""
     return runs_eager_attention(
-        tr.attn_implementation, hf_class=tr.hf_class, architecture=m.architecture, cp=p.cp, packed=tr.packed
+        tr.attn_implementation,
+        hf_class=tr.hf_class,
+        architecture=m.architecture,
+        cp=p.cp,
+        packed=tr.packed,
+        backend_attn=tr.attn_backend,
     )
+
+
+def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes: int) -> float:
+    """Bytes per local token one eager attention's backward makes on top of what it saved (one layer's at a time): the
+    scores' gradient in fp32 (the softmax's output dtype) and two in the compute dtype (the value matmul's and the
+    softmax's input's). Measured on AutoModel's MiMo-V2-Flash eager attention on fake tensors (its sinks or none):
+    8 bytes a score at bf16 compute, 12 at fp32, besides the 6 (4) it saved."""
+    if not eager_attention(m, p, tr):
+        return 0.0
+    share = 1.0
+    if "linear" in m.layer_attention:
+        share = (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
+    return share * m.num_attention_heads / p.tp * tr.seq_len / p.cp * (4 + 2 * comp_bytes)
 
 
 def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
@@ -797,6 +816,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
+    # eager attention's backward: one layer's scores' gradients, beside its saved scores
+    eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -814,6 +835,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 mid_acts,
                 unsharded
                 + recompute * tokens
+                + eager_grads
                 + p2p
                 + grads_now
                 + held_grads
@@ -832,6 +854,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         layer_grads = max(grads_sharded - root_sharded, 0.0)
         phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + 4.0) + held_grads))
     else:
+        if eager_grads:
+            phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens))
         phases.append(("end-of-backward", grads_sharded, 0.0, 0.0))
     step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(store, p.tp)
     phases.append(("optimizer-step", grads_sharded, 0.0, step_temp))

@@ -41,6 +41,37 @@ def is_gemma3_tower(cfg: Any) -> bool:
     return per_side * per_side == tokens and side % per_side == 0
 
 
+# transformers' Gemma4ImageProcessor default budget (5.18): soft tokens an image may take after pooling
+GEMMA4_SOFT_TOKENS = 280
+
+
+def is_gemma4_tower(cfg: Any) -> bool:
+    """Gemma-4's own tower (patches of ``patch_size`` pooled ``pooling_kernel_size`` squared to a soft token, any
+    aspect ratio within a token budget), with the image, begin- and end-of-image token ids its batch needs."""
+    if not (isinstance(cfg, dict) and cfg.get("model_type") == "gemma4"):
+        return False
+    vision = cfg.get("vision_config")
+    if not (isinstance(vision, dict) and vision.get("model_type") == "gemma4_vision"):
+        return False
+    return all(isinstance(cfg.get(k), int) for k in ("image_token_id", "boi_token_id", "eoi_token_id"))
+
+
+def gemma4_resize(height: int, width: int, patch: int, pooling: int, max_patches: int) -> tuple[int, int]:
+    """transformers' ``get_aspect_ratio_preserving_size`` (gemma4, 5.18): the largest size of the image's aspect
+    ratio whose sides are multiples of ``pooling * patch`` within ``max_patches`` patches."""
+    side = pooling * patch
+    factor = math.sqrt(max_patches * patch * patch / (height * width))
+    h, w = math.floor(factor * height / side) * side, math.floor(factor * width / side) * side
+    if h == 0 and w == 0:
+        raise ValueError(f"a {height} x {width} image resizes to 0 x 0 for Gemma-4's {side}-pixel grid")
+    longest = (max_patches // pooling**2) * side
+    if h == 0:
+        h, w = side, min(math.floor(width / height) * side, longest)
+    elif w == 0:
+        h, w = min(math.floor(height / width) * side, longest), side
+    return h, w
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """transformers' ``qwen2_vl`` ``smart_resize`` (5.18): both sides to multiples of ``factor``, the area within the
     bounds, the aspect ratio kept as closely as that allows."""
@@ -66,8 +97,9 @@ class ImageGeometry:
 
     grid: tuple[int, int, int]  # (t, h, w) patches
     patch_size: int
-    merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's pooling kernel)
-    processor: Literal["qwen", "gemma3"] = "qwen"
+    merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's and Gemma-4's pooling kernel)
+    processor: Literal["qwen", "gemma3", "gemma4"] = "qwen"
+    padded_patches: int = 0  # the patches the processor pads every image to (Gemma-4's budget; 0: none)
 
     @property
     def pixels(self) -> tuple[int, int]:
@@ -109,6 +141,21 @@ def gemma3_image(cfg: dict[str, Any]) -> ImageGeometry:
     )
 
 
+def gemma4_image(
+    cfg: dict[str, Any], image_px: tuple[int, int], soft_tokens: int = GEMMA4_SOFT_TOKENS
+) -> ImageGeometry:
+    """One image as Gemma-4's processor hands it over: resized, its aspect ratio kept, to the largest grid of
+    ``pooling_kernel_size * patch_size`` pixel cells within ``soft_tokens`` pooled tokens, its patches padded to that
+    budget's ``soft_tokens * pooling**2``."""
+    vision = cfg["vision_config"]
+    patch, pooling = int(vision.get("patch_size", 16)), int(vision.get("pooling_kernel_size", 3))
+    budget = soft_tokens * pooling * pooling
+    h, w = gemma4_resize(image_px[0], image_px[1], patch, pooling, budget)
+    return ImageGeometry(
+        grid=(1, h // patch, w // patch), patch_size=patch, merge=pooling, processor="gemma4", padded_patches=budget
+    )
+
+
 def vlm_image(
     cfg: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
 ) -> ImageGeometry | None:
@@ -116,17 +163,23 @@ def vlm_image(
     a processor this module does not know."""
     if is_gemma3_tower(cfg):
         return gemma3_image(cfg)
+    if is_gemma4_tower(cfg):
+        return gemma4_image(cfg, image_px)
     if is_qwen_tower(cfg.get("vision_config")):
         return qwen_image(cfg["vision_config"], image_px, bounds)
     return None
 
 
 __all__ = [
+    "GEMMA4_SOFT_TOKENS",
     "IMAGE_PX",
     "IMAGES_PER_SAMPLE",
     "ImageGeometry",
     "gemma3_image",
+    "gemma4_image",
+    "gemma4_resize",
     "is_gemma3_tower",
+    "is_gemma4_tower",
     "is_qwen_tower",
     "qwen_image",
     "smart_resize",

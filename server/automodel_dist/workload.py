@@ -55,6 +55,17 @@ def _loads_base_model(model: Mapping[str, Any]) -> bool:
     return len(parts) < 2 or parts[-2] not in _OWN_LOADERS
 
 
+def unsized_entry(w: Workload) -> str | None:
+    """Why the recipe's model is not what AutoModel's NeMoAutoModel entry points build from its config (None: it is):
+    a composite of its own (Gemma4WithDrafter: a drafter model and its own checkpointing around the base)."""
+    if w.model_entry is None or w.model_entry.startswith("NeMoAutoModel"):
+        return None
+    return (
+        f"model._target_ builds {w.model_entry}, a composite around the named model (its other modules, their "
+        "states and its own checkpointing are not modelled): not sized"
+    )
+
+
 def _kwargs(section: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in section.items() if isinstance(k, str) and not k.startswith("_")}
 
@@ -74,6 +85,8 @@ class Workload:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     torch_dtype: str | None = None  # model.torch_dtype
     backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
+    # the class model._target_ names (NeMoAutoModelForCausalLM, ...; a composite such as Gemma4WithDrafter otherwise)
+    model_entry: str | None = None
     force_hf: bool = False
     load_base_model: bool = False  # AutoModel loads the checkpoint: from_pretrained, or from_config when asked
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
@@ -142,6 +155,9 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
+        target = model.get("_target_")
+        if isinstance(target, str) and len(target.split(".")) >= 2:
+            facts["model_entry"] = target.split(".")[-2]
         facts["load_base_model"] = _loads_base_model(model)
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False
         if isinstance(model.get("attn_implementation"), str):

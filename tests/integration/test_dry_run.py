@@ -1106,3 +1106,39 @@ def test_the_staged_images_are_checked_against_each_microbatchs_image_tokens():
         check_staged_images(config, known(ids), [known(g) for g in reversed(grids)])
     with pytest.raises(NotImplementedError, match="not known"):
         check_staged_images(config, SimpleNamespace(constant=None), [known(g) for g in grids])
+    # Gemma-4 stages its patches' positions ((-1, -1) for padding): a soft token per 3 x 3 pooled cell
+    gemma4 = SimpleNamespace(
+        model_type="gemma4", image_token_id=7, vision_config=SimpleNamespace(pooling_kernel_size=3)
+    )
+    positions = torch.full((1, 45, 2), -1)
+    positions[0, :36] = 0  # a 6 x 6 patch grid: 4 soft tokens
+    check_staged_images(gemma4, known(ids[:1]), [known(positions)])
+    with pytest.raises(ValueError, match="microbatch 0: 8 image tokens in the ids against 4 staged image features"):
+        check_staged_images(gemma4, known(ids[1:]), [known(positions)])
+
+
+GEMMA4_VLM = VLM_RECIPE.format(
+    recipe="FinetuneRecipeForVLM",
+    model="google/gemma-4-31B-it",
+    model_extra="  attn_implementation: {attn}\n",
+    frozen="true",
+)
+
+
+@needs_automodel
+def test_a_gemma4_vlm_step_feeds_its_padded_patches_and_soft_tokens():
+    """Gemma-4's processor keeps the image's aspect ratio within 280 soft tokens: a 1,024-pixel square becomes 48 x 48
+    patches of 16 pixels, padded to 2,520 with (-1, -1) positions, pooled 3 x 3 to 256 soft tokens. Its tower strips
+    the padding and the model checks its placeholders against the features on the batch's known values; with the
+    recipe's eager attention (AutoModel's class keeps transformers' own for a dense checkpoint) each head's scores
+    are kept, by the dry run and the estimate alike."""
+    eager = dry_run(GEMMA4_VLM.format(attn="eager"), seq_len=2048, num_layers=6, world_size=2)
+    rank = _only(eager)
+    assert any(
+        "768 x 768" in s and "256 placeholder tokens" in s and "padded to 2520" in s for s in eager.substitutions
+    )
+    assert any(a.startswith("image: one 1024 x 1024 image per sequence") and "Gemma-4" in a for a in eager.assumed)
+    assert eager.estimate is not None
+    assert abs(eager.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    flash = _only(dry_run(GEMMA4_VLM.format(attn="sdpa"), seq_len=2048, num_layers=6, world_size=2))
+    assert rank.peak.total > flash.peak.total  # one layer's 32 heads of scores at a time (checkpointed layers)

@@ -174,6 +174,10 @@ def test_sample_agrees_per_category():
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 NOT_MEASURED: dict[str, str] = {
+    "vlm_finetune/gemma4/gemma4_31b_tulu3_text_cp8_16k.yaml": "Gemma-4 under context parallelism (AutoModel's own "
+    "ring attention for its 512-wide global heads, over packed sequences) is not run by the dry run",
+    "vlm_finetune/gemma4/gemma4_31b_ffpa_mock_packing_cp8_16k.yaml": "Gemma-4 under context parallelism (its ring "
+    "attention with FFPA kernels for the global heads, over packed sequences) is not run by the dry run",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
@@ -181,7 +185,12 @@ NOT_MEASURED: dict[str, str] = {
     "run does not build (the plan runs no rank)",
 }
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
-ESTIMATE_MISSES: dict[str, str] = {}
+ESTIMATE_MISSES: dict[str, str] = {
+    "vlm_finetune/gemma4/gemma4_31b_tp4_pp2.yaml": "+16%: the estimate keeps a pipeline rank's layers gathered at the "
+    "last stage's loss; AutoModel's dense FSDP2 sharding looks for PP on the data-parallel mesh (no pp dimension), so "
+    "every layer but the last reshards after forward there (7.5 GiB here). Counting that moves four other dense PP "
+    "recipes away from their dry runs (the 32B LoRA benchmark to -17%), so it is left as measured",
+}
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
     "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "the dry run and the estimate both say it does not fit "

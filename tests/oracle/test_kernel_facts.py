@@ -112,3 +112,32 @@ def test_mimo_runs_its_own_eager_attention_off_te():
             None, hf_class=False, architecture="MiMoV2FlashForCausalLM", cp=1, packed=False, backend_attn=attn
         )
         assert got is eager
+
+
+def test_a_dense_gemma4_checkpoint_runs_transformers_layers_which_automodel_checkpoints_whole():
+    """TRANSFORMERS_DECODER_LAYERS: AutoModel's Gemma-4 class keeps transformers' language model for a dense checkpoint,
+    whose decoder layers are transformers' GradientCheckpointingLayer, and AutoModel's parallelizer checkpoints such
+    layers whole (what the estimate's "layer" style counts); its MoE backend has layers of its own."""
+    import torch
+    import transformers
+    from nemo_automodel.components.distributed import parallelizer
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.kernels import EAGER_DISPATCH_CUSTOM, TRANSFORMERS_DECODER_LAYERS
+    from automodel_dist.catalog.models import lookup
+    from automodel_dist.dry_run.depth import truncated_config
+
+    assert TRANSFORMERS_DECODER_LAYERS <= EAGER_DISPATCH_CUSTOM
+    source = inspect.getsource(parallelizer._should_use_hf_native_gradient_checkpointing)
+    assert 'startswith("transformers.")' in source and "_HFGradLayer" in source
+    from nemo_automodel.components.models.gemma4_moe.model import Gemma4ForConditionalGeneration
+
+    cfg = truncated_config(hf_config(lookup("google/gemma-4-31B-it")), 2)
+    cfg.pop("model_type")
+    config = transformers.Gemma4Config(**cfg)
+    with torch.device("meta"):
+        model = Gemma4ForConditionalGeneration(config)
+    layer = model.model.language_model.layers[0]
+    assert isinstance(layer, GradientCheckpointingLayer) and type(layer).__module__.startswith("transformers.")
+    assert "Gemma4ForConditionalGeneration" in TRANSFORMERS_DECODER_LAYERS

@@ -90,3 +90,44 @@ def test_a_gemma3_image_is_what_its_processor_and_projector_make(
         projector = Gemma3MultiModalProjector(config)
     assert (projector.patches_per_image, projector.kernel_size) == (image.grid[1], image.merge)
     assert image.tokens == projector.tokens_per_side**2 == config.mm_tokens_per_image
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    height=st.integers(1, 6000),
+    width=st.integers(1, 6000),
+    soft_tokens=st.sampled_from([70, 140, 280, 560, 1120]),
+    patch=st.sampled_from([14, 16]),
+    pooling=st.sampled_from([2, 3]),
+)
+def test_the_gemma4_resize_is_transformers_own(height: int, width: int, soft_tokens: int, patch: int, pooling: int):
+    """Gemma-4's aspect-ratio-keeping resize within its token budget, held to transformers' own (its error included)."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+
+    budget = soft_tokens * pooling * pooling
+    try:
+        theirs = get_aspect_ratio_preserving_size(height, width, patch, budget, pooling)
+    except ValueError:
+        with pytest.raises(ValueError):
+            media.gemma4_resize(height, width, patch, pooling, budget)
+        return
+    assert media.gemma4_resize(height, width, patch, pooling, budget) == theirs
+
+
+def test_a_gemma4_image_is_the_grid_tokens_and_padding_its_processor_makes() -> None:
+    """The processor class's default budget (280 soft tokens, 3 x 3 pooling of 16-pixel patches): a 1,024-pixel square
+    becomes 768 x 768, 48 x 48 patches padded to 2,520, and 256 soft tokens."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    assert Gemma4ImageProcessorPil.max_soft_tokens == media.GEMMA4_SOFT_TOKENS
+    cfg = {
+        "model_type": "gemma4",
+        "image_token_id": 258880,
+        "boi_token_id": 255999,
+        "eoi_token_id": 258882,
+        "vision_config": {"model_type": "gemma4_vision", "patch_size": 16, "pooling_kernel_size": 3},
+    }
+    assert media.is_gemma4_tower(cfg)
+    image = media.vlm_image(cfg, media.IMAGE_PX, (None, None))
+    assert image is not None and image.processor == "gemma4"
+    assert (image.pixels, image.patches, image.padded_patches, image.tokens) == ((768, 768), 2304, 2520, 256)

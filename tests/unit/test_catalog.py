@@ -504,3 +504,51 @@ def test_a_parallel_block_has_one_norm_a_layer(model_type):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == spec.param_count()
+
+
+MIMO_LIKE = {
+    "model_type": "mimo_v2_flash",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "swa_num_key_value_heads": 2,
+    "head_dim": 24,
+    "v_head_dim": 16,
+    "num_hidden_layers": 3,
+    "hybrid_layer_pattern": [0, 1, 1],
+    "moe_layer_freq": [0, 1, 1],
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "intermediate_size": 128,
+    "vocab_size": 100,
+}
+
+
+def test_a_mimo_style_config_reads_its_layer_pattern_kv_heads_and_value_width():
+    """MiMo-V2-Flash's spelling: hybrid_layer_pattern (0 full, 1 sliding), the sliding layers' own KV heads, values and
+    outputs at v_head_dim, a dense prefix from moe_layer_freq."""
+    spec = from_hf_config(MIMO_LIKE)
+    assert spec.layer_attention == ("full", "sliding", "sliding")
+    assert (spec.num_key_value_heads, spec.full_kv_heads, spec.first_dense_layers) == (2, 1, 1)
+    h, q = 64, 4 * 24
+    sliding = h * q + h * 2 * 24 + h * 2 * 16 + 4 * 16 * h
+    full = h * q + h * 1 * 24 + h * 1 * 16 + 4 * 16 * h
+    assert spec.attention_params("sliding") == sliding and spec.attention_params("full") == full
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"hybrid_layer_pattern": [0, 1]},  # not one per layer
+        {"hybrid_layer_pattern": [0, 2, 1]},
+        {"moe_layer_freq": [0, 1, 0]},  # a dense layer after an MoE one
+        {"moe_layer_freq": [True, 1, 1]},
+        {"swa_num_attention_heads": 8},  # the spec varies only the KV heads by kind
+        {"swa_head_dim": 32},
+        {"swa_v_head_dim": 8},
+    ],
+)
+def test_a_mimo_style_config_the_spec_cannot_hold_is_refused(bad):
+    with pytest.raises(ModelConfigError):
+        from_hf_config({**MIMO_LIKE, **bad})

@@ -250,3 +250,30 @@ def test_the_dry_run_builds_with_eager_attention_only_where_the_step_runs_it(att
     assert any("eager attention" in x for x in plan.substitutions) is eager
     under_cp = plan_dry_run(Request.of({"model": model, "distributed": {"cp_size": 2}}, world_size=8))
     assert all(s.recipe.attn_implementation is None for s in under_cp.specs)
+
+
+@pytest.mark.parametrize(
+    "target,sized",
+    [
+        ("nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained", True),
+        ("nemo_automodel.NeMoAutoModelForCausalLM.from_config", True),
+        ("nemo_automodel.components.models.gemma4_drafter.composite.Gemma4WithDrafter.from_pretrained", False),
+        (None, True),
+    ],
+)
+def test_a_composite_model_target_is_neither_estimated_nor_dry_run(target, sized):
+    """A model._target_ other than AutoModel's NeMoAutoModel entry points builds something around the named model (the
+    joint drafter: a second model and its own checkpointing): both tools say so instead of sizing the base alone."""
+    from automodel_dist.dry_run.plan import DryRunUsageError, plan_dry_run
+    from automodel_dist.request import Request
+    from automodel_dist.workload import read_workload, unsized_entry
+
+    model = {"pretrained_model_name_or_path": L8, **({"_target_": target} if target else {})}
+    recipe = {"model": model, "distributed": {"strategy": "fsdp2"}}
+    assert (unsized_entry(read_workload(recipe)) is None) is sized
+    if sized:
+        return
+    with pytest.raises(ValueError, match="Gemma4WithDrafter, a composite"):
+        estimate_memory(recipe, world_size=8)
+    with pytest.raises(DryRunUsageError, match="Gemma4WithDrafter, a composite"):
+        plan_dry_run(Request.of(recipe, world_size=8))

@@ -77,10 +77,17 @@ LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 
 # AutoModel's own classes whose attention dispatches on config._attn_implementation as transformers' do, so that
 # ``attn_implementation: eager`` runs transformers' eager_attention_forward on an unpacked batch
-# (components/models/llama, qwen2 and qwen3/model.py, and the Qwen3-VL class, a subclass of transformers'); the
-# classes checked here, not every one that may (the Gemma-4 and Ministral-3 classes are not in the catalog)
+# (components/models/llama, qwen2 and qwen3/model.py, the Qwen3-VL class, a subclass of transformers', and Gemma-4's,
+# whose dense checkpoints run transformers' own language model and whose MoE backend keeps transformers' attention);
+# the classes checked here, not every one that may (the Ministral-3 class is not in the catalog)
 EAGER_DISPATCH_CUSTOM = frozenset(
-    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3VLForConditionalGeneration"}
+    {
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3VLForConditionalGeneration",
+        "Gemma4ForConditionalGeneration",
+    }
 )
 
 
@@ -120,9 +127,15 @@ def hf_layer(architecture: str | None) -> HFLayer | None:
 
 
 # AutoModel's own classes whose decoder layers and norms are transformers' (components/models/qwen3_vl/model.py
-# subclasses transformers' model, qwen3/model.py its decoder layer); AutoModel applies Liger to Hugging Face classes
-# only, never to these
-HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM"})
+# subclasses transformers' model, qwen3/model.py its decoder layer, gemma4_moe/model.py keeps transformers' model for a
+# dense checkpoint); AutoModel applies Liger to Hugging Face classes only, never to these
+HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", "Gemma4ForConditionalGeneration"})
+
+# AutoModel's own classes whose decoder layers are transformers' own GradientCheckpointingLayer modules when dense
+# (Gemma-4's dense checkpoints run transformers' language model): AutoModel checkpoints them whole, as it does a
+# Hugging Face class's (distributed/parallelizer.py, _should_use_hf_native_gradient_checkpointing), not submodule by
+# submodule as its own layers
+TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
 # multimodal classes -> their language model's layer type, for what its Hugging Face norms keep without Liger (Liger's
 # stand-in patches by the root model's type, and no row here is a multimodal type)
@@ -144,6 +157,7 @@ __all__ = [
     "EAGER_DISPATCH_CUSTOM",
     "EAGER_UNLESS_TE",
     "HF_LAYER_CLASSES",
+    "TRANSFORMERS_DECODER_LAYERS",
     "HFLayer",
     "LIGER_LAYERS",
     "LIGER_VERSION",

@@ -16,7 +16,15 @@ from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RE
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
-from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, is_gemma3_tower, is_qwen_tower, vlm_image
+from ..media import (
+    GEMMA4_SOFT_TOKENS,
+    IMAGE_PX,
+    IMAGES_PER_SAMPLE,
+    is_gemma3_tower,
+    is_gemma4_tower,
+    is_qwen_tower,
+    vlm_image,
+)
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
@@ -27,7 +35,7 @@ from ..stack.recipe import (
     optimizer_for,
     sanitized_block,
 )
-from ..workload import read_workload
+from ..workload import read_workload, unsized_entry
 from .depth import Depth, plan_depth, truncated_config
 from .spec import Build, DryRunSpec, Media
 
@@ -99,6 +107,8 @@ def plan_dry_run(
     if layers != spec.num_layers:
         cfg = truncated_config(cfg, layers)
     w = read_workload(ctx.recipe)
+    if (why := unsized_entry(w)) is not None:
+        raise DryRunUsageError(why)
     subs: list[str] = []
     not_measured: list[str] = []
     notes: list[str] = []
@@ -188,6 +198,13 @@ def plan_dry_run(
                     f"{image.pixels[0]} x {image.pixels[1]} by Gemma-3's processor whatever its size (no pan-and-scan, "
                     f"its default) and pooled to {image.tokens} soft tokens, inside the {seq}-token sequence"
                 )
+            elif image.processor == "gemma4":
+                assumed.append(
+                    f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized by "
+                    f"Gemma-4's processor, its aspect ratio kept, within the processor class's budget of "
+                    f"{GEMMA4_SOFT_TOKENS} soft tokens (the checkpoint's preprocessor_config.json is not read): "
+                    f"{image.pixels[0]} x {image.pixels[1]}, {image.tokens} soft tokens inside the {seq}-token sequence"
+                )
             else:
                 assumed.append(
                     f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized "
@@ -201,6 +218,9 @@ def plan_dry_run(
                 + (
                     "; the image tokens typed for Gemma-3's bidirectional image attention (token_type_ids)"
                     if image.processor == "gemma3"
+                    else "; the image tokens typed in mm_token_type_ids and the patches' grid positions given, as "
+                    "Gemma-4's processor hands them over"
+                    if image.processor == "gemma4"
                     else "; the multimodal position ids come from the model's own get_rope_index on the batch's ids "
                     "(computed ahead, as its CP hook does)"
                 )
@@ -433,10 +453,12 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str
     processors make them (flattened patches and a grid per image), through the VLM finetune recipe's step."""
     qwen = is_qwen_tower(cfg.get("vision_config")) and isinstance(cfg.get("image_token_id"), int)
     gemma3 = is_gemma3_tower(cfg)  # (its config class defaults the image, begin- and end-of-image token ids)
-    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3):
+    gemma4 = is_gemma4_tower(cfg)
+    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4):
         return (
-            f"{recipe}: the dry run feeds images only as the Qwen-VL and Gemma-3 processors make them (Qwen2.5-VL, "
-            "Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, through the VLM finetune recipe's step); this model's "
+            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3 and Gemma-4 processors make them "
+            "(Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, through the VLM finetune recipe's "
+            "step); this model's "
             "images, video or audio would go uncounted: not measured (the estimate counts the towers' weights, not "
             "their activations)"
         )
@@ -444,6 +466,11 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str
         return (
             f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
             "the CP ranks) is not run by the dry run: not measured"
+        )
+    if gemma4 and d.cp > 1:
+        return (
+            f"{recipe}: Gemma-4 under context parallelism (AutoModel's own ring attention for its 512-wide global "
+            "heads, over packed sequences) is not run by the dry run: not measured"
         )
     return None
 

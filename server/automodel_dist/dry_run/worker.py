@@ -249,6 +249,22 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         image = vlm_image(hf_config.to_dict(), m.image_px, (m.min_pixels, m.max_pixels))
         if image is None:
             raise ValueError(f"no known image processor for model type {hf_config.model_type}")
+    if image is not None and image.processor == "gemma4":
+        # Gemma-4's tower strips its padded patches' pooled cells ([images, budget] mask of valid cells): each image
+        # keeps its soft tokens
+        tokens = image.tokens
+
+        def valid_cells(mask: Any) -> int | None:
+            return mask.shape[0] * tokens if mask.dim() == 2 else None
+
+        nonzero["gemma4/modeling_gemma4.py:get_image_features"] = valid_cells
+        # ... and the model checks that the image features fill its [batch, seq, hidden] placeholder mask
+        per_sequence, width = tokens * spec.media.images_per_sample, text_config.hidden_size
+
+        def placeholder_cells(mask: Any) -> int | None:
+            return mask.shape[0] * per_sequence * width if mask.dim() == 3 and mask.shape[2] == width else None
+
+        nonzero["gemma4/modeling_gemma4.py:forward"] = placeholder_cells
     if image is not None and image.processor == "qwen":
         # Qwen3-VL under CP: the DeepStack features of this rank's share of the image tokens (the round-robin split
         # gives each CP rank an equal share of every sequence)
@@ -293,6 +309,20 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                     )
                 )
                 continue
+            if image is not None and image.processor == "gemma4":
+                m = spec.media
+                batches.append(
+                    media.gemma4_batch(
+                        hf_config,
+                        batch=shape[0],
+                        seq=shape[1],
+                        images_per_sample=m.images_per_sample,
+                        image_px=m.image_px,
+                        pixel_dtype=m.pixel_dtype,
+                        fake_mode=fake_mode,
+                    )
+                )
+                continue
             if spec.media is not None:  # a VLM step: images in every sequence (stack/media.py)
                 m = spec.media
                 batches.append(
@@ -318,6 +348,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 f"images: {m.images_per_sample} a sequence, {source} resized to {image.pixels[0]} x {image.pixels[1]}, "
                 f"a {image.grid[1]} x {image.grid[2]} patch grid ({image.patches} patches of {image.patch_size} px, "
                 f"{image.tokens} placeholder tokens), pixel_values in {m.pixel_dtype}"
+                + (f", padded to {image.padded_patches} patches" if image.padded_patches else "")
             )
         tracker = make_tracker(parts, optimizers, phases)
         snapshots: dict[str, Any] = {}

@@ -16,7 +16,7 @@ from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..report import ConfigError
 from ..request import ConfigInput, Request, RequestFields
-from ..workload import read_workload
+from ..workload import read_workload, unsized_entry
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
 from .report import Estimate, MemoryBreakdown
@@ -299,9 +299,12 @@ def estimate_memory(
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
     teacher, teacher_note, teacher_known = teacher_of(ctx, request.lookup.fetch_config)
+    workload = read_workload(ctx.recipe)
+    if (why := unsized_entry(workload)) is not None:
+        raise ValueError(why)
     terms = training_for(
         spec,
-        read_workload(ctx.recipe),
+        workload,
         precision=precision,
         optimizer=optimizer,
         seq_len=seq_len,

@@ -77,6 +77,7 @@ from ..catalog.implementations import implementation
 from ..catalog.kernels import (
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
+    TRANSFORMERS_DECODER_LAYERS,
     HFLayer,
     hf_layer,
     hf_text_layer,
@@ -438,6 +439,8 @@ def _ac_style(architecture: str | None, moe: bool, hf_class: bool, applied: bool
         return "selective"
     impl = implementation(architecture)
     custom = impl is not None and impl.custom and not hf_class
+    if custom and not moe and architecture in TRANSFORMERS_DECODER_LAYERS:
+        custom = False  # transformers' decoder layers, checkpointed whole
     if moe and (ep or custom):
         return "block"  # the MoE parallelizer wraps every block
     return "submodule" if custom else "layer"

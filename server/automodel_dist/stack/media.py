@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from ..media import gemma3_image, qwen_image
+from ..media import gemma3_image, gemma4_image, qwen_image
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
 # sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
@@ -174,6 +174,58 @@ def gemma3_batch(
     }
 
 
+def gemma4_batch(
+    hf_config: Any,
+    *,
+    batch: int,
+    seq: int,
+    images_per_sample: int,
+    image_px: tuple[int, int],
+    pixel_dtype: str,
+    fake_mode: Any,
+) -> dict[str, Any]:
+    """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-4, each holding ``images_per_sample`` images as
+    its processor writes them (begin-of-image, one soft token per pooled cell, end-of-image, typed 1 in
+    ``mm_token_type_ids``), the rest text; the pixels as its processor hands them over: every image's patches
+    flattened and padded to the token budget's count, with their (x, y) grid positions and (-1, -1) for the padding.
+    Call inside ``fake_mode``: the pixels are fake, the ids, types and positions constants."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    image = gemma4_image(hf_config.to_dict(), image_px)
+    n_img = image.tokens
+    soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
+    images = batch * images_per_sample
+    with unset_fake_temporarily():  # real values
+        ids, kinds, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=n_img,
+            start=boi,
+            image=soft,
+            end=eoi,
+            text_high=max(2, min(soft, boi, eoi) - 64),
+            lead=1,
+            kinds_dtype=torch.int64,
+            what=f"{n_img} tokens",
+        )
+        rows, cols = image.grid[1], image.grid[2]
+        ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        positions = torch.full((image.padded_patches, 2), -1, dtype=torch.int64)
+        positions[: rows * cols] = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+        positions = positions.expand(images, -1, -1).clone()
+    known = fake_mode.fake_tensor_converter
+    pixels = 3 * image.patch_size * image.patch_size
+    return {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+        "mm_token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
+        "pixel_values": torch.empty(images, image.padded_patches, pixels, dtype=getattr(torch, pixel_dtype)),
+        "image_position_ids": known.from_real_tensor(fake_mode, positions, make_constant=True),
+    }
+
+
 @contextlib.contextmanager
 def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     """transformers' vision index helpers (``transformers.vision_utils``: attention segments, window order, rotary and
@@ -219,8 +271,8 @@ def check_staged_images(hf_config: Any, input_ids: Any, grids: list[Any]) -> Non
     """The check transformers' ``get_placeholder_mask`` makes on each microbatch (its image tokens against its image
     features), made here on the known values: the pipeline's first stage finds the placeholders by comparing
     embeddings, which fake tensors cannot, so the dry run answers that read true (dry_run/worker.py) and rests the
-    answer on this. ``grids`` are the microbatches' staged image grids, in order; the schedule splits the ids by
-    rows into as many microbatches."""
+    answer on this. ``grids`` are the microbatches' staged image grids (Gemma-4's: its patches' positions), in order;
+    the schedule splits the ids by rows into as many microbatches."""
     import torch
 
     ids = getattr(input_ids, "constant", None)
@@ -228,9 +280,13 @@ def check_staged_images(hf_config: Any, input_ids: Any, grids: list[Any]) -> Non
     if ids is None or any(g is None for g in known):
         raise NotImplementedError("the staged images cannot be checked against the ids: their values are not known")
     merge = int(getattr(hf_config.vision_config, "spatial_merge_size", 1) or 1) ** 2
+    pooling = int(getattr(hf_config.vision_config, "pooling_kernel_size", 1) or 1) ** 2
     for i, (rows, grid) in enumerate(zip(torch.tensor_split(ids, len(known)), known, strict=True)):
         tokens = int((rows == hf_config.image_token_id).sum())
-        features = int(grid.prod(-1).sum()) // merge if grid.numel() else 0
+        if getattr(hf_config, "model_type", None) == "gemma4":  # its staged patch positions: a token a pooled cell
+            features = int((grid != -1).all(-1).sum()) // pooling if grid.numel() else 0
+        else:
+            features = int(grid.prod(-1).sum()) // merge if grid.numel() else 0
         if tokens != features:
             raise ValueError(
                 f"microbatch {i}: {tokens} image tokens in the ids against {features} staged image features "
@@ -338,4 +394,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["check_staged_images", "gemma3_batch", "qwen_batch", "known_inputs", "known_rope_index"]
+__all__ = ["check_staged_images", "gemma3_batch", "gemma4_batch", "qwen_batch", "known_inputs", "known_rope_index"]

@@ -1006,6 +1006,18 @@ DROPOUT = _register(
     lambda: _meta_kernel("native_dropout")(),
 )
 
+CUDA_SYNC = _register(
+    "cuda_synchronize_noop",
+    "forward",
+    "torch.cuda.synchronize (a no-op during the step)",
+    "Gemma-4's tensor-parallel row reduction (gemma4_moe/parallelization.py, _ReduceFromTensorParallelRegion) waits "
+    "for the device around its all-reduce; on a host without CUDA the call raises. Waiting allocates nothing.",
+    _source_has(
+        "nemo_automodel.components.models.gemma4_moe.parallelization:_ReduceFromTensorParallelRegion.forward",
+        "torch.cuda.synchronize(local_output.device)",
+    ),
+)
+
 _SKIPPED = (
     "/torch/_ops.py",
     "/torch/_subclasses/",
@@ -1247,6 +1259,12 @@ def step_patches() -> Iterator[None]:
 
         stack.enter_context(_patched(F, "dropout", dropout))
         stack.enter_context(_patched(torch, "dropout", torch_dropout))
+
+        def synchronize(device: Any = None) -> None:
+            CUDA_SYNC.hits += 1
+
+        if not torch.cuda.is_available():
+            stack.enter_context(_patched(torch.cuda, "synchronize", synchronize))
         yield
 
 

@@ -3,7 +3,8 @@ their MoE versions): token ids with each image's placeholder tokens, the process
 (``pixel_values``), one ``(t, h, w)`` grid per image, the token-type ids the multimodal RoPE needs, and the 3-axis
 position ids the model's own ``get_rope_index`` computes from them; or to Gemma-3: ids with each image's
 begin-of-image, soft and end-of-image tokens, the token-type ids its bidirectional image attention reads, and the
-images at the tower's square.
+images at the tower's square; or to Gemma-4: the same ids, typed in ``mm_token_type_ids``, and every image's patches
+padded to its processor's token budget with their grid positions.
 
 The ids, grids and positions are small and their values decide shapes (how many image tokens, where they go, the
 vision tower's attention segments), so on fake tensors they stay known values: fake tensors with a constant behind
@@ -137,44 +138,28 @@ def qwen_batch(
     return out
 
 
-def gemma3_batch(
-    hf_config: Any, *, batch: int, seq: int, images_per_sample: int, pixel_dtype: str, fake_mode: Any
-) -> dict[str, Any]:
-    """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-3, each holding ``images_per_sample`` images as
-    its processor writes them (``\\n\\n``, begin-of-image, ``mm_tokens_per_image`` soft tokens, end-of-image, ``\\n\\n``;
-    the soft tokens typed 1), the rest text; labels cover the text. Call inside ``fake_mode``: the pixels are fake,
-    the ids and types constants."""
+def _soft_token_ids(hf_config: Any, batch: int, seq: int, images_per_sample: int, tokens: int) -> tuple[Any, Any, Any]:
+    """Gemma's ids (real values): each image written as its processor writes it, a text token, begin-of-image,
+    ``tokens`` soft tokens (typed 1), end-of-image and a text token; the labels mask the soft tokens."""
     import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    image = gemma3_image(hf_config.to_dict())
-    n_img = image.tokens
     soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
-    with unset_fake_temporarily():  # real values
-        ids, kinds, labels = _ids_with_images(
-            batch,
-            seq,
-            images=images_per_sample,
-            tokens=n_img,
-            start=boi,
-            image=soft,
-            end=eoi,
-            text_high=max(2, min(soft, boi, eoi) - 64),
-            lead=1,  # the processor's "\n\n" before begin-of-image and after end-of-image: text
-            kinds_dtype=torch.int64,
-            what=f"{n_img} tokens",
-        )
-    known = fake_mode.fake_tensor_converter
-    height, width = image.pixels
-    return {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),
-        "token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
-        "pixel_values": torch.empty(batch * images_per_sample, 3, height, width, dtype=getattr(torch, pixel_dtype)),
-    }
+    return _ids_with_images(
+        batch,
+        seq,
+        images=images_per_sample,
+        tokens=tokens,
+        start=boi,
+        image=soft,
+        end=eoi,
+        text_high=max(2, min(soft, boi, eoi) - 64),
+        lead=1,  # Gemma-3's "\n\n" before begin-of-image and after end-of-image: text
+        kinds_dtype=torch.int64,
+        what=f"{tokens} tokens",
+    )
 
 
-def gemma4_batch(
+def gemma_batch(
     hf_config: Any,
     *,
     batch: int,
@@ -184,44 +169,42 @@ def gemma4_batch(
     pixel_dtype: str,
     fake_mode: Any,
 ) -> dict[str, Any]:
-    """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-4, each holding ``images_per_sample`` images as
-    its processor writes them (begin-of-image, one soft token per pooled cell, end-of-image, typed 1 in
-    ``mm_token_type_ids``), the rest text; the pixels as its processor hands them over: every image's patches
-    flattened and padded to the token budget's count, with their (x, y) grid positions and (-1, -1) for the padding.
-    Call inside ``fake_mode``: the pixels are fake, the ids, types and positions constants."""
+    """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-3 or Gemma-4, each holding
+    ``images_per_sample`` images as the model's processor writes them (begin-of-image, its soft tokens, end-of-image),
+    the rest text; labels cover the text. Gemma-3's images are the tower's square (``image_px`` unused), typed in
+    ``token_type_ids`` for its bidirectional image attention. Gemma-4's keep their aspect ratio within its token
+    budget: every image's patches flattened and padded to the budget's count, with their (x, y) grid positions and
+    (-1, -1) for the padding, the soft tokens typed in ``mm_token_type_ids``. Call inside ``fake_mode``: the pixels
+    are fake, the ids, types and positions constants."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    image = gemma4_image(hf_config.to_dict(), image_px)
-    n_img = image.tokens
-    soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
+    cfg = hf_config.to_dict()
+    image = gemma3_image(cfg) if cfg.get("model_type") == "gemma3" else gemma4_image(cfg, image_px)
     images = batch * images_per_sample
+    known = fake_mode.fake_tensor_converter
     with unset_fake_temporarily():  # real values
-        ids, kinds, labels = _ids_with_images(
-            batch,
-            seq,
-            images=images_per_sample,
-            tokens=n_img,
-            start=boi,
-            image=soft,
-            end=eoi,
-            text_high=max(2, min(soft, boi, eoi) - 64),
-            lead=1,
-            kinds_dtype=torch.int64,
-            what=f"{n_img} tokens",
-        )
+        ids, kinds, labels = _soft_token_ids(hf_config, batch, seq, images_per_sample, image.tokens)
+    out = {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+    }
+    kinds = known.from_real_tensor(fake_mode, kinds, make_constant=True)
+    if image.processor == "gemma3":
+        height, width = image.pixels
+        pixels = torch.empty(images, 3, height, width, dtype=getattr(torch, pixel_dtype))
+        return {**out, "token_type_ids": kinds, "pixel_values": pixels}
+    with unset_fake_temporarily():
         rows, cols = image.grid[1], image.grid[2]
         ys, xs = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
         positions = torch.full((image.padded_patches, 2), -1, dtype=torch.int64)
         positions[: rows * cols] = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
         positions = positions.expand(images, -1, -1).clone()
-    known = fake_mode.fake_tensor_converter
-    pixels = 3 * image.patch_size * image.patch_size
+    patch = 3 * image.patch_size * image.patch_size
     return {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),
-        "mm_token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
-        "pixel_values": torch.empty(images, image.padded_patches, pixels, dtype=getattr(torch, pixel_dtype)),
+        **out,
+        "mm_token_type_ids": kinds,
+        "pixel_values": torch.empty(images, image.padded_patches, patch, dtype=getattr(torch, pixel_dtype)),
         "image_position_ids": known.from_real_tensor(fake_mode, positions, make_constant=True),
     }
 
@@ -394,4 +377,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["check_staged_images", "gemma3_batch", "gemma4_batch", "qwen_batch", "known_inputs", "known_rope_index"]
+__all__ = ["check_staged_images", "gemma_batch", "qwen_batch", "known_inputs", "known_rope_index"]

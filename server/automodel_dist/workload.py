@@ -57,12 +57,14 @@ def _loads_base_model(model: Mapping[str, Any]) -> bool:
 
 def unsized_entry(w: Workload) -> str | None:
     """Why the recipe's model is not what AutoModel's NeMoAutoModel entry points build from its config (None: it is):
-    a composite of its own (Gemma4WithDrafter: a drafter model and its own checkpointing around the base)."""
+    an AutoModel class called directly, such as a composite of its own (Gemma4WithDrafter: a drafter model and its own
+    checkpointing around the base)."""
     if w.model_entry is None or w.model_entry.startswith("NeMoAutoModel"):
         return None
     return (
-        f"model._target_ builds {w.model_entry}, a composite around the named model (its other modules, their "
-        "states and its own checkpointing are not modelled): not sized"
+        f"model._target_ builds AutoModel's {w.model_entry} directly, not through a NeMoAutoModel entry point (a "
+        "composite such as the joint drafter adds modules, states and checkpointing of its own, which are not "
+        "modelled): not sized"
     )
 
 
@@ -85,7 +87,8 @@ class Workload:
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     torch_dtype: str | None = None  # model.torch_dtype
     backend: dict[str, Any] = field(default_factory=dict)  # model.backend (BackendConfig fields)
-    # the class model._target_ names (NeMoAutoModelForCausalLM, ...; a composite such as Gemma4WithDrafter otherwise)
+    # the AutoModel class model._target_ names (NeMoAutoModelForCausalLM, ...; a model class of its own, such as the
+    # Gemma4WithDrafter composite, otherwise); None for a target outside nemo_automodel
     model_entry: str | None = None
     force_hf: bool = False
     load_base_model: bool = False  # AutoModel loads the checkpoint: from_pretrained, or from_config when asked
@@ -156,7 +159,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
         target = model.get("_target_")
-        if isinstance(target, str) and len(target.split(".")) >= 2:
+        if isinstance(target, str) and target.startswith("nemo_automodel.") and len(target.split(".")) >= 3:
             facts["model_entry"] = target.split(".")[-2]
         facts["load_base_model"] = _loads_base_model(model)
         facts["use_liger_kernel"] = model.get("use_liger_kernel") is not False

@@ -41,13 +41,18 @@ def test_the_dispatchers_the_dry_run_keeps_local_are_backend_choices():
     assert LOCAL_DISPATCHERS < choices and "torch" in choices
 
 
-def _eager_attention_peak(dtype, sinks: bool) -> tuple[float, float]:
-    """(saved, peak) bytes a score of AutoModel's MiMo-V2-Flash eager attention, forward and backward on fake tensors
-    under torch's MemTracker: 64 query heads over 8 KV heads, q/k head dim 192, v 128, as the checkpoint's sliding
-    layers."""
+def _eager_attention_peak(dtype, sinks: bool, kind: str = "mimo") -> tuple[float, float]:
+    """(saved, peak) bytes a score of an eager attention, forward and backward on fake tensors under torch's MemTracker:
+    AutoModel's MiMo-V2-Flash function (``mimo``, with or without its sinks) or transformers' own
+    (``transformers``: Llama's eager_attention_forward, the one its classes share); 64 query heads over 8 KV heads,
+    q/k head dim 192, v 128, as MiMo's sliding layers."""
     import torch
-    from nemo_automodel.components.models.mimo_v2_flash.model import _eager_attention_forward
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if kind == "mimo":
+        from nemo_automodel.components.models.mimo_v2_flash.model import _eager_attention_forward
+    else:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as _eager_attention_forward
     from torch.distributed._tools.mem_tracker import MemTracker
 
     heads, kv, seq = 64, 8, 4096
@@ -71,27 +76,30 @@ def _eager_attention_peak(dtype, sinks: bool) -> tuple[float, float]:
             out.sum().backward()
     (peak,) = tracker.get_tracker_snapshot("peak").values()
     scores = heads * seq * seq
-    saved = [n for kind, n in peak.items() if str(kind).endswith("ACT")][0]
+    saved = [n for ref, n in peak.items() if str(ref).endswith("ACT")][0]
     return saved / scores, peak["Total"] / scores
 
 
 @pytest.mark.parametrize("dtype_name, comp_bytes", [("bfloat16", 2), ("float32", 4)])
-@pytest.mark.parametrize("sinks", [True, False])
-def test_eager_attentions_backward_transient_is_the_estimates(dtype_name, comp_bytes, sinks):
+@pytest.mark.parametrize("sinks, kind", [(True, "mimo"), (False, "mimo"), (False, "transformers")])
+def test_eager_attentions_backward_transient_is_the_estimates(dtype_name, comp_bytes, sinks, kind):
     """The estimate's eager-attention terms against AutoModel's own eager attention: what it saves a score (the fp32
     softmax, and its copy in a 16-bit compute dtype) and what its backward adds on top (eager_backward_bytes), within
     0.75 bytes a score: the rest are q, k and v expanded to every head (640 elements a query against 4,096 keys)
     and the mask."""
+    from dataclasses import replace
+
     import torch
 
     from automodel_dist.catalog.models import lookup
     from automodel_dist.estimate.memory import ParallelDims, Training, eager_backward_bytes
 
-    saved, peak = _eager_attention_peak(getattr(torch, dtype_name), sinks)
+    saved, peak = _eager_attention_peak(getattr(torch, dtype_name), sinks, kind)
     kept = 4 + (comp_bytes if comp_bytes != 4 else 0)
     assert kept <= saved < kept + 0.75
-    m = lookup("XiaomiMiMo/MiMo-V2-Flash")
-    tr = Training(seq_len=4096, attn_backend="sdpa")
+    m = lookup("XiaomiMiMo/MiMo-V2-Flash" if kind == "mimo" else "meta-llama/Llama-3.1-8B")
+    m = replace(m, num_attention_heads=64)  # the probe's heads (the term is per head)
+    tr = Training(seq_len=4096, attn_backend="sdpa", attn_implementation="eager", hf_class=kind != "mimo")
     per_score = eager_backward_bytes(m, ParallelDims(world_size=1), tr, comp_bytes) / (64 * 4096)
     assert peak - 0.75 < kept + per_score <= peak
 
@@ -124,7 +132,7 @@ def test_a_dense_gemma4_checkpoint_runs_transformers_layers_which_automodel_chec
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     from automodel_dist.catalog.hf_config import hf_config
-    from automodel_dist.catalog.kernels import EAGER_DISPATCH_CUSTOM, TRANSFORMERS_DECODER_LAYERS
+    from automodel_dist.catalog.kernels import EAGER_DISPATCH_CUSTOM, FP32_NORM_CLASSES, TRANSFORMERS_DECODER_LAYERS
     from automodel_dist.catalog.models import lookup
     from automodel_dist.dry_run.depth import truncated_config
 
@@ -141,3 +149,9 @@ def test_a_dense_gemma4_checkpoint_runs_transformers_layers_which_automodel_chec
     layer = model.model.language_model.layers[0]
     assert isinstance(layer, GradientCheckpointingLayer) and type(layer).__module__.startswith("transformers.")
     assert "Gemma4ForConditionalGeneration" in TRANSFORMERS_DECODER_LAYERS
+    # ... and its norms are transformers' Gemma4RMSNorm, which normalises and scales in fp32 (FP32_NORM_CLASSES)
+    from transformers.models.gemma4 import modeling_gemma4
+
+    assert type(layer.input_layernorm) is modeling_gemma4.Gemma4RMSNorm
+    assert "self._norm(hidden_states.float())" in inspect.getsource(modeling_gemma4.Gemma4RMSNorm.forward)
+    assert "Gemma4ForConditionalGeneration" in FP32_NORM_CLASSES

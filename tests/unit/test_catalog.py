@@ -552,3 +552,26 @@ def test_a_mimo_style_config_reads_its_layer_pattern_kv_heads_and_value_width():
 def test_a_mimo_style_config_the_spec_cannot_hold_is_refused(bad):
     with pytest.raises(ModelConfigError):
         from_hf_config({**MIMO_LIKE, **bad})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"enable_moe_block": True, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704},
+        {"hidden_size_per_layer_input": 256},
+        {"num_kv_shared_layers": 20},
+        {"use_double_wide_mlp": True},
+    ],
+)
+def test_a_gemma4_variant_the_spec_cannot_hold_is_refused(extra):
+    """Gemma-4's MoE block (26B-A4B) and its E-series layers (per-layer embeddings, KV sharing, double-wide MLP) are
+    refused, not sized as the dense 31B's layers."""
+    import json
+
+    from automodel_dist.catalog.models import CATALOG_DIR
+
+    cfg = json.loads((CATALOG_DIR / "configs" / "google--gemma-4-31B-it.json").read_text())
+    from_hf_config(cfg)
+    cfg["text_config"] = {**cfg["text_config"], **extra}
+    with pytest.raises(ModelConfigError, match="Gemma-4 with"):
+        from_hf_config(cfg)

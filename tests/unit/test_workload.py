@@ -258,12 +258,15 @@ def test_the_dry_run_builds_with_eager_attention_only_where_the_step_runs_it(att
         ("nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained", True),
         ("nemo_automodel.NeMoAutoModelForCausalLM.from_config", True),
         ("nemo_automodel.components.models.gemma4_drafter.composite.Gemma4WithDrafter.from_pretrained", False),
+        ("nemo_automodel.NeMoAutoModelBiEncoder.from_pretrained", True),
+        ("transformers.AutoModelForCausalLM.from_pretrained", True),  # not AutoModel's: sized as before
         (None, True),
     ],
 )
 def test_a_composite_model_target_is_neither_estimated_nor_dry_run(target, sized):
-    """A model._target_ other than AutoModel's NeMoAutoModel entry points builds something around the named model (the
-    joint drafter: a second model and its own checkpointing): both tools say so instead of sizing the base alone."""
+    """An AutoModel class called directly as model._target_, not one of its NeMoAutoModel entry points, may build
+    something around the named model (the joint drafter: a second model and its own checkpointing): both tools say so
+    instead of sizing the base alone."""
     from automodel_dist.dry_run.plan import DryRunUsageError, plan_dry_run
     from automodel_dist.request import Request
     from automodel_dist.workload import read_workload, unsized_entry
@@ -273,7 +276,29 @@ def test_a_composite_model_target_is_neither_estimated_nor_dry_run(target, sized
     assert (unsized_entry(read_workload(recipe)) is None) is sized
     if sized:
         return
-    with pytest.raises(ValueError, match="Gemma4WithDrafter, a composite"):
+    with pytest.raises(ValueError, match="Gemma4WithDrafter directly"):
         estimate_memory(recipe, world_size=8)
-    with pytest.raises(DryRunUsageError, match="Gemma4WithDrafter, a composite"):
+    with pytest.raises(DryRunUsageError, match="Gemma4WithDrafter directly"):
         plan_dry_run(Request.of(recipe, world_size=8))
+
+
+@pytest.mark.parametrize("attn,eager", [("sdpa", True), ("flex", True), ("te", False), (None, False)])
+def test_mimo_runs_its_own_eager_attention_on_every_backend_but_te_in_both_tools(attn, eager):
+    """AutoModel's MiMo-V2-Flash class runs its own eager attention unless model.backend.attn is te (unset: te on a GPU
+    with Transformer Engine): the dry run gives it no TE stand-in for another backend and says so, and the estimate
+    counts the scores."""
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    backend = {"_target_": "nemo_automodel.components.models.common.BackendConfig", **({"attn": attn} if attn else {})}
+    model = {"pretrained_model_name_or_path": "XiaomiMiMo/MiMo-V2-Flash", "backend": backend}
+    recipe = {"model": model, "distributed": {"strategy": "fsdp2", "ep_size": 8}}
+    plan = plan_dry_run(Request.of(recipe, world_size=8))
+    assert any("its own eager attention" in x for x in plan.substitutions) is eager
+    assert any("Transformer Engine's shapes" in x for x in plan.substitutions) is not eager
+    # (flex needs CUDA: it runs as sdpa, which takes the same eager path in this class)
+    assert all((s.recipe.backend["attn"] != "te") is eager for s in plan.specs)
+    flash = {"pretrained_model_name_or_path": "XiaomiMiMo/MiMo-V2-Flash", "backend": {**backend, "attn": "te"}}
+    kept = estimate_memory(recipe, world_size=8, seq_len=4096).memory_gib.activations
+    te = estimate_memory({**recipe, "model": flash}, world_size=8, seq_len=4096).memory_gib.activations
+    assert (kept > te) is eager

@@ -137,6 +137,10 @@ HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausal
 # submodule as its own layers
 TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
+# AutoModel's own classes running transformers' Gemma norms, which keep the normalised tensor in fp32 (Gemma-4's dense
+# checkpoints: transformers' Gemma4RMSNorm scales in fp32), where no Liger row names their layer type
+FP32_NORM_CLASSES = frozenset({"Gemma4ForConditionalGeneration"})
+
 # multimodal classes -> their language model's layer type, for what its Hugging Face norms keep without Liger (Liger's
 # stand-in patches by the root model's type, and no row here is a multimodal type)
 TEXT_LAYER_TYPES = {"Gemma3ForConditionalGeneration": "gemma3_text", "Qwen3VLForConditionalGeneration": "qwen3"}
@@ -156,6 +160,7 @@ __all__ = [
     "ARCHITECTURE_TYPES",
     "EAGER_DISPATCH_CUSTOM",
     "EAGER_UNLESS_TE",
+    "FP32_NORM_CLASSES",
     "HF_LAYER_CLASSES",
     "TRANSFORMERS_DECODER_LAYERS",
     "HFLayer",

@@ -565,6 +565,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     first_dense = _int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace")
     if mtype == "ernie4_5_moe":
         first_dense = _ernie_dense_prefix(cfg, layers)
+    if mtype == "gemma4_text":
+        _check_dense_gemma4(cfg)
     if isinstance(cfg.get("moe_layer_freq"), list):  # MiMo-V2-Flash: 0 dense, 1 MoE, per layer
         first_dense = _freq_dense_prefix(cfg["moe_layer_freq"], layers)
     head_dim = _first(cfg, "head_dim", default=None)
@@ -711,6 +713,20 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     if cfg.get("use_bias"):
         raise ModelConfigError("ERNIE-4.5 with use_bias: true (a bias on every projection) is not sized")
     return start
+
+
+def _check_dense_gemma4(cfg: dict[str, Any]) -> None:
+    """Gemma-4 as the spec holds it: the dense checkpoints' layers (31B). The MoE block beside a dense MLP (26B-A4B),
+    per-layer embeddings, KV-shared layers and the double-wide MLP (E2B, E4B) are refused rather than miscounted."""
+    unsized = [
+        key
+        for key in ("enable_moe_block", "hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp")
+        if cfg.get(key)
+    ]
+    if unsized:
+        raise ModelConfigError(
+            f"Gemma-4 with {', '.join(unsized)} (its MoE or E-series layers) is not sized: only dense Gemma-4 layers are"
+        )
 
 
 def _freq_dense_prefix(freq: list[Any], layers: int) -> int:

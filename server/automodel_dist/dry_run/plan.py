@@ -153,7 +153,7 @@ def plan_dry_run(
             "the full model's"
         )
     own_class = builds_own_class(spec.architecture, w.force_hf)
-    backend = backend_for(w, spec.is_moe, own_class, subs)
+    backend = backend_for(w, spec.is_moe, own_class, subs, architecture=spec.architecture)
     if spec.is_moe:
         subs.append(
             "MoE routing assumed balanced: each rank's experts receive 1/ep of the token assignments (a "

@@ -75,6 +75,8 @@ from functools import lru_cache
 
 from ..catalog.implementations import implementation
 from ..catalog.kernels import (
+    EAGER_UNLESS_TE,
+    FP32_NORM_CLASSES,
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
     TRANSFORMERS_DECODER_LAYERS,
@@ -366,7 +368,7 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     if not hf_norms(m, tr):
         return 4 * h / t + 4 * h if sp else 8 * h
     row = hf_text_layer(m.architecture)
-    fp32 = row is not None and row.fp32_norm
+    fp32 = (row is not None and row.fp32_norm) or m.architecture in FP32_NORM_CLASSES
     # the normalised tensor is kept for the norm weight's gradient: not where the weight is frozen (LoRA), except by
     # a LayerNorm, whose kernel keeps its input and statistics either way
     normalised = (4 * h if fp32 else 2 * h) if tr.lora is None or m.norm_bias else 0.0
@@ -415,15 +417,16 @@ def eager_attention(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
 
 def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes: int) -> float:
     """Bytes per local token one eager attention's backward makes on top of what it saved (one layer's at a time): the
-    scores' gradient in fp32 (the softmax's output dtype) and two in the compute dtype (the value matmul's and the
-    softmax's input's). Measured on AutoModel's MiMo-V2-Flash eager attention on fake tensors (its sinks or none):
-    8 bytes a score at bf16 compute, 12 at fp32, besides the 6 (4) it saved."""
+    scores' gradients. Measured on fake tensors (tests/oracle/test_kernel_facts.py): transformers' eager attention
+    adds 8 bytes a score at bf16 or fp32 compute; AutoModel's MiMo-V2-Flash function, which also subtracts each row's
+    maximum in the compute dtype, 8 at bf16 and 12 at fp32."""
     if not eager_attention(m, p, tr):
         return 0.0
     share = 1.0
     if "linear" in m.layer_attention:
         share = (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
-    return share * m.num_attention_heads / p.tp * tr.seq_len / p.cp * (4 + 2 * comp_bytes)
+    per_score = 4 + 2 * comp_bytes if m.architecture in EAGER_UNLESS_TE else 8
+    return share * m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score
 
 
 def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
@@ -477,7 +480,8 @@ def _act_per_token(
             # (fp32 where the norm scales in fp32, as Gemma-3's): saved-tensor hooks on transformers' Qwen3 and
             # Gemma-3 layers; counted above as the bf16 input alone
             row = hf_text_layer(m.architecture)
-            normalised = (4 if row is not None and row.fp32_norm else 2) if tr.lora is None else 0
+            fp32 = (row is not None and row.fp32_norm) or m.architecture in FP32_NORM_CLASSES
+            normalised = (4 if fp32 else 2) if tr.lora is None else 0
             attn += (4 + normalised - 2) * (q + kv) / t
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t

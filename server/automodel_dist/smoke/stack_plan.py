@@ -181,7 +181,7 @@ def plan_stack(
             "step are the same); the own class's attention did not run"
         )
         subs.append(f"{architecture}: AutoModel's Hugging Face fallback class instead of its own ({needs})")
-    backend = backend_for(workload, is_moe, custom, subs, values=True)
+    backend = backend_for(workload, is_moe, custom, subs, values=True, architecture=architecture)
     if dims.cp > 1:
         subs.append(
             "context parallelism on a CPU: attention runs as SDPA's math kernel on the sequence-sharded tensors "

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..catalog.kernels import LOCAL_DISPATCHERS
+from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS
 from ..workload import Workload
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
@@ -75,14 +75,17 @@ class StackRecipe(BaseModel):
         return not self.optimizer["state_dtype"]
 
 
-def backend_for(w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False) -> dict[str, Any]:
+def backend_for(
+    w: Workload, moe: bool, custom: bool, out: list[str], *, values: bool = False, architecture: str | None = None
+) -> dict[str, Any]:
     """model.backend as the dry run (``values`` False: fake tensors, memory) or the smoke run (``values``: real
     tensors, numerics) builds it. Only AutoModel's own classes take one: for a Hugging Face class the recipe's own is
     passed as written (an error it causes is AutoModel's) and nothing is added to it."""
     backend = dict(w.backend)
     if not custom:
         return backend
-    if backend.get("attn", "te") in _FLASH_LIKE:
+    eager_off_te = architecture in EAGER_UNLESS_TE and backend.get("attn", "te") != "te"
+    if backend.get("attn", "te") in _FLASH_LIKE and not eager_off_te:  # (MiMo's other backends run its eager path)
         # te: AutoModel's default on a GPU with Transformer Engine (unset means te there) and the only attention its
         # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
         # log-sum-exp), and some classes take only te or flex (GPT-OSS)

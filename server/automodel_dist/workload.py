@@ -115,6 +115,12 @@ class Workload:
     # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
     frame_sharding: tuple[int, int] | None = None
 
+    @property
+    def attn_backend(self) -> str | None:
+        """model.backend.attn as written (None: unset, te on a GPU with Transformer Engine)."""
+        attn = self.backend.get("attn")
+        return attn if isinstance(attn, str) else None
+
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
     node: Any = recipe

@@ -12,9 +12,6 @@ from typing import Any
 
 from .models import ModelSpec
 
-# where a config.json gives its routed-expert count, in the order transformers' MoE configs use them
-EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-
 
 class NoConfigError(ValueError):
     """A spec that was not read from a config.json (built by hand): there is nothing to build the model from."""

@@ -550,10 +550,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
     kv = _int(_first(cfg, "num_key_value_heads", default=heads), "num_key_value_heads")
-    experts = _int(
-        _first(cfg, "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0) or 0,
-        "num_experts",
-    )
+    experts = _int(_first(cfg, *EXPERT_COUNT_KEYS, default=0) or 0, "num_experts")
     inter = _int(_first(cfg, "intermediate_size", "ffn_dim", default=4 * h), "intermediate_size")
     moe_inter = _int(_first(cfg, "moe_intermediate_size", default=inter if experts else 0), "moe_intermediate_size")
     shared = _first(cfg, "shared_expert_intermediate_size", default=None)
@@ -684,6 +681,9 @@ TIED_BY_DEFAULT = frozenset(
 # transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
 # Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
 UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
+# where a config.json gives its routed-expert count, in the order the parser reads them (DeepSeek's and others',
+# Mixtral's, Qwen-MoE's, ERNIE-4.5's)
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
 # the count of shared experts, each moe_intermediate_size wide: DeepSeek's and others' name, Ling's (bailing_moe),
 # ERNIE-4.5's
 SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..catalog.hf_config import EXPERT_COUNT_KEYS
+from ..catalog.models import EXPERT_COUNT_KEYS
 from .spec import Build, DryRunSpec
 
 GIB = float(1 << 30)

@@ -304,21 +304,20 @@ def plan_dry_run(
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
             "is installed; without fla, AutoModel falls back to transformers' torch loop, which keeps far more"
         )
-    attn_backend = w.backend.get("attn") if isinstance(w.backend.get("attn"), str) else None
     eager_attn = runs_eager_attention(
         w.attn_implementation,
         hf_class=not own_class,
         architecture=spec.architecture,
         cp=d.cp,
         packed=w.packed,
-        backend_attn=attn_backend,
+        backend_attn=w.attn_backend,
     )
     own_eager = eager_attn and own_class and spec.architecture in EAGER_UNLESS_TE
     if eager_attn:  # the class runs transformers' eager attention, whatever model.backend.attn says
         subs[:] = [x for x in subs if not x.startswith("model.backend.attn:")]
     subs.append(
         (
-            f"attention runs as on the GPU: model.backend.attn {attn_backend} makes AutoModel's "
+            f"attention runs as on the GPU: model.backend.attn {w.attn_backend} makes AutoModel's "
             f"{spec.architecture} run its own eager attention (every head's seq x seq scores, its fp32 softmax and "
             "their bf16 copy)"
             if own_eager

@@ -21,8 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..catalog.hf_config import EXPERT_COUNT_KEYS
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
+from ..catalog.models import EXPERT_COUNT_KEYS
 from ..media import vlm_image
 from ..stack import media, shims, step
 from .depth import Depth, extrapolate_splits, line, peak_phase
@@ -301,10 +301,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 batches.append(
                     media.gemma_batch(
                         hf_config,
+                        image,
                         batch=shape[0],
                         seq=shape[1],
                         images_per_sample=m.images_per_sample,
-                        image_px=m.image_px,
                         pixel_dtype=m.pixel_dtype,
                         fake_mode=fake_mode,
                     )

@@ -422,11 +422,15 @@ def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes
     maximum in the compute dtype, 8 at bf16 and 12 at fp32."""
     if not eager_attention(m, p, tr):
         return 0.0
-    share = 1.0
-    if "linear" in m.layer_attention:
-        share = (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
     per_score = 4 + 2 * comp_bytes if m.architecture in EAGER_UNLESS_TE else 8
-    return share * m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score
+    return _scored_share(m) * m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score
+
+
+def _scored_share(m: ModelSpec) -> float:
+    """The share of layers whose attention has seq x seq scores (a hybrid's linear-attention layers have none)."""
+    if "linear" not in m.layer_attention:
+        return 1.0
+    return (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
 
 
 def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
@@ -497,9 +501,7 @@ def _act_per_token(
         # keys and values expanded to every query head (repeat_kv copies them for the matmuls) in place of the
         # kernel's own k, v and log-sum-exp (MLA's keys already have every head). AutoModel's step on fake tensors:
         # 6 bytes a score (Gemma-3 270M, at two lengths). A hybrid's linear-attention layers have no scores.
-        share = 1.0
-        if "linear" in m.layer_attention:
-            share = (m.num_layers - m.layer_attention.count("linear")) / m.num_layers
+        share = _scored_share(m)
         if not m.kv_lora_rank:
             attn += share * (4 * q / t - 4 * kv / t - 4 * a / t)
         copy = comp_bytes if comp_bytes != 4 else 0

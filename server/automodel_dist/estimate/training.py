@@ -124,17 +124,16 @@ def training_for(
     loss_name, upcast, loss_text = loss_of(w) if loss is None else (loss, True, f"loss {loss}")
     read.append(loss_text)
     hf_class = not builds_own_class(spec.architecture, w.force_hf)
-    attn_backend = w.backend.get("attn") if isinstance(w.backend.get("attn"), str) else None
     if runs_eager_attention(
         w.attn_implementation,
         hf_class=hf_class,
         architecture=spec.architecture,
         cp=1,
         packed=w.packed,
-        backend_attn=attn_backend,
+        backend_attn=w.attn_backend,
     ):
         read.append(
-            f"model.backend.attn {attn_backend}: AutoModel's {spec.architecture} runs its own eager attention on any "
+            f"model.backend.attn {w.attn_backend}: AutoModel's {spec.architecture} runs its own eager attention on any "
             "backend but te, every head's seq x seq scores kept for backward (fp32 softmax and its bf16 copy)"
             if spec.architecture in EAGER_UNLESS_TE
             else "model.attn_implementation eager: every head's seq x seq scores kept for backward (fp32 softmax "
@@ -157,7 +156,7 @@ def training_for(
         hf_class=hf_class,
         liger=w.use_liger_kernel,
         attn_implementation=w.attn_implementation,
-        attn_backend=attn_backend,
+        attn_backend=w.attn_backend,
         packed=w.packed,
         compile=compile_layers,
         experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog.hf_config import EXPERT_COUNT_KEYS
 from ..catalog.implementations import builds_own_class
-from ..catalog.models import SHARED_EXPERT_COUNT_KEYS, period_of
+from ..catalog.models import EXPERT_COUNT_KEYS, SHARED_EXPERT_COUNT_KEYS, period_of
 from ..dims import ParallelDims
 from ..stack.recipe import StackRecipe, backend_for, jsonable, loss_for, optimizer_for, sanitized_block
 from ..workload import Workload

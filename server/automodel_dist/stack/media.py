@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from ..media import gemma3_image, gemma4_image, qwen_image
+from ..media import ImageGeometry, qwen_image
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
 # sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
@@ -138,53 +138,43 @@ def qwen_batch(
     return out
 
 
-def _soft_token_ids(hf_config: Any, batch: int, seq: int, images_per_sample: int, tokens: int) -> tuple[Any, Any, Any]:
-    """Gemma's ids (real values): each image written as its processor writes it, a text token, begin-of-image,
-    ``tokens`` soft tokens (typed 1), end-of-image and a text token; the labels mask the soft tokens."""
-    import torch
-
-    soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
-    return _ids_with_images(
-        batch,
-        seq,
-        images=images_per_sample,
-        tokens=tokens,
-        start=boi,
-        image=soft,
-        end=eoi,
-        text_high=max(2, min(soft, boi, eoi) - 64),
-        lead=1,  # Gemma-3's "\n\n" before begin-of-image and after end-of-image: text
-        kinds_dtype=torch.int64,
-        what=f"{tokens} tokens",
-    )
-
-
 def gemma_batch(
     hf_config: Any,
+    image: ImageGeometry,
     *,
     batch: int,
     seq: int,
     images_per_sample: int,
-    image_px: tuple[int, int],
     pixel_dtype: str,
     fake_mode: Any,
 ) -> dict[str, Any]:
     """One microbatch of ``batch`` sequences of ``seq`` tokens for Gemma-3 or Gemma-4, each holding
-    ``images_per_sample`` images as the model's processor writes them (begin-of-image, its soft tokens, end-of-image),
-    the rest text; labels cover the text. Gemma-3's images are the tower's square (``image_px`` unused), typed in
-    ``token_type_ids`` for its bidirectional image attention. Gemma-4's keep their aspect ratio within its token
-    budget: every image's patches flattened and padded to the budget's count, with their (x, y) grid positions and
-    (-1, -1) for the padding, the soft tokens typed in ``mm_token_type_ids``. Call inside ``fake_mode``: the pixels
-    are fake, the ids, types and positions constants."""
+    ``images_per_sample`` images of ``image``'s geometry as the model's processor writes them (a text token,
+    begin-of-image, its soft tokens, end-of-image and a text token: Gemma-3's ``\\n\\n`` either side), the rest text;
+    labels cover the text. Gemma-3's images are the tower's square, typed in ``token_type_ids`` for its bidirectional
+    image attention. Gemma-4's patches come flattened and padded to its token budget's count, with their (x, y) grid
+    positions and (-1, -1) for the padding, the soft tokens typed in ``mm_token_type_ids``. Call inside ``fake_mode``:
+    the pixels are fake, the ids, types and positions constants."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    cfg = hf_config.to_dict()
-    image = gemma3_image(cfg) if cfg.get("model_type") == "gemma3" else gemma4_image(cfg, image_px)
+    soft, boi, eoi = hf_config.image_token_id, hf_config.boi_token_id, hf_config.eoi_token_id
     images = batch * images_per_sample
     known = fake_mode.fake_tensor_converter
     with unset_fake_temporarily():  # real values
-        ids, kinds, labels = _soft_token_ids(hf_config, batch, seq, images_per_sample, image.tokens)
+        ids, kinds, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=image.tokens,
+            start=boi,
+            image=soft,
+            end=eoi,
+            text_high=max(2, min(soft, boi, eoi) - 64),
+            lead=1,
+            kinds_dtype=torch.int64,
+            what=f"{image.tokens} tokens",
+        )
     out = {
         "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
         "labels": known.from_real_tensor(fake_mode, labels),

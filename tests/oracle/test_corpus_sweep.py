@@ -185,12 +185,7 @@ NOT_MEASURED: dict[str, str] = {
     "run does not build (the plan runs no rank)",
 }
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
-ESTIMATE_MISSES: dict[str, str] = {
-    "vlm_finetune/gemma4/gemma4_31b_tp4_pp2.yaml": "+16%: the estimate keeps a pipeline rank's layers gathered at the "
-    "last stage's loss; AutoModel's dense FSDP2 sharding looks for PP on the data-parallel mesh (no pp dimension), so "
-    "every layer but the last reshards after forward there (7.5 GiB here). Counting that moves four other dense PP "
-    "recipes away from their dry runs (the 32B LoRA benchmark to -17%), so it is left as measured",
-}
+ESTIMATE_MISSES: dict[str, str] = {}
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
     "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "the dry run and the estimate both say it does not fit "

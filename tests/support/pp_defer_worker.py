@@ -1,8 +1,9 @@
 """torchrun worker for test_estimate: what an FSDP2 pipeline stage holds between microbatches (4 gloo ranks, pp=2 x dp=2).
 
 Three FSDP2 blocks (bf16 compute, fp32 reduce: AutoModel's mixed precision), the first two resharding after forward,
-run by torch's own Schedule1F1B over 4 microbatches. Before each forward it records the bytes of unsharded accumulated
-gradients and of gathered parameters the stage holds; rank 0 and rank 2 (one per stage) print them as JSON.
+run by torch's own Schedule1F1B over 4 microbatches. Before and after each forward it records the bytes of unsharded
+accumulated gradients and of gathered parameters the stage holds, and after the step the receive buffers torch's stage
+keeps (per microbatch: inputs, output gradients); rank 0 and rank 2 (one per stage) print them as JSON.
 MODES (comma-separated): torch = torch's stage backward (AutoModel's default), automodel-defer /
 automodel-eager = AutoModel 0.7.0's patched one with defer_fsdp_grad_sync true / false.
 """
@@ -46,7 +47,9 @@ def run(mode: str, mesh) -> dict:
         fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=i < 2)
     fully_shard(blocks, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
     log: list[tuple[int, int]] = []
+    after: list[tuple[int, int]] = []
     blocks[0].register_forward_pre_hook(lambda *_: log.append(held(blocks)))
+    blocks[-1].register_forward_hook(lambda *_: after.append(held(blocks)))  # the earlier blocks' own hooks ran
     stage = PipelineStage(
         blocks, stage_index=stage_index, num_stages=2, device=torch.device("cpu"), group=mesh["pp"].get_group()
     )
@@ -60,7 +63,19 @@ def run(mode: str, mesh) -> dict:
     schedule.step(x) if stage_index == 0 else schedule.step(target=y)
     log.append(held(blocks))
     full = sum(p.numel() for p in blocks.parameters())  # DTensors: the global (unsharded) element count
-    return {"mode": mode, "stage": stage_index, "elements": full, "held": log}
+
+    def buffers(infos: dict) -> list[int]:
+        return [i.buffer.numel() * i.buffer.element_size() for r in infos.values() for i in r if i.buffer is not None]
+
+    return {
+        "mode": mode,
+        "stage": stage_index,
+        "elements": full,
+        "held": log,
+        "after_forward": after,
+        "input_buffers": buffers(stage.args_recv_info),
+        "grad_buffers": buffers(stage.grad_recv_info),
+    }
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from typing import Any
@@ -645,6 +646,16 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
             assert held[-2] == [0, block]
         else:  # the fourth microbatch's forward comes after at least one backward on both stages
             assert held[-2] == [n * 4, n * 2]  # all gradients unsharded in fp32, all blocks gathered in bf16
+        # each forward reshards the blocks that reshard after forward again: at the start of a backward the stage
+        # holds its last block alone (the estimate's start-of-backward under PP; torch's first step runs one more
+        # forward to infer the stage's shapes)
+        assert len(r["after_forward"]) >= 4 and all(gathered == block for _, gathered in r["after_forward"])
+        # a receive buffer per microbatch, for the inputs of a stage that is not the first and the output gradients
+        # of one that is not the last, kept after the step (the estimate's p2p buffers): 2 rows x H bf16 each
+        hidden = math.isqrt(n // 3)  # a block is hidden x (hidden + 1) parameters
+        mb = 2 * hidden * 2
+        first = r["stage"] == 0
+        assert r["input_buffers"] == ([] if first else [mb] * 4) and r["grad_buffers"] == ([mb] * 4 if first else [])
 
 
 @pytest.mark.parametrize(

@@ -64,7 +64,11 @@ the loss temporaries; gradients were freed by the last step's zero_grad, except 
 step's when FSDP does not defer their sync, and on one rank), inside a block's backward (with the torch
 dispatcher's all-gathered tokens of the EP group, and routed experts' plain gradients where FSDP leaves
 them out), its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step
-(every gradient, the states, torch's foreach temporaries).
+(every gradient, the states, torch's foreach temporaries). A single-stage pipeline rank adds a fifth, the end of
+a stage's backward, when every block it resharded in forward is gathered again and kept (torch's stage runs the
+step's earlier backwards with reshard_after_backward off). Under PP every stage also keeps a receive buffer per
+microbatch for its input and its output gradient through the step (``tests/support/pp_defer_worker.py`` runs
+both facts on torch's own schedule).
 """
 
 from __future__ import annotations
@@ -780,8 +784,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # FSDP: the lm_head (its own unit, kept gathered for the loss) and the root (final norm; with a tied,
     # frozen or pipeline-split embedding, the embedding too) stay unsharded through forward; a trainable
     # untied embedding is its own unit, resharded after forward without PP. The last block stays too, and
-    # the blocks that do not reshard after forward (all of them under PP, by AutoModel's default), and the
-    # experts with moe.reshard_after_forward false (AutoModel's default).
+    # the blocks that do not reshard after forward, and the experts with moe.reshard_after_forward false
+    # (AutoModel's default).
     # on one rank AutoModel skips parallelization altogether: plain parameters, nothing gathered
     sharded = (
         p.strategy != "ddp"
@@ -793,12 +797,31 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
     root_held = g.root - (g.embed if own_embed_unit else 0.0)
     # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
-    # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard); a single-stage
-    # schedule keeps its stage gathered through backward
-    kept = min(1.0, MAX_ACTIVE_STAGES / spr) if p.pp > 1 and spr > 1 else 1.0
-    unsharded = (root_held + (g.dense_layers * kept if keep_blocks else g.layer_dense)) * comp if sharded else 0.0
+    # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
+    active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1
+    kept = active / spr if p.pp > 1 else 1.0
+    # Under PP with deferred sync torch's stage runs every backward but the step's last with reshard_after_backward
+    # off, so a stage's blocks stay gathered from its backward on; blocks that reshard after forward (AutoModel's
+    # dense default: its "keep them under PP" branch looks for pp on the data-parallel mesh and never engages) are
+    # freed again, all but each stage's last, by that stage's next forward. In the steady state a rank then holds one
+    # stage whole (the one in backward) and the last block of each other active stage, and at the end of a
+    # single-stage rank's backward every block of it (the "end-of-stage-backward" phase below).
+    forward_reshards = keep_blocks and p.blocks_reshard
+    if not keep_blocks:
+        blocks, experts_held = g.layer_dense, g.layer_experts
+    elif forward_reshards:
+        whole = 1.0 / spr if spr > 1 else 0.0  # one stage whole; a single stage was just resharded by its forward
+        blocks = g.dense_layers * whole + (active - (1 if spr > 1 else 0)) * g.layer_dense
+        experts_held = g.experts * whole + (active - (1 if spr > 1 else 0)) * g.layer_experts
+    else:
+        blocks, experts_held = g.dense_layers * kept, g.experts * kept
+    unsharded = (root_held + blocks) * comp if sharded else 0.0
     if sharded and g.experts and p.ep_shard > 1:
-        unsharded += (g.experts * kept if keep_blocks else g.layer_experts) * comp
+        unsharded += experts_held * comp
+    # every block of a single-stage rank at the end of its backward (the blocks it holds by then)
+    stage_gathered = 0.0
+    if sharded and forward_reshards and spr == 1:
+        stage_gathered = (root_held + g.dense_layers + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
     # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded and fp32 (the reduce dtype),
     # held from the first backward of a step to the last one's reduce-scatter.
     held = train_dense + (train_experts if p.ep_shard > 1 else 0.0)
@@ -808,7 +831,18 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
         held /= spr
     held_grads = held * 4.0 if deferred else 0.0
-    p2p = 2 * tokens * m.hidden_size * comp * 2 if p.pp > 1 else 0.0
+    # torch's pipeline stage allocates, at its first step, a receive buffer for every microbatch's input (a stage
+    # that is not the first) and for every microbatch's output gradient (one that is not the last) and keeps them
+    # through the step (stage._setup_forward_recv_info, _create_grad_recv_info). A stage's input is its buffer, so
+    # the first layer's saved input is counted there; the schedule keeps each in-flight stage output until its
+    # backward instead (only the first stage's input, the embedding's output, and the last stage's output, the
+    # logits, differ from that one-for-one exchange)
+    p2p = 0.0
+    if p.pp > 1:
+        width = m.hidden_size / (p.tp if p.sequence_parallel else 1)
+        buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
+        p2p = buffers * n_mb * tokens * width * comp
+        acts += (int(g.first) - int(g.last)) * tokens * width * comp * inflight
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher
     phases: list[tuple[str, float, float, float]] = []  # (phase, gradients, activations, other temporaries)
@@ -825,12 +859,16 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
+    if stage_gathered:
+        # that microbatch's saved tensors and its loss's are gone, the others in flight and the kept outputs stay
+        rest = max(acts - (saved + extra) * tokens - loss_saved, 0.0)
+        phases.append(("end-of-stage-backward", accumulated, rest, stage_gathered + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
-        gather = 0.0 if keep_blocks else comp
+        gather = 0.0 if keep_blocks and not forward_reshards else comp
         exp = g.layer_experts if p.ep_shard > 1 else 0.0
         layer_train = (g.layer_dense + exp) if lora is None else 0.0
         # the block's fresh gradient in the compute dtype and, without deferral, its fp32 copy for the reduce-scatter
@@ -886,7 +924,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         tracked_peak=float(tracked),
         worst_pp_rank=pp_rank,
         peak_phase=phase,
-        deferred_grads=float(held_grads if phase in ("start-of-backward", "in-backward", "end-of-backward") else 0.0),
+        deferred_grads=float(
+            held_grads
+            if phase in ("start-of-backward", "in-backward", "end-of-stage-backward", "end-of-backward")
+            else 0.0
+        ),
         teacher=float(teacher),
     )
 

@@ -29,7 +29,8 @@ class MemoryBreakdown(BaseModel):
     peak_phase: str = Field(
         default="",
         description="start-of-backward, in-backward (a block's gradients and the "
-        "next block's gather) or end-of-backward.",
+        "next block's gather), end-of-stage-backward (a single-stage pipeline rank with every block gathered) or "
+        "end-of-backward.",
     )
     teacher: float = Field(
         default=0.0,

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
 H = 64
 
@@ -78,11 +78,71 @@ def run(mode: str, mesh) -> dict:
     }
 
 
+def run_interleaved(stages_per_rank: int, mesh) -> dict:
+    """torch's ScheduleInterleaved1F1B over ``stages_per_rank`` stages a rank of the same three blocks, 8 microbatches,
+    two steps: the gathered blocks of all the rank's stages (in blocks) before and after each backward of the second
+    step."""
+    rank = mesh["pp"].get_local_rank()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    parts, stages = [], []
+    for k in range(stages_per_rank):
+        torch.manual_seed(k)
+        blocks = nn.Sequential(*[nn.Linear(H, H) for _ in range(3)])
+        for i, block in enumerate(blocks):
+            fully_shard(block, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=i < 2)
+        fully_shard(blocks, mesh=mesh["dp"], mp_policy=mp, reshard_after_forward=False)
+        parts.append(blocks)
+        stages.append(
+            PipelineStage(
+                blocks,
+                stage_index=2 * k + rank,
+                num_stages=2 * stages_per_rank,
+                device=torch.device("cpu"),
+                group=mesh["pp"].get_group(),
+            )
+        )
+    block = (H * H + H) * 2  # one block's parameters in bf16
+    log: list[tuple[float, float]] = []
+
+    def gathered() -> float:
+        # the gathered blocks and the all-gathers in flight (the schedule's UNSHARD prefetches a stage asynchronously)
+        pending = 0
+        for module in (m for blocks in parts for m in blocks.modules()):
+            state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+            group = state._fsdp_param_group if state is not None else None
+            result = getattr(group, "_all_gather_result", None) if group is not None else None
+            if result is not None:
+                pending += result.all_gather_output.untyped_storage().nbytes()
+        return (sum(held(blocks)[1] for blocks in parts) + pending) / block
+
+    for stage in stages:
+        backward = stage.backward_one_chunk
+
+        def logged(*args, _backward=backward, **kwargs):
+            before = gathered()
+            out = _backward(*args, **kwargs)
+            log.append((before, gathered()))
+            return out
+
+        stage.backward_one_chunk = logged
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=8, loss_fn=lambda out, t: ((out.float() - t) ** 2).mean())
+    x, y = torch.randn(16, H), torch.randn(16, H)
+    for _ in range(2):
+        log.clear()
+        schedule.step(x, target=y) if rank == 0 else schedule.step(target=y)
+    return {"stages_per_rank": stages_per_rank, "stage": rank, "backward": log}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     for mode in os.environ.get("MODES", "torch").split(","):
         result = run(mode, mesh)
+        if dist.get_rank() in (0, 2):
+            print("RESULT " + json.dumps(result), flush=True)
+        dist.barrier()
+    for spr in [int(v) for v in os.environ.get("INTERLEAVED", "").split(",") if v]:
+        result = run_interleaved(spr, mesh)
         if dist.get_rank() in (0, 2):
             print("RESULT " + json.dumps(result), flush=True)
         dist.barrier()

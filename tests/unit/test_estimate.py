@@ -17,7 +17,12 @@ from automodel_dist import estimate_memory, suggest_strategy, validate_config
 from automodel_dist.api import analyze
 from automodel_dist.catalog.models import lookup
 from automodel_dist.cli import main
-from automodel_dist.estimate.memory import Training, activation_formula_korthikanti, memory_per_rank
+from automodel_dist.estimate.memory import (
+    MAX_ACTIVE_STAGES,
+    Training,
+    activation_formula_korthikanti,
+    memory_per_rank,
+)
 from automodel_dist.report import ConfigError
 from automodel_dist.request import Request
 from support.builders import dims, torch_version
@@ -609,13 +614,16 @@ def test_estimate_and_suggest_cli(tmp_path, capsys):
     assert "headroom must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # torch's schedule run for real (~20 s); the calibration's pp2-interleaved case checks the figure
+@pytest.mark.slow  # torch's schedules run for real (~30 s); the calibration's pp2-interleaved case checks the figure
 def test_pipeline_backward_holds_unsharded_fp32_grads():
-    """What the estimate's deferred_grads stand for, run for real (4 gloo ranks, pp=2 x dp=2, torch's Schedule1F1B
-    over 4 microbatches, FSDP2 with AutoModel's bf16/fp32 mixed precision): after a stage's first backward it holds
-    every parameter's gradient unsharded in fp32 and every block gathered in bf16 until the step ends, with torch's
+    """What the estimate's deferred_grads and gathered blocks under PP stand for, run for real (4 gloo ranks, pp=2 x
+    dp=2, FSDP2 with AutoModel's bf16/fp32 mixed precision). torch's Schedule1F1B over 4 microbatches: after a
+    stage's first backward it holds every parameter's gradient unsharded in fp32 until the step ends, with torch's
     stage backward (AutoModel's default) and with AutoModel 0.7.0's own patched one when defer_fsdp_grad_sync is
-    true; with defer_fsdp_grad_sync: false nothing is held and only the block that never reshards stays gathered."""
+    true; its blocks are gathered by each backward and resharded by the next forward, all but the last; with
+    defer_fsdp_grad_sync: false nothing is held and only the block that never reshards stays gathered.
+    ScheduleInterleaved1F1B with 2, 3 and 4 stages a rank: at most three stages whole (its UNSHARD prefetch), and
+    that many at some backward."""
     import subprocess
     import sys
 
@@ -630,13 +638,19 @@ def test_pipeline_backward_holds_unsharded_fp32_grads():
             "4",
             str(TESTS / "support" / "pp_defer_worker.py"),
         ],
-        env={**os.environ, "MODES": ",".join(modes), "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "MODES": ",".join(modes), "INTERLEAVED": "2,3,4", "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=300,
     )
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line]
+    interleaved = [r for r in results if "stages_per_rank" in r]
+    results = [r for r in results if "mode" in r]
     assert out.returncode == 0 and len(results) == 2 * len(modes), out.stdout[-2000:] + out.stderr[-4000:]
+    assert sorted(r["stages_per_rank"] for r in interleaved) == [2, 2, 3, 3, 4, 4]
+    for spr in (2, 3, 4):  # in blocks (three a stage) gathered or being gathered, before and after each backward
+        seen = [v for r in interleaved if r["stages_per_rank"] == spr for pair in r["backward"] for v in pair]
+        assert max(seen) == 3 * min(spr, MAX_ACTIVE_STAGES), (spr, seen)
     for r in results:
         n, held = r["elements"], r["held"]
         block = n // 3 * 2  # one block's parameters in bf16

@@ -65,10 +65,11 @@ step's when FSDP does not defer their sync, and on one rank), inside a block's b
 dispatcher's all-gathered tokens of the EP group, and routed experts' plain gradients where FSDP leaves
 them out), its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step
 (every gradient, the states, torch's foreach temporaries). A single-stage pipeline rank adds a fifth, the end of
-a stage's backward, when every block it resharded in forward is gathered again and kept (torch's stage runs the
-step's earlier backwards with reshard_after_backward off). Under PP every stage also keeps a receive buffer per
-microbatch for its input and its output gradient through the step (``tests/support/pp_defer_worker.py`` runs
-both facts on torch's own schedule).
+a stage's backward, when every block it resharded in forward is gathered again and kept (torch's stage runs its
+backwards with reshard_after_backward off); a multi-stage rank keeps up to three stages whole throughout (the
+schedule's UNSHARD / RESHARD). Under PP every stage also keeps a receive buffer per microbatch for its input and
+its output gradient from its first step on (``tests/support/pp_defer_worker.py`` runs these facts on torch's own
+Schedule1F1B and ScheduleInterleaved1F1B).
 """
 
 from __future__ import annotations
@@ -800,27 +801,27 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
     active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1
     kept = active / spr if p.pp > 1 else 1.0
-    # Under PP with deferred sync torch's stage runs every backward but the step's last with reshard_after_backward
-    # off, so a stage's blocks stay gathered from its backward on; blocks that reshard after forward (AutoModel's
-    # dense default: its "keep them under PP" branch looks for pp on the data-parallel mesh and never engages) are
-    # freed again, all but each stage's last, by that stage's next forward. In the steady state a rank then holds one
-    # stage whole (the one in backward) and the last block of each other active stage, and at the end of a
-    # single-stage rank's backward every block of it (the "end-of-stage-backward" phase below).
-    forward_reshards = keep_blocks and p.blocks_reshard
-    if not keep_blocks:
-        blocks, experts_held = g.layer_dense, g.layer_experts
-    elif forward_reshards:
-        whole = 1.0 / spr if spr > 1 else 0.0  # one stage whole; a single stage was just resharded by its forward
-        blocks = g.dense_layers * whole + (active - (1 if spr > 1 else 0)) * g.layer_dense
-        experts_held = g.experts * whole + (active - (1 if spr > 1 else 0)) * g.layer_experts
-    else:
+    # Under PP with deferred sync torch's stage runs its backwards with reshard_after_backward off, so a stage's blocks
+    # stay gathered from its backward on. A multi-stage schedule's UNSHARD gathers a stage whole before it runs and
+    # keeps it until its RESHARD: up to MAX_ACTIVE_STAGES of them whole. A single-stage rank has no UNSHARD: blocks
+    # that reshard after forward (AutoModel's dense default: its "keep them under PP" branch looks for pp on the
+    # data-parallel mesh and never engages) are freed again by the stage's next forward, all but its last, so it
+    # holds that last block at the start of a backward and every block at the end of one (the
+    # "end-of-stage-backward" phase below).
+    # (the UNSHARD prefetch holds whole stages whether or not gradient sync is deferred)
+    multi_stage = p.pp > 1 and spr > 1
+    forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
+    whole_stages = multi_stage or (keep_blocks and not forward_reshards)
+    if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
+    else:
+        blocks, experts_held = g.layer_dense, g.layer_experts
     unsharded = (root_held + blocks) * comp if sharded else 0.0
     if sharded and g.experts and p.ep_shard > 1:
         unsharded += experts_held * comp
-    # every block of a single-stage rank at the end of its backward (the blocks it holds by then)
+    # every block of a single-stage rank at the end of its backward
     stage_gathered = 0.0
-    if sharded and forward_reshards and spr == 1:
+    if sharded and forward_reshards:
         stage_gathered = (root_held + g.dense_layers + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
     # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded and fp32 (the reduce dtype),
     # held from the first backward of a step to the last one's reduce-scatter.
@@ -832,17 +833,18 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         held /= spr
     held_grads = held * 4.0 if deferred else 0.0
     # torch's pipeline stage allocates, at its first step, a receive buffer for every microbatch's input (a stage
-    # that is not the first) and for every microbatch's output gradient (one that is not the last) and keeps them
-    # through the step (stage._setup_forward_recv_info, _create_grad_recv_info). A stage's input is its buffer, so
-    # the first layer's saved input is counted there; the schedule keeps each in-flight stage output until its
-    # backward instead (only the first stage's input, the embedding's output, and the last stage's output, the
-    # logits, differ from that one-for-one exchange)
-    p2p = 0.0
+    # that is not the first) and for every microbatch's output gradient (one that is not the last) and never frees
+    # them (stage._setup_forward_recv_info, _create_grad_recv_info), so they are there in every phase. AutoModel sizes
+    # them from the stage's full hidden states (pipelining.functional._precompute_stage_shapes: no SP split). A
+    # stage's input is its buffer, so the first layer's saved input is counted there; the schedule keeps each
+    # in-flight stage output until its backward instead (only the first stage's input, the embedding's output, and
+    # the last stage's output, the logits, differ from that one-for-one exchange)
+    p2p = edge = 0.0
     if p.pp > 1:
-        width = m.hidden_size / (p.tp if p.sequence_parallel else 1)
         buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
-        p2p = buffers * n_mb * tokens * width * comp
-        acts += (int(g.first) - int(g.last)) * tokens * width * comp * inflight
+        p2p = buffers * n_mb * tokens * m.hidden_size * comp
+        edge = (int(g.first) - int(g.last)) * tokens * m.hidden_size * comp  # per in-flight microbatch
+        acts += edge * inflight
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher
     phases: list[tuple[str, float, float, float]] = []  # (phase, gradients, activations, other temporaries)
@@ -859,20 +861,33 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
-    if stage_gathered:
-        # that microbatch's saved tensors and its loss's are gone, the others in flight and the kept outputs stay
-        rest = max(acts - (saved + extra) * tokens - loss_saved, 0.0)
-        phases.append(("end-of-stage-backward", accumulated, rest, stage_gathered + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0
+    # a block's backward, at the moment its gradients are made: its fresh gradient in the compute dtype and, without
+    # deferral, its fp32 copy for the reduce-scatter (deferred, FSDP2 adds it into the fp32 accumulator counted as
+    # held), its re-materialized activations, eager attention's score gradients, the torch dispatcher's tokens
+    exp = g.layer_experts if p.ep_shard > 1 else 0.0
+    layer_train = (g.layer_dense + exp) if lora is None else 0.0
+    block_transients = (
+        layer_train * (comp + (0.0 if deferred else 4.0))
+        + recompute * tokens
+        + eager_grads
+        + _torch_dispatch_bytes(m, p, tr, g, tokens)
+    )
+    if stage_gathered:
+        # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
+        # and its loss's gone but that block's (its largest, at most), the others in flight and the kept outputs stay
+        gone = (saved + extra) * tokens + edge + loss_saved
+        if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
+            gone += comp * m.vocab_size / p.tp * tokens  # its logits, held to its backward's end
+        rest = max(acts - gone + last_block * tokens, 0.0)
+        phases.append(
+            ("end-of-stage-backward", accumulated, rest, stage_gathered + block_transients + p2p + held_grads)
+        )
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
-        gather = 0.0 if keep_blocks and not forward_reshards else comp
-        exp = g.layer_experts if p.ep_shard > 1 else 0.0
-        layer_train = (g.layer_dense + exp) if lora is None else 0.0
-        # the block's fresh gradient in the compute dtype and, without deferral, its fp32 copy for the reduce-scatter
-        # (deferred, FSDP2 adds it into the fp32 accumulator already counted as held)
+        gather = 0.0 if whole_stages else comp
         grads_now = layer_train * (comp + (0.0 if deferred else 4.0)) + (g.layer_dense + exp) * gather
         mid_acts = max(acts - last_block * tokens, 0.0)
         phases.append(
@@ -899,13 +914,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             last_unit = lora.lm_head / p.tp if g.last else 0.0
             root_sharded = 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
-        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + 4.0) + held_grads))
+        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + 4.0) + held_grads + p2p))
     else:
         if eager_grads:
-            phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens))
-        phases.append(("end-of-backward", grads_sharded, 0.0, 0.0))
+            phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))
+        phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
     step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(store, p.tp)
-    phases.append(("optimizer-step", grads_sharded, 0.0, step_temp))
+    phases.append(("optimizer-step", grads_sharded, 0.0, step_temp + p2p))
     phase, grads, activations, buffers = phases[0]
     for candidate in phases[1:]:
         if candidate[1] + candidate[2] + candidate[3] > grads + activations + buffers:

@@ -73,6 +73,7 @@ class ModelSpec:
     lm_head_bias: bool = False  # Phi-2
     qk_norm_full: bool = False  # q/k norms over the whole projection (OLMo-2) instead of per head
     shared_expert_gate: bool = False  # a sigmoid gate (Linear(h, 1)) on the shared expert (Qwen2-MoE, Qwen3-Next)
+    router_scale: bool = False  # a learned per-channel scale on the router's input (Gemma-4's Gemma4Gate.scale)
     attn_output_gate: bool = False  # q_proj also emits a per-element output gate (Qwen3-Next's full attention)
     index_heads: int = 0  # DeepSeek-V3.2's sparse-attention indexer: heads, head dim (0: none), keys kept per query
     index_head_dim: int = 0
@@ -258,7 +259,8 @@ class ModelSpec:
         """Router and shared experts of one MoE layer (replicated across EP ranks)."""
         router = self.num_experts * self.hidden_size + (self.num_experts if self.expert_bias else 0)
         gate = self.hidden_size if self.shared_expert_gate else 0
-        return router + gate + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+        scale = self.hidden_size if self.router_scale else 0
+        return router + gate + scale + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
 
     def mamba_params(self) -> int:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
@@ -562,8 +564,13 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     first_dense = _int(cfg.get("first_k_dense_replace", 0) or 0, "first_k_dense_replace")
     if mtype == "ernie4_5_moe":
         first_dense = _ernie_dense_prefix(cfg, layers)
+    gemma4_moe = mtype == "gemma4_text" and bool(cfg.get("enable_moe_block"))
     if mtype == "gemma4_text":
-        _check_dense_gemma4(cfg)
+        _check_gemma4(cfg)
+        if not gemma4_moe:  # num_experts is a class default there, not experts the dense checkpoint has
+            experts = 0
+        else:  # its dense MLP (intermediate_size) runs beside the routed experts on every layer: a shared expert
+            shared = inter
     if isinstance(cfg.get("moe_layer_freq"), list):  # MiMo-V2-Flash: 0 dense, 1 MoE, per layer
         first_dense = _freq_dense_prefix(cfg["moe_layer_freq"], layers)
     head_dim = _first(cfg, "head_dim", default=None)
@@ -593,7 +600,16 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
-        norms_per_layer=4 if mtype.startswith(("gemma2", "gemma3", "gemma4")) else 1 if mtype in PARALLEL_BLOCK else 2,
+        # Gemma-4's MoE layer adds a norm before and after each of its two feed-forward branches (AutoModel's
+        # Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2, post_feedforward_layernorm_1 and _2)
+        norms_per_layer=7
+        if gemma4_moe
+        else 4
+        if mtype.startswith(("gemma2", "gemma3", "gemma4"))
+        else 1
+        if mtype in PARALLEL_BLOCK
+        else 2,
+        router_scale=gemma4_moe,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
         mlp_names=UNGATED_MLP.get(mtype, ("up_proj", "down_proj")),
         o_name="dense" if mtype == "phi" else "o_proj",
@@ -715,17 +731,16 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     return start
 
 
-def _check_dense_gemma4(cfg: dict[str, Any]) -> None:
-    """Gemma-4 as the spec holds it: the dense checkpoints' layers (31B). The MoE block beside a dense MLP (26B-A4B),
-    per-layer embeddings, KV-shared layers and the double-wide MLP (E2B, E4B) are refused rather than miscounted."""
+def _check_gemma4(cfg: dict[str, Any]) -> None:
+    """Gemma-4 as the spec holds it: the dense checkpoints' layers (31B) and the MoE block beside a dense MLP
+    (26B-A4B). Per-layer embeddings, KV-shared layers and the double-wide MLP (E2B, E4B) are refused rather than
+    miscounted."""
     unsized = [
-        key
-        for key in ("enable_moe_block", "hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp")
-        if cfg.get(key)
+        key for key in ("hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp") if cfg.get(key)
     ]
     if unsized:
         raise ModelConfigError(
-            f"Gemma-4 with {', '.join(unsized)} (its MoE or E-series layers) is not sized: only dense Gemma-4 layers are"
+            f"Gemma-4 with {', '.join(unsized)} (its E-series layers) is not sized: only its dense and MoE layers are"
         )
 
 

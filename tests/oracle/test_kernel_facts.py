@@ -1,6 +1,6 @@
 """The AutoModel facts the pure estimate copies (it imports no AutoModel) held to AutoModel 0.7.0's own code: the
 expert-bias chunk threshold, the classes that weight their experts' outputs after the down projection, the token
-dispatchers the dry run stands in for and Liger's default."""
+dispatchers the dry run stands in for, Liger's default, the eager attention terms and Gemma-4's router."""
 
 from __future__ import annotations
 
@@ -155,3 +155,37 @@ def test_a_dense_gemma4_checkpoint_runs_transformers_layers_which_automodel_chec
     assert type(layer.input_layernorm) is modeling_gemma4.Gemma4RMSNorm
     assert "self._norm(hidden_states.float())" in inspect.getsource(modeling_gemma4.Gemma4RMSNorm.forward)
     assert "Gemma4ForConditionalGeneration" in FP32_NORM_CLASSES
+
+
+def test_gemma4s_router_keeps_three_fp32_hidden_states():
+    """The estimate's Gemma-4 MoE router term (ModelSpec.router_scale: 12 bytes a hidden element a token, beside the
+    4 a logit every MoE router keeps) against AutoModel's own Gemma4Gate, its saved tensors counted on fake tensors."""
+    import torch
+    import transformers
+    from nemo_automodel.components.models.gemma4_moe.model import Gemma4Gate
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.models import lookup
+
+    m = lookup("google/gemma-4-26B-A4B-it")
+    assert m.router_scale
+    text = transformers.Gemma4TextConfig(**{k: v for k, v in hf_config(m)["text_config"].items() if k != "model_type"})
+    gate = Gemma4Gate(text).to(torch.bfloat16)
+    saved: dict[int, int] = {}
+
+    tokens = 1024
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() and t.shape[0] == tokens:  # the activations, not the parameters or their fp32 copies
+            saved[id(t.untyped_storage())] = t.numel() * t.element_size()
+        return t
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(tokens, m.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            weights, indices, _ = gate(x)
+    per_token = sum(saved.values()) / tokens
+    # 12h of fp32 hidden states and the fp32 softmax over the experts (4E); the top-k's indices and weights and the
+    # norms' statistics are the rest (112 bytes a token)
+    assert 12 * m.hidden_size + 4 * m.num_experts <= per_token <= 12 * m.hidden_size + 4 * m.num_experts + 128

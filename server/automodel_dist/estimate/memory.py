@@ -532,6 +532,11 @@ def _act_per_token(
             mlp += 2 * ki + 4 * kh
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
+        if m.router_scale:
+            # Gemma-4's router (AutoModel's Gemma4Gate) runs in fp32 on the residual: its unscaled norm keeps an fp32
+            # copy of its input, the normalised tensor cast back to fp32 is kept for the learned scale's gradient and
+            # the scaled one for the fp32 projection's: three fp32 hidden states (fp32 whatever the compute dtype)
+            mlp += 12 * h / scale
         grouped = tr.hf_class or tr.experts != "torch"  # the per-expert loop adds each expert's bias itself
         if m.expert_bias and grouped and k * tr.micro_batch_size * tr.seq_len / p.cp <= EXPERT_BIAS_CHUNK_ROWS:
             mlp += 4 * kh  # the unchunked bias path keeps the fp32 expanded bias; above the threshold it is chunked

@@ -469,7 +469,7 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str
     if gemma4 and d.cp > 1:
         return (
             f"{recipe}: Gemma-4 under context parallelism (AutoModel's own ring attention for its 512-wide global "
-            "heads, over packed sequences) is not run by the dry run: not measured"
+            "heads, hooked in place of SDPA) is not run by the dry run: not measured"
         )
     return None
 

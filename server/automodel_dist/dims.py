@@ -82,6 +82,8 @@ class ParallelDims:
     pp_microbatch_size: int | None = None  # when pp > 1
     layers_per_stage: int | None = None  # pipeline.layers_per_stage, when pp > 1
     round_virtual_stages: str | None = None  # pipeline.round_virtual_stages_to_pp_multiple (up | down)
+    # pipeline.pp_recv_buffer_pool's slack where AutoModel pools the receive buffers (1f1b only); None: not pooled
+    recv_pool_slack: int | None = None
     reshard_after_forward: bool | None = None  # FSDP2; None: AutoModel's default
     defer_fsdp_grad_sync: bool = True  # FSDP2
     moe_reshard_after_forward: bool = False  # moe.reshard_after_forward, when ep > 1
@@ -326,10 +328,22 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         ac = None
     pp = sizes["pp_size"] or 1
     pipe = block.get("pipeline")
-    schedule = mbs = layers_per_stage = round_to = None
+    schedule = mbs = layers_per_stage = round_to = pool_slack = None
     if pp > 1 and isinstance(pipe, Mapping):
         name = pipe.get("pp_schedule", "1f1b")
         schedule = schedule_class_name(name) if isinstance(name, str) else None
+        # AutoModel's autopipeline installs the pool only for a 1f1b schedule by name (no CSV schedule)
+        slack = pipe.get("pp_recv_buffer_pool_slack", 2)
+        if (
+            pipe.get("pp_recv_buffer_pool") is True
+            and isinstance(name, str)
+            and name.lower() == "1f1b"
+            and not pipe.get("pp_schedule_csv")
+            and isinstance(slack, int)
+            and not isinstance(slack, bool)
+            and slack >= 0
+        ):
+            pool_slack = slack
         value = pipe.get("pp_microbatch_size", 1)
         mbs = value if is_positive_int(value) else None
         lps = pipe.get("layers_per_stage")
@@ -355,6 +369,7 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         pp_microbatch_size=mbs,
         layers_per_stage=layers_per_stage,
         round_virtual_stages=round_to,
+        recv_pool_slack=pool_slack,
         reshard_after_forward=reshard if isinstance(reshard, bool) else None,
         defer_fsdp_grad_sync=bool(block.get("defer_fsdp_grad_sync", True)) if fsdp2 else True,
         moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1

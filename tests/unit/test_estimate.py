@@ -1013,3 +1013,36 @@ def test_gemma2s_final_logit_softcap_keeps_a_copy_of_the_logits():
     assert extra * GIB == pytest.approx(2 * m.vocab_size * 2048)
     fused = dataclasses.replace(tr, loss="FusedLinearCrossEntropy")
     assert memory_per_rank(m, p1, fused).activations == memory_per_rank(plain, p1, fused).activations
+
+
+def test_pooled_pipeline_receive_buffers_are_automodels_ring():
+    """pipeline.pp_recv_buffer_pool (1f1b only, as AutoModel's autopipeline installs it): each stage keeps a ring of
+    max(2, min(microbatches, pp - stage + slack)) receive buffers a direction instead of one a microbatch
+    (pipelining/recv_buffer_pool._ring_size, read here from AutoModel when it is installed)."""
+    from automodel_dist.dims import read_dims
+
+    spec = lookup("meta-llama/Llama-3.1-8B")
+    tr = Training(seq_len=4096, pp_microbatches=16)
+    block = {"pp_size": 4, "pipeline": {"pp_schedule": "1f1b", "pp_microbatch_size": 1}}
+    plain = read_dims(block, world_size=8)
+    pooled = read_dims({**block, "pipeline": {**block["pipeline"], "pp_recv_buffer_pool": True}}, world_size=8)
+    interleaved = {"pp_schedule": "interleaved1f1b", "pp_microbatch_size": 1, "pp_recv_buffer_pool": True}
+    assert plain.recv_pool_slack is None and pooled.recv_pool_slack == 2
+    assert read_dims({**block, "pipeline": interleaved}, world_size=8).recv_pool_slack is None
+    hidden_state = 4096 * spec.hidden_size * 2
+    for rank in range(4):
+        ring = max(2, min(16, 4 - rank + 2))
+        directions = (rank > 0) + (rank < 3)  # inputs on all but the first stage, output gradients all but the last
+        saved = (16 - ring) * directions * hidden_state
+        a = memory_per_rank_of(spec, plain, tr, rank)
+        b = memory_per_rank_of(spec, pooled, tr, rank)
+        assert a - b == pytest.approx(saved, rel=1e-9), rank
+    automodel = pytest.importorskip("nemo_automodel.components.distributed.pipelining.recv_buffer_pool")
+    stage = type("Stage", (), {"num_stages": 4, "stage_index": 1})()
+    assert automodel._ring_size(stage, 16, 2) == max(2, min(16, 4 - 1 + 2))
+
+
+def memory_per_rank_of(spec: Any, p: Any, tr: Training, rank: int) -> float:
+    from automodel_dist.estimate.memory import _memory_of_pp_rank
+
+    return _memory_of_pp_rank(spec, p, tr, rank)["tracked_peak"]

@@ -846,8 +846,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # the last stage's output, the logits, differ from that one-for-one exchange)
     p2p = edge = 0.0
     if p.pp > 1:
+        per_direction = n_mb
+        if p.recv_pool_slack is not None and spr == 1:
+            # pipeline.pp_recv_buffer_pool: AutoModel's ring of the stage's in-flight depth plus slack, at least two
+            # (pipelining/recv_buffer_pool._ring_size), the other microbatches' buffers aliases of it
+            per_direction = max(2, min(n_mb, p.pp - pp_rank + p.recv_pool_slack))
         buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
-        p2p = buffers * n_mb * tokens * m.hidden_size * comp
+        p2p = buffers * per_direction * tokens * m.hidden_size * comp
         edge = (int(g.first) - int(g.last)) * tokens * m.hidden_size * comp  # per in-flight microbatch
         acts += edge * inflight
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0

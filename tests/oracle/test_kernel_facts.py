@@ -158,8 +158,9 @@ def test_a_dense_gemma4_checkpoint_runs_transformers_layers_which_automodel_chec
 
 
 def test_gemma4s_router_keeps_three_fp32_hidden_states():
-    """The estimate's Gemma-4 MoE router term (ModelSpec.router_scale: 12 bytes a hidden element a token, beside the
-    4 a logit every MoE router keeps) against AutoModel's own Gemma4Gate, its saved tensors counted on fake tensors."""
+    """The estimate's Gemma-4 MoE router term (scaled_router_bytes: beside the 4 bytes a logit every MoE router
+    keeps) against AutoModel's own Gemma4Gate, its saved tensors counted on fake tensors: three fp32 hidden states
+    where it trains, one where it is frozen (LoRA)."""
     import torch
     import transformers
     from nemo_automodel.components.models.gemma4_moe.model import Gemma4Gate
@@ -167,25 +168,55 @@ def test_gemma4s_router_keeps_three_fp32_hidden_states():
 
     from automodel_dist.catalog.hf_config import hf_config
     from automodel_dist.catalog.models import lookup
+    from automodel_dist.estimate.memory import Training, scaled_router_bytes
+    from automodel_dist.estimate.peft import lora_of
 
     m = lookup("google/gemma-4-26B-A4B-it")
     assert m.router_scale
     text = transformers.Gemma4TextConfig(**{k: v for k, v in hf_config(m)["text_config"].items() if k != "model_type"})
-    gate = Gemma4Gate(text).to(torch.bfloat16)
-    saved: dict[int, int] = {}
-
     tokens = 1024
+    for trained in (True, False):
+        gate = Gemma4Gate(text).to(torch.bfloat16).requires_grad_(trained)
+        saved: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() and t.shape[0] == tokens:  # the activations, not the parameters or their fp32 copies
-            saved[id(t.untyped_storage())] = t.numel() * t.element_size()
-        return t
+        def pack(t: torch.Tensor, saved: dict[int, int] = saved) -> torch.Tensor:
+            if t.dim() and t.shape[0] == tokens:  # the activations, not the parameters or their fp32 copies
+                saved[id(t.untyped_storage())] = t.numel() * t.element_size()
+            return t
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        x = torch.randn(tokens, m.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            weights, indices, _ = gate(x)
-    per_token = sum(saved.values()) / tokens
-    # 12h of fp32 hidden states and the fp32 softmax over the experts (4E); the top-k's indices and weights and the
-    # norms' statistics are the rest (112 bytes a token)
-    assert 12 * m.hidden_size + 4 * m.num_experts <= per_token <= 12 * m.hidden_size + 4 * m.num_experts + 128
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.randn(tokens, m.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                gate(x)
+        per_token = sum(saved.values()) / tokens
+        tr = Training(lora=None if trained else lora_of(m, {"target_modules": ["*_proj"]}))
+        ours = scaled_router_bytes(m, tr, 2) + 4 * m.num_experts
+        # the top-k's indices and weights and the norms' statistics are the rest (at most 112 bytes a token)
+        assert ours <= per_token <= ours + 128, (trained, per_token, ours)
+    assert scaled_router_bytes(m, Training(), 2) == 12 * m.hidden_size
+
+
+def test_gemma4_moe_lora_module_names_are_automodels():
+    """The Linear modules the estimate's PEFT matching names for a Gemma-4 MoE layer (its dense MLP as the layer's
+    mlp, the routed experts as the moe block's) are the ones AutoModel's own class has: a target pattern adapts the
+    same modules in both."""
+    import torch
+    import transformers
+    from nemo_automodel.components.models.gemma4_moe.model import Gemma4ForConditionalGeneration
+
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.models import lookup
+    from automodel_dist.dry_run.depth import truncated_config
+    from automodel_dist.estimate.peft import layer_modules
+
+    spec = lookup("google/gemma-4-26B-A4B-it")
+    cfg = truncated_config(hf_config(spec), 6)
+    cfg.pop("model_type")
+    with torch.device("meta"):
+        model = Gemma4ForConditionalGeneration(transformers.Gemma4Config(**cfg))
+    layer = next(iter(model.model.language_model.layers.values()))  # a ModuleDict in AutoModel's MoE backend
+    theirs = {n for n, mod in layer.named_modules() if isinstance(mod, torch.nn.Linear)}
+    ours = {lin.name.split("layers.{i}.", 1)[1] for lin in layer_modules(spec, "moe")}
+    experts = {n for n, mod in layer.named_modules() if n.endswith("experts")}
+    assert {n for n in ours if not n.endswith("experts")} == theirs - {"moe.gate.proj"}  # the router: never adapted
+    assert {n for n in ours if n.endswith("experts")} == experts == {"moe.experts"}

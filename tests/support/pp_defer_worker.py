@@ -78,10 +78,11 @@ def run(mode: str, mesh) -> dict:
     }
 
 
-def run_interleaved(stages_per_rank: int, mesh) -> dict:
+def run_interleaved(stages_per_rank: int, mesh, eager: bool = False) -> dict:
     """torch's ScheduleInterleaved1F1B over ``stages_per_rank`` stages a rank of the same three blocks, 8 microbatches,
     two steps: the gathered blocks of all the rank's stages (in blocks) before and after each backward of the second
-    step."""
+    step. ``eager``: AutoModel 0.7.0's own stage backward with defer_fsdp_grad_sync false (a reduce-scatter and a
+    reshard after every backward)."""
     rank = mesh["pp"].get_local_rank()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     parts, stages = [], []
@@ -101,6 +102,12 @@ def run_interleaved(stages_per_rank: int, mesh) -> dict:
                 group=mesh["pp"].get_group(),
             )
         )
+    if eager:
+        from nemo_automodel.components.moe.fsdp_mixin import patched_backward_maybe_with_nosync
+
+        for stage in stages:
+            stage.backward_maybe_with_nosync = types.MethodType(patched_backward_maybe_with_nosync, stage)
+            stage._reduce_grad_per_microbatch = True
     block = (H * H + H) * 2  # one block's parameters in bf16
     log: list[tuple[float, float]] = []
 
@@ -130,7 +137,7 @@ def run_interleaved(stages_per_rank: int, mesh) -> dict:
     for _ in range(2):
         log.clear()
         schedule.step(x, target=y) if rank == 0 else schedule.step(target=y)
-    return {"stages_per_rank": stages_per_rank, "stage": rank, "backward": log}
+    return {"stages_per_rank": stages_per_rank, "stage": rank, "eager": eager, "backward": log}
 
 
 def main() -> None:
@@ -142,10 +149,11 @@ def main() -> None:
             print("RESULT " + json.dumps(result), flush=True)
         dist.barrier()
     for spr in [int(v) for v in os.environ.get("INTERLEAVED", "").split(",") if v]:
-        result = run_interleaved(spr, mesh)
-        if dist.get_rank() in (0, 2):
-            print("RESULT " + json.dumps(result), flush=True)
-        dist.barrier()
+        for eager in (False, True):
+            result = run_interleaved(spr, mesh, eager)
+            if dist.get_rank() in (0, 2):
+                print("RESULT " + json.dumps(result), flush=True)
+            dist.barrier()
     dist.destroy_process_group()
 
 

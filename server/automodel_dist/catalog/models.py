@@ -621,7 +621,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         experts_per_token=_int(
             _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_k", default=0) or 0,
             "num_experts_per_tok",
-        ),
+        )
+        if experts
+        else 0,
         moe_intermediate_size=moe_inter if experts else 0,
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
         first_dense_layers=first_dense,

@@ -66,8 +66,8 @@ dispatcher's all-gathered tokens of the EP group, and routed experts' plain grad
 them out), its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step
 (every gradient, the states, torch's foreach temporaries). A single-stage pipeline rank adds a fifth, the end of
 a stage's backward, when every block it resharded in forward is gathered again and kept (torch's stage runs its
-backwards with reshard_after_backward off); a multi-stage rank keeps up to three stages whole throughout (the
-schedule's UNSHARD / RESHARD). Under PP every stage also keeps a receive buffer per microbatch for its input and
+backwards with reshard_after_backward off, deferred sync); a multi-stage rank is counted with the three stages whole
+the schedule's UNSHARD / RESHARD hold at most. Under PP every stage also keeps a receive buffer per microbatch for its input and
 its output gradient from its first step on (``tests/support/pp_defer_worker.py`` runs these facts on torch's own
 Schedule1F1B and ScheduleInterleaved1F1B).
 """
@@ -532,11 +532,7 @@ def _act_per_token(
             mlp += 2 * ki + 4 * kh
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
-        if m.router_scale:
-            # Gemma-4's router (AutoModel's Gemma4Gate) runs in fp32 on the residual: its unscaled norm keeps an fp32
-            # copy of its input, the normalised tensor cast back to fp32 is kept for the learned scale's gradient and
-            # the scaled one for the fp32 projection's: three fp32 hidden states (fp32 whatever the compute dtype)
-            mlp += 12 * h / scale
+        mlp += scaled_router_bytes(m, tr, comp_bytes) / scale
         grouped = tr.hf_class or tr.experts != "torch"  # the per-expert loop adds each expert's bias itself
         if m.expert_bias and grouped and k * tr.micro_batch_size * tr.seq_len / p.cp <= EXPERT_BIAS_CHUNK_ROWS:
             mlp += 4 * kh  # the unchunked bias path keeps the fp32 expanded bias; above the threshold it is chunked
@@ -587,6 +583,18 @@ def _act_per_token(
         # 5.4 GiB V3.2 keeps above V3; without PP the dry run measures V3.2's blocks keeping what V3's keep.
         indexer = 8.0 * m.index_heads * m.index_head_dim + 12.0 * min(m.index_topk, tr.seq_len)
     return saved * scale + indexer, plain
+
+
+def scaled_router_bytes(m: ModelSpec, tr: Training, comp_bytes: int) -> float:
+    """Bytes per token Gemma-4's router (AutoModel's Gemma4Gate, ``ModelSpec.router_scale``) keeps beyond the 4 a
+    logit every router keeps. It runs in fp32 on the residual: its unscaled norm keeps an fp32 copy of its input (the
+    residual itself at fp32), and where the router trains the normalised tensor cast back to fp32 is kept for the
+    learned scale's gradient and the scaled one for the fp32 projection's. Under LoRA it is frozen (PEFT freezes
+    scale and proj; the gate calls F.linear on proj.weight, so no adapter applies). Transformers' own router (under
+    force_hf) is not measured: nothing is counted there."""
+    if not m.router_scale or tr.hf_class:
+        return 0.0
+    return ((8 if tr.lora is None else 0) + (4 if comp_bytes != 4 else 0)) * m.hidden_size
 
 
 def optimizer_states_per_param(tr: Training) -> float:
@@ -808,17 +816,21 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     kept = active / spr if p.pp > 1 else 1.0
     # Under PP with deferred sync torch's stage runs its backwards with reshard_after_backward off, so a stage's blocks
     # stay gathered from its backward on. A multi-stage schedule's UNSHARD gathers a stage whole before it runs and
-    # keeps it until its RESHARD: up to MAX_ACTIVE_STAGES of them whole. A single-stage rank has no UNSHARD: blocks
-    # that reshard after forward (AutoModel's dense default: its "keep them under PP" branch looks for pp on the
-    # data-parallel mesh and never engages) are freed again by the stage's next forward, all but its last, so it
-    # holds that last block at the start of a backward and every block at the end of one (the
-    # "end-of-stage-backward" phase below).
-    # (the UNSHARD prefetch holds whole stages whether or not gradient sync is deferred)
+    # keeps it until its RESHARD: up to MAX_ACTIVE_STAGES of them whole, the step's maximum (with 2 or 3 stages a
+    # rank reached after the activation peak, where one stage fewer less a block is held: an overcount there). A
+    # single-stage rank has no UNSHARD: blocks that reshard after forward (AutoModel's dense default: its "keep them
+    # under PP" branch looks for pp on the data-parallel mesh and never engages) are freed again by the stage's next
+    # forward, all but its last, so it holds that last block at the start of a backward and every block at the end
+    # of one (the "end-of-stage-backward" phase below). Without deferral every backward reshards: a rank holds each
+    # stage's last block (it never reshards after forward), and whole stages again only where it has more stages
+    # than the schedule keeps active, so that its UNSHARD gathers evicted stages anew.
     multi_stage = p.pp > 1 and spr > 1
     forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
-    whole_stages = multi_stage or (keep_blocks and not forward_reshards)
+    whole_stages = (keep_blocks and not forward_reshards) or (multi_stage and spr > MAX_ACTIVE_STAGES)
     if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
+    elif multi_stage:
+        blocks, experts_held = g.layer_dense * spr, g.layer_experts * spr
     else:
         blocks, experts_held = g.layer_dense, g.layer_experts
     unsharded = (root_held + blocks) * comp if sharded else 0.0

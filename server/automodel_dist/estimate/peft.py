@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -150,6 +150,13 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
     layer = "model.layers.{i}"
     mlp = f"{layer}.mlp"
     out = _attention(m, f"{layer}.self_attn")
+    if kind == "moe" and m.router_scale:
+        # Gemma-4's MoE layer (AutoModel's Gemma4MoEDecoderLayer): its dense MLP is the layer's mlp, the routed
+        # experts are the moe block's
+        dense = [Linear(f"{mlp}.gate_proj", h, m.shared_expert_intermediate_size)]
+        dense += [Linear(f"{mlp}.up_proj", h, m.shared_expert_intermediate_size)]
+        dense += [Linear(f"{mlp}.down_proj", m.shared_expert_intermediate_size, h)]
+        return out + dense + _moe(replace(m, shared_expert_intermediate_size=0), f"{layer}.moe", shared="")
     if kind == "moe":
         return out + _moe(m, mlp, shared="shared_experts")
     inter = m.intermediate_size

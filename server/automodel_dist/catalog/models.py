@@ -600,15 +600,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
-        # Gemma-4's MoE layer adds a norm before and after each of its two feed-forward branches (AutoModel's
-        # Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2, post_feedforward_layernorm_1 and _2)
-        norms_per_layer=7
-        if gemma4_moe
-        else 4
-        if mtype.startswith(("gemma2", "gemma3", "gemma4"))
-        else 1
-        if mtype in PARALLEL_BLOCK
-        else 2,
+        norms_per_layer=_norms_per_layer(mtype, gemma4_moe),
         router_scale=gemma4_moe,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
         mlp_names=UNGATED_MLP.get(mtype, ("up_proj", "down_proj")),
@@ -731,6 +723,17 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     if cfg.get("use_bias"):
         raise ModelConfigError("ERNIE-4.5 with use_bias: true (a bias on every projection) is not sized")
     return start
+
+
+def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
+    """Norms a decoder layer holds: Gemma-2/3/4 four; Gemma-4's MoE layer three more, before and after each of its
+    two feed-forward branches (AutoModel's Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2,
+    post_feedforward_layernorm_1 and _2); a parallel block one; else two."""
+    if gemma4_moe:
+        return 7
+    if mtype.startswith(("gemma2", "gemma3", "gemma4")):
+        return 4
+    return 1 if mtype in PARALLEL_BLOCK else 2
 
 
 def _check_gemma4(cfg: dict[str, Any]) -> None:

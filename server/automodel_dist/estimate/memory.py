@@ -64,12 +64,12 @@ the loss temporaries; gradients were freed by the last step's zero_grad, except 
 step's when FSDP does not defer their sync, and on one rank), inside a block's backward (with the torch
 dispatcher's all-gathered tokens of the EP group, and routed experts' plain gradients where FSDP leaves
 them out), its end (sharded gradients and the root's unsharded fp32 gradients) and the optimizer step
-(every gradient, the states, torch's foreach temporaries). A single-stage pipeline rank adds a fifth, the end of
-a stage's backward, when every block it resharded in forward is gathered again and kept (torch's stage runs its
-backwards with reshard_after_backward off, deferred sync); a multi-stage rank is counted with the three stages whole
-the schedule's UNSHARD / RESHARD hold at most. Under PP every stage also keeps a receive buffer per microbatch for its input and
-its output gradient from its first step on (``tests/support/pp_defer_worker.py`` runs these facts on torch's own
-Schedule1F1B and ScheduleInterleaved1F1B).
+(every gradient, the states, torch's foreach temporaries). With deferred sync a single-stage pipeline rank adds
+a fifth, the end of a stage's backward, when every block it resharded in forward is gathered again and kept
+(torch's stage runs its backwards with reshard_after_backward off), and a multi-stage rank is counted with the
+three stages whole its schedule's UNSHARD / RESHARD hold at most. Under PP every stage also keeps a receive buffer
+per microbatch for its input and its output gradient from its first step on (``tests/support/pp_defer_worker.py``
+runs these facts on torch's own Schedule1F1B and ScheduleInterleaved1F1B).
 """
 
 from __future__ import annotations

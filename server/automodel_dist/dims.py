@@ -22,6 +22,7 @@ from .config.values import (
     applied_ac,
     automodel_degree,
     dtype_name,
+    is_nonneg_int,
     is_positive_int,
     is_single_stage,
     normalize_activation_checkpointing,
@@ -339,9 +340,7 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
             and isinstance(name, str)
             and name.lower() == "1f1b"
             and not pipe.get("pp_schedule_csv")
-            and isinstance(slack, int)
-            and not isinstance(slack, bool)
-            and slack >= 0
+            and is_nonneg_int(slack)
         ):
             pool_slack = slack
         value = pipe.get("pp_microbatch_size", 1)
@@ -375,7 +374,7 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1
         and isinstance(moe, Mapping)
         and moe.get("reshard_after_forward", False) is True,
-        zero_dp_strategy=zero if isinstance(zero, int) and not isinstance(zero, bool) and zero >= 0 else 3,
+        zero_dp_strategy=zero if is_nonneg_int(zero) else 3,
         mp_policy=_mixed_precision(block.get("mp_policy")) if fsdp2 else None,
     )
 

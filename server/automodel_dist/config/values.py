@@ -95,6 +95,11 @@ def is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def is_nonneg_int(value: Any) -> bool:
+    """A real integer >= 0 (not a bool, not a float such as 2.0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 # --------------------------------------------------------------------------- YAML scalars
 _SPECIAL = {"none": None, "None": None, "true": True, "True": True, "false": False, "False": False}
 _MAX_LITERAL_CHARS = 1000  # AutoModel skips literal parsing above this length

@@ -785,8 +785,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / p.tp
         outputs = comp * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
+    # the VLM step holds the model's logits until its backward is done
+    vlm_logits = 0.0
     if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
-        acts += comp * vocab / p.tp * tokens  # the VLM step holds the model's logits until its backward is done
+        vlm_logits = comp * vocab / p.tp * tokens
+        acts += vlm_logits
     if g.first and tr.tower_patches and tr.train_towers and lora is None:
         # a trained vision tower keeps its blocks' inputs (checkpointed) or everything its backward needs; each CP
         # rank runs every patch unless frame sharding splits them
@@ -890,18 +893,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # held), its re-materialized activations, eager attention's score gradients, the torch dispatcher's tokens
     exp = g.layer_experts if p.ep_shard > 1 else 0.0
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
-    block_transients = (
-        layer_train * (comp + (0.0 if deferred else 4.0))
-        + recompute * tokens
-        + eager_grads
-        + _torch_dispatch_bytes(m, p, tr, g, tokens)
-    )
+    fresh_grads = layer_train * (comp + (0.0 if deferred else 4.0))
+    dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
+    block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
         # and its loss's gone but that block's (its largest, at most), the others in flight and the kept outputs stay
-        gone = (saved + extra) * tokens + edge + loss_saved
-        if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
-            gone += comp * m.vocab_size / p.tp * tokens  # its logits, held to its backward's end
+        gone = (saved + extra) * tokens + edge + loss_saved + vlm_logits
         rest = max(acts - gone + last_block * tokens, 0.0)
         phases.append(
             ("end-of-stage-backward", accumulated, rest, stage_gathered + block_transients + p2p + held_grads)
@@ -910,20 +908,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
         gather = 0.0 if whole_stages else comp
-        grads_now = layer_train * (comp + (0.0 if deferred else 4.0)) + (g.layer_dense + exp) * gather
+        grads_now = fresh_grads + (g.layer_dense + exp) * gather
         mid_acts = max(acts - last_block * tokens, 0.0)
         phases.append(
             (
                 "in-backward",
                 max(accumulated, plain_expert_grads),
                 mid_acts,
-                unsharded
-                + recompute * tokens
-                + eager_grads
-                + p2p
-                + grads_now
-                + held_grads
-                + _torch_dispatch_bytes(m, p, tr, g, tokens),
+                unsharded + recompute * tokens + eager_grads + p2p + grads_now + held_grads + dispatch,
             )
         )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded

@@ -20,6 +20,7 @@ from ..config.values import (
     STRATEGY_ALIASES,
     TOP_LEVEL_KEYS,
     dtype_name,
+    is_nonneg_int,
     is_positive_int,
     normalize_ac_scope,
     normalize_activation_checkpointing,
@@ -713,7 +714,7 @@ def pipeline_recv_slack(ctx: Context) -> Iterator[Finding]:
     if not isinstance(pipe, dict) or "pp_recv_buffer_pool_slack" not in pipe:
         return
     v = pipe["pp_recv_buffer_pool_slack"]
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+    if is_nonneg_int(v):
         return
     yield finding(
         ctx,

@@ -11,6 +11,7 @@ from typing import Any
 
 from .config.kinds import VLM_STEP_RECIPES, recipe_class
 from .config.values import is_positive_int
+from .vlm_packing import VlmPacking
 
 # the LLM recipes' data sets and packing, then the VLM recipe's packing (pack_size) and its collate's padded length
 SEQ_LEN_KEYS = (
@@ -96,6 +97,7 @@ class Workload:
     attn_implementation: str | None = None  # model.attn_implementation (None: AutoModel's default, flash or SDPA)
     packed: bool = False  # packed_sequence.packed_sequence_size > 0 (the LLM recipes' has_packed_sequence)
     vlm_packed: bool = False  # packed_sequence.pack_size > 0 in the VLM recipe (its packing collates)
+    vlm_packing: VlmPacking | None = None  # that packing's pack_size, packing_ratio and collate_max_length
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
     teacher: str | None = None
@@ -188,7 +190,20 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
     # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
     facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]
-    facts["vlm_packed"] = facts["vlm_step"] and is_positive_int(_get(recipe, "packed_sequence.pack_size"))
+    facts["vlm_packed"] = facts["vlm_step"] and is_positive_int(size := _get(recipe, "packed_sequence.pack_size"))
+    if facts["vlm_packed"]:
+        ratio, longest = (
+            _get(recipe, "packed_sequence.packing_ratio"),
+            _get(recipe, "packed_sequence.collate_max_length"),
+        )
+        facts["vlm_packing"] = packing = VlmPacking(
+            size,
+            float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0 else 1.0,
+            longest if is_positive_int(longest) else None,
+        )
+        if packing.collate_max_length is not None and packing.collate_max_length > size:
+            # the collate pads every batch to it, past the longest pack
+            facts["seq_len"] = (packing.collate_max_length, "packed_sequence.collate_max_length")
     frames = _get(recipe, "distributed.multimodal.vision.frame_sharding")
     if isinstance(frames, Mapping) and frames.get("enabled") is True:
         # CpVisionFrameShardingConfig's defaults

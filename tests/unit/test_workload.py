@@ -302,3 +302,48 @@ def test_mimo_runs_its_own_eager_attention_on_every_backend_but_te_in_both_tools
     kept = estimate_memory(recipe, world_size=8, seq_len=4096).memory_gib.activations
     te = estimate_memory({**recipe, "model": flash}, world_size=8, seq_len=4096).memory_gib.activations
     assert (kept > te) is eager
+
+
+def test_a_vlm_recipes_packing_is_read_as_automodels_neat_pack_config_reads_it():
+    from automodel_dist.vlm_packing import VlmPacking
+    from automodel_dist.workload import read_workload
+
+    vlm = {"recipe": "FinetuneRecipeForVLM"}
+    w = read_workload({**vlm, "packed_sequence": {"pack_size": 3072, "packing_ratio": 0.9}})
+    assert (w.vlm_packing, w.seq_len) == (VlmPacking(3072, 0.9, None), (3072, "packed_sequence.pack_size"))
+    assert (w.vlm_packing.capacity, w.vlm_packing.padded) == (2764, False)
+    # the collate pads every batch to collate_max_length where it is past the longest pack
+    w = read_workload({**vlm, "packed_sequence": {"pack_size": 2048, "collate_max_length": 4096}})
+    assert (w.vlm_packing.padded, w.seq_len) == (True, (4096, "packed_sequence.collate_max_length"))
+    w = read_workload({**vlm, "packed_sequence": {"pack_size": 4096, "collate_max_length": 2048, "packing_ratio": "x"}})
+    assert (w.vlm_packing, w.seq_len[0]) == (VlmPacking(4096, 1.0, 2048), 4096)  # a shorter one pads short packs only
+    assert (
+        read_workload({"packed_sequence": {"pack_size": 3072}}).vlm_packing is None
+    )  # the LLM recipe's key is another
+
+
+def test_packs_padded_to_their_own_length_say_how_the_packer_fills_them_in_both_tools():
+    """gemma4_26b_a4b_moe_packing as the corpus has it: Gemma-4's image takes 256 tokens where AutoModel's packer
+    counts 500, so five one-image samples fill a 2,764-token pack; Qwen3.5's takes 961 and its packs fill to
+    pack_size. A recipe that pads every batch to collate_max_length gets no such note (its length is what is sized)."""
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    recipe = {
+        "recipe": "FinetuneRecipeForVLM",
+        "model": {"pretrained_model_name_or_path": "google/gemma-4-26B-A4B-it"},
+        "distributed": {"strategy": "fsdp2", "ep_size": 8},
+        "packed_sequence": {"pack_size": 3072, "packing_ratio": 0.9},
+    }
+    est = estimate_memory(recipe, world_size=8)
+    (note,) = [line for line in est.workload if line.startswith("VLM packing")]
+    assert "sized at 3,072 tokens" in note and "fills a pack to 2,764 tokens" in note
+    assert "the assumed image takes 256: a pack holds at most 5 samples" in note and "1,280 image tokens" in note
+    shorter = estimate_memory(recipe, world_size=8, seq_len=2048)
+    assert shorter.memory_gib.total < est.memory_gib.total
+    assert [line for line in plan_dry_run(Request.of(recipe, world_size=8)).assumed if "VLM packing" in line]
+    qwen = {**recipe, "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.5-4B"}, "distributed": {}}
+    (note,) = [line for line in estimate_memory(qwen, world_size=8).workload if line.startswith("VLM packing")]
+    assert "the assumed image takes 961: packs of such samples reach pack_size" in note
+    padded = {**recipe, "packed_sequence": {"pack_size": 3072, "collate_max_length": 3072}}
+    assert not [line for line in estimate_memory(padded, world_size=8).workload if "VLM packing" in line]

@@ -35,6 +35,7 @@ from ..stack.recipe import (
     optimizer_for,
     sanitized_block,
 )
+from ..vlm_packing import recipe_fill_note
 from ..workload import read_workload, unsized_entry
 from .depth import Depth, plan_depth, truncated_config
 from .spec import Build, DryRunSpec, Media
@@ -211,6 +212,8 @@ def plan_dry_run(
                     f"within {bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, "
                     f"inside the {seq}-token sequence (the rank's result gives the grid)"
                 )
+            if w.vlm_packing is not None and (packing := recipe_fill_note(w.vlm_packing, cfg, (low, high), seq)):
+                assumed.append(packing)
             subs.append(
                 "VLM step: AutoModel's NeMoAutoModelForImageTextToText with the recipe's freeze_config, its step's "
                 "context-parallel pre-embed hook and vision frame-sharding context, and the model output kept "

@@ -11,6 +11,7 @@ from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
+from ..vlm_packing import recipe_fill_note
 from ..workload import Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
 from .peft import describe, lora_of
@@ -167,6 +168,9 @@ def training_for(
         train_audio=w.train_audio and w.vlm_step,
         **_vlm_terms(spec, w, read),
     )
+    if w.vlm_step and w.vlm_packing is not None:
+        if note := recipe_fill_note(w.vlm_packing, spec.hf_config, w.processor_pixels, seq_len):
+            read.append(note)
     return WorkloadTerms(prec, tr, tuple(read))
 
 

@@ -180,6 +180,8 @@ NOT_MEASURED: dict[str, str] = {
     "attention with FFPA kernels for the global heads, over packed sequences) is not run by the dry run",
     "vlm_finetune/gemma4/gemma4_26b_a4b_moe_medpix_ep8cp2_4k.yaml": "Gemma-4 under context parallelism (the MoE "
     "model's own ring attention for its global heads) is not run by the dry run",
+    "vlm_finetune/gemma4/gemma4_e4b_tulu3_text_cp16_64k.yaml": "Gemma-4 under context parallelism (AutoModel's own "
+    "ring attention over E4B's per-layer inputs and KV-shared layers, over packed sequences) is not run by the dry run",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "

@@ -220,3 +220,86 @@ def test_gemma4_moe_lora_module_names_are_automodels():
     experts = {n for n, mod in layer.named_modules() if n.endswith("experts")}
     assert {n for n in ours if not n.endswith("experts")} == theirs - {"moe.gate.proj"}  # the router: never adapted
     assert {n for n in ours if n.endswith("experts")} == experts == {"moe.experts"}
+
+
+def _gemma4_saved(per_layer_input: int, frozen_ple: bool) -> dict[str, int]:
+    """The bytes a small bf16 Gemma-4 text model keeps for backward, 64 tokens, by where they are first saved
+    ("before" its first layer, "layer0", ...; saved-tensor hooks, each storage once, the parameters left out), with
+    per-layer inputs ``per_layer_input`` wide (0: none) and their model-level and per-layer weights frozen or
+    trained."""
+    import torch
+    import transformers
+
+    tokens = 64
+    config = transformers.Gemma4TextConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=64,
+        global_head_dim=128,
+        hidden_size_per_layer_input=per_layer_input,
+        vocab_size=1000,
+        vocab_size_per_layer_input=1000,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        sliding_window=16,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForCausalLM(config).to(torch.bfloat16).train()
+    if frozen_ple:
+        for name, p in model.named_parameters():
+            if "per_layer" in name:
+                p.requires_grad_(False)
+    where = ["before"]
+
+    def enter(name: str):
+        def hook(module: torch.nn.Module, args: tuple) -> None:
+            where.append(name)
+
+        return hook
+
+    def leave(module: torch.nn.Module, args: tuple, out: object) -> None:
+        where.pop()
+
+    for i, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(enter(f"layer{i}"))
+        layer.register_forward_hook(leave)
+    model.model.norm.register_forward_pre_hook(enter("after"))
+    params = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen: set[int] = set()
+    per: dict[str, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen and key not in params:
+            seen.add(key)
+            per[where[-1]] = per.get(where[-1], 0) + t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=torch.randint(3, 1000, (1, tokens)), use_cache=False, logits_to_keep=1)
+    return per
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+def test_gemma4_per_layer_inputs_keep_what_the_estimate_counts(frozen):
+    """Gemma-4's E-series per-layer inputs, on transformers' own model: what a layer keeps beyond the same layer without
+    them is the estimate's per-layer term, and what the model keeps once for them (before its first layer, and the
+    per-layer inputs' bf16 sum, first saved by layer 0's product) is its once-a-step term, each to the byte but each
+    RMSNorm's fp32 copy of its weight (a weight's size, not a token's), trained whole and with their weights frozen
+    (LoRA, no adapter on them)."""
+    from automodel_dist.catalog.models import ModelSpec
+    from automodel_dist.estimate.memory import Training, _per_layer_input_bytes, per_layer_inputs_bytes
+    from automodel_dist.estimate.peft import Lora
+
+    h, p, tokens = 256, 32, 64
+    spec = ModelSpec("probe", h, 6, 4, 1, 512, 1000, head_dim=64, per_layer_input=p, per_layer_vocab=1000)
+    tr = Training(lora=Lora(8, (("dense", 1.0),), 0.0, ("model.layers.0.self_attn.q_proj",), ())) if frozen else None
+    tr = tr or Training()
+    ple, plain = _gemma4_saved(p, frozen), _gemma4_saved(0, frozen)
+    extra = {k: ple.get(k, 0) - plain.get(k, 0) for k in ("before", "layer0", "layer1")}
+    assert extra["layer1"] - 4 * h == _per_layer_input_bytes(spec, tr) * tokens
+    once = extra["before"] + extra["layer0"] - extra["layer1"] - 4 * p
+    assert once == per_layer_inputs_bytes(spec, tr) * tokens

@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup, period_of
 from automodel_dist.catalog.sources import resolve_model
@@ -362,6 +364,8 @@ def test_the_config_json_of_every_entry_builds_the_same_model_in_transformers(sp
     # whole period of layer kinds (transformers' Gemma-4 config makes a cut's last layer full attention)
     period = period_of(spec.layer_attention) if spec.layer_attention else None
     depth = min(spec.num_layers, max(4, spec.first_dense_layers + 2, period or 0))
+    if spec.kv_shared_layers:  # Gemma-4's E-series: its KV-shared (and double-wide) layers are its last ones
+        depth = spec.num_layers
     cfg = hf_config(spec) if spec.layer_types else truncated_config(hf_config(spec), depth)
     small = from_hf_config(cfg, name=spec.name)
     assert small.architecture == spec.architecture and small.hd == spec.hd
@@ -558,16 +562,15 @@ def test_a_mimo_style_config_the_spec_cannot_hold_is_refused(bad):
 
 
 @pytest.mark.parametrize(
-    "extra",
+    "extra,why",
     [
-        {"hidden_size_per_layer_input": 256},
-        {"num_kv_shared_layers": 20},
-        {"use_double_wide_mlp": True},
+        ({"num_kv_shared_layers": 60}, "leaves no layer"),
+        ({"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 0}, "without vocab_size_per_layer_input"),
     ],
 )
-def test_a_gemma4_variant_the_spec_cannot_hold_is_refused(extra):
-    """Gemma-4's E-series layers (per-layer embeddings, KV sharing, double-wide MLP) are refused, not sized as the
-    dense 31B's layers (its MoE block, 26B-A4B's, is sized: the catalog entry's test above)."""
+def test_a_gemma4_e_series_config_that_cannot_be_built_is_refused(extra, why):
+    """KV sharing needs a layer before the shared ones to compute what they share, and per-layer inputs need their
+    table: a config without them is refused, not sized."""
     import json
 
     from automodel_dist.catalog.models import CATALOG_DIR
@@ -575,5 +578,48 @@ def test_a_gemma4_variant_the_spec_cannot_hold_is_refused(extra):
     cfg = json.loads((CATALOG_DIR / "configs" / "google--gemma-4-31B-it.json").read_text())
     from_hf_config(cfg)
     cfg["text_config"] = {**cfg["text_config"], **extra}
-    with pytest.raises(ModelConfigError, match="Gemma-4 with"):
+    with pytest.raises(ModelConfigError, match=why):
         from_hf_config(cfg)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    layers=st.integers(2, 9),
+    shared=st.integers(0, 8),
+    ple=st.sampled_from([0, 8, 16]),
+    wide=st.booleans(),
+    kv=st.sampled_from([1, 2]),
+    k_eq_v=st.booleans(),
+)
+def test_gemma4_e_series_layers_are_the_parameters_transformers_builds(layers, shared, ple, wide, kv, k_eq_v):
+    """Per-layer inputs, KV-shared layers (no k/v projections or key norm) and their double-wide MLP, at any mix with
+    sliding and full layers: the spec's count is that of transformers' Gemma4ForCausalLM on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    shared = min(shared, layers - 2)  # a sliding and a full layer before the shared ones, to share from
+    kinds = ["sliding_attention", "full_attention"] * layers
+    text = {
+        "model_type": "gemma4_text",
+        "architectures": ["Gemma4ForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": kv,
+        "num_global_key_value_heads": 1 if k_eq_v else None,
+        "attention_k_eq_v": k_eq_v,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "vocab_size": 1000,
+        "vocab_size_per_layer_input": 500,
+        "hidden_size_per_layer_input": ple,
+        "num_kv_shared_layers": shared,
+        "use_double_wide_mlp": wide,
+        "layer_types": kinds[:layers],
+        "tie_word_embeddings": True,
+    }
+    config = transformers.Gemma4TextConfig(**{k: v for k, v in text.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.Gemma4ForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) == from_hf_config(text).param_count()

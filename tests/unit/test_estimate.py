@@ -126,21 +126,33 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     assert dims("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
 
 
-def test_estimate_takes_the_model_from_the_recipe(capsys):
+def _unknown_model_recipe(tmp_path):
+    """The Qwen3-MoE chat recipe naming a model neither in the catalog nor in the Hugging Face cache."""
+    text = (
+        (EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml")
+        .read_text()
+        .replace("Qwen/Qwen3-30B-A3B-Thinking-2507", "acme/unreleased-30b")
+    )
+    (path := tmp_path / "unknown_model.yaml").write_text(text)
+    return path
+
+
+def test_estimate_takes_the_model_from_the_recipe(capsys, tmp_path):
     """Like validate: without a model argument the recipe's model.pretrained_model_name_or_path is sized when the
     catalog has it; otherwise a usage error that names the recipe's value."""
     recipe = EXAMPLES / "qwen3_moe_30b_te_chat_thd.yaml"
     assert estimate_memory(recipe) == estimate_memory(recipe, model="Qwen/Qwen3-30B-A3B")
     assert main(["estimate", str(recipe), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["model"] == "Qwen/Qwen3-30B-A3B"
+    unknown = _unknown_model_recipe(tmp_path)
     with pytest.raises(
         ValueError,
-        match=r"no model to size: .*'google/gemma-4-E4B-it': not a config.json path, not in the Hugging Face cache",
+        match=r"no model to size: .*'acme/unreleased-30b': not a config.json path, not in the Hugging Face cache",
     ):
-        estimate_memory(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")
+        estimate_memory(unknown)
     with pytest.raises(ValueError, match=r"^no model to size\. Pass a model: .*\(list_models\)$"):
         estimate_memory("tp_size: 2\n", world_size=8)
-    assert main(["estimate", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
+    assert main(["estimate", str(unknown)]) == 2
     assert "no model to size" in capsys.readouterr().err
 
 
@@ -374,7 +386,7 @@ def test_suggest_searches_only_the_strategies_asked_for(capsys):
     assert "invalid choice: 'zero3'" in capsys.readouterr().err
 
 
-def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
+def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys, tmp_path):
     """A recipe gives the model, cluster (ci:), seq_len and batch sizes not passed; the report says which, and
     measures the recipe's own layout as the candidates are measured."""
     from automodel_dist.render import suggest_text
@@ -433,18 +445,19 @@ def test_suggest_for_a_recipe_fills_the_sizes_and_compares_its_layout(capsys):
     oom = suggest_strategy(config=EXAMPLES / "llama3_2_1b_squad_megatron_fsdp.yaml", top_k=1)
     assert oom.current.valid and oom.current.fits is False and oom.candidates
     assert "does NOT fit; #1 fits" in suggest_text(oom)
+    unknown = _unknown_model_recipe(tmp_path)
     with pytest.raises(
-        ValueError, match="'google/gemma-4-E4B-it': not a config.json path, not in the Hugging Face cache"
+        ValueError, match="'acme/unreleased-30b': not a config.json path, not in the Hugging Face cache"
     ):
-        suggest_strategy(config=EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")
-    gemma = suggest_strategy("google/gemma-3-1b-pt", config=EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml", top_k=1)
+        suggest_strategy(config=unknown)
+    gemma = suggest_strategy("google/gemma-3-1b-pt", config=unknown, top_k=1)
     assert "model" not in gemma.from_recipe and gemma.model == "google/gemma-3-1b-pt"
     with pytest.raises(ValueError, match="give a model"):
         suggest_strategy()
     assert main(["suggest", str(recipe), "--top", "1", "--json", "--verify", "0"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["current"]["valid"] and out["from_recipe"]["nodes"] == "ci.nodes" and out["world_size"] == 16
-    assert main(["suggest", str(EXAMPLES / "gemma4_e4b_tulu3_text_tp2_cp2.yaml")]) == 2
+    assert main(["suggest", str(unknown)]) == 2
     assert "no model to size" in capsys.readouterr().err
 
 

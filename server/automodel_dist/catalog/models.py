@@ -90,6 +90,14 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv_kernel: int = 4
     vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
+    # Gemma-4's E-series (transformers' Gemma4TextModel): per-layer embeddings, ``per_layer_input`` wide a layer, from a
+    # table of ``per_layer_vocab`` rows holding every layer's, and per layer a gate from the hidden state and a
+    # projection back; its last ``kv_shared_layers`` layers read the keys and values of the last earlier layer of their
+    # attention kind (no k/v projections or key norm of their own), their MLP twice as wide with ``double_wide_mlp``
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False
     # multi-token-prediction depths AutoModel's class builds (Qwen3.5's mtp_num_hidden_layers): each a full-attention
     # decoder layer of the model's MLP kind, its input projection from [embedding, hidden] (2h x h) and three norms;
     # both recipes add their loss (a second pass through the shared lm_head)
@@ -192,10 +200,54 @@ class ModelSpec:
         )
 
     def mean_attention_params(self) -> float:
-        """Attention parameters per layer, averaged over the layers (they differ where layer_attention varies)."""
-        if not self.layer_attention:
+        """Attention parameters per layer, averaged over the layers (they differ where layer_attention varies, and
+        on KV-shared layers)."""
+        if not self.layer_attention and not self.kv_shared_layers:
             return float(self.attention_params())
-        return sum(self.attention_params(kind) for kind in self.layer_attention) / len(self.layer_attention)
+        return sum(self.layer_attention_params(i) for i in range(self.num_layers)) / self.num_layers
+
+    def kv_shared(self, layer: int) -> bool:
+        """Whether ``layer`` reads an earlier layer's keys and values (Gemma-4's E-series: the last
+        ``kv_shared_layers``)."""
+        return layer >= self.num_layers - self.kv_shared_layers
+
+    def layer_attention_params(self, layer: int) -> int:
+        """One layer's attention parameters: its kind's, less the key and value projections and the key norm on a
+        KV-shared layer (transformers' Gemma4TextAttention builds none there)."""
+        kind = self.attention_kind(layer)
+        kind = "" if kind == "-" else kind
+        params = self.attention_params(kind)
+        if not self.kv_shared(layer):
+            return params
+        full = kind == "full" and bool(self.full_head_dim or self.full_kv_heads)
+        hd = (self.full_head_dim or self.hd) if full else self.hd
+        kv = (self.full_kv_heads or self.num_key_value_heads) if full else self.num_key_value_heads
+        width = kv * hd * (1 if full and self.full_k_eq_v else 2)
+        return params - (self.hidden_size + int(self.qkv_bias)) * width - (hd if self.qk_norm else 0)
+
+    def layer_mlp_params(self, layer: int) -> int:
+        """A dense layer's MLP: twice as wide on a KV-shared layer with ``double_wide_mlp``."""
+        wide = self.double_wide_mlp and self.kv_shared(layer)
+        return (
+            replace(self, intermediate_size=2 * self.intermediate_size).dense_mlp_params()
+            if wide
+            else (self.dense_mlp_params())
+        )
+
+    def mean_intermediate_size(self) -> float:
+        """The dense MLP's width averaged over the layers (the double-wide ones count twice)."""
+        wide = self.kv_shared_layers if self.double_wide_mlp else 0
+        return self.intermediate_size * (1 + wide / self.num_layers)
+
+    def ple_params(self) -> int:
+        """The per-layer embeddings' model-level parameters: the table, the projection of the token embedding to every
+        layer's input and its norm (none without per-layer inputs)."""
+        n = self.num_layers * self.per_layer_input
+        return self.per_layer_vocab * n + self.hidden_size * n + self.per_layer_input if n else 0
+
+    def ple_layer_params(self) -> int:
+        """One layer's per-layer-input gate and projection and the norm after them."""
+        return 2 * self.hidden_size * self.per_layer_input + self.hidden_size if self.per_layer_input else 0
 
     def attention_params(self, kind: str = "") -> int:
         """Parameters of one attention block (projections, biases, norms inside attention); ``kind`` "full" for
@@ -307,9 +359,8 @@ class ModelSpec:
         if self.is_moe and layer >= self.first_dense_layers:
             mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
         else:
-            mlp = self.dense_mlp_params()
-        kind = self.layer_attention[layer] if self.layer_attention else ""
-        return self.attention_params(kind) + mlp + norms
+            mlp = self.layer_mlp_params(layer)
+        return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params()
 
     def mtp_params(self) -> int:
         """The multi-token-prediction layers' parameters (none where the model has none)."""
@@ -330,13 +381,14 @@ class ModelSpec:
             )
             return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
         towers = self.vision_params + self.audio_params
-        if self.layer_attention:
+        if self.layer_attention or self.kv_shared_layers:
             layers = sum(self.layer_params(i) for i in range(self.num_layers))
         else:
             layers = self.num_dense_layers * self.layer_params(0)
             if self.is_moe:
                 layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
-        return self.embedding_params() + layers + self.norm_params + self.lm_head_params() + towers + self.mtp_params()
+        embeddings = self.embedding_params() + self.ple_params()
+        return embeddings + layers + self.norm_params + self.lm_head_params() + towers + self.mtp_params()
 
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts)."""
@@ -483,6 +535,21 @@ def _qwen_or_siglip_tower(
             return None
         block = 2 * h * heads * d + 2 * h * kv * d + 2 * d + 3 * h * inter + 4 * h
         return 2 * table * h + channels * patch * patch * h + layers * block + text_hidden * h
+    if cfg.get("model_type") == "gemma4_audio" and text_hidden:
+        # Gemma-4's audio tower (transformers' Gemma4AudioModel, a conformer): two 3 x 3 convolutions with their norms
+        # and a projection subsample the mel features; each layer has two 4x feed-forward blocks, q/k/v/output and a
+        # relative-position key projection with a per-dimension scale, a light convolution (a GLU in, a depthwise
+        # conv, a projection out) and nine norms; an output projection with a bias, then embed_audio to the text width
+        heads, kernel = cfg.get("num_attention_heads", 8), cfg.get("conv_kernel_size", 5)
+        conv, out = cfg.get("subsampling_conv_channels", [128, 32]), cfg.get("output_proj_dims", 1536)
+        if not (all(is_int(v) for v in (heads, kernel, out)) and isinstance(conv, list) and len(conv) == 2):
+            return None
+        c0, c1 = conv
+        if not (is_int(c0) and is_int(c1)):
+            return None
+        subsample = 10 * c0 + 9 * c0 * c1 + c1 + (c0 // 4) * c1 * h
+        layer = 24 * h * h + 9 * h + kernel * h + h // heads
+        return subsample + layers * layer + (h * out + out) + out * text_hidden
     if str(cfg.get("model_type", "")).startswith("siglip") and is_int(cfg.get("image_size")) and text_hidden:
         block = 4 * h + 4 * (h * h + h) + 2 * h * inter + inter + h
         embeddings = channels * patch * patch * h + h + (cfg["image_size"] // patch) ** 2 * h
@@ -565,8 +632,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if mtype == "ernie4_5_moe":
         first_dense = _ernie_dense_prefix(cfg, layers)
     gemma4_moe = mtype == "gemma4_text" and bool(cfg.get("enable_moe_block"))
+    e_series = _gemma4_e_series(cfg, layers) if mtype == "gemma4_text" else (0, 0, 0, False)
     if mtype == "gemma4_text":
-        _check_gemma4(cfg)
         if not gemma4_moe:  # num_experts is a class default there, not experts the dense checkpoint has
             experts = 0
         else:  # its dense MLP (intermediate_size) runs beside the routed experts on every layer: a shared expert
@@ -632,6 +699,10 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         architecture=_architecture(cfg),
         vision_params=vision,
         audio_params=audio,
+        per_layer_input=e_series[0],
+        per_layer_vocab=e_series[1],
+        kv_shared_layers=e_series[2],
+        double_wide_mlp=e_series[3],
         mtp_layers=_int(_first(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0) or 0, "mtp_layers")
         if mtp_type in MTP_BUILT
         else 0,
@@ -671,6 +742,7 @@ MTP_BUILT = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 # softcaps the attention scores and the logits unless the config says null
 TEXT_CONFIG_DEFAULTS: dict[str, dict[str, int | float]] = {
     "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 262208},
+    "gemma4_text": {"hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262144},
     "gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
     "vaultgemma": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
 }
@@ -736,17 +808,20 @@ def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
     return 1 if mtype in PARALLEL_BLOCK else 2
 
 
-def _check_gemma4(cfg: dict[str, Any]) -> None:
-    """Gemma-4 as the spec holds it: the dense checkpoints' layers (31B) and the MoE block beside a dense MLP
-    (26B-A4B). Per-layer embeddings, KV-shared layers and the double-wide MLP (E2B, E4B) are refused rather than
-    miscounted."""
-    unsized = [
-        key for key in ("hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp") if cfg.get(key)
-    ]
-    if unsized:
+def _gemma4_e_series(cfg: dict[str, Any], layers: int) -> tuple[int, int, int, bool]:
+    """Gemma-4's E-series fields as transformers' Gemma4TextConfig reads them (its defaults where the file says
+    nothing: TEXT_CONFIG_DEFAULTS): the per-layer input width and its table's rows, the KV-shared layers and whether
+    their MLP is double-wide."""
+    ple = _int(cfg.get("hidden_size_per_layer_input") or 0, "hidden_size_per_layer_input")
+    rows = _int(cfg.get("vocab_size_per_layer_input") or 0, "vocab_size_per_layer_input") if ple else 0
+    if ple and not rows:
+        raise ModelConfigError("hidden_size_per_layer_input without vocab_size_per_layer_input: give the table's rows")
+    shared = _int(cfg.get("num_kv_shared_layers") or 0, "num_kv_shared_layers")
+    if shared >= layers:
         raise ModelConfigError(
-            f"Gemma-4 with {', '.join(unsized)} (its E-series layers) is not sized: only its dense and MoE layers are"
+            f"num_kv_shared_layers={shared} leaves no layer of the {layers} to compute the keys and values they share"
         )
+    return ple, rows, shared, bool(cfg.get("use_double_wide_mlp")) and shared > 0
 
 
 def _freq_dense_prefix(freq: list[Any], layers: int) -> int:

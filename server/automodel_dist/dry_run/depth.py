@@ -49,11 +49,12 @@ class Depth:
 
 
 def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
-    """Per layer: (mixer, attention kind, MLP kind), the three things that make layers differ in memory."""
+    """Per layer: (mixer, attention kind, MLP kind), the three things that make layers differ in memory (a KV-shared
+    layer's attention, and its MLP where double-wide, are kinds of their own)."""
     out = []
     for i in range(spec.num_layers):
         mixer = spec.layer_types[i] if i < len(spec.layer_types) else "attention"
-        attn = spec.attention_kind(i)
+        attn = spec.attention_kind(i) + ("/kv-shared" if spec.kv_shared(i) else "")
         mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
         out.append((mixer, attn, mlp))
     return out
@@ -159,7 +160,11 @@ def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: 
     if isinstance(out.get("text_config"), Mapping) and "num_attention_heads" not in out:
         out["text_config"] = truncated_config(out["text_config"], layers, moe_prefix_as_moe=moe_prefix_as_moe)
         return out
+    before, shared = out.get("num_hidden_layers"), out.get("num_kv_shared_layers")
     out["num_hidden_layers"] = layers
+    if isinstance(shared, int) and shared > 0 and isinstance(before, int):
+        # Gemma-4's KV-shared layers are the last ones: a cut keeps those of its layers that were shared
+        out["num_kv_shared_layers"] = max(0, shared - (before - layers))
     if isinstance(out.get("hybrid_override_pattern"), str):
         out["hybrid_override_pattern"] = out["hybrid_override_pattern"][:layers]
     for key in ("layer_types", "layers_block_type", "hybrid_layer_pattern", "moe_layer_freq"):

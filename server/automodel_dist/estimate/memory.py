@@ -223,8 +223,10 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
             for k in set(m.layer_types)
         }
     attn_sh, attn_rep = _attn_split(m)
-    base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.norm_params
-    dense = (base + m.dense_mlp_params() / p.tp, 0.0)
+    # (Gemma-4's per-layer input gate and projection are replicated under TP, its double-wide MLPs averaged in)
+    base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.norm_params + m.ple_layer_params()
+    mlp = sum(m.layer_mlp_params(i) for i in range(m.num_layers)) / m.num_layers if m.double_wide_mlp else None
+    dense = (base + (mlp if mlp is not None else m.dense_mlp_params()) / p.tp, 0.0)
     return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
 
@@ -257,6 +259,11 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
     if g.first:
         g.embed = m.embedding_params() / p.tp
         g.towers, g.audio = float(m.vision_params), float(m.audio_params)
+        if m.per_layer_input:
+            # Gemma-4's per-layer embeddings sit in the FSDP root with the embedding (gathered from the forward's start
+            # to the backward's end): the table split by vocabulary under TP, its projection and norm replicated
+            table = m.per_layer_vocab * m.num_layers * m.per_layer_input
+            g.root += table / p.tp + (m.ple_params() - table)
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
         g.root += m.hidden_size
@@ -483,7 +490,9 @@ def _act_per_token(
         attn = (2 * q + 2 * q + 2 * nope_v + 2 * kv + 4 * a) / t + latents
     else:
         q, kv = a * m.hd, m.num_key_value_heads * m.hd
-        attn = 4 * q / t + 4 * kv / t + 4 * a / t + (2 * q / t + 2 * kv / t if m.qk_norm else 0.0)
+        # a KV-shared layer (Gemma-4's E-series) makes no keys or values of its own: the layers' mean keeps fewer
+        own_kv = kv * (1 - m.kv_shared_layers / m.num_layers)
+        attn = 4 * q / t + 4 * own_kv / t + 4 * a / t + (2 * q / t + 2 * own_kv / t if m.qk_norm else 0.0)
         if m.qk_norm and liger is None and hf_norms(m, tr):
             # transformers' q/k norms keep an fp32 copy of q and k and, for a trained weight, the normalised values
             # (fp32 where the norm scales in fp32, as Gemma-3's): saved-tensor hooks on transformers' Qwen3 and
@@ -491,7 +500,7 @@ def _act_per_token(
             row = hf_text_layer(m.architecture)
             fp32 = (row is not None and row.fp32_norm) or m.architecture in FP32_NORM_CLASSES
             normalised = (4 if fp32 else 2) if tr.lora is None else 0
-            attn += (4 + normalised - 2) * (q + kv) / t
+            attn += (4 + normalised - 2) * (q + own_kv) / t
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output
@@ -542,7 +551,8 @@ def _act_per_token(
     else:
         # gate, up, the activation's output and the product; Liger keeps no activation output (it recomputes it)
         liger_mlp = liger is not None and liger.mlp is not None
-        mlp, gate = (6 if liger_mlp else 8) * m.intermediate_size / t, 2 * m.intermediate_size / t
+        inter = m.mean_intermediate_size()  # (Gemma-4's double-wide MLP on its KV-shared layers)
+        mlp, gate = (6 if liger_mlp else 8) * inter / t, 2 * inter / t
         if not m.gated_mlp:
             # up/down without a gate (Phi-2, StarCoder2): the activation keeps the up projection's output (a python
             # GELU also its tanh, 0.5x and 1+tanh: transformers' NewGELUActivation, counted by saved-tensor hooks),
@@ -552,7 +562,7 @@ def _act_per_token(
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
     dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element
-    plain = (rep + attn + mlp) * scale + dropout + eager
+    plain = (rep + attn + mlp + _per_layer_input_bytes(m, tr)) * scale + dropout + eager
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
     if style == "none" or (style == "selective" and moe):
@@ -583,6 +593,35 @@ def _act_per_token(
         # 5.4 GiB V3.2 keeps above V3; without PP the dry run measures V3.2's blocks keeping what V3's keep.
         indexer = 8.0 * m.index_heads * m.index_head_dim + 12.0 * min(m.index_topk, tr.seq_len)
     return saved * scale + indexer, plain
+
+
+def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bf16 bytes per token one layer's per-layer input keeps (Gemma-4's E-series, after the MLP's residual: a gate
+    from the hidden state, GELU, the product with the layer's slice of the per-layer inputs, a projection back and an
+    RMSNorm): the gate's input and the projection's where they train (or carry an adapter), the GELU's input, its
+    output the product keeps, and the norm's fp32 copy of its input and, for a trained weight, its fp32 normalised
+    input, with its statistics. Transformers' layer (tests/oracle/test_kernel_facts.py): 10h + 6p + 8 trained whole,
+    4h + 4p + 8 frozen."""
+    if not m.per_layer_input:
+        return 0.0
+    h, p = m.hidden_size, m.per_layer_input
+    adapted = tr.lora.adapted if tr.lora is not None else ()
+    gate = tr.lora is None or any(n.endswith(".per_layer_input_gate") for n in adapted)
+    proj = tr.lora is None or any(n.endswith(".per_layer_projection") for n in adapted)
+    return (2 * h if gate else 0) + 4 * p + (2 * p if proj else 0) + 4 * h + (4 * h if tr.lora is None else 0) + 8
+
+
+def per_layer_inputs_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bf16 bytes per token the model keeps, once, for its per-layer inputs (Gemma-4's E-series, before its first
+    layer; not inside any checkpointed layer): where its weights train, the projection's input (the scaled token
+    embedding); its RMSNorm's fp32 copy and, for a trained weight, fp32 normalised values, every layer's width at once,
+    with their statistics; and the bf16 sum with the table's rows, which every layer's product keeps a slice of.
+    Transformers' model (tests/oracle/test_kernel_facts.py): 2h + 10Lp + 8L trained whole, 6Lp + 8L frozen (an
+    adapter on the projection, which an exclude-only peft: section adds, would keep its input too: not counted)."""
+    if not m.per_layer_input:
+        return 0.0
+    lp = m.num_layers * m.per_layer_input
+    return (2 * m.hidden_size + 10 * lp if tr.lora is None else 6 * lp) + 8 * m.num_layers
 
 
 def scaled_router_bytes(m: ModelSpec, tr: Training, comp_bytes: int) -> float:
@@ -758,7 +797,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if ac and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
-    extra = 0.0
+    extra = per_layer_inputs_bytes(m, tr) * comp / 2 if g.first else 0.0
     loss_saved = loss_temp = 0.0
     if g.last:
         extra += 4 * m.hidden_size * comp / 2  # the final norm's input and output (the lm_head's input)

@@ -165,7 +165,11 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
         out += [Linear(f"{mlp}.gate_proj", h, inter), Linear(f"{mlp}.{up}", h, inter)]
     else:
         out += [Linear(f"{mlp}.{up}", h, inter)]
-    return out + [Linear(f"{mlp}.{down}", inter, h)]
+    out.append(Linear(f"{mlp}.{down}", inter, h))
+    if m.per_layer_input:  # Gemma-4's E-series: the per-layer input's gate and projection (a layer's first layer)
+        p = m.per_layer_input
+        out += [Linear(f"{layer}.per_layer_input_gate", h, p), Linear(f"{layer}.per_layer_projection", p, h)]
+    return out
 
 
 def down_adapted(m: ModelSpec, lora: Lora | None) -> bool:

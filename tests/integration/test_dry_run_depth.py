@@ -47,6 +47,12 @@ def test_kinds_of_real_models():
     assert period_of(kinds) is None and period_of(kinds[3:]) == 1
     next80 = lookup_model("tests/models/qwen3_next_80b_a3b.json")
     assert period_of(layer_kinds(next80)) == 4  # three Gated DeltaNet layers, one full-attention layer
+    # Gemma-4-E2B: four sliding layers and a full one, but its last 20 share keys and values (their MLP double-wide):
+    # no period runs through the whole model, so it is built whole
+    e2b = lookup_model("google/gemma-4-E2B-it")
+    kinds = layer_kinds(e2b)
+    assert period_of(kinds[:15]) == period_of(kinds[15:]) == 5 and period_of(kinds) is None
+    assert plan_depth(e2b, read_dims({"strategy": "fsdp2"}, world_size=8), 0) is None
 
 
 @needs_automodel
@@ -128,6 +134,9 @@ def test_truncated_config_cuts_per_layer_lists():
     assert out["text_config"]["num_hidden_layers"] == 4 and out["text_config"]["layer_types"] == ["s", "f", "s", "f"]
     assert out["vision_config"] == {"depth": 27} and "num_hidden_layers" not in out
     assert from_hf_config(truncated_config(lookup_model("Qwen/Qwen3.5-35B-A3B").hf_config, 8)).num_layers == 8
+    # Gemma-4's KV-shared layers are its last ones: a cut keeps those of its layers that were shared
+    e4b = lookup_model("google/gemma-4-E4B-it").hf_config
+    assert [from_hf_config(truncated_config(e4b, n)).kv_shared_layers for n in (42, 30, 24, 6)] == [18, 6, 0, 0]
 
 
 def test_line_and_the_peak_phase_after_extrapolating():

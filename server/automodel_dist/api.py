@@ -10,7 +10,7 @@ from typing import Any
 from typing_extensions import Unpack
 
 from .catalog.implementations import AUTOMODEL_VERSION
-from .catalog.models import ModelConfigError, ModelSpec, from_hf_config
+from .catalog.models import ModelConfigError, ModelSpec, from_hf_config, with_mtp_depth
 from .catalog.sources import ModelSource, resolve
 from .config import schema
 from .config.kinds import DIFFUSION_FSDP_DEFAULTS, DIFFUSION_FSDP_KEYS, RecipeKind, recipe_kind
@@ -33,6 +33,7 @@ from .report import (
 )
 from .request import Cluster, ConfigInput, ModelInput, Overrides, Request, RequestFields
 from .rules import Context, run_rules
+from .workload import read_workload
 
 TRAINING = RecipeKind("training", None)
 
@@ -430,6 +431,30 @@ def _model(
     return _ModelFound(src.spec, src.describe())
 
 
+def _with_recipe_mtp_depth(
+    spec: ModelSpec | None, recipe: Mapping[str, Any] | None, doc: Document, findings: list[Finding]
+) -> ModelSpec | None:
+    """The model as the recipe has AutoModel build it: with the multi-token-prediction depth the recipe sets, where
+    the model's class builds MTP layers (AutoModel's Qwen3.5 classes)."""
+    depth = read_workload(recipe).mtp_depth
+    if spec is None or depth is None or depth[0] == spec.mtp_layers:
+        return spec
+    built = with_mtp_depth(spec, depth[0])
+    if built is None:
+        return spec
+    findings.append(
+        _finding(
+            "model-mtp-depth",
+            f"{depth[1]}: {depth[0]}: {spec.name} is sized and built with {depth[0]} multi-token-prediction "
+            f"layer(s), not its config's {spec.mtp_layers} (AutoModel's class takes the recipe's depth)",
+            path=depth[1],
+            line=doc.line(tuple(depth[1].split("."))),
+            severity="info",
+        )
+    )
+    return built
+
+
 @dataclass(frozen=True)
 class Analysis:
     """A validation's report and what it was computed from: the loaded document and, when the config has a
@@ -453,7 +478,7 @@ def _context(
     if split.block is None:
         return None, source, _ModelFound(skipped="the config has no distributed setup to check a model against")
     found = _model(request.lookup.model, split.recipe, doc, findings, request.lookup.fetch_config)
-    spec = found.spec
+    spec = _with_recipe_mtp_depth(found.spec, split.recipe, doc, findings)
     ctx = Context(
         doc=doc,
         block=split.block,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config.kinds import VLM_STEP_RECIPES, recipe_class
-from .config.values import is_positive_int
+from .config.values import is_nonneg_int, is_positive_int
 from .vlm_packing import VlmPacking
 
 # the LLM recipes' data sets and packing, then the VLM recipe's packing (pack_size) and its collate's padded length
@@ -116,6 +116,9 @@ class Workload:
     vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence
     # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
     frame_sharding: tuple[int, int] | None = None
+    # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
+    # Qwen3.5 classes, else its text_config override's num_nextn_predict_layers or mtp_num_hidden_layers), with its key
+    mtp_depth: tuple[int, str] | None = None
 
     @property
     def attn_backend(self) -> str | None:
@@ -214,6 +217,14 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     facts["processor_pixels"] = tuple(v if is_positive_int(v) else None for v in bounds)
     if isinstance(collate := _get(recipe, "dataloader.collate_fn._target_"), str):
         facts["collate"] = _name(collate)
+    for key in (
+        "model.num_nextn_predict_layers",
+        "model.text_config.num_nextn_predict_layers",
+        "model.text_config.mtp_num_hidden_layers",
+    ):
+        if is_nonneg_int(v := _get(recipe, key)):
+            facts["mtp_depth"] = (v, key)
+            break
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")

@@ -303,3 +303,73 @@ def test_gemma4_per_layer_inputs_keep_what_the_estimate_counts(frozen):
     assert extra["layer1"] - 4 * h == _per_layer_input_bytes(spec, tr) * tokens
     once = extra["before"] + extra["layer0"] - extra["layer1"] - 4 * p
     assert once == per_layer_inputs_bytes(spec, tr) * tokens
+
+
+QWEN35_TP = """
+import json, sys, warnings
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.tensor import DTensor, Shard
+
+dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+from nemo_automodel.components.distributed.config import FSDP2Config
+from nemo_automodel.components.distributed.mesh import MeshContext, ParallelismSizes
+from nemo_automodel.components.distributed.mesh_utils import _create_device_meshes
+from nemo_automodel.components.distributed.model_parallelizer import parallelize_model
+from nemo_automodel.components.models.common import BackendConfig
+from transformers import Qwen3_5Config
+
+cfg = json.loads(sys.argv[1])
+if sys.argv[2] == "automodel":
+    from nemo_automodel.components.models.qwen3_5.model import Qwen3_5ForConditionalGeneration as Model
+    kwargs = {"backend": BackendConfig(attn="sdpa", linear="torch", rms_norm="torch", rope_fusion=False),
+              "num_nextn_predict_layers": 0}
+else:
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration as Model
+    kwargs = {}
+with torch.device("meta"):
+    model = Model(Qwen3_5Config(**cfg), **kwargs).to(torch.bfloat16)
+config = FSDP2Config(activation_checkpointing=False)
+sizes = ParallelismSizes(tp_size=4, cp_size=1, pp_size=1, dp_replicate_size=1, ep_size=1)
+meshes, moe = _create_device_meshes(config, sizes, world_size=8)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    model = parallelize_model(model, MeshContext.from_meshes(meshes, moe, strategy_config=config))
+split = {}
+for name, p in model.named_parameters():
+    tp = isinstance(p, DTensor) and any(
+        isinstance(pl, Shard) and dim == "tp" for pl, dim in zip(p.placements, p.device_mesh.mesh_dim_names)
+    )
+    for key in ("embed_tokens", "lm_head", "self_attn.q_proj", "linear_attn.in_proj_qkv", "mlp.down_proj"):
+        if key in name and not name.startswith("model.visual"):
+            split[key] = split.get(key, True) and tp
+print(json.dumps(split))
+"""
+
+
+@pytest.mark.parametrize("hf_class", [False, True], ids=["automodel", "transformers"])
+def test_qwen35_tp_plan_splits_no_vocabulary_on_automodels_class(hf_class):
+    """TP_WHOLE_VOCAB against AutoModel's own parallelizer, on a fake process group (8 ranks, TP 4): Qwen3.5's dense
+    VLM class keeps embed_tokens and lm_head whole on every TP rank while its attention, Gated DeltaNet projections and
+    MLP are split; transformers' class (force_hf) splits the embedding only."""
+    import json
+    import subprocess
+    import sys
+
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.kernels import tp_splits_vocab
+    from automodel_dist.catalog.models import lookup
+    from automodel_dist.dry_run.depth import truncated_config
+
+    spec = lookup("Qwen/Qwen3.6-27B")
+    cfg = truncated_config(hf_config(spec), 4)  # three Gated DeltaNet layers and a full-attention one
+    cfg["vision_config"] = {**cfg["vision_config"], "depth": 1}
+    cfg.pop("model_type")
+    which = "transformers" if hf_class else "automodel"
+    done = subprocess.run(
+        [sys.executable, "-c", QWEN35_TP, json.dumps(cfg), which], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    split = json.loads(done.stdout.strip().splitlines()[-1])
+    assert split["self_attn.q_proj"] and split["linear_attn.in_proj_qkv"] and split["mlp.down_proj"], split
+    assert (split["embed_tokens"], split["lm_head"]) == tp_splits_vocab(spec.architecture, hf_class), split

@@ -347,3 +347,70 @@ def test_packs_padded_to_their_own_length_say_how_the_packer_fills_them_in_both_
     assert "the assumed image takes 961: packs of such samples reach pack_size" in note
     padded = {**recipe, "packed_sequence": {"pack_size": 3072, "collate_max_length": 3072}}
     assert not [line for line in estimate_memory(padded, world_size=8).workload if "VLM packing" in line]
+
+
+def test_a_recipes_mtp_depth_is_the_one_both_tools_size_and_build():
+    """model.num_nextn_predict_layers (an argument of AutoModel's Qwen3.5 classes; the corpus's Qwen3.6-27B TP 4 recipe
+    sets 0) or the text_config override's depth: the estimate sizes, and the dry run builds, that many
+    multi-token-prediction layers instead of the config's, and validate says so at its line; a model whose class
+    builds none from its config is left as it is."""
+    from automodel_dist.api import analyze
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    recipe = {
+        "recipe": "FinetuneRecipeForVLM",
+        "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.6-27B", "num_nextn_predict_layers": 0},
+        "distributed": {"strategy": "fsdp2", "tp_size": 4},
+    }
+    assert lookup("Qwen/Qwen3.6-27B").mtp_layers == 1
+    ctx = analyze(Request.of(recipe, world_size=16)).context
+    assert ctx.model.mtp_layers == 0 and ctx.model.mtp_params() == 0
+    text = ctx.model.hf_config["text_config"]
+    assert text["num_nextn_predict_layers"] == text["mtp_num_hidden_layers"] == 0  # what the dry run builds
+    plan = plan_dry_run(Request.of(recipe, world_size=16))
+    assert plan.model.mtp_layers == 0
+    report = analyze(Request.of(recipe, world_size=16)).report
+    (note,) = [f for f in report.findings if f.rule == "model-mtp-depth"]
+    assert (
+        note.severity == "info"
+        and note.path == "model.num_nextn_predict_layers"
+        and "not its config's 1" in note.message
+    )
+    without = estimate_memory({**recipe, "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.6-27B"}}, world_size=16)
+    assert estimate_memory(recipe, world_size=16).memory_gib.params < without.memory_gib.params
+    same = {
+        **recipe,
+        "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.6-27B", "text_config": {"mtp_num_hidden_layers": 1}},
+    }
+    assert not [f for f in analyze(Request.of(same, world_size=16)).report.findings if f.rule == "model-mtp-depth"]
+    llama = {**recipe, "model": {"pretrained_model_name_or_path": L8, "num_nextn_predict_layers": 2}}
+    assert analyze(Request.of(llama, world_size=16)).context.model.mtp_layers == 0
+
+
+@pytest.mark.parametrize(
+    "mp,expected",
+    [
+        (None, 4.0),  # AutoModel's default policy: fp32 reduction
+        ({"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}, 2.0),
+        ({"param_dtype": "bfloat16", "reduce_dtype": None}, 2.0),  # torch reduces in the parameter dtype
+        ({"param_dtype": "bfloat16", "reduce_dtype": "float32"}, 4.0),
+    ],
+)
+def test_deferred_gradients_accumulate_in_the_reduce_dtype(mp, expected):
+    """FSDP2's deferred unsharded gradients are held in its mp_policy's reduce dtype: the Qwen3.6-27B TP 4 recipe's
+    bf16 policy holds half the bytes of AutoModel's fp32 default (its dry run: 16.1 GiB of unsharded gradients)."""
+    from automodel_dist.dims import read_dims
+    from automodel_dist.estimate.memory import grad_reduce_bytes
+
+    block = {"strategy": "fsdp2", **({"mp_policy": mp} if mp is not None else {})}
+    assert grad_reduce_bytes(read_dims(block, world_size=8), 2) == expected
+    assert grad_reduce_bytes(read_dims({"strategy": "ddp"}, world_size=8), 2) == 4.0
+
+    def held(policy: dict | None) -> float:
+        mp_line = f"  mp_policy: {policy}\n".replace("'", "").replace("None", "null") if policy is not None else ""
+        text = LLM + "distributed:\n  strategy: fsdp2\n" + mp_line
+        text += "step_scheduler: {global_batch_size: 16, local_batch_size: 1}\n"  # two microbatches: deferred
+        return estimate_memory(text, world_size=8, model=L8, seq_len=2048).memory_gib.deferred_grads
+
+    assert held(mp) == pytest.approx(held(None) * expected / 4.0) and held(None) > 25  # all 8B unsharded in fp32

@@ -137,6 +137,21 @@ HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausal
 # submodule as its own layers
 TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
+# AutoModel's TP plan for Qwen3.5's dense VLM class (optimized_tp_plans._parallelize_qwen3_5_vlm: transformers'
+# base_model_tp_plan through parallelizer.get_hf_tp_shard_plan) splits attention, the MLP and the Gated DeltaNet
+# projections but no vocabulary: the plan has no lm_head entry, and the embed_tokens entry it adds names the
+# wrapper's property on AutoModel's own class (no module: nothing matches), the language model's module on
+# transformers' class (split there). tests/oracle/test_kernel_facts.py parallelizes both on a fake process group.
+TP_WHOLE_VOCAB = frozenset({"Qwen3_5ForConditionalGeneration"})
+
+
+def tp_splits_vocab(architecture: str | None, hf_class: bool) -> tuple[bool, bool]:
+    """(embedding, lm_head): whether AutoModel's TP plan for the class it builds splits each over the TP ranks."""
+    if architecture in TP_WHOLE_VOCAB:
+        return hf_class, False
+    return True, True
+
+
 # AutoModel's own classes running transformers' Gemma norms, which keep the normalised tensor in fp32 (Gemma-4's dense
 # checkpoints: transformers' Gemma4RMSNorm scales in fp32), where no Liger row names their layer type
 FP32_NORM_CLASSES = frozenset({"Gemma4ForConditionalGeneration"})

@@ -808,6 +808,22 @@ def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
     return 1 if mtype in PARALLEL_BLOCK else 2
 
 
+def with_mtp_depth(spec: ModelSpec, depth: int) -> ModelSpec | None:
+    """``spec`` with ``depth`` multi-token-prediction layers, as AutoModel's Qwen3.5 classes build them when a recipe
+    sets the depth (their ``num_nextn_predict_layers`` argument, or the text config's field, which they read before
+    ``mtp_num_hidden_layers``); its config.json says so too, for the dry run's build. None for a model whose class
+    builds no MTP layers from its config (MTP_BUILT)."""
+    cfg = spec.hf_config
+    if cfg is None:
+        return None
+    nested = isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg
+    text = cfg["text_config"] if nested else cfg
+    if str(text.get("model_type", cfg.get("model_type", ""))) not in MTP_BUILT:
+        return None
+    text = {**text, "num_nextn_predict_layers": depth, "mtp_num_hidden_layers": depth}
+    return replace(spec, mtp_layers=depth, hf_config={**cfg, "text_config": text} if nested else text)
+
+
 def _gemma4_e_series(cfg: dict[str, Any], layers: int) -> tuple[int, int, int, bool]:
     """Gemma-4's E-series fields as transformers' Gemma4TextConfig reads them (its defaults where the file says
     nothing: TEXT_CONFIG_DEFAULTS): the per-layer input width and its table's rows, the KV-shared layers and whether

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pydantic import BaseModel, Field
 
 from ..catalog.gpus import GPU
-from ..catalog.kernels import LOCAL_DISPATCHERS
+from ..catalog.kernels import LOCAL_DISPATCHERS, tp_splits_vocab
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, microbatches
@@ -133,7 +133,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     mb_per_step = n_mb * grad_acc
     tok_mb = tr.micro_batch_size * tr.seq_len / p.cp  # local tokens per microbatch
     spr = p.stages_per_rank_of(m.num_layers)
-    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0, tp_splits_vocab(m.architecture, tr.hf_class))
     n_layers = g.n_layers
     h = m.hidden_size
     out: dict[str, float] = {}

@@ -90,6 +90,7 @@ from ..catalog.kernels import (
     hf_text_layer,
     liger_applies,
     runs_eager_attention,
+    tp_splits_vocab,
 )
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
@@ -237,8 +238,19 @@ def _rank_groups(m: ModelSpec, p: ParallelDims, pp_rank: int) -> _Groups:
 
 # A 4,096-GPU search asks for the same few splits thousands of times: the memo halves its time (bench_suggest).
 @lru_cache(maxsize=4096)
-def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_style: bool, pp_rank: int) -> _Groups:
+def _groups_of(
+    m: ModelSpec,
+    tp: int,
+    ep: int,
+    pp: int,
+    stages_per_rank: int,
+    v_style: bool,
+    pp_rank: int,
+    vocab_split: tuple[bool, bool] = (True, True),
+) -> _Groups:
+    """``vocab_split``: whether TP splits the embedding and the lm_head (catalog.kernels.tp_splits_vocab)."""
     p = ParallelDims(tp=tp, ep=ep, pp=pp)  # only what the split depends on
+    embed_tp, head_tp = (tp if split else 1 for split in vocab_split)
     g = _Groups()
     n_stages = pp * stages_per_rank
     counts = stage_layer_counts(m.num_layers, n_stages) if pp > 1 else [m.num_layers]
@@ -257,7 +269,7 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
     g.layer_dense = max((per[k][0] for k in g.kinds), default=0.0)
     g.layer_experts = max((per[k][1] for k in g.kinds), default=0.0)
     if g.first:
-        g.embed = m.embedding_params() / p.tp
+        g.embed = m.embedding_params() / embed_tp
         g.towers, g.audio = float(m.vision_params), float(m.audio_params)
         if m.per_layer_input:
             # Gemma-4's per-layer embeddings sit in the FSDP root with the embedding (gathered from the forward's start
@@ -265,7 +277,7 @@ def _groups_of(m: ModelSpec, tp: int, ep: int, pp: int, stages_per_rank: int, v_
             table = m.per_layer_vocab * m.num_layers * m.per_layer_input
             g.root += table / p.tp + (m.ple_params() - table)
     if g.last:
-        g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / p.tp
+        g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / head_tp
         g.root += m.hidden_size
         g.mtp = float(m.mtp_params())  # the multi-token-prediction layers after the last decoder layer (not TP-split)
         g.dense += g.mtp
@@ -636,6 +648,20 @@ def scaled_router_bytes(m: ModelSpec, tr: Training, comp_bytes: int) -> float:
     return ((8 if tr.lora is None else 0) + (4 if comp_bytes != 4 else 0)) * m.hidden_size
 
 
+def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
+    """Bytes of a gradient element in FSDP2's reduction: its mp_policy's reduce_dtype (AutoModel's default fp32; torch
+    reduces in the parameter dtype where it is null, and in the parameters' own dtype without a policy). Deferred, the
+    unsharded gradients accumulate in it (the corpus's Qwen3.6-27B TP 4 recipe, bf16: half the fp32 default's bytes
+    on fake tensors); a block's gradients are copied into it for the reduce-scatter. Other strategies: fp32."""
+    if p.strategy != "fsdp2":
+        return 4.0
+    mp = p.mp_policy
+    if mp is None:
+        return float(store)
+    name = mp.reduce_dtype or mp.param_dtype
+    return float(DTYPE_BYTES.get(name, store)) if name else float(store)
+
+
 def optimizer_states_per_param(tr: Training) -> float:
     return tr.optimizer.state_bytes(DTYPE_BYTES[tr.storage_dtype]) + tr.optimizer.master
 
@@ -746,7 +772,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     comp = DTYPE_BYTES[tr.compute_dtype]
     store = DTYPE_BYTES[tr.storage_dtype]
     spr = p.stages_per_rank_of(m.num_layers)
-    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank)
+    vocab_split = tp_splits_vocab(m.architecture, tr.hf_class)
+    head_tp = (
+        p.tp if vocab_split[1] else 1
+    )  # the logits and the head's gradient are whole where TP keeps the head whole
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank, vocab_split)
     if tr.hf_class and g.mtp:  # transformers' class drops the MTP layers (AutoModel's own builds them)
         g = replace(g, dense=g.dense - g.mtp, mtp=0.0)
     sp_, sg, so, se = _state_shards(p)
@@ -766,7 +796,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         train_dense = (
             (adapters - expert_adapters) / p.tp
             + (expert_adapters if p.ep <= 1 else 0.0)
-            + (lora.lm_head / p.tp if g.last else 0.0)
+            + (lora.lm_head / head_tp if g.last else 0.0)
         )
         layer_bytes = comp
         if lora.quant_bits:
@@ -815,19 +845,24 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         loss_temp = per_temp * vocab * tokens
         extra += mtp_layers * 3 * m.hidden_size * comp
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
-            loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / p.tp
+            loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / head_tp
+        elif tr.loss == "FusedLinearCrossEntropy":
+            # cut_cross_entropy's backward, as AutoModel calls it (accum_e_fp32 on, accum_c_fp32 left off): the head's
+            # gradient in the weight's dtype and the hidden states' in fp32 (the dry run's stand-in, ChunkedCE, keeps
+            # the head's in fp32 and bf16: 4 bytes an element more than this kernel)
+            loss_temp = comp * vocab * m.hidden_size / head_tp + 4.0 * tokens * m.hidden_size
     # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
     # them from step(); AutoModel does not pass return_outputs=False): the logits, or the hidden states a linear
     # cross entropy takes
     outputs = 0.0
     if p.pp > 1 and g.last:
-        width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / p.tp
+        width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp
         outputs = comp * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
     # the VLM step holds the model's logits until its backward is done
     vlm_logits = 0.0
     if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
-        vlm_logits = comp * vocab / p.tp * tokens
+        vlm_logits = comp * vocab / head_tp * tokens
         acts += vlm_logits
     if g.first and tr.tower_patches and tr.train_towers and lora is None:
         # a trained vision tower keeps its blocks' inputs (checkpointed) or everything its backward needs; each CP
@@ -890,7 +925,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # every microbatch in one round of the interleaved schedule, the stages finish one after another, so about
         # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
         held /= spr
-    held_grads = held * 4.0 if deferred else 0.0
+    reduce = grad_reduce_bytes(p, store)
+    held_grads = held * reduce if deferred else 0.0
     # torch's pipeline stage allocates, at its first step, a receive buffer for every microbatch's input (a stage
     # that is not the first) and for every microbatch's output gradient (one that is not the last) and never frees
     # them (stage._setup_forward_recv_info, _create_grad_recv_info), so they are there in every phase. AutoModel sizes
@@ -932,7 +968,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # held), its re-materialized activations, eager attention's score gradients, the torch dispatcher's tokens
     exp = g.layer_experts if p.ep_shard > 1 else 0.0
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
-    fresh_grads = layer_train * (comp + (0.0 if deferred else 4.0))
+    fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
     block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch
     if stage_gathered:
@@ -964,10 +1000,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             last_unit = g.embed if own_embed_unit else g.root
             root_sharded = (g.embed + g.lm_head) / sg * store
         else:
-            last_unit = lora.lm_head / p.tp if g.last else 0.0
+            last_unit = lora.lm_head / head_tp if g.last else 0.0
             root_sharded = 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
-        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + 4.0) + held_grads + p2p))
+        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + reduce) + held_grads + p2p))
     else:
         if eager_grads:
             phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))

@@ -136,7 +136,9 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
     if name == "FusedLinearCrossEntropy":
         out.append(
             "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "
-            "ChunkedCrossEntropy: neither materialises the whole logits; the kernel's own workspace is not "
+            "ChunkedCrossEntropy: neither materialises the whole logits; ChunkedCrossEntropy's backward keeps the "
+            "head's gradient in fp32 and bf16 where the kernel, as AutoModel calls it, keeps it once in the weight's "
+            "dtype (4 bytes a head element more, at the loss's backward); the kernel's own workspace is not "
             "measured"
         )
         return {"name": "ChunkedCrossEntropy", "kwargs": {}}

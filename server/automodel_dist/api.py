@@ -436,8 +436,9 @@ def _with_recipe_mtp_depth(
 ) -> ModelSpec | None:
     """The model as the recipe has AutoModel build it: with the multi-token-prediction depth the recipe sets, where
     the model's class builds MTP layers (AutoModel's Qwen3.5 classes)."""
-    depth = read_workload(recipe).mtp_depth
-    if spec is None or depth is None or depth[0] == spec.mtp_layers:
+    w = read_workload(recipe)
+    depth = w.mtp_depth
+    if spec is None or depth is None or depth[0] == spec.mtp_layers or w.force_hf:  # (transformers' class builds none)
         return spec
     built = with_mtp_depth(spec, depth[0])
     if built is None:

@@ -54,20 +54,32 @@ def fill_note(packing: VlmPacking, seq_len: int, image_tokens: int | None, media
     is padded to one length, which is what is sized)."""
     if packing.padded:
         return None
+    size, cap = packing.pack_size, packing.collate_max_length
+    why = (
+        "no packed_sequence.collate_max_length"
+        if cap is None
+        else f"collate_max_length {cap:,} is below pack_size {size:,}: a batch is padded to at least it, and a longer "
+        "pack is left as it is, which AutoModel's collates do not take for a batch of several packs (its neat collate "
+        "stacks them, its THD collate raises)"
+    )
+    sized = (
+        f"sized at {seq_len:,} tokens (pack_size, the longest a pack can be)"
+        if seq_len == size
+        else f"sized at {seq_len:,} tokens as asked (a pack can hold up to pack_size {size:,})"
+    )
     head = (
-        f"VLM packing: each batch padded only to its longest pack (no packed_sequence.collate_max_length), so a step "
-        f"holds as many tokens as its pack, which the data decides: sized at {seq_len:,} tokens (pack_size "
-        f"{packing.pack_size:,}, the longest a pack can be). AutoModel's packer fills a pack to {packing.capacity:,} "
-        f"tokens by its own count, {PACKER_MEDIA_TOKENS} an image (no precomputed mm_inputs_meta) and one per "
-        f"{PACKER_CHARS_PER_TOKEN} characters of text"
+        f"VLM packing: each batch padded only to its longest pack ({why}), so a step holds as many tokens as its pack, "
+        f"which the data decides: {sized}. AutoModel's packer fills a pack to {packing.capacity:,} tokens by its own "
+        f"count, {PACKER_MEDIA_TOKENS} an image (no precomputed mm_inputs_meta) and one per {PACKER_CHARS_PER_TOKEN} "
+        "characters of text"
     )
     if image_tokens is None:
         return head + "; --seq-len sizes the packs the data makes"
     per_sample = media_per_sample * image_tokens
     if image_tokens >= PACKER_MEDIA_TOKENS:
         return (
-            f"{head}, where the assumed image takes {image_tokens}: packs of such samples reach pack_size, the "
-            "samples past it dropped"
+            f"{head}, where the assumed image takes {image_tokens}: packs of such samples fill to about "
+            f"{image_tokens / PACKER_MEDIA_TOKENS:.2f} times that, up to pack_size (the samples past it dropped)"
         )
     n = media_only_samples(packing, media_per_sample)
     return (

@@ -344,9 +344,15 @@ def test_packs_padded_to_their_own_length_say_how_the_packer_fills_them_in_both_
     assert [line for line in plan_dry_run(Request.of(recipe, world_size=8)).assumed if "VLM packing" in line]
     qwen = {**recipe, "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.5-4B"}, "distributed": {}}
     (note,) = [line for line in estimate_memory(qwen, world_size=8).workload if line.startswith("VLM packing")]
-    assert "the assumed image takes 961: packs of such samples reach pack_size" in note
+    assert "the assumed image takes 961: packs of such samples fill to about 1.92 times that, up to pack_size" in note
     padded = {**recipe, "packed_sequence": {"pack_size": 3072, "collate_max_length": 3072}}
     assert not [line for line in estimate_memory(padded, world_size=8).workload if "VLM packing" in line]
+    # a length asked for is said to be that, and a collate_max_length below pack_size is said to be there
+    (note,) = [line for line in shorter.workload if line.startswith("VLM packing")]
+    assert "sized at 2,048 tokens as asked (a pack can hold up to pack_size 3,072)" in note
+    short = {**recipe, "packed_sequence": {"pack_size": 3072, "collate_max_length": 2048}}
+    (note,) = [line for line in estimate_memory(short, world_size=8).workload if line.startswith("VLM packing")]
+    assert "collate_max_length 2,048 is below pack_size 3,072" in note and "no packed_sequence" not in note
 
 
 def test_a_recipes_mtp_depth_is_the_one_both_tools_size_and_build():
@@ -414,3 +420,38 @@ def test_deferred_gradients_accumulate_in_the_reduce_dtype(mp, expected):
         return estimate_memory(text, world_size=8, model=L8, seq_len=2048).memory_gib.deferred_grads
 
     assert held(mp) == pytest.approx(held(None) * expected / 4.0) and held(None) > 25  # all 8B unsharded in fp32
+
+
+def test_tp_keeps_qwen35s_vocabulary_whole_in_the_estimate():
+    """The estimate follows tp_splits_vocab: on AutoModel's Qwen3.5 dense VLM class TP 4 leaves the embedding and the
+    head whole on every TP rank (held to its parallelizer in tests/oracle/test_kernel_facts.py), so the parameters a
+    rank holds are those of the corpus's TP 4 recipe as its dry run measured them (4.2346 GiB at FSDP 4, no MTP)."""
+    recipe = {
+        "recipe": "FinetuneRecipeForVLM",
+        "model": {"pretrained_model_name_or_path": "Qwen/Qwen3.6-27B", "num_nextn_predict_layers": 0},
+        "distributed": {"strategy": "fsdp2", "tp_size": 4},
+        "freeze_config": {"freeze_vision_tower": True},
+    }
+    est = estimate_memory(recipe, world_size=16, seq_len=2048)
+    assert est.memory_gib.params == pytest.approx(4.2346, abs=0.002)
+    m = lookup("Qwen/Qwen3.6-27B")
+    forced = estimate_memory({**recipe, "model": {**recipe["model"], "force_hf": True}}, world_size=16, seq_len=2048)
+    # transformers' class splits the embedding: a quarter of it on each TP rank, sharded over 4 more
+    assert est.memory_gib.params - forced.memory_gib.params == pytest.approx(
+        m.embedding_params() * 3 / 4 / 4 * 2 / 2**30, rel=0.01
+    )
+
+
+def test_a_gemma4_moe_config_gets_no_per_layer_inputs_and_their_table_is_no_active_weight():
+    """AutoModel's own Gemma-4 MoE backend builds no per-layer inputs: a 26B-A4B config without the key (transformers'
+    default would be 256) is sized as the checkpoint; E2B's per-layer table is a lookup, not an active weight."""
+    import json
+
+    from automodel_dist.catalog.models import CATALOG_DIR, from_hf_config
+
+    cfg = json.loads((CATALOG_DIR / "configs" / "google--gemma-4-26B-A4B-it.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k not in ("hidden_size_per_layer_input",)}
+    assert from_hf_config({**cfg, "text_config": text}).param_count() == from_hf_config(cfg).param_count()
+    e2b = lookup("google/gemma-4-E2B-it")
+    table = e2b.per_layer_vocab * e2b.num_layers * e2b.per_layer_input
+    assert e2b.active_param_count() == e2b.param_count() - table == 5_104_297_504 - 2_348_810_240

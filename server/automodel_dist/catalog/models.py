@@ -391,11 +391,13 @@ class ModelSpec:
         return embeddings + layers + self.norm_params + self.lm_head_params() + towers + self.mtp_params()
 
     def active_param_count(self) -> int:
-        """Parameters touched per token (only ``experts_per_token`` routed experts)."""
+        """Parameters touched per token (only ``experts_per_token`` routed experts; of Gemma-4's per-layer
+        embedding table, one row a layer: a lookup, left out like an idle expert)."""
+        table = self.per_layer_vocab * self.num_layers * self.per_layer_input
         if not self.is_moe:
-            return self.param_count()
+            return self.param_count() - table
         idle = self.num_moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()
-        return self.param_count() - idle
+        return self.param_count() - idle - table
 
 
 CATALOG_DIR = Path(__file__).resolve().parent  # catalog.json and configs/: package data
@@ -632,7 +634,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if mtype == "ernie4_5_moe":
         first_dense = _ernie_dense_prefix(cfg, layers)
     gemma4_moe = mtype == "gemma4_text" and bool(cfg.get("enable_moe_block"))
-    e_series = _gemma4_e_series(cfg, layers) if mtype == "gemma4_text" else (0, 0, 0, False)
+    # (AutoModel's own MoE backend, which it builds for enable_moe_block, has no per-layer inputs or KV sharing:
+    # transformers' defaults for them, 256 and 262,144, would otherwise add ~2B parameters it never builds)
+    e_series = _gemma4_e_series(cfg, layers) if mtype == "gemma4_text" and not gemma4_moe else (0, 0, 0, False)
     if mtype == "gemma4_text":
         if not gemma4_moe:  # num_experts is a class default there, not experts the dense checkpoint has
             experts = 0
@@ -703,7 +707,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         per_layer_vocab=e_series[1],
         kv_shared_layers=e_series[2],
         double_wide_mlp=e_series[3],
-        mtp_layers=_int(_first(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0) or 0, "mtp_layers")
+        # (AutoModel's _resolve_mtp_num_layers reads num_nextn_predict_layers first)
+        mtp_layers=_int(_first(cfg, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0, "mtp_layers")
         if mtp_type in MTP_BUILT
         else 0,
     )

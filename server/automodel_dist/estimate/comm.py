@@ -21,7 +21,7 @@ from ..catalog.gpus import GPU
 from ..catalog.kernels import LOCAL_DISPATCHERS, tp_splits_vocab
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, microbatches
+from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, grad_reduce_bytes, microbatches
 from .peft import Lora
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
@@ -133,7 +133,9 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     mb_per_step = n_mb * grad_acc
     tok_mb = tr.micro_batch_size * tr.seq_len / p.cp  # local tokens per microbatch
     spr = p.stages_per_rank_of(m.num_layers)
-    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0, tp_splits_vocab(m.architecture, tr.hf_class))
+    vocab_split = tp_splits_vocab(m.architecture, tr.hf_class)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0, vocab_split)
+    reduce = grad_reduce_bytes(p, store)
     n_layers = g.n_layers
     h = m.hidden_size
     out: dict[str, float] = {}
@@ -152,11 +154,13 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         reduces = 1 if deferred or p.strategy != "fsdp2" else mb_per_step
         dense = g.dense
         key = "dp_shard_cp" if p.strategy == "fsdp2" else "dp_cp"
-        out[key] = _ag(shard, dense * comp) * gathers + _ag(shard, dense * 4.0) * reduces
+        out[key] = _ag(shard, dense * comp) * gathers + _ag(shard, dense * reduce) * reduces
         if p.strategy == "fsdp2" and p.dp_replicate > 1:
-            out["dp_replicate"] = _ar(p.dp_replicate, dense / shard * 4.0) * reduces
+            out["dp_replicate"] = _ar(p.dp_replicate, dense / shard * reduce) * reduces
         if g.experts and p.ep_shard > 1:
-            out["ep_shard"] = _ag(p.ep_shard, g.experts * comp) * gathers + _ag(p.ep_shard, g.experts * 4) * reduces
+            out["ep_shard"] = (
+                _ag(p.ep_shard, g.experts * comp) * gathers + _ag(p.ep_shard, g.experts * reduce) * reduces
+            )
         if tr.teacher is not None:  # the KD teacher's layers, gathered in each of its forwards (no backward)
             t = _rank_groups(tr.teacher, p, 0)
             out[key] += _ag(shard, t.dense_layers * comp) * mb_per_step
@@ -164,7 +168,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     recompute = 1 if p.ac_applied is True else 0
     if p.tp > 1:  # two all-reduces per layer forward (attention, MLP) and two in backward
         out["tp"] = _ar(p.tp, per_mb_act) * (4 + 2 * recompute) * n_layers * mb_per_step
-        if g.last:
+        if g.last and vocab_split[1]:  # (a head TP keeps whole computes whole logits on every rank: no gather)
             out["tp"] += _ag(p.tp, tok_mb * m.vocab_size * comp) * 2 * mb_per_step  # replicated logits
     if p.cp > 1:  # ring passes of K and V: forward once, backward twice (K/V and their gradients)
         kv = 2 * tok_mb * m.num_key_value_heads * m.hd * comp / p.tp

@@ -833,7 +833,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         extra += 4 * m.hidden_size * comp / 2  # the final norm's input and output (the lm_head's input)
         per_saved, per_temp = LOSS_BYTES.get((tr.loss, tr.fp32_upcast), LOSS_BYTES.get((tr.loss, True), (4.0, 8.0)))
         if tr.loss == "TEParallelCrossEntropy":
-            per_saved /= p.tp
+            per_saved /= head_tp
         # each multi-token-prediction depth adds its own loss over the vocabulary (through the shared lm_head) and
         # keeps its input projection's input ([embedding, hidden]: 2h) and its final norm's input (h)
         loss_saved = per_saved * vocab * tokens * (1 + mtp_layers)
@@ -917,8 +917,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     stage_gathered = 0.0
     if sharded and forward_reshards:
         stage_gathered = (root_held + g.dense_layers + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
-    # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded and fp32 (the reduce dtype),
-    # held from the first backward of a step to the last one's reduce-scatter.
+    # Deferred sync: every FSDP-managed trainable gradient on this rank, unsharded in the reduce dtype (fp32 by
+    # AutoModel's default policy: grad_reduce_bytes), held from the first backward of a step to the last one's
+    # reduce-scatter.
     held = train_dense + (train_experts if p.ep_shard > 1 else 0.0)
     if p.pp > 1 and spr > 1 and n_mb <= p.pp:
         # torch's schedule reduces each stage's gradients right after that stage's last microbatch's backward; with
@@ -964,8 +965,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0
     # a block's backward, at the moment its gradients are made: its fresh gradient in the compute dtype and, without
-    # deferral, its fp32 copy for the reduce-scatter (deferred, FSDP2 adds it into the fp32 accumulator counted as
-    # held), its re-materialized activations, eager attention's score gradients, the torch dispatcher's tokens
+    # deferral, its copy in the reduce dtype for the reduce-scatter (deferred, FSDP2 adds it into the accumulator
+    # counted as held), its re-materialized activations, eager attention's score gradients, the torch dispatcher's tokens
     exp = g.layer_experts if p.ep_shard > 1 else 0.0
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
     fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
@@ -994,7 +995,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             )
         )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
-        # gradient in the compute dtype and its fp32 copy (the embedding, its own unit when untied and trainable;
+        # gradient in the compute dtype and its copy in the reduce dtype (the embedding, its own unit when untied and trainable;
         # else the root with the head)
         if lora is None:
             last_unit = g.embed if own_embed_unit else g.root

@@ -1341,6 +1341,30 @@ CASES = [
         id="pp-linear-ce-fallback",
     ),
     RuleCase(
+        text="recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: meta-llama/Llama-3.2-1B\nloss_fn:\n  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy\ndistributed:\n  tp_size: 2\n",
+        kwargs={"world_size": 8},
+        rule="linear-ce-tp-head",
+        severity="error",
+        path="loss_fn",
+        line=4,
+        valid=False,
+        message="loss_fn FusedLinearCrossEntropy with tp_size=2: the TP plan splits meta-llama/Llama-3.2-1B's lm_head over a 2-rank mesh, and materialize_lm_weight needs the gradient's reduction group (data parallel x CP, 4 ranks) to be that size: it raises ValueError at the first loss",
+        fix="loss_fn: MaskedCrossEntropy (or TEParallelCrossEntropy) with tp_size > 1, or tp_size: 1",
+        id="linear-ce-tp-head",
+    ),
+    RuleCase(
+        text="recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: meta-llama/Llama-3.2-1B\nloss_fn:\n  _target_: nemo_automodel.components.loss.chunked_ce.ChunkedCrossEntropy\ndistributed:\n  tp_size: 2\n",
+        kwargs={"world_size": 4},
+        rule="linear-ce-tp-head",
+        severity="error",
+        path="loss_fn",
+        line=4,
+        valid=False,
+        message="loss_fn ChunkedCrossEntropy with tp_size=2: the TP plan splits meta-llama/Llama-3.2-1B's lm_head, and ChunkedCrossEntropy's check of the head raises ValueError ('ChunkedCrossEntropy requires a plain bias-free nn.Linear output head') at the first loss",
+        fix="loss_fn: MaskedCrossEntropy with tp_size > 1, or tp_size: 1",
+        id="linear-ce-tp-head-chunked",
+    ),
+    RuleCase(
         text="recipe: KnowledgeDistillationRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: meta-llama/Llama-3.1-8B\nloss_fn:\n  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy\ndistributed:\n  pp_size: 2\n  pipeline: {}\n",
         kwargs={"world_size": 8},
         rule="kd-pp-linear-ce",
@@ -1908,3 +1932,22 @@ def test_diffusion_training_is_checked_in_its_fsdp_section():
     ]
     both = validate_config("recipe: TrainDiffusionRecipe\nfsdp: {}\nddp: {}\n", world_size=8)
     assert [f.rule for f in both.errors] == ["recipe-distributed-ignored"]
+
+
+@pytest.mark.parametrize(
+    "model,loss,world",
+    [
+        ("meta-llama/Llama-3.2-1B", "linear_ce.FusedLinearCrossEntropy", 4),  # a TP mesh as large as the DP group
+        ("meta-llama/Llama-3.2-1B", "masked_ce.MaskedCrossEntropy", 8),
+        ("Qwen/Qwen3.6-27B", "linear_ce.FusedLinearCrossEntropy", 16),  # AutoModel's Qwen3.5 plan keeps the head whole
+    ],
+)
+def test_a_linear_cross_entropy_on_a_head_tp_keeps_whole_or_matches_is_not_flagged(model, loss, world):
+    """What runs: the dry run of the Llama recipe with FusedLinearCrossEntropy at TP 2 on 4 ranks is measured
+    (tests/integration/test_dry_run.py holds both cases to AutoModel's own loss path), and the corpus's Qwen3.6-27B
+    recipe at TP 4 ran in AutoModel's CI."""
+    text = (
+        f"recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: {model}\n"
+        f"loss_fn:\n  _target_: nemo_automodel.components.loss.{loss}\ndistributed:\n  tp_size: {4 if world == 16 else 2}\n"
+    )
+    assert not [f for f in validate_config(text, world_size=world).findings if f.rule == "linear-ce-tp-head"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..catalog.implementations import implementations
+from ..catalog.kernels import tp_splits_vocab
 from ..config.kinds import TRAIN_FT_RECIPES
 from ..report import Finding
 from ..workload import read_workload
@@ -85,6 +86,56 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
         "loss_fn: MaskedCrossEntropy to say what runs (`automodel-dist dryrun` measures the logits it holds)",
         recipe_path="loss_fn",
     )
+
+
+@rule(
+    "linear-ce-tp-head",
+    family=F,
+    severity="error",
+    title="Linear cross entropy on a head tensor parallelism splits",
+    patterns=(
+        r"LinearCrossEntropy requires grad_reduce_group to match the LM-head DTensor mesh",
+        r"ChunkedCrossEntropy requires a plain bias-free nn\.Linear output head",
+    ),
+    cause="Both recipes hand a linear cross entropy one dense head weight (loss/utils.prepare_lm_weight) with the "
+    "data-parallel (and CP) group as its gradient's reduction group. Where the model's TP plan splits lm_head, "
+    "ChunkedCrossEntropy's check of the head raises ValueError, and FusedLinearCrossEntropy's "
+    "materialize_lm_weight raises ValueError unless the head's TP mesh has as many ranks as that group. Both at "
+    "the first loss, after the model is built and sharded.",
+    fix="loss_fn: MaskedCrossEntropy (or TEParallelCrossEntropy) with tp_size > 1, or tp_size: 1 with the linear "
+    "cross entropy.",
+    section="recipe",
+)
+def linear_ce_tp_head(ctx: Context) -> Iterator[Finding]:
+    w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
+    if ctx.kind.section is None or w.loss not in LINEAR_CE or d.tp <= 1 or d.pp > 1 or m is None:
+        return  # (under PP the schedule's loss takes another path, not checked here)
+    recipe = ctx.kind.recipe
+    if recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in ("FinetuneRecipeForVLM",):
+        return
+    if not tp_splits_vocab(m.architecture, w.force_hf)[1] or d.world_size is None:
+        return  # a head TP keeps whole (Qwen3.5's dense VLM class) is a plain tensor: nothing to check
+    group = d.world_size // d.tp
+    if w.loss == "ChunkedCrossEntropy":
+        yield finding(
+            ctx,
+            (),
+            f"loss_fn ChunkedCrossEntropy with tp_size={d.tp}: the TP plan splits {m.name}'s lm_head, and "
+            "ChunkedCrossEntropy's check of the head raises ValueError ('ChunkedCrossEntropy requires a plain "
+            "bias-free nn.Linear output head') at the first loss",
+            "loss_fn: MaskedCrossEntropy with tp_size > 1, or tp_size: 1",
+            recipe_path="loss_fn",
+        )
+    elif group != d.tp:
+        yield finding(
+            ctx,
+            (),
+            f"loss_fn FusedLinearCrossEntropy with tp_size={d.tp}: the TP plan splits {m.name}'s lm_head over a "
+            f"{d.tp}-rank mesh, and materialize_lm_weight needs the gradient's reduction group (data parallel x CP, "
+            f"{group} ranks) to be that size: it raises ValueError at the first loss",
+            "loss_fn: MaskedCrossEntropy (or TEParallelCrossEntropy) with tp_size > 1, or tp_size: 1",
+            recipe_path="loss_fn",
+        )
 
 
 def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:

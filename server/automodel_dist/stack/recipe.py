@@ -138,10 +138,12 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
             "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "
             "ChunkedCrossEntropy: neither materialises the whole logits; ChunkedCrossEntropy's backward keeps the "
             "head's gradient in fp32 and bf16 where the kernel, as AutoModel calls it, keeps it once in the weight's "
-            "dtype (4 bytes a head element more, at the loss's backward); the kernel's own workspace is not "
-            "measured"
+            "dtype (4 bytes a head element more, at the loss's backward); the head's weight is prepared as "
+            "FusedLinearCrossEntropy prepares it (materialize_lm_weight, without ChunkedCrossEntropy's own check of "
+            "the head and of softcapping); the kernel's own workspace is not measured"
         )
-        return {"name": "ChunkedCrossEntropy", "kwargs": {}}
+        # (its head's weight prepared as FusedLinearCrossEntropy prepares it: stack/step.py)
+        return {"name": "ChunkedCrossEntropy", "kwargs": {}, "stands_for": "FusedLinearCrossEntropy"}
     if name == "TEParallelCrossEntropy" and not values:
         out.append(
             "loss TEParallelCrossEntropy (Transformer Engine's Triton kernels) runs as a stand-in that keeps what "

@@ -78,6 +78,24 @@ def setup(distributed: dict[str, Any], world_size: int) -> Any:
     return create_distributed_setup_from_config({"distributed": distributed}, world_size=world_size)
 
 
+def _fused_linear_ce_stand_in(chunked: Any) -> Any:
+    """AutoModel's ChunkedCrossEntropy computing the loss of a FusedLinearCrossEntropy recipe (cut_cross_entropy needs
+    CUDA), its head's weight prepared as FusedLinearCrossEntropy's is (loss/utils.prepare_lm_weight's other branch:
+    materialize_lm_weight on the head's weight, with its check that a DTensor head's mesh matches the gradient
+    reduction group), not with ChunkedCrossEntropy's own check of the head (a plain Linear, no softcapping), which
+    the kernel does not make."""
+
+    class FusedLinearCrossEntropyStandIn(type(chunked)):
+        def prepare_lm_weight(self, lm_head: Any, *, model_config: Any = None, grad_reduce_group: Any = None) -> Any:
+            weight = lm_head.weight if lm_head is not None else None
+            if weight is None:
+                raise ValueError("lm_head.weight not found in model")
+            return self.materialize_lm_weight(weight, grad_reduce_group=grad_reduce_group)
+
+    chunked.__class__ = FusedLinearCrossEntropyStandIn
+    return chunked
+
+
 def build(
     recipe: StackRecipe,
     hf_config_dict: dict[str, Any],
@@ -104,6 +122,8 @@ def build(
         cfg["attn_implementation"] = recipe.attn_implementation
     hf_config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     loss_fn = build_loss_config(recipe.loss["name"], **recipe.loss["kwargs"]).build()
+    if recipe.loss.get("stands_for") == "FusedLinearCrossEntropy":
+        loss_fn = _fused_linear_ce_stand_in(loss_fn)
     pp_enabled = dist_setup.mesh_context.pp_size > 1
     if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
         pc = dist_setup.pipeline_config

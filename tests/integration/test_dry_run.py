@@ -1149,14 +1149,22 @@ def test_a_gemma4_vlm_step_feeds_its_padded_patches_and_soft_tokens():
 def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matches_the_dp_group():
     """The linear-ce-tp-head rule against AutoModel's own loss path (the dry run's step: loss/utils.prepare_lm_weight
     as both recipes call it, with the DP group as the head gradient's reduction group): FusedLinearCrossEntropy at
-    TP 2 runs on 4 ranks (a 2-rank TP mesh, a 2-rank DP group) and raises materialize_lm_weight's ValueError on 8;
-    ChunkedCrossEntropy's check of a TP-split head raises on 4. validate says the same of each."""
+    TP 2 runs on 4 ranks (a 2-rank TP mesh, a 2-rank DP group) and raises materialize_lm_weight's ValueError on 8, and
+    under PP 2 on 4 ranks on the last stage (a one-rank group); ChunkedCrossEntropy's check of a TP-split head raises
+    on 4 (AutoModel's setup makes the same check before training; the dry run meets it at the loss). validate says
+    the same of each."""
     from automodel_dist import validate_config
 
     fused = "nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy"
     chunked = "nemo_automodel.components.loss.chunked_ce.ChunkedCrossEntropy"
-    for target, world, runs in ((fused, 4, True), (fused, 8, False), (chunked, 4, False)):
+    for target, world, pp, runs in (
+        (fused, 4, 1, True),
+        (fused, 8, 1, False),
+        (chunked, 4, 1, False),
+        (fused, 4, 2, False),
+    ):
         text = f"loss_fn:\n  _target_: {target}\ndistributed:\n  tp_size: 2\n"
+        text += "  pp_size: 2\n  pipeline: {}\nstep_scheduler: {local_batch_size: 2}\n" if pp > 1 else ""
         report = dry_run(text, world_size=world, model=L1B, seq_len=256, micro_batch_size=1, num_layers=2)
         flagged = [
             f for f in validate_config(text, world_size=world, model=L1B).findings if f.rule == "linear-ce-tp-head"
@@ -1164,11 +1172,13 @@ def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matc
         if runs:
             assert report.status == "measured" and not flagged, [(r.status, r.error) for r in report.ranks]
         else:
-            r = report.ranks[0]
-            assert report.status == "failed" and r.error_phase == "loss" and "ValueError" in r.error, (r.error,)
+            r = next(r for r in report.ranks if r.status == "failed")
+            phase = "pipeline_schedule" if pp > 1 else "loss"  # (under PP the schedule runs the last stage's loss)
+            assert report.status == "failed" and r.error_phase == phase and "ValueError" in r.error, (r.error,)
             assert flagged and flagged[0].severity == "error"
+            group = 1 if pp > 1 else world // 2
             message = (
-                "match the LM-head DTensor mesh: mesh size=2, reduction group size=4"
+                f"match the LM-head DTensor mesh: mesh size=2, reduction group size={group}"
                 if target == fused
                 else "requires a plain bias-free nn.Linear output head"
             )

@@ -1360,7 +1360,7 @@ CASES = [
         path="loss_fn",
         line=4,
         valid=False,
-        message="loss_fn ChunkedCrossEntropy with tp_size=2: the TP plan splits meta-llama/Llama-3.2-1B's lm_head, and ChunkedCrossEntropy's check of the head raises ValueError ('ChunkedCrossEntropy requires a plain bias-free nn.Linear output head') at the first loss",
+        message="loss_fn ChunkedCrossEntropy with tp_size=2: the TP plan splits meta-llama/Llama-3.2-1B's lm_head, and the recipe's setup check of the head raises ValueError ('ChunkedCrossEntropy requires a plain bias-free nn.Linear output head') before training",
         fix="loss_fn: MaskedCrossEntropy with tp_size > 1, or tp_size: 1",
         id="linear-ce-tp-head-chunked",
     ),
@@ -1935,19 +1935,68 @@ def test_diffusion_training_is_checked_in_its_fsdp_section():
 
 
 @pytest.mark.parametrize(
-    "model,loss,world",
+    "recipe,model,loss,distributed,world",
     [
-        ("meta-llama/Llama-3.2-1B", "linear_ce.FusedLinearCrossEntropy", 4),  # a TP mesh as large as the DP group
-        ("meta-llama/Llama-3.2-1B", "masked_ce.MaskedCrossEntropy", 8),
-        ("Qwen/Qwen3.6-27B", "linear_ce.FusedLinearCrossEntropy", 16),  # AutoModel's Qwen3.5 plan keeps the head whole
+        # a TP mesh as large as the DP group (the dry run measures it: tests/integration/test_dry_run.py)
+        (
+            "TrainFinetuneRecipeForNextTokenPrediction",
+            "meta-llama/Llama-3.2-1B",
+            "linear_ce.FusedLinearCrossEntropy",
+            "tp_size: 2",
+            4,
+        ),
+        (
+            "TrainFinetuneRecipeForNextTokenPrediction",
+            "meta-llama/Llama-3.2-1B",
+            "masked_ce.MaskedCrossEntropy",
+            "tp_size: 2",
+            8,
+        ),
+        # AutoModel's Qwen3.5 plan keeps the head whole (the corpus's recipe ran in AutoModel's CI)
+        ("FinetuneRecipeForVLM", "Qwen/Qwen3.6-27B", "linear_ce.FusedLinearCrossEntropy", "tp_size: 4", 16),
+        # a diffusion LM's step calls no linear cross entropy; KD at kd_ratio 1 none on the labels
+        ("DiffusionLMSFTRecipe", "meta-llama/Llama-3.2-1B", "linear_ce.FusedLinearCrossEntropy", "tp_size: 2", 8),
+        (
+            "KnowledgeDistillationRecipeForNextTokenPrediction\nkd_ratio: 1.0\nteacher_model: {pretrained_model_name_or_path: meta-llama/Llama-3.2-1B}",
+            "meta-llama/Llama-3.2-1B",
+            "linear_ce.FusedLinearCrossEntropy",
+            "tp_size: 2",
+            8,
+        ),
+        # the recipe's own TP plan, and strategies whose head mesh is not checked
+        (
+            "TrainFinetuneRecipeForNextTokenPrediction",
+            "meta-llama/Llama-3.2-1B",
+            "linear_ce.FusedLinearCrossEntropy",
+            "tp_size: 2\n  tp_plan: {}",
+            8,
+        ),
+        (
+            "TrainFinetuneRecipeForNextTokenPrediction",
+            "meta-llama/Llama-3.2-1B",
+            "linear_ce.FusedLinearCrossEntropy",
+            "strategy: megatron_fsdp\n  tp_size: 2",
+            8,
+        ),
     ],
 )
-def test_a_linear_cross_entropy_on_a_head_tp_keeps_whole_or_matches_is_not_flagged(model, loss, world):
-    """What runs: the dry run of the Llama recipe with FusedLinearCrossEntropy at TP 2 on 4 ranks is measured
-    (tests/integration/test_dry_run.py holds both cases to AutoModel's own loss path), and the corpus's Qwen3.6-27B
-    recipe at TP 4 ran in AutoModel's CI."""
+def test_a_linear_cross_entropy_that_runs_or_never_meets_a_split_head_is_not_flagged(
+    recipe, model, loss, distributed, world
+):
     text = (
-        f"recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: {model}\n"
-        f"loss_fn:\n  _target_: nemo_automodel.components.loss.{loss}\ndistributed:\n  tp_size: {4 if world == 16 else 2}\n"
+        f"recipe: {recipe}\nmodel:\n  pretrained_model_name_or_path: {model}\n"
+        f"loss_fn:\n  _target_: nemo_automodel.components.loss.{loss}\ndistributed:\n  {distributed}\n"
     )
     assert not [f for f in validate_config(text, world_size=world).findings if f.rule == "linear-ce-tp-head"]
+
+
+def test_a_linear_cross_entropy_under_pp_is_flagged_on_the_last_stages_group():
+    """Under PP the last stage's loss (MTPLossConfig) prepares the head the same way, with the DP x CP group: TP 2 x
+    PP 2 on 4 ranks leaves a one-rank group (the dry run: rank 2 raises, tests/integration/test_dry_run.py)."""
+    text = (
+        "recipe: TrainFinetuneRecipeForNextTokenPrediction\nmodel:\n  pretrained_model_name_or_path: "
+        "meta-llama/Llama-3.2-1B\nloss_fn:\n  _target_: nemo_automodel.components.loss.linear_ce."
+        "FusedLinearCrossEntropy\ndistributed:\n  tp_size: 2\n  pp_size: 2\n  pipeline: {}\n"
+    )
+    (f,) = [f for f in validate_config(text, world_size=4).findings if f.rule == "linear-ce-tp-head"]
+    assert "(data parallel x CP, 1 ranks)" in f.message and "the last pipeline stage's first loss" in f.message

@@ -145,6 +145,12 @@ TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 TP_WHOLE_VOCAB = frozenset({"Qwen3_5ForConditionalGeneration"})
 
 
+# Classes whose TP plan has no lm_head entry but splits a tied embedding, so the head is a plain Linear whose weight
+# is the embedding's vocab-split DTensor (gemma4_moe/parallelization.py pops lm_head from its plan; transformers'
+# Qwen2.5-VL plan has none): read from the plans, not run end to end
+TP_HEAD_VIA_EMBEDDING = frozenset({"Gemma4ForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"})
+
+
 def tp_splits_vocab(architecture: str | None, hf_class: bool) -> tuple[bool, bool]:
     """(embedding, lm_head): whether AutoModel's TP plan for the class it builds splits each over the TP ranks."""
     if architecture in TP_WHOLE_VOCAB:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..catalog.implementations import implementations
-from ..catalog.kernels import tp_splits_vocab
-from ..config.kinds import TRAIN_FT_RECIPES
+from ..catalog.implementations import implementation, implementations
+from ..catalog.kernels import TP_HEAD_VIA_EMBEDDING, tp_splits_vocab
+from ..config.kinds import DIFFUSION_LM_RECIPES, KD_RECIPES, TRAIN_FT_RECIPES
 from ..report import Finding
 from ..workload import read_workload
 from .base import Context, finding, rule
@@ -97,45 +97,70 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
         r"LinearCrossEntropy requires grad_reduce_group to match the LM-head DTensor mesh",
         r"ChunkedCrossEntropy requires a plain bias-free nn\.Linear output head",
     ),
-    cause="Both recipes hand a linear cross entropy one dense head weight (loss/utils.prepare_lm_weight) with the "
-    "data-parallel (and CP) group as its gradient's reduction group. Where the model's TP plan splits lm_head, "
-    "ChunkedCrossEntropy's check of the head raises ValueError, and FusedLinearCrossEntropy's "
-    "materialize_lm_weight raises ValueError unless the head's TP mesh has as many ranks as that group. Both at "
-    "the first loss, after the model is built and sharded.",
+    cause="The LLM, VLM and KD recipes hand a linear cross entropy one dense head weight (loss/utils.prepare_lm_weight; "
+    "under PP the last stage's MTPLossConfig loss) with the data-parallel x CP group as its gradient's reduction "
+    "group. Where the model's TP plan splits lm_head (FSDP2), ChunkedCrossEntropy's check of the head raises "
+    "ValueError in setup, and FusedLinearCrossEntropy's materialize_lm_weight raises ValueError at the first loss "
+    "unless the head's TP mesh has as many ranks as that group.",
     fix="loss_fn: MaskedCrossEntropy (or TEParallelCrossEntropy) with tp_size > 1, or tp_size: 1 with the linear "
     "cross entropy.",
     section="recipe",
 )
 def linear_ce_tp_head(ctx: Context) -> Iterator[Finding]:
     w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
-    if ctx.kind.section is None or w.loss not in LINEAR_CE or d.tp <= 1 or d.pp > 1 or m is None:
-        return  # (under PP the schedule's loss takes another path, not checked here)
-    recipe = ctx.kind.recipe
-    if recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in ("FinetuneRecipeForVLM",):
+    if ctx.kind.section is None or w.loss not in LINEAR_CE or d.tp <= 1 or m is None or d.world_size is None:
         return
-    if not tp_splits_vocab(m.architecture, w.force_hf)[1] or d.world_size is None:
+    recipe = ctx.kind.recipe
+    if recipe in DIFFUSION_LM_RECIPES or (
+        recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in VLM_RECIPES
+    ):
+        return  # (a diffusion LM's step calls no linear cross entropy)
+    if d.strategy != "fsdp2" or ctx.block.get("tp_plan") is not None:
+        return  # (MegatronFSDP's head mesh is not checked here; a plan of the recipe's own may leave the head whole)
+    impl = implementation(m.architecture) if not w.force_hf else None
+    if impl is not None and (not impl.tp or impl.tp_plan_error):
+        return  # TP is refused before any loss (model-capability says so)
+    if not tp_splits_vocab(m.architecture, w.force_hf)[1]:
         return  # a head TP keeps whole (Qwen3.5's dense VLM class) is a plain tensor: nothing to check
-    group = d.world_size // d.tp
-    if w.loss == "ChunkedCrossEntropy":
+    if _probe_has_no_logits_to_keep(ctx) is not None or (d.pp > 1 and _no_hidden_states(ctx) is not None):
+        return  # AutoModel trains with MaskedCrossEntropy instead (or refuses ChunkedCE in setup): other rules
+    if d.pp > 1 and recipe is not None and recipe not in TRAIN_FT_RECIPES:
+        return
+    kd_all = recipe in KD_RECIPES and _kd_ratio(ctx) >= 1.0  # the KD step then calls no cross entropy on labels
+    group = d.world_size // (d.tp * d.pp)
+    via_embedding = m.architecture in TP_HEAD_VIA_EMBEDDING
+    if w.loss == "ChunkedCrossEntropy" and (not via_embedding or m.final_softcap):
+        check = (
+            "'ChunkedCrossEntropy does not support final_logit_softcapping'"
+            if m.final_softcap
+            else "'ChunkedCrossEntropy requires a plain bias-free nn.Linear output head'"
+        )
         yield finding(
             ctx,
             (),
-            f"loss_fn ChunkedCrossEntropy with tp_size={d.tp}: the TP plan splits {m.name}'s lm_head, and "
-            "ChunkedCrossEntropy's check of the head raises ValueError ('ChunkedCrossEntropy requires a plain "
-            "bias-free nn.Linear output head') at the first loss",
+            f"loss_fn ChunkedCrossEntropy with tp_size={d.tp}: the TP plan splits {m.name}'s lm_head, and the recipe's "
+            f"setup check of the head raises ValueError ({check}) before training",
             "loss_fn: MaskedCrossEntropy with tp_size > 1, or tp_size: 1",
             recipe_path="loss_fn",
         )
-    elif group != d.tp:
+    elif group != d.tp and not kd_all:
+        where = "the last pipeline stage's first loss" if d.pp > 1 else "the first loss"
+        head = "lm_head (tied to its vocabulary-split embedding)" if via_embedding else "lm_head"
         yield finding(
             ctx,
             (),
-            f"loss_fn FusedLinearCrossEntropy with tp_size={d.tp}: the TP plan splits {m.name}'s lm_head over a "
-            f"{d.tp}-rank mesh, and materialize_lm_weight needs the gradient's reduction group (data parallel x CP, "
-            f"{group} ranks) to be that size: it raises ValueError at the first loss",
+            f"loss_fn {w.loss} with tp_size={d.tp}: the TP plan splits {m.name}'s {head} over a {d.tp}-rank mesh, "
+            f"and materialize_lm_weight needs the gradient's reduction group (data parallel x CP, {group} ranks) to "
+            f"be that size: it raises ValueError at {where}",
             "loss_fn: MaskedCrossEntropy (or TEParallelCrossEntropy) with tp_size > 1, or tp_size: 1",
             recipe_path="loss_fn",
         )
+
+
+def _kd_ratio(ctx: Context) -> float:
+    """The KD recipes' kd_ratio (their default 0.5)."""
+    value = (ctx.recipe or {}).get("kd_ratio", 0.5)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.5
 
 
 def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:

@@ -83,7 +83,8 @@ def _fused_linear_ce_stand_in(chunked: Any) -> Any:
     CUDA), its head's weight prepared as FusedLinearCrossEntropy's is (loss/utils.prepare_lm_weight's other branch:
     materialize_lm_weight on the head's weight, with its check that a DTensor head's mesh matches the gradient
     reduction group), not with ChunkedCrossEntropy's own check of the head (a plain Linear, no softcapping), which
-    the kernel does not make."""
+    the kernel does not make. (A head found only by its parameter's name, which FusedLinearCrossEntropy's lookup also
+    accepts, is not: the stand-in raises there.)"""
 
     class FusedLinearCrossEntropyStandIn(type(chunked)):
         def prepare_lm_weight(self, lm_head: Any, *, model_config: Any = None, grad_reduce_group: Any = None) -> Any:

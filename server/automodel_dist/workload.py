@@ -96,8 +96,9 @@ class Workload:
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
     attn_implementation: str | None = None  # model.attn_implementation (None: AutoModel's default, flash or SDPA)
     packed: bool = False  # packed_sequence.packed_sequence_size > 0 (the LLM recipes' has_packed_sequence)
-    vlm_packed: bool = False  # packed_sequence.pack_size > 0 in the VLM recipe (its packing collates)
-    vlm_packing: VlmPacking | None = None  # that packing's pack_size, packing_ratio and collate_max_length
+    # packed_sequence.pack_size > 0 in the VLM recipe (its packing collates): pack_size, packing_ratio and
+    # collate_max_length
+    vlm_packing: VlmPacking | None = None
     clip_grad_norm: float | None = 1.0
     # knowledge distillation (kd.py): the teacher_model: section's model, and where the recipe keeps it
     teacher: str | None = None
@@ -119,6 +120,11 @@ class Workload:
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
     # Qwen3.5 classes, else its text_config override's num_nextn_predict_layers or mtp_num_hidden_layers), with its key
     mtp_depth: tuple[int, str] | None = None
+
+    @property
+    def vlm_packed(self) -> bool:
+        """The VLM recipe packs its samples (packed_sequence.pack_size > 0)."""
+        return self.vlm_packing is not None
 
     @property
     def attn_backend(self) -> str | None:
@@ -193,8 +199,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
     # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
     facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]
-    facts["vlm_packed"] = facts["vlm_step"] and is_positive_int(size := _get(recipe, "packed_sequence.pack_size"))
-    if facts["vlm_packed"]:
+    if facts["vlm_step"] and is_positive_int(size := _get(recipe, "packed_sequence.pack_size")):
         ratio, longest = (
             _get(recipe, "packed_sequence.packing_ratio"),
             _get(recipe, "packed_sequence.collate_max_length"),

@@ -453,5 +453,5 @@ def test_a_gemma4_moe_config_gets_no_per_layer_inputs_and_their_table_is_no_acti
     text = {k: v for k, v in cfg["text_config"].items() if k not in ("hidden_size_per_layer_input",)}
     assert from_hf_config({**cfg, "text_config": text}).param_count() == from_hf_config(cfg).param_count()
     e2b = lookup("google/gemma-4-E2B-it")
-    table = e2b.per_layer_vocab * e2b.num_layers * e2b.per_layer_input
+    table = e2b.ple_table_params()
     assert e2b.active_param_count() == e2b.param_count() - table == 5_104_297_504 - 2_348_810_240

@@ -234,16 +234,26 @@ class ModelSpec:
             else (self.dense_mlp_params())
         )
 
+    def mean_dense_mlp_params(self) -> float:
+        """A dense layer's MLP parameters averaged over the layers (the double-wide ones count twice)."""
+        if not self.double_wide_mlp:
+            return float(self.dense_mlp_params())
+        return sum(self.layer_mlp_params(i) for i in range(self.num_layers)) / self.num_layers
+
     def mean_intermediate_size(self) -> float:
         """The dense MLP's width averaged over the layers (the double-wide ones count twice)."""
         wide = self.kv_shared_layers if self.double_wide_mlp else 0
         return self.intermediate_size * (1 + wide / self.num_layers)
 
+    def ple_table_params(self) -> int:
+        """The per-layer embedding table: every layer's input, a row a token of its vocabulary."""
+        return self.per_layer_vocab * self.num_layers * self.per_layer_input
+
     def ple_params(self) -> int:
         """The per-layer embeddings' model-level parameters: the table, the projection of the token embedding to every
         layer's input and its norm (none without per-layer inputs)."""
         n = self.num_layers * self.per_layer_input
-        return self.per_layer_vocab * n + self.hidden_size * n + self.per_layer_input if n else 0
+        return self.ple_table_params() + self.hidden_size * n + self.per_layer_input if n else 0
 
     def ple_layer_params(self) -> int:
         """One layer's per-layer-input gate and projection and the norm after them."""
@@ -393,7 +403,7 @@ class ModelSpec:
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts; of Gemma-4's per-layer
         embedding table, one row a layer: a lookup, left out like an idle expert)."""
-        table = self.per_layer_vocab * self.num_layers * self.per_layer_input
+        table = self.ple_table_params()
         if not self.is_moe:
             return self.param_count() - table
         idle = self.num_moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()

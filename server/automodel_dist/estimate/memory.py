@@ -95,7 +95,7 @@ from ..catalog.kernels import (
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
-from .peft import QLORA_BYTES, Lora, down_adapted, quantized_linear_weights
+from .peft import QLORA_BYTES, Lora, down_adapted, lora_trains, quantized_linear_weights
 from .report import MemoryBreakdown
 
 GIB = float(1 << 30)
@@ -226,8 +226,7 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
     attn_sh, attn_rep = _attn_split(m)
     # (Gemma-4's per-layer input gate and projection are replicated under TP, its double-wide MLPs averaged in)
     base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.norm_params + m.ple_layer_params()
-    mlp = sum(m.layer_mlp_params(i) for i in range(m.num_layers)) / m.num_layers if m.double_wide_mlp else None
-    dense = (base + (mlp if mlp is not None else m.dense_mlp_params()) / p.tp, 0.0)
+    dense = (base + m.mean_dense_mlp_params() / p.tp, 0.0)
     return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
 
@@ -274,7 +273,7 @@ def _groups_of(
         if m.per_layer_input:
             # Gemma-4's per-layer embeddings sit in the FSDP root with the embedding (gathered from the forward's start
             # to the backward's end): the table split by vocabulary under TP, its projection and norm replicated
-            table = m.per_layer_vocab * m.num_layers * m.per_layer_input
+            table = m.ple_table_params()
             g.root += table / p.tp + (m.ple_params() - table)
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / head_tp
@@ -617,9 +616,7 @@ def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:
     if not m.per_layer_input:
         return 0.0
     h, p = m.hidden_size, m.per_layer_input
-    adapted = tr.lora.adapted if tr.lora is not None else ()
-    gate = tr.lora is None or any(n.endswith(".per_layer_input_gate") for n in adapted)
-    proj = tr.lora is None or any(n.endswith(".per_layer_projection") for n in adapted)
+    gate, proj = lora_trains(tr.lora, "per_layer_input_gate"), lora_trains(tr.lora, "per_layer_projection")
     return (2 * h if gate else 0) + 4 * p + (2 * p if proj else 0) + 4 * h + (4 * h if tr.lora is None else 0) + 8
 
 

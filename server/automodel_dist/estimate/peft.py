@@ -172,10 +172,15 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
     return out
 
 
+def lora_trains(lora: Lora | None, module: str) -> bool:
+    """Whether a layer's Linear named ``module`` trains (no peft:, or an adapter on it), so backward keeps its
+    input."""
+    return lora is None or any(name.endswith("." + module) for name in lora.adapted)
+
+
 def down_adapted(m: ModelSpec, lora: Lora | None) -> bool:
     """Whether the dense MLP's down projection trains (no peft:, or LoRA on it), so backward keeps its input."""
-    down = "." + m.mlp_names[1]
-    return lora is None or any(name.endswith(down) for name in lora.adapted)
+    return lora_trains(lora, m.mlp_names[1])
 
 
 def _attention(m: ModelSpec, base: str) -> list[Linear]:

@@ -133,8 +133,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     mb_per_step = n_mb * grad_acc
     tok_mb = tr.micro_batch_size * tr.seq_len / p.cp  # local tokens per microbatch
     spr = p.stages_per_rank_of(m.num_layers)
-    vocab_split = tp_splits_vocab(m.architecture, tr.hf_class)
-    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0, vocab_split)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, 0, tp_splits_vocab(m.architecture, tr.hf_class))
     reduce = grad_reduce_bytes(p, store)
     n_layers = g.n_layers
     h = m.hidden_size
@@ -168,7 +167,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     recompute = 1 if p.ac_applied is True else 0
     if p.tp > 1:  # two all-reduces per layer forward (attention, MLP) and two in backward
         out["tp"] = _ar(p.tp, per_mb_act) * (4 + 2 * recompute) * n_layers * mb_per_step
-        if g.last and vocab_split[1]:  # (a head TP keeps whole computes whole logits on every rank: no gather)
+        if g.last and g.head_tp > 1:  # (a head TP keeps whole computes whole logits on every rank: no gather)
             out["tp"] += _ag(p.tp, tok_mb * m.vocab_size * comp) * 2 * mb_per_step  # replicated logits
     if p.cp > 1:  # ring passes of K and V: forward once, backward twice (K/V and their gradients)
         kv = 2 * tok_mb * m.num_key_value_heads * m.hd * comp / p.tp

@@ -197,6 +197,7 @@ class _Groups:
     towers: float = 0.0  # a VLM's vision tower (on the first stage)
     mtp: float = 0.0  # AutoModel's multi-token-prediction layers (on the last stage)
     audio: float = 0.0  # and its audio tower
+    head_tp: int = 1  # the TP ranks the lm_head (and so the logits and their gradients) is split over
 
 
 def _attn_split(m: ModelSpec) -> tuple[float, float]:
@@ -250,7 +251,7 @@ def _groups_of(
     """``vocab_split``: whether TP splits the embedding and the lm_head (catalog.kernels.tp_splits_vocab)."""
     p = ParallelDims(tp=tp, ep=ep, pp=pp)  # only what the split depends on
     embed_tp, head_tp = (tp if split else 1 for split in vocab_split)
-    g = _Groups()
+    g = _Groups(head_tp=head_tp)
     n_stages = pp * stages_per_rank
     counts = stage_layer_counts(m.num_layers, n_stages) if pp > 1 else [m.num_layers]
     my = stage_ids(pp_rank, p.pp, n_stages, v_style=v_style) if p.pp > 1 else (0,)
@@ -769,11 +770,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     comp = DTYPE_BYTES[tr.compute_dtype]
     store = DTYPE_BYTES[tr.storage_dtype]
     spr = p.stages_per_rank_of(m.num_layers)
-    vocab_split = tp_splits_vocab(m.architecture, tr.hf_class)
-    head_tp = (
-        p.tp if vocab_split[1] else 1
-    )  # the logits and the head's gradient are whole where TP keeps the head whole
-    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank, vocab_split)
+    g = _groups_of(m, p.tp, p.ep, p.pp, spr, p.v_schedule, pp_rank, tp_splits_vocab(m.architecture, tr.hf_class))
+    head_tp = g.head_tp  # the logits and the head's gradient are whole where TP keeps the head whole
     if tr.hf_class and g.mtp:  # transformers' class drops the MTP layers (AutoModel's own builds them)
         g = replace(g, dense=g.dense - g.mtp, mtp=0.0)
     sp_, sg, so, se = _state_shards(p)

@@ -219,11 +219,22 @@ class ModelSpec:
         params = self.attention_params(kind)
         if not self.kv_shared(layer):
             return params
-        full = kind == "full" and bool(self.full_head_dim or self.full_kv_heads)
-        hd = (self.full_head_dim or self.hd) if full else self.hd
-        kv = (self.full_kv_heads or self.num_key_value_heads) if full else self.num_key_value_heads
-        width = kv * hd * (1 if full and self.full_k_eq_v else 2)
+        heads = self._of_kind(kind)
+        hd, kv = heads.hd, heads.num_key_value_heads
+        width = kv * hd * (1 if heads is not self and self.full_k_eq_v else 2)
         return params - (self.hidden_size + int(self.qkv_bias)) * width - (hd if self.qk_norm else 0)
+
+    def _of_kind(self, kind: str) -> ModelSpec:
+        """The spec with the head width and KV heads of a layer of attention ``kind`` (Gemma-4's global layers have
+        their own: ``full_head_dim``, ``full_kv_heads``); itself for every other kind."""
+        if kind != "full" or not (self.full_head_dim or self.full_kv_heads):
+            return self
+        return replace(
+            self,
+            head_dim=self.full_head_dim or self.head_dim,
+            num_key_value_heads=self.full_kv_heads or self.num_key_value_heads,
+            layer_attention=(),
+        )
 
     def layer_mlp_params(self, layer: int) -> int:
         """A dense layer's MLP: twice as wide on a KV-shared layer with ``double_wide_mlp``."""
@@ -264,13 +275,7 @@ class ModelSpec:
         Gemma-4's global layers, "linear" for a Gated DeltaNet layer."""
         if kind == "linear":
             return self.linear_attention_params()
-        if kind == "full" and (self.full_head_dim or self.full_kv_heads):
-            full = replace(
-                self,
-                head_dim=self.full_head_dim or self.head_dim,
-                num_key_value_heads=self.full_kv_heads or self.num_key_value_heads,
-                layer_attention=(),
-            )
+        if (full := self._of_kind(kind)) is not self:
             shared_v = full.num_key_value_heads * full.hd * (self.hidden_size + int(self.qkv_bias))
             return full.attention_params() - (shared_v if self.full_k_eq_v else 0)
         h = self.hidden_size

@@ -65,6 +65,19 @@ class Implementation:
         return self.cp_hybrid if hybrid else self.cp_plain
 
 
+def cp_attn_refused(impl: Implementation | None, hybrid: bool, attn: Any) -> frozenset[str] | None:
+    """The ``model.backend.attn`` values AutoModel's class accepts under context parallelism, where the recipe's
+    (``attn``; None: unset, BackendConfig's default of te with Transformer Engine on CUDA, else sdpa) is not one of
+    them and validate_for_mesh raises after the build; None where its CP runs with it (or the class takes no
+    backend, or the value is not a name)."""
+    backends = impl.cp_backends(hybrid) if impl is not None else None
+    if backends is None:
+        return None
+    if attn is None:
+        return None if backends & {"te", "sdpa"} else backends
+    return None if not isinstance(attn, str) or attn in backends else backends
+
+
 # Facts the generator cannot read from a class without building it with a real config: Nemotron-H's own FSDP2
 # parallelizer splits Mamba heads over CP and installs none of AutoModel's FSDP patches (tests/oracle/test_oracle_parity.py
 # checks both against its code).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from ..catalog.implementations import Implementation, implementation
+from ..catalog.implementations import Implementation, cp_attn_refused, implementation
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
@@ -566,13 +566,10 @@ def model_cp_backend(ctx: Context) -> Iterator[Finding]:
     impl, cp, m = _impl(ctx), ctx.dims.cp, ctx.model
     if impl is None or m is None or cp <= 1:
         return
-    backends = impl.cp_backends(m.mixes_layers)
     attn = ctx.recipe_get("model.backend.attn")
     unset = attn is None
-    if unset:  # BackendConfig's default: te with Transformer Engine on CUDA, else sdpa; refused only if both are
-        if backends is None or backends & {"te", "sdpa"}:
-            return
-    elif backends is None or not isinstance(attn, str) or attn in backends:
+    backends = cp_attn_refused(impl, m.mixes_layers, attn)
+    if backends is None:
         return
     said = (
         "model.backend.attn unset (AutoModel's default: te with Transformer Engine on CUDA, else sdpa)"

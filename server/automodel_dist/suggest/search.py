@@ -16,7 +16,7 @@ import yaml
 from typing_extensions import Unpack
 
 from ..api import validate_config
-from ..catalog.implementations import builds_own_class, implementation
+from ..catalog.implementations import builds_own_class, cp_attn_refused, implementation
 from ..catalog.models import ModelSpec
 from ..catalog.sources import resolve
 from ..config.load import flow
@@ -387,7 +387,8 @@ def suggest_strategy(
         recipe: dict[str, Any] = {"distributed": block, "step_scheduler": batches}
         needs = _model_needs(spec, p, workload)
         if needs is not None:
-            recipe["model"] = {"backend": {"attn": "te"}}
+            recipe["model"] = {"backend": {"attn": needs[0]}}
+            needs = needs[1]
         report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
@@ -576,17 +577,28 @@ def _current(
     )
 
 
-def _model_needs(m: ModelSpec, p: ParallelDims, w: Workload) -> str | None:
-    """What the recipe's model: section must say for this layout, when AutoModel needs it."""
-    if p.cp > 1 and builds_own_class(m.architecture, w.force_hf):
-        attn = w.backend.get("attn")
-        if attn not in ("te", "magi"):
-            return (
-                f"model.backend.attn: te added: context parallelism on AutoModel's {m.architecture} runs only with "
-                "Transformer Engine attention"
-                + (f" (the recipe has {attn})" if attn else " (set it explicitly; the default depends on the image)")
-            )
-    return None
+def _model_needs(m: ModelSpec, p: ParallelDims, w: Workload) -> tuple[str, str] | None:
+    """The ``model.backend.attn`` the recipe's model: section must say for this layout, and why, where AutoModel's
+    class refuses the recipe's under CP (model-cp-backend's test: catalog/implementations.cp_attn_refused)."""
+    if p.cp <= 1 or not builds_own_class(m.architecture, w.force_hf):
+        return None
+    attn = w.backend.get("attn")
+    impl = implementation(m.architecture)
+    accepted = cp_attn_refused(impl, m.mixes_layers, attn)
+    if accepted is None and attn is None and impl is not None:
+        # unset, BackendConfig picks te where Transformer Engine is installed, else sdpa: said outright unless the
+        # class takes sdpa too
+        backends = impl.cp_backends(m.mixes_layers)
+        if backends is not None and "sdpa" not in backends:
+            accepted = backends
+    if accepted is None:
+        return None
+    pick = "te" if "te" in accepted else sorted(accepted)[0]
+    return pick, (
+        f"model.backend.attn: {pick} added: context parallelism on AutoModel's {m.architecture} runs only with "
+        f"attention {', '.join(sorted(accepted))}"
+        + (f" (the recipe has {attn})" if attn else " (set it explicitly; the default depends on the image)")
+    )
 
 
 def _complexity(p: ParallelDims) -> tuple[int, int]:

@@ -25,7 +25,16 @@ SEQ_LEN_KEYS = (
 # Loss classes AutoModel has typed configs for (components/loss/loss.py LOSS_CONFIG_REGISTRY); its default is the
 # masked cross entropy.
 LOSSES = ("MaskedCrossEntropy", "FusedLinearCrossEntropy", "ChunkedCrossEntropy", "TEParallelCrossEntropy")
+# AutoModel's FusedLinearCrossEntropy for Gemma-4's TP vocabulary-sharded tied head (gemma4_moe/loss.py): it gathers
+# the head whole from its TP shards (its gradient sliced back, not summed) before the fused kernel
+GEMMA4_TP_LINEAR_CE = "Gemma4TensorParallelFusedLinearCrossEntropy"
 DEFAULT_LOSS = "MaskedCrossEntropy"
+# AutoModel's VLM data set builders whose conversations carry no image (their docstrings: "text-only"; the VLM collate
+# then hands the model no pixels)
+TEXT_ONLY_VLM_DATASETS = (
+    "nemo_automodel.components.datasets.vlm.datasets.make_tulu3_dataset",
+    "nemo_automodel.components.datasets.vlm.datasets.make_tulu3_magicoder_text_mix_dataset",
+)
 OPTIMIZERS = {  # _target_ -> a canonical name
     "torch.optim.AdamW": "AdamW",
     "torch.optim.Adam": "Adam",
@@ -115,6 +124,8 @@ class Workload:
     processor_pixels: tuple[int | None, int | None] = (None, None)
     collate: str | None = None
     vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence
+    # a VLM recipe's data set builder that makes text-only conversations (TEXT_ONLY_VLM_DATASETS): no images at all
+    text_only_data: str | None = None
     # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
     frame_sharding: tuple[int, int] | None = None
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
@@ -196,6 +207,9 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         facts["train_towers"] = vision is False
         facts["train_audio"] = freeze.get("freeze_audio_tower") is not True
     facts["vlm_step"] = recipe_class(recipe)[0] in VLM_STEP_RECIPES
+    builder = _get(recipe, "dataset._target_")
+    if facts["vlm_step"] and isinstance(builder, str) and builder in TEXT_ONLY_VLM_DATASETS:
+        facts["text_only_data"] = builder.rsplit(".", 1)[-1]
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
     # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
     facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]
@@ -239,4 +253,4 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     return Workload(**facts)
 
 
-__all__ = ["Workload", "read_workload", "LOSSES", "OPTIMIZERS", "SEQ_LEN_KEYS"]
+__all__ = ["Workload", "read_workload", "LOSSES", "GEMMA4_TP_LINEAR_CE", "OPTIMIZERS", "SEQ_LEN_KEYS"]

@@ -1145,6 +1145,46 @@ def test_a_gemma4_vlm_step_feeds_its_padded_patches_and_soft_tokens():
     assert sdpa.estimate is not None and eager.estimate["total"] > sdpa.estimate["total"]
 
 
+GEMMA4_CP_TEXT = """recipe: FinetuneRecipeForVLM
+model:
+  _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained
+  pretrained_model_name_or_path: google/gemma-4-31B-it
+  attn_implementation: sdpa
+  text_config:
+    use_cache: false
+    output_hidden_states: true
+step_scheduler: {local_batch_size: 1, global_batch_size: 1}
+distributed:
+  strategy: fsdp2
+  cp_size: 2
+  activation_checkpointing: true
+loss_fn:
+  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy
+dataset:
+  _target_: nemo_automodel.components.datasets.vlm.datasets.make_tulu3_dataset
+packed_sequence: {pack_size: 4096, collate_max_length: 4096}
+"""
+
+
+@needs_automodel
+def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
+    """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer
+    build holds a global layer (the ring takes both chunks) and five sliding ones. The data set builder makes text-only
+    conversations, so no image is assumed and both tools give a verdict; the recipe's text_config.output_hidden_states
+    is what hands the linear cross entropy its hidden states on Gemma-4's CP path. The estimate, with the ring's
+    backward counted, is within its error of the measured peak."""
+    report = dry_run(GEMMA4_CP_TEXT, num_layers=6, world_size=2)
+    rank = _only(report)
+    assert any("Gemma-4's context-parallel ring" in s for s in report.substitutions)
+    assert any("images: none" in s for s in report.substitutions)
+    assert not any(a.startswith("image") for a in report.assumed) and report.fits is not None
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    ffpa = GEMMA4_CP_TEXT.replace("    output_hidden_states: true\n", "    cp_full_attn_backend: ffpa\n")
+    refused = dry_run(ffpa, num_layers=6, world_size=2)
+    assert refused.status != "measured" and any("FFPA" in s for s in refused.not_measured)
+
+
 @needs_automodel
 def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matches_the_dp_group():
     """The linear-ce-tp-head rule against AutoModel's own loss path (the dry run's step: loss/utils.prepare_lm_weight

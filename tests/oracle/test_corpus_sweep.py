@@ -174,14 +174,9 @@ def test_sample_agrees_per_category():
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 NOT_MEASURED: dict[str, str] = {
-    "vlm_finetune/gemma4/gemma4_31b_tulu3_text_cp8_16k.yaml": "Gemma-4 under context parallelism (AutoModel's own "
-    "ring attention for its 512-wide global heads, over packed sequences) is not run by the dry run",
-    "vlm_finetune/gemma4/gemma4_31b_ffpa_mock_packing_cp8_16k.yaml": "Gemma-4 under context parallelism (its ring "
-    "attention with FFPA kernels for the global heads, over packed sequences) is not run by the dry run",
-    "vlm_finetune/gemma4/gemma4_26b_a4b_moe_medpix_ep8cp2_4k.yaml": "Gemma-4 under context parallelism (the MoE "
-    "model's own ring attention for its global heads) is not run by the dry run",
-    "vlm_finetune/gemma4/gemma4_e4b_tulu3_text_cp16_64k.yaml": "Gemma-4 under context parallelism (AutoModel's own "
-    "ring attention over E4B's per-layer inputs and KV-shared layers, over packed sequences) is not run by the dry run",
+    "vlm_finetune/gemma4/gemma4_31b_ffpa_mock_packing_cp8_16k.yaml": "Gemma-4 under context parallelism with "
+    "cp_full_attn_backend: ffpa (its global layers' ring chunks through the FFPA CuTeDSL kernels) is not run by the "
+    "dry run, which stands in only for the compiled flex attention ring",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "

@@ -84,6 +84,7 @@ class ModelSpec:
     full_head_dim: int | None = None
     full_kv_heads: int | None = None
     full_k_eq_v: bool = False  # Gemma-4's attention_k_eq_v: the full layers' values are their keys (no v_proj)
+    sliding_window: int | None = None  # the sliding layers' window (where layer_attention has them)
     linear_key_heads: int = 0
     linear_value_heads: int = 0
     linear_key_dim: int = 0
@@ -741,6 +742,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
             full_head_dim=_opt_int(cfg, "global_head_dim") if "sliding" in kinds else None,
             full_kv_heads=full_kv,
             full_k_eq_v=bool(cfg.get("attention_k_eq_v")) and full_kv is not None,
+            sliding_window=_opt_int(cfg, "sliding_window") if "sliding" in kinds else None,
             linear_key_heads=_int(cfg.get("linear_num_key_heads") or 0, "linear_num_key_heads"),
             linear_value_heads=_int(cfg.get("linear_num_value_heads") or 0, "linear_num_value_heads"),
             linear_key_dim=_int(cfg.get("linear_key_head_dim") or 0, "linear_key_head_dim"),

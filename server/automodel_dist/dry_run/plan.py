@@ -103,6 +103,7 @@ def plan_dry_run(
         cfg = hf_config(spec)
     except NoConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
+    cfg = _with_recipe_output_flags(cfg, ctx.recipe)
     source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
@@ -173,15 +174,16 @@ def plan_dry_run(
     blocking: list[str] = []  # what makes every rank's figure meaningless: none is run
     media: Media | None = None
     if ctx.kind.recipe in MEDIA_RECIPES:
-        why = _media_unsupported(ctx.kind.recipe, cfg, d)
+        why = _media_unsupported(ctx.kind.recipe, cfg, d, ctx.recipe)
         if why:
             blocking.append(why)
         else:
             px = IMAGE_PX
             low, high = w.processor_pixels
+            text_only = w.text_only_data is not None
             media = Media(
                 image_px=px,
-                images_per_sample=IMAGES_PER_SAMPLE,
+                images_per_sample=0 if text_only else IMAGES_PER_SAMPLE,
                 min_pixels=low,
                 max_pixels=high,
                 pixel_dtype="float32" if w.collate == "qwen2_5_collate_fn" else "bfloat16",
@@ -193,7 +195,12 @@ def plan_dry_run(
             )
             image = vlm_image(cfg, px, (low, high))
             assert image is not None  # _media_unsupported refused every other processor
-            if image.processor == "gemma3":
+            if text_only:
+                notes.append(
+                    f"data: dataset._target_ {w.text_only_data} makes text-only conversations, so the VLM step's "
+                    "batches carry no images (the towers are built and hold their weights, and run no forward)"
+                )
+            elif image.processor == "gemma3":
                 assumed.append(
                     f"image: one image per sequence (the data set's images are not read), resized to "
                     f"{image.pixels[0]} x {image.pixels[1]} by Gemma-3's processor whatever its size (no pan-and-scan, "
@@ -212,7 +219,11 @@ def plan_dry_run(
                     f"within {bounds}; its patches, grid and placeholder tokens as the Qwen-VL processor makes them, "
                     f"inside the {seq}-token sequence (the rank's result gives the grid)"
                 )
-            if w.vlm_packing is not None and (packing := recipe_fill_note(w.vlm_packing, cfg, (low, high), seq)):
+            if (
+                not text_only
+                and w.vlm_packing is not None
+                and (packing := recipe_fill_note(w.vlm_packing, cfg, (low, high), seq))
+            ):
                 assumed.append(packing)
             subs.append(
                 "VLM step: AutoModel's NeMoAutoModelForImageTextToText with the recipe's freeze_config, its step's "
@@ -374,11 +385,17 @@ def plan_dry_run(
     )
     depths: dict[int, Depth] = {}
     specs: list[DryRunSpec] = []
+    # Gemma-4's context-parallel ring recomputes a layer's attention over every ring chunk in its backward and merges
+    # them under autograd: a transient of its own per layer kind (its global layers' far above its sliding ones'), so
+    # which moment of backward peaks moves with the depth of a shallow build (AutoModel's 31B CP 8 recipe: at its
+    # embedding's backward in a one-period build, at a global layer's ring backward in deeper ones), and no line through
+    # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
+    gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
     for r in ranks:
         if r in unmeasured:
             continue
         depth = None
-        if layers == spec.num_layers and not full_depth:
+        if layers == spec.num_layers and not full_depth and not gemma4_ring:
             lay = d.layout
             pp_rank = lay.group("pp", r).index(r) if d.pp > 1 and lay is not None else 0
             depth = plan_depth(spec, d, pp_rank)
@@ -408,7 +425,7 @@ def plan_dry_run(
                 media=media,
             )
         )
-    if layers == spec.num_layers and not full_depth:
+    if layers == spec.num_layers and not full_depth and specs:
         if depths:
             notes.append(
                 "measured at depth by extrapolation: each rank built twice, shallow (its builds are listed per "
@@ -418,6 +435,12 @@ def plan_dry_run(
             )
             for note in dict.fromkeys(n for dp in depths.values() for n in dp.notes):
                 notes.append(note)
+        elif gemma4_ring:
+            notes.append(
+                "built at full depth: Gemma-4's context-parallel ring holds a per-layer-kind transient in backward (a "
+                "global layer's ring recompute over every chunk) that moves the peak's moment between shallow builds, "
+                "so none is extrapolated"
+            )
         elif spec.num_layers > 4:
             notes.append(
                 "built at full depth: the model's layer kinds have no short repeating period (or its stages are "
@@ -450,7 +473,9 @@ CP_GATED_DELTANET_MODULES = tuple(
 )
 
 
-def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str | None:
+def _media_unsupported(
+    recipe: str, cfg: dict[str, Any], d: ParallelDims, recipe_doc: dict[str, Any] | None = None
+) -> str | None:
     """Why the dry run cannot run this media recipe's step (None: it can). It feeds images the way the Qwen-VL
     processors make them (flattened patches and a grid per image), through the VLM finetune recipe's step."""
     qwen = is_qwen_tower(cfg.get("vision_config")) and isinstance(cfg.get("image_token_id"), int)
@@ -469,12 +494,36 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims) -> str
             f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
             "the CP ranks) is not run by the dry run: not measured"
         )
-    if gemma4 and d.cp > 1:
+    model = (recipe_doc or {}).get("model")
+    text = (model.get("text_config") if isinstance(model, dict) else None) or {}
+    if gemma4 and d.cp > 1 and isinstance(text, dict) and str(text.get("cp_full_attn_backend")).lower() == "ffpa":
         return (
-            f"{recipe}: Gemma-4 under context parallelism (AutoModel's own ring attention for its 512-wide global "
-            "heads, hooked in place of SDPA) is not run by the dry run: not measured"
+            f"{recipe}: Gemma-4 under context parallelism with cp_full_attn_backend: ffpa (its global layers' ring "
+            "chunks through the FFPA CuTeDSL kernels, which keep their own forward state and run their own backward) "
+            "is not run by the dry run, which stands in only for the compiled flex attention ring: not measured"
         )
     return None
+
+
+def _with_recipe_output_flags(cfg: dict[str, Any], recipe: dict[str, Any] | None) -> dict[str, Any]:
+    """The config with the recipe's ``model.output_hidden_states`` / ``model.text_config.output_hidden_states``, as
+    AutoModel's build hands them to the config (its Gemma-4 class merges ``text_config`` into the language model's).
+    A forward that takes ``output_hidden_states`` as its own argument and does not pass it on (Gemma-4's
+    context-parallel path) returns hidden states for a linear cross entropy only by the config's flag."""
+    model = (recipe or {}).get("model")
+    if not isinstance(model, dict):
+        return cfg
+    text = model.get("text_config")
+    flags = {"": model.get("output_hidden_states"), "text_config": (text or {}).get("output_hidden_states")}
+    out = dict(cfg)
+    for where, value in flags.items():
+        if not isinstance(value, bool):
+            continue
+        if where and isinstance(out.get(where), dict):
+            out[where] = {**out[where], "output_hidden_states": value}
+        elif not where:
+            out["output_hidden_states"] = value
+    return out
 
 
 def _with_layers_per_stage(block: dict[str, Any], lps: int | None) -> dict[str, Any]:

@@ -173,6 +173,13 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # none; any other read there is refused
         "models/qwen3_5_moe/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
         "models/qwen3_5/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
+        # Gemma-4's CP ring asks whether any query row of its shard is empty (padding, or outside every packed
+        # document) before zeroing those rows: the dry run's sequences are full, with no pad rows
+        "gemma4_moe/cp_attention.py:_run_gemma4_flex_chunk": lambda t: False if t.dtype == torch.bool else None,
+        "gemma4_moe/cp_attention.py:_run_gemma4_cp_ring_attention_forward": lambda t: (
+            False if t.dtype == torch.bool else None
+        ),
+        "gemma4_moe/cp_attention.py:backward": lambda t: False if t.dtype == torch.bool else None,
     }
     equal = {  # torch.equal
         # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and
@@ -328,7 +335,15 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 continue
             ids = torch.randint(0, vocab, shape)
             batches.append({"input_ids": ids, "labels": ids.clone()})
-        if image is not None:
+        if "nemo_automodel.components.models.gemma4_moe.cp_attention" in sys.modules and mc.cp_size > 1:
+            rewrites.append(
+                "Gemma-4's context-parallel ring (AutoModel's cp_attention.py) runs as written, its compiled flex "
+                "attention per ring chunk as a stand-in with the kernel's shapes (stack/flex_attention.py: output, "
+                "fp32 log-sum-exp and max scores kept with q, k and v; the block mask's tables are not counted)"
+            )
+        if image is not None and spec.media.images_per_sample == 0:
+            rewrites.append("images: none (the recipe's data set is text-only): text batches through the VLM step")
+        elif image is not None:
             m = spec.media
             source = "any size" if image.processor == "gemma3" else f"{m.image_px[0]} x {m.image_px[1]}"
             rewrites.append(
@@ -456,6 +471,10 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
         if cause is not None and "[Stage" in str(exc):  # the pipeline wraps a stage's error
             result["error"] = f"{type(cause).__name__}: {cause}"[:4000]
             result["traceback"] = _short_traceback(cause)
+        elif exc.__cause__ is not None:  # AutoModel re-raised it with its own words (raise ... from): both are said
+            cause = exc.__cause__
+            result["error"] = f"{type(exc).__name__}: {exc} (caused by {type(cause).__name__}: {cause})"[:4000]
+            result["traceback"] = _short_traceback(exc)[-6:] + _short_traceback(cause)[-6:]
     finally:
         result["phases_s"] = phases.seconds
         result["host_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -315,7 +315,7 @@ def estimate_memory(
         teacher=teacher,
     )
     tr = terms.training
-    if tr.vlm_step:
+    if tr.vlm_step and workload.text_only_data is None:
         assumed.append("image")  # the data's images are not read: a VLM step's figures are at an assumed image
     cluster = cluster_of(request, ctx.gpus_per_node)
     mem, comm, _ = evaluate(spec, p, tr, cluster, headroom=headroom)

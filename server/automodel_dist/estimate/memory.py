@@ -95,6 +95,7 @@ from ..catalog.kernels import (
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
+from ..media import is_gemma4_tower
 from .peft import QLORA_BYTES, Lora, down_adapted, lora_trains, quantized_linear_weights
 from .report import MemoryBreakdown
 
@@ -157,6 +158,7 @@ class Training:
     lora: Lora | None = None  # adapters on a frozen base
     loss: str = "MaskedCrossEntropy"
     fp32_upcast: bool = True
+    loss_gathers_head: bool = False  # the linear CE gathers a TP-split head whole first (Gemma-4's TP loss)
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
@@ -458,16 +460,22 @@ def _scored_share(m: ModelSpec) -> float:
 
 
 def ac_style(m: ModelSpec, p: ParallelDims, tr: Training) -> str:
-    """How AutoModel checkpoints this model's layers: none | submodule | layer | block | selective."""
-    return _ac_style(m.architecture, m.is_moe, tr.hf_class, p.ac_applied, p.ep > 1)
+    """How AutoModel checkpoints this model's layers: none | submodule | submodule-no-attention | layer | block |
+    selective."""
+    return _ac_style(m.architecture, m.is_moe, tr.hf_class, p.ac_applied, p.ep > 1, m.kv_shared_layers > 0)
 
 
 @lru_cache(maxsize=256)
-def _ac_style(architecture: str | None, moe: bool, hf_class: bool, applied: bool | str, ep: bool) -> str:
+def _ac_style(
+    architecture: str | None, moe: bool, hf_class: bool, applied: bool | str, ep: bool, kv_shared: bool = False
+) -> str:
     if not applied:
         return "none"
     if applied == "selective":
-        return "selective"
+        # a model whose layers share keys and values (Gemma-4's E-series) cannot replay its attention: AutoModel falls
+        # back to sub-module checkpointing without the attention (activation_checkpointing.py,
+        # apply_selective_checkpointing_to_layers -> apply_submodule_checkpointing(has_kv_sharing))
+        return "submodule-no-attention" if kv_shared else "selective"
     impl = implementation(architecture)
     custom = impl is not None and impl.custom and not hf_class
     if custom and not moe and architecture in TRANSFORMERS_DECODER_LAYERS:
@@ -581,6 +589,11 @@ def _act_per_token(
         return plain, plain
     if style == "selective":
         saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
+    elif style == "submodule-no-attention":
+        # the MLP keeps its input alone, the attention (unwrapped) its input and all it saves, the norms and the
+        # per-layer input path what they save (counted whole)
+        kept = rep + attn + _per_layer_input_bytes(m, tr) + 2 * h / (t if sp else 1)
+        return kept * scale + dropout + eager, plain
     elif style == "submodule":
         saved = 8 * h / (t if sp else 1)
         if tr.compile and sp:
@@ -846,6 +859,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # gradient in the weight's dtype and the hidden states' in fp32 (the dry run's stand-in, ChunkedCE, keeps
             # the head's in fp32 and bf16: 4 bytes an element more than this kernel)
             loss_temp = comp * vocab * m.hidden_size / head_tp + 4.0 * tokens * m.hidden_size
+            if tr.loss_gathers_head and head_tp > 1:
+                # the whole head gathered from its TP shards, and the kernel's gradient of it (sliced back after)
+                loss_temp += 2 * comp * vocab * m.hidden_size * (1 - 1 / head_tp)
     # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
     # them from step(); AutoModel does not pass return_outputs=False): the logits, or the hidden states a linear
     # cross entropy takes
@@ -966,7 +982,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
     fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
-    block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch
+    ring = gemma4_ring_backward_bytes(m, p, tr, g, comp)
+    block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
         # and its loss's gone but that block's (its largest, at most), the others in flight and the kept outputs stay
@@ -986,9 +1003,30 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "in-backward",
                 max(accumulated, plain_expert_grads),
                 mid_acts,
-                unsharded + recompute * tokens + eager_grads + p2p + grads_now + held_grads + dispatch,
+                unsharded + recompute * tokens + eager_grads + p2p + grads_now + held_grads + dispatch + ring,
             )
         )
+        if lora is None and g.first and g.last and m.tie_word_embeddings and g.n_layers > 1:
+            # the first block's backward, the last of the step: every other block's gradients made and sharded, the
+            # root's unsharded gradient (a tied head's, made by the loss's backward) held until the root's own
+            # reduce-scatter at the end, the VLM step's logits still kept, and that block's transients
+            layer_grads_late = max(grads_sharded - (g.embed + g.lm_head) / sg * store - g.layer_dense / sg * store, 0)
+            phases.append(
+                (
+                    "late-backward",
+                    max(layer_grads_late, accumulated),
+                    vlm_logits + last_block * tokens,
+                    unsharded
+                    + g.root * comp
+                    + recompute * tokens
+                    + eager_grads
+                    + p2p
+                    + grads_now
+                    + held_grads
+                    + dispatch
+                    + ring,
+                )
+            )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
         # gradient in the compute dtype and its copy in the reduce dtype (the embedding, its own unit when untied and trainable;
         # else the root with the head)
@@ -1026,11 +1064,50 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         peak_phase=phase,
         deferred_grads=float(
             held_grads
-            if phase in ("start-of-backward", "in-backward", "end-of-stage-backward", "end-of-backward")
+            if phase
+            in ("start-of-backward", "in-backward", "end-of-stage-backward", "late-backward", "end-of-backward")
             else 0.0
         ),
         teacher=float(teacher),
     )
+
+
+def gemma4_ring_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
+    """The largest backward transient of Gemma-4's context-parallel ring attention (AutoModel's own class under CP:
+    gemma4_moe/cp_attention.py, _Gemma4FlexRingAttention) among the layer kinds on this rank. Its backward collects
+    every ring chunk's keys and values again and recomputes the layer's attention chunk by chunk under autograd
+    (flex attention's output and log-sum-exp per chunk, merged online in fp32), then differentiates that graph: per
+    chunk a bf16 output and an fp32 running output stay until the end, ``3U`` with U the query-shaped output of one
+    rank's share, and the gradients' working set adds ``9U`` (the fp32 cast of the incoming gradient, the merge's
+    fp32 gradients and the query's), with the chunks' keys and values and their gradients (``2n KV``). A global
+    (full) layer takes all ``cp`` chunks, a sliding one its own and the ``ceil(window / local length)`` before it.
+    ``9U + 3nU + 2n KV``, measured on AutoModel's function on fake tensors (cp 2 to 16, 512 to 4,096 local tokens,
+    GQA 2 to 16 KV heads: within 1.5% but one at -9%)."""
+    if p.cp <= 1 or tr.hf_class or not is_gemma4_tower(m.hf_config) or not g.n_layers:
+        return 0.0
+    local = tr.seq_len / p.cp
+    batch = tr.micro_batch_size
+    heads = m.num_attention_heads / p.tp
+    out = 0.0
+    for kind in set(m.layer_attention) or {"full"}:
+        if kind == "sliding":
+            head_dim, kv_heads = m.hd, m.num_key_value_heads
+            chunks = 1 + min(p.cp - 1, math.ceil((m.sliding_window or tr.seq_len) / local))
+        else:
+            head_dim, kv_heads = m.full_head_dim or m.hd, m.full_kv_heads or m.num_key_value_heads
+            chunks = p.cp
+        out = max(out, ring_chunks_backward_bytes(batch * local, heads, kv_heads / p.tp, head_dim, chunks, comp))
+    return out
+
+
+def ring_chunks_backward_bytes(
+    tokens: float, heads: float, kv_heads: float, head_dim: int, chunks: int, comp: float
+) -> float:
+    """Gemma-4's ring backward over ``chunks`` ring chunks of ``tokens`` local tokens (batch x local length):
+    ``9U + 3nU + 2n KV`` with U the query-shaped output and KV one chunk's keys (see gemma4_ring_backward_bytes)."""
+    u = tokens * heads * head_dim * comp
+    kv = tokens * kv_heads * head_dim * comp
+    return (9 + 3 * chunks) * u + 2 * chunks * kv
 
 
 def _torch_dispatch_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, tokens: float) -> float:

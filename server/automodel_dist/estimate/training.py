@@ -12,7 +12,7 @@ from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
 from ..vlm_packing import recipe_fill_note
-from ..workload import Workload
+from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
 from .peft import describe, lora_of
 
@@ -79,6 +79,13 @@ def optimizer_of(w: Workload, name: str | None = None) -> tuple[Optimizer, str]:
 
 
 def loss_of(w: Workload) -> tuple[str, bool, str]:
+    if w.loss == GEMMA4_TP_LINEAR_CE:
+        return (
+            "FusedLinearCrossEntropy",
+            True,
+            f"loss {GEMMA4_TP_LINEAR_CE}: FusedLinearCrossEntropy on the head gathered whole from its TP shards (no "
+            "logits materialised)",
+        )
     name = w.loss if any(name == w.loss for name, _ in LOSS_BYTES) else "MaskedCrossEntropy"
     upcast = w.loss_kwargs.get("fp32_upcast", True) is not False
     if name == "MaskedCrossEntropy":
@@ -154,6 +161,7 @@ def training_for(
         lora=lora,
         loss=loss_name,
         fp32_upcast=upcast,
+        loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE,
         hf_class=hf_class,
         liger=w.use_liger_kernel,
         attn_implementation=w.attn_implementation,
@@ -168,7 +176,7 @@ def training_for(
         train_audio=w.train_audio and w.vlm_step,
         **_vlm_terms(spec, w, read),
     )
-    if w.vlm_step and w.vlm_packing is not None:
+    if w.vlm_step and w.vlm_packing is not None and w.text_only_data is None:
         if note := recipe_fill_note(w.vlm_packing, spec.hf_config, w.processor_pixels, seq_len):
             read.append(note)
     return WorkloadTerms(prec, tr, tuple(read))
@@ -179,6 +187,12 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     if not w.vlm_step:
         return {}
     out: dict[str, Any] = {"vlm_step": True}
+    if w.text_only_data is not None:
+        read.append(
+            f"VLM step: the model's logits kept through backward; dataset._target_ {w.text_only_data} makes text-only "
+            "conversations: no images"
+        )
+        return out
     vision = (spec.hf_config or {}).get("vision_config")
     if is_gemma3_tower(spec.hf_config):
         image = gemma3_image(spec.hf_config or {})

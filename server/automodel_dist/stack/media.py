@@ -120,6 +120,11 @@ def qwen_batch(
         if owner is not None:  # the model's own multimodal RoPE positions (its forward computes the same)
             positions = owner.get_rope_index(ids, kinds, image_grid_thw=grids)[0]
     known = fake_mode.fake_tensor_converter
+    if not images_per_sample:  # text-only data: the collate hands over no pixels
+        return {
+            "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+            "labels": known.from_real_tensor(fake_mode, labels),
+        }
     out = {
         "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
         "labels": known.from_real_tensor(fake_mode, labels),  # fake: the loss reads no value of it
@@ -180,6 +185,8 @@ def gemma_batch(
         "labels": known.from_real_tensor(fake_mode, labels),
     }
     kinds = known.from_real_tensor(fake_mode, kinds, make_constant=True)
+    if not images:  # text-only data: the collate hands over no pixels
+        return {**out, "token_type_ids" if image.processor == "gemma3" else "mm_token_type_ids": kinds}
     if image.processor == "gemma3":
         height, width = image.pixels
         pixels = torch.empty(images, 3, height, width, dtype=getattr(torch, pixel_dtype))

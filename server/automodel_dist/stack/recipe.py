@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS
-from ..workload import Workload
+from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
 _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
@@ -133,6 +133,14 @@ def backend_for(
 def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, Any]:
     """The loss the dry run (``values`` False) or the smoke run (``values``: real numerics) computes."""
     name, kwargs = w.loss, dict(w.loss_kwargs)
+    if name == GEMMA4_TP_LINEAR_CE:
+        out.append(
+            f"loss {name} (FusedLinearCrossEntropy on Gemma-4's TP-sharded head; cut_cross_entropy's GPU kernels) "
+            "measured as AutoModel's ChunkedCrossEntropy on the head its own materialize_lm_weight gathers whole: "
+            "ChunkedCrossEntropy's backward keeps the head's gradient in fp32 and bf16 where the kernel keeps it once "
+            "in the weight's dtype; the kernel's own workspace is not measured"
+        )
+        return {"name": "ChunkedCrossEntropy", "kwargs": {}, "stands_for": name}
     if name == "FusedLinearCrossEntropy":
         out.append(
             "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "

@@ -283,6 +283,23 @@ CUDA_STREAM = _register(
     ),
 )
 
+FLEX_ATTENTION = _register(
+    "gemma4_cp_flex_attention_stand_in",
+    "forward",
+    "nemo_automodel.components.models.gemma4_moe.cp_attention._compiled_flex_attention (torch.compile(flex_attention); "
+    "a stand-in, stack/flex_attention.py)",
+    "Gemma-4's context-parallel ring runs each ring chunk through torch.compile'd flex_attention; Dynamo refuses fake "
+    "tensors and eager flex_attention refuses a CPU backward (and would materialise the score matrix the compiled "
+    "kernel never holds). The stand-in takes flex_attention's call and keeps what the compiled kernel keeps (q, k, v, "
+    "output, fp32 log-sum-exp and max scores), with its fp32 row buffer while it lives; AutoModel's ring around it "
+    "(the p2p K/V rotation, the per-chunk masks, the online-softmax merge, the backward's recompute and dK/dV "
+    "routing) runs as written.",
+    _source_has(
+        "nemo_automodel.components.models.gemma4_moe.cp_attention:_run_gemma4_flex_chunk",
+        "_compiled_flex_attention(attention_module)(",
+    ),
+)
+
 
 LIGER = _register(
     "liger_kernel_stand_in",
@@ -1265,6 +1282,14 @@ def step_patches() -> Iterator[None]:
 
         if not torch.cuda.is_available():
             stack.enter_context(_patched(torch.cuda, "synchronize", synchronize))
+        cp_attention = sys.modules.get("nemo_automodel.components.models.gemma4_moe.cp_attention")
+        if cp_attention is not None:  # (imported where a Gemma-4 model was built)
+            from . import flex_attention
+
+            flex_attention.on_call = FLEX_ATTENTION.count
+            stack.enter_context(
+                _patched(cp_attention, "_compiled_flex_attention", lambda module: flex_attention.flex_attention)
+            )
         yield
 
 

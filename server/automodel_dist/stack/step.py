@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any
 
+from ..workload import GEMMA4_TP_LINEAR_CE
 from .recipe import StackRecipe
 
 PhaseFn = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -78,7 +79,7 @@ def setup(distributed: dict[str, Any], world_size: int) -> Any:
     return create_distributed_setup_from_config({"distributed": distributed}, world_size=world_size)
 
 
-def _fused_linear_ce_stand_in(chunked: Any) -> Any:
+def _fused_linear_ce_stand_in(chunked: Any, materialize: Any = None) -> Any:
     """AutoModel's ChunkedCrossEntropy computing the loss of a FusedLinearCrossEntropy recipe (cut_cross_entropy needs
     CUDA), its head's weight prepared as FusedLinearCrossEntropy's is (loss/utils.prepare_lm_weight's other branch:
     materialize_lm_weight on the head's weight, with its check that a DTensor head's mesh matches the gradient
@@ -91,7 +92,8 @@ def _fused_linear_ce_stand_in(chunked: Any) -> Any:
             weight = lm_head.weight if lm_head is not None else None
             if weight is None:
                 raise ValueError("lm_head.weight not found in model")
-            return self.materialize_lm_weight(weight, grad_reduce_group=grad_reduce_group)
+            prepare = materialize or self.materialize_lm_weight
+            return prepare(weight, grad_reduce_group=grad_reduce_group)
 
     chunked.__class__ = FusedLinearCrossEntropyStandIn
     return chunked
@@ -125,6 +127,10 @@ def build(
     loss_fn = build_loss_config(recipe.loss["name"], **recipe.loss["kwargs"]).build()
     if recipe.loss.get("stands_for") == "FusedLinearCrossEntropy":
         loss_fn = _fused_linear_ce_stand_in(loss_fn)
+    elif recipe.loss.get("stands_for") == GEMMA4_TP_LINEAR_CE:
+        from nemo_automodel.components.models.gemma4_moe.loss import Gemma4TensorParallelFusedLinearCrossEntropy
+
+        loss_fn = _fused_linear_ce_stand_in(loss_fn, Gemma4TensorParallelFusedLinearCrossEntropy.materialize_lm_weight)
     pp_enabled = dist_setup.mesh_context.pp_size > 1
     if pp_enabled:  # the fields train_ft's setup() fills in the pipeline config
         pc = dist_setup.pipeline_config

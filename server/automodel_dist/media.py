@@ -18,6 +18,9 @@ from typing import Any, Literal
 
 IMAGE_PX = (1024, 1024)  # (height, width) of the source image assumed per sequence
 IMAGES_PER_SAMPLE = 1
+# the image AutoModel injects into each text-only sample it pretokenizes (datasets/vlm/fake_image.py: a 56 x 56 white
+# image, so that FSDP's collectives see the vision tower every step; dataset.inject_fake_images, default true)
+FAKE_IMAGE_PX = (56, 56)
 # transformers' Qwen2VLImageProcessor defaults (its size: shortest_edge / longest_edge)
 DEFAULT_MIN_PIXELS = 56 * 56
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
@@ -173,6 +176,7 @@ def vlm_image(
 __all__ = [
     "GEMMA4_SOFT_TOKENS",
     "IMAGE_PX",
+    "FAKE_IMAGE_PX",
     "IMAGES_PER_SAMPLE",
     "ImageGeometry",
     "gemma3_image",

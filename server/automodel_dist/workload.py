@@ -124,8 +124,11 @@ class Workload:
     processor_pixels: tuple[int | None, int | None] = (None, None)
     collate: str | None = None
     vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence
-    # a VLM recipe's data set builder that makes text-only conversations (TEXT_ONLY_VLM_DATASETS): no images at all
+    # a VLM recipe's data set builder that makes text-only conversations (TEXT_ONLY_VLM_DATASETS): no images at all,
+    # or, where AutoModel pretokenizes them and injects its fake image (dataset.inject_fake_images, default true), a
+    # 56 x 56 fake image in each sample
     text_only_data: str | None = None
+    fake_images: str | None = None
     # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
     frame_sharding: tuple[int, int] | None = None
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
@@ -142,6 +145,18 @@ class Workload:
         """model.backend.attn as written (None: unset, te on a GPU with Transformer Engine)."""
         attn = self.backend.get("attn")
         return attn if isinstance(attn, str) else None
+
+
+def _pretokenized(recipe: Mapping[str, Any]) -> bool:
+    """Whether the VLM recipe's data is pretokenized, as AutoModel's typed config decides it
+    (recipes/_typed_config.py): packed_sequence.pretokenize, default on where pack_size > 0; without a packed_sequence:
+    dataset.pretokenize, default on where dataset.max_length is set."""
+    packed = recipe.get("packed_sequence")
+    if isinstance(packed, Mapping):
+        size = packed.get("pack_size", 0)
+        return bool(packed.get("pretokenize", is_positive_int(size)))
+    flag = _get(recipe, "dataset.pretokenize")
+    return bool(flag) if flag is not None else _get(recipe, "dataset.max_length") is not None
 
 
 def _get(recipe: Mapping[str, Any] | None, dotted: str) -> Any:
@@ -209,7 +224,8 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     facts["vlm_step"] = recipe_class(recipe)[0] in VLM_STEP_RECIPES
     builder = _get(recipe, "dataset._target_")
     if facts["vlm_step"] and isinstance(builder, str) and builder in TEXT_ONLY_VLM_DATASETS:
-        facts["text_only_data"] = builder.rsplit(".", 1)[-1]
+        injects = _get(recipe, "dataset.inject_fake_images") is not False
+        facts["fake_images" if injects and _pretokenized(recipe) else "text_only_data"] = builder.rsplit(".", 1)[-1]
     packed = _get(recipe, "packed_sequence.packed_sequence_size")
     # (the LLM recipes' key: the VLM recipe packs with pack_size and hands AutoModel's build no has_packed_sequence)
     facts["packed"] = is_positive_int(packed) and not facts["vlm_step"]

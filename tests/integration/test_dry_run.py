@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1162,6 +1163,7 @@ loss_fn:
   _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy
 dataset:
   _target_: nemo_automodel.components.datasets.vlm.datasets.make_tulu3_dataset
+  inject_fake_images: false
 packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 """
 
@@ -1170,16 +1172,27 @@ packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer
     build holds a global layer (the ring takes both chunks) and five sliding ones. The data set builder makes text-only
-    conversations, so no image is assumed and both tools give a verdict; the recipe's text_config.output_hidden_states
+    conversations and the recipe turns AutoModel's fake images off, so no image is assumed and both tools give a
+    verdict; the recipe's text_config.output_hidden_states
     is what hands the linear cross entropy its hidden states on Gemma-4's CP path. The estimate, with the ring's
     backward counted, is within its error of the measured peak."""
     report = dry_run(GEMMA4_CP_TEXT, num_layers=6, world_size=2)
     rank = _only(report)
-    assert any("Gemma-4's context-parallel ring" in s for s in report.substitutions)
+    [ring] = [s for s in report.substitutions if s.startswith("Gemma-4's context-parallel ring")]
+    # the ring's flex attention went through the stand-in: 6 layers of 2 chunks each (CP 2), in the forward, in the
+    # checkpointed layer's recompute and in the ring's own backward recompute
+    assert re.search(r"\((\d+) chunk calls", ring).group(1) == str(6 * 2 * 3)
     assert any("images: none" in s for s in report.substitutions)
     assert not any(a.startswith("image") for a in report.assumed) and report.fits is not None
     assert report.estimate is not None
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    # pretokenized text-only samples get AutoModel's 56 x 56 fake image unless inject_fake_images is false: then an
+    # image a sequence is assumed, and no verdict given
+    from automodel_dist import estimate_memory
+
+    faked = GEMMA4_CP_TEXT.replace("  inject_fake_images: false\n", "")
+    assert any("56 x 56 fake image" in a for a in plan_dry_run(Request.of(faked, world_size=2), num_layers=6).assumed)
+    assert estimate_memory(faked, world_size=2).fits is None
     ffpa = GEMMA4_CP_TEXT.replace("    output_hidden_states: true\n", "    cp_full_attn_backend: ffpa\n")
     refused = dry_run(ffpa, num_layers=6, world_size=2)
     assert refused.status != "measured" and any("FFPA" in s for s in refused.not_measured)

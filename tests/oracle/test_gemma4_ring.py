@@ -3,13 +3,15 @@ classes take under CP) run as AutoModel wrote it on a fake process group and fak
 for ``torch.compile(flex_attention)`` (stack/flex_attention.py) in place of the compiled kernel: the ring's p2p K/V
 rotation, per-chunk masks, online-softmax merge and its backward's recompute all run. The estimate's term for the
 ring's backward (estimate/memory.py, ring_chunks_backward_bytes) is held to the peak torch's MemTracker measures
-there, for global and sliding layers across CP sizes, local lengths and KV head counts."""
+there, for global and sliding layers across CP sizes, local lengths and KV head counts, with q, k and v laid out as
+Gemma-4's attention hands them to SDPA."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -44,9 +46,16 @@ for cp, local, heads, kv_heads, head_dim, window in json.loads(sys.argv[1]):
     module.sliding_window = window
     ring.attach_gemma4_cp_ring_attention(module)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        q = torch.empty(1, heads, local, head_dim, dtype=torch.bfloat16, requires_grad=True)
-        k = torch.empty(1, kv_heads, local, head_dim, dtype=torch.bfloat16, requires_grad=True)
-        v = torch.empty(1, kv_heads, local, head_dim, dtype=torch.bfloat16, requires_grad=True)
+        # as Gemma-4's attention hands them to SDPA (transformers' Gemma4TextAttention and sdpa_attention_forward):
+        # q, k and v transposed views of [batch, seq, heads, dim]; past 256 wide SDPA's GQA is off and the keys and
+        # values come repeated to every query head (repeat_kv: contiguous)
+        q = torch.empty(1, local, heads, head_dim, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+        if head_dim > 256:
+            k = torch.empty(1, heads, local, head_dim, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.empty(1, heads, local, head_dim, dtype=torch.bfloat16, requires_grad=True)
+        else:
+            k = torch.empty(1, local, kv_heads, head_dim, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+            v = torch.empty(1, local, kv_heads, head_dim, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
         module._cp_manual_metadata = {"_packed_seq_ids": torch.ones(1, local, dtype=torch.long)}
         tracker = MemTracker()
         tracker.track_external(q, k, v)
@@ -95,31 +104,40 @@ def test_ring_backward_peak_is_the_estimates_term(measured, case):
     # and handed back the query's shape and every input's gradient
     assert got["flex_calls"] == 2 * got["chunks"]
     assert got["out"] == [1, heads, local, head_dim] and got["dtype"] == "torch.bfloat16"
-    assert got["grads"] == [[1, heads, local, head_dim], [1, kv_heads, local, head_dim], [1, kv_heads, local, head_dim]]
+    given = heads if head_dim > 256 else kv_heads
+    assert got["grads"] == [[1, heads, local, head_dim], [1, given, local, head_dim], [1, given, local, head_dim]]
     est = ring_chunks_backward_bytes(local, heads, kv_heads, head_dim, got["chunks"], 2)
-    assert est == pytest.approx(got["peak"], rel=0.10), (est / 2**20, got["peak"] / 2**20)
+    assert est == pytest.approx(got["peak"], rel=0.06), (est / 2**20, got["peak"] / 2**20)
 
 
-def test_stand_in_keeps_what_the_compiled_kernel_keeps():
+def test_stand_in_keeps_what_torchs_flex_attention_keeps(monkeypatch):
+    """The stand-in's outputs and saved tensors against torch's own flex attention autograd function
+    (FlexAttentionAutogradOp, run eagerly on fake tensors: its CPU-backward refusal lifted, as no value is computed)."""
     import torch
+    import torch.nn.attention.flex_attention as torch_flex
+    from torch._higher_order_ops.flex_attention import saved_values
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from automodel_dist.stack.flex_attention import flex_attention
+
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *args: None)
+
+    def described(tensors):
+        return [(tuple(t.shape), t.dtype) for t in tensors if isinstance(t, torch.Tensor)]
 
     with FakeTensorMode():
         q = torch.empty(2, 8, 64, 32, dtype=torch.bfloat16, requires_grad=True)
         k = torch.empty(2, 2, 96, 32, dtype=torch.bfloat16, requires_grad=True)
         v = torch.empty(2, 2, 96, 16, dtype=torch.bfloat16, requires_grad=True)
         out, lse = flex_attention(q, k, v, enable_gqa=True, return_lse=True)
-        assert out.shape == (2, 8, 64, 16) and out.dtype == torch.bfloat16
-        assert lse.shape == (2, 8, 64) and lse.dtype == torch.float32
-        saved = out.grad_fn.saved_tensors
-        assert [tuple(t.shape) for t in saved] == [(2, 8, 64, 32), (2, 2, 96, 32), (2, 2, 96, 16)] + [
-            (2, 8, 64, 16),
-            (2, 8, 64),
-            (2, 8, 64),
-        ]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref_out, ref_lse = torch_flex.flex_attention(q, k, v, enable_gqa=True, return_lse=True)
+        assert described([out, lse]) == described([ref_out, ref_lse])
+        # torch saves q, k, v, out, lse and max scores, then the block mask's tables (not counted by the stand-in)
+        assert described(out.grad_fn.saved_tensors) == described(saved_values(ref_out.grad_fn))[:6]
         grads = torch.autograd.grad((out.float().sum() + lse.sum()), [q, k, v])
-        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+        ref = torch.autograd.grad((ref_out.float().sum() + ref_lse.sum()), [q, k, v])
+        assert described(grads) == described(ref)
         with pytest.raises(ValueError, match="query heads"):
             flex_attention(q, torch.empty(2, 3, 96, 32), torch.empty(2, 3, 96, 16), enable_gqa=True)

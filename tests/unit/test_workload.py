@@ -455,3 +455,30 @@ def test_a_gemma4_moe_config_gets_no_per_layer_inputs_and_their_table_is_no_acti
     e2b = lookup("google/gemma-4-E2B-it")
     table = e2b.ple_table_params()
     assert e2b.active_param_count() == e2b.param_count() - table == 5_104_297_504 - 2_348_810_240
+
+
+def test_a_text_only_vlm_data_set_carries_automodels_fake_image_where_it_is_pretokenized():
+    """AutoModel's typed config (recipes/_typed_config.py) pretokenizes a VLM data set where packed_sequence packs
+    (pretokenize defaults to pack_size > 0) or, without one, where dataset.max_length is set; its pretokenizing wrapper
+    then injects a 56 x 56 fake image into each text-only sample unless dataset.inject_fake_images is false."""
+    from automodel_dist.workload import read_workload
+
+    tulu = "nemo_automodel.components.datasets.vlm.datasets.make_tulu3_dataset"
+    vlm = {"recipe": "FinetuneRecipeForVLM"}
+
+    def data(dataset: dict, **extra: object) -> tuple[str | None, str | None]:
+        w = read_workload({**vlm, "dataset": {"_target_": tulu, **dataset}, **extra})
+        return w.text_only_data, w.fake_images
+
+    packed = {"packed_sequence": {"pack_size": 2048}}
+    assert data({}) == ("make_tulu3_dataset", None)
+    assert data({}, **packed) == (None, "make_tulu3_dataset")
+    assert data({"inject_fake_images": False}, **packed) == ("make_tulu3_dataset", None)
+    assert data({}, packed_sequence={"pack_size": 2048, "pretokenize": False}) == ("make_tulu3_dataset", None)
+    assert data({"max_length": 1024}) == (None, "make_tulu3_dataset")
+    assert data({"max_length": 1024, "pretokenize": False}) == ("make_tulu3_dataset", None)
+    # an image data set, or the LLM recipe, is neither
+    medpix = read_workload({**vlm, "dataset": {"_target_": tulu.replace("tulu3", "medpix")}, **packed})
+    assert (medpix.text_only_data, medpix.fake_images) == (None, None)
+    llm = read_workload({"recipe": "TrainFinetuneRecipeForNextTokenPrediction", "dataset": {"_target_": tulu}})
+    assert (llm.text_only_data, llm.fake_images) == (None, None)

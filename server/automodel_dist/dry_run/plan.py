@@ -17,6 +17,7 @@ from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
 from ..estimate.memory import peak_candidate_pp_ranks
 from ..media import (
+    FAKE_IMAGE_PX,
     GEMMA4_SOFT_TOKENS,
     IMAGE_PX,
     IMAGES_PER_SAMPLE,
@@ -178,7 +179,7 @@ def plan_dry_run(
         if why:
             blocking.append(why)
         else:
-            px = IMAGE_PX
+            px = FAKE_IMAGE_PX if w.fake_images else IMAGE_PX
             low, high = w.processor_pixels
             text_only = w.text_only_data is not None
             media = Media(
@@ -195,7 +196,15 @@ def plan_dry_run(
             )
             image = vlm_image(cfg, px, (low, high))
             assert image is not None  # _media_unsupported refused every other processor
-            if text_only:
+            if w.fake_images:
+                assumed.append(
+                    f"image: dataset._target_ {w.fake_images} makes text-only conversations, and AutoModel injects its "
+                    f"{px[0]} x {px[1]} fake image into each sample it pretokenizes (dataset.inject_fake_images, "
+                    f"default true): one a sequence assumed (a pack carries one a sample it holds), resized to "
+                    f"{image.pixels[0]} x {image.pixels[1]} by the model's processor, {image.tokens} placeholder tokens "
+                    f"inside the {seq}-token sequence"
+                )
+            elif text_only:
                 notes.append(
                     f"data: dataset._target_ {w.text_only_data} makes text-only conversations, so the VLM step's "
                     "batches carry no images (the towers are built and hold their weights, and run no forward)"
@@ -496,6 +505,12 @@ def _media_unsupported(
         )
     model = (recipe_doc or {}).get("model")
     text = (model.get("text_config") if isinstance(model, dict) else None) or {}
+    if gemma4 and d.cp > 1 and isinstance(text, dict) and str(text.get("cp_sliding_attn_backend")).lower() == "fa":
+        return (
+            f"{recipe}: Gemma-4 under context parallelism with cp_sliding_attn_backend: fa (its sliding layers' ring "
+            "through a local FlashAttention kernel that keeps its own forward state, no recompute) is not run by the "
+            "dry run, which stands in only for the compiled flex attention ring: not measured"
+        )
     if gemma4 and d.cp > 1 and isinstance(text, dict) and str(text.get("cp_full_attn_backend")).lower() == "ffpa":
         return (
             f"{recipe}: Gemma-4 under context parallelism with cp_full_attn_backend: ffpa (its global layers' ring "

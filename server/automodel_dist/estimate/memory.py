@@ -992,6 +992,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             ("end-of-stage-backward", accumulated, rest, stage_gathered + block_transients + p2p + held_grads)
         )
+    # a tied head (one FSDP unit with the embedding, the root) gets its unsharded gradient in the loss's backward and
+    # keeps it until the root's reduce-scatter, after the embedding's backward at the step's end
+    tied_head_grad = (
+        (g.embed + g.lm_head) * comp if sharded and lora is None and p.pp == 1 and m.tie_word_embeddings else 0.0
+    )
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -1003,28 +1008,35 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "in-backward",
                 max(accumulated, plain_expert_grads),
                 mid_acts,
-                unsharded + recompute * tokens + eager_grads + p2p + grads_now + held_grads + dispatch + ring,
+                unsharded
+                + recompute * tokens
+                + eager_grads
+                + p2p
+                + grads_now
+                + held_grads
+                + dispatch
+                + ring
+                + tied_head_grad,
             )
         )
-        if lora is None and g.first and g.last and m.tie_word_embeddings and g.n_layers > 1:
+        if tied_head_grad and g.n_layers > 1:
             # the first block's backward, the last of the step: every other block's gradients made and sharded, the
-            # root's unsharded gradient (a tied head's, made by the loss's backward) held until the root's own
-            # reduce-scatter at the end, the VLM step's logits still kept, and that block's transients
+            # tied head's unsharded gradient held (see tied_head_grad), the VLM step's logits and (a linear cross
+            # entropy asks for them) every layer's output still kept, the per-layer inputs made before the first
+            # block, and that block's transients (nothing left to prefetch)
             layer_grads_late = max(grads_sharded - (g.embed + g.lm_head) / sg * store - g.layer_dense / sg * store, 0)
+            kept_outputs = (
+                (g.n_layers + 1) * m.hidden_size * comp * tokens
+                if tr.vlm_step and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")
+                else 0.0
+            )
+            late_acts = vlm_logits + kept_outputs + (per_layer_inputs_bytes(m, tr) * comp / 2 + last_block) * tokens
             phases.append(
                 (
                     "late-backward",
                     max(layer_grads_late, accumulated),
-                    vlm_logits + last_block * tokens,
-                    unsharded
-                    + g.root * comp
-                    + recompute * tokens
-                    + eager_grads
-                    + p2p
-                    + grads_now
-                    + held_grads
-                    + dispatch
-                    + ring,
+                    late_acts,
+                    unsharded + tied_head_grad + block_transients + p2p + held_grads,
                 )
             )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
@@ -1074,40 +1086,44 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
 
 def gemma4_ring_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
     """The largest backward transient of Gemma-4's context-parallel ring attention (AutoModel's own class under CP:
-    gemma4_moe/cp_attention.py, _Gemma4FlexRingAttention) among the layer kinds on this rank. Its backward collects
-    every ring chunk's keys and values again and recomputes the layer's attention chunk by chunk under autograd
-    (flex attention's output and log-sum-exp per chunk, merged online in fp32), then differentiates that graph: per
-    chunk a bf16 output and an fp32 running output stay until the end, ``3U`` with U the query-shaped output of one
-    rank's share, and the gradients' working set adds ``9U`` (the fp32 cast of the incoming gradient, the merge's
-    fp32 gradients and the query's), with the chunks' keys and values and their gradients (``2n KV``). A global
-    (full) layer takes all ``cp`` chunks, a sliding one its own and the ``ceil(window / local length)`` before it.
-    ``9U + 3nU + 2n KV``, measured on AutoModel's function on fake tensors (cp 2 to 16, 512 to 4,096 local tokens,
-    GQA 2 to 16 KV heads: within 1.5% but one at -9%)."""
+    gemma4_moe/cp_attention.py, _Gemma4FlexRingAttention) among the rank's layer kinds. Its backward collects every
+    ring chunk's keys and values again and recomputes the layer's attention chunk by chunk under autograd (flex
+    attention per chunk on a contiguous copy of the query, merged online in fp32), then differentiates that graph (see
+    ring_chunks_backward_bytes). A global (full) layer takes all ``cp`` chunks, a sliding one its own and the
+    ``ceil(window / local length)`` before it (every sliding layer all of them with bidirectional vision attention on an
+    image batch: not counted, the global layers' transient is the larger)."""
     if p.cp <= 1 or tr.hf_class or not is_gemma4_tower(m.hf_config) or not g.n_layers:
         return 0.0
     local = tr.seq_len / p.cp
-    batch = tr.micro_batch_size
     heads = m.num_attention_heads / p.tp
     out = 0.0
-    for kind in set(m.layer_attention) or {"full"}:
+    for kind in set(m.layer_attention) & {"full", "sliding"} or {"full"}:  # (every kind: a stage holds whole periods)
         if kind == "sliding":
             head_dim, kv_heads = m.hd, m.num_key_value_heads
             chunks = 1 + min(p.cp - 1, math.ceil((m.sliding_window or tr.seq_len) / local))
         else:
             head_dim, kv_heads = m.full_head_dim or m.hd, m.full_kv_heads or m.num_key_value_heads
             chunks = p.cp
-        out = max(out, ring_chunks_backward_bytes(batch * local, heads, kv_heads / p.tp, head_dim, chunks, comp))
+        tokens = tr.micro_batch_size * local
+        out = max(out, ring_chunks_backward_bytes(tokens, heads, kv_heads / p.tp, head_dim, chunks, comp))
     return out
 
 
 def ring_chunks_backward_bytes(
     tokens: float, heads: float, kv_heads: float, head_dim: int, chunks: int, comp: float
 ) -> float:
-    """Gemma-4's ring backward over ``chunks`` ring chunks of ``tokens`` local tokens (batch x local length):
-    ``9U + 3nU + 2n KV`` with U the query-shaped output and KV one chunk's keys (see gemma4_ring_backward_bytes)."""
+    """Gemma-4's ring backward over ``chunks`` ring chunks of ``tokens`` local tokens (batch x local length), with U
+    the query-shaped output: per chunk a bf16 output, an fp32 running output and the query's contiguous copy stay until
+    the graph is differentiated (``4U``), with the chunk's keys and values (``2 KV``); the gradients' working set adds
+    ``9U`` (the fp32 cast of the incoming gradient, the merge's fp32 gradients, the query's). Past 256 wide
+    transformers' SDPA hands over keys and values repeated to every query head (GQA only up to 256: KV = U); narrower,
+    the ring's contiguous copies of the rank's own keys and values add ``2 KV``. ``9U + 4nU + 2n KV (+ 2 KV)``,
+    measured on AutoModel's ring on fake tensors with q, k, v as Gemma-4's attention hands them over
+    (tests/oracle/test_gemma4_ring.py)."""
     u = tokens * heads * head_dim * comp
-    kv = tokens * kv_heads * head_dim * comp
-    return (9 + 3 * chunks) * u + 2 * chunks * kv
+    repeated = head_dim > 256
+    kv = u if repeated else tokens * kv_heads * head_dim * comp
+    return (9 + 4 * chunks) * u + 2 * chunks * kv + (0.0 if repeated else 2 * kv)
 
 
 def _torch_dispatch_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, tokens: float) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
 from ..catalog.models import ModelSpec
-from ..media import IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
+from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
 from ..vlm_packing import recipe_fill_note
 from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
@@ -193,6 +193,13 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
             "conversations: no images"
         )
         return out
+    if w.fake_images is not None:
+        read.append(
+            f"VLM step: dataset._target_ {w.fake_images} makes text-only conversations, and AutoModel injects its "
+            f"{FAKE_IMAGE_PX[0]} x {FAKE_IMAGE_PX[1]} fake image into each sample it pretokenizes "
+            "(dataset.inject_fake_images, default true): one a sequence assumed"
+        )
+    px = FAKE_IMAGE_PX if w.fake_images is not None else IMAGE_PX
     vision = (spec.hf_config or {}).get("vision_config")
     if is_gemma3_tower(spec.hf_config):
         image = gemma3_image(spec.hf_config or {})
@@ -209,7 +216,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     if not is_qwen_tower(vision):
         read.append("VLM step: the model's logits kept through backward; its images' tower activations not sized")
         return out
-    image = qwen_image(vision, IMAGE_PX, w.processor_pixels)
+    image = qwen_image(vision, px, w.processor_pixels)
     h, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
     gated = "fullatt_block_indexes" in vision  # Qwen2.5-VL's SwiGLU keeps one more intermediate tensor
     sharding = w.frame_sharding
@@ -226,7 +233,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         and (IMAGES_PER_SAMPLE * image.tokens >= sharding[0] or IMAGES_PER_SAMPLE >= sharding[1]),
     )
     read.append(
-        f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {IMAGE_PX[0]} x {IMAGE_PX[1]} "
+        f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} "
         f"image a sequence ({image.grid[1]} x {image.grid[2]} patches, {image.tokens} of the sequence's tokens)"
         + (", its tower trained" if w.train_towers and w.peft is None else ", its tower frozen (no activations kept)")
     )

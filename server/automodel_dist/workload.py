@@ -134,6 +134,11 @@ class Workload:
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
     # Qwen3.5 classes, else its text_config override's num_nextn_predict_layers or mtp_num_hidden_layers), with its key
     mtp_depth: tuple[int, str] | None = None
+    # model.output_hidden_states and model.text_config.output_hidden_states where set (AutoModel puts them in the
+    # built config)
+    output_hidden_states: tuple[bool | None, bool | None] = (None, None)
+    # Gemma-4's CP attention kernels, model.text_config.cp_full_attn_backend and cp_sliding_attn_backend (lowercase)
+    gemma4_cp_kernels: tuple[str | None, str | None] = (None, None)
 
     @property
     def vlm_packed(self) -> bool:
@@ -260,6 +265,10 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if is_nonneg_int(v := _get(recipe, key)):
             facts["mtp_depth"] = (v, key)
             break
+    flags = (_get(recipe, "model.output_hidden_states"), _get(recipe, "model.text_config.output_hidden_states"))
+    facts["output_hidden_states"] = tuple(v if isinstance(v, bool) else None for v in flags)
+    kernels = (_get(recipe, f"model.text_config.cp_{k}_attn_backend") for k in ("full", "sliding"))
+    facts["gemma4_cp_kernels"] = tuple(str(v).lower() if v is not None else None for v in kernels)
     clip = recipe.get("clip_grad_norm")
     if isinstance(clip, Mapping):
         value = clip.get("max_norm")

@@ -37,7 +37,7 @@ from ..stack.recipe import (
     sanitized_block,
 )
 from ..vlm_packing import recipe_fill_note
-from ..workload import read_workload, unsized_entry
+from ..workload import Workload, read_workload, unsized_entry
 from .depth import Depth, plan_depth, truncated_config
 from .spec import Build, DryRunSpec, Media
 
@@ -104,12 +104,12 @@ def plan_dry_run(
         cfg = hf_config(spec)
     except NoConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
-    cfg = _with_recipe_output_flags(cfg, ctx.recipe)
+    w = read_workload(ctx.recipe)
+    cfg = _with_output_flags(cfg, w.output_hidden_states)
     source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
         cfg = truncated_config(cfg, layers)
-    w = read_workload(ctx.recipe)
     if (why := unsized_entry(w)) is not None:
         raise DryRunUsageError(why)
     subs: list[str] = []
@@ -175,7 +175,7 @@ def plan_dry_run(
     blocking: list[str] = []  # what makes every rank's figure meaningless: none is run
     media: Media | None = None
     if ctx.kind.recipe in MEDIA_RECIPES:
-        why = _media_unsupported(ctx.kind.recipe, cfg, d, ctx.recipe)
+        why = _media_unsupported(ctx.kind.recipe, cfg, d, w)
         if why:
             blocking.append(why)
         else:
@@ -482,9 +482,7 @@ CP_GATED_DELTANET_MODULES = tuple(
 )
 
 
-def _media_unsupported(
-    recipe: str, cfg: dict[str, Any], d: ParallelDims, recipe_doc: dict[str, Any] | None = None
-) -> str | None:
+def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims, w: Workload) -> str | None:
     """Why the dry run cannot run this media recipe's step (None: it can). It feeds images the way the Qwen-VL
     processors make them (flattened patches and a grid per image), through the VLM finetune recipe's step."""
     qwen = is_qwen_tower(cfg.get("vision_config")) and isinstance(cfg.get("image_token_id"), int)
@@ -503,15 +501,14 @@ def _media_unsupported(
             f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
             "the CP ranks) is not run by the dry run: not measured"
         )
-    model = (recipe_doc or {}).get("model")
-    text = (model.get("text_config") if isinstance(model, dict) else None) or {}
-    if gemma4 and d.cp > 1 and isinstance(text, dict) and str(text.get("cp_sliding_attn_backend")).lower() == "fa":
+    full_kernel, sliding_kernel = w.gemma4_cp_kernels
+    if gemma4 and d.cp > 1 and sliding_kernel == "fa":
         return (
             f"{recipe}: Gemma-4 under context parallelism with cp_sliding_attn_backend: fa (its sliding layers' ring "
             "through a local FlashAttention kernel that keeps its own forward state, no recompute) is not run by the "
             "dry run, which stands in only for the compiled flex attention ring: not measured"
         )
-    if gemma4 and d.cp > 1 and isinstance(text, dict) and str(text.get("cp_full_attn_backend")).lower() == "ffpa":
+    if gemma4 and d.cp > 1 and full_kernel == "ffpa":
         return (
             f"{recipe}: Gemma-4 under context parallelism with cp_full_attn_backend: ffpa (its global layers' ring "
             "chunks through the FFPA CuTeDSL kernels, which keep their own forward state and run their own backward) "
@@ -520,24 +517,18 @@ def _media_unsupported(
     return None
 
 
-def _with_recipe_output_flags(cfg: dict[str, Any], recipe: dict[str, Any] | None) -> dict[str, Any]:
-    """The config with the recipe's ``model.output_hidden_states`` / ``model.text_config.output_hidden_states``, as
-    AutoModel's build hands them to the config (its Gemma-4 class merges ``text_config`` into the language model's).
-    A forward that takes ``output_hidden_states`` as its own argument and does not pass it on (Gemma-4's
-    context-parallel path) returns hidden states for a linear cross entropy only by the config's flag."""
-    model = (recipe or {}).get("model")
-    if not isinstance(model, dict):
-        return cfg
-    text = model.get("text_config")
-    flags = {"": model.get("output_hidden_states"), "text_config": (text or {}).get("output_hidden_states")}
+def _with_output_flags(cfg: dict[str, Any], flags: tuple[bool | None, bool | None]) -> dict[str, Any]:
+    """The config with the recipe's ``model.output_hidden_states`` / ``model.text_config.output_hidden_states``
+    (``Workload.output_hidden_states``), as AutoModel's build hands them to the config (its Gemma-4 class merges
+    ``text_config`` into the language model's). A forward that takes ``output_hidden_states`` as its own argument and
+    does not pass it on (Gemma-4's context-parallel path) returns hidden states for a linear cross entropy only by the
+    config's flag."""
+    top, text = flags
     out = dict(cfg)
-    for where, value in flags.items():
-        if not isinstance(value, bool):
-            continue
-        if where and isinstance(out.get(where), dict):
-            out[where] = {**out[where], "output_hidden_states": value}
-        elif not where:
-            out["output_hidden_states"] = value
+    if top is not None:
+        out["output_hidden_states"] = top
+    if text is not None and isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], "output_hidden_states": text}
     return out
 
 

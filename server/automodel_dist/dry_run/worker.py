@@ -176,11 +176,14 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # Gemma-4's CP ring asks whether any query row of its shard is empty (padding, or outside every packed
         # document) before zeroing those rows: answered yes, as on the rank holding a padded pack's tail (packs
         # fill to packing_ratio and are padded; a copy of each chunk's output, the most that answer can cost)
-        "gemma4_moe/cp_attention.py:_run_gemma4_flex_chunk": lambda t: True if t.dtype == torch.bool else None,
-        "gemma4_moe/cp_attention.py:_run_gemma4_cp_ring_attention_forward": lambda t: (
-            True if t.dtype == torch.bool else None
+        **dict.fromkeys(
+            (
+                "gemma4_moe/cp_attention.py:_run_gemma4_flex_chunk",
+                "gemma4_moe/cp_attention.py:_run_gemma4_cp_ring_attention_forward",
+                "gemma4_moe/cp_attention.py:backward",
+            ),
+            lambda t: True if t.dtype == torch.bool else None,
         ),
-        "gemma4_moe/cp_attention.py:backward": lambda t: True if t.dtype == torch.bool else None,
     }
     equal = {  # torch.equal
         # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and

@@ -997,6 +997,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     tied_head_grad = (
         (g.embed + g.lm_head) * comp if sharded and lora is None and p.pp == 1 and m.tie_word_embeddings else 0.0
     )
+    # the embedding's and head's sharded gradients (trained whole; under LoRA the adapters hold none of them)
+    root_sharded = (g.embed + g.lm_head) / sg * store if lora is None else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -1024,7 +1026,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # tied head's unsharded gradient held (see tied_head_grad), the VLM step's logits and (a linear cross
             # entropy asks for them) every layer's output still kept, the per-layer inputs made before the first
             # block, and that block's transients (nothing left to prefetch)
-            layer_grads_late = max(grads_sharded - (g.embed + g.lm_head) / sg * store - g.layer_dense / sg * store, 0)
+            layer_grads_late = max(grads_sharded - root_sharded - g.layer_dense / sg * store, 0)
             kept_outputs = (
                 (g.n_layers + 1) * m.hidden_size * comp * tokens
                 if tr.vlm_step and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")
@@ -1044,10 +1046,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # else the root with the head)
         if lora is None:
             last_unit = g.embed if own_embed_unit else g.root
-            root_sharded = (g.embed + g.lm_head) / sg * store
         else:
             last_unit = lora.lm_head / head_tp if g.last else 0.0
-            root_sharded = 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
         phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + reduce) + held_grads + p2p))
     else:

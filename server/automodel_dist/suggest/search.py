@@ -385,10 +385,9 @@ def suggest_strategy(
         block = p.to_block()
         batches, changed = _batches(p, gbs, micro_batch_size, given_lbs)
         recipe: dict[str, Any] = {"distributed": block, "step_scheduler": batches}
-        needs = _model_needs(spec, p, workload)
-        if needs is not None:
-            recipe["model"] = {"backend": {"attn": needs[0]}}
-            needs = needs[1]
+        attn, needs = _model_needs(spec, p, workload) or (None, None)
+        if attn is not None:
+            recipe["model"] = {"backend": {"attn": attn}}
         report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))

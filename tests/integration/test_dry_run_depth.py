@@ -99,6 +99,33 @@ def test_plan_depth_uniform_prefix_and_pipeline():
     assert plan_depth(dataclasses.replace(l8, num_layers=3), read_dims({}, 8), 0) is None  # as shallow as a build
 
 
+def test_plan_depth_uneven_stages_take_the_common_size():
+    """94 layers at 2 a stage, rounded up to 48 stages on PP 4 (Qwen3-VL-235B's benchmark recipe): AutoModel gives 46
+    stages 2 layers and the last two 1. The builds hold stages of the common size (2 layers), not of the smallest (a
+    rank of 1-layer stages would hold twice the stages and their per-stage buffers), and the model's parameter count
+    is read off the line where every rank's builds hold the model, not pp x this rank's layers."""
+    spec = lookup_model("Qwen/Qwen3-VL-235B-A22B-Instruct")
+    dims = read_dims(
+        {
+            "pp_size": 4,
+            "ep_size": 32,
+            "pipeline": {
+                "pp_schedule": "interleaved1f1b",
+                "layers_per_stage": 2,
+                "round_virtual_stages_to_pp_multiple": "up",
+            },
+        },
+        256,
+    )
+    assert stage_layer_counts(94, 48).count(1) == 2
+    first, last = plan_depth(spec, dims, 0), plan_depth(spec, dims, 3)
+    assert first is not None and last is not None
+    assert first.layers_per_stage == (2, 2) and first.layers == (24, 32) and first.units == (3, 4)
+    assert first.target_units == 12 and last.target_units == 11.5  # 24 layers on rank 0, 23 on rank 3
+    assert first.model_units == last.model_units == 94 / 8
+    assert "its stages hold 1 or 2" in first.notes[0]
+
+
 def test_plan_depth_builds_whole_where_the_two_builds_would_run_more_layers():
     """Two shallow builds of 3 and 4 units run 7 units' worth of layers: a rank holding no more is built once, whole
     (one build and one step, and nothing extrapolated)."""

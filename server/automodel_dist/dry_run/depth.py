@@ -44,6 +44,9 @@ class Depth:
     layers: tuple[int, int]  # num_hidden_layers of the two builds
     units: tuple[int, int]  # repeating units on the measured rank in each build
     target_units: float  # ... and at full depth
+    # the units at which every rank's builds hold the whole model (the parameter count's line; a pipeline rank's
+    # target_units hold its own layers, pp x those where the stages are uneven is not the model)
+    model_units: float | None = None
     layers_per_stage: tuple[int, int] | None = None  # pipeline.layers_per_stage of each build (PP)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -96,6 +99,7 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
             layers=(num_stages * lps[0], num_stages * lps[1]),
             units=(spr * n1, spr * (n1 + 1)),
             target_units=held / period,
+            model_units=L / (dims.pp * period),
             layers_per_stage=lps,
             notes=tuple(notes),
         )
@@ -129,12 +133,16 @@ def _by_stages(
     the schedule's steady state, the same count of in-flight microbatches per stage (the warm-up grows by pp per
     stage, and with every microbatch in one round all of them are in flight); torch keeps at most three stages
     gathered, which both builds already hold."""
-    lps = min(per_stage)
+    # the stages' common size (AutoModel gives the first L % S stages one layer more): most stages hold it, and a
+    # rank's few stages of the other size are read off the line by their layers
+    sizes = sorted(set(per_stage))
+    lps = max(sizes, key=per_stage.count)
     if _whole_is_no_more_work(MIN_STAGES, MIN_STAGES + 1, spr) or lps % period or dims.v_schedule:
         return None
+    uneven = "" if len(sizes) == 1 else f"; its stages hold {' or '.join(map(str, sizes))}, {held} layers on this rank"
     notes = [
         f"built with {MIN_STAGES} and {MIN_STAGES + 1} of the rank's {spr} pipeline stages ({lps} layers each) and "
-        "extrapolated per stage"
+        f"extrapolated per stage{uneven}"
     ]
     if spec.first_dense_layers:
         notes.append(
@@ -148,6 +156,7 @@ def _by_stages(
         layers=(dims.pp * s1 * lps, dims.pp * s2 * lps),
         units=(s1, s2),
         target_units=held / lps,
+        model_units=spec.num_layers / (dims.pp * lps),
         layers_per_stage=(lps, lps),
         notes=tuple(notes),
     )

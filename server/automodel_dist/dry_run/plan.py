@@ -281,6 +281,14 @@ def plan_dry_run(
                 "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
                 "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
             )
+    if "mamba" in spec.layer_types and not own_class:
+        blocking.append(
+            "transformers' Nemotron-H class (force_hf) trains with its cache on (the config's use_cache, which "
+            "transformers takes as the forward's default), so its Mamba-2 layers take the unfused path: causal_conv1d's "
+            "and mamba_ssm's chunked-scan kernels on a GPU, a chunked torch reference here whose [chunk x chunk] "
+            "intermediates no GPU holds; those kernels are not stood in (stack/mamba_ssd.py stands in for the fused "
+            "kernel AutoModel's own class runs): not measured"
+        )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:

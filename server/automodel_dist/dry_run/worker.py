@@ -169,10 +169,18 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
-        # a multimodal class run as a causal LM looks for image / video tokens in the ids (a bool): a text batch has
-        # none; any other read there is refused
-        "models/qwen3_5_moe/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
-        "models/qwen3_5/model.py:forward": lambda t: False if t.dtype == torch.bool else None,
+        # a multimodal class looks for image / video tokens in the ids (a bool) before it takes a pipeline stage's
+        # staged media: a text batch (a VLM class run as a causal LM, a benchmark's mock ids) has none, an image
+        # batch has them (asked for videos too: with no staged videos that answer takes nothing); any other read
+        # there is refused
+        **dict.fromkeys(
+            (
+                "models/qwen3_5_moe/model.py:forward",
+                "models/qwen3_5/model.py:forward",
+                "models/qwen3_vl_moe/model.py:forward",
+            ),
+            lambda t: (spec.media is not None) if t.dtype == torch.bool else None,
+        ),
         # Gemma-4's CP ring asks whether any query row of its shard is empty (padding, or outside every packed
         # document) before zeroing those rows: answered yes, as on the rank holding a padded pack's tail (packs
         # fill to packing_ratio and are padded; a copy of each chunk's output, the most that answer can cost)
@@ -406,6 +414,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
 def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """The full depth's figures on the line through two shallow builds (see :mod:`.depth`)."""
     (u1, u2), target = depth.units, depth.target_units
+    whole = depth.model_units if depth.model_units is not None else target  # the model's count, not the rank's
 
     def at(a: float, b: float) -> float:
         return line(u1, a, u2, b, target)
@@ -425,8 +434,8 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
         local_bytes={k: int(at(first["local_bytes"][k], v)) for k, v in second["local_bytes"].items()},
         params={
             **second["params"],
-            "total": int(at(first["params"]["total"], second["params"]["total"])),
-            "trainable": int(at(first["params"]["trainable"], second["params"]["trainable"])),
+            "total": int(line(u1, first["params"]["total"], u2, second["params"]["total"], whole)),
+            "trainable": int(line(u1, first["params"]["trainable"], u2, second["params"]["trainable"], whole)),
         },
         builds=[
             {"layers": n, "peak_gib": b["peak"]["total"], "peak_phase": b["peak_phase"]}

@@ -182,6 +182,8 @@ NOT_MEASURED: dict[str, str] = {
     "llm_finetune/nemotron/nemotron_nano_9b_squad_peft.yaml": "transformers' Nemotron-H class (force_hf) trains "
     "with its cache on, so its Mamba-2 layers take the unfused causal_conv1d + chunked-scan kernels, which the dry run "
     "does not stand in (its stand-in is the fused kernel AutoModel's own class runs)",
+    "vlm_finetune/mistral/ministral3_3b_medpix.yaml": "the dry run feeds images only as the Qwen-VL, Gemma-3 and "
+    "Gemma-4 processors make them, not Pixtral's (Mistral3's tower)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
     "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
     "run does not build (the plan runs no rank)",

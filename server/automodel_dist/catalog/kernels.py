@@ -128,8 +128,17 @@ def hf_layer(architecture: str | None) -> HFLayer | None:
 
 # AutoModel's own classes whose decoder layers and norms are transformers' (components/models/qwen3_vl/model.py
 # subclasses transformers' model, qwen3/model.py its decoder layer, gemma4_moe/model.py keeps transformers' model for a
-# dense checkpoint); AutoModel applies Liger to Hugging Face classes only, never to these
-HF_LAYER_CLASSES = frozenset({"Qwen3VLForConditionalGeneration", "Qwen3ForCausalLM", "Gemma4ForConditionalGeneration"})
+# dense checkpoint, mistral3_vlm/model.py subclasses transformers' Mistral3 and keeps its Ministral3 layers: each norm
+# an fp32 copy of its input and the normalised tensor, measured per layer on the dry run); AutoModel applies Liger to
+# Hugging Face classes only, never to these
+HF_LAYER_CLASSES = frozenset(
+    {
+        "Qwen3VLForConditionalGeneration",
+        "Qwen3ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+    }
+)
 
 # AutoModel's own classes whose decoder layers are transformers' own GradientCheckpointingLayer modules when dense
 # (Gemma-4's dense checkpoints run transformers' language model): AutoModel checkpoints them whole, as it does a

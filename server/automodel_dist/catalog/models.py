@@ -544,6 +544,15 @@ def _qwen_or_siglip_tower(
         merger = (hm * hm + hm) + (out * hm + out)
         tower = (channels * temporal * patch * patch * h + h) + positions * h + layers * block
         return tower + (2 * h + merger) + len(deepstack) * (2 * hm + merger)
+    if cfg.get("model_type") == "pixtral" and text_hidden and is_int(cfg.get("spatial_merge_size")):
+        # Pixtral's tower (a bias-free patch convolution, RMSNorms, a gated MLP, q/k/v/o without bias) and Mistral3's
+        # projector (an RMSNorm, the patch merger's linear over merge x merge patches, then two linears to the text
+        # width, with the config's multimodal_projector_bias): the outer config's keys, handed in by _spec_of
+        block = 2 * h + 4 * h * h + 3 * h * inter
+        hm = h * merge * merge
+        bias = bool(cfg.get("multimodal_projector_bias", False))
+        projector = h + hm * h + (h * text_hidden + text_hidden * text_hidden) + (2 * text_hidden if bias else 0)
+        return channels * patch * patch * h + h + layers * block + projector
     if cfg.get("model_type") == "gemma4_vision" and text_hidden:
         # Gemma-4's tower: a learned 2-axis position table, the patches' input projection, q/k-normed attention and
         # a gated MLP with four norms a block, then the projection to the text width (embed_vision)
@@ -612,7 +621,12 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     nested = isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg
     text_hidden = (cfg["text_config"] if nested else cfg).get("hidden_size")
     text_hidden = text_hidden if isinstance(text_hidden, int) else None
-    vision = _tower_params(cfg.get("vision_config"), text_hidden)
+    vision_cfg = cfg.get("vision_config")
+    if isinstance(vision_cfg, dict) and vision_cfg.get("model_type") == "pixtral":
+        # Mistral3's projector is sized by the outer config's merge size and bias
+        outer_keys = ("spatial_merge_size", "multimodal_projector_bias")
+        vision_cfg = {**vision_cfg, **{k: cfg[k] for k in outer_keys if k in cfg}}
+    vision = _tower_params(vision_cfg, text_hidden)
     audio = _tower_params(cfg.get("audio_config"), text_hidden)
     if nested:
         outer = cfg

@@ -22,7 +22,9 @@ from automodel_dist.estimate.memory import (
     Training,
     activation_formula_korthikanti,
     memory_per_rank,
+    moe_forward_bytes,
 )
+from automodel_dist.estimate.peft import lora_of
 from automodel_dist.report import ConfigError
 from automodel_dist.request import Request
 from support.builders import dims, torch_version
@@ -124,6 +126,40 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     assert dims("fsdp2", pp=2).blocks_reshard and dims("fsdp2", ep=2).blocks_reshard is False
     assert dims("fsdp2", ep=2, moe_reshard_after_forward=True).blocks_reshard
     assert dims("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
+
+
+def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatch():
+    """AutoModel's MoE classes with model.backend.enable_fsdp_optimizations turn reshard_after_backward off for every
+    backward but a step's last (moe/fsdp_mixin.py): the next microbatch's forward starts with the rank's units all
+    gathered. Its dry run on fake tensors (Nemotron-3 Super, LoRA, EP 64 on 64 GPUs, 4 microbatches, blocks that
+    reshard after forward) peaks there; without accumulation, without the flag, or with blocks kept gathered anyway
+    the phase is not there."""
+    spec = lookup("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16")
+    p = dims("fsdp2", dp=64, ep=64, moe_reshard_after_forward=True, activation_checkpointing=True)
+    lora = lora_of(spec, {"dim": 32, "exclude_modules": ["*.out_proj"], "moe_rank_scaling": True})
+    tr = Training(
+        seq_len=4096,
+        micro_batch_size=2,
+        global_batch_size=512,
+        lora=lora,
+        loss="MaskedCrossEntropy",
+        fp32_upcast=False,  # the recipe's bf16 logits
+        dispatcher="hybridep",
+        experts="torch_mm",
+        fsdp_sync_mixin=True,
+    )
+    out = memory_per_rank(spec, p, tr)
+    assert out.peak_phase == "next-microbatch-forward"
+    # every non-expert layer parameter (6.85e9, bf16) gathered, and one MoE layer's routed working set
+    assert out.buffers > 6.85e9 * 2 / 2**30
+    assert out.activations == pytest.approx(8192 * moe_forward_bytes(spec) / 2**30)
+    for other in (
+        dataclasses.replace(tr, fsdp_sync_mixin=False),
+        dataclasses.replace(tr, global_batch_size=128),  # one microbatch a step
+    ):
+        assert memory_per_rank(spec, p, other).peak_phase != "next-microbatch-forward"
+    kept = dims("fsdp2", dp=64, ep=64, moe_reshard_after_forward=False, activation_checkpointing=True)
+    assert memory_per_rank(spec, kept, tr).peak_phase != "next-microbatch-forward"
 
 
 def _unknown_model_recipe(tmp_path):

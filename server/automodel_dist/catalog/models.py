@@ -103,6 +103,12 @@ class ModelSpec:
     # decoder layer of the model's MLP kind, its input projection from [embedding, hidden] (2h x h) and three norms;
     # both recipes add their loss (a second pass through the shared lm_head)
     mtp_layers: int = 0
+    # a hybrid model's MTP depth (Nemotron-3 Super's mtp_hybrid_override_pattern "*E"): its sublayers' kinds, each a
+    # norm and a mixer as in the backbone, with the depth's input projection and three norms around them
+    mtp_layer_types: tuple[str, ...] = ()
+    # latent MoE (Nemotron-3 Super's moe_latent_size): the routed experts work at this width, between a projection
+    # from the hidden state and one back (fc1_latent_proj / fc2_latent_proj); the shared expert at the hidden width
+    moe_latent_size: int = 0
     audio_params: int = 0
     published_params: float | None = None  # total parameters from the model card
     architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
@@ -318,17 +324,28 @@ class ModelSpec:
         bias = (self.mlp_matrices - 1) * self.intermediate_size + self.hidden_size if self.mlp_bias else 0
         return self.mlp_matrices * self.hidden_size * self.intermediate_size + bias
 
+    @property
+    def expert_dim(self) -> int:
+        """The width the routed experts take and return (a routed token's width in dispatch): the latent width of a
+        latent MoE, else the hidden size."""
+        return self.moe_latent_size or self.hidden_size
+
     def expert_params(self) -> int:
         """Parameters of one routed expert."""
-        h, i = self.hidden_size, self.moe_intermediate_size
+        h, i = self.expert_dim, self.moe_intermediate_size
         return self.mlp_matrices * h * i + ((2 * i + h) if self.expert_bias else 0)
 
     def moe_nonexpert_params(self) -> int:
-        """Router and shared experts of one MoE layer (replicated across EP ranks)."""
+        """Router, shared experts and latent projections of one MoE layer (not split by EP)."""
         router = self.num_experts * self.hidden_size + (self.num_experts if self.expert_bias else 0)
         gate = self.hidden_size if self.shared_expert_gate else 0
         scale = self.hidden_size if self.router_scale else 0
-        return router + gate + scale + self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+        latent = 0
+        if self.moe_latent_size:
+            latent = 2 * self.hidden_size * self.moe_latent_size
+            latent += (self.moe_latent_size + self.hidden_size) if self.expert_bias else 0
+        shared = self.mlp_matrices * self.hidden_size * self.shared_expert_intermediate_size
+        return router + gate + scale + latent + shared
 
     def mamba_params(self) -> int:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
@@ -384,6 +401,11 @@ class ModelSpec:
             return 0
         last = self.num_layers - 1
         h = self.hidden_size
+        if self.mtp_layer_types:  # a hybrid's depth: its sublayers as the backbone's kinds
+            sublayers = sum(
+                self.mixer_params(t) + self.norms_per_layer * self.norm_params for t in self.mtp_layer_types
+            )
+            return self.mtp_layers * (sublayers + 2 * h * h + 3 * self.norm_params)
         mlp = self.layer_params(last) - self.attention_params(self.attention_kind(last))  # the MLP kind of a late layer
         layer = self.attention_params("full" if self.layer_attention else "") + mlp  # AutoModel makes it full attention
         return self.mtp_layers * (layer + 2 * h * h + 3 * self.norm_params)
@@ -395,7 +417,7 @@ class ModelSpec:
                 self.count(t) * (self.mixer_params(t) + self.norms_per_layer * self.hidden_size)
                 for t in set(self.layer_types)
             )
-            return self.embedding_params() + layers + self.hidden_size + self.lm_head_params()
+            return self.embedding_params() + layers + self.hidden_size + self.lm_head_params() + self.mtp_params()
         towers = self.vision_params + self.audio_params
         if self.layer_attention or self.kv_shared_layers:
             layers = sum(self.layer_params(i) for i in range(self.num_layers))
@@ -958,6 +980,17 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", default=0) or 0, "n_routed_experts")
     if moe and not experts:
         raise ModelConfigError("the hybrid layer pattern has MoE layers but n_routed_experts is missing or 0")
+    # AutoModel's class builds num_nextn_predict_layers MTP depths of mtp_hybrid_override_pattern's sublayers
+    # (nemotron_v3/mtp.py build_mtp_config_from_hf); without a pattern it builds none
+    mtp_depth = _int(_first(cfg, "num_nextn_predict_layers", default=0) or 0, "num_nextn_predict_layers")
+    mtp_pattern = cfg.get("mtp_hybrid_override_pattern")
+    mtp_types: tuple[str, ...] = ()
+    if mtp_depth and isinstance(mtp_pattern, str) and mtp_pattern:
+        mtp_types = _hybrid_layer_types({"hybrid_override_pattern": mtp_pattern}, len(mtp_pattern))
+    elif mtp_depth and isinstance(cfg.get("mtp_layers_block_type"), list):
+        names = cfg["mtp_layers_block_type"]
+        mtp_types = _hybrid_layer_types({"layers_block_type": names}, len(names))
+    mtp_depth = mtp_depth if mtp_types else 0
     spec = ModelSpec(
         name=name or _unnamed(cfg, "nemotron_h"),
         hidden_size=h,
@@ -981,6 +1014,9 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         if moe
         else 0,
         layer_types=types,
+        mtp_layers=mtp_depth,
+        mtp_layer_types=mtp_types,
+        moe_latent_size=_int(_first(cfg, "moe_latent_size", default=0) or 0, "moe_latent_size") if moe else 0,
         mamba_num_heads=_int(_first(cfg, "mamba_num_heads", default=128), "mamba_num_heads"),
         mamba_head_dim=_int(_first(cfg, "mamba_head_dim", default=64), "mamba_head_dim"),
         mamba_n_groups=_int(_first(cfg, "n_groups", "mamba_n_groups", default=8), "n_groups"),

@@ -181,7 +181,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         out["pp"] = 2 * per_mb_act * spr * mb_per_step
     if p.ep > 1 and m.is_moe:
         moe_layers = g.kinds.get("moe", 0)
-        routed = tok_mb * max(m.experts_per_token, 1) * h * comp
+        routed = tok_mb * max(m.experts_per_token, 1) * m.expert_dim * comp  # (a latent MoE routes latent rows)
         out["ep"] = _ag(p.ep, routed) * (4 + 2 * recompute) * moe_layers * mb_per_step
 
     layout = p.layout

@@ -160,6 +160,9 @@ class Training:
     fp32_upcast: bool = True
     loss_gathers_head: bool = False  # the linear CE gathers a TP-split head whole first (Gemma-4's TP loss)
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
+    # model.backend.enable_fsdp_optimizations on AutoModel's own MoE class (its MoEFSDPSyncMixin): without PP every
+    # backward but a step's last leaves its FSDP units gathered (reshard_after_backward off, moe/fsdp_mixin.py)
+    fsdp_sync_mixin: bool = False
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
     attn_backend: str | None = None  # model.backend.attn (AutoModel's own classes; catalog/kernels.EAGER_UNLESS_TE)
@@ -309,7 +312,19 @@ def _routed_expert_bytes(m: ModelSpec, trained: bool) -> float:
     k = max(m.experts_per_token, 1)
     ki = k * m.moe_intermediate_size
     act_in = (4 if m.gated_mlp else 2) * ki
-    return 2 * k * m.hidden_size + act_in + 2 * ki if trained else act_in
+    return 2 * k * m.expert_dim + act_in + 2 * ki if trained else act_in
+
+
+def moe_forward_bytes(m: ModelSpec) -> float:
+    """Bytes per local token one MoE layer's routed experts hold at once in forward, beyond what they save: per routed
+    copy (k a token) the permuted input and the down projection's output (the experts' width), the up projection's
+    output and the activation's two outputs (ReLU and its square, or the gate's activation and the product)
+    (AutoModel's Nemotron-3 Super MoE layer on fake tensors: 3.5 GiB at 8,192 tokens, within 5%)."""
+    if not m.is_moe:
+        return 0.0
+    k, i = max(m.experts_per_token, 1), m.moe_intermediate_size
+    up = 2 * i if m.gated_mlp else i
+    return k * (4 * m.expert_dim + 2 * up + 4 * i)
 
 
 def _hybrid_act_per_token(
@@ -810,7 +825,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if lora.quant_bits:
             share = _linear_share(m)
             layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
-        frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + g.root / sp_ * comp
+        # (the multi-token-prediction layers, frozen with the rest, in the compute dtype)
+        frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + (g.root + g.mtp) / sp_ * comp
     # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them)
     for tower, trains in ((g.towers, tr.train_towers), (g.audio, tr.train_audio)):
         if tower and trains and lora is None:
@@ -828,10 +844,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     recompute = 0.0
     last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
     mtp_layers = m.mtp_layers if g.mtp else 0  # each a decoder layer of the last layer's kind
+    layer_plain = 0.0  # the largest one layer keeps while its forward runs (checkpointed or not)
     for kind, count in g.kinds.items():
         s, plain = _act_per_token(m, p, tr, kind, comp, style)
         saved += s * (count + (mtp_layers if kind == m.layer_kind(m.num_layers - 1) else 0))
         last_block = max(last_block, s)
+        layer_plain = max(layer_plain, plain)
         if ac and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
     vocab = m.vocab_size
@@ -973,6 +991,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
+    if sharded and tr.fsdp_sync_mixin and p.pp == 1 and n_mb * grad_acc > 1 and not keep_blocks:
+        # AutoModel's MoE FSDP optimizations: every backward but the step's last leaves the rank's units gathered
+        # (reshard_after_backward off), so the next microbatch's forward starts with all of them gathered and
+        # reshards each after its own forward: its first layers run beside every other unit still gathered
+        # (AutoModel's step on fake tensors, Nemotron-3 Super's LoRA benchmark)
+        every = (root_held + g.dense_layers + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
+        forward = max(layer_plain, moe_forward_bytes(m) if g.kinds.get("moe") else 0.0) * tokens
+        phases.append(("next-microbatch-forward", accumulated, forward, every + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0
     # a block's backward, at the moment its gradients are made: its fresh gradient in the compute dtype and, without
@@ -1077,7 +1103,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         deferred_grads=float(
             held_grads
             if phase
-            in ("start-of-backward", "in-backward", "end-of-stage-backward", "late-backward", "end-of-backward")
+            in (
+                "start-of-backward",
+                "next-microbatch-forward",
+                "in-backward",
+                "end-of-stage-backward",
+                "late-backward",
+                "end-of-backward",
+            )
             else 0.0
         ),
         teacher=float(teacher),
@@ -1134,7 +1167,7 @@ def _torch_dispatch_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Group
     if p.ep <= 1 or not g.kinds.get("moe") or tr.dispatcher in LOCAL_DISPATCHERS:
         return 0.0
     out = 4.0 * (max(m.experts_per_token, 1) if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN else 1)
-    return p.ep * tokens * m.hidden_size * (DTYPE_BYTES[tr.compute_dtype] + out)
+    return p.ep * tokens * m.expert_dim * (DTYPE_BYTES[tr.compute_dtype] + out)
 
 
 def _teacher_bytes(tr: Training, p: ParallelDims, pp_rank: int, tokens: float, sp_: float, se: float) -> float:

@@ -212,7 +212,12 @@ def _attention(m: ModelSpec, base: str) -> list[Linear]:
 def _moe(m: ModelSpec, base: str, *, shared: str) -> list[Linear]:
     h, inter = m.hidden_size, m.moe_intermediate_size
     up = 2 * inter if m.gated_mlp else inter
-    out = [Linear(f"{base}.experts", h, up, kind="experts")]
+    out = [Linear(f"{base}.experts", m.expert_dim, up, kind="experts")]
+    if m.moe_latent_size:  # the projections into the experts' latent width and back (moe/layers.py)
+        out += [
+            Linear(f"{base}.fc1_latent_proj", h, m.moe_latent_size),
+            Linear(f"{base}.fc2_latent_proj", m.moe_latent_size, h),
+        ]
     s = m.shared_expert_intermediate_size
     if s:
         if m.gated_mlp:
@@ -256,7 +261,7 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
             adapted.append(name)
             if lin.kind == "experts":
                 inter = m.moe_intermediate_size
-                experts += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.hidden_size)
+                experts += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.expert_dim)
             else:
                 params += dim * (lin.fan_in + lin.fan_out)
                 weights += lin.fan_in * lin.fan_out

@@ -28,9 +28,10 @@ class MemoryBreakdown(BaseModel):
     worst_pp_rank: int = 0
     peak_phase: str = Field(
         default="",
-        description="start-of-backward, in-backward (a block's gradients and the "
-        "next block's gather), end-of-stage-backward (a single-stage pipeline rank with every block gathered) or "
-        "end-of-backward.",
+        description="start-of-backward, next-microbatch-forward (AutoModel's MoE FSDP optimizations keep every "
+        "unit gathered between microbatches), in-backward (a block's gradients and the next block's gather), "
+        "end-of-stage-backward (a single-stage pipeline rank with every block gathered), late-backward (a tied "
+        "head's gradient held to the end), end-of-backward or optimizer-step.",
     )
     teacher: float = Field(
         default=0.0,

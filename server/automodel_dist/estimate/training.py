@@ -163,6 +163,7 @@ def training_for(
         fp32_upcast=upcast,
         loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE,
         hf_class=hf_class,
+        fsdp_sync_mixin=not hf_class and spec.is_moe and w.backend.get("enable_fsdp_optimizations") is True,
         liger=w.use_liger_kernel,
         attn_implementation=w.attn_implementation,
         attn_backend=w.attn_backend,

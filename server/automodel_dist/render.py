@@ -338,6 +338,13 @@ def estimate_text(est: Estimate) -> str:
             "step's last backward (defer_fsdp_grad_sync: true, AutoModel's default, with gradient "
             "accumulation or PP); defer_fsdp_grad_sync: false reduce-scatters after every backward instead"
         )
+    if mem.peak_phase == "next-microbatch-forward":
+        lines.append(
+            "the peak is the next microbatch's forward: model.backend.enable_fsdp_optimizations turns FSDP's "
+            "reshard after backward off for every microbatch but a step's last (AutoModel's MoE classes), so each "
+            "later microbatch starts with every unit of this GPU gathered; false, fewer microbatches (a larger "
+            "local_batch_size) or PP avoid it"
+        )
     if est.comm_bytes_per_step:
         lines.append(
             "communication per step per GPU: "

@@ -162,6 +162,27 @@ def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatc
     assert memory_per_rank(spec, kept, tr).peak_phase != "next-microbatch-forward"
 
 
+def test_the_report_says_when_the_fsdp_optimizations_set_the_peak(capsys, tmp_path):
+    """The estimate's text names the cause and the ways out where the next microbatch's forward is the peak."""
+    recipe = tmp_path / "super_lora.yaml"
+    recipe.write_text(
+        "model:\n  pretrained_model_name_or_path: nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16\n"
+        "  backend: {experts: torch_mm, dispatcher: hybridep, enable_fsdp_optimizations: true}\n"
+        "peft: {dim: 32, exclude_modules: ['*.out_proj'], moe_rank_scaling: true}\n"
+        "loss_fn: {_target_: nemo_automodel.components.loss.masked_ce.MaskedCrossEntropy, fp32_upcast: false}\n"
+        "step_scheduler: {global_batch_size: 512, local_batch_size: 2}\n"
+        "dataset: {seq_len: 4096}\n"
+        "distributed: {strategy: fsdp2, ep_size: 64, activation_checkpointing: true, moe: {reshard_after_forward: true}}\n"
+    )
+    assert main(["estimate", str(recipe), "--world-size", "64", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "peak at next-microbatch-forward" in out and "enable_fsdp_optimizations" in out
+    flag_off = recipe.read_text().replace("enable_fsdp_optimizations: true", "enable_fsdp_optimizations: false")
+    recipe.write_text(flag_off)
+    assert main(["estimate", str(recipe), "--world-size", "64", "--seq-len", "4096"]) == 0
+    assert "next-microbatch-forward" not in capsys.readouterr().out
+
+
 def _unknown_model_recipe(tmp_path):
     """The Qwen3-MoE chat recipe naming a model neither in the catalog nor in the Hugging Face cache."""
     text = (

@@ -867,6 +867,78 @@ def test_the_mamba_ssm_stand_in_keeps_what_its_fused_kernel_keeps():
     assert zxbcdt.grad is not None and zxbcdt.grad.shape == zxbcdt.shape
 
 
+@needs_automodel
+def test_the_chunk_scan_and_causal_conv1d_stand_ins_keep_what_their_kernels_keep():
+    """stack/mamba_ssd.py's unfused pair, as transformers' Nemotron-H mixer calls them with its cache on: causal_conv1d
+    1.7.0's CausalConv1dFn keeps its input itself (a transposed view of in_proj's output, one of whose last two dims is
+    contiguous: no copy) and returns a new output; mamba_ssm's MambaChunkScanCombinedFn keeps its output and its
+    inputs x, dt, B and C themselves (views of the conv's output and of in_proj's) and returns the fp32 final
+    states with ``return_final_states``; backward gives a gradient of each input's shape and dtype."""
+    torch = pytest.importorskip("torch")
+    from automodel_dist.stack.mamba_ssd import causal_conv1d_fn, mamba_chunk_scan_combined
+
+    b, s, h, p, g, n, width = 2, 256, 8, 16, 2, 32, 4
+    dim, conv = h * p, h * p + 2 * g * n
+    projected = torch.randn(b, s, dim + conv + h, dtype=torch.bfloat16, requires_grad=True)
+    conv_w = torch.randn(conv, width, dtype=torch.bfloat16, requires_grad=True)
+    conv_b = torch.randn(conv, dtype=torch.bfloat16, requires_grad=True)
+    dt_bias, a_, d_ = (torch.randn(h, requires_grad=True) for _ in range(3))
+    weights = {x.untyped_storage().data_ptr() for x in (conv_w, conv_b, dt_bias, a_, d_)}
+    saved: list[tuple[tuple[int, ...], int]] = []
+
+    def pack(x):
+        if x.untyped_storage().data_ptr() not in weights:
+            saved.append((tuple(x.shape), x.untyped_storage().data_ptr()))
+        return x
+
+    _, xbc, dt = projected.split([dim, conv, h], dim=-1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        conv_out = causal_conv1d_fn(xbc.transpose(1, 2), conv_w, conv_b, activation="silu")
+    assert conv_out.shape == (b, conv, s) and saved == [((b, conv, s), projected.untyped_storage().data_ptr())]
+    saved.clear()
+    x, b_in, c_in = conv_out.transpose(1, 2).split([dim, g * n, g * n], dim=-1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        out, final = mamba_chunk_scan_combined(
+            x.reshape(b, s, h, p),
+            dt,
+            a_,
+            b_in.reshape(b, s, g, n),
+            c_in.reshape(b, s, g, n),
+            chunk_size=64,
+            D=d_,
+            dt_bias=dt_bias,
+            dt_softplus=True,
+            return_final_states=True,
+        )
+    assert out.shape == (b, s, h, p) and final.shape == (b, h, p, n) and final.dtype == torch.float32
+    storages = {ptr for _, ptr in saved}
+    assert out.untyped_storage().data_ptr() in storages  # the output itself
+    assert conv_out.untyped_storage().data_ptr() in storages and projected.untyped_storage().data_ptr() in storages
+    assert len(storages) == 3  # nothing else of a token's size
+    (out.float().sum() + final.sum()).backward()
+    for t in (projected, conv_w, conv_b, dt_bias, a_, d_):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.dtype == t.dtype
+
+
+@needs_automodel
+def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
+    """force_hf builds transformers' Nemotron-H class, which trains with its cache on (the config's use_cache) and so
+    runs causal_conv1d, the chunk scan and its own gated norm apart: the dry run binds the stand-ins into transformers'
+    module (each Mamba layer calls two: six calls for three layers), says so, and measures the rank."""
+    report = dry_run(
+        "model:\n  force_hf: true\ndistributed: {}\n",
+        world_size=2,
+        model="nvidia/Nemotron-H-8B-Base-8K",
+        seq_len=256,
+        num_layers=8,  # M-M-M-M*: four Mamba layers, three MLP, one attention (transformers needs one for its cache)
+        micro_batch_size=1,
+    )
+    rank = _only(report)
+    assert report.status == "measured", (rank.error, rank.reason)
+    assert rank.shim_hits.get("transformers_nemotron_h_kernels") == 8
+    assert any("chunk-scan kernels as stand-ins" in x for x in report.substitutions)
+
+
 def test_the_mamba_ssm_stand_in_splits_its_reductions_as_the_kernels_do():
     """nsplits of mamba_ssm's dB / dC / dCB kernels: heads per program = max(min(ceil(b * chunks * heads / SMs),
     heads per group), 1), splits = ceil(heads per group / that); on an H100's 132 SMs Nemotron-3-Nano at 2,048 tokens

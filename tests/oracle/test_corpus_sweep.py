@@ -179,9 +179,6 @@ NOT_MEASURED: dict[str, str] = {
     "dry run, which stands in only for the compiled flex attention ring",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
-    "llm_finetune/nemotron/nemotron_nano_9b_squad_peft.yaml": "transformers' Nemotron-H class (force_hf) trains "
-    "with its cache on, so its Mamba-2 layers take the unfused causal_conv1d + chunked-scan kernels, which the dry run "
-    "does not stand in (its stand-in is the fused kernel AutoModel's own class runs)",
     "vlm_finetune/mistral/ministral3_3b_medpix.yaml": "the dry run feeds images only as the Qwen-VL, Gemma-3 and "
     "Gemma-4 processors make them, not Pixtral's (Mistral3's tower)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "

@@ -281,14 +281,6 @@ def plan_dry_run(
                 "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
                 "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
             )
-    if "mamba" in spec.layer_types and not own_class:
-        blocking.append(
-            "transformers' Nemotron-H class (force_hf) trains with its cache on (the config's use_cache, which "
-            "transformers takes as the forward's default), so its Mamba-2 layers take the unfused path: causal_conv1d's "
-            "and mamba_ssm's chunked-scan kernels on a GPU, a chunked torch reference here whose [chunk x chunk] "
-            "intermediates no GPU holds; those kernels are not stood in (stack/mamba_ssd.py stands in for the fused "
-            "kernel AutoModel's own class runs): not measured"
-        )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:
@@ -315,9 +307,19 @@ def plan_dry_run(
             f"imports its DotProductAttention whatever the backend; the attention runs as {attn}, which that setup "
             "leaves without a CP group (AutoModel warns so on a GPU too)"
         )
-    # AutoModel's Nemotron-H mixer imports mamba_ssm's kernel; transformers' own class has a torch path
-    mamba_ssm = own_class and "mamba" in spec.layer_types
-    if mamba_ssm:
+    # AutoModel's Nemotron-H mixer imports mamba_ssm's kernel; transformers' own Nemotron-H class binds mamba_ssm's and
+    # causal_conv1d's kernels where they are installed (AutoModel's CUDA environment) and trains with its cache on
+    # (the config's use_cache), which takes the unfused path: causal_conv1d, the chunk scan and its own gated norm
+    mamba_hf = not own_class and "mamba" in spec.layer_types and spec.architecture == "NemotronHForCausalLM"
+    if mamba_hf:
+        subs.append(
+            "Mamba-2 layers (transformers' Nemotron-H class, its cache on) run causal_conv1d's and mamba_ssm's "
+            "chunk-scan kernels as stand-ins with their shapes (stack/mamba_ssd.py: causal_conv1d 1.7.0's saved input "
+            "and output, the scan's chunk states, C^T B and output, its fp32 final states kept in the cache, and "
+            "their backward's working sets); the gated norm and projections run as transformers writes them"
+        )
+    mamba_ssm = (own_class or mamba_hf) and "mamba" in spec.layer_types
+    if mamba_ssm and not mamba_hf:
         subs.append(
             "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "
             "with its shapes (stack/mamba_ssd.py: what it keeps for backward, its chunk states and workspaces while "
@@ -395,6 +397,7 @@ def plan_dry_run(
         local_dispatch=spec.is_moe and w.backend.get("dispatcher") in LOCAL_DISPATCHERS,
         fla_gdn=fla_gdn,
         mamba_ssm=mamba_ssm,
+        mamba_hf=mamba_hf,
         te_module=te_module,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,

@@ -344,7 +344,19 @@ def _hybrid_act_per_token(
       router's fp32 logits, and its fp32 input where the gate trains (Nemotron-H's gate runs in fp32)."""
     h, scale = m.hidden_size, comp_bytes / 2.0
     act_in = 4 if m.gated_mlp else 2  # bytes a token of intermediate width the activation keeps (gate and up: 4)
-    if kind == "mamba":
+    trained = tr.lora is None
+    # transformers' class (force_hf): its python RMSNorm keeps an fp32 copy of the block's input (and, where its
+    # weight trains, the normalised input) (AutoModel's step on fake tensors, Nemotron-Nano-9B-v2 layer by layer)
+    norm = 4 * h + ((2 * h + (2 * h if trained else 0)) if tr.hf_class else 0)
+    if kind == "mamba" and tr.hf_class:
+        # transformers' mixer trains with its cache on: causal_conv1d, mamba_ssm's chunk scan and its own gated norm
+        # apart (stack/mamba_ssd.py): in_proj's whole output (the conv's input and dt are views of it), the conv's
+        # output (the scan's x, B and C), the scan's output, and the gated norm's fp32 input, gate, SiLU(gate) and
+        # their product; the normalised output where the norm's weight trains, out_proj's input where it trains
+        inner = m.mamba_inner
+        mixer = 2 * m.mamba_in_proj_width + 2 * m.mamba_conv_dim + 2 * inner + 16 * inner
+        mixer += (2 * inner if trained else 0) + (2 * inner if lora_trains(tr.lora, "out_proj") else 0)
+    elif kind == "mamba":
         inner = m.mamba_inner
         mixer = 2 * m.mamba_in_proj_width + 2 * inner + 4 * m.mamba_n_groups + (8 * inner if p.cp > 1 else 0)
     elif kind == "attention":
@@ -356,7 +368,7 @@ def _hybrid_act_per_token(
         routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind)))
         gate = 4 * m.num_experts + (4 * h if tr.lora is None else 0)
         mixer = routed + (act_in + 2) * m.shared_expert_intermediate_size + gate
-    plain = (4 * h + mixer) * scale
+    plain = (norm + mixer) * scale
     if not p.ac_applied:
         return plain, plain
     wrapped = kind in ("mamba", "mlp") if p.ep <= 1 else p.ac_applied is True

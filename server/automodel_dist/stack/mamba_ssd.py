@@ -83,6 +83,19 @@ class _Dims:
         self.device, self.dtype = zxbcdt.device, zxbcdt.dtype
         self.aligned = width % 8 == 0  # ensure_stride copies xBC for causal_conv1d where its row stride is not
 
+    @classmethod
+    def of_scan(cls, x: torch.Tensor, b_in: torch.Tensor, c: int) -> _Dims:
+        """The dims of mamba_chunk_scan_combined's call: x [b, s, h, p], B [b, s, g, n]."""
+        d = cls.__new__(cls)
+        d.b, d.s, d.h, d.p = x.shape
+        d.g, d.n = b_in.shape[2], b_in.shape[3]
+        d.dim = d.h * d.p
+        d.conv = d.dim + 2 * d.g * d.n
+        d.c, d.nc = c, -(-d.s // c)
+        d.device, d.dtype = x.device, x.dtype
+        d.aligned = True
+        return d
+
     def conv_input(self) -> torch.Tensor | None:
         """ensure_stride's copy of xBC, alive while causal_conv1d runs on it (None: no copy)."""
         return None if self.aligned else self.empty(self.b, self.s, self.conv, dtype=self.dtype)
@@ -98,6 +111,46 @@ class _Dims:
 
     def cb(self) -> torch.Tensor:  # [b, N, g, c, c] fp32
         return self.empty(self.b, self.nc, self.g, self.c, self.c, dtype=F32)
+
+
+def _scan_backward(
+    d: _Dims, dt_: torch.dtype, A: torch.Tensor, dt_bias: torch.Tensor | None, D: torch.Tensor | None, *, gated: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """_mamba_chunk_scan_combined_bwd's working set (the scan's backward, fused or not): the chunk cumsums, C^T B and
+    the states recomputed, the state gradients, and the split fp32 buffers for dB, dC and d(C^T B); ``gated``: the
+    gate's output gradient too. Returns dA, ddt_bias and dD (fp32)."""
+    # _mamba_chunk_scan_combined_bwd: every local below lives until it returns
+    dt_in = d.empty(d.b, d.s, d.h, dtype=dt_)  # dt.clone()
+    da_cumsum, dt_out = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
+    cb = d.cb()  # _bmm_chunk_fwd
+    states = d.states(F32)  # _chunk_state_fwd
+    passed, final = d.states(F32), d.empty(d.b, d.h, d.p * d.n, dtype=F32)  # _state_passing_fwd, no out_dtype
+    del states
+    dout_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_) if gated else None  # _chunk_scan_bwd_dz (dz given)
+    dstates = d.states(F32)  # _chunk_scan_bwd_dstates(dtype=states.dtype)
+    # _state_passing_bwd: the state gradients and the states converted to x's dtype, its fp32 workspace per
+    # 64-block of p * n; the fp32 states and state gradients are released when their names are rebound
+    dstates_x, states_x = d.states(dt_), d.states(dt_)
+    dda_chunk = d.empty(d.b, d.h, d.nc, -(-(d.p * d.n) // 64), dtype=F32)
+    del dstates, passed
+    ddt = d.per_chunk()  # _chunk_scan_chunk_state_bwd_dx (dx written into dxBC)
+    splits = _splits(d.b, d.nc, d.h, d.g)
+    # dB, dC and d(C^T B): the fp32 ddA tile workspace, then the split fp32 buffers summed, written into dB / dC
+    # given (views of dxBC) with residuals
+    dda_next = d.per_chunk()  # _chunk_state_bwd_db
+    db = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
+    dda_cumsum_prev = d.per_chunk()  # _chunk_scan_bwd_dC
+    dc = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
+    dcb = d.empty(d.b, d.nc, splits, d.g, d.c, d.c, dtype=F32).sum(2)  # _chunk_scan_bwd_dcb
+    dda_prev = dda_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
+    dda = d.empty(d.b, d.h, d.nc, -(-d.c // 32), d.c, dtype=F32).sum(3)  # _chunk_scan_bwd_ddAcs_stable
+    dda += dda_next + dda_prev
+    dA = torch.empty_like(A, dtype=F32)  # _chunk_cumsum_bwd (ddt into dzxbcdt)
+    ddt_bias = torch.empty_like(dt_bias, dtype=F32) if dt_bias is not None else None
+    dD = torch.empty_like(D, dtype=F32) if D is not None else None
+    del db, dda_next, dc, dda_cumsum_prev, dcb, dda_prev, dda, ddt, states_x, dstates_x, dda_chunk, cb
+    del dt_out, da_cumsum, dt_in, final, dout_x
+    return dA, ddt_bias, dD
 
 
 class _SplitConv1dScan(torch.autograd.Function):
@@ -171,37 +224,7 @@ class _SplitConv1dScan(torch.autograd.Function):
             dw_partial = d.empty(_norm_row_groups(d.dim // d.g, d.g), d.dim, dtype=F32)
             drmsnorm_weight = dw_partial.sum(0).to(rmsnorm_weight.dtype)
             del dw_partial
-        # _mamba_chunk_scan_combined_bwd: every local below lives until it returns
-        dt_in = d.empty(d.b, d.s, d.h, dtype=dt_)  # dt.clone()
-        da_cumsum, dt_out = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
-        cb = d.cb()  # _bmm_chunk_fwd
-        states = d.states(F32)  # _chunk_state_fwd
-        passed, final = d.states(F32), d.empty(d.b, d.h, d.p * d.n, dtype=F32)  # _state_passing_fwd, no out_dtype
-        del states
-        dout_x = None if fused else d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_bwd_dz (dz given)
-        dstates = d.states(F32)  # _chunk_scan_bwd_dstates(dtype=states.dtype)
-        # _state_passing_bwd: the state gradients and the states converted to x's dtype, its fp32 workspace per
-        # 64-block of p * n; the fp32 states and state gradients are released when their names are rebound
-        dstates_x, states_x = d.states(dt_), d.states(dt_)
-        dda_chunk = d.empty(d.b, d.h, d.nc, -(-(d.p * d.n) // 64), dtype=F32)
-        del dstates, passed
-        ddt = d.per_chunk()  # _chunk_scan_chunk_state_bwd_dx (dx written into dxBC)
-        splits = _splits(d.b, d.nc, d.h, d.g)
-        # dB, dC and d(C^T B): the fp32 ddA tile workspace, then the split fp32 buffers summed, written into dB / dC
-        # given (views of dxBC) with residuals
-        dda_next = d.per_chunk()  # _chunk_state_bwd_db
-        db = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
-        dda_cumsum_prev = d.per_chunk()  # _chunk_scan_bwd_dC
-        dc = d.empty(d.b, d.s, splits, d.g, d.n, dtype=F32).sum(2)
-        dcb = d.empty(d.b, d.nc, splits, d.g, d.c, d.c, dtype=F32).sum(2)  # _chunk_scan_bwd_dcb
-        dda_prev = dda_cumsum_prev.flip([-1]).cumsum(dim=-1).flip([-1])
-        dda = d.empty(d.b, d.h, d.nc, -(-d.c // 32), d.c, dtype=F32).sum(3)  # _chunk_scan_bwd_ddAcs_stable
-        dda += dda_next + dda_prev
-        dA = torch.empty_like(A, dtype=F32)  # _chunk_cumsum_bwd (ddt into dzxbcdt)
-        ddt_bias = torch.empty_like(dt_bias, dtype=F32)
-        dD = torch.empty_like(D, dtype=F32)
-        del db, dda_next, dc, dda_cumsum_prev, dcb, dda_prev, dda, ddt, states_x, dstates_x, dda_chunk, cb
-        del dt_out, da_cumsum, dt_in, final, dout_x
+        dA, ddt_bias, dD = _scan_backward(d, dt_, A, dt_bias, D, gated=not fused)
         doutproj_weight = doutproj_bias = None
         if fused:
             doutproj_weight = torch.empty_like(outproj_weight)  # einsum("bso,bsd->od", dout, out_recompute)
@@ -255,6 +278,118 @@ def mamba_split_conv1d_scan_combined(
     )
 
 
+class _ChunkScan(torch.autograd.Function):
+    """Shapes and memory of mamba_ssm's MambaChunkScanCombinedFn (the scan alone: transformers' Mamba-2 mixers call it
+    with their cache on, the conv and the gated norm around it their own): the chunk cumsums, states, C^T B and the
+    output in forward; the output (the ungated one with ``z``), x, dt, B, C and the small parameters saved; the fp32
+    final states returned with ``return_final_states``. Values are not the scan's."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        b_in: torch.Tensor,
+        c_in: torch.Tensor,
+        D: torch.Tensor | None,
+        z: torch.Tensor | None,
+        dt_bias: torch.Tensor | None,
+        chunk: int,
+        return_final_states: bool,
+    ) -> Any:
+        d = _Dims.of_scan(x, b_in, chunk)
+        dt_ = x.dtype
+        dt_out, da_cumsum = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
+        states = d.states(F32)  # _chunk_state_fwd, states_in_fp32
+        passed, final = d.states(dt_), d.empty(d.b, d.h, d.p, d.n, dtype=F32)  # _state_passing_fwd(out_dtype=C's)
+        del states
+        cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
+        out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
+        out_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_) if z is not None else out
+        del cb, dt_out, da_cumsum, passed
+        ctx.save_for_backward(out_x, x, dt, A, b_in, c_in, D, z, dt_bias)
+        ctx.chunk, ctx.return_final_states = chunk, return_final_states
+        return (out, final) if return_final_states else out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor, *dfinal: Any) -> tuple[Any, ...]:
+        _, x, dt, A, b_in, c_in, D, z, dt_bias = ctx.saved_tensors
+        d = _Dims.of_scan(x, b_in, ctx.chunk)
+        # _mamba_chunk_scan_combined_bwd's outputs, allocated first (empty_like each input)
+        dx, ddt, db, dc = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(b_in), torch.empty_like(c_in)
+        dz = torch.empty_like(z) if z is not None else None
+        dA, ddt_bias, dD = _scan_backward(d, x.dtype, A, dt_bias, D, gated=z is not None)
+        return dx, ddt, dA, db, dc, dD, dz, ddt_bias, None, None
+
+
+def mamba_chunk_scan_combined(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    return_final_states: bool = False,
+    return_varlen_states: bool = False,
+) -> Any:
+    """mamba_ssm's signature (a training step: no initial or varlen states)."""
+    if initial_states is not None or return_varlen_states:
+        raise NotImplementedError("the dry run's mamba_ssm chunk-scan stand-in runs training steps only")
+    if D is not None and D.dim() != 1:
+        raise NotImplementedError("the dry run's mamba_ssm chunk-scan stand-in takes per-head D")
+    if on_call is not None:
+        on_call()
+    return _ChunkScan.apply(x, dt, A, B, C, D, z, dt_bias, int(chunk_size), bool(return_final_states))
+
+
+class _CausalConv1d(torch.autograd.Function):
+    """causal_conv1d 1.7.0's CausalConv1dFn (cpp_functions.py): x made contiguous unless one of its last two dims is,
+    the output like x, x and the weights saved; backward: dx like x, fp32 weight and bias gradients, cast."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.stride(2) != 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        out = torch.empty_like(x)
+        ctx.save_for_backward(x, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, bias = ctx.saved_tensors
+        if dout.stride(2) != 1 and dout.stride(1) != 1:
+            dout = dout.contiguous()
+        dx = torch.empty_like(x)
+        dweight = torch.zeros_like(weight, dtype=F32).type_as(weight)
+        dbias = torch.zeros_like(bias, dtype=F32).type_as(bias) if bias is not None else None
+        return dx, dweight, dbias
+
+
+def causal_conv1d_fn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    seq_idx: torch.Tensor | None = None,
+    initial_states: torch.Tensor | None = None,
+    return_final_states: bool = False,
+    final_states_out: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """causal_conv1d's signature (a training step: no initial or final states)."""
+    if initial_states is not None or return_final_states:
+        raise NotImplementedError("the dry run's causal_conv1d stand-in runs training steps only")
+    return _CausalConv1d.apply(x, weight, bias)
+
+
 class _GatedRMSNorm(torch.autograd.Function):
     """layernorm_gated's LayerNormFn as rmsnorm_fn calls it: output like x, fp32 rstd per row and group saved."""
 
@@ -299,24 +434,31 @@ def _inference_only(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("the dry run's mamba_ssm stand-in has no inference (prefill / decode) kernels")
 
 
-def install() -> dict[str, types.ModuleType]:
+def install(*, causal_conv1d: bool = False) -> dict[str, types.ModuleType]:
     """Put the stand-in where AutoModel's ``from mamba_ssm.ops.triton... import ...`` finds it; nothing where the
-    real mamba_ssm is installed. causal_conv1d stays absent: only the inference paths import it."""
+    real mamba_ssm is installed. ``causal_conv1d``: causal_conv1d's stand-in too (transformers' Mamba-2 mixers with
+    their cache on run it; AutoModel's own mixers import it only in inference paths, so it stays absent for them)."""
     if "mamba_ssm" in sys.modules or importlib.util.find_spec("mamba_ssm") is not None:
         return {}
-    return install_modules(
-        {
-            "mamba_ssm": {"__version__": "2.3.2", "_stand_in": True},
-            "mamba_ssm.ops": {},
-            "mamba_ssm.ops.triton": {},
-            "mamba_ssm.ops.triton.ssd_combined": {
-                "mamba_split_conv1d_scan_combined": mamba_split_conv1d_scan_combined,
-                "mamba_chunk_scan_combined": _inference_only,
-            },
-            "mamba_ssm.ops.triton.layernorm_gated": {"rmsnorm_fn": rmsnorm_fn},
-            "mamba_ssm.ops.triton.selective_state_update": {"selective_state_update": _inference_only},
+    tree: dict[str, dict[str, Any]] = {
+        "mamba_ssm": {"__version__": "2.3.2", "_stand_in": True},
+        "mamba_ssm.ops": {},
+        "mamba_ssm.ops.triton": {},
+        "mamba_ssm.ops.triton.ssd_combined": {
+            "mamba_split_conv1d_scan_combined": mamba_split_conv1d_scan_combined,
+            "mamba_chunk_scan_combined": mamba_chunk_scan_combined,
+        },
+        "mamba_ssm.ops.triton.layernorm_gated": {"rmsnorm_fn": rmsnorm_fn},
+        "mamba_ssm.ops.triton.selective_state_update": {"selective_state_update": _inference_only},
+    }
+    if causal_conv1d and "causal_conv1d" not in sys.modules and importlib.util.find_spec("causal_conv1d") is None:
+        tree["causal_conv1d"] = {
+            "__version__": "1.7.0",
+            "_stand_in": True,
+            "causal_conv1d_fn": causal_conv1d_fn,
+            "causal_conv1d_update": _inference_only,
         }
-    )
+    return install_modules(tree)
 
 
-__all__ = ["install", "mamba_split_conv1d_scan_combined", "rmsnorm_fn"]
+__all__ = ["causal_conv1d_fn", "install", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined", "rmsnorm_fn"]

@@ -56,6 +56,8 @@ class StackRecipe(BaseModel):
         False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)
     )
     mamba_ssm: bool = False  # the dry run's stand-in for mamba_ssm's fused Mamba-2 kernel (AutoModel's Nemotron-H)
+    # ... and for the unfused kernels transformers' Nemotron-H mixer runs (causal_conv1d, mamba_ssm's chunk scan)
+    mamba_hf: bool = False
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
     vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step

@@ -239,6 +239,22 @@ MAMBA_SSD = _register(
         )(),
     ),
 )
+HF_NEMOTRON_H_KERNELS = _register(
+    "transformers_nemotron_h_kernels",
+    "forward",
+    "transformers.models.nemotron_h.modeling_nemotron_h: causal_conv1d_fn, mamba2_chunk_scan and "
+    "mamba2_split_conv1d_scan_combined (rebound to the stand-ins, stack/mamba_ssd.py)",
+    "transformers' Nemotron-H mixer (a Hugging Face class: force_hf) binds causal_conv1d's and mamba_ssm's kernels "
+    "when it is imported where they are installed, as in AutoModel's CUDA environment, and its chunked torch "
+    "references otherwise, whose [chunks x chunk x chunk] intermediates a GPU never holds. With its cache on, as it "
+    "trains (the config's use_cache), it runs the conv, the chunk scan and its own gated norm apart.",
+    lambda: _source_has(
+        "transformers.models.nemotron_h.modeling_nemotron_h:NemotronHMamba2Mixer.forward",
+        "hidden_states_B_C = causal_conv1d_fn(",
+        "scan_result = mamba2_chunk_scan(",
+        "fused_output = mamba2_split_conv1d_scan_combined(",
+    )(),
+)
 FLA_CP = _register(
     "fla_context_parallel_stand_in",
     "forward",
@@ -348,13 +364,37 @@ def install_fla_gdn() -> None:
     fla_gdn.on_cp_context = FLA_CP.count
 
 
-def install_mamba_ssd() -> None:
+def install_mamba_ssd(*, transformers_nemotron_h: bool = False) -> None:
     """Put the mamba_ssm stand-in in place before the step (AutoModel's Mamba-2 mixers import it in forward); its
-    calls are counted."""
+    calls are counted. ``transformers_nemotron_h``: causal_conv1d's stand-in too, and transformers' Nemotron-H module's
+    kernels (bound when it was imported) rebound to the stand-ins."""
     from . import mamba_ssd
 
-    if mamba_ssd.install():  # (where the real mamba_ssm is importable it runs, and nothing is counted)
-        mamba_ssd.on_call = MAMBA_SSD.count
+    if not mamba_ssd.install(causal_conv1d=transformers_nemotron_h):  # (the real mamba_ssm runs where it is installed)
+        return
+    mamba_ssd.on_call = MAMBA_SSD.count
+    if transformers_nemotron_h:
+        _bind_transformers_nemotron_h(mamba_ssd)
+
+
+def _bind_transformers_nemotron_h(kernels: Any) -> None:
+    """transformers' Nemotron-H module resolved its kernels when it was imported, before the stand-ins existed (the
+    torch fallbacks): bind the stand-ins in their place, their keywords filtered as transformers' own wrapper does
+    (integrations/hub_kernels.use_kernel_func_from_hub_with_fallback)."""
+    module = importlib.import_module("transformers.models.nemotron_h.modeling_nemotron_h")
+
+    def bound(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        accepted = set(inspect.signature(kernel).parameters)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            HF_NEMOTRON_H_KERNELS.count()
+            return kernel(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+        return call
+
+    module.causal_conv1d_fn = bound(kernels.causal_conv1d_fn)
+    module.mamba2_chunk_scan = bound(kernels.mamba_chunk_scan_combined)
+    module.mamba2_split_conv1d_scan_combined = bound(kernels.mamba_split_conv1d_scan_combined)
 
 
 LOCAL_DISPATCH = _register(

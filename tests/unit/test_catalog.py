@@ -623,3 +623,17 @@ def test_gemma4_e_series_layers_are_the_parameters_transformers_builds(layers, s
     with torch.device("meta"):
         model = transformers.Gemma4ForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) == from_hf_config(text).param_count()
+
+
+def test_a_nemotron_h_config_that_lists_its_layers_reads_as_its_pattern():
+    """Nemotron-3 Ultra's config.json lists layers_block_type and mtp_layers_block_type and no num_hidden_layers (as
+    transformers' NemotronHConfig accepts): read as the equivalent pattern strings the catalog's copy holds."""
+    spec = lookup("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16")
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    cfg = {k: v for k, v in spec.hf_config.items() if k not in ("num_hidden_layers", "hybrid_override_pattern")}
+    cfg = {k: v for k, v in cfg.items() if k != "mtp_hybrid_override_pattern"}
+    cfg["layers_block_type"] = [names[c] for c in spec.hf_config["hybrid_override_pattern"]]
+    cfg["mtp_layers_block_type"] = [names[c] for c in spec.hf_config["mtp_hybrid_override_pattern"]]
+    listed = from_hf_config(cfg, name=spec.name)
+    assert listed.num_layers == 108 and listed.mtp_layer_types == ("attention", "moe")
+    assert listed.param_count() == spec.param_count() == 560_524_578_816

@@ -410,6 +410,11 @@ class ModelSpec:
         layer = self.attention_params("full" if self.layer_attention else "") + mlp  # AutoModel makes it full attention
         return self.mtp_layers * (layer + 2 * h * h + 3 * self.norm_params)
 
+    def mtp_expert_params(self) -> int:
+        """The routed experts of a hybrid's MTP depths (their MoE sublayers'): split by EP as the backbone's are."""
+        moe = self.mtp_layer_types.count("moe")
+        return self.mtp_layers * moe * self.num_experts * self.expert_params()
+
     def param_count(self) -> int:
         """Total parameters (embedding + layers + final norm + untied lm_head + MTP layers)."""
         if self.layer_types:
@@ -660,6 +665,15 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         if "tie_word_embeddings" not in cfg and "tie_word_embeddings" in outer:  # said once, for the whole model
             cfg["tie_word_embeddings"] = outer["tie_word_embeddings"]
     cfg = {**TEXT_CONFIG_DEFAULTS.get(str(cfg.get("model_type", "")), {}), **cfg}
+    blocks = cfg.get("layers_block_type")
+    if (
+        _is_nemotron_h(cfg, str(cfg.get("model_type", "")))
+        and _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None
+        and isinstance(blocks, list)
+    ):
+        # a Nemotron-H config.json may list its layers without counting them (Nemotron-3 Ultra's): transformers'
+        # NemotronHConfig takes the list's length
+        cfg = {**cfg, "num_hidden_layers": len(blocks)}
     missing = [k for k in ("hidden_size", "num_attention_heads") if k not in cfg]
     if missing or _first(cfg, "num_hidden_layers", "num_layers", "n_layer") is None:
         raise ModelConfigError(

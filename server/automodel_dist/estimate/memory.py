@@ -284,7 +284,13 @@ def _groups_of(
     if g.last:
         g.lm_head = (m.embedding_params() if m.tie_word_embeddings and p.pp > 1 else m.lm_head_params()) / head_tp
         g.root += m.hidden_size
-        g.mtp = float(m.mtp_params())  # the multi-token-prediction layers after the last decoder layer (not TP-split)
+        # the multi-token-prediction layers after the last decoder layer (not TP-split); a hybrid's MTP MoE sublayers'
+        # routed experts go with the backbone's (EP-split, outside the blocks' FSDP units under EP)
+        mtp_experts = float(m.mtp_expert_params())
+        g.mtp = float(m.mtp_params())
+        if p.ep > 1 and mtp_experts:
+            g.mtp -= mtp_experts
+            g.experts += mtp_experts / p.ep
         g.dense += g.mtp
     g.root += g.embed + g.lm_head
     g.dense += g.root

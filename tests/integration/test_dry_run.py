@@ -939,6 +939,60 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
     assert any("chunk-scan kernels as stand-ins" in x for x in report.substitutions)
 
 
+@needs_automodel
+def test_the_cut_cross_entropy_stand_in_keeps_what_the_kernel_keeps():
+    """stack/cce.py in ChunkedCrossEntropy's place on fake tensors: forward keeps the hidden states, the head's weight,
+    the targets and an fp32 log-sum-exp a token (no logits); backward holds the hidden states' gradient in fp32 while
+    it casts it, and the head's once in its dtype (ChunkedCrossEntropy's own keeps the head's in fp32 besides). On
+    real tensors ChunkedCrossEntropy's Function computes the loss itself."""
+    torch = pytest.importorskip("torch")
+    from nemo_automodel.components.loss import chunked_ce
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from automodel_dist.stack import cce
+
+    tokens, hidden, vocab = 1024, 256, 8192
+    dispatch = cce.stand_in(chunked_ce._ChunkedLinearCE)
+    with FakeTensorMode():
+        h = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.randint(0, vocab, (tokens,))
+        saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+        def pack(x):
+            saved.append((tuple(x.shape), x.dtype))
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            losses = dispatch.apply(h, w, labels, 512, -100, None, chunked_ce._linear_cross_entropy)
+        assert sorted(saved, key=repr) == sorted(
+            [
+                ((tokens, hidden), torch.bfloat16),
+                ((vocab, hidden), torch.bfloat16),
+                ((tokens,), torch.int64),
+                ((tokens,), torch.float32),
+            ],
+            key=repr,
+        )
+        tracker = MemTracker()
+        tracker.track_external(h, w)
+        with tracker:
+            losses.sum().backward()
+        assert h.grad.dtype == h.dtype and w.grad.dtype == w.dtype and w.grad.shape == w.shape
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+        # the inputs, the two gradients in their dtypes and the fp32 hidden-state gradient being cast; ChunkedCE's
+        # backward would add an fp32 head gradient (4 * vocab * hidden) on top
+        expected = 2 * (2 * tokens * hidden + 2 * vocab * hidden) + 4 * tokens * hidden
+        assert peak < expected + 4 * vocab * hidden / 2
+    h = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(128, 32, requires_grad=True)
+    labels = torch.randint(0, 128, (64,))
+    real = dispatch.apply(h, w, labels, 16, -100, None, chunked_ce._linear_cross_entropy)
+    reference = torch.nn.functional.cross_entropy(h @ w.t(), labels, reduction="none")
+    assert torch.allclose(real, reference, atol=1e-5)
+
+
 def test_the_mamba_ssm_stand_in_splits_its_reductions_as_the_kernels_do():
     """nsplits of mamba_ssm's dB / dC / dCB kernels: heads per program = max(min(ceil(b * chunks * heads / SMs),
     heads per group), 1), splits = ceil(heads per group / that); on an H100's 132 SMs Nemotron-3-Nano at 2,048 tokens

@@ -138,19 +138,20 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
     if name == GEMMA4_TP_LINEAR_CE:
         out.append(
             f"loss {name} (FusedLinearCrossEntropy on Gemma-4's TP-sharded head; cut_cross_entropy's GPU kernels) "
-            "measured as AutoModel's ChunkedCrossEntropy on the head its own materialize_lm_weight gathers whole: "
-            "ChunkedCrossEntropy's backward keeps the head's gradient in fp32 and bf16 where the kernel keeps it once "
-            "in the weight's dtype; the kernel's own workspace is not measured"
+            "runs as AutoModel's ChunkedCrossEntropy on the head its own materialize_lm_weight gathers whole, with "
+            "the kernel's memory stood in (stack/cce.py: the logits blockwise, the fp32 log-sum-exp kept; in "
+            "backward the hidden states' gradient in fp32 and the head's once in its dtype); the kernel's own "
+            "workspace is not measured"
         )
         return {"name": "ChunkedCrossEntropy", "kwargs": {}, "stands_for": name}
     if name == "FusedLinearCrossEntropy":
         out.append(
-            "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) measured as AutoModel's "
-            "ChunkedCrossEntropy: neither materialises the whole logits; ChunkedCrossEntropy's backward keeps the "
-            "head's gradient in fp32 and bf16 where the kernel, as AutoModel calls it, keeps it once in the weight's "
-            "dtype (4 bytes a head element more, at the loss's backward); the head's weight is prepared as "
-            "FusedLinearCrossEntropy prepares it (materialize_lm_weight, without ChunkedCrossEntropy's own check of "
-            "the head and of softcapping); the kernel's own workspace is not measured"
+            "loss FusedLinearCrossEntropy (cut_cross_entropy's GPU kernels) runs as AutoModel's ChunkedCrossEntropy "
+            "with the kernel's memory stood in (stack/cce.py, as AutoModel calls it: the logits blockwise, the fp32 "
+            "log-sum-exp kept; in backward the hidden states' gradient in fp32 (accum_e_fp32) and the head's once "
+            "in its dtype); the head's weight is prepared as FusedLinearCrossEntropy prepares it "
+            "(materialize_lm_weight, without ChunkedCrossEntropy's own check of the head and of softcapping); the "
+            "kernel's own workspace is not measured"
         )
         # (its head's weight prepared as FusedLinearCrossEntropy prepares it: stack/step.py)
         return {"name": "ChunkedCrossEntropy", "kwargs": {}, "stands_for": "FusedLinearCrossEntropy"}

@@ -239,6 +239,19 @@ MAMBA_SSD = _register(
         )(),
     ),
 )
+CUT_CROSS_ENTROPY = _register(
+    "cut_cross_entropy_stand_in",
+    "loss",
+    "nemo_automodel.components.loss.chunked_ce._ChunkedLinearCE, while a FusedLinearCrossEntropy recipe's loss runs "
+    "on fake tensors (stack/cce.py)",
+    "FusedLinearCrossEntropy calls cut_cross_entropy's CUDA kernels; the dry run computes its loss as AutoModel's "
+    "ChunkedCrossEntropy, whose backward accumulates the head's gradient in fp32 chunk by chunk and copies it to the "
+    "weight's dtype at the end, where the kernel writes it once in the weight's dtype and the hidden states' in fp32: "
+    "on fake tensors the stand-in keeps the kernel's (real tensors, the smoke run's, compute ChunkedCrossEntropy's).",
+    lambda: _source_has(
+        "nemo_automodel.components.loss.chunked_ce:ChunkedCrossEntropy.forward", "losses = _ChunkedLinearCE.apply("
+    )(),
+)
 HF_NEMOTRON_H_KERNELS = _register(
     "transformers_nemotron_h_kernels",
     "forward",

@@ -95,6 +95,20 @@ def _fused_linear_ce_stand_in(chunked: Any, materialize: Any = None) -> Any:
             prepare = materialize or self.materialize_lm_weight
             return prepare(weight, grad_reduce_group=grad_reduce_group)
 
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            # cut_cross_entropy's memory on fake tensors: its backward writes the head's gradient once in the weight's
+            # dtype (stack/cce.py), where ChunkedCrossEntropy's accumulates it in fp32 chunk by chunk
+            from nemo_automodel.components.loss import chunked_ce
+
+            from . import cce, shims
+
+            original = chunked_ce._ChunkedLinearCE
+            chunked_ce._ChunkedLinearCE = cce.stand_in(original, shims.CUT_CROSS_ENTROPY.count)
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                chunked_ce._ChunkedLinearCE = original
+
     chunked.__class__ = FusedLinearCrossEntropyStandIn
     return chunked
 

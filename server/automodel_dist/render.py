@@ -342,8 +342,8 @@ def estimate_text(est: Estimate) -> str:
         lines.append(
             "the peak is the next microbatch's forward: model.backend.enable_fsdp_optimizations turns FSDP's "
             "reshard after backward off for every microbatch but a step's last (AutoModel's MoE classes), so each "
-            "later microbatch starts with every unit of this GPU gathered; false, fewer microbatches (a larger "
-            "local_batch_size) or PP avoid it"
+            "later microbatch starts with every unit of this GPU gathered; false, one microbatch a step "
+            "(local_batch_size = global_batch_size / data-parallel size) or PP avoid it"
         )
     if est.comm_bytes_per_step:
         lines.append(

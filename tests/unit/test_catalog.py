@@ -637,3 +637,20 @@ def test_a_nemotron_h_config_that_lists_its_layers_reads_as_its_pattern():
     listed = from_hf_config(cfg, name=spec.name)
     assert listed.num_layers == 108 and listed.mtp_layer_types == ("attention", "moe")
     assert listed.param_count() == spec.param_count() == 560_524_578_816
+
+
+@pytest.mark.parametrize(
+    ("name", "published_active"),
+    [
+        ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 12e9),
+        ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 55e9),
+        ("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16", 3e9),
+    ],
+)
+def test_an_mtp_depths_idle_experts_are_not_active(name, published_active):
+    """The MTP depths' routed experts idle as the backbone's do (k of them a token): the active count is the model
+    card's 'A' figure with the embeddings, the head and the MTP depth's attention and shared parts around it, not
+    every MTP expert."""
+    m = lookup(name)
+    assert m.mtp_moe_layers == 1
+    assert published_active < m.active_param_count() < 1.2 * published_active + 2 * m.embedding_params()

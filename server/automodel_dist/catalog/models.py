@@ -410,10 +410,20 @@ class ModelSpec:
         layer = self.attention_params("full" if self.layer_attention else "") + mlp  # AutoModel makes it full attention
         return self.mtp_layers * (layer + 2 * h * h + 3 * self.norm_params)
 
+    @property
+    def mtp_moe_layers(self) -> int:
+        """MoE layers among the MTP depths: a hybrid's MoE sublayers, else each depth where the model's last layer,
+        whose MLP kind an MTP layer takes, is MoE (Qwen3.5-MoE's)."""
+        if not self.mtp_layers or not self.is_moe:
+            return 0
+        if self.mtp_layer_types:
+            return self.mtp_layers * self.mtp_layer_types.count("moe")
+        return self.mtp_layers if self.layer_kind(self.num_layers - 1) == "moe" else 0
+
     def mtp_expert_params(self) -> int:
-        """The routed experts of a hybrid's MTP depths (their MoE sublayers'): split by EP as the backbone's are."""
-        moe = self.mtp_layer_types.count("moe")
-        return self.mtp_layers * moe * self.num_experts * self.expert_params()
+        """The routed experts of the MTP depths: split by EP as the backbone's are (AutoModel's MoE parallelizer walks
+        the MTP blocks with the decoder's)."""
+        return self.mtp_moe_layers * self.num_experts * self.expert_params()
 
     def param_count(self) -> int:
         """Total parameters (embedding + layers + final norm + untied lm_head + MTP layers)."""
@@ -439,7 +449,8 @@ class ModelSpec:
         table = self.ple_table_params()
         if not self.is_moe:
             return self.param_count() - table
-        idle = self.num_moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()
+        moe_layers = self.num_moe_layers + self.mtp_moe_layers
+        idle = moe_layers * (self.num_experts - self.experts_per_token) * self.expert_params()
         return self.param_count() - idle - table
 
 

@@ -352,15 +352,17 @@ def _hybrid_act_per_token(
     act_in = 4 if m.gated_mlp else 2  # bytes a token of intermediate width the activation keeps (gate and up: 4)
     trained = tr.lora is None
     # transformers' class (force_hf): its python RMSNorm keeps an fp32 copy of the block's input (and, where its
-    # weight trains, the normalised input) (AutoModel's step on fake tensors, Nemotron-Nano-9B-v2 layer by layer)
-    norm = 4 * h + ((2 * h + (2 * h if trained else 0)) if tr.hf_class else 0)
+    # weight trains, the fp32 normalised input: NemotronHRMSNorm multiplies by the weight in fp32) (AutoModel's step
+    # on fake tensors, Nemotron-Nano-9B-v2 layer by layer, under LoRA)
+    norm = 4 * h + ((2 * h + (4 * h if trained else 0)) if tr.hf_class else 0)
     if kind == "mamba" and tr.hf_class:
         # transformers' mixer trains with its cache on: causal_conv1d, mamba_ssm's chunk scan and its own gated norm
         # apart (stack/mamba_ssd.py): in_proj's whole output (the conv's input and dt are views of it), the conv's
-        # output (the scan's x, B and C), the scan's output, and the gated norm's fp32 input, gate, SiLU(gate) and
+        # output (the scan's x, B and C), the scan's output and fp32 dA cumsum, and the gated norm's fp32 input, gate,
+        # SiLU(gate) and
         # their product; the normalised output where the norm's weight trains, out_proj's input where it trains
         inner = m.mamba_inner
-        mixer = 2 * m.mamba_in_proj_width + 2 * m.mamba_conv_dim + 2 * inner + 16 * inner
+        mixer = 2 * m.mamba_in_proj_width + 2 * m.mamba_conv_dim + 2 * inner + 16 * inner + 4 * m.mamba_num_heads
         mixer += (2 * inner if trained else 0) + (2 * inner if lora_trains(tr.lora, "out_proj") else 0)
     elif kind == "mamba":
         inner = m.mamba_inner
@@ -862,10 +864,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     recompute = 0.0
     last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
     mtp_layers = m.mtp_layers if g.mtp else 0  # each a decoder layer of the last layer's kind
+    # (a hybrid's MTP depth: its sublayers' kinds)
+    mtp_kinds = list(m.mtp_layer_types) if m.mtp_layer_types else [m.layer_kind(m.num_layers - 1)]
     layer_plain = 0.0  # the largest one layer keeps while its forward runs (checkpointed or not)
-    for kind, count in g.kinds.items():
+    for kind in set(g.kinds) | (set(mtp_kinds) if mtp_layers else set()):
+        count = g.kinds.get(kind, 0)
         s, plain = _act_per_token(m, p, tr, kind, comp, style)
-        saved += s * (count + (mtp_layers if kind == m.layer_kind(m.num_layers - 1) else 0))
+        saved += s * (count + mtp_layers * mtp_kinds.count(kind))
         last_block = max(last_block, s)
         layer_plain = max(layer_plain, plain)
         if ac and s < plain:
@@ -1009,13 +1014,20 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         accumulated = max(accumulated, plain_expert_grads)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
-    if sharded and tr.fsdp_sync_mixin and p.pp == 1 and n_mb * grad_acc > 1 and not keep_blocks:
+    if (
+        sharded
+        and p.strategy == "fsdp2"
+        and tr.fsdp_sync_mixin
+        and p.pp == 1
+        and n_mb * grad_acc > 1
+        and not keep_blocks
+    ):
         # AutoModel's MoE FSDP optimizations: every backward but the step's last leaves the rank's units gathered
         # (reshard_after_backward off), so the next microbatch's forward starts with all of them gathered and
         # reshards each after its own forward: its first layers run beside every other unit still gathered
         # (AutoModel's step on fake tensors, Nemotron-3 Super's LoRA benchmark)
-        every = (root_held + g.dense_layers + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
-        forward = max(layer_plain, moe_forward_bytes(m) if g.kinds.get("moe") else 0.0) * tokens
+        every = (root_held + g.dense_layers + g.mtp + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
+        forward = max(layer_plain, moe_forward_bytes(m) * comp / 2 if g.kinds.get("moe") else 0.0) * tokens
         phases.append(("next-microbatch-forward", accumulated, forward, every + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0

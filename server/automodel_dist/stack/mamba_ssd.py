@@ -307,14 +307,14 @@ class _ChunkScan(torch.autograd.Function):
         cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
         out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
         out_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_) if z is not None else out
-        del cb, dt_out, da_cumsum, passed
-        ctx.save_for_backward(out_x, x, dt, A, b_in, c_in, D, z, dt_bias)
+        del cb, dt_out, passed
+        ctx.save_for_backward(out_x, x, dt, da_cumsum, A, b_in, c_in, D, z, dt_bias)
         ctx.chunk, ctx.return_final_states = chunk, return_final_states
         return (out, final) if return_final_states else out
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor, *dfinal: Any) -> tuple[Any, ...]:
-        _, x, dt, A, b_in, c_in, D, z, dt_bias = ctx.saved_tensors
+        _, x, dt, _, A, b_in, c_in, D, z, dt_bias = ctx.saved_tensors
         d = _Dims.of_scan(x, b_in, ctx.chunk)
         # _mamba_chunk_scan_combined_bwd's outputs, allocated first (empty_like each input)
         dx, ddt, db, dc = torch.empty_like(x), torch.empty_like(dt), torch.empty_like(b_in), torch.empty_like(c_in)

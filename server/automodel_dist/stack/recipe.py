@@ -153,6 +153,11 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
             "(materialize_lm_weight, without ChunkedCrossEntropy's own check of the head and of softcapping); the "
             "kernel's own workspace is not measured"
         )
+        if kwargs.get("impl") == "torch_compile":
+            out.append(
+                "loss_fn.impl torch_compile (cut_cross_entropy's compiled path, whose memory grows as tokens x vocab) "
+                "is measured as its cce kernel: not as written"
+            )
         # (its head's weight prepared as FusedLinearCrossEntropy prepares it: stack/step.py)
         return {"name": "ChunkedCrossEntropy", "kwargs": {}, "stands_for": "FusedLinearCrossEntropy"}
     if name == "TEParallelCrossEntropy" and not values:

@@ -281,8 +281,8 @@ def mamba_split_conv1d_scan_combined(
 class _ChunkScan(torch.autograd.Function):
     """Shapes and memory of mamba_ssm's MambaChunkScanCombinedFn (the scan alone: transformers' Mamba-2 mixers call it
     with their cache on, the conv and the gated norm around it their own): the chunk cumsums, states, C^T B and the
-    output in forward; the output (the ungated one with ``z``), x, dt, B, C and the small parameters saved; the fp32
-    final states returned with ``return_final_states``. Values are not the scan's."""
+    output in forward; the output (the ungated one with ``z``), x, dt, its fp32 dA cumsum, B, C and the small
+    parameters saved; the fp32 final states returned with ``return_final_states``. Values are not the scan's."""
 
     @staticmethod
     def forward(

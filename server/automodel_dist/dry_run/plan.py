@@ -318,7 +318,7 @@ def plan_dry_run(
             "and output, the scan's chunk states, C^T B and output, its fp32 final states kept in the cache, and "
             "their backward's working sets); the gated norm and projections run as transformers writes them"
         )
-    mamba_ssm = (own_class or mamba_hf) and "mamba" in spec.layer_types
+    mamba_ssm = mamba_hf or (own_class and "mamba" in spec.layer_types)
     if mamba_ssm and not mamba_hf:
         subs.append(
             "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "

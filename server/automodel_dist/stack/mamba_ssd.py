@@ -113,6 +113,23 @@ class _Dims:
         return self.empty(self.b, self.nc, self.g, self.c, self.c, dtype=F32)
 
 
+def _scan_forward(d: _Dims, dt_: torch.dtype, *, gated: bool) -> tuple[torch.Tensor, ...]:
+    """_mamba_chunk_scan_combined_fwd's allocations (the scan's forward, fused or not): the chunk cumsums, the fp32
+    chunk states (released once passed), the passed states in the input's dtype with the fp32 final states, C^T B
+    (local to it) and the output, with ``gated`` the ungated output too. Returns what lives past it: dt_out, the dA
+    cumsum, the passed states, the final states, the output and the ungated output (the output itself without a
+    gate)."""
+    dt_out, da_cumsum = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
+    states = d.states(F32)  # _chunk_state_fwd, states_in_fp32
+    passed, final = d.states(dt_), d.empty(d.b, d.h, d.p, d.n, dtype=F32)  # _state_passing_fwd(out_dtype=C's)
+    del states
+    cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
+    out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
+    out_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_) if gated else out
+    del cb  # local to _mamba_chunk_scan_combined_fwd
+    return dt_out, da_cumsum, passed, final, out, out_x
+
+
 def _scan_backward(
     d: _Dims, dt_: torch.dtype, A: torch.Tensor, dt_bias: torch.Tensor | None, D: torch.Tensor | None, *, gated: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -180,14 +197,7 @@ class _SplitConv1dScan(torch.autograd.Function):
         copy = d.conv_input()
         xbc_conv = d.empty(d.b, d.s, d.conv, dtype=dt_)  # causal_conv1d_fwd_function: empty_like(xBC)
         del copy
-        dt_out, da_cumsum = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
-        states = d.states(F32)  # _chunk_state_fwd, states_in_fp32
-        passed, final = d.states(dt_), d.empty(d.b, d.h, d.p * d.n, dtype=F32)  # _state_passing_fwd(out_dtype=C's)
-        del states
-        cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
-        out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
-        out_x = out if fused else d.empty(d.b, d.s, d.h, d.p, dtype=dt_)
-        del cb  # local to _mamba_chunk_scan_combined_fwd
+        dt_out, da_cumsum, passed, final, out, out_x = _scan_forward(d, dt_, gated=not fused)
         rstd = None
         if fused:
             normed = d.empty(d.b * d.s, d.dim, dtype=dt_)  # _layer_norm_fwd: empty_like(x)
@@ -299,15 +309,8 @@ class _ChunkScan(torch.autograd.Function):
         return_final_states: bool,
     ) -> Any:
         d = _Dims.of_scan(x, b_in, chunk)
-        dt_ = x.dtype
-        dt_out, da_cumsum = d.per_chunk(), d.per_chunk()  # _chunk_cumsum_fwd
-        states = d.states(F32)  # _chunk_state_fwd, states_in_fp32
-        passed, final = d.states(dt_), d.empty(d.b, d.h, d.p, d.n, dtype=F32)  # _state_passing_fwd(out_dtype=C's)
-        del states
-        cb = d.cb()  # _bmm_chunk_fwd(output_dtype=fp32)
-        out = d.empty(d.b, d.s, d.h, d.p, dtype=dt_)  # _chunk_scan_fwd; with z also the ungated out_x
-        out_x = d.empty(d.b, d.s, d.h, d.p, dtype=dt_) if z is not None else out
-        del cb, dt_out, passed
+        dt_out, da_cumsum, passed, final, out, out_x = _scan_forward(d, x.dtype, gated=z is not None)
+        del dt_out, passed
         ctx.save_for_backward(out_x, x, dt, da_cumsum, A, b_in, c_in, D, z, dt_bias)
         ctx.chunk, ctx.return_final_states = chunk, return_final_states
         return (out, final) if return_final_states else out

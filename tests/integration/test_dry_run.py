@@ -940,6 +940,41 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
 
 
 @needs_automodel
+@pytest.mark.parametrize(
+    ("model", "recipe", "seq_len", "layers", "liger"),
+    [
+        # AutoModel's default Liger (no TP): its norms and SwiGLU, the Mamba mixer without its gated norm
+        ("tiiuae/Falcon-H1-0.5B-Instruct", "distributed: {}\n", 2048, 4, True),
+        # the corpus recipe's LoRA on every *_proj (the Mamba mixer's too) under TP 2: AutoModel's Falcon-H1 plan
+        # splits attention and the MLP and leaves the mixer, with its gated norm, whole
+        (
+            "tiiuae/Falcon-H1-34B-Instruct",
+            "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  target_modules: '*_proj'\n"
+            "  dim: 8\ndistributed:\n  tp_size: 2\n",
+            512,
+            2,
+            False,
+        ),
+    ],
+)
+def test_falcon_h1_runs_transformers_mixer_through_the_stand_ins_and_the_estimate_holds(
+    model, recipe, seq_len, layers, liger
+):
+    """transformers' Falcon-H1 class (AutoModel's registry has none) trains with its cache on, so each layer's Mamba-2
+    mixer calls causal_conv1d and the chunk scan apart: the dry run binds the stand-ins into transformers' module (two
+    calls a layer), and the estimate's Falcon-H1 terms (the parallel mixer, its input copy, the TP plan that leaves it
+    whole) come within 2% of the measured rank."""
+    report = dry_run(recipe, world_size=2, model=model, seq_len=seq_len, num_layers=layers, micro_batch_size=1)
+    rank = _only(report)
+    assert report.status == "measured", (rank.error, rank.reason)
+    assert rank.shim_hits.get("transformers_falcon_h1_kernels") == 2 * layers
+    assert ("liger_kernel_stand_in" in rank.shim_hits) is liger
+    assert any("FalconH1ForCausalLM class, its cache on" in x for x in report.substitutions)
+    total = next(c for c in report.estimate_vs_dry_run if c.category == "total")
+    assert abs(total.difference) < 0.02, report.estimate_vs_dry_run
+
+
+@needs_automodel
 def test_the_cut_cross_entropy_stand_in_keeps_what_the_kernel_keeps():
     """stack/cce.py in ChunkedCrossEntropy's place on fake tensors: forward keeps the hidden states, the head's weight,
     the targets and an fp32 log-sum-exp a token (no logits); backward holds the hidden states' gradient in fp32 while

@@ -70,6 +70,11 @@ def test_the_parsers_transformers_defaults_are_transformers():
         config = AutoConfig.for_model(model_type)
         assert {k: getattr(config, k) for k in defaults} == defaults, model_type
     assert set(UNGATED_MLP) <= set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    from transformers import FalconH1Config
+
+    from automodel_dist.catalog.models import FALCON_H1_DEFAULTS
+
+    assert {k: getattr(FalconH1Config, k) for k in FALCON_H1_DEFAULTS} == FALCON_H1_DEFAULTS
 
 
 def test_catalog_covers_the_required_families():
@@ -348,6 +353,52 @@ def test_bad_nemotron_h_configs_raise_model_config_error(bad):
     cfg = {k: v for k, v in cfg.items() if v is not None}
     with pytest.raises(ModelConfigError):
         from_hf_config(cfg)
+
+
+_FALCON_H1 = {
+    "model_type": "falcon_h1",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "mamba_d_ssm": 512,
+    "mamba_n_heads": 8,
+    "mamba_d_state": 16,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"mamba_proj_bias": True}, "mamba_proj_bias"),
+        ({"projectors_bias": True, "mlp_bias": True}, "projectors_bias, mlp_bias"),
+        ({"mamba_conv_bias": False}, "mamba_conv_bias false"),
+        ({"mamba_n_heads": 7}, "must divide the Mamba width 512"),
+        ({"mamba_d_head": 32}, "is not the Mamba width 512"),
+    ],
+)
+def test_a_falcon_h1_config_the_spec_cannot_hold_is_refused(extra, why):
+    with pytest.raises(ModelConfigError, match=why):
+        from_hf_config({**_FALCON_H1, **extra})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"mamba_rms_norm": True, "mamba_n_groups": 2}, {"mamba_d_ssm": None, "mamba_expand": 1}, {"mamba_d_head": 64}],
+)
+def test_falcon_h1_layers_are_the_parameters_transformers_builds(extra):
+    """Attention, a Mamba-2 mixer (its gated norm where mamba_rms_norm says so; its width mamba_expand x hidden where
+    mamba_d_ssm is null) and the gated MLP per layer: transformers' FalconH1ForCausalLM on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {**_FALCON_H1, **extra}
+    spec = from_hf_config(cfg)
+    assert spec.parallel_mamba and spec.architecture == "FalconH1ForCausalLM" and not spec.is_hybrid
+    with torch.device("meta"):
+        model = transformers.FalconH1ForCausalLM(transformers.FalconH1Config(**cfg))
+    assert sum(p.numel() for p in model.parameters()) == spec.param_count()
 
 
 @pytest.mark.parametrize("spec", catalog(), ids=lambda s: s.name)

@@ -31,6 +31,8 @@ class HFLayer:
     norms: tuple[str, ...]  # the layer's RMSNorm modules Liger replaces (dotted paths from the layer)
     mlp: str | None  # "split": gate_proj/up_proj/down_proj; "fused": Phi-3's gate_up_proj; None: MLP not patched
     fp32_norm: bool = False  # the Hugging Face norm keeps its normalised tensor in fp32 (Gemma's (1 + w) scaling)
+    mlp_module: str = "mlp"  # the layer's MLP attribute (Falcon-H1's feed_forward)
+    final_norm: str = "norm"  # the backbone's final norm (Falcon-H1's final_layernorm), which Liger patches too
 
 
 _PRE = ("input_layernorm", "post_attention_layernorm")
@@ -50,6 +52,11 @@ LIGER_LAYERS: dict[str, HFLayer] = {
         HFLayer("gemma3_text", _GEMMA2 + _QK, "split", fp32_norm=True),
         HFLayer("mixtral", _PRE, None),
         HFLayer("qwen3_moe", _PRE + _QK, None),
+        # LigerFalconH1SwiGLUMLP applies the gate and down multipliers inside the SwiGLU function (which keeps gate and
+        # up, as the others)
+        HFLayer(
+            "falcon_h1", ("input_layernorm", "pre_ff_layernorm"), "split", False, "feed_forward", "final_layernorm"
+        ),
     )
 }
 
@@ -65,6 +72,7 @@ ARCHITECTURE_TYPES = {
     "Gemma3ForCausalLM": "gemma3_text",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "FalconH1ForCausalLM": "falcon_h1",
 }
 
 

@@ -62,6 +62,11 @@ class ModelSpec:
     mamba_n_groups: int = 0
     ssm_state_size: int = 0
     conv_kernel: int = 4
+    # Falcon-H1 (transformers' FalconH1DecoderLayer): every decoder layer runs a Mamba-2 mixer beside its attention,
+    # both on the layer's normed input, their scaled outputs summed, then the gated MLP; ``mamba_norm``: the mixer's
+    # gated RMSNorm (Falcon-H1's mamba_rms_norm; Nemotron-H's mixers always have it)
+    parallel_mamba: bool = False
+    mamba_norm: bool = True
     gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
     # transformers' python GELU (NewGELUActivation, "gelu_new": Phi-2) keeps its input, tanh, 0.5x and 1+tanh for
     # backward where a fused activation keeps its input alone
@@ -351,8 +356,9 @@ class ModelSpec:
         """One Mamba-2 mixer: in_proj (z, x, B, C, dt), depthwise conv1d with bias, dt_bias / A_log / D per head,
         the gated RMSNorm and out_proj."""
         h, inner, heads = self.hidden_size, self.mamba_inner, self.mamba_num_heads
+        norm = inner if self.mamba_norm else 0
         return (
-            h * self.mamba_in_proj_width + self.mamba_conv_dim * (self.conv_kernel + 1) + 3 * heads + inner + inner * h
+            h * self.mamba_in_proj_width + self.mamba_conv_dim * (self.conv_kernel + 1) + 3 * heads + norm + inner * h
         )
 
     def mixer_params(self, layer_type: str) -> int:
@@ -393,7 +399,8 @@ class ModelSpec:
             mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
         else:
             mlp = self.layer_mlp_params(layer)
-        return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params()
+        mamba = self.mamba_params() if self.parallel_mamba else 0
+        return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params() + mamba
 
     def mtp_params(self) -> int:
         """The multi-token-prediction layers' parameters (none where the model has none)."""
@@ -694,6 +701,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     mtp_type = mtype
     if _is_nemotron_h(cfg, mtype):
         return _from_nemotron_h(cfg, name=name)
+    if mtype == "falcon_h1":
+        return _from_falcon_h1(cfg, name=name)
     h = _int(cfg["hidden_size"], "hidden_size")
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
@@ -1053,6 +1062,74 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if "mamba" in types and (spec.mamba_num_heads == 0 or spec.mamba_n_groups == 0):
         raise ModelConfigError("mamba_num_heads and n_groups must be positive for a model with Mamba layers")
     return spec
+
+
+# transformers 5.18's FalconH1Config defaults for what a Falcon-H1 config.json may leave out (its published configs
+# give them all; mamba_d_ssm null means mamba_expand x hidden_size, mamba_d_head "auto" the width over the heads)
+FALCON_H1_DEFAULTS: dict[str, Any] = {
+    "mamba_d_ssm": 1024,
+    "mamba_n_heads": 128,
+    "mamba_d_head": "auto",
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "mamba_rms_norm": False,
+    "projectors_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128000,
+    "tie_word_embeddings": False,
+}
+
+
+def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
+    """A Falcon-H1 config.json (transformers' FalconH1ForCausalLM, which AutoModel builds: its registry has no own
+    class): per layer an attention block and a Mamba-2 mixer in parallel on the normed input, then a gated MLP; two
+    norms a layer. Biases other than the conv's (all off in the published checkpoints) are refused, not miscounted."""
+    cfg = {**FALCON_H1_DEFAULTS, **cfg}
+    h = _int(cfg["hidden_size"], "hidden_size")
+    heads = _int(cfg["num_attention_heads"], "num_attention_heads")
+    layers = _int(cfg["num_hidden_layers"], "num_hidden_layers")
+    biased = [k for k in ("mamba_proj_bias", "projectors_bias", "attention_bias", "mlp_bias") if cfg.get(k)]
+    if biased or not cfg.get("mamba_conv_bias"):
+        what = ", ".join(biased) if biased else "mamba_conv_bias false"
+        raise ModelConfigError(f"Falcon-H1 with {what} is not sized (the published checkpoints have none of them)")
+    width = cfg["mamba_d_ssm"]
+    width = _int(cfg["mamba_expand"], "mamba_expand") * h if width is None else _int(width, "mamba_d_ssm")
+    mamba_heads = _int(cfg["mamba_n_heads"], "mamba_n_heads")
+    if mamba_heads <= 0 or width % mamba_heads:
+        raise ModelConfigError(f"mamba_n_heads={mamba_heads} must divide the Mamba width {width} (mamba_d_ssm)")
+    head = cfg["mamba_d_head"]
+    head = width // mamba_heads if head == "auto" else _int(head, "mamba_d_head")
+    if head * mamba_heads != width:  # (FalconH1Config.validate_architecture refuses it too)
+        raise ModelConfigError(f"mamba_d_head={head} x mamba_n_heads={mamba_heads} is not the Mamba width {width}")
+    head_dim = _first(cfg, "head_dim", default=None)
+    if heads == 0 or (head_dim is None and h % heads):
+        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    return ModelSpec(
+        name=name or _unnamed(cfg, "falcon_h1"),
+        hidden_size=h,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=_int(cfg["num_key_value_heads"] or heads, "num_key_value_heads"),
+        intermediate_size=_int(cfg["intermediate_size"], "intermediate_size"),
+        vocab_size=_int(cfg["vocab_size"], "vocab_size"),
+        head_dim=_int(head_dim, "head_dim") if head_dim else None,
+        tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
+        parallel_mamba=True,
+        mamba_norm=bool(cfg["mamba_rms_norm"]),
+        mamba_num_heads=mamba_heads,
+        mamba_head_dim=head,
+        mamba_n_groups=_int(cfg["mamba_n_groups"], "mamba_n_groups"),
+        ssm_state_size=_int(cfg["mamba_d_state"], "mamba_d_state"),
+        conv_kernel=_int(cfg["mamba_d_conv"], "mamba_d_conv"),
+        architecture=_architecture(cfg) or "FalconH1ForCausalLM",
+    )
 
 
 def _architecture(cfg: dict[str, Any]) -> str | None:

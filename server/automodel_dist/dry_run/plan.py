@@ -307,18 +307,20 @@ def plan_dry_run(
             f"imports its DotProductAttention whatever the backend; the attention runs as {attn}, which that setup "
             "leaves without a CP group (AutoModel warns so on a GPU too)"
         )
-    # AutoModel's Nemotron-H mixer imports mamba_ssm's kernel; transformers' own Nemotron-H class binds mamba_ssm's and
-    # causal_conv1d's kernels where they are installed (AutoModel's CUDA environment) and trains with its cache on
-    # (the config's use_cache), which takes the unfused path: causal_conv1d, the chunk scan and its own gated norm
-    mamba_hf = not own_class and "mamba" in spec.layer_types and spec.architecture == "NemotronHForCausalLM"
+    # AutoModel's Nemotron-H mixer imports mamba_ssm's kernel; transformers' Nemotron-H and Falcon-H1 classes bind
+    # mamba_ssm's and causal_conv1d's kernels where they are installed (AutoModel's CUDA environment) and train with
+    # their cache on (the config's use_cache), which takes the unfused path: causal_conv1d, the chunk scan and the
+    # class's own gated norm
+    hf_mamba = ("mamba" in spec.layer_types and spec.architecture == "NemotronHForCausalLM") or spec.parallel_mamba
+    mamba_hf = spec.architecture if not own_class and hf_mamba else None
     if mamba_hf:
         subs.append(
-            "Mamba-2 layers (transformers' Nemotron-H class, its cache on) run causal_conv1d's and mamba_ssm's "
+            f"Mamba-2 layers (transformers' {mamba_hf} class, its cache on) run causal_conv1d's and mamba_ssm's "
             "chunk-scan kernels as stand-ins with their shapes (stack/mamba_ssd.py: causal_conv1d 1.7.0's saved input "
             "and output, the scan's chunk states, C^T B and output, its fp32 final states kept in the cache, and "
             "their backward's working sets); the gated norm and projections run as transformers writes them"
         )
-    mamba_ssm = mamba_hf or (own_class and "mamba" in spec.layer_types)
+    mamba_ssm = bool(mamba_hf) or (own_class and "mamba" in spec.layer_types)
     if mamba_ssm and not mamba_hf:
         subs.append(
             "Mamba-2 layers run mamba_ssm's fused conv1d + SSD scan + gated RMSNorm + out_proj kernel as a stand-in "

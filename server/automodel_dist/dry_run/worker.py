@@ -469,7 +469,7 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
         if spec.recipe.mamba_ssm:
             # AutoModel's Mamba-2 mixers import mamba_ssm's kernel in forward; transformers' bound theirs on import
-            shims.install_mamba_ssd(transformers_nemotron_h=spec.recipe.mamba_hf)
+            shims.install_mamba_ssd(transformers_class=spec.recipe.mamba_hf)
         shims.install_compiled_activations()
         measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
         if spec.depth is not None and len(measured) == 2:

@@ -230,8 +230,10 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
             for k in set(m.layer_types)
         }
     attn_sh, attn_rep = _attn_split(m)
-    # (Gemma-4's per-layer input gate and projection are replicated under TP, its double-wide MLPs averaged in)
+    # (Gemma-4's per-layer input gate and projection are replicated under TP, its double-wide MLPs averaged in; so is
+    # Falcon-H1's Mamba-2 mixer, which AutoModel's TP plan leaves out)
     base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.norm_params + m.ple_layer_params()
+    base += m.mamba_params() if m.parallel_mamba else 0
     dense = (base + m.mean_dense_mlp_params() / p.tp, 0.0)
     return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
@@ -458,6 +460,24 @@ def _gated_deltanet_act(m: ModelSpec) -> float:
     return 2.0 * elements
 
 
+def _parallel_mamba_act(m: ModelSpec, tr: Training) -> float:
+    """Bf16-equivalent bytes per token Falcon-H1's Mamba-2 mixer keeps for backward beside the attention (transformers'
+    FalconH1Mixer with its cache on, as it trains: the unfused path through causal_conv1d and mamba_ssm's chunk scan;
+    whole on every TP rank, as AutoModel's plan leaves it): its input scaled by ssm_in_multiplier (in_proj's input, a
+    copy of the norm's output), in_proj's output scaled by the muP vector (the conv's input, the gate and dt are views
+    of it), the conv's output (the scan's x, B and C) and the scan's output; without the gated norm SiLU(gate) and the
+    gated output (out_proj's input, where it trains); with it (applied after the gate) the gate's fp32 copy, its fp32
+    SiLU and their fp32 product (the norm's input), the fp32 normalised output where the norm's weight trains and
+    out_proj's input where out_proj trains. Saved-tensor hooks on transformers' layer with the dry run's stand-ins:
+    the same bytes to 0.1% (0.5B, 7B; full fine-tuning and LoRA)."""
+    i = m.mamba_inner
+    kept = 2 * m.hidden_size + 2 * m.mamba_in_proj_width + 2 * m.mamba_conv_dim + 2 * i
+    out_proj = 2 * i if lora_trains(tr.lora, "out_proj") else 0
+    if not m.mamba_norm:
+        return kept + 2 * i + out_proj
+    return kept + 12 * i + (4 * i if tr.lora is None else 0) + out_proj
+
+
 def _attention_act(m: ModelSpec, t: int) -> float:
     """Bytes per token an attention block saves besides its norms and residuals (q/k/v/o inputs and outputs,
     RoPE, the SDPA output and its statistics), fitted with bf16 compute: ``8h/t + 8d + 4a/t + 8``."""
@@ -533,6 +553,10 @@ def _act_per_token(
     unsharded = tr.hf_class and m.architecture in _PHI3
     if unsharded:
         t, sp = 1, False  # its plan splits neither attention nor the MLP and ignores SP (see _PHI3)
+    if m.parallel_mamba:
+        # AutoModel's Falcon-H1 plan (optimized_tp_plans._parallelize_falcon_h1) ignores sequence_parallel: its Mamba
+        # branch's whole-sequence output is summed with the attention's
+        sp = False
     rep = _norm_bytes(m, p, tr, liger, sp)
     if m.kv_lora_rank:  # MLA: per head, queries and keys of nope+rope, values and outputs of v_head_dim
         q = a * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))
@@ -617,7 +641,8 @@ def _act_per_token(
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
     dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element
-    plain = (rep + attn + mlp + _per_layer_input_bytes(m, tr)) * scale + dropout + eager
+    mamba = _parallel_mamba_act(m, tr) if m.parallel_mamba else 0.0
+    plain = (rep + attn + mlp + mamba + _per_layer_input_bytes(m, tr)) * scale + dropout + eager
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
     if style == "none" or (style == "selective" and moe):
@@ -836,8 +861,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # sharded by FSDP with the rest), never over TP (moe/parallelizer.py keeps routed experts EP-owned)
         expert_adapters = sum(n * lora.experts(k) for k, n in g.kinds.items())
         train_experts = expert_adapters / p.ep if p.ep > 1 else 0.0
+        whole = sum(n * lora.whole(k) for k, n in g.kinds.items())  # (on modules the TP plan leaves whole)
         train_dense = (
-            (adapters - expert_adapters) / p.tp
+            (adapters - expert_adapters - whole) / p.tp
+            + whole
             + (expert_adapters if p.ep <= 1 else 0.0)
             + (lora.lm_head / head_tp if g.last else 0.0)
         )

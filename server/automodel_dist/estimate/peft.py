@@ -62,9 +62,15 @@ class Lora:
     # the part of dropout_per_layer on row-parallel Linears (o_proj, down_proj, out_proj): their LoRA output is full
     # width on every TP rank, the others' are split by TP ("pre"'s copies are counted in bf16)
     dropout_rowwise_per_layer: tuple[tuple[str, float], ...] = ()
+    # (layer kind, the part of per_layer on modules AutoModel's TP plan leaves whole: Falcon-H1's Mamba mixer), whose
+    # adapters are whole on every TP rank
+    per_layer_whole: tuple[tuple[str, float], ...] = ()
 
     def layer(self, kind: str) -> float:
         return dict(self.per_layer).get(kind, 0.0)
+
+    def whole(self, kind: str) -> float:
+        return dict(self.per_layer_whole).get(kind, 0.0)
 
     def experts(self, kind: str) -> float:
         return dict(self.per_layer_experts).get(kind, 0.0)
@@ -148,8 +154,12 @@ def layer_modules(m: ModelSpec, kind: str) -> list[Linear]:
             ]
         return _moe(m, base, shared="shared_experts")
     layer = "model.layers.{i}"
-    mlp = f"{layer}.mlp"
+    # transformers' Falcon-H1 layer names its MLP feed_forward and its Mamba-2 mixer (beside the attention) mamba
+    mlp = f"{layer}.feed_forward" if m.parallel_mamba else f"{layer}.mlp"
     out = _attention(m, f"{layer}.self_attn")
+    if m.parallel_mamba:
+        mamba = f"{layer}.mamba"
+        out += [Linear(f"{mamba}.in_proj", h, m.mamba_in_proj_width), Linear(f"{mamba}.out_proj", m.mamba_inner, h)]
     if kind == "moe" and m.router_scale:
         # Gemma-4's MoE layer (AutoModel's Gemma4MoEDecoderLayer): its dense MLP is the layer's mlp, the routed
         # experts are the moe block's
@@ -251,9 +261,10 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
     dropout = isinstance(p_drop, (int, float)) and not isinstance(p_drop, bool) and p_drop > 0
     pre = peft.get("dropout_position") == "pre"
     per_layer, adapted_weights, adapted, per_experts, dropout_bytes, dropout_rowwise = [], [], [], [], [], []
+    per_whole = []
     for kind in sorted(set(m.layer_kind(i) for i in range(m.num_layers))):
         first = next(i for i in range(m.num_layers) if m.layer_kind(i) == kind)
-        params = weights = experts = kept = rowwise = 0.0
+        params = weights = experts = kept = rowwise = whole = 0.0
         for lin in layer_modules(m, kind):
             name = lin.name.format(i=first)
             if not _matches(name, targets, excludes, match_all, lin.kind):
@@ -264,16 +275,20 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
                 experts += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.expert_dim)
             else:
                 params += dim * (lin.fan_in + lin.fan_out)
+                whole += dim * (lin.fan_in + lin.fan_out) if ".mamba." in name else 0
                 weights += lin.fan_in * lin.fan_out
                 if dropout:
                     kept += 3 * lin.fan_in if pre else lin.fan_out
-                    if not pre and name.endswith(_ROW_PARALLEL):
+                    # (full width on every TP rank: a row-parallel Linear's output, and Falcon-H1's Mamba mixer,
+                    # which AutoModel's TP plan leaves whole)
+                    if not pre and (name.endswith(_ROW_PARALLEL) or ".mamba." in name):
                         rowwise += lin.fan_out
         per_layer.append((kind, params + experts))
         per_experts.append((kind, experts))
         adapted_weights.append((kind, weights))
         dropout_bytes.append((kind, kept))
         dropout_rowwise.append((kind, rowwise))
+        per_whole.append((kind, whole))
     lm_head = 0.0
     if _matches("lm_head", targets, excludes, match_all, "linear"):
         lm_head = dim * (m.hidden_size + m.vocab_size)
@@ -293,6 +308,7 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
         per_layer_experts=tuple(per_experts),
         dropout_per_layer=tuple(dropout_bytes),
         dropout_rowwise_per_layer=tuple(dropout_rowwise),
+        per_layer_whole=tuple(per_whole),
     )
 
 

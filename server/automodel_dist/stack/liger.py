@@ -95,10 +95,10 @@ class Stub:
                 mod = _module(layer, name)
                 if mod is not None:
                     mod.forward = types.MethodType(_norm_forward, mod)
-            mlp = getattr(layer, "mlp", None)
+            mlp = getattr(layer, row.mlp_module, None)
             if forward is not None and mlp is not None and all(hasattr(mlp, n) for n in names):
                 mlp.forward = types.MethodType(forward, mlp)
-        final = getattr(backbone, "norm", None)
+        final = getattr(backbone, row.final_norm, None)
         if final is not None:
             final.forward = types.MethodType(_norm_forward, final)
         self.applied.append(str(model_type))

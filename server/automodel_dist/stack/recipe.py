@@ -56,8 +56,9 @@ class StackRecipe(BaseModel):
         False  # the dry run's stand-in for fla's Gated DeltaNet kernel (AutoModel's linear-attention layers)
     )
     mamba_ssm: bool = False  # the dry run's stand-in for mamba_ssm's fused Mamba-2 kernel (AutoModel's Nemotron-H)
-    # ... and for the unfused kernels transformers' Nemotron-H mixer runs (causal_conv1d, mamba_ssm's chunk scan)
-    mamba_hf: bool = False
+    # ... and for the unfused kernels a transformers class's Mamba-2 mixer runs (causal_conv1d, mamba_ssm's chunk
+    # scan): its architecture (Nemotron-H under force_hf, Falcon-H1; shims.HF_MAMBA_KERNELS), None for none
+    mamba_hf: str | None = None
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
     vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step

@@ -252,22 +252,53 @@ CUT_CROSS_ENTROPY = _register(
         "nemo_automodel.components.loss.chunked_ce:ChunkedCrossEntropy.forward", "losses = _ChunkedLinearCE.apply("
     )(),
 )
-HF_NEMOTRON_H_KERNELS = _register(
-    "transformers_nemotron_h_kernels",
-    "forward",
-    "transformers.models.nemotron_h.modeling_nemotron_h: causal_conv1d_fn, mamba2_chunk_scan and "
-    "mamba2_split_conv1d_scan_combined (rebound to the stand-ins, stack/mamba_ssd.py)",
-    "transformers' Nemotron-H mixer (a Hugging Face class: force_hf) binds causal_conv1d's and mamba_ssm's kernels "
-    "when it is imported where they are installed, as in AutoModel's CUDA environment, and its chunked torch "
-    "references otherwise, whose [chunks x chunk x chunk] intermediates a GPU never holds. With its cache on, as it "
-    "trains (the config's use_cache), it runs the conv, the chunk scan and its own gated norm apart.",
-    lambda: _source_has(
-        "transformers.models.nemotron_h.modeling_nemotron_h:NemotronHMamba2Mixer.forward",
-        "hidden_states_B_C = causal_conv1d_fn(",
-        "scan_result = mamba2_chunk_scan(",
-        "fused_output = mamba2_split_conv1d_scan_combined(",
-    )(),
+
+
+def _hf_mamba_kernels(name: str, model: str, mixer: str, why: str) -> Shim:
+    module = f"transformers.models.{model}.modeling_{model}"
+    return _register(
+        name,
+        "forward",
+        f"{module}: causal_conv1d_fn, mamba2_chunk_scan and mamba2_split_conv1d_scan_combined (rebound to the "
+        "stand-ins, stack/mamba_ssd.py)",
+        why,
+        lambda: _source_has(
+            f"{module}:{mixer}.forward",
+            "hidden_states_B_C = causal_conv1d_fn(",
+            "scan_result = mamba2_chunk_scan(",
+            "fused_output = mamba2_split_conv1d_scan_combined(",
+        )(),
+    )
+
+
+_HF_MAMBA_WHY = (
+    "transformers' {} mixer binds causal_conv1d's and mamba_ssm's kernels when it is imported where they are "
+    "installed, as in AutoModel's CUDA environment, and its chunked torch references otherwise, whose "
+    "[chunks x chunk x chunk] intermediates a GPU never holds. With its cache on, as it trains (the config's "
+    "use_cache), it runs the conv, the chunk scan and its own gated norm apart."
 )
+# transformers' classes with Mamba-2 mixers that AutoModel builds (Nemotron-H under force_hf; Falcon-H1, which its
+# registry lacks), by architecture: their module (a fixed name, never the recipe's) and the shim counting its calls
+HF_MAMBA_KERNELS: dict[str, tuple[str, Shim]] = {
+    "NemotronHForCausalLM": (
+        "transformers.models.nemotron_h.modeling_nemotron_h",
+        _hf_mamba_kernels(
+            "transformers_nemotron_h_kernels",
+            "nemotron_h",
+            "NemotronHMamba2Mixer",
+            _HF_MAMBA_WHY.format("Nemotron-H (a Hugging Face class: force_hf)"),
+        ),
+    ),
+    "FalconH1ForCausalLM": (
+        "transformers.models.falcon_h1.modeling_falcon_h1",
+        _hf_mamba_kernels(
+            "transformers_falcon_h1_kernels",
+            "falcon_h1",
+            "FalconH1Mixer",
+            _HF_MAMBA_WHY.format("Falcon-H1 (the class AutoModel builds: its registry has none)"),
+        ),
+    ),
+}
 FLA_CP = _register(
     "fla_context_parallel_stand_in",
     "forward",
@@ -377,30 +408,31 @@ def install_fla_gdn() -> None:
     fla_gdn.on_cp_context = FLA_CP.count
 
 
-def install_mamba_ssd(*, transformers_nemotron_h: bool = False) -> None:
+def install_mamba_ssd(*, transformers_class: str | None = None) -> None:
     """Put the mamba_ssm stand-in in place before the step (AutoModel's Mamba-2 mixers import it in forward); its
-    calls are counted. ``transformers_nemotron_h``: causal_conv1d's stand-in too, and transformers' Nemotron-H module's
-    kernels (bound when it was imported) rebound to the stand-ins."""
+    calls are counted. ``transformers_class``: an architecture of HF_MAMBA_KERNELS, whose transformers module's
+    kernels (bound when it was imported) are rebound to the stand-ins, causal_conv1d's included."""
     from . import mamba_ssd
 
-    if not mamba_ssd.install(causal_conv1d=transformers_nemotron_h):  # (the real mamba_ssm runs where it is installed)
+    hf = HF_MAMBA_KERNELS.get(transformers_class or "")
+    if not mamba_ssd.install(causal_conv1d=hf is not None):  # (the real mamba_ssm runs where it is installed)
         return
     mamba_ssd.on_call = MAMBA_SSD.count
-    if transformers_nemotron_h:
-        _bind_transformers_nemotron_h(mamba_ssd)
+    if hf is not None:
+        _bind_transformers_mamba(mamba_ssd, *hf)
 
 
-def _bind_transformers_nemotron_h(kernels: Any) -> None:
-    """transformers' Nemotron-H module resolved its kernels when it was imported, before the stand-ins existed (the
-    torch fallbacks): bind the stand-ins in their place, their keywords filtered as transformers' own wrapper does
+def _bind_transformers_mamba(kernels: Any, module_name: str, shim: Shim) -> None:
+    """transformers' module resolved its kernels when it was imported, before the stand-ins existed (the torch
+    fallbacks): bind the stand-ins in their place, their keywords filtered as transformers' own wrapper does
     (integrations/hub_kernels.use_kernel_func_from_hub_with_fallback)."""
-    module = importlib.import_module("transformers.models.nemotron_h.modeling_nemotron_h")
+    module = importlib.import_module(module_name)
 
     def bound(kernel: Callable[..., Any]) -> Callable[..., Any]:
         accepted = set(inspect.signature(kernel).parameters)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            HF_NEMOTRON_H_KERNELS.count()
+            shim.count()
             return kernel(*args, **{k: v for k, v in kwargs.items() if k in accepted})
 
         return call

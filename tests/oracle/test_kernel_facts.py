@@ -373,3 +373,36 @@ def test_qwen35_tp_plan_splits_no_vocabulary_on_automodels_class(hf_class):
     split = json.loads(done.stdout.strip().splitlines()[-1])
     assert split["self_attn.q_proj"] and split["linear_attn.in_proj_qkv"] and split["mlp.down_proj"], split
     assert (split["embed_tokens"], split["lm_head"]) == tp_splits_vocab(spec.architecture, hf_class), split
+
+
+def test_falcon_h1_is_not_hybrid_to_automodel_and_its_tp_plan_leaves_the_mixer_whole():
+    """The premises of the cp-parallel-mamba warning and of the estimate's Falcon-H1 TP split, from AutoModel's code:
+    its hybrid check does not see Falcon-H1's Mamba layers (so CP takes the generic path), and its Falcon-H1 plan
+    splits the attention and the MLP and names nothing of the Mamba mixer, nor sequence parallelism."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nemo_automodel._transformers.capabilities import _is_hybrid
+    from nemo_automodel.components.distributed.optimized_tp_plans import PARALLELIZE_FUNCTIONS
+
+    config = transformers.FalconH1Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        vocab_size=128,
+        mamba_d_ssm=128,
+        mamba_n_heads=4,
+        mamba_d_state=16,
+    )
+    with torch.device("meta"):
+        model = transformers.FalconH1ForCausalLM(config)
+    assert not _is_hybrid(model)
+    plan = PARALLELIZE_FUNCTIONS["transformers.models.falcon_h1.modeling_falcon_h1.FalconH1ForCausalLM"](
+        model, sequence_parallel=True
+    )
+    assert not [k for k in plan if ".mamba" in k] and {k.split(".")[-2] for k in plan if "layers" in k} == {
+        "self_attn",
+        "feed_forward",
+    }
+    assert not any("SequenceParallel" in type(style).__name__ for style in plan.values())

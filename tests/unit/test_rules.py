@@ -775,6 +775,18 @@ CASES = [
         id="cp-mamba-groups",
     ),
     RuleCase(
+        text="distributed:\n  cp_size: 2\n",
+        kwargs={"world_size": 8, "model": "tiiuae/Falcon-H1-7B-Instruct"},
+        rule="cp-parallel-mamba",
+        severity="warning",
+        path="distributed.cp_size",
+        line=2,
+        valid=True,
+        message="cp_size=2 with tiiuae/Falcon-H1-7B-Instruct: AutoModel accepts it (its hybrid check does not see Falcon-H1's Mamba layers) and shards every sequence 2 ways, but only the attention is made whole; the Mamba-2 branch in each of the 44 layers scans its rank's 1/2 of the sequence alone, so the step trains on outputs that are not the model's",
+        fix="cp_size: 1 (no context-parallel path for Falcon-H1's Mamba branch in AutoModel 0.7.0)",
+        id="cp-parallel-mamba",
+    ),
+    RuleCase(
         text="distributed:\n  ep_size: 8\n",
         kwargs={"world_size": 24, "model": "Qwen/Qwen3-30B-A3B"},
         rule="ep-shard-uneven",

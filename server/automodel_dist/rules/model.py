@@ -487,6 +487,35 @@ def cp_mamba_heads(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
+    "cp-parallel-mamba",
+    family=F,
+    severity="warning",
+    title="Context parallelism leaves Falcon-H1's Mamba branch a share of the sequence",
+    cause="AutoModel 0.7.0 accepts context parallelism on transformers' Falcon-H1 class: its hybrid check "
+    "(_transformers/capabilities._is_hybrid) looks for 'M' in layers_block_type, which Falcon-H1's config fills "
+    "with 'hybrid', so CP takes the generic torch context_parallel path. That path hands each CP rank a "
+    "load-balanced share of every sequence (two chunks, from either end) and makes only SDPA whole through its "
+    "ring; the Mamba-2 mixer that runs beside every attention block scans the rank's share as if it were the "
+    "sequence. The step runs and the loss is finite, but it is not the model's.",
+    fix="cp_size: 1 (AutoModel 0.7.0 has no context-parallel path for Falcon-H1's Mamba branch); shard with FSDP, "
+    "or TP (AutoModel's Falcon-H1 plan splits the attention and the MLP).",
+)
+def cp_parallel_mamba(ctx: Context) -> Iterator[Finding]:
+    m, cp = ctx.model, ctx.dims.cp
+    if m is None or not m.parallel_mamba or cp <= 1:
+        return
+    yield finding(
+        ctx,
+        ("cp_size",),
+        f"cp_size={cp} with {m.name}: AutoModel accepts it (its hybrid check does not see Falcon-H1's Mamba layers) "
+        f"and shards every sequence {cp} ways, but only the attention is made whole; the Mamba-2 branch in each of "
+        f"the {m.num_layers} layers scans its rank's 1/{cp} of the sequence alone, so the step trains on outputs "
+        "that are not the model's",
+        "cp_size: 1 (no context-parallel path for Falcon-H1's Mamba branch in AutoModel 0.7.0)",
+    )
+
+
+@rule(
     "pp-stages",
     family=F,
     severity="error",

@@ -61,7 +61,10 @@ def mamba_cp_ok(m: ModelSpec, cp: int) -> bool:
 
 
 def cp_possible(m: ModelSpec, cp: int) -> bool:
-    """False when AutoModel's class for ``m`` splits Mamba heads over CP and ``cp`` does not fit them."""
+    """False when AutoModel's class for ``m`` splits Mamba heads over CP and ``cp`` does not fit them, and for any
+    ``cp`` above 1 on Falcon-H1, whose Mamba branch CP would leave a share of the sequence (cp-parallel-mamba)."""
+    if m.parallel_mamba and cp > 1:
+        return False
     impl = implementation(m.architecture)
     return impl is None or not impl.mamba_cp or mamba_cp_ok(m, cp)
 

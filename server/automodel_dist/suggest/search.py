@@ -115,7 +115,8 @@ def _options(
                                         cp=cp,
                                         ep=ep,
                                         dp_replicate=rep,
-                                        sequence_parallel=tp > 1 and strategy == "fsdp2",
+                                        # (AutoModel's Falcon-H1 TP plan ignores sequence_parallel)
+                                        sequence_parallel=tp > 1 and strategy == "fsdp2" and not m.parallel_mamba,
                                         activation_checkpointing=ac,
                                         pp_schedule=sched,
                                         pp_microbatch_size=mbs if pp > 1 else None,

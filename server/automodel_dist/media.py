@@ -1,7 +1,8 @@
 """A VLM recipe's images as its processor turns them into model inputs (pure: no torch, no transformers): the
 resize to a patch grid, the grid's patches and the placeholder tokens each image takes in the sequence, for the
-Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token) and Gemma-3's (every
-image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens). The estimate sizes the vision
+Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token), Gemma-3's (every
+image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens), Gemma-4's and Mistral3's Pixtral
+processor (resized within a longest edge to whole merge cells, a row break token after each row of placeholders). The estimate sizes the vision
 tower's work from it and the dry run builds its batch from it; the tests hold ``smart_resize`` to transformers' own
 ``smart_resize``.
 
@@ -59,6 +60,33 @@ def is_gemma4_tower(cfg: Any) -> bool:
     return all(isinstance(cfg.get(k), int) for k in ("image_token_id", "boi_token_id", "eoi_token_id"))
 
 
+# transformers' PixtralImageProcessor default (5.18): the longest edge an image is resized down to
+PIXTRAL_LONGEST_EDGE = 1024
+
+
+def is_pixtral_tower(cfg: Any) -> bool:
+    """Mistral3's Pixtral tower and patch merger (Ministral-3, Mistral-Small-3.1, Devstral-Small-2), with the image
+    token id its batch needs."""
+    if not (isinstance(cfg, dict) and cfg.get("model_type") == "mistral3"):
+        return False
+    vision = cfg.get("vision_config")
+    return (
+        isinstance(vision, dict)
+        and vision.get("model_type") == "pixtral"
+        and isinstance(cfg.get("image_token_index", cfg.get("image_token_id")), int)
+    )
+
+
+def pixtral_resize(height: int, width: int, cell: int, longest_edge: int = PIXTRAL_LONGEST_EDGE) -> tuple[int, int]:
+    """transformers' Pixtral resize (image_processing_pixtral.get_resize_output_image_size): scaled down, its aspect
+    ratio kept and floored, until both sides are within ``longest_edge``, then rounded up to whole cells of ``cell``
+    pixels (the processor's patch size times Mistral3's spatial merge)."""
+    ratio = max(height / longest_edge, width / longest_edge)
+    if ratio > 1:
+        height, width = int(math.floor(height / ratio)), int(math.floor(width / ratio))
+    return ((height - 1) // cell + 1) * cell, ((width - 1) // cell + 1) * cell
+
+
 def gemma4_resize(height: int, width: int, patch: int, pooling: int, max_patches: int) -> tuple[int, int]:
     """transformers' ``get_aspect_ratio_preserving_size`` (gemma4, 5.18): the largest size of the image's aspect
     ratio whose sides are multiples of ``pooling * patch`` within ``max_patches`` patches."""
@@ -101,7 +129,7 @@ class ImageGeometry:
     grid: tuple[int, int, int]  # (t, h, w) patches
     patch_size: int
     merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's and Gemma-4's pooling kernel)
-    processor: Literal["qwen", "gemma3", "gemma4"] = "qwen"
+    processor: Literal["qwen", "gemma3", "gemma4", "pixtral"] = "qwen"
     padded_patches: int = 0  # the patches the processor pads every image to (Gemma-4's budget; 0: none)
 
     @property
@@ -117,6 +145,12 @@ class ImageGeometry:
     def tokens(self) -> int:
         """The placeholder tokens it takes in the ids: its patches merged ``merge`` squared to one."""
         return self.patches // (self.merge * self.merge)
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The tokens it takes in the sequence: its placeholders, and Pixtral's row break after each row of them (the
+        last row's an image end)."""
+        return self.tokens + (self.grid[1] // self.merge if self.processor == "pixtral" else 0)
 
 
 def qwen_image(
@@ -159,11 +193,21 @@ def gemma4_image(
     )
 
 
+def pixtral_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeometry:
+    """One image as Mistral3's Pixtral processor hands it over: resized within the processor class's longest edge to
+    whole cells of patch x spatial merge, its patches merged merge x merge into a placeholder token."""
+    patch, merge = int(cfg["vision_config"].get("patch_size", 16)), int(cfg.get("spatial_merge_size", 2))
+    h, w = pixtral_resize(image_px[0], image_px[1], patch * merge)
+    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge, processor="pixtral")
+
+
 def vlm_image(
     cfg: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
 ) -> ImageGeometry | None:
     """One image of the assumed size as the model's processor hands it over (``cfg`` the whole config.json); None for
     a processor this module does not know."""
+    if is_pixtral_tower(cfg):
+        return pixtral_image(cfg, image_px)
     if is_gemma3_tower(cfg):
         return gemma3_image(cfg)
     if is_gemma4_tower(cfg):
@@ -179,12 +223,16 @@ __all__ = [
     "FAKE_IMAGE_PX",
     "IMAGES_PER_SAMPLE",
     "ImageGeometry",
+    "PIXTRAL_LONGEST_EDGE",
     "gemma3_image",
     "gemma4_image",
     "gemma4_resize",
     "is_gemma3_tower",
     "is_gemma4_tower",
+    "is_pixtral_tower",
     "is_qwen_tower",
+    "pixtral_image",
+    "pixtral_resize",
     "qwen_image",
     "smart_resize",
     "vlm_image",

@@ -95,7 +95,7 @@ def recipe_fill_note(
     """``fill_note`` at the tools' assumed sample (media.py: ``IMAGES_PER_SAMPLE`` image(s) of ``IMAGE_PX``) as the
     model's processor makes it (``cfg`` the whole config.json; an unknown processor gives no token count)."""
     image = vlm_image(cfg, IMAGE_PX, pixels) if cfg else None
-    return fill_note(packing, seq_len, image.tokens if image is not None else None, IMAGES_PER_SAMPLE)
+    return fill_note(packing, seq_len, image.sequence_tokens if image is not None else None, IMAGES_PER_SAMPLE)
 
 
 __all__ = [

@@ -1205,6 +1205,25 @@ def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
     assert rank.peak.activations - flash.peak.activations == pytest.approx(scores, rel=0.1)
 
 
+@needs_automodel
+def test_a_mistral3_vlm_step_feeds_its_pixtral_images_with_their_sizes():
+    """Mistral3's Pixtral processor resizes the assumed 1,024 x 1,024 image within its longest edge to whole 28-pixel
+    cells (1,036 x 1,036: 74 x 74 patches of 14, 1,369 placeholders and 37 row breaks): AutoModel's Mistral3 class cuts
+    the patches by the batch's image_sizes and checks its placeholders against the merged features on the known ids;
+    the tower's forward runs (frozen), and the estimate holds to the measured rank."""
+    text = VLM_RECIPE.format(
+        recipe="FinetuneRecipeForVLM", model="mistralai/Ministral-3-3B-Instruct-2512", model_extra="", frozen="true"
+    )
+    report = dry_run(text, seq_len=2048, num_layers=2, world_size=2)
+    rank = _only(report)
+    assert report.status == "measured", (rank.error, rank.reason)
+    assert any("74 x 74 patch grid" in s and "1369 placeholder tokens" in s for s in report.substitutions)
+    assert any("Pixtral processor" in a and "37 row breaks" in a for a in report.assumed)
+    assert report.fits is None  # no verdict on an assumed image
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
 QWEN35_VLM_PP = """recipe: {recipe}
 model:
   _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained

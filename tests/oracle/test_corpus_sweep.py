@@ -180,8 +180,6 @@ NOT_MEASURED: dict[str, str] = {
     "dry run, which stands in only for the compiled flex attention ring",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
-    "vlm_finetune/mistral/ministral3_3b_medpix.yaml": "the dry run feeds images only as the Qwen-VL, Gemma-3 and "
-    "Gemma-4 processors make them, not Pixtral's (Mistral3's tower)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
     "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
     "run does not build (the plan runs no rank)",

@@ -131,3 +131,37 @@ def test_a_gemma4_image_is_the_grid_tokens_and_padding_its_processor_makes() -> 
     image = media.vlm_image(cfg, media.IMAGE_PX, (None, None))
     assert image is not None and image.processor == "gemma4"
     assert (image.pixels, image.patches, image.padded_patches, image.tokens) == ((768, 768), 2304, 2520, 256)
+
+
+@settings(max_examples=40, deadline=None)
+@given(height=st.integers(28, 3000), width=st.integers(28, 3000))
+def test_the_pixtral_image_is_the_one_transformers_processor_makes(height: int, width: int) -> None:
+    """Mistral3's images (Ministral-3's tower: patches of 14 merged 2 x 2, so 28-pixel cells, as its processor passes
+    them to the image processor): transformers' Pixtral image processor (its PIL backend, the class's defaults) resizes
+    a height x width image to the pixels and image_sizes the dry run feeds, and the placeholders and row breaks are
+    one a cell and one a row of cells (PixtralProcessor.replace_image_token)."""
+    from PIL import Image
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    if max(height, width) / min(height, width) > 40:
+        return
+    out = PixtralImageProcessorPil()(
+        images=[Image.new("RGB", (width, height))], patch_size={"height": 28, "width": 28}, return_tensors="np"
+    )
+    cfg = {
+        "model_type": "mistral3",
+        "image_token_index": 10,
+        "spatial_merge_size": 2,
+        "vision_config": {"model_type": "pixtral", "patch_size": 14},
+    }
+    image = media.vlm_image(cfg, (height, width), (None, None))
+    assert image is not None and image.processor == "pixtral"
+    assert tuple(out["pixel_values"].shape[2:]) == image.pixels == tuple(out["image_sizes"][0])
+    rows, cols = image.pixels[0] // 28, image.pixels[1] // 28
+    assert (image.tokens, image.sequence_tokens) == (rows * cols, rows * (cols + 1))
+
+
+def test_the_pixtral_longest_edge_is_the_processor_classs() -> None:
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    assert PixtralImageProcessorPil.size["longest_edge"] == media.PIXTRAL_LONGEST_EDGE

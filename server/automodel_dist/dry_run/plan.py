@@ -21,8 +21,10 @@ from ..media import (
     GEMMA4_SOFT_TOKENS,
     IMAGE_PX,
     IMAGES_PER_SAMPLE,
+    PIXTRAL_LONGEST_EDGE,
     is_gemma3_tower,
     is_gemma4_tower,
+    is_pixtral_tower,
     is_qwen_tower,
     vlm_image,
 )
@@ -215,6 +217,15 @@ def plan_dry_run(
                     f"{image.pixels[0]} x {image.pixels[1]} by Gemma-3's processor whatever its size (no pan-and-scan, "
                     f"its default) and pooled to {image.tokens} soft tokens, inside the {seq}-token sequence"
                 )
+            elif image.processor == "pixtral":
+                assumed.append(
+                    f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized by "
+                    f"Mistral3's Pixtral processor, its aspect ratio kept, within the processor class's longest edge of "
+                    f"{PIXTRAL_LONGEST_EDGE} to whole {image.patch_size * image.merge}-pixel cells (the checkpoint's "
+                    f"preprocessor_config.json is not read): {image.pixels[0]} x {image.pixels[1]}, {image.tokens} "
+                    f"placeholder tokens and {image.sequence_tokens - image.tokens} row breaks inside the {seq}-token "
+                    "sequence"
+                )
             elif image.processor == "gemma4":
                 assumed.append(
                     f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized by "
@@ -244,6 +255,9 @@ def plan_dry_run(
                     else "; the image tokens typed in mm_token_type_ids and the patches' grid positions given, as "
                     "Gemma-4's processor hands them over"
                     if image.processor == "gemma4"
+                    else "; the images padded to the batch's largest with their sizes in image_sizes, which the Pixtral "
+                    "tower reads to cut each image's patches, as Mistral3's processor hands them over"
+                    if image.processor == "pixtral"
                     else "; the multimodal position ids come from the model's own get_rope_index on the batch's ids "
                     "(computed ahead, as its CP hook does)"
                 )
@@ -501,13 +515,19 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims, w: Wor
     qwen = is_qwen_tower(cfg.get("vision_config")) and isinstance(cfg.get("image_token_id"), int)
     gemma3 = is_gemma3_tower(cfg)  # (its config class defaults the image, begin- and end-of-image token ids)
     gemma4 = is_gemma4_tower(cfg)
-    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4):
+    pixtral = is_pixtral_tower(cfg)
+    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4 or pixtral):
         return (
-            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3 and Gemma-4 processors make them "
-            "(Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, through the VLM finetune recipe's "
-            "step); this model's "
+            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3, Gemma-4 and Pixtral processors make "
+            "them (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, Mistral3, through the VLM "
+            "finetune recipe's step); this model's "
             "images, video or audio would go uncounted: not measured (the estimate counts the towers' weights, not "
             "their activations)"
+        )
+    if pixtral and d.cp > 1:
+        return (
+            f"{recipe}: Mistral3 under context parallelism (its image placeholders split over the CP ranks) is not "
+            "run by the dry run: not measured"
         )
     if gemma3 and d.cp > 1:
         return (

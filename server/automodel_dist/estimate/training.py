@@ -10,7 +10,17 @@ from typing import Any
 from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
 from ..catalog.models import ModelSpec
-from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, gemma3_image, is_gemma3_tower, is_qwen_tower, qwen_image
+from ..media import (
+    FAKE_IMAGE_PX,
+    IMAGE_PX,
+    IMAGES_PER_SAMPLE,
+    gemma3_image,
+    is_gemma3_tower,
+    is_pixtral_tower,
+    is_qwen_tower,
+    pixtral_image,
+    qwen_image,
+)
 from ..vlm_packing import recipe_fill_note
 from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
@@ -207,6 +217,19 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         read.append(
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} image a sequence resized to "
             f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)"
+            + (
+                ", its tower trained: its activations not sized"
+                if w.train_towers and w.peft is None
+                else ", its tower frozen (no activations kept)"
+            )
+        )
+        return out
+    if is_pixtral_tower(spec.hf_config):
+        image = pixtral_image(spec.hf_config or {}, px)
+        read.append(
+            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
+            f"sequence resized by Mistral3's Pixtral processor to {image.pixels[0]} x {image.pixels[1]} "
+            f"({image.sequence_tokens} of the sequence's tokens, row breaks included)"
             + (
                 ", its tower trained: its activations not sized"
                 if w.train_towers and w.peft is None

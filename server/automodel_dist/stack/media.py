@@ -42,11 +42,13 @@ def _ids_with_images(
     lead: int,
     kinds_dtype: Any,
     what: str,
+    text_low: int = 0,
 ) -> tuple[Any, Any, Any]:
-    """Real token ids of ``batch`` sequences of ``seq`` tokens, random text (below ``text_high``, under every special
-    token) with ``images`` images a sequence, each written as ``lead`` text tokens, its start token, ``tokens`` image
-    tokens (typed 1 in the kinds), its end token and ``lead`` text tokens (a start or end the model has none of stays
-    text); the labels are the ids with the image tokens masked out, as the collate masks them."""
+    """Real token ids of ``batch`` sequences of ``seq`` tokens, random text (from ``text_low`` to below
+    ``text_high``, clear of every special token) with ``images`` images a sequence, each written as ``lead`` text
+    tokens, its start token, ``tokens`` image tokens (typed 1 in the kinds), its end token and ``lead`` text tokens (a
+    start or end the model has none of stays text); the labels are the ids with the image tokens masked out, as the
+    collate masks them."""
     import torch
 
     if 1 + images * (tokens + 2 + 2 * lead) > seq:
@@ -55,7 +57,7 @@ def _ids_with_images(
             "the image size"
         )
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, text_high, (batch, seq), generator=g)
+    ids = torch.randint(text_low, text_high, (batch, seq), generator=g)
     kinds = torch.zeros(batch, seq, dtype=kinds_dtype)
     at = 1
     for _ in range(images):
@@ -203,6 +205,61 @@ def gemma_batch(
         "mm_token_type_ids": kinds,
         "pixel_values": torch.empty(images, image.padded_patches, patch, dtype=getattr(torch, pixel_dtype)),
         "image_position_ids": known.from_real_tensor(fake_mode, positions, make_constant=True),
+    }
+
+
+def pixtral_batch(
+    hf_config: Any,
+    image: ImageGeometry,
+    *,
+    batch: int,
+    seq: int,
+    images_per_sample: int,
+    pixel_dtype: str,
+    fake_mode: Any,
+) -> dict[str, Any]:
+    """One microbatch of ``batch`` sequences of ``seq`` tokens for Mistral3 (its Pixtral tower), each holding
+    ``images_per_sample`` images of ``image``'s geometry: the processor's placeholders (its row breaks and image end
+    are text tokens, written as text here after the placeholders: the model reads only where the placeholders are),
+    the images padded to the batch's largest (all alike here) with their real sizes in ``image_sizes``, which the
+    tower reads to cut each image's patches; labels cover the text. Call inside ``fake_mode``: the pixels are fake,
+    the ids and sizes constants."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    token = getattr(hf_config, "image_token_index", None)
+    token = token if isinstance(token, int) else hf_config.image_token_id
+    breaks = image.sequence_tokens - image.tokens
+    images = batch * images_per_sample
+    known = fake_mode.fake_tensor_converter
+    with unset_fake_temporarily():  # real values
+        ids, _, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=image.tokens,
+            start=None,
+            image=token,
+            end=None,
+            # (Mistral's tokenizer keeps its control tokens, the image's among them, at the bottom of the vocabulary)
+            text_low=token + 1,
+            text_high=hf_config.get_text_config().vocab_size,
+            lead=(breaks + 1) // 2,  # (the fit check counts them as the text either side of the image)
+            kinds_dtype=torch.int64,
+            what=f"{image.tokens} tokens and {breaks} row breaks",
+        )
+        sizes = torch.tensor([list(image.pixels)] * images, dtype=torch.int64)
+    out = {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+    }
+    if not images:  # text-only data: the collate hands over no pixels
+        return out
+    height, width = image.pixels
+    return {
+        **out,
+        "pixel_values": torch.empty(images, 3, height, width, dtype=getattr(torch, pixel_dtype)),
+        "image_sizes": known.from_real_tensor(fake_mode, sizes, make_constant=True),
     }
 
 
@@ -374,4 +431,4 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["check_staged_images", "gemma_batch", "qwen_batch", "known_inputs", "known_rope_index"]
+__all__ = ["check_staged_images", "gemma_batch", "pixtral_batch", "qwen_batch", "known_inputs", "known_rope_index"]

@@ -377,6 +377,8 @@ _FALCON_H1 = {
         ({"mamba_conv_bias": False}, "mamba_conv_bias false"),
         ({"mamba_n_heads": 7}, "must divide the Mamba width 512"),
         ({"mamba_d_head": 32}, "is not the Mamba width 512"),
+        ({"mamba_rms_norm": True}, "mamba_norm_before_gate true"),
+        ({"lm_head_multiplier": "x"}, "lm_head_multiplier must be a number"),
     ],
 )
 def test_a_falcon_h1_config_the_spec_cannot_hold_is_refused(extra, why):
@@ -386,7 +388,12 @@ def test_a_falcon_h1_config_the_spec_cannot_hold_is_refused(extra, why):
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"mamba_rms_norm": True, "mamba_n_groups": 2}, {"mamba_d_ssm": None, "mamba_expand": 1}, {"mamba_d_head": 64}],
+    [
+        {},
+        {"mamba_rms_norm": True, "mamba_norm_before_gate": False, "mamba_n_groups": 2},
+        {"mamba_d_ssm": None, "mamba_expand": 1},
+        {"mamba_d_head": 64},
+    ],
 )
 def test_falcon_h1_layers_are_the_parameters_transformers_builds(extra):
     """Attention, a Mamba-2 mixer (its gated norm where mamba_rms_norm says so; its width mamba_expand x hidden where

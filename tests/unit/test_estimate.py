@@ -631,14 +631,15 @@ def test_suggest_for_a_hybrid_model_keeps_to_what_its_class_runs():
         assert validate_config(c.yaml, nodes=2, gpus_per_node=8, model=NANO).valid
 
 
-def test_suggest_for_falcon_h1_offers_neither_context_nor_sequence_parallelism():
+def test_suggest_for_falcon_h1_offers_no_context_pipeline_or_sequence_parallelism():
     """At a length where CP would pay, suggest keeps Falcon-H1 to what AutoModel runs as the model: no cp_size (its
-    Mamba branch would scan a share of the sequence: cp-parallel-mamba) and no sequence_parallel (its TP plan
-    ignores it); TP and PP stay."""
+    Mamba branch would scan a share of the sequence: cp-parallel-mamba), no pp_size (the generic stage forward drops
+    its multipliers and final norm: pp-falcon-h1-forward) and no sequence_parallel (its TP plan ignores it); TP
+    stays."""
     rep = suggest_strategy("tiiuae/Falcon-H1-34B-Instruct", nodes=4, seq_len=32768, global_batch_size=32, top_k=5)
     layouts = [c.distributed for c in rep.candidates] + [r.distributed for r in rep.rejected]
     assert layouts and any(d.get("tp_size", 1) > 1 for d in layouts)
-    assert all(d.get("cp_size", 1) == 1 and "sequence_parallel" not in d for d in layouts)
+    assert all(d.get("cp_size", 1) == d.get("pp_size", 1) == 1 and "sequence_parallel" not in d for d in layouts)
 
 
 def test_suggest_on_24_gpus_skips_uneven_expert_shards_but_keeps_plain_fsdp():

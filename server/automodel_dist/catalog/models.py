@@ -67,6 +67,8 @@ class ModelSpec:
     # gated RMSNorm (Falcon-H1's mamba_rms_norm; Nemotron-H's mixers always have it)
     parallel_mamba: bool = False
     mamba_norm: bool = True
+    # a scale the model's forward applies to its logits after lm_head (Falcon-H1's muP lm_head_multiplier; 1: none)
+    logits_multiplier: float = 1.0
     gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
     # transformers' python GELU (NewGELUActivation, "gelu_new": Phi-2) keeps its input, tanh, 0.5x and 1+tanh for
     # backward where a fused activation keeps its input alone
@@ -1077,6 +1079,7 @@ FALCON_H1_DEFAULTS: dict[str, Any] = {
     "mamba_conv_bias": True,
     "mamba_proj_bias": False,
     "mamba_rms_norm": False,
+    "mamba_norm_before_gate": True,
     "projectors_bias": False,
     "attention_bias": False,
     "mlp_bias": False,
@@ -1099,6 +1102,13 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if biased or not cfg.get("mamba_conv_bias"):
         what = ", ".join(biased) if biased else "mamba_conv_bias false"
         raise ModelConfigError(f"Falcon-H1 with {what} is not sized (the published checkpoints have none of them)")
+    if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate"):
+        # (the published checkpoints gate first: the estimate counts what that norm keeps; transformers' class
+        # defaults mamba_norm_before_gate to true, so a config must say false)
+        raise ModelConfigError(
+            "Falcon-H1 with mamba_rms_norm and mamba_norm_before_gate true (transformers' default where the config "
+            "leaves it out) is not sized: the published checkpoints set mamba_norm_before_gate false"
+        )
     width = cfg["mamba_d_ssm"]
     width = _int(cfg["mamba_expand"], "mamba_expand") * h if width is None else _int(width, "mamba_d_ssm")
     mamba_heads = _int(cfg["mamba_n_heads"], "mamba_n_heads")
@@ -1111,6 +1121,9 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     head_dim = _first(cfg, "head_dim", default=None)
     if heads == 0 or (head_dim is None and h % heads):
         raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    scale = cfg.get("lm_head_multiplier", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise ModelConfigError(f"lm_head_multiplier must be a number, not {clip(repr(scale), 40)}")
     return ModelSpec(
         name=name or _unnamed(cfg, "falcon_h1"),
         hidden_size=h,
@@ -1123,6 +1136,7 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
         parallel_mamba=True,
         mamba_norm=bool(cfg["mamba_rms_norm"]),
+        logits_multiplier=float(scale),
         mamba_num_heads=mamba_heads,
         mamba_head_dim=head,
         mamba_n_groups=_int(cfg["mamba_n_groups"], "mamba_n_groups"),

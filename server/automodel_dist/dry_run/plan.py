@@ -327,7 +327,14 @@ def plan_dry_run(
     # class's own gated norm
     hf_mamba = ("mamba" in spec.layer_types and spec.architecture == "NemotronHForCausalLM") or spec.parallel_mamba
     mamba_hf = spec.architecture if not own_class and hf_mamba else None
-    if mamba_hf:
+    if mamba_hf and d.ac_applied:
+        subs.append(
+            f"Mamba-2 layers (transformers' {mamba_hf} class, its cache off under activation checkpointing, which "
+            "AutoModel's setup turns off) run mamba_ssm's fused conv1d + SSD scan + out_proj kernel (with the gated "
+            "norm where the model has one) as a stand-in with its shapes (stack/mamba_ssd.py: what it keeps for "
+            "backward, its chunk states and workspaces while they live, as mamba_ssm 2.3.2 allocates them)"
+        )
+    elif mamba_hf:
         subs.append(
             f"Mamba-2 layers (transformers' {mamba_hf} class, its cache on) run causal_conv1d's and mamba_ssm's "
             "chunk-scan kernels as stand-ins with their shapes (stack/mamba_ssd.py: causal_conv1d 1.7.0's saved input "

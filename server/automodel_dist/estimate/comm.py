@@ -207,6 +207,11 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     world = p.dp * p.cp * p.tp * p.pp
     flops_rank_base = step_flops(m, tr.seq_len, tokens_step, tr.lora) / world
     flops_rank = flops_rank_base
+    if m.parallel_mamba and p.tp > 1:
+        # every TP rank runs Falcon-H1's whole Mamba mixer (AutoModel's plan leaves it out): (tp - 1) / tp more of its
+        # matmuls a rank than the model's FLOPs split evenly (its frozen weights' gradients skipped under LoRA)
+        per_token = (6.0 if tr.lora is None else 4.0) * m.num_layers * m.mamba_params()
+        flops_rank += per_token * tokens_step / world * (p.tp - 1)
     ac = p.ac_applied
     if ac is True:
         flops_rank += forward_flops(m, tr.seq_len, tokens_step) / world  # one more forward

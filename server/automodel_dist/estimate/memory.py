@@ -460,22 +460,34 @@ def _gated_deltanet_act(m: ModelSpec) -> float:
     return 2.0 * elements
 
 
-def _parallel_mamba_act(m: ModelSpec, tr: Training) -> float:
+def _parallel_mamba_act(m: ModelSpec, tr: Training, cached: bool = True) -> float:
     """Bf16-equivalent bytes per token Falcon-H1's Mamba-2 mixer keeps for backward beside the attention (transformers'
-    FalconH1Mixer with its cache on, as it trains: the unfused path through causal_conv1d and mamba_ssm's chunk scan;
-    whole on every TP rank, as AutoModel's plan leaves it): its input scaled by ssm_in_multiplier (in_proj's input, a
-    copy of the norm's output), in_proj's output scaled by the muP vector (the conv's input, the gate and dt are views
-    of it), the conv's output (the scan's x, B and C) and the scan's output; without the gated norm SiLU(gate) and the
-    gated output (out_proj's input, where it trains); with it (applied after the gate) the gate's fp32 copy, its fp32
-    SiLU and their fp32 product (the norm's input), the fp32 normalised output where the norm's weight trains and
-    out_proj's input where out_proj trains. Saved-tensor hooks on transformers' layer with the dry run's stand-ins:
-    the same bytes to 0.1% (0.5B, 7B; full fine-tuning and LoRA)."""
-    i = m.mamba_inner
-    kept = 2 * m.hidden_size + 2 * m.mamba_in_proj_width + 2 * m.mamba_conv_dim + 2 * i
+    FalconH1Mixer; whole on every TP rank, as AutoModel's plan leaves it): its input scaled by ssm_in_multiplier (a
+    copy of the norm's output, kept where in_proj trains) and in_proj's output scaled by the muP vector (the conv's
+    input; the gate and dt are views of it). ``cached``: trained with its cache on (the config's use_cache, as
+    AutoModel runs it without activation checkpointing), the unfused path through causal_conv1d and mamba_ssm's chunk
+    scan: the conv's output (the scan's x, B and C), the scan's output and fp32 dA cumsum; without the gated norm
+    SiLU(gate) and the gated output (out_proj's input, where it trains); with it (applied after the gate) the gate's
+    fp32 copy, its fp32 SiLU and their fp32 product (the norm's input), the fp32 normalised output where the norm's
+    weight trains and out_proj's input where out_proj trains. Without the cache (activation checkpointing turns it
+    off) the fused kernel: the scan's ungated output and, with the norm, its fp32 rstd per group. Saved-tensor hooks
+    on transformers' layer with the dry run's stand-ins: the same bytes to 0.1% (0.5B, 7B; full fine-tuning and
+    LoRA).
+
+    With fp32 storage and bf16 compute the muP vector, a buffer FSDP2's mixed precision does not cast, stays fp32 and
+    makes in_proj's scaled output fp32, and with it the conv's and the scan's outputs and the ungated SiLU (the gated
+    norm's fp32 copy of the gate is then the gate itself): saved-tensor hooks, 0.5B and 7B."""
+    i, w, conv = m.mamba_inner, m.mamba_in_proj_width, m.mamba_conv_dim
+    fp32 = tr.storage_dtype == "float32" and tr.compute_dtype in ("bfloat16", "float16")
+    wide = 4 if fp32 else 2  # bytes an element after the muP multiply
+    kept = (2 * m.hidden_size if lora_trains(tr.lora, "in_proj") else 0) + wide * w
+    if not cached:
+        return kept + wide * i + (4 * m.mamba_n_groups if m.mamba_norm else 0)
+    kept += wide * conv + wide * i + 4 * m.mamba_num_heads
     out_proj = 2 * i if lora_trains(tr.lora, "out_proj") else 0
     if not m.mamba_norm:
-        return kept + 2 * i + out_proj
-    return kept + 12 * i + (4 * i if tr.lora is None else 0) + out_proj
+        return kept + wide * i + out_proj
+    return kept + (8 if fp32 else 12) * i + (4 * i if tr.lora is None else 0) + out_proj
 
 
 def _attention_act(m: ModelSpec, t: int) -> float:
@@ -640,8 +652,20 @@ def _act_per_token(
             mlp = (act + (2 if down_adapted(m, tr.lora) else 0)) * m.intermediate_size / t
         if unsharded and p.tp > 1:
             mlp += 4 * m.intermediate_size / p.tp  # the column-parallel gate/up output's local shard stays alive
+        if tr.lora is not None and m.gated_mlp and not unsharded:
+            # LoRA that leaves Linears frozen: a frozen Linear keeps no input (no weight gradient): the product
+            # (down_proj's input) and the MLP's input (the norm's output) where neither gate nor up trains
+            # (saved-tensor hooks on transformers' Falcon-H1 layer, LoRA on q_proj alone)
+            if not down_adapted(m, tr.lora):
+                mlp -= 2 * inter / t
+            if not (lora_trains(tr.lora, "gate_proj") or lora_trains(tr.lora, m.mlp_names[0])):
+                rep -= 2 * h
+    if tr.lora is not None and not m.kv_lora_rank and not unsharded:
+        if not any(lora_trains(tr.lora, name) for name in ("q_proj", "k_proj", "v_proj")):
+            rep -= 2 * h  # nor the attention's input where none of q, k, v trains
     dropout = tr.lora.dropout_bytes(kind, t) if tr.lora is not None else 0.0  # one byte a mask element
-    mamba = _parallel_mamba_act(m, tr) if m.parallel_mamba else 0.0
+    # (activation checkpointing turns the model's cache off: AutoModel's checkpointing setup sets use_cache false)
+    mamba = _parallel_mamba_act(m, tr, cached=not p.ac_applied) if m.parallel_mamba else 0.0
     plain = (rep + attn + mlp + mamba + _per_layer_input_bytes(m, tr)) * scale + dropout + eager
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
@@ -649,6 +673,10 @@ def _act_per_token(
         return plain, plain
     if style == "selective":
         saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
+        if m.parallel_mamba:
+            # Falcon-H1's mixer runs first: in_proj is the layer's first matmul, which the policy saves (its output
+            # whole on every TP rank), out_proj its second; the attention's and the MLP's keep Llama's parity
+            saved += 2 * m.mamba_in_proj_width
     elif style == "submodule-no-attention":
         # the MLP keeps its input alone, the attention (unwrapped) its input and all it saves, the norms and the
         # per-layer input path what they save (counted whole)

@@ -278,11 +278,12 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
                 whole += dim * (lin.fan_in + lin.fan_out) if ".mamba." in name else 0
                 weights += lin.fan_in * lin.fan_out
                 if dropout:
-                    kept += 3 * lin.fan_in if pre else lin.fan_out
-                    # (full width on every TP rank: a row-parallel Linear's output, and Falcon-H1's Mamba mixer,
-                    # which AutoModel's TP plan leaves whole)
-                    if not pre and (name.endswith(_ROW_PARALLEL) or ".mamba." in name):
-                        rowwise += lin.fan_out
+                    mask = 3 * lin.fan_in if pre else lin.fan_out
+                    kept += mask
+                    # (full width on every TP rank: a row-parallel Linear's output, and Falcon-H1's Mamba mixer's
+                    # input or output, which AutoModel's TP plan leaves whole)
+                    if ".mamba." in name or (not pre and name.endswith(_ROW_PARALLEL)):
+                        rowwise += mask
         per_layer.append((kind, params + experts))
         per_experts.append((kind, experts))
         adapted_weights.append((kind, weights))

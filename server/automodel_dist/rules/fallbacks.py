@@ -89,6 +89,39 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
 
 
 @rule(
+    "linear-ce-logits-multiplier",
+    family=F,
+    severity="warning",
+    title="A linear cross entropy leaves out the model's logits multiplier",
+    cause="FusedLinearCrossEntropy and ChunkedCrossEntropy compute the loss from the final hidden states and the "
+    "lm_head weight (train_ft asks the model for hidden states, loss/utils.prepare_lm_weight hands over the weight), "
+    "so whatever the model's forward does to its logits after lm_head is not in the loss. Falcon-H1 multiplies its "
+    "logits by lm_head_multiplier (a muP scale, 0.0078 to 0.039 in the published checkpoints); ChunkedCrossEntropy's "
+    "head check looks only for softcapping. The loss is computed on logits tens of times larger than the model's, "
+    "with no error.",
+    fix="loss_fn: MaskedCrossEntropy (the model's own logits).",
+    section="recipe",
+)
+def linear_ce_logits_multiplier(ctx: Context) -> Iterator[Finding]:
+    w, m = read_workload(ctx.recipe), ctx.model
+    if m is None or w.loss not in LINEAR_CE or m.logits_multiplier == 1.0:
+        return
+    recipe = ctx.kind.recipe
+    if recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in VLM_RECIPES:
+        return
+    if _probe_has_no_logits_to_keep(ctx) is not None or (ctx.dims.pp > 1 and _no_hidden_states(ctx) is not None):
+        return  # AutoModel trains with MaskedCrossEntropy instead: other rules say so
+    yield finding(
+        ctx,
+        (),
+        f"loss_fn {w.loss} with {m.name}: the loss is computed from the hidden states and lm_head's weight, without "
+        f"the model's logits multiplier ({m.logits_multiplier:g}), so it is not the model's loss",
+        "loss_fn: MaskedCrossEntropy",
+        recipe_path="loss_fn",
+    )
+
+
+@rule(
     "linear-ce-tp-head",
     family=F,
     severity="error",

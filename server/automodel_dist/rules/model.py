@@ -45,8 +45,9 @@ def valid_tp_sizes(m: ModelSpec, limit: int = 64) -> list[int]:
 
 def pp_possible(m: ModelSpec) -> bool:
     """False for tied input/output embeddings: under a pipeline AutoModel either trains an untied lm_head or
-    (quantized) refuses the model (pp-tied-embeddings), so suggest does not offer pp for them."""
-    return not m.tie_word_embeddings
+    (quantized) refuses the model (pp-tied-embeddings), so suggest does not offer pp for them; and for Falcon-H1,
+    whose pipeline stages would run another function (pp-falcon-h1-forward)."""
+    return not m.tie_word_embeddings and not m.parallel_mamba
 
 
 def mamba_cp_ok(m: ModelSpec, cp: int) -> bool:
@@ -515,6 +516,33 @@ def cp_parallel_mamba(ctx: Context) -> Iterator[Finding]:
         f"the {m.num_layers} layers scans its rank's 1/{cp} of the sequence alone, so the step trains on outputs "
         "that are not the model's",
         "cp_size: 1 (no context-parallel path for Falcon-H1's Mamba branch in AutoModel 0.7.0)",
+    )
+
+
+@rule(
+    "pp-falcon-h1-forward",
+    family=F,
+    severity="warning",
+    title="Pipeline stages run another function than Falcon-H1's",
+    cause="Under pipeline parallelism AutoModel 0.7.0 replaces a Hugging Face model's forward with its generic stage "
+    "forward (components/distributed/pipelining/hf_utils.py, create_pipeline_forward_inner), which embeds the ids, "
+    "runs the layers, applies the text module's `norm` and returns the hidden states for the last stage's lm_head. "
+    "Falcon-H1's own forward also scales the embeddings by embedding_multiplier and the logits by "
+    "lm_head_multiplier (its muP multipliers), and names its final norm final_layernorm, which the generic forward "
+    "does not look for: the stages train a different function (no multipliers, no final norm), with no error.",
+    fix="pp_size: 1: shard Falcon-H1 with FSDP, or TP (AutoModel's Falcon-H1 plan splits the attention and the MLP).",
+)
+def pp_falcon_h1_forward(ctx: Context) -> Iterator[Finding]:
+    m, pp = ctx.model, ctx.dims.pp
+    if m is None or not m.parallel_mamba or pp <= 1:
+        return
+    yield finding(
+        ctx,
+        ("pp_size",),
+        f"pp_size={pp} with {m.name}: AutoModel's generic pipeline stage forward replaces Falcon-H1's and leaves out "
+        "its embedding and logits multipliers and its final norm (final_layernorm): the stages train another "
+        "function than the checkpoint's, with no error",
+        "pp_size: 1 (shard with FSDP, or TP)",
     )
 
 

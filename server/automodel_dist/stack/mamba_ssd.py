@@ -172,8 +172,10 @@ def _scan_backward(
 
 class _SplitConv1dScan(torch.autograd.Function):
     """Shapes and memory of mamba_ssm's MambaSplitConv1dScanCombinedFn (module docstring); values are not the scan's.
-    ``fused``: the gated RMSNorm and out_proj inside the kernel (AutoModel's path without CP), else the gate ``z``
-    applied by the scan and the raw output returned (its CP path, whose norm and out_proj run outside)."""
+    ``norm``: the gated RMSNorm inside the kernel (AutoModel's path without CP), else the gate ``z`` applied by the
+    scan; ``fused``: out_proj inside the kernel (AutoModel's path without CP, and transformers' Falcon-H1 mixer
+    without its cache, with or without its norm), else the raw output returned (AutoModel's CP path, whose norm and
+    out_proj run outside)."""
 
     @staticmethod
     def forward(
@@ -191,19 +193,21 @@ class _SplitConv1dScan(torch.autograd.Function):
         meta: tuple[int, int, int, int],
     ) -> torch.Tensor:
         nheads, headdim, ngroups, chunk = meta
-        fused = outproj_weight is not None
+        norm, fused = rmsnorm_weight is not None, outproj_weight is not None
         d = _Dims(zxbcdt, conv_weight, nheads, headdim, ngroups, chunk)
         dt_ = zxbcdt.dtype
         copy = d.conv_input()
         xbc_conv = d.empty(d.b, d.s, d.conv, dtype=dt_)  # causal_conv1d_fwd_function: empty_like(xBC)
         del copy
-        dt_out, da_cumsum, passed, final, out, out_x = _scan_forward(d, dt_, gated=not fused)
+        dt_out, da_cumsum, passed, final, out, out_x = _scan_forward(d, dt_, gated=not norm)
         rstd = None
-        if fused:
+        if norm:
             normed = d.empty(d.b * d.s, d.dim, dtype=dt_)  # _layer_norm_fwd: empty_like(x)
             rstd = d.empty(d.g * d.b * d.s, dtype=F32)
             y = torch.nn.functional.linear(normed.view(d.b, d.s, d.dim), outproj_weight, outproj_bias)
             del normed
+        elif fused:  # the scan's gated output straight into out_proj
+            y = torch.nn.functional.linear(out.view(d.b, d.s, d.dim), outproj_weight, outproj_bias)
         else:
             y = out.view(d.b, d.s, d.dim)
         del xbc_conv, dt_out, da_cumsum, passed, final, out
@@ -217,7 +221,7 @@ class _SplitConv1dScan(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
         zxbcdt, conv_weight, conv_bias, out_x, A, D, dt_bias, _, rmsnorm_weight, _, outproj_weight = ctx.saved_tensors
         nheads, headdim, ngroups, chunk = ctx.meta
-        fused = outproj_weight is not None
+        norm, fused = rmsnorm_weight is not None, outproj_weight is not None
         d = _Dims(zxbcdt, conv_weight, nheads, headdim, ngroups, chunk)
         dt_ = zxbcdt.dtype
         out_recompute = d.empty(d.b, d.s, d.dim, dtype=dt_) if fused else None  # recompute_output
@@ -229,12 +233,13 @@ class _SplitConv1dScan(torch.autograd.Function):
         dy = dnorm = drmsnorm_weight = None
         if fused:
             dy = torch.nn.functional.linear(dout, outproj_weight.t())  # lives to the end (dy_rms is a view of it)
+        if norm:
             # _layer_norm_bwd: dx like its input, dz and the output recomputed into the buffers given, fp32 partials
             dnorm = d.empty(d.b * d.s, d.dim, dtype=dt_)
             dw_partial = d.empty(_norm_row_groups(d.dim // d.g, d.g), d.dim, dtype=F32)
             drmsnorm_weight = dw_partial.sum(0).to(rmsnorm_weight.dtype)
             del dw_partial
-        dA, ddt_bias, dD = _scan_backward(d, dt_, A, dt_bias, D, gated=not fused)
+        dA, ddt_bias, dD = _scan_backward(d, dt_, A, dt_bias, D, gated=not norm)
         doutproj_weight = doutproj_bias = None
         if fused:
             doutproj_weight = torch.empty_like(outproj_weight)  # einsum("bso,bsd->od", dout, out_recompute)
@@ -269,14 +274,14 @@ def mamba_split_conv1d_scan_combined(
     ngroups: int = 1,
     norm_before_gate: bool = True,
 ) -> torch.Tensor:
-    """mamba_ssm's signature: the gated RMSNorm and out_proj fused (AutoModel's path without CP) or neither (its CP
-    path)."""
+    """mamba_ssm's signature: the gated RMSNorm and out_proj fused (AutoModel's path without CP), out_proj alone
+    (transformers' Falcon-H1 mixer without its cache and gated norm) or neither (AutoModel's CP path)."""
     if initial_states is not None or return_final_states:
         raise NotImplementedError("the dry run's mamba_ssm stand-in runs training steps only (no recurrent state)")
-    if (rmsnorm_weight is None) != (outproj_weight is None):
+    if rmsnorm_weight is not None and outproj_weight is None:
         raise NotImplementedError(
-            "the dry run's mamba_ssm stand-in fuses the gated RMSNorm and out_proj together or neither (AutoModel's "
-            "Nemotron-H mixer)"
+            "the dry run's mamba_ssm stand-in fuses the gated RMSNorm only with out_proj (as AutoModel's Nemotron-H "
+            "and transformers' Falcon-H1 mixers call it)"
         )
     if D.dim() != 1 or headdim is None:
         raise NotImplementedError("the dry run's mamba_ssm stand-in takes per-head D with headdim given")

@@ -131,6 +131,9 @@ class Workload:
     fake_images: str | None = None
     # distributed.multimodal.vision.frame_sharding when enabled: its (min_tokens, min_frames) thresholds
     frame_sharding: tuple[int, int] | None = None
+    # distributed.multimodal.frozen_sharding: where FSDP keeps frozen multimodal modules (root: AutoModel's default,
+    # the root unit, gathered with it through the step; per_layer; replicate)
+    frozen_multimodal_sharding: str = "root"
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
     # Qwen3.5 classes, else its text_config override's num_nextn_predict_layers or mtp_num_hidden_layers), with its key
     mtp_depth: tuple[int, str] | None = None
@@ -247,6 +250,9 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if packing.collate_max_length is not None and packing.collate_max_length > size:
             # the collate pads every batch to it, past the longest pack
             facts["seq_len"] = (packing.collate_max_length, "packed_sequence.collate_max_length")
+    frozen = _get(recipe, "distributed.multimodal.frozen_sharding")
+    if isinstance(frozen, str):
+        facts["frozen_multimodal_sharding"] = frozen.strip().lower().replace("-", "_")
     frames = _get(recipe, "distributed.multimodal.vision.frame_sharding")
     if isinstance(frames, Mapping) and frames.get("enabled") is True:
         # CpVisionFrameShardingConfig's defaults

@@ -406,3 +406,30 @@ def test_falcon_h1_is_not_hybrid_to_automodel_and_its_tp_plan_leaves_the_mixer_w
         "feed_forward",
     }
     assert not any("SequenceParallel" in type(style).__name__ for style in plan.values())
+
+
+def test_automodel_resolves_the_catalogs_mistral3_vlms_to_the_class_the_parser_names():
+    """The parser names Mistral3FP8VLMForConditionalGeneration for a Mistral3 config with a ministral3 text model;
+    AutoModel's own supports_config claims the catalog's configs (Ministral-3, Devstral-Small-2,
+    Mistral-Medium-3.5), and its projector's parameters are the spec's projector_params."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nemo_automodel.components.models.mistral3_vlm.model import Mistral3FP8VLMForConditionalGeneration
+
+    from automodel_dist.catalog.models import lookup
+
+    for name in (
+        "mistralai/Ministral-3-3B-Instruct-2512",
+        "mistralai/Devstral-Small-2-24B-Instruct-2512",
+        "mistralai/Mistral-Medium-3.5-128B",
+    ):
+        spec = lookup(name)
+        cfg = dict(spec.hf_config or {})
+        cfg.pop("architectures", None)
+        config = transformers.Mistral3Config(**cfg)
+        assert spec.architecture == "Mistral3FP8VLMForConditionalGeneration" and (
+            Mistral3FP8VLMForConditionalGeneration.supports_config(config)
+        ), name
+        with torch.device("meta"):
+            projector = transformers.models.mistral3.modeling_mistral3.Mistral3MultiModalProjector(config)
+        assert sum(p.numel() for p in projector.parameters()) == spec.projector_params, name

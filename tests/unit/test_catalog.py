@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from automodel_dist.catalog.models import ModelConfigError, catalog, from_hf_config, lookup, period_of
+from automodel_dist.catalog.models import CATALOG_DIR, ModelConfigError, catalog, from_hf_config, lookup, period_of
 from automodel_dist.catalog.sources import resolve_model
 
 REQUIRED_FAMILIES = [
@@ -712,3 +712,40 @@ def test_an_mtp_depths_idle_experts_are_not_active(name, published_active):
     m = lookup(name)
     assert m.mtp_moe_layers == 1
     assert published_active < m.active_param_count() < 1.2 * published_active + 2 * m.embedding_params()
+
+
+@pytest.mark.parametrize(
+    ("text_type", "quant", "expected"),
+    [
+        ("ministral3", None, "Mistral3FP8VLMForConditionalGeneration"),
+        ("ministral3", {"quant_method": "fp8"}, "Mistral3FP8VLMForConditionalGeneration"),
+        ("ministral3", {"quant_method": "bitsandbytes"}, "Mistral3ForConditionalGeneration"),
+        ("mistral4", None, "Mistral3ForConditionalGeneration"),
+    ],
+)
+def test_a_mistral3_config_names_the_class_automodel_resolves_for_it(text_type, quant, expected):
+    """AutoModel hands a Mistral3ForConditionalGeneration whose text model is ministral3 (unquantized or FP8) to its
+    Mistral3FP8VLMForConditionalGeneration, and the rest to the registry's Mistral4 class of that name
+    (tests/oracle/test_kernel_facts.py asks AutoModel's own supports_config); the projector, which
+    freeze_vision_tower leaves trainable, is transformers' multi_modal_projector."""
+    cfg = json.loads((CATALOG_DIR / "configs" / "mistralai--Ministral-3-3B-Instruct-2512.json").read_text())
+    cfg["text_config"]["model_type"] = text_type
+    if quant is not None:
+        cfg["quantization_config"] = quant
+    spec = from_hf_config(cfg)
+    assert spec.architecture == expected
+    h, text = cfg["vision_config"]["hidden_size"], cfg["text_config"]["hidden_size"]
+    assert spec.projector_params == h + 4 * h * h + h * text + text * text
+
+
+def test_mistral_medium_3_5_is_valid_at_its_recipes_tp_8():
+    """Its class (AutoModel's Mistral3 FP8 VLM class, which has a TP plan) takes the corpus recipe's TP 8; the
+    registry's Mistral4 class of the same architecture name would refuse it."""
+    from automodel_dist import validate_config
+
+    report = validate_config(
+        "distributed:\n  tp_size: 8\n  pp_size: 8\n  pipeline: {}\n",
+        world_size=64,
+        model="mistralai/Mistral-Medium-3.5-128B",
+    )
+    assert not [f for f in report.findings if f.rule == "model-capability"], report.findings

@@ -1153,3 +1153,20 @@ def memory_per_rank_of(spec: Any, p: Any, tr: Training, rank: int) -> float:
     from automodel_dist.estimate.memory import _memory_of_pp_rank
 
     return _memory_of_pp_rank(spec, p, tr, rank)["tracked_peak"]
+
+
+def test_a_frozen_tower_is_held_gathered_in_the_root_unit_unless_the_recipe_says_otherwise():
+    """AutoModel's distributed.multimodal.frozen_sharding root (its default) leaves a frozen vision tower in the root
+    FSDP unit, gathered with it from the forward's start to the backward's end: the VLM step's estimate holds the
+    tower whole in the compute dtype; replicate (or per_layer) does not gather it with the root; a text step on the
+    same checkpoint (no freeze_config) is not affected. The dry run's VLM rows (docs/corpus-sweep.md) hold it."""
+    recipe = (
+        "recipe: FinetuneRecipeForVLM\nmodel:\n  pretrained_model_name_or_path: mistralai/Mistral-Medium-3.5-128B\n"
+        "freeze_config:\n  freeze_vision_tower: true\ndistributed:\n  tp_size: 8\n  pp_size: 8\n"
+        "  pipeline: {{pp_schedule: 1f1b, pp_microbatch_size: 1}}\n{extra}"
+    )
+    sizes = {"world_size": 64, "seq_len": 2048, "global_batch_size": 8, "micro_batch_size": 1}
+    root = estimate_memory(recipe.format(extra=""), **sizes)
+    kept = estimate_memory(recipe.format(extra="  multimodal:\n    frozen_sharding: replicate\n"), **sizes)
+    tower = lookup("mistralai/Mistral-Medium-3.5-128B").vision_params * 2 / 2**30  # bf16, whole on every TP rank
+    assert root.memory_gib.buffers - kept.memory_gib.buffers == pytest.approx(tower, rel=1e-6)

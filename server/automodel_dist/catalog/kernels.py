@@ -144,7 +144,7 @@ HF_LAYER_CLASSES = frozenset(
         "Qwen3VLForConditionalGeneration",
         "Qwen3ForCausalLM",
         "Gemma4ForConditionalGeneration",
-        "Mistral3ForConditionalGeneration",
+        "Mistral3FP8VLMForConditionalGeneration",
     }
 )
 

@@ -98,6 +98,7 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv_kernel: int = 4
     vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
+    projector_params: int = 0  # the part of vision_params freeze_vision_tower leaves trainable (Mistral3's projector)
     # Gemma-4's E-series (transformers' Gemma4TextModel): per-layer embeddings, ``per_layer_input`` wide a layer, from a
     # table of ``per_layer_vocab`` rows holding every layer's, and per layer a gate from the hidden state and a
     # projection back; its last ``kv_shared_layers`` layers read the keys and values of the last earlier layer of their
@@ -596,10 +597,7 @@ def _qwen_or_siglip_tower(
         # projector (an RMSNorm, the patch merger's linear over merge x merge patches, then two linears to the text
         # width, with the config's multimodal_projector_bias): the outer config's keys, handed in by _spec_of
         block = 2 * h + 4 * h * h + 3 * h * inter
-        hm = h * merge * merge
-        bias = bool(cfg.get("multimodal_projector_bias", False))
-        projector = h + hm * h + (h * text_hidden + text_hidden * text_hidden) + (2 * text_hidden if bias else 0)
-        return channels * patch * patch * h + h + layers * block + projector
+        return channels * patch * patch * h + h + layers * block + _mistral3_projector(cfg, text_hidden)
     if cfg.get("model_type") == "gemma4_vision" and text_hidden:
         # Gemma-4's tower: a learned 2-axis position table, the patches' input projection, q/k-normed attention and
         # a gated MLP with four norms a block, then the projection to the text width (embed_vision)
@@ -632,6 +630,17 @@ def _qwen_or_siglip_tower(
             return None
         return embeddings + layers * block + 2 * h + (h * text_hidden + h)  # + Gemma-3's projector and its norm
     return None
+
+
+def _mistral3_projector(vision: dict[str, Any], text_hidden: int) -> int:
+    """Mistral3's multi_modal_projector: an RMSNorm, the patch merger's linear over merge x merge patches, then two
+    linears to the text width, with the config's multimodal_projector_bias (``vision`` the Pixtral config with the
+    outer config's spatial_merge_size and bias, as _spec_of hands them in)."""
+    h = int(vision["hidden_size"])
+    merge = int(vision["spatial_merge_size"])
+    hm = h * merge * merge
+    bias = bool(vision.get("multimodal_projector_bias", False))
+    return h + hm * h + (h * text_hidden + text_hidden * text_hidden) + (2 * text_hidden if bias else 0)
 
 
 def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -675,8 +684,13 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         vision_cfg = {**vision_cfg, **{k: cfg[k] for k in outer_keys if k in cfg}}
     vision = _tower_params(vision_cfg, text_hidden)
     audio = _tower_params(cfg.get("audio_config"), text_hidden)
+    # the part of the vision parameters AutoModel's freeze_vision_tower leaves trainable (it freezes modules named for
+    # the tower: vision_tower, *vision*, *visual*): Mistral3's multi_modal_projector
+    projector = 0
+    if vision and vision_cfg.get("model_type") == "pixtral" and text_hidden:
+        projector = _mistral3_projector(vision_cfg, text_hidden)
+    outer = cfg
     if nested:
-        outer = cfg
         cfg = {
             **cfg["text_config"],
             "_name_or_path": cfg.get("_name_or_path"),
@@ -788,8 +802,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         qk_nope_head_dim=_opt_int(cfg, "qk_nope_head_dim"),
         qk_rope_head_dim=_opt_int(cfg, "qk_rope_head_dim"),
         v_head_dim=_opt_int(cfg, "v_head_dim"),
-        architecture=_architecture(cfg),
+        architecture=_implementation_name(_architecture(cfg), str(cfg.get("model_type", "")), outer),
         vision_params=vision,
+        projector_params=projector,
         audio_params=audio,
         per_layer_input=e_series[0],
         per_layer_vocab=e_series[1],
@@ -1144,6 +1159,19 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         conv_kernel=_int(cfg["mamba_d_conv"], "mamba_d_conv"),
         architecture=_architecture(cfg) or "FalconH1ForCausalLM",
     )
+
+
+def _implementation_name(architecture: str | None, text_type: str, outer: dict[str, Any]) -> str | None:
+    """The name AutoModel 0.7.0 resolves the class by, where it is not the config's architecture: its
+    _resolve_custom_model_cls_for_config (model_init.py) hands a Mistral3ForConditionalGeneration whose text model is
+    ministral3, unquantized or FP8 (Ministral-3, Devstral-Small-2, Mistral-Medium-3.5), to its own
+    Mistral3FP8VLMForConditionalGeneration (mistral3_vlm/model.py, supports_config) before the registry's Mistral4
+    class of the same architecture name."""
+    if architecture == "Mistral3ForConditionalGeneration" and text_type == "ministral3":
+        quant = outer.get("quantization_config")
+        if quant is None or (isinstance(quant, dict) and quant.get("quant_method") == "fp8"):
+            return "Mistral3FP8VLMForConditionalGeneration"
+    return architecture
 
 
 def _architecture(cfg: dict[str, Any]) -> str | None:

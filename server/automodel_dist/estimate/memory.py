@@ -172,6 +172,10 @@ class Training:
     dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
     train_towers: bool = False  # a VLM's vision tower trains (freeze_config: workload.Workload.train_towers)
     train_audio: bool = False  # and its audio tower
+    train_projector: bool = False  # and a frozen vision tower's projector where it is trainable (ModelSpec)
+    # distributed.multimodal.frozen_sharding root (AutoModel's default): the root FSDP unit owns a frozen tower, which
+    # is gathered with it from the forward's start to the backward's end (distributed/multimodal_fsdp.py)
+    frozen_towers_in_root: bool = False
     # the VLM recipe's step: the model output (the logits) kept through backward, and each sequence's image patches
     # through the vision tower (media.py's assumed image): what a trained tower keeps per patch and block
     vlm_step: bool = False
@@ -902,8 +906,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
         # (the multi-token-prediction layers, frozen with the rest, in the compute dtype)
         frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + (g.root + g.mtp) / sp_ * comp
-    # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them)
-    for tower, trains in ((g.towers, tr.train_towers), (g.audio, tr.train_audio)):
+    # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them); a frozen
+    # vision tower's projector trains where freeze_vision_tower leaves it (Mistral3's multi_modal_projector; whole on
+    # every TP rank, which AutoModel's plan leaves it)
+    projector = float(m.projector_params) if g.towers and lora is None and tr.train_projector else 0.0
+    projector = 0.0 if tr.train_towers else projector  # (a trained tower's projector trains with it)
+    train_dense += projector
+    for tower, trains in ((g.towers - projector, tr.train_towers), (g.audio, tr.train_audio)):
         if tower and trains and lora is None:
             train_dense += tower
         elif tower:
@@ -994,6 +1003,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
     root_held = g.root - (g.embed if own_embed_unit else 0.0)
+    if tr.frozen_towers_in_root:
+        # a frozen tower and its projector held gathered in the root unit (whole on every TP rank, which AutoModel's
+        # plans leave it): AutoModel's step on fake tensors, Mistral3's and Gemma-3's VLM steps
+        root_held += (0.0 if tr.train_towers else g.towers) + (0.0 if tr.train_audio else g.audio)
     # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
     # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
     active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1

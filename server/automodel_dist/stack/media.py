@@ -308,7 +308,8 @@ def check_staged_images(hf_config: Any, input_ids: Any, grids: list[Any]) -> Non
     """The check transformers' ``get_placeholder_mask`` makes on each microbatch (its image tokens against its image
     features), made here on the known values: the pipeline's first stage finds the placeholders by comparing
     embeddings, which fake tensors cannot, so the dry run answers that read true (dry_run/worker.py) and rests the
-    answer on this. ``grids`` are the microbatches' staged image grids (Gemma-4's: its patches' positions), in order;
+    answer on this. ``grids`` are the microbatches' staged image grids (Gemma-4's: its patches' positions; Mistral3's:
+    its images' sizes in pixels), in order;
     the schedule splits the ids by rows into as many microbatches."""
     import torch
 
@@ -322,6 +323,9 @@ def check_staged_images(hf_config: Any, input_ids: Any, grids: list[Any]) -> Non
         tokens = int((rows == hf_config.image_token_id).sum())
         if getattr(hf_config, "model_type", None) == "gemma4":  # its staged patch positions: a token a pooled cell
             features = int((grid != -1).all(-1).sum()) // pooling if grid.numel() else 0
+        elif getattr(hf_config, "model_type", None) == "mistral3":  # its staged image_sizes: a token a merged cell
+            cell = int(hf_config.vision_config.patch_size) * int(getattr(hf_config, "spatial_merge_size", 1) or 1)
+            features = int(((grid // cell).prod(-1)).sum()) if grid.numel() else 0
         else:
             features = int(grid.prod(-1).sum()) // merge if grid.numel() else 0
         if tokens != features:

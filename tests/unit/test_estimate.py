@@ -1156,17 +1156,31 @@ def memory_per_rank_of(spec: Any, p: Any, tr: Training, rank: int) -> float:
 
 
 def test_a_frozen_tower_is_held_gathered_in_the_root_unit_unless_the_recipe_says_otherwise():
-    """AutoModel's distributed.multimodal.frozen_sharding root (its default) leaves a frozen vision tower in the root
-    FSDP unit, gathered with it from the forward's start to the backward's end: the VLM step's estimate holds the
-    tower whole in the compute dtype; replicate (or per_layer) does not gather it with the root; a text step on the
-    same checkpoint (no freeze_config) is not affected. The dry run's VLM rows (docs/corpus-sweep.md) hold it."""
+    """AutoModel's distributed.multimodal.frozen_sharding (distributed/multimodal_fsdp.py) in the VLM step: root (its
+    default) leaves a frozen vision tower in the root FSDP unit, gathered with it from the forward's start to the
+    backward's end, whole in the compute dtype on every TP rank; replicate keeps it out of FSDP, whole on every rank
+    (not sharded, not gathered); per_layer shards it layer by layer. LoRA freezes it as freeze_config does. The dry
+    run's VLM rows (docs/corpus-sweep.md) hold the root case."""
     recipe = (
         "recipe: FinetuneRecipeForVLM\nmodel:\n  pretrained_model_name_or_path: mistralai/Mistral-Medium-3.5-128B\n"
-        "freeze_config:\n  freeze_vision_tower: true\ndistributed:\n  tp_size: 8\n  pp_size: 8\n"
+        "{freeze}distributed:\n  tp_size: 8\n  pp_size: 2\n"
         "  pipeline: {{pp_schedule: 1f1b, pp_microbatch_size: 1}}\n{extra}"
     )
+    frozen = "freeze_config:\n  freeze_vision_tower: true\n"
     sizes = {"world_size": 64, "seq_len": 2048, "global_batch_size": 8, "micro_batch_size": 1}
-    root = estimate_memory(recipe.format(extra=""), **sizes)
-    kept = estimate_memory(recipe.format(extra="  multimodal:\n    frozen_sharding: replicate\n"), **sizes)
-    tower = lookup("mistralai/Mistral-Medium-3.5-128B").vision_params * 2 / 2**30  # bf16, whole on every TP rank
-    assert root.memory_gib.buffers - kept.memory_gib.buffers == pytest.approx(tower, rel=1e-6)
+    policy = "  multimodal:\n    frozen_sharding: {}\n"
+    root = estimate_memory(recipe.format(freeze=frozen, extra=""), **sizes).memory_gib
+    replicate = estimate_memory(recipe.format(freeze=frozen, extra=policy.format("replicate")), **sizes).memory_gib
+    per_layer = estimate_memory(recipe.format(freeze=frozen, extra=policy.format("per_layer")), **sizes).memory_gib
+    m = lookup("mistralai/Mistral-Medium-3.5-128B")
+    tower = m.vision_params * 2 / 2**30  # bf16, whole on every TP rank (its projector gathered with it)
+    dp = 64 // (8 * 2)
+    assert root.buffers - per_layer.buffers == pytest.approx(tower, rel=1e-6)
+    assert replicate.buffers == pytest.approx(per_layer.buffers)
+    frozen_gib = (m.vision_params - m.projector_params) * 2 / 2**30  # (the projector trains: FSDP-sharded either way)
+    assert replicate.params - per_layer.params == pytest.approx(frozen_gib * (1 - 1 / dp), rel=1e-3)
+    # LoRA without freeze_config: AutoModel freezes every base parameter, the tower's too
+    lora = "peft:\n  target_modules: ['*.language_model.*_proj']\n  dim: 8\n"
+    with_lora = estimate_memory(recipe.format(freeze=lora, extra=""), **sizes).memory_gib
+    with_lora_frozen = estimate_memory(recipe.format(freeze=lora + frozen, extra=""), **sizes).memory_gib
+    assert with_lora.buffers == pytest.approx(with_lora_frozen.buffers)

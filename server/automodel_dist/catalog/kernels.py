@@ -87,7 +87,8 @@ LOCAL_DISPATCHERS = frozenset({"deepep", "hybridep", "uccl_ep"})
 # ``attn_implementation: eager`` runs transformers' eager_attention_forward on an unpacked batch
 # (components/models/llama, qwen2 and qwen3/model.py, the Qwen3-VL class, a subclass of transformers', and Gemma-4's,
 # whose dense checkpoints run transformers' own language model and whose MoE backend keeps transformers' attention);
-# the classes checked here, not every one that may (the Ministral-3 class is not in the catalog)
+# the classes checked here, not every one that may (AutoModel's Mistral3 FP8 VLM class, a subclass of transformers',
+# is not checked)
 EAGER_DISPATCH_CUSTOM = frozenset(
     {
         "LlamaForCausalLM",

@@ -27,7 +27,10 @@ class ModelEntry(BaseModel):
     num_experts: int
     experts_per_token: int
     architecture: str | None = Field(
-        default=None, description="The class AutoModel builds (config.json architectures[0])."
+        default=None,
+        description="The class AutoModel builds: config.json architectures[0], or the class AutoModel resolves for the "
+        "config where that name is shared (Mistral3FP8VLMForConditionalGeneration for a Mistral3 with a ministral3 "
+        "text model).",
     )
     layer_types: dict[str, int] | None = Field(
         default=None, description="Hybrid models (Nemotron-H): layers per mixer (mamba, attention, mlp, moe)."

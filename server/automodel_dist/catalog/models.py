@@ -119,7 +119,9 @@ class ModelSpec:
     moe_latent_size: int = 0
     audio_params: int = 0
     published_params: float | None = None  # total parameters from the model card
-    architecture: str | None = None  # config.json "architectures"[0]: picks AutoModel's implementation
+    # config.json "architectures"[0], or the class AutoModel resolves where that name is shared (_implementation_name):
+    # picks AutoModel's implementation
+    architecture: str | None = None
     source: str | None = None
     aliases: tuple[str, ...] = field(default=())
     # The config.json this spec was read from (None for a spec built by hand): what the dry run and the smoke run build.

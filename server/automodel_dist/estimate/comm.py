@@ -210,7 +210,8 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
     if m.parallel_mamba and p.tp > 1:
         # every TP rank runs Falcon-H1's whole Mamba mixer (AutoModel's plan leaves it out): (tp - 1) / tp more of its
         # matmuls a rank than the model's FLOPs split evenly (its frozen weights' gradients skipped under LoRA)
-        per_token = (6.0 if tr.lora is None else 4.0) * m.num_layers * m.mamba_params()
+        recompute = 2.0 if p.ac_applied is True else 0.0  # (its forward again under full checkpointing)
+        per_token = ((6.0 if tr.lora is None else 4.0) + recompute) * m.num_layers * m.mamba_params()
         flops_rank += per_token * tokens_step / world * (p.tp - 1)
     ac = p.ac_applied
     if ac is True:

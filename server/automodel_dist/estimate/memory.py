@@ -173,9 +173,11 @@ class Training:
     train_towers: bool = False  # a VLM's vision tower trains (freeze_config: workload.Workload.train_towers)
     train_audio: bool = False  # and its audio tower
     train_projector: bool = False  # and a frozen vision tower's projector where it is trainable (ModelSpec)
-    # distributed.multimodal.frozen_sharding root (AutoModel's default): the root FSDP unit owns a frozen tower, which
-    # is gathered with it from the forward's start to the backward's end (distributed/multimodal_fsdp.py)
-    frozen_towers_in_root: bool = False
+    # distributed.multimodal.frozen_sharding in a VLM step (distributed/multimodal_fsdp.py): "root" (AutoModel's
+    # default) leaves a frozen tower to the root FSDP unit, gathered with it from the forward's start to the
+    # backward's end; "replicate" keeps it out of FSDP, whole on every rank; "per_layer" shards it layer by layer;
+    # None: not counted (a text step)
+    frozen_multimodal: str | None = None
     # the VLM recipe's step: the model output (the logits) kept through backward, and each sequence's image patches
     # through the vision tower (media.py's assumed image): what a trained tower keeps per patch and block
     vlm_step: bool = False
@@ -915,8 +917,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     for tower, trains in ((g.towers - projector, tr.train_towers), (g.audio, tr.train_audio)):
         if tower and trains and lora is None:
             train_dense += tower
-        elif tower:
-            frozen_bytes += tower / sp_ * comp
+        elif tower:  # frozen: FSDP-sharded, or whole on every rank where the recipe replicates frozen towers
+            frozen_bytes += tower / (1.0 if tr.frozen_multimodal == "replicate" else sp_) * comp
     params = frozen_bytes + (train_dense / sp_ + train_experts / se) * store
     grads_sharded = (train_dense / sg + train_experts / se) * store
     opt_per = optimizer_states_per_param(tr)
@@ -1003,10 +1005,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
     root_held = g.root - (g.embed if own_embed_unit else 0.0)
-    if tr.frozen_towers_in_root:
-        # a frozen tower and its projector held gathered in the root unit (whole on every TP rank, which AutoModel's
-        # plans leave it): AutoModel's step on fake tensors, Mistral3's and Gemma-3's VLM steps
-        root_held += (0.0 if tr.train_towers else g.towers) + (0.0 if tr.train_audio else g.audio)
+    if tr.frozen_multimodal == "root":
+        # a frozen tower (by freeze_config, or by LoRA, which freezes every base parameter) and its projector held
+        # gathered in the root unit (whole on every TP rank, which AutoModel's plans leave it): AutoModel's step on
+        # fake tensors, Mistral3's and Gemma-3's VLM steps
+        vision_frozen = not (tr.train_towers and lora is None)
+        audio_frozen = not (tr.train_audio and lora is None)
+        root_held += (g.towers if vision_frozen else 0.0) + (g.audio if audio_frozen else 0.0)
     # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
     # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
     active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1

@@ -187,8 +187,8 @@ def training_for(
         train_audio=w.train_audio and w.vlm_step,
         # ... and a frozen tower's trainable projector (Mistral3's) gets gradients where the step feeds images
         train_projector=w.vlm_step and w.text_only_data is None,
-        # (the VLM recipe's freeze_config freezes the tower before AutoModel parallelizes the model)
-        frozen_towers_in_root=w.vlm_step and w.frozen_multimodal_sharding == "root",
+        # (the VLM recipe's freeze_config, or LoRA, freezes the tower before AutoModel parallelizes the model)
+        frozen_multimodal=w.frozen_multimodal_sharding if w.vlm_step else None,
         **_vlm_terms(spec, w, read),
     )
     if w.vlm_step and w.vlm_packing is not None and w.text_only_data is None:

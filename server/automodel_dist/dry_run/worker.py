@@ -315,24 +315,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
         batches = []
         for shape in shapes:
-            if image is not None and image.processor == "pixtral":
+            if image is not None and image.processor in ("gemma3", "gemma4", "pixtral"):
                 m = spec.media
+                build = media.pixtral_batch if image.processor == "pixtral" else media.gemma_batch
                 batches.append(
-                    media.pixtral_batch(
-                        hf_config,
-                        image,
-                        batch=shape[0],
-                        seq=shape[1],
-                        images_per_sample=m.images_per_sample,
-                        pixel_dtype=m.pixel_dtype,
-                        fake_mode=fake_mode,
-                    )
-                )
-                continue
-            if image is not None and image.processor in ("gemma3", "gemma4"):
-                m = spec.media
-                batches.append(
-                    media.gemma_batch(
+                    build(
                         hf_config,
                         image,
                         batch=shape[0],

@@ -753,8 +753,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         head_dim = _int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim") + _int(
             cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim"
         )
-    if heads == 0 or (head_dim is None and h % heads):
-        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    _check_head_dim(h, heads, head_dim)
     spec = ModelSpec(
         name=name or _unnamed(cfg, mtype or "config.json"),
         hidden_size=h,
@@ -1028,8 +1027,7 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     types = _hybrid_layer_types(cfg, layers)
     moe = "moe" in types
     head_dim = _first(cfg, "head_dim", default=None)
-    if heads == 0 or (head_dim is None and h % heads):
-        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    _check_head_dim(h, heads, head_dim)
     experts = _int(_first(cfg, "n_routed_experts", "num_local_experts", default=0) or 0, "n_routed_experts")
     if moe and not experts:
         raise ModelConfigError("the hybrid layer pattern has MoE layers but n_routed_experts is missing or 0")
@@ -1136,8 +1134,7 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     if head * mamba_heads != width:  # (FalconH1Config.validate_architecture refuses it too)
         raise ModelConfigError(f"mamba_d_head={head} x mamba_n_heads={mamba_heads} is not the Mamba width {width}")
     head_dim = _first(cfg, "head_dim", default=None)
-    if heads == 0 or (head_dim is None and h % heads):
-        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
+    _check_head_dim(h, heads, head_dim)
     scale = cfg.get("lm_head_multiplier", 1.0)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise ModelConfigError(f"lm_head_multiplier must be a number, not {clip(repr(scale), 40)}")
@@ -1161,6 +1158,13 @@ def _from_falcon_h1(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         conv_kernel=_int(cfg["mamba_d_conv"], "mamba_d_conv"),
         architecture=_architecture(cfg) or "FalconH1ForCausalLM",
     )
+
+
+def _check_head_dim(h: int, heads: int, head_dim: Any) -> None:
+    """Refuse a config whose attention width cannot be read: no heads, or no head_dim where the heads do not divide
+    the hidden size."""
+    if heads == 0 or (head_dim is None and h % heads):
+        raise ModelConfigError(f"hidden_size={h} is not divisible by num_attention_heads={heads}; give head_dim")
 
 
 def _implementation_name(architecture: str | None, text_type: str, outer: dict[str, Any]) -> str | None:

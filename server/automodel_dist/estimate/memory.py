@@ -911,11 +911,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them); a frozen
     # vision tower's projector trains where freeze_vision_tower leaves it (Mistral3's multi_modal_projector; whole on
     # every TP rank, which AutoModel's plan leaves it)
+    # (LoRA freezes every base parameter, the towers' too; a trained tower's projector trains with it)
+    vision_trains, audio_trains = tr.train_towers and lora is None, tr.train_audio and lora is None
     projector = float(m.projector_params) if g.towers and lora is None and tr.train_projector else 0.0
-    projector = 0.0 if tr.train_towers else projector  # (a trained tower's projector trains with it)
+    projector = 0.0 if vision_trains else projector
     train_dense += projector
-    for tower, trains in ((g.towers - projector, tr.train_towers), (g.audio, tr.train_audio)):
-        if tower and trains and lora is None:
+    for tower, trains in ((g.towers - projector, vision_trains), (g.audio, audio_trains)):
+        if tower and trains:
             train_dense += tower
         elif tower:  # frozen: FSDP-sharded, or whole on every rank where the recipe replicates frozen towers
             frozen_bytes += tower / (1.0 if tr.frozen_multimodal == "replicate" else sp_) * comp
@@ -982,7 +984,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
         vlm_logits = comp * vocab / head_tp * tokens
         acts += vlm_logits
-    if g.first and tr.tower_patches and tr.train_towers and lora is None:
+    if g.first and tr.tower_patches and vision_trains:
         # a trained vision tower keeps its blocks' inputs (checkpointed) or everything its backward needs; each CP
         # rank runs every patch unless frame sharding splits them
         images = tr.micro_batch_size * tr.tower_images
@@ -1009,9 +1011,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # a frozen tower (by freeze_config, or by LoRA, which freezes every base parameter) and its projector held
         # gathered in the root unit (whole on every TP rank, which AutoModel's plans leave it): AutoModel's step on
         # fake tensors, Mistral3's and Gemma-3's VLM steps
-        vision_frozen = not (tr.train_towers and lora is None)
-        audio_frozen = not (tr.train_audio and lora is None)
-        root_held += (g.towers if vision_frozen else 0.0) + (g.audio if audio_frozen else 0.0)
+        root_held += (0.0 if vision_trains else g.towers) + (0.0 if audio_trains else g.audio)
     # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
     # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
     active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1

@@ -130,6 +130,12 @@ def wildcard_match(pattern: str, name: str) -> bool:
     return len(name) in states
 
 
+def _tp_whole(name: str) -> bool:
+    """Whether a layer's Linear is whole on every TP rank: Falcon-H1's Mamba mixer, which AutoModel's TP plan leaves
+    out."""
+    return ".mamba." in name
+
+
 def _matches(name: str, targets: tuple[str, ...], excludes: tuple[str, ...], match_all: bool, kind: str) -> bool:
     if match_all:
         return kind == "linear"
@@ -275,14 +281,14 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
                 experts += m.num_experts * moe_dim * (lin.fan_in + lin.fan_out + inter + m.expert_dim)
             else:
                 params += dim * (lin.fan_in + lin.fan_out)
-                whole += dim * (lin.fan_in + lin.fan_out) if ".mamba." in name else 0
+                whole += dim * (lin.fan_in + lin.fan_out) if _tp_whole(name) else 0
                 weights += lin.fan_in * lin.fan_out
                 if dropout:
                     mask = 3 * lin.fan_in if pre else lin.fan_out
                     kept += mask
                     # (full width on every TP rank: a row-parallel Linear's output, and Falcon-H1's Mamba mixer's
                     # input or output, which AutoModel's TP plan leaves whole)
-                    if ".mamba." in name or (not pre and name.endswith(_ROW_PARALLEL)):
+                    if _tp_whole(name) or (not pre and name.endswith(_ROW_PARALLEL)):
                         rowwise += mask
         per_layer.append((kind, params + experts))
         per_experts.append((kind, experts))

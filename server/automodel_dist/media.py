@@ -2,7 +2,8 @@
 resize to a patch grid, the grid's patches and the placeholder tokens each image takes in the sequence, for the
 Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token), Gemma-3's (every
 image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens), Gemma-4's and Mistral3's Pixtral
-processor (resized within a longest edge to whole merge cells, a row break token after each row of placeholders). The estimate sizes the vision
+processor (resized within a longest edge to whole merge cells, a row break token after each row of placeholders) and
+Kimi-VL's (scaled within a patch limit, cut to whole merge cells). The estimate sizes the vision
 tower's work from it and the dry run builds its batch from it; the tests hold ``smart_resize`` to transformers' own
 ``smart_resize``.
 
@@ -77,6 +78,38 @@ def is_pixtral_tower(cfg: Any) -> bool:
     )
 
 
+# the Kimi-VL image processor's defaults (KimiVLImageProcessor, the checkpoint's remote code): at most this many
+# patches an image, the image cut to whole merge cells (pad_input false)
+KIMI_IN_TOKEN_LIMIT = 4096
+
+
+def is_kimi_vl_tower(cfg: Any) -> bool:
+    """Kimi-VL's MoonViT tower and projector, with the placeholder token id its batch needs."""
+    if not (isinstance(cfg, dict) and cfg.get("model_type") == "kimi_vl"):
+        return False
+    vision = cfg.get("vision_config")
+    return (
+        isinstance(vision, dict)
+        and vision.get("model_type") == "moonvit"
+        and isinstance(cfg.get("media_placeholder_token_id"), int)
+    )
+
+
+def kimi_resize(
+    height: int, width: int, patch: int, merge: tuple[int, int], limit: int = KIMI_IN_TOKEN_LIMIT
+) -> tuple[int, int]:
+    """The Kimi-VL processor's rescale: scaled down, its aspect ratio kept, when it has more than ``limit`` whole
+    patches, then cut (centre crop) to whole cells of merge x patch pixels, the grid the tower's patch merger takes."""
+    if (width // patch) * (height // patch) > limit:
+        scale = math.sqrt(limit / ((width // patch) * (height // patch)))
+        width, height = int(width * scale), int(height * scale)
+    cell_h, cell_w = merge[0] * patch, merge[1] * patch
+    height, width = height - height % cell_h, width - width % cell_w
+    if height == 0 or width == 0:
+        raise ValueError(f"the image is smaller than one {cell_h} x {cell_w} merge cell of Kimi-VL's tower")
+    return height, width
+
+
 def pixtral_resize(height: int, width: int, cell: int, longest_edge: int = PIXTRAL_LONGEST_EDGE) -> tuple[int, int]:
     """transformers' Pixtral resize (image_processing_pixtral.get_resize_output_image_size): scaled down, its aspect
     ratio kept and floored, until both sides are within ``longest_edge``, then rounded up to whole cells of ``cell``
@@ -129,7 +162,7 @@ class ImageGeometry:
     grid: tuple[int, int, int]  # (t, h, w) patches
     patch_size: int
     merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's and Gemma-4's pooling kernel)
-    processor: Literal["qwen", "gemma3", "gemma4", "pixtral"] = "qwen"
+    processor: Literal["qwen", "gemma3", "gemma4", "pixtral", "kimi"] = "qwen"
     padded_patches: int = 0  # the patches the processor pads every image to (Gemma-4's budget; 0: none)
 
     @property
@@ -201,6 +234,18 @@ def pixtral_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeomet
     return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge, processor="pixtral")
 
 
+def kimi_vl_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeometry:
+    """One image as Kimi-VL's processor hands it over: within its patch limit, cut to whole merge cells, its patches
+    merged merge x merge into a placeholder token."""
+    vision = cfg["vision_config"]
+    patch = int(vision.get("patch_size", 14))
+    merge = vision.get("merge_kernel_size", [2, 2])
+    if not (isinstance(merge, list) and len(merge) == 2 and merge[0] == merge[1]):
+        raise ValueError(f"Kimi-VL's merge_kernel_size {merge!r}: only a square merge is sized")
+    h, w = kimi_resize(image_px[0], image_px[1], patch, (int(merge[0]), int(merge[1])))
+    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=int(merge[0]), processor="kimi")
+
+
 def vlm_image(
     cfg: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
 ) -> ImageGeometry | None:
@@ -208,6 +253,8 @@ def vlm_image(
     a processor this module does not know."""
     if is_pixtral_tower(cfg):
         return pixtral_image(cfg, image_px)
+    if is_kimi_vl_tower(cfg):
+        return kimi_vl_image(cfg, image_px)
     if is_gemma3_tower(cfg):
         return gemma3_image(cfg)
     if is_gemma4_tower(cfg):
@@ -230,7 +277,11 @@ __all__ = [
     "is_gemma3_tower",
     "is_gemma4_tower",
     "is_pixtral_tower",
+    "is_kimi_vl_tower",
     "is_qwen_tower",
+    "KIMI_IN_TOKEN_LIMIT",
+    "kimi_resize",
+    "kimi_vl_image",
     "pixtral_image",
     "pixtral_resize",
     "qwen_image",

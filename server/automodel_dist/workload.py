@@ -120,7 +120,8 @@ class Workload:
     train_audio: bool = True
     freeze_config: dict[str, Any] | None = None  # the section as written: AutoModel's model build parses it
     # a VLM recipe's image processing: the processor's pixel bounds (min_pixels / max_pixels), and the collate
-    # function's name (qwen2_5_collate_fn hands the processor's fp32 pixels on; the default one casts them to bf16)
+    # function's name (qwen2_5_collate_fn and kimi_vl_collate_fn hand the processor's fp32 pixels on; the default one
+    # casts them to bf16)
     processor_pixels: tuple[int | None, int | None] = (None, None)
     collate: str | None = None
     vlm_step: bool = False  # the VLM finetune recipe's step (vlm/finetune.py): images in every sequence

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from automodel_dist.catalog.models import lookup
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
 from automodel_dist.dry_run.plan import plan_dry_run
 from automodel_dist.request import Request
@@ -1227,6 +1228,29 @@ def test_a_mistral3_vlm_step_feeds_its_pixtral_images_with_their_sizes():
     assert report.status == "measured", (rank.error, rank.reason)
     assert any("74 x 74 patch grid" in s and "1369 placeholder tokens" in s for s in report.substitutions)
     assert any("Pixtral processor" in a and "37 row breaks" in a for a in report.assumed)
+    assert report.fits is None  # no verdict on an assumed image
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
+@needs_automodel
+def test_a_kimi_vl_step_feeds_its_moonvit_patches_with_their_grids():
+    """Kimi-VL's processor scales the assumed 1,024 x 1,024 image within its 4,096 patches and cuts it to whole
+    28-pixel cells (896 x 896: 64 x 64 patches of 14, 1,024 placeholders): AutoModel's KimiVL class positions, attends
+    (its SDPA path, each image's block of the mask marked at the grids' known cumulative counts) and merges the
+    flattened patches by the batch's image_grid_hws, and writes the projected features over the placeholders (a
+    count that did not match would fail there); the tower runs (frozen), its projector trains, and the estimate
+    holds to the measured rank."""
+    text = VLM_RECIPE.format(
+        recipe="FinetuneRecipeForVLM", model="moonshotai/Kimi-VL-A3B-Instruct", model_extra="", frozen="true"
+    )
+    report = dry_run(text, seq_len=2048, num_layers=2, world_size=2)
+    rank = _only(report)
+    assert report.status == "measured", (rank.error, rank.reason)
+    assert any("64 x 64 patch grid" in s and "1024 placeholder tokens" in s for s in report.substitutions)
+    assert any("Kimi-VL's processor" in a and "896 x 896" in a for a in report.assumed)
+    spec = lookup("moonshotai/Kimi-VL-A3B-Instruct")
+    assert report.params_total - report.params_trainable == spec.vision_params - spec.projector_params
     assert report.fits is None  # no verdict on an assumed image
     assert report.estimate is not None
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15

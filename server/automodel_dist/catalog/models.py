@@ -98,7 +98,7 @@ class ModelSpec:
     linear_value_dim: int = 0
     linear_conv_kernel: int = 4
     vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
-    projector_params: int = 0  # the part of vision_params freeze_vision_tower leaves trainable (Mistral3's projector)
+    projector_params: int = 0  # the part of vision_params freeze_vision_tower leaves trainable (a VLM's projector)
     # Gemma-4's E-series (transformers' Gemma4TextModel): per-layer embeddings, ``per_layer_input`` wide a layer, from a
     # table of ``per_layer_vocab`` rows holding every layer's, and per layer a gate from the hidden state and a
     # projection back; its last ``kv_shared_layers`` layers read the keys and values of the last earlier layer of their
@@ -600,6 +600,16 @@ def _qwen_or_siglip_tower(
         # width, with the config's multimodal_projector_bias): the outer config's keys, handed in by _spec_of
         block = 2 * h + 4 * h * h + 3 * h * inter
         return channels * patch * patch * h + h + layers * block + _mistral3_projector(cfg, text_hidden)
+    if cfg.get("model_type") == "moonvit" and text_hidden:
+        # Kimi-VL's MoonViT (kimivl/model.py): a biased patch convolution and a learned position table of
+        # init_pos_emb_height x width, LayerNorm blocks with a biased fused qkv, output projection and GELU MLP, a
+        # final LayerNorm; then its projector over merged patches
+        table = cfg.get("init_pos_emb_height", 64), cfg.get("init_pos_emb_width", 64)  # MoonViTConfig's defaults
+        if not all(is_int(v) for v in table):
+            return None
+        block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h * inter + inter + h
+        embed = channels * patch * patch * h + h + table[0] * table[1] * h
+        return embed + layers * block + 2 * h + _kimi_vl_projector(cfg, text_hidden)
     if cfg.get("model_type") == "gemma4_vision" and text_hidden:
         # Gemma-4's tower: a learned 2-axis position table, the patches' input projection, q/k-normed attention and
         # a gated MLP with four norms a block, then the projection to the text width (embed_vision)
@@ -632,6 +642,24 @@ def _qwen_or_siglip_tower(
             return None
         return embeddings + layers * block + 2 * h + (h * text_hidden + h)  # + Gemma-3's projector and its norm
     return None
+
+
+def _moonvit_merge(cfg: dict[str, Any]) -> tuple[int, int]:
+    """MoonViT's merge kernel (patches merged into one token along each side); a malformed one is refused (AutoModel's
+    projector could not be built from it)."""
+    merge = cfg.get("merge_kernel_size", [2, 2])  # MoonViTConfig's default
+    if isinstance(merge, (list, tuple)) and len(merge) == 2 and all(is_int(v) and 0 < v <= 64 for v in merge):
+        return int(merge[0]), int(merge[1])
+    raise ModelConfigError(f"vision_config.merge_kernel_size must be two integers in [1, 64], got {merge!r}")
+
+
+def _kimi_vl_projector(vision: dict[str, Any], text_hidden: int) -> int:
+    """Kimi-VL's multi_modal_projector: a LayerNorm over each patch, then two biased linears over the merged patches,
+    the second to the text width (``vision`` the MoonViT config)."""
+    h = int(vision["hidden_size"])
+    kh, kw = _moonvit_merge(vision)
+    hm = h * kh * kw
+    return 2 * h + (hm * hm + hm) + (hm * text_hidden + text_hidden)
 
 
 def _mistral3_projector(vision: dict[str, Any], text_hidden: int) -> int:
@@ -687,10 +715,12 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     vision = _tower_params(vision_cfg, text_hidden)
     audio = _tower_params(cfg.get("audio_config"), text_hidden)
     # the part of the vision parameters AutoModel's freeze_vision_tower leaves trainable (it freezes modules named for
-    # the tower: vision_tower, *vision*, *visual*): Mistral3's multi_modal_projector
+    # the tower: vision_tower, *vision*, *visual*): Mistral3's and Kimi-VL's multi_modal_projector
     projector = 0
     if vision and vision_cfg.get("model_type") == "pixtral" and text_hidden:
         projector = _mistral3_projector(vision_cfg, text_hidden)
+    elif vision and vision_cfg.get("model_type") == "moonvit" and text_hidden:
+        projector = _kimi_vl_projector(vision_cfg, text_hidden)
     outer = cfg
     if nested:
         cfg = {

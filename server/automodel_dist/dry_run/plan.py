@@ -21,9 +21,11 @@ from ..media import (
     GEMMA4_SOFT_TOKENS,
     IMAGE_PX,
     IMAGES_PER_SAMPLE,
+    KIMI_IN_TOKEN_LIMIT,
     PIXTRAL_LONGEST_EDGE,
     is_gemma3_tower,
     is_gemma4_tower,
+    is_kimi_vl_tower,
     is_pixtral_tower,
     is_qwen_tower,
     vlm_image,
@@ -189,7 +191,8 @@ def plan_dry_run(
                 images_per_sample=0 if text_only else IMAGES_PER_SAMPLE,
                 min_pixels=low,
                 max_pixels=high,
-                pixel_dtype="float32" if w.collate == "qwen2_5_collate_fn" else "bfloat16",
+                # (the Qwen2.5-VL and Kimi-VL processors hand over fp32 pixels; the model casts them to its dtype)
+                pixel_dtype="float32" if w.collate in ("qwen2_5_collate_fn", "kimi_vl_collate_fn") else "bfloat16",
             )
             bounds = (
                 f"the recipe's processor bounds ({low or 'default'}..{high or 'default'} pixels)"
@@ -226,6 +229,14 @@ def plan_dry_run(
                     f"placeholder tokens and {image.sequence_tokens - image.tokens} row breaks inside the {seq}-token "
                     "sequence"
                 )
+            elif image.processor == "kimi":
+                assumed.append(
+                    f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), scaled by "
+                    f"Kimi-VL's processor, its aspect ratio kept, within the processor class's {KIMI_IN_TOKEN_LIMIT:,} "
+                    f"patches and cut to whole {image.patch_size * image.merge}-pixel merge cells (pad_input false, "
+                    f"its default; the checkpoint's preprocessor_config.json is not read): {image.pixels[0]} x "
+                    f"{image.pixels[1]}, {image.tokens} placeholder tokens inside the {seq}-token sequence"
+                )
             elif image.processor == "gemma4":
                 assumed.append(
                     f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized by "
@@ -258,6 +269,9 @@ def plan_dry_run(
                     else "; the images padded to the batch's largest with their sizes in image_sizes, which the Pixtral "
                     "tower reads to cut each image's patches, as Mistral3's processor hands them over"
                     if image.processor == "pixtral"
+                    else "; the images' patches flattened with their grids in image_grid_hws, which the MoonViT tower "
+                    "reads to cut, position and merge each image's patches, as Kimi-VL's processor hands them over"
+                    if image.processor == "kimi"
                     else "; the multimodal position ids come from the model's own get_rope_index on the batch's ids "
                     "(computed ahead, as its CP hook does)"
                 )
@@ -523,11 +537,12 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims, w: Wor
     gemma3 = is_gemma3_tower(cfg)  # (its config class defaults the image, begin- and end-of-image token ids)
     gemma4 = is_gemma4_tower(cfg)
     pixtral = is_pixtral_tower(cfg)
-    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4 or pixtral):
+    kimi = is_kimi_vl_tower(cfg)
+    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4 or pixtral or kimi):
         return (
-            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3, Gemma-4 and Pixtral processors make "
-            "them (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, Mistral3, through the VLM "
-            "finetune recipe's step); this model's "
+            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3, Gemma-4, Pixtral and Kimi-VL processors "
+            "make them (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, Mistral3, Kimi-VL, "
+            "through the VLM finetune recipe's step); this model's "
             "images, video or audio would go uncounted: not measured (the estimate counts the towers' weights, not "
             "their activations)"
         )

@@ -284,6 +284,15 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             return mask.shape[0] * per_sequence * width if mask.dim() == 3 and mask.shape[2] == width else None
 
         nonzero["gemma4/modeling_gemma4.py:forward"] = placeholder_cells
+    if image is not None and image.processor == "kimi":
+        # MoonViT's SDPA path (which AutoModel's class takes on a GPU too: its vision config names no attention
+        # implementation, the composite config not handing one down) marks each image's block of its [1, patches,
+        # patches] mask, slicing at the cumulative patch counts it computes from the grids: the i-th is i images'
+        # patches (the images alike), read off the element's offset in that count's tensor
+        patches = image.patches
+        items["kimivl/model.py:vision_attention_sdpa"] = lambda t: (
+            t.storage_offset() * patches if t.dim() == 0 else None
+        )
     if image is not None and image.processor == "qwen":
         # Qwen3-VL under CP: the DeepStack features of this rank's share of the image tokens (the round-robin split
         # gives each CP rank an equal share of every sequence)
@@ -315,9 +324,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
         batches = []
         for shape in shapes:
-            if image is not None and image.processor in ("gemma3", "gemma4", "pixtral"):
+            if image is not None and image.processor in ("gemma3", "gemma4", "pixtral", "kimi"):
                 m = spec.media
-                build = media.pixtral_batch if image.processor == "pixtral" else media.gemma_batch
+                build = {"pixtral": media.pixtral_batch, "kimi": media.kimi_vl_batch}.get(
+                    image.processor, media.gemma_batch
+                )
                 batches.append(
                     build(
                         hf_config,

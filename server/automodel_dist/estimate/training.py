@@ -14,10 +14,13 @@ from ..media import (
     FAKE_IMAGE_PX,
     IMAGE_PX,
     IMAGES_PER_SAMPLE,
+    KIMI_IN_TOKEN_LIMIT,
     gemma3_image,
     is_gemma3_tower,
+    is_kimi_vl_tower,
     is_pixtral_tower,
     is_qwen_tower,
+    kimi_vl_image,
     pixtral_image,
     qwen_image,
 )
@@ -234,6 +237,19 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
             f"sequence resized by Mistral3's Pixtral processor to {image.pixels[0]} x {image.pixels[1]} "
             f"({image.sequence_tokens} of the sequence's tokens, row breaks included)"
+            + (
+                ", its tower trained: its activations not sized"
+                if w.train_towers and w.peft is None
+                else ", its tower frozen (no activations kept)"
+            )
+        )
+        return out
+    if is_kimi_vl_tower(spec.hf_config):
+        image = kimi_vl_image(spec.hf_config or {}, px)
+        read.append(
+            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
+            f"sequence cut by Kimi-VL's processor to {image.pixels[0]} x {image.pixels[1]} (within its "
+            f"{KIMI_IN_TOKEN_LIMIT:,} patches; {image.tokens} of the sequence's tokens)"
             + (
                 ", its tower trained: its activations not sized"
                 if w.train_towers and w.peft is None

@@ -263,6 +263,58 @@ def pixtral_batch(
     }
 
 
+def kimi_vl_batch(
+    hf_config: Any,
+    image: ImageGeometry,
+    *,
+    batch: int,
+    seq: int,
+    images_per_sample: int,
+    pixel_dtype: str,
+    fake_mode: Any,
+) -> dict[str, Any]:
+    """One microbatch of ``batch`` sequences of ``seq`` tokens for Kimi-VL (its MoonViT tower), each holding
+    ``images_per_sample`` images of ``image``'s geometry: the processor's placeholder tokens (its media start and end
+    tokens are text here: the model reads only where the placeholders are), every image's patches flattened into
+    ``pixel_values`` (patches x 3 x patch x patch) with its grid in ``image_grid_hws``, which the tower reads to cut,
+    position and merge them; labels cover the text. Call inside ``fake_mode``: the pixels are fake, the ids and grids
+    constants."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    token = int(hf_config.media_placeholder_token_id)
+    images = batch * images_per_sample
+    known = fake_mode.fake_tensor_converter
+    with unset_fake_temporarily():  # real values
+        ids, _, labels = _ids_with_images(
+            batch,
+            seq,
+            images=images_per_sample,
+            tokens=image.tokens,
+            start=None,
+            image=token,
+            end=None,
+            # (Kimi's tokenizer keeps its special tokens, the placeholder among them, past its text vocabulary)
+            text_high=token - 64,
+            lead=1,
+            kinds_dtype=torch.int64,
+            what=f"{image.tokens} tokens ({image.grid[1]}x{image.grid[2]} patches)",
+        )
+        grids = torch.tensor([list(image.grid[1:])] * images, dtype=torch.int64)
+    out = {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+    }
+    if not images:  # text-only data: the collate hands over no pixels
+        return out
+    patch = image.patch_size
+    return {
+        **out,
+        "pixel_values": torch.empty(images * image.patches, 3, patch, patch, dtype=getattr(torch, pixel_dtype)),
+        "image_grid_hws": known.from_real_tensor(fake_mode, grids, make_constant=True),
+    }
+
+
 @contextlib.contextmanager
 def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     """transformers' vision index helpers (``transformers.vision_utils``: attention segments, window order, rotary and
@@ -435,4 +487,12 @@ def known_inputs(fake_mode: Any) -> Iterator[None]:
         yield
 
 
-__all__ = ["check_staged_images", "gemma_batch", "pixtral_batch", "qwen_batch", "known_inputs", "known_rope_index"]
+__all__ = [
+    "check_staged_images",
+    "gemma_batch",
+    "kimi_vl_batch",
+    "pixtral_batch",
+    "qwen_batch",
+    "known_inputs",
+    "known_rope_index",
+]

@@ -1253,8 +1253,13 @@ def flash_sdpa() -> Iterator[None]:
         scale: Any = None,
         enable_gqa: bool = False,
     ) -> Any:
+        if query.dim() == 3:  # unbatched [heads, seq, dim] (SDPA takes it; the flash kernel's op wants a batch)
+            batched = sdpa_flash(
+                query[None], key[None], value[None], attn_mask, dropout_p, is_causal, scale, enable_gqa
+            )
+            return batched[0]
         SDPA.hits += 1
-        # a mask (causal, sliding window) changes which scores count, not what a flash kernel keeps
+        # a mask (causal, sliding window, a block per image) changes which scores count, not what a flash kernel keeps
         op = torch.ops.aten._scaled_dot_product_flash_attention.default
         causal = is_causal or attn_mask is not None
         heads, kv_heads = query.shape[-3], key.shape[-3]

@@ -797,7 +797,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe", "gpt_oss", *QWEN2_VL_TEXT))) or biased,
         o_bias=mtype == "gpt_oss" or biased,
         qk_norm=bool(cfg.get("use_qk_norm"))
-        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4_text", "olmo2", *GATED_DELTANET)
+        or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4_text", "olmo2", "hy_v3", *GATED_DELTANET)
         or mtype in QWEN3_VL_TEXT,
         qk_norm_full=mtype in ("olmo2", "minimax_m2"),  # transformers' Olmo2Attention, MiniMaxM2Attention
         attn_output_gate=mtype in GATED_DELTANET,

@@ -488,7 +488,17 @@ def test_the_mtp_layers_are_the_ones_automodels_class_builds(spec):
 
 
 # the multimodal model types whose towers the parser counts exactly (catalog.models._qwen_or_siglip_tower)
-EXACT_TOWERS = {"qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "mistral3"}
+EXACT_TOWERS = {
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+    "gemma4",
+    "mistral3",
+    "cohere_compass",
+}
 
 
 # model types whose AutoModel class keeps as buffers what transformers' class has as parameters: the spec follows

@@ -910,8 +910,8 @@ EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "mo
 # ERNIE-4.5's
 SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 # transformers' parallel blocks, one norm a layer whose output feeds both the attention and the MLP (PhiDecoderLayer,
-# CohereDecoderLayer, Cohere2DecoderLayer)
-PARALLEL_BLOCK = ("phi", "cohere", "cohere2")
+# CohereDecoderLayer, Cohere2DecoderLayer, CohereCompassDecoderLayer)
+PARALLEL_BLOCK = ("phi", "cohere", "cohere2", "cohere_compass_text")
 # Qwen3-Next's and Qwen3.5's decoders: per-head q/k norms and a gated output on their full-attention layers
 GATED_DELTANET = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 

@@ -1256,6 +1256,53 @@ def test_a_kimi_vl_step_feeds_its_moonvit_patches_with_their_grids():
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
 
 
+GLM52_DSA = """recipe: TrainFinetuneRecipeForNextTokenPrediction
+model:
+  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_pretrained
+  pretrained_model_name_or_path: zai-org/GLM-5.2
+  backend:
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: {attn}
+    linear: torch
+    rms_norm: torch_fp32
+    experts: torch_mm
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 8
+distributed:
+  strategy: fsdp2
+  ep_size: 8
+  activation_checkpointing: true
+packed_sequence:
+  packed_sequence_size: 1024
+dataloader:
+  collate_fn: nemo_automodel.components.datasets.utils.packed_sequence_thd_collater
+"""
+
+
+@needs_automodel
+def test_glm_5_2_tilelang_dsa_runs_automodels_functions_on_a_packed_thd_batch():
+    """GLM-5.2 with backend.attn tilelang: AutoModel's sharder flattens the packed batch to THD (its GLM class owns
+    the layout), its full-index layers run the vendored lighting indexer and every layer the sparse MLA Function,
+    each around the kernels' stand-ins; a shared-index layer reuses the selection (no indexer of its own)."""
+    report = dry_run(GLM52_DSA.format(attn="tilelang"), seq_len=1024, num_layers=5, world_size=8)
+    rank = _only(report)
+    assert any("TileLang DSA" in s and "stack/glm_dsa.py" in s for s in report.substitutions)
+    # (layers 0-2 have their own indexer, 3-4 share it: an indexer forward for each of three layers, a sparse MLA
+    # forward for each of five, then their recomputes and backward calls under activation checkpointing)
+    assert rank.shim_hits.get("glm_dsa_tilelang_kernels_stand_in", 0) >= 3 + 5
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
+@needs_automodel
+def test_glm_5_2_cudnn_dsa_is_not_measured_by_a_dense_fallback():
+    report = dry_run(GLM52_DSA.format(attn="cudnn"), seq_len=1024, num_layers=5, world_size=8)
+    assert report.status != "measured"
+    assert any("cuDNN's DSA" in n for n in report.not_measured)
+
+
 QWEN35_VLM_PP = """recipe: {recipe}
 model:
   _target_: nemo_automodel.NeMoAutoModelForImageTextToText.from_pretrained

@@ -759,3 +759,39 @@ def test_mistral_medium_3_5_is_valid_at_its_recipes_tp_8():
         model="mistralai/Mistral-Medium-3.5-128B",
     )
     assert not [f for f in report.findings if f.rule == "model-capability"], report.findings
+
+
+def test_glm_5_2s_shared_indexers_are_not_counted():
+    """GLM-5.2's IndexShare: 57 of its 78 layers reuse an earlier layer's indexer selection and hold no indexer of
+    their own (AutoModel's glm_moe_dsa class builds none there): GLM-5.1's parameters less 57 indexers, exactly the
+    policy parameter count a public training script expects for GLM-5.2."""
+    glm51, glm52 = lookup("zai-org/GLM-5.1"), lookup("zai-org/GLM-5.2")
+    assert len(glm52.index_shared_layers) == 57 and glm52.index_shared_layers[:3] == (3, 4, 5)
+    assert glm52.param_count() == 743_377_000_704
+    assert glm51.param_count() - glm52.param_count() == 57 * glm51.indexer_params()
+
+
+def test_an_index_share_schedule_is_read_as_automodels_config_reads_it():
+    from automodel_dist.dry_run.depth import truncated_config
+
+    cfg = dict(lookup("zai-org/GLM-5.2").hf_config)
+    cut = truncated_config(cfg, 8)
+    assert cut["indexer_types"] == cfg["indexer_types"][:8] and cut["mlp_layer_types"] == ["dense"] * 3 + ["sparse"] * 5
+    # under PP the shallow builds make the dense prefix MoE: AutoModel's GLM config reads mlp_layer_types, and without
+    # them makes three dense layers whatever first_k_dense_replace says
+    assert truncated_config(cfg, 8, moe_prefix_as_moe=True)["mlp_layer_types"] == ["sparse"] * 8
+    glm5 = dict(lookup("zai-org/GLM-5").hf_config)
+    assert truncated_config(glm5, 6, moe_prefix_as_moe=True)["mlp_layer_types"] == ["sparse"] * 6
+    no_list = {k: v for k, v in cfg.items() if k != "indexer_types"}
+    # without the list: every index_topk_freq-th layer after the first has its own (AutoModel's default schedule)
+    assert from_hf_config({**no_list, "index_topk_freq": 4}).index_shared_layers == tuple(
+        i for i in range(78) if max(i - 1, 0) % 4
+    )
+    assert from_hf_config({**no_list, "index_topk_freq": 1}).index_shared_layers == ()
+
+
+@pytest.mark.parametrize("kinds", [["full"] * 77, ["shared"] + ["full"] * 77, ["full"] * 77 + ["partial"], "FS" * 39])
+def test_an_index_share_schedule_the_spec_cannot_hold_is_refused(kinds):
+    cfg = dict(lookup("zai-org/GLM-5.2").hf_config)
+    with pytest.raises(ModelConfigError, match="indexer_types"):
+        from_hf_config({**cfg, "indexer_types": kinds})

@@ -85,6 +85,9 @@ class ModelSpec:
     index_heads: int = 0  # DeepSeek-V3.2's sparse-attention indexer: heads, head dim (0: none), keys kept per query
     index_head_dim: int = 0
     index_topk: int = 0
+    # layers that reuse an earlier layer's indexer selection and hold no indexer of their own (GLM-5.2's IndexShare:
+    # config.json's indexer_types "shared", which AutoModel's glm_moe_dsa class builds without an indexer)
+    index_shared_layers: tuple[int, ...] = ()
     # per-layer attention where it varies: "full" (Gemma-4's global layers: full_head_dim, full_kv_heads), "sliding",
     # "linear" (Qwen3-Next / Qwen3.5 Gated DeltaNet layers, which hold no KV heads); empty: every layer the same
     layer_attention: tuple[str, ...] = ()
@@ -219,7 +222,7 @@ class ModelSpec:
     def mean_attention_params(self) -> float:
         """Attention parameters per layer, averaged over the layers (they differ where layer_attention varies, and
         on KV-shared layers)."""
-        if not self.layer_attention and not self.kv_shared_layers:
+        if not self.layer_attention and not self.kv_shared_layers and not self.index_shared_layers:
             return float(self.attention_params())
         return sum(self.layer_attention_params(i) for i in range(self.num_layers)) / self.num_layers
 
@@ -234,6 +237,8 @@ class ModelSpec:
         kind = self.attention_kind(layer)
         kind = "" if kind == "-" else kind
         params = self.attention_params(kind)
+        if layer in self.index_shared_layers:
+            params -= self.indexer_params()
         if not self.kv_shared(layer):
             return params
         heads = self._of_kind(kind)
@@ -283,6 +288,12 @@ class ModelSpec:
         n = self.num_layers * self.per_layer_input
         return self.ple_table_params() + self.hidden_size * n + self.per_layer_input if n else 0
 
+    def indexer_params(self) -> int:
+        """One DSA indexer (DeepSeek-V3.2's, GLM-5's): wq_b from the query latent, wk and its LayerNorm,
+        weights_proj; 0 without one."""
+        ih, idim, h = self.index_heads, self.index_head_dim, self.hidden_size
+        return (self.q_lora_rank or h) * ih * idim + h * idim + 2 * idim + h * ih if ih else 0
+
     def ple_layer_params(self) -> int:
         """One layer's per-layer-input gate and projection and the norm after them."""
         return 2 * self.hidden_size * self.per_layer_input + self.hidden_size if self.per_layer_input else 0
@@ -307,10 +318,7 @@ class ModelSpec:
             kv = h * (self.kv_lora_rank + (self.qk_rope_head_dim or 0)) + self.kv_lora_rank
             kv += self.kv_lora_rank * nh * ((self.qk_nope_head_dim or 0) + (self.v_head_dim or 0))
             o = nh * (self.v_head_dim or 0) * h
-            # the indexer: wq_b from the query latent, wk and its LayerNorm, weights_proj
-            ih, idim = self.index_heads, self.index_head_dim
-            index = (self.q_lora_rank or h) * ih * idim + h * idim + 2 * idim + h * ih if ih else 0
-            return q + kv + o + index
+            return q + kv + o + self.indexer_params()
         q = self.num_attention_heads * self.hd
         kv = self.num_key_value_heads * self.hd
         # values and the output projection at v_head_dim where it differs from the q/k head dim (MiMo-V2-Flash)
@@ -446,7 +454,7 @@ class ModelSpec:
             )
             return self.embedding_params() + layers + self.hidden_size + self.lm_head_params() + self.mtp_params()
         towers = self.vision_params + self.audio_params
-        if self.layer_attention or self.kv_shared_layers:
+        if self.layer_attention or self.kv_shared_layers or self.index_shared_layers:
             layers = sum(self.layer_params(i) for i in range(self.num_layers))
         else:
             layers = self.num_dense_layers * self.layer_params(0)
@@ -804,6 +812,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
+        index_shared_layers=_index_shared_layers(cfg, layers) if cfg.get("index_n_heads") else (),
         norms_per_layer=_norms_per_layer(mtype, gemma4_moe),
         router_scale=gemma4_moe,
         mlp_bias=bool(cfg.get("mlp_bias")) or biased,
@@ -935,6 +944,30 @@ def _ernie_dense_prefix(cfg: dict[str, Any], layers: int) -> int:
     if cfg.get("use_bias"):
         raise ModelConfigError("ERNIE-4.5 with use_bias: true (a bias on every projection) is not sized")
     return start
+
+
+def _index_shared_layers(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
+    """The layers whose DSA indexer is shared (GLM-5.2's IndexShare), as AutoModel's GlmMoeDsaConfig reads them:
+    config.json's indexer_types ("full" / "shared" a layer), else index_topk_pattern (a string of F and S, or the
+    list), else every index_topk_freq-th layer after the first full (default 1: every layer has its own)."""
+    kinds = cfg.get("indexer_types")
+    if kinds is None and cfg.get("index_topk_pattern") is not None:
+        pattern = cfg["index_topk_pattern"]
+        if isinstance(pattern, str) and set(pattern) <= {"F", "S"}:
+            kinds = ["full" if c == "F" else "shared" for c in pattern]
+        else:
+            kinds = pattern
+    if kinds is None:
+        freq = _int(_first(cfg, "index_topk_freq", default=1), "index_topk_freq") or 1
+        kinds = ["full" if max(i - 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    if not (isinstance(kinds, list) and len(kinds) == layers and all(k in ("full", "shared") for k in kinds)):
+        raise ModelConfigError(f"indexer_types must list 'full' or 'shared' for each of the {layers} layers")
+    if kinds and kinds[0] != "full":
+        raise ModelConfigError(
+            "indexer_types: the first layer must have its own indexer ('full'): a shared layer "
+            "reuses an earlier full layer's selection"
+        )
+    return tuple(i for i, k in enumerate(kinds) if k == "shared")
 
 
 def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:

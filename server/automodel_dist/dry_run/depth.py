@@ -176,11 +176,17 @@ def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: 
         out["num_kv_shared_layers"] = max(0, shared - (before - layers))
     if isinstance(out.get("hybrid_override_pattern"), str):
         out["hybrid_override_pattern"] = out["hybrid_override_pattern"][:layers]
-    for key in ("layer_types", "layers_block_type", "hybrid_layer_pattern", "moe_layer_freq"):
+    # (GLM's glm_moe_dsa lists its MLP kinds and its IndexShare indexer kinds per layer)
+    per_layer = ("layer_types", "layers_block_type", "hybrid_layer_pattern", "moe_layer_freq", "mlp_layer_types")
+    for key in (*per_layer, "indexer_types"):
         if isinstance(out.get(key), list):
             out[key] = out[key][:layers]
     if moe_prefix_as_moe and isinstance(out.get("moe_layer_freq"), list):  # MiMo-V2-Flash's dense prefix
         out["moe_layer_freq"] = [1] * len(out["moe_layer_freq"])
+    if moe_prefix_as_moe and out.get("model_type") == "glm_moe_dsa":
+        # GLM's dense prefix: AutoModel's GlmMoeDsaConfig reads mlp_layer_types, and without it makes the first three
+        # layers dense whatever first_k_dense_replace says
+        out["mlp_layer_types"] = ["sparse"] * layers
     if moe_prefix_as_moe and out.get("first_k_dense_replace"):
         out["first_k_dense_replace"] = 0
     if moe_prefix_as_moe and out.get("moe_layer_start_index"):  # ERNIE-4.5's dense prefix

@@ -33,6 +33,7 @@ from ..media import (
 from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
+    DSA_KERNEL_STAND_INS,
     StackRecipe,
     backend_for,
     jsonable,
@@ -308,6 +309,13 @@ def plan_dry_run(
                 "shapes (stack/fla_gdn.py: build_cp_context, the CP causal conv1d with the previous rank's tail "
                 "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
                 "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
+            )
+    if spec.index_heads and w.attn_backend in ("tilelang", "cudnn") and not w.force_hf:
+        if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
+            blocking.append(
+                f"model.backend.attn {w.attn_backend} runs {spec.architecture}'s sparse attention through CUDA "
+                "kernels the dry run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's "
+                "class), and the dense fallback it would run instead holds a seq x seq mask per head: not measured"
             )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")

@@ -167,6 +167,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         # (stack/media.check_staged_images); first, as the model forwards below enclose it
         ":get_placeholder_mask": lambda t: True if t.dtype == torch.bool else None,
         "model_utils.py:_get_model_param_stats": 0.0,  # a parameter norm, only logged
+        # GLM-5.2's TileLang indexer asserts every query's key window is non-empty (it is: windows end past the query)
+        "glm_moe_dsa/kernels/indexer.py:generate_varlen_mask_params": lambda t: True if t.dtype == torch.bool else None,
         "rope_utils.py:forward": seq - 1,  # RoPE sizes its cos/sin cache from position_ids.max()
         "torch/nn/init.py:_no_grad_trunc_normal_": lambda t: False if t.dtype == torch.bool else 0.0,
         # a multimodal class looks for image / video tokens in the ids (a bool) before it takes a pipeline stage's
@@ -322,6 +324,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             )
         vocab = text_config.vocab_size
         shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
+        if spec.recipe.glm_dsa_kernels:
+            # a THD batch's packs fill the stream (one document each): AutoModel's padding mask reads the stream's
+            # end, its packs' total length
+            tokens = {rows * length for rows, length in shapes}
+            if len(tokens) == 1:
+                items["thd_utils.py:_thd_padding_mask"] = tokens.pop()
         batches = []
         for shape in shapes:
             if image is not None and image.processor in ("gemma3", "gemma4", "pixtral", "kimi"):
@@ -358,7 +366,10 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 )
                 continue
             ids = torch.randint(0, vocab, shape)
-            batches.append({"input_ids": ids, "labels": ids.clone()})
+            batch = {"input_ids": ids, "labels": ids.clone()}
+            if spec.recipe.glm_dsa_kernels:
+                batch |= thd_pack_fields(shape, fake_mode)
+            batches.append(batch)
         if image is not None and spec.media.images_per_sample == 0:
             rewrites.append("images: none (the recipe's data set is text-only): text batches through the VLM step")
         elif image is not None:
@@ -376,7 +387,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         if pp_enabled:
             step.configure_pipeline_loss(built)
         known = contextlib.ExitStack()
-        if spec.media is not None:
+        if spec.media is not None or spec.recipe.glm_dsa_kernels:  # (a THD batch's lengths decide shapes too)
             known.enter_context(media.known_inputs(fake_mode))
             if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
                 known.enter_context(media.known_rope_index(parts, fake_mode))
@@ -459,6 +470,25 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
     return out
 
 
+def thd_pack_fields(shape: tuple[int, int], fake_mode: Any) -> dict[str, Any]:
+    """The packing collate's THD fields for ``shape`` (packs x pack length), one document filling each pack, as known
+    values (AutoModel's sharder flattens them and reads the lengths; GLM-5.2's TileLang DSA runs on THD only)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    rows, length = shape
+    known = fake_mode.fake_tensor_converter
+    with unset_fake_temporarily():
+        fields = {
+            "position_ids": torch.arange(length).expand(rows, length).clone(),
+            "seq_lens": torch.full((rows, 1), length),
+            "seq_lens_padded": torch.full((rows, 1), length),
+        }
+    return {k: known.from_real_tensor(fake_mode, v, make_constant=True) for k, v in fields.items()} | {
+        "qkv_format": "thd"
+    }
+
+
 def run(spec: DryRunSpec) -> dict[str, Any]:
     phases = Phases()
     result: dict[str, Any] = {"rank": spec.rank, "status": "failed", "rewrites": []}
@@ -479,6 +509,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_te_attention()
         if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
+        if spec.recipe.glm_dsa_kernels:
+            shims.install_glm_dsa()  # GLM-5.2's DSA Functions look their TileLang kernels up at each call
         if spec.recipe.mamba_ssm:
             # AutoModel's Mamba-2 mixers import mamba_ssm's kernel in forward; transformers' bound theirs on import
             shims.install_mamba_ssd(transformers_class=spec.recipe.mamba_hf)

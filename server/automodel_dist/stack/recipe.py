@@ -21,6 +21,9 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
     "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
     "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
 }
+# AutoModel's classes whose DSA kernels for a backend.attn the dry run stands in (stack/glm_dsa.py), which it keeps
+# rather than run the dense attention it would fall back to (a seq x seq sparse mask per head)
+DSA_KERNEL_STAND_INS = {("GlmMoeDsaForCausalLM", "tilelang")}
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
 _TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
 _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -71,6 +74,12 @@ class StackRecipe(BaseModel):
         return (self.backend or {}).get("attn") == "te" or self.te_module
 
     @property
+    def glm_dsa_kernels(self) -> bool:
+        """Whether GLM-5.2's TileLang DSA kernels are stood in (backend.attn tilelang kept by backend_for for the one
+        class whose kernels stack/glm_dsa.py stands in)."""
+        return (self.backend or {}).get("attn") == "tilelang"
+
+    @property
     def steps_optimizer(self) -> bool:
         """Whether the step runs the optimizer's own step: the stand-in for TE's FusedAdam (a ``state_dtype``) holds
         its fp32 states, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates them in
@@ -107,7 +116,17 @@ def backend_for(
                 "output, log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
                 f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
             )
+    dsa_kernels = not values and (architecture, backend.get("attn")) in DSA_KERNEL_STAND_INS
+    if dsa_kernels:
+        out.append(
+            f"model.backend.attn: {backend['attn']} runs AutoModel's vendored TileLang DSA Functions (the lighting "
+            "indexer and sparse MLA, what they save for backward, the indexer's fp32 logits and top-k) with "
+            "stand-ins for their CUDA kernels (stack/glm_dsa.py: each kernel's outputs and its interface's "
+            "allocations); the kernels' own workspaces are not measured"
+        )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
+        if key == "attn" and dsa_kernels:
+            continue
         if backend.get(key) in cuda_only:
             if key == "dispatcher" and not values and backend[key] in LOCAL_DISPATCHERS:
                 out.append(

@@ -343,6 +343,28 @@ CUDA_STREAM = _register(
     ),
 )
 
+GLM_DSA = _register(
+    "glm_dsa_tilelang_kernels_stand_in",
+    "build",
+    "nemo_automodel.components.models.glm_moe_dsa.kernels (indexer.indexer_fwd_interface / indexer_bwd_interface, "
+    "sparse_mla.sparse_mla_fwd_interface / sparse_mla_bwd; stand-ins, stack/glm_dsa.py) and "
+    "optimized_kernels.HAS_TILELANG / _all_cuda",
+    "GLM-5.2's backend.attn tilelang runs the sparse attention through TileLang kernels AutoModel vendors (CUDA). The "
+    "stand-ins return what each kernel returns and allocate what its interface allocates; AutoModel's autograd "
+    "Functions around them (what they save for backward, the indexer's fp32 logits and top-k) run as written.",
+    lambda: (
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.kernels.indexer:indexer_fwd_interface"),
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.kernels.indexer:indexer_bwd_interface"),
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.kernels.sparse_mla:sparse_mla_fwd_interface"),
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.kernels.sparse_mla:sparse_mla_bwd"),
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.optimized_kernels:_all_cuda"),
+        _source_has(
+            "nemo_automodel.components.models.glm_moe_dsa.optimized_kernels:is_dsa_kernel_available",
+            "HAS_TILELANG",
+        )(),
+    ),
+)
+
 FLEX_ATTENTION = _register(
     "gemma4_cp_flex_attention_stand_in",
     "forward",
@@ -406,6 +428,15 @@ def install_fla_gdn() -> None:
     if fla_gdn.install():
         FLA_GDN.hits += 1
     fla_gdn.on_cp_context = FLA_CP.count
+
+
+def install_glm_dsa() -> None:
+    """Put the stand-ins for GLM-5.2's vendored TileLang DSA kernels in place (their Functions look them up per call);
+    their calls are counted."""
+    from . import glm_dsa
+
+    if glm_dsa.install():
+        glm_dsa.on_call = GLM_DSA.count
 
 
 def install_mamba_ssd(*, transformers_class: str | None = None) -> None:
@@ -1390,6 +1421,7 @@ __all__ = [
     "import_automodel",
     "install_te_attention",
     "install_fla_gdn",
+    "install_glm_dsa",
     "install_mamba_ssd",
     "install_compiled_activations",
     "liger_stand_in",

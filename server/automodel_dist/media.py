@@ -3,7 +3,7 @@ resize to a patch grid, the grid's patches and the placeholder tokens each image
 Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token), Gemma-3's (every
 image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens), Gemma-4's and Mistral3's Pixtral
 processor (resized within a longest edge to whole merge cells, a row break token after each row of placeholders) and
-Kimi-VL's (scaled within a patch limit, cut to whole merge cells). The estimate sizes the vision
+Kimi-VL's (scaled within a patch limit, padded to whole merge cells). The estimate sizes the vision
 tower's work from it and the dry run builds its batch from it; the tests hold ``smart_resize`` to transformers' own
 ``smart_resize``.
 
@@ -78,8 +78,8 @@ def is_pixtral_tower(cfg: Any) -> bool:
     )
 
 
-# the Kimi-VL image processor's defaults (KimiVLImageProcessor, the checkpoint's remote code): at most this many
-# patches an image, the image cut to whole merge cells (pad_input false)
+# Kimi-VL's image processor (KimiVLImageProcessor, the checkpoint's remote code) as its preprocessor_config.json sets
+# it (a public copy of a Kimi-VL-A3B-Instruct derivative's: in_token_limit 4,096, pad_input true, patch 14, merge 2 x 2)
 KIMI_IN_TOKEN_LIMIT = 4096
 
 
@@ -96,18 +96,18 @@ def is_kimi_vl_tower(cfg: Any) -> bool:
 
 
 def kimi_resize(
-    height: int, width: int, patch: int, merge: tuple[int, int], limit: int = KIMI_IN_TOKEN_LIMIT
+    height: int, width: int, patch: int, merge: tuple[int, int], limit: int = KIMI_IN_TOKEN_LIMIT, pad: bool = True
 ) -> tuple[int, int]:
     """The Kimi-VL processor's rescale: scaled down, its aspect ratio kept, when it has more than ``limit`` whole
-    patches, then cut (centre crop) to whole cells of merge x patch pixels, the grid the tower's patch merger takes."""
+    patches, then padded (bottom and right) to whole cells of merge x patch pixels, the grid the tower's patch merger
+    takes (``pad`` false: centre-cropped to whole patches instead, the class's own default)."""
     if (width // patch) * (height // patch) > limit:
         scale = math.sqrt(limit / ((width // patch) * (height // patch)))
         width, height = int(width * scale), int(height * scale)
+    if not pad:
+        return height - height % patch, width - width % patch
     cell_h, cell_w = merge[0] * patch, merge[1] * patch
-    height, width = height - height % cell_h, width - width % cell_w
-    if height == 0 or width == 0:
-        raise ValueError(f"the image is smaller than one {cell_h} x {cell_w} merge cell of Kimi-VL's tower")
-    return height, width
+    return -(-height // cell_h) * cell_h, -(-width // cell_w) * cell_w
 
 
 def pixtral_resize(height: int, width: int, cell: int, longest_edge: int = PIXTRAL_LONGEST_EDGE) -> tuple[int, int]:
@@ -235,8 +235,8 @@ def pixtral_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeomet
 
 
 def kimi_vl_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeometry:
-    """One image as Kimi-VL's processor hands it over: within its patch limit, cut to whole merge cells, its patches
-    merged merge x merge into a placeholder token."""
+    """One image as Kimi-VL's processor hands it over: within its patch limit, padded to whole merge cells, its
+    patches merged merge x merge into a placeholder token."""
     vision = cfg["vision_config"]
     patch = int(vision.get("patch_size", 14))
     merge = vision.get("merge_kernel_size", [2, 2])

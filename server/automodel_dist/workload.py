@@ -105,6 +105,9 @@ class Workload:
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
     attn_implementation: str | None = None  # model.attn_implementation (None: AutoModel's default, flash or SDPA)
     packed: bool = False  # packed_sequence.packed_sequence_size > 0 (the LLM recipes' has_packed_sequence)
+    # the LLM recipe's batches are packed THD (AutoModel's DataloaderConfig.emits_thd: THD packing, the default
+    # packing_strategy, or packed_sequence_thd_collater named as the collate)
+    thd_batches: bool = False
     # packed_sequence.pack_size > 0 in the VLM recipe (its packing collates): pack_size, packing_ratio and
     # collate_max_length
     vlm_packing: VlmPacking | None = None
@@ -264,6 +267,12 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     facts["processor_pixels"] = tuple(v if is_positive_int(v) else None for v in bounds)
     if isinstance(collate := _get(recipe, "dataloader.collate_fn._target_"), str):
         facts["collate"] = _name(collate)
+    named = _get(recipe, "dataloader.collate_fn")
+    named = named if isinstance(named, str) else facts.get("collate")
+    strategy = _get(recipe, "packed_sequence.packing_strategy")
+    facts["thd_batches"] = (facts["packed"] and strategy != "neat") or (
+        isinstance(named, str) and _name(named) == "packed_sequence_thd_collater"
+    )
     for key in (
         "model.num_nextn_predict_layers",
         "model.text_config.num_nextn_predict_layers",

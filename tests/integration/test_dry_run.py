@@ -1235,8 +1235,8 @@ def test_a_mistral3_vlm_step_feeds_its_pixtral_images_with_their_sizes():
 
 @needs_automodel
 def test_a_kimi_vl_step_feeds_its_moonvit_patches_with_their_grids():
-    """Kimi-VL's processor scales the assumed 1,024 x 1,024 image within its 4,096 patches and cuts it to whole
-    28-pixel cells (896 x 896: 64 x 64 patches of 14, 1,024 placeholders): AutoModel's KimiVL class positions, attends
+    """Kimi-VL's processor scales the assumed 1,024 x 1,024 image within its 4,096 patches and pads it to whole
+    28-pixel cells (924 x 924: 66 x 66 patches of 14, 1,089 placeholders): AutoModel's KimiVL class positions, attends
     (its SDPA path, each image's block of the mask marked at the grids' known cumulative counts) and merges the
     flattened patches by the batch's image_grid_hws, and writes the projected features over the placeholders (a
     count that did not match would fail there); the tower runs (frozen), its projector trains, and the estimate
@@ -1247,8 +1247,9 @@ def test_a_kimi_vl_step_feeds_its_moonvit_patches_with_their_grids():
     report = dry_run(text, seq_len=2048, num_layers=2, world_size=2)
     rank = _only(report)
     assert report.status == "measured", (rank.error, rank.reason)
-    assert any("64 x 64 patch grid" in s and "1024 placeholder tokens" in s for s in report.substitutions)
-    assert any("Kimi-VL's processor" in a and "896 x 896" in a for a in report.assumed)
+    assert any("66 x 66 patch grid" in s and "1089 placeholder tokens" in s for s in report.substitutions)
+    assert any("Kimi-VL's processor" in a and "924 x 924" in a for a in report.assumed)
+    assert any("pixel_values in float32" in s for s in report.substitutions)  # the processor's, as kimi's collate
     spec = lookup("moonshotai/Kimi-VL-A3B-Instruct")
     assert report.params_total - report.params_trainable == spec.vision_params - spec.projector_params
     assert report.fits is None  # no verdict on an assumed image
@@ -1294,6 +1295,14 @@ def test_glm_5_2_tilelang_dsa_runs_automodels_functions_on_a_packed_thd_batch():
     assert rank.shim_hits.get("glm_dsa_tilelang_kernels_stand_in", 0) >= 3 + 5
     assert report.estimate is not None
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
+@needs_automodel
+def test_glm_5_2_tilelang_dsa_on_unpacked_batches_is_refused_as_automodel_refuses_it():
+    text = GLM52_DSA.format(attn="tilelang").split("packed_sequence:")[0]
+    report = dry_run(text, seq_len=1024, num_layers=5, world_size=8)
+    assert report.status != "measured"
+    assert any("packed THD batches only" in n for n in report.not_measured)
 
 
 @needs_automodel

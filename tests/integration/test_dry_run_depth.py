@@ -97,6 +97,12 @@ def test_plan_depth_uniform_prefix_and_pipeline():
     assert d is not None and d.layers_per_stage == (2, 2) and d.units == (3, 4) and d.target_units == 12
     assert d.layers == (12, 16) and "per stage" in d.notes[0]
     assert plan_depth(dataclasses.replace(l8, num_layers=3), read_dims({}, 8), 0) is None  # as shallow as a build
+    # GLM-5.2: 3 dense layers, then a period of four (three layers sharing an indexer, one with its own) that leaves a
+    # tail of three shared layers: both builds end with that tail, so the backward starts at the model's kind of layer
+    glm = lookup_model("zai-org/GLM-5.2")
+    d = plan_depth(glm, read_dims({"ep_size": 128}, 128), 0)
+    assert d is not None and d.prefix == 3 and d.period == 4 and d.layers == (10, 14)
+    assert d.units == (7, 11) and d.target_units == 75
 
 
 def test_plan_depth_uneven_stages_take_the_common_size():

@@ -788,6 +788,9 @@ def test_an_index_share_schedule_is_read_as_automodels_config_reads_it():
         i for i in range(78) if max(i - 1, 0) % 4
     )
     assert from_hf_config({**no_list, "index_topk_freq": 1}).index_shared_layers == ()
+    # a list with an entry past the layers (an MTP layer's): AutoModel reads the entry of each layer it builds
+    longer = from_hf_config({**cfg, "indexer_types": [*cfg["indexer_types"], "shared"]})
+    assert longer.index_shared_layers == lookup("zai-org/GLM-5.2").index_shared_layers
 
 
 @pytest.mark.parametrize("kinds", [["full"] * 77, ["shared"] + ["full"] * 77, ["full"] * 77 + ["partial"], "FS" * 39])
@@ -795,3 +798,12 @@ def test_an_index_share_schedule_the_spec_cannot_hold_is_refused(kinds):
     cfg = dict(lookup("zai-org/GLM-5.2").hf_config)
     with pytest.raises(ModelConfigError, match="indexer_types"):
         from_hf_config({**cfg, "indexer_types": kinds})
+
+
+def test_glm_5_2s_shallow_builds_repeat_its_index_share_period():
+    """The dry run's shallow builds extrapolate per period of layer kinds: GLM-5.2's shared-index layers are a kind of
+    their own (no indexer), so its period after the dense prefix is four layers, not one."""
+    from automodel_dist.dry_run.depth import layer_kinds
+
+    kinds = layer_kinds(lookup("zai-org/GLM-5.2"))
+    assert period_of(kinds[3:]) == 4 and period_of(layer_kinds(lookup("zai-org/GLM-5.1"))[3:]) == 1

@@ -14,25 +14,26 @@ from automodel_dist.catalog.models import from_hf_config, lookup
 KIMI = "moonshotai/Kimi-VL-A3B-Instruct"
 
 
-def test_the_assumed_image_is_scaled_within_the_patch_limit_and_cut_to_merge_cells() -> None:
-    """1,024 x 1,024 has 73 x 73 = 5,329 whole 14-pixel patches, over the class's 4,096: scaled by sqrt(4096 / 5329)
-    to 897 x 897, then cut to whole 28-pixel cells, 896 x 896: a 64 x 64 grid, 1,024 placeholder tokens."""
+def test_the_assumed_image_is_scaled_within_the_patch_limit_and_padded_to_merge_cells() -> None:
+    """1,024 x 1,024 has 73 x 73 = 5,329 whole 14-pixel patches, over the checkpoint's 4,096: scaled by
+    sqrt(4096 / 5329) to 897 x 897, then padded to whole 28-pixel cells, 924 x 924: a 66 x 66 grid, 1,089
+    placeholder tokens."""
     image = media.vlm_image(lookup(KIMI).hf_config, (1024, 1024), (None, None))
     assert image is not None and image.processor == "kimi"
-    assert image.pixels == (896, 896) and image.grid == (1, 64, 64) and image.tokens == 1024
-    assert media.kimi_resize(500, 300, 14, (2, 2)) == (476, 280)  # within the limit: cut only
+    assert image.pixels == (924, 924) and image.grid == (1, 66, 66) and image.tokens == 1089
+    assert media.kimi_resize(500, 300, 14, (2, 2)) == (504, 308)  # within the limit: padded only
+    assert media.kimi_resize(500, 300, 14, (2, 2), pad=False) == (490, 294)  # the class's own default: cropped
 
 
 @settings(max_examples=200, deadline=None)
 @given(height=st.integers(28, 4000), width=st.integers(28, 4000))
-def test_every_grid_is_whole_merge_cells_of_an_image_no_larger_than_its_source(height: int, width: int) -> None:
+def test_every_grid_is_whole_merge_cells_padding_the_scaled_image(height: int, width: int) -> None:
     h, w = media.kimi_resize(height, width, 14, (2, 2))
-    assert h % 28 == 0 and w % 28 == 0 and 0 < h <= height and 0 < w <= width
-    if (height // 14) * (width // 14) <= media.KIMI_IN_TOKEN_LIMIT:
-        assert (h, w) == (height - height % 28, width - width % 28)
-    else:  # scaled down, its aspect ratio kept to within a cell on either side
-        assert (h // 14) * (w // 14) <= media.KIMI_IN_TOKEN_LIMIT * 1.2
-        assert abs(h / w - height / width) <= 28 / min(h, w) * (1 + height / width) + 1e-9
+    assert h % 28 == 0 and w % 28 == 0
+    over = (height // 14) * (width // 14) > media.KIMI_IN_TOKEN_LIMIT
+    scale = (media.KIMI_IN_TOKEN_LIMIT / ((height // 14) * (width // 14))) ** 0.5 if over else 1.0
+    # the padding is less than a cell on each side of the (scaled) image
+    assert 0 <= h - int(height * scale) < 28 and 0 <= w - int(width * scale) < 28
 
 
 def test_the_tower_and_projector_are_counted_as_automodels_classes_build_them() -> None:

@@ -960,8 +960,10 @@ def _index_shared_layers(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
     if kinds is None:
         freq = _int(_first(cfg, "index_topk_freq", default=1), "index_topk_freq") or 1
         kinds = ["full" if max(i - 1, 0) % freq == 0 else "shared" for i in range(layers)]
-    if not (isinstance(kinds, list) and len(kinds) == layers and all(k in ("full", "shared") for k in kinds)):
+    # (AutoModel reads the entry of each layer it builds: a longer list, one for an MTP layer, is taken as far as that)
+    if not (isinstance(kinds, list) and len(kinds) >= layers and all(k in ("full", "shared") for k in kinds)):
         raise ModelConfigError(f"indexer_types must list 'full' or 'shared' for each of the {layers} layers")
+    kinds = kinds[:layers]
     if kinds and kinds[0] != "full":
         raise ModelConfigError(
             "indexer_types: the first layer must have its own indexer ('full'): a shared layer "

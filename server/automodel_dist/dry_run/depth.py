@@ -42,7 +42,7 @@ class Depth:
     period: int
     prefix: int  # leading layers of another kind, kept whole (0 under PP: they are built as the repeating kind)
     layers: tuple[int, int]  # num_hidden_layers of the two builds
-    units: tuple[int, int]  # repeating units on the measured rank in each build
+    units: tuple[int, int]  # repeating units (without PP: layers past the prefix) on the measured rank in each build
     target_units: float  # ... and at full depth
     # the units at which every rank's builds hold the whole model (the parameter count's line; a pipeline rank's
     # target_units hold its own layers, pp x those where the stages are uneven is not the model)
@@ -53,11 +53,13 @@ class Depth:
 
 def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
     """Per layer: (mixer, attention kind, MLP kind), the three things that make layers differ in memory (a KV-shared
-    layer's attention, and its MLP where double-wide, are kinds of their own)."""
+    layer's attention, and its MLP where double-wide, are kinds of their own, as is a layer that reuses an earlier
+    layer's DSA indexer selection)."""
     out = []
     for i in range(spec.num_layers):
         mixer = spec.layer_types[i] if i < len(spec.layer_types) else "attention"
         attn = spec.attention_kind(i) + ("/kv-shared" if spec.kv_shared(i) else "")
+        attn += "/index-shared" if i in spec.index_shared_layers else ""  # (GLM-5.2: no indexer of its own)
         mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
         out.append((mixer, attn, mlp))
     return out
@@ -108,16 +110,19 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
     if period is None:
         return None
     n1 = max(1, math.ceil(MIN_LAYERS / period))
-    target = (L - prefix) / period
-    built = (prefix + n1 * period, prefix + (n1 + 1) * period)
-    if target <= n1 + 1 or _whole_is_no_more_work(*built, L):
+    # both builds end as the model does: its last part-period (the layers a whole number of periods leaves) follows
+    # their periods, so the backward starts at the same kind of layer (GLM-5.2's last three layers share an indexer);
+    # the line runs through the layers past the prefix, a period apart
+    tail = (L - prefix) % period
+    built = (prefix + n1 * period + tail, prefix + (n1 + 1) * period + tail)
+    if (L - prefix) // period <= n1 + 1 or _whole_is_no_more_work(*built, L):
         return None
     return Depth(
         period=period,
         prefix=prefix,
         layers=built,
-        units=(n1, n1 + 1),
-        target_units=target,
+        units=(built[0] - prefix, built[1] - prefix),
+        target_units=float(L - prefix),
         notes=(f"built with {built[0]} and {built[1]} of the model's {L} layers",),
     )
 

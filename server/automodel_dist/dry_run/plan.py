@@ -192,8 +192,12 @@ def plan_dry_run(
                 images_per_sample=0 if text_only else IMAGES_PER_SAMPLE,
                 min_pixels=low,
                 max_pixels=high,
-                # (the Qwen2.5-VL and Kimi-VL processors hand over fp32 pixels; the model casts them to its dtype)
-                pixel_dtype="float32" if w.collate in ("qwen2_5_collate_fn", "kimi_vl_collate_fn") else "bfloat16",
+                # (the Qwen2.5-VL and Kimi-VL collates hand the processor's fp32 pixels on, the model casts them to its
+                # dtype; AutoModel picks Kimi-VL's by its processor where the recipe names none)
+                pixel_dtype="float32"
+                if w.collate in ("qwen2_5_collate_fn", "kimi_vl_collate_fn")
+                or (w.collate is None and is_kimi_vl_tower(cfg))
+                else "bfloat16",
             )
             bounds = (
                 f"the recipe's processor bounds ({low or 'default'}..{high or 'default'} pixels)"
@@ -233,10 +237,11 @@ def plan_dry_run(
             elif image.processor == "kimi":
                 assumed.append(
                     f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), scaled by "
-                    f"Kimi-VL's processor, its aspect ratio kept, within the processor class's {KIMI_IN_TOKEN_LIMIT:,} "
-                    f"patches and cut to whole {image.patch_size * image.merge}-pixel merge cells (pad_input false, "
-                    f"its default; the checkpoint's preprocessor_config.json is not read): {image.pixels[0]} x "
-                    f"{image.pixels[1]}, {image.tokens} placeholder tokens inside the {seq}-token sequence"
+                    f"Kimi-VL's processor, its aspect ratio kept, within {KIMI_IN_TOKEN_LIMIT:,} patches and padded to "
+                    f"whole {image.patch_size * image.merge}-pixel merge cells (in_token_limit and pad_input as a "
+                    "public copy of the checkpoint's preprocessor_config.json sets them; the file itself is not "
+                    f"read): {image.pixels[0]} x {image.pixels[1]}, {image.tokens} placeholder tokens inside the "
+                    f"{seq}-token sequence"
                 )
             elif image.processor == "gemma4":
                 assumed.append(
@@ -313,9 +318,17 @@ def plan_dry_run(
     if spec.index_heads and w.attn_backend in ("tilelang", "cudnn") and not w.force_hf:
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
-                f"model.backend.attn {w.attn_backend} runs {spec.architecture}'s sparse attention through CUDA "
-                "kernels the dry run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's "
-                "class), and the dense fallback it would run instead holds a seq x seq mask per head: not measured"
+                f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
+                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's class), where the "
+                "class takes that backend at all; running the dense attention instead would hold a seq x seq mask "
+                "per head: not measured"
+            )
+        elif not w.thd_batches:
+            blocking.append(
+                f"model.backend.attn {w.attn_backend} on {spec.architecture} runs on packed THD batches only, and this "
+                "recipe's are not (no packed_sequence.packed_sequence_size with THD packing, nor "
+                "packed_sequence_thd_collater): AutoModel raises 'TileLang DSA indexer requires THD/packed "
+                "sequences' in the first forward: not measured"
             )
     if d.strategy in ("megatron_fsdp",):
         blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
@@ -444,6 +457,7 @@ def plan_dry_run(
         mamba_ssm=mamba_ssm,
         mamba_hf=mamba_hf,
         te_module=te_module,
+        thd_batches=w.thd_batches,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,
         freeze_config=w.freeze_config if ctx.kind.recipe in FREEZE_CONFIG_RECIPES or media is not None else None,

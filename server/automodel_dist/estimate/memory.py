@@ -711,6 +711,8 @@ def _act_per_token(
         # interleaved) it brings the estimate from -40% to +3%; at PP 2 with 8 layers it accounts for 2.1 of the
         # 5.4 GiB V3.2 keeps above V3; without PP the dry run measures V3.2's blocks keeping what V3's keep.
         indexer = 8.0 * m.index_heads * m.index_head_dim + 12.0 * min(m.index_topk, tr.seq_len)
+        # (averaged over the layers: one that reuses an earlier layer's selection runs no indexer, GLM-5.2's IndexShare)
+        indexer *= 1 - len(m.index_shared_layers) / m.num_layers
     return saved * scale + indexer, plain
 
 

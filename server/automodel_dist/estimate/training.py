@@ -248,8 +248,8 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         image = kimi_vl_image(spec.hf_config or {}, px)
         read.append(
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
-            f"sequence cut by Kimi-VL's processor to {image.pixels[0]} x {image.pixels[1]} (within its "
-            f"{KIMI_IN_TOKEN_LIMIT:,} patches; {image.tokens} of the sequence's tokens)"
+            f"sequence scaled by Kimi-VL's processor within {KIMI_IN_TOKEN_LIMIT:,} patches and padded to "
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)"
             + (
                 ", its tower trained: its activations not sized"
                 if w.train_towers and w.peft is None

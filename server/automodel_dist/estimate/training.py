@@ -200,6 +200,13 @@ def training_for(
     return WorkloadTerms(prec, tr, tuple(read))
 
 
+def _tower_state(w: Workload) -> str:
+    """How the VLM step line ends for a tower whose activations the estimate does not size."""
+    if w.train_towers and w.peft is None:
+        return ", its tower trained: its activations not sized"
+    return ", its tower frozen (no activations kept)"
+
+
 def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     """The VLM step's terms: its kept logits, and a Qwen-VL tower's patches for the assumed image (media.py)."""
     if not w.vlm_step:
@@ -223,12 +230,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         image = gemma3_image(spec.hf_config or {})
         read.append(
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} image a sequence resized to "
-            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)"
-            + (
-                ", its tower trained: its activations not sized"
-                if w.train_towers and w.peft is None
-                else ", its tower frozen (no activations kept)"
-            )
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)" + _tower_state(w)
         )
         return out
     if is_pixtral_tower(spec.hf_config):
@@ -236,12 +238,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         read.append(
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
             f"sequence resized by Mistral3's Pixtral processor to {image.pixels[0]} x {image.pixels[1]} "
-            f"({image.sequence_tokens} of the sequence's tokens, row breaks included)"
-            + (
-                ", its tower trained: its activations not sized"
-                if w.train_towers and w.peft is None
-                else ", its tower frozen (no activations kept)"
-            )
+            f"({image.sequence_tokens} of the sequence's tokens, row breaks included)" + _tower_state(w)
         )
         return out
     if is_kimi_vl_tower(spec.hf_config):
@@ -249,12 +246,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         read.append(
             f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
             f"sequence scaled by Kimi-VL's processor within {KIMI_IN_TOKEN_LIMIT:,} patches and padded to "
-            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)"
-            + (
-                ", its tower trained: its activations not sized"
-                if w.train_towers and w.peft is None
-                else ", its tower frozen (no activations kept)"
-            )
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)" + _tower_state(w)
         )
         return out
     if not is_qwen_tower(vision):

@@ -324,7 +324,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             )
         vocab = text_config.vocab_size
         shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
-        if spec.recipe.thd_batches and spec.recipe.glm_dsa_kernels:
+        if spec.recipe.thd_dsa_batches:
             # a THD batch's packs fill the stream (one document each): AutoModel's padding mask reads the stream's
             # end, its packs' total length
             tokens = {rows * length for rows, length in shapes}
@@ -367,7 +367,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 continue
             ids = torch.randint(0, vocab, shape)
             batch = {"input_ids": ids, "labels": ids.clone()}
-            if spec.recipe.thd_batches and spec.recipe.glm_dsa_kernels:
+            if spec.recipe.thd_dsa_batches:
                 batch |= thd_pack_fields(shape, fake_mode)
             batches.append(batch)
         if image is not None and spec.media.images_per_sample == 0:
@@ -387,7 +387,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         if pp_enabled:
             step.configure_pipeline_loss(built)
         known = contextlib.ExitStack()
-        if spec.media is not None or (spec.recipe.thd_batches and spec.recipe.glm_dsa_kernels):  # (THD lengths too)
+        if spec.media is not None or spec.recipe.thd_dsa_batches:  # (THD lengths too)
             known.enter_context(media.known_inputs(fake_mode))
             if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
                 known.enter_context(media.known_rope_index(parts, fake_mode))

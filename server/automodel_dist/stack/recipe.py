@@ -81,6 +81,12 @@ class StackRecipe(BaseModel):
         return (self.backend or {}).get("attn") == "tilelang"
 
     @property
+    def thd_dsa_batches(self) -> bool:
+        """Whether the dry run hands the packing collate's THD fields (GLM-5.2's TileLang DSA runs on THD only; the
+        other recipes' packed batches are measured as their unpacked equivalent)."""
+        return self.thd_batches and self.glm_dsa_kernels
+
+    @property
     def steps_optimizer(self) -> bool:
         """Whether the step runs the optimizer's own step: the stand-in for TE's FusedAdam (a ``state_dtype``) holds
         its fp32 states, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates them in

@@ -10,20 +10,7 @@ from typing import Any
 from ..catalog.implementations import builds_own_class
 from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
 from ..catalog.models import ModelSpec
-from ..media import (
-    FAKE_IMAGE_PX,
-    IMAGE_PX,
-    IMAGES_PER_SAMPLE,
-    KIMI_IN_TOKEN_LIMIT,
-    gemma3_image,
-    is_gemma3_tower,
-    is_kimi_vl_tower,
-    is_pixtral_tower,
-    is_qwen_tower,
-    kimi_vl_image,
-    pixtral_image,
-    qwen_image,
-)
+from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, KIMI_IN_TOKEN_LIMIT, ImageGeometry, vlm_image
 from ..vlm_packing import recipe_fill_note
 from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
@@ -207,6 +194,26 @@ def _tower_state(w: Workload) -> str:
     return ", its tower frozen (no activations kept)"
 
 
+def _resized(image: ImageGeometry, px: tuple[int, int]) -> str:
+    """The VLM step line's account of one image as a Gemma-3, Pixtral or Kimi-VL processor resizes it."""
+    if image.processor == "gemma3":
+        return (
+            f"{IMAGES_PER_SAMPLE} image a sequence resized to {image.pixels[0]} x {image.pixels[1]} "
+            f"({image.tokens} of the sequence's tokens)"
+        )
+    if image.processor == "pixtral":
+        return (
+            f"{IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a sequence resized by Mistral3's Pixtral processor to "
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.sequence_tokens} of the sequence's tokens, row breaks "
+            "included)"
+        )
+    return (
+        f"{IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a sequence scaled by Kimi-VL's processor within "
+        f"{KIMI_IN_TOKEN_LIMIT:,} patches and padded to {image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the "
+        "sequence's tokens)"
+    )
+
+
 def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     """The VLM step's terms: its kept logits, and a Qwen-VL tower's patches for the assumed image (media.py)."""
     if not w.vlm_step:
@@ -226,33 +233,13 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
         )
     px = FAKE_IMAGE_PX if w.fake_images is not None else IMAGE_PX
     vision = (spec.hf_config or {}).get("vision_config")
-    if is_gemma3_tower(spec.hf_config):
-        image = gemma3_image(spec.hf_config or {})
-        read.append(
-            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} image a sequence resized to "
-            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)" + _tower_state(w)
-        )
+    image = vlm_image(spec.hf_config or {}, px, w.processor_pixels)
+    if image is not None and image.processor in ("gemma3", "pixtral", "kimi"):  # a frozen tower's image, sized
+        read.append(f"VLM step: the model's logits kept through backward; {_resized(image, px)}" + _tower_state(w))
         return out
-    if is_pixtral_tower(spec.hf_config):
-        image = pixtral_image(spec.hf_config or {}, px)
-        read.append(
-            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
-            f"sequence resized by Mistral3's Pixtral processor to {image.pixels[0]} x {image.pixels[1]} "
-            f"({image.sequence_tokens} of the sequence's tokens, row breaks included)" + _tower_state(w)
-        )
-        return out
-    if is_kimi_vl_tower(spec.hf_config):
-        image = kimi_vl_image(spec.hf_config or {}, px)
-        read.append(
-            f"VLM step: the model's logits kept through backward; {IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a "
-            f"sequence scaled by Kimi-VL's processor within {KIMI_IN_TOKEN_LIMIT:,} patches and padded to "
-            f"{image.pixels[0]} x {image.pixels[1]} ({image.tokens} of the sequence's tokens)" + _tower_state(w)
-        )
-        return out
-    if not is_qwen_tower(vision):
+    if image is None or image.processor != "qwen":
         read.append("VLM step: the model's logits kept through backward; its images' tower activations not sized")
         return out
-    image = qwen_image(vision, px, w.processor_pixels)
     h, inter = int(vision["hidden_size"]), int(vision["intermediate_size"])
     gated = "fullatt_block_indexes" in vision  # Qwen2.5-VL's SwiGLU keeps one more intermediate tensor
     sharding = w.frame_sharding

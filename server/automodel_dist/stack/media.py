@@ -74,6 +74,16 @@ def _ids_with_images(
     return ids, kinds, labels
 
 
+def _text(fake_mode: Any, ids: Any, labels: Any) -> dict[str, Any]:
+    """A batch's real ids as known values (they decide where the images go) and its labels as fake tensors (the loss
+    reads no value of them)."""
+    known = fake_mode.fake_tensor_converter
+    return {
+        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
+        "labels": known.from_real_tensor(fake_mode, labels),
+    }
+
+
 def qwen_batch(
     part: Any,
     hf_config: Any,
@@ -123,13 +133,9 @@ def qwen_batch(
             positions = owner.get_rope_index(ids, kinds, image_grid_thw=grids)[0]
     known = fake_mode.fake_tensor_converter
     if not images_per_sample:  # text-only data: the collate hands over no pixels
-        return {
-            "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-            "labels": known.from_real_tensor(fake_mode, labels),
-        }
+        return _text(fake_mode, ids, labels)
     out = {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),  # fake: the loss reads no value of it
+        **_text(fake_mode, ids, labels),
         "mm_token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
         "image_grid_thw": known.from_real_tensor(fake_mode, grids, make_constant=True),
         "pixel_values": torch.empty(
@@ -182,10 +188,7 @@ def gemma_batch(
             kinds_dtype=torch.int64,
             what=f"{image.tokens} tokens",
         )
-    out = {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),
-    }
+    out = _text(fake_mode, ids, labels)
     kinds = known.from_real_tensor(fake_mode, kinds, make_constant=True)
     if not images:  # text-only data: the collate hands over no pixels
         return {**out, "token_type_ids" if image.processor == "gemma3" else "mm_token_type_ids": kinds}
@@ -249,10 +252,7 @@ def pixtral_batch(
             what=f"{image.tokens} tokens and {breaks} row breaks",
         )
         sizes = torch.tensor([list(image.pixels)] * images, dtype=torch.int64)
-    out = {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),
-    }
+    out = _text(fake_mode, ids, labels)
     if not images:  # text-only data: the collate hands over no pixels
         return out
     height, width = image.pixels
@@ -301,10 +301,7 @@ def kimi_vl_batch(
             what=f"{image.tokens} tokens ({image.grid[1]}x{image.grid[2]} patches)",
         )
         grids = torch.tensor([list(image.grid[1:])] * images, dtype=torch.int64)
-    out = {
-        "input_ids": known.from_real_tensor(fake_mode, ids, make_constant=True),
-        "labels": known.from_real_tensor(fake_mode, labels),
-    }
+    out = _text(fake_mode, ids, labels)
     if not images:  # text-only data: the collate hands over no pixels
         return out
     patch = image.patch_size

@@ -95,6 +95,16 @@ def is_kimi_vl_tower(cfg: Any) -> bool:
     )
 
 
+def moonvit_merge(vision: dict[str, Any]) -> tuple[int, int]:
+    """MoonViT's merge kernel (patches merged into one token along each side), MoonViTConfig's default [2, 2]; a
+    malformed one is refused (AutoModel's projector could not be built from it)."""
+    merge = vision.get("merge_kernel_size", [2, 2])
+    if isinstance(merge, (list, tuple)) and len(merge) == 2:
+        if all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 64 for v in merge):
+            return int(merge[0]), int(merge[1])
+    raise ValueError(f"vision_config.merge_kernel_size must be two integers in [1, 64], got {merge!r}")
+
+
 def kimi_resize(
     height: int, width: int, patch: int, merge: tuple[int, int], limit: int = KIMI_IN_TOKEN_LIMIT, pad: bool = True
 ) -> tuple[int, int]:
@@ -239,11 +249,11 @@ def kimi_vl_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeomet
     patches merged merge x merge into a placeholder token."""
     vision = cfg["vision_config"]
     patch = int(vision.get("patch_size", 14))
-    merge = vision.get("merge_kernel_size", [2, 2])
-    if not (isinstance(merge, list) and len(merge) == 2 and merge[0] == merge[1]):
-        raise ValueError(f"Kimi-VL's merge_kernel_size {merge!r}: only a square merge is sized")
-    h, w = kimi_resize(image_px[0], image_px[1], patch, (int(merge[0]), int(merge[1])))
-    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=int(merge[0]), processor="kimi")
+    merge = moonvit_merge(vision)
+    if merge[0] != merge[1]:
+        raise ValueError(f"Kimi-VL's merge_kernel_size {list(merge)!r}: only a square merge is sized")
+    h, w = kimi_resize(image_px[0], image_px[1], patch, merge)
+    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge[0], processor="kimi")
 
 
 def vlm_image(
@@ -282,6 +292,7 @@ __all__ = [
     "KIMI_IN_TOKEN_LIMIT",
     "kimi_resize",
     "kimi_vl_image",
+    "moonvit_merge",
     "pixtral_image",
     "pixtral_resize",
     "qwen_image",

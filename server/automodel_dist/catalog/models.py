@@ -19,6 +19,7 @@ from typing import Any
 
 from ..config.files import is_file
 from ..config.values import clip
+from ..media import moonvit_merge
 
 
 @dataclass(frozen=True)
@@ -653,12 +654,11 @@ def _qwen_or_siglip_tower(
 
 
 def _moonvit_merge(cfg: dict[str, Any]) -> tuple[int, int]:
-    """MoonViT's merge kernel (patches merged into one token along each side); a malformed one is refused (AutoModel's
-    projector could not be built from it)."""
-    merge = cfg.get("merge_kernel_size", [2, 2])  # MoonViTConfig's default
-    if isinstance(merge, (list, tuple)) and len(merge) == 2 and all(is_int(v) and 0 < v <= 64 for v in merge):
-        return int(merge[0]), int(merge[1])
-    raise ModelConfigError(f"vision_config.merge_kernel_size must be two integers in [1, 64], got {merge!r}")
+    """MoonViT's merge kernel as media.moonvit_merge reads it, a malformed one refused as a config error."""
+    try:
+        return moonvit_merge(cfg)
+    except ValueError as exc:
+        raise ModelConfigError(str(exc)) from None
 
 
 def _kimi_vl_projector(vision: dict[str, Any], text_hidden: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from automodel_dist.catalog.sources import resolve_model as lookup_model
 from automodel_dist.dims import read_dims
 from automodel_dist.dry_run import dry_run, missing_packages
 from automodel_dist.dry_run.depth import (
+    built_kinds,
     extrapolate_splits,
     layer_kinds,
     line,
@@ -24,6 +26,7 @@ from automodel_dist.dry_run.depth import (
     truncated_config,
 )
 from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.estimate.memory import peak_candidate_pp_ranks
 from automodel_dist.layout import stage_ids, stage_layer_counts
 from automodel_dist.request import Request
 from support.paths import ROOT
@@ -196,6 +199,107 @@ def test_the_plan_measures_the_pipeline_ranks_where_the_peak_can_fall():
     assert ranks("deepseek-ai/DeepSeek-V3", pp16, 128) == [0, 8, 120]
     zbv = "distributed:\n  pp_size: 4\n  pipeline:\n    pp_schedule: zbvzerobubble\n"
     assert ranks("meta-llama/Llama-3.1-8B", zbv, 32) == [0, 8, 16, 24]  # V schedules: every rank
+
+
+def test_a_dense_prefix_built_as_moe_leaves_the_dominated_pipeline_ranks_out():
+    """GLM-5's benchmark recipe (PP 4 interleaved, 2 layers a stage, 40 stages): on the whole model rank 1's first
+    stage holds a dense layer of the prefix where rank 2's holds a MoE one, so neither dominates; every rank past the
+    first is built shallow with the prefix as MoE, where rank 1 holds at least rank 2's layers (its last stage has
+    one layer) and runs more forwards first. Built whole (--full-depth) every stage position is measured."""
+    block = (
+        "distributed:\n  pp_size: 4\n  ep_size: 32\n  activation_checkpointing: true\n  pipeline:\n"
+        "    pp_schedule: interleaved1f1b\n    pp_microbatch_size: 1\n    round_virtual_stages_to_pp_multiple: up\n"
+        "    layers_per_stage: 2\nstep_scheduler:\n  local_batch_size: 4\n  global_batch_size: 512\n"
+    )
+
+    def request() -> Request:
+        return Request.of(block, world_size=128, model="zai-org/GLM-5", seq_len=4096)
+
+    plan = plan_dry_run(request())
+    assert [s.rank for s in plan.specs] == [0, 32, 96] and all(s.builds for s in plan.specs)
+    assert any("the first 3 dense layers counted as MoE" in n for n in plan.notes)
+    spec = lookup_model("zai-org/GLM-5")
+    dims = plan.dims
+    assert built_kinds(spec, dims).first_dense_layers == 0 and spec.first_dense_layers == 3
+    assert peak_candidate_pp_ranks(spec, dims) == [0, 1, 2, 3]  # the estimate's search, on the whole model
+    assert [s.rank for s in plan_dry_run(request(), full_depth=True).specs] == [0, 32, 64, 96]
+    # a layer of another attention kind, or a rank built whole, keeps the model's own kinds
+    assert built_kinds(dataclasses.replace(spec, index_shared_layers=(5,)), dims).first_dense_layers == 3
+    assert built_kinds(dataclasses.replace(spec, num_layers=28), dims).first_dense_layers == 3  # 4 stages a rank
+
+
+def _tiny_glm5(tmp_path) -> str:
+    """A GLM-5-shaped recipe at toy width: 3 dense layers then 61 MoE ones, PP 4 interleaved at 2 layers a stage
+    (8 stages a rank, built 3 and 4), EP 2, AutoModel's own class."""
+    cfg = hf_config(lookup_model("zai-org/GLM-5"))
+    cfg.update(
+        num_hidden_layers=64,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        q_lora_rank=128,
+        qk_rope_head_dim=32,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        vocab_size=1024,
+        index_topk=64,
+        index_head_dim=32,
+        index_n_heads=4,
+    )
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
+    recipe = tmp_path / "tiny_glm5.yaml"
+    recipe.write_text(
+        f"""model:
+  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_config
+  config:
+    _target_: transformers.AutoConfig.from_pretrained
+    pretrained_model_name_or_path: {tmp_path / "model"}
+  backend:
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: sdpa
+    linear: torch
+    rms_norm: torch
+    experts: torch_mm
+    dispatcher: torch
+    fake_balanced_gate: true
+step_scheduler:
+  local_batch_size: 4
+distributed:
+  pp_size: 4
+  ep_size: 2
+  activation_checkpointing: true
+  pipeline:
+    pp_schedule: interleaved1f1b
+    pp_microbatch_size: 1
+    layers_per_stage: 2
+    patch_inner_model: false
+    patch_causal_lm_model: false
+"""
+    )
+    return str(recipe)
+
+
+@pytest.mark.slow
+@needs_automodel
+def test_the_pipeline_rank_left_out_peaks_no_higher_than_its_dominator(tmp_path):
+    """The oracle for built_kinds: the toy GLM-5 measured on every stage position; the one the plan leaves out (rank
+    2's position) peaks no higher than rank 1's, so the plan's ranks hold the peak."""
+    recipe = _tiny_glm5(tmp_path)
+    kw = dict(world_size=8, seq_len=256)
+    plan = plan_dry_run(Request.of(Path(recipe), **kw))
+    assert [s.rank for s in plan.specs] == [0, 2, 6]
+    report = dry_run(Path(recipe), ranks=[0, 2, 4, 6], **kw)
+    assert report.status == "measured", [(r.error, r.reason) for r in report.ranks]
+    peak = {r.rank: r.peak_allocated_gib for r in report.ranks}
+    assert all(r.builds for r in report.ranks)
+    assert peak[4] <= peak[2] * (1 + 1e-6)
+    assert max(peak[r] for r in (0, 2, 6)) == max(peak.values())
 
 
 def test_the_plan_builds_each_rank_twice_and_says_so():

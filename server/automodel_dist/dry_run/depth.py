@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..catalog.models import ModelSpec, period_of
@@ -125,6 +125,28 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         target_units=float(L - prefix),
         notes=(f"built with {built[0]} and {built[1]} of the model's {L} layers",),
     )
+
+
+def built_kinds(spec: ModelSpec, dims: ParallelDims) -> ModelSpec:
+    """The model as the shallow pipeline builds hold it on the ranks from 1 on, for choosing the ranks where the peak
+    can fall: its dense prefix as MoE layers (``truncated_config(moe_prefix_as_moe=True)``) where its layers differ in
+    nothing else (one mixer, one attention kind) and every such rank is built shallow, else ``spec``.
+
+    Every stage of such a shallow build holds the same layers, so two ranks from 1 on hold the same layers in each
+    build, and the lower one runs no fewer forwards before its first backward, with the same receive
+    buffers: each build of the higher rank holds no more at any point of the schedule. Where the lower rank also
+    holds at least the higher one's layers of every kind at full depth, the prefix counted as MoE (what
+    ``peak_candidate_pp_ranks`` asks of this model), the higher rank's line through its builds is read at no more
+    layers than the lower one's, so its figure comes out no higher and it need not be measured. (On the whole model
+    a rank holding a dense layer of the prefix does not dominate one holding a MoE layer in its place, so without this
+    a DeepSeek-like model measures every pipeline rank.)"""
+    if dims.pp <= 1 or not spec.first_dense_layers or spec.layer_types:
+        return spec
+    if len({spec.attention_kind(i) for i in range(spec.num_layers)}) > 1 or spec.index_shared_layers:
+        return spec
+    if any(plan_depth(spec, dims, r) is None for r in range(1, dims.pp)):
+        return spec
+    return replace(spec, first_dense_layers=0)
 
 
 MIN_STAGES = 3  # at least torch's MAX_ACTIVE_STAGES gathered stages in the shallower build (the cap then holds)

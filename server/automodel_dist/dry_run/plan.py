@@ -43,7 +43,7 @@ from ..stack.recipe import (
 )
 from ..vlm_packing import recipe_fill_note
 from ..workload import Workload, read_workload, unsized_entry
-from .depth import Depth, plan_depth, truncated_config
+from .depth import Depth, built_kinds, plan_depth, truncated_config
 from .spec import Build, DryRunSpec, Media
 
 DEFAULT_SEQ_LEN = 4096
@@ -421,19 +421,34 @@ def plan_dry_run(
         + "; the gradient-norm clip takes its per-tensor CPU path (its temporaries are larger than the fused CUDA "
         "kernel's)"
     )
+    # Gemma-4's context-parallel ring recomputes a layer's attention over every ring chunk in its backward and merges
+    # them under autograd: a transient of its own per layer kind (its global layers' far above its sliding ones'), so
+    # which moment of backward peaks moves with the depth of a shallow build (AutoModel's 31B CP 8 recipe: at its
+    # embedding's backward in a one-period build, at a global layer's ring backward in deeper ones), and no line through
+    # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
+    gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
     if ranks is None:
         lay = d.layout
         ranks = [0]
         if d.pp > 1 and lay is not None and lay.device_mesh() is not None:
             firsts = lay.group("pp", 0)  # the first rank of every pipeline stage position
-            ranks = [firsts[i] for i in peak_candidate_pp_ranks(spec, d)]
+            shallow = layers == spec.num_layers and not full_depth and not gemma4_ring
+            built = built_kinds(spec, d) if shallow else spec
+            ranks = [firsts[i] for i in peak_candidate_pp_ranks(built, d)]
             if len(ranks) < len(firsts):
                 notes.append(
                     f"measured the pipeline ranks where the peak can fall ({', '.join(map(str, ranks))}): the "
                     f"other {len(firsts) - len(ranks)} stage positions each run no more forwards before their first "
                     "backward than a lower measured rank past the first, with the same receive buffers and stages "
-                    "holding at least their layers of every kind, and hold neither end (estimate/memory.py "
-                    "peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) measures any of them"
+                    "holding at least their layers of every kind"
+                    + (
+                        f" (the first {spec.first_dense_layers} dense layers counted as MoE, as every rank past the "
+                        "first is built: dry_run/depth.py built_kinds)"
+                        if built is not spec
+                        else ""
+                    )
+                    + ", and hold neither end (estimate/memory.py peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) "
+                    "measures any of them"
                 )
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
     if bad or not ranks:
@@ -464,12 +479,6 @@ def plan_dry_run(
     )
     depths: dict[int, Depth] = {}
     specs: list[DryRunSpec] = []
-    # Gemma-4's context-parallel ring recomputes a layer's attention over every ring chunk in its backward and merges
-    # them under autograd: a transient of its own per layer kind (its global layers' far above its sliding ones'), so
-    # which moment of backward peaks moves with the depth of a shallow build (AutoModel's 31B CP 8 recipe: at its
-    # embedding's backward in a one-period build, at a global layer's ring backward in deeper ones), and no line through
-    # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
-    gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
     for r in ranks:
         if r in unmeasured:
             continue

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from copy import deepcopy
 from typing import Any, Protocol
 
 from ..estimate.memory import GIB
@@ -242,13 +241,13 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
                             for dev, dev_snap in curr.items():
                                 if stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                                     stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
-                                    stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+                                    stats.snapshots[peak_state][-1][dev] = dict(dev_snap)  # enum keys, int values
                 self._quiet_key = key
                 self._ceiling = {dev: snap[_TOTAL_KEY] for dev, snap in curr.items()}
             for dev, dev_snap in curr.items():
                 if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                    self._peak_mem_snap[dev] = deepcopy(dev_snap)
+                    self._peak_mem_snap[dev] = dict(dev_snap)
                     self.peak_phase = phases.current
             total = sum(snap.get(_TOTAL_KEY, 0) for snap in curr.values())
             if total > self.phase_peaks.get(phases.current, 0):

@@ -448,3 +448,70 @@ def test_measured_ranks_run_in_even_rounds(ranks, cores, workers):
     from automodel_dist.dry_run.run import concurrency
 
     assert concurrency(ranks, cores) == workers
+
+
+@pytest.mark.parametrize("ranks,cores,both", [(1, 2, True), (2, 2, False), (3, 2, False), (2, 4, True), (3, 16, False)])
+def test_a_ranks_builds_run_side_by_side_only_on_idle_cores(ranks, cores, both):
+    from automodel_dist.dry_run.run import side_by_side
+
+    assert side_by_side(ranks, cores) is both
+
+
+def _stub_measure(fail_first: bool):
+    def measure(spec, build, phases, rewrites):
+        with phases("build"):
+            rewrites.append(f"built {build.hf_config['num_hidden_layers']} layers")
+        if fail_first and build.hf_config["num_hidden_layers"] == 3:
+            with phases("forward"):
+                raise ValueError("the first build's own error")
+        return {"layers": build.hf_config["num_hidden_layers"]}
+
+    return measure
+
+
+def _two_builds():
+    from automodel_dist.dry_run.spec import Build
+
+    return [Build(hf_config={"num_hidden_layers": n}, distributed={}) for n in (3, 4)]
+
+
+def test_side_by_side_builds_come_back_in_order_with_both_processes_phases(monkeypatch):
+    """The fork itself (a stub for the measurement): the shallower build's figures from the child, the deeper from
+    this process, both processes' phase times and stand-in notes."""
+    from automodel_dist.dry_run import worker
+
+    monkeypatch.setattr(worker, "_measure", _stub_measure(fail_first=False))
+    phases, rewrites = worker.Phases(), []
+    out = worker._side_by_side(None, _two_builds(), phases, rewrites)
+    assert out == [{"layers": 3}, {"layers": 4}]
+    assert sorted(rewrites) == ["built 3 layers", "built 4 layers"] and "build" in phases.seconds
+
+
+def test_a_side_by_side_builds_failure_is_the_ranks(monkeypatch):
+    from automodel_dist.dry_run import worker
+
+    monkeypatch.setattr(worker, "_measure", _stub_measure(fail_first=True))
+    with pytest.raises(worker._BuildFailed) as caught:
+        worker._side_by_side(None, _two_builds(), worker.Phases(), [])
+    failure = caught.value.failure
+    assert failure["status"] == "failed" and failure["error"] == "ValueError: the first build's own error"
+    assert failure["error_phase"] == "forward" and failure["traceback"]
+
+
+@needs_automodel
+def test_side_by_side_builds_measure_what_one_process_measures(tmp_path, monkeypatch):
+    """The same rank, its two shallow builds in one process and side by side: the same figures."""
+    from automodel_dist.dry_run import run
+
+    model = _config(tmp_path, "meta-llama/Llama-3.2-1B", 12)
+    kw = dict(world_size=8, model=model, seq_len=256, micro_batch_size=2)
+    reports = {}
+    for both in (False, True):
+        monkeypatch.setattr(run, "side_by_side", lambda ranks, cores, both=both: both)
+        reports[both] = run.dry_run("distributed: {}\nstep_scheduler:\n  local_batch_size: 2\n", **kw)
+    [one], [two] = reports[False].ranks, reports[True].ranks
+    assert one.status == two.status == "measured" and two.side_by_side and not one.side_by_side
+    assert one.peak == two.peak and one.phase_peaks_gib == two.phase_peaks_gib and one.builds == two.builds
+    # the same stand-ins acted (how often can differ: DTensor's sharding propagation is cached per process, so the
+    # second build in one process asks for fewer)
+    assert one.shim_hits.keys() == two.shim_hits.keys() and reports[False].substitutions == reports[True].substitutions

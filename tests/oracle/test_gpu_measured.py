@@ -72,15 +72,21 @@ def _previous(record: str, case: dict[str, Any], position: int) -> dict[str, Any
 
 
 def _as_recorded(planned: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
-    """The planner's spec less the recipe fields added to StackRecipe after the case was recorded, where they hold
-    their default: a field at its default builds and trains nothing differently (any other value stays, and fails)."""
+    """The planner's spec less the fields added to StackRecipe and DryRunSpec after the case was recorded, where they
+    hold their default: a field at its default builds and trains nothing differently (any other value stays, and
+    fails)."""
+    from automodel_dist.dry_run.spec import DryRunSpec
     from automodel_dist.stack.recipe import StackRecipe
 
     recipe = dict(planned["recipe"])
     for name in set(recipe) - set(recorded["recipe"]):
         if recipe[name] == StackRecipe.model_fields[name].default:
             del recipe[name]
-    return {**planned, "recipe": recipe}
+    out = {**planned, "recipe": recipe}
+    for name in set(out) - set(recorded):
+        if out[name] == DryRunSpec.model_fields[name].default:
+            del out[name]
+    return out
 
 
 @pytest.mark.parametrize(

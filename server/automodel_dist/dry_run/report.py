@@ -61,6 +61,11 @@ class RankResult(BaseModel):
         description="The rank was forked after its stack was imported once for every rank (dry_run/launcher.py); "
         "its import phase is that shared import's time.",
     )
+    side_by_side: bool = Field(
+        default=False,
+        description="The two shallow builds ran at once, in two processes (cores the other ranks left idle): the "
+        "phase times are both processes' together, and the host memory both of theirs.",
+    )
     host_peak_rss_mib: float | None = None
     error: str | None = Field(default=None, description="AutoModel's own exception, when it raised.")
     error_phase: str | None = None

@@ -515,30 +515,24 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             # AutoModel's Mamba-2 mixers import mamba_ssm's kernel in forward; transformers' bound theirs on import
             shims.install_mamba_ssd(transformers_class=spec.recipe.mamba_hf)
         shims.install_compiled_activations()
-        measured = [_measure(spec, build, phases, result["rewrites"]) for build in spec.measured_builds()]
+        builds = spec.measured_builds()
+        if spec.side_by_side and len(builds) == 2:
+            measured = _side_by_side(spec, builds, phases, result["rewrites"])
+            result["side_by_side"] = True
+        else:
+            measured = [_measure(spec, build, phases, result["rewrites"]) for build in builds]
         if spec.depth is not None and len(measured) == 2:
             result.update(_at_depth(spec.depth, measured[0], measured[1]))
         else:
             result.update(measured[0])
         result["status"] = "measured"
     except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
-        cause = exc.__cause__ or exc.__context__
-        result.update(
-            status="failed",
-            error=f"{type(exc).__name__}: {exc}"[:4000],
-            error_phase=phases.failed or phases.current,
-            traceback=_short_traceback(exc),
-        )
-        if cause is not None and "[Stage" in str(exc):  # the pipeline wraps a stage's error
-            result["error"] = f"{type(cause).__name__}: {cause}"[:4000]
-            result["traceback"] = _short_traceback(cause)
-        elif exc.__cause__ is not None:  # AutoModel re-raised it with its own words (raise ... from): both are said
-            cause = exc.__cause__
-            result["error"] = f"{type(exc).__name__}: {exc} (caused by {type(cause).__name__}: {cause})"[:4000]
-            result["traceback"] = _short_traceback(exc)[-6:] + _short_traceback(cause)[-6:]
+        result.update(exc.failure if isinstance(exc, _BuildFailed) else _failure(exc, phases))
     finally:
         result["phases_s"] = phases.seconds
-        result["host_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        # (RUSAGE_CHILDREN: a side-by-side build's process, once waited for)
+        rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        result["host_peak_rss_mib"] = round(rss / 1024, 1)
         result["shim_hits"] = {name: s.hits for name, s in shims.SHIMS.items() if s.hits}
         result["value_calls"] = shims.CALLS
         with contextlib.suppress(Exception):
@@ -547,6 +541,96 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             if dist.is_initialized():
                 dist.destroy_process_group()
     return result
+
+
+def _failure(exc: BaseException, phases: Phases) -> dict[str, Any]:
+    """A failed rank's result fields: AutoModel's own exception (a pipeline stage's error unwrapped, a re-raise with
+    its cause) and the phase it was raised in."""
+    cause = exc.__cause__ or exc.__context__
+    out: dict[str, Any] = {
+        "status": "failed",
+        "error": f"{type(exc).__name__}: {exc}"[:4000],
+        "error_phase": phases.failed or phases.current,
+        "traceback": _short_traceback(exc),
+    }
+    if cause is not None and "[Stage" in str(exc):  # the pipeline wraps a stage's error
+        out["error"] = f"{type(cause).__name__}: {cause}"[:4000]
+        out["traceback"] = _short_traceback(cause)
+    elif exc.__cause__ is not None:  # AutoModel re-raised it with its own words (raise ... from): both are said
+        cause = exc.__cause__
+        out["error"] = f"{type(exc).__name__}: {exc} (caused by {type(cause).__name__}: {cause})"[:4000]
+        out["traceback"] = _short_traceback(exc)[-6:] + _short_traceback(cause)[-6:]
+    return out
+
+
+class _BuildFailed(RuntimeError):
+    """The side-by-side build's process failed: its result fields, as :func:`_failure` made them there."""
+
+    def __init__(self, failure: dict[str, Any]) -> None:
+        super().__init__(failure.get("error"))
+        self.failure = failure
+
+
+def _side_by_side(spec: DryRunSpec, builds: list[Build], phases: Phases, rewrites: list[str]) -> list[dict[str, Any]]:
+    """Both shallow builds at once: the shallower in a child forked here (the stack imported and the stand-ins
+    installed once), the deeper in this process; each on its own fake process group and tracker, as one after the
+    other would be. The child's phase times, stand-in counts and answered calls are added to this process's (so the
+    phase times are the two processes' together, not the wall time)."""
+    import os
+    import signal
+
+    hits_before = {name: s.hits for name, s in shims.SHIMS.items()}  # both processes' counts at the fork
+    calls_before = {key: record["calls"] for key, record in shims.CALLS.items()}
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one build, its figures (or its failure) back as JSON, then out without cleanup
+        code = 0
+        try:
+            os.close(read)
+            own = Phases()
+            payload: dict[str, Any]
+            try:
+                own_rewrites: list[str] = []
+                payload = {"measured": _measure(spec, builds[0], own, own_rewrites), "rewrites": own_rewrites}
+            except Exception as exc:  # noqa: BLE001 - AutoModel's own exception is the result
+                payload = {"failure": _failure(exc, own)}
+            payload |= {
+                "phases": own.seconds,
+                "shim_hits": {name: s.hits for name, s in shims.SHIMS.items()},
+                "calls": shims.CALLS,
+            }
+            with os.fdopen(write, "w", encoding="utf-8") as out:
+                json.dump(payload, out, default=str)
+        except BaseException:  # noqa: BLE001 - the parent reads a missing payload as the failure
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    done = False
+    try:
+        second = _measure(spec, builds[1], phases, rewrites)
+        done = True
+    finally:
+        if not done:  # this build failed: its failure is the rank's, the other one is not waited for
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with os.fdopen(read, encoding="utf-8") as src:  # the child writes once it is done (or failed)
+            text = src.read()
+        _, status = os.waitpid(pid, 0)
+    try:
+        child = json.loads(text)
+    except ValueError:
+        raise RuntimeError(f"the side-by-side build's process ended ({status}) without a result") from None
+    for name, seconds in child["phases"].items():
+        phases.seconds[name] = round(phases.seconds.get(name, 0.0) + seconds, 3)
+    for name, s in shims.SHIMS.items():  # the child's counts past what both processes had at the fork
+        s.hits += max(0, child["shim_hits"].get(name, 0) - hits_before.get(name, 0))
+    for key, record in child["calls"].items():
+        shims.CALLS.setdefault(key, {**record, "calls": 0})["calls"] += record["calls"] - calls_before.get(key, 0)
+    if "failure" in child:
+        raise _BuildFailed(child["failure"])
+    rewrites.extend(x for x in child["rewrites"] if x not in rewrites)
+    return [child["measured"], second]
 
 
 def _short_traceback(exc: BaseException) -> list[str]:

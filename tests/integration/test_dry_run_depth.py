@@ -229,11 +229,12 @@ def test_a_dense_prefix_built_as_moe_leaves_the_dominated_pipeline_ranks_out():
 
 
 def _tiny_glm5(tmp_path) -> str:
-    """A GLM-5-shaped recipe at toy width: 3 dense layers then 61 MoE ones, PP 4 interleaved at 2 layers a stage
-    (8 stages a rank, built 3 and 4), EP 2, AutoModel's own class."""
+    """A GLM-5-shaped recipe at toy width: 3 dense layers then 59 MoE ones, PP 4 interleaved at 2 layers a stage
+    rounded up to 32 stages, the last two one layer short (on ranks 2 and 3, as GLM-5's own 78 layers in 40 stages:
+    rank 2 holds 15 layers to rank 1's 16); 8 stages a rank, built 3 and 4; EP 2, AutoModel's own class."""
     cfg = hf_config(lookup_model("zai-org/GLM-5"))
     cfg.update(
-        num_hidden_layers=64,
+        num_hidden_layers=62,
         hidden_size=256,
         intermediate_size=512,
         moe_intermediate_size=128,
@@ -278,6 +279,7 @@ distributed:
     pp_schedule: interleaved1f1b
     pp_microbatch_size: 1
     layers_per_stage: 2
+    round_virtual_stages_to_pp_multiple: up
     patch_inner_model: false
     patch_causal_lm_model: false
 """
@@ -457,14 +459,25 @@ def test_a_ranks_builds_run_side_by_side_only_on_idle_cores(ranks, cores, both):
     assert side_by_side(ranks, cores) is both
 
 
-def _stub_measure(fail_first: bool):
+def _stub_measure(fail: tuple[int, ...] = (), die: tuple[int, ...] = ()):
+    """A stand-in for one build's measurement: a phase, a note, a stand-in's count and an answered call each; the
+    builds of the layer counts in ``fail`` raise, those in ``die`` end their process without a word."""
+    import os
+
+    from automodel_dist.stack import shims
+
     def measure(spec, build, phases, rewrites):
+        layers = build.hf_config["num_hidden_layers"]
         with phases("build"):
-            rewrites.append(f"built {build.hf_config['num_hidden_layers']} layers")
-        if fail_first and build.hf_config["num_hidden_layers"] == 3:
+            rewrites.append(f"built {layers} layers")
+            shims.LIGER.hits += layers
+            shims.CALLS.setdefault("item@stub", {"answer": 1, "calls": 0})["calls"] += layers
+        if layers in die:
+            os._exit(3)
+        if layers in fail:
             with phases("forward"):
-                raise ValueError("the first build's own error")
-        return {"layers": build.hf_config["num_hidden_layers"]}
+                raise ValueError(f"the {layers}-layer build's own error")
+        return {"layers": layers}
 
     return measure
 
@@ -475,27 +488,49 @@ def _two_builds():
     return [Build(hf_config={"num_hidden_layers": n}, distributed={}) for n in (3, 4)]
 
 
-def test_side_by_side_builds_come_back_in_order_with_both_processes_phases(monkeypatch):
+@pytest.fixture
+def stub_counts(monkeypatch):
+    from automodel_dist.stack import shims
+
+    monkeypatch.setattr(shims.LIGER, "hits", 0)
+    monkeypatch.setattr(shims, "CALLS", {})
+    return shims
+
+
+def test_side_by_side_builds_come_back_in_order_with_both_processes_counts(monkeypatch, stub_counts):
     """The fork itself (a stub for the measurement): the shallower build's figures from the child, the deeper from
-    this process, both processes' phase times and stand-in notes."""
+    this process, and both processes' phase times, stand-in counts, answered calls and notes added up."""
     from automodel_dist.dry_run import worker
 
-    monkeypatch.setattr(worker, "_measure", _stub_measure(fail_first=False))
+    monkeypatch.setattr(worker, "_measure", _stub_measure())
     phases, rewrites = worker.Phases(), []
     out = worker._side_by_side(None, _two_builds(), phases, rewrites)
     assert out == [{"layers": 3}, {"layers": 4}]
-    assert sorted(rewrites) == ["built 3 layers", "built 4 layers"] and "build" in phases.seconds
+    assert sorted(rewrites) == ["built 3 layers", "built 4 layers"]
+    assert stub_counts.LIGER.hits == 7 and stub_counts.CALLS["item@stub"]["calls"] == 7
+    assert list(phases.seconds) == ["build"]
 
 
-def test_a_side_by_side_builds_failure_is_the_ranks(monkeypatch):
+@pytest.mark.parametrize(
+    "fail,die,error",
+    [
+        ((3,), (), "ValueError: the 3-layer build's own error"),  # the child's
+        ((4,), (), "the 4-layer build's own error"),  # this process's
+        ((3, 4), (), "ValueError: the 3-layer build's own error"),  # both: the shallower's, as one after the other
+        ((), (3,), "ended (3) without a result"),  # the child died
+    ],
+)
+def test_a_side_by_side_builds_failure_is_the_ranks(monkeypatch, stub_counts, fail, die, error):
     from automodel_dist.dry_run import worker
 
-    monkeypatch.setattr(worker, "_measure", _stub_measure(fail_first=True))
-    with pytest.raises(worker._BuildFailed) as caught:
+    monkeypatch.setattr(worker, "_measure", _stub_measure(fail, die))
+    with pytest.raises(Exception) as caught:
         worker._side_by_side(None, _two_builds(), worker.Phases(), [])
-    failure = caught.value.failure
-    assert failure["status"] == "failed" and failure["error"] == "ValueError: the first build's own error"
-    assert failure["error_phase"] == "forward" and failure["traceback"]
+    exc = caught.value
+    text = exc.failure["error"] if isinstance(exc, worker._BuildFailed) else str(exc)
+    assert error in text
+    if isinstance(exc, worker._BuildFailed):
+        assert exc.failure["error_phase"] == "forward" and exc.failure["traceback"]
 
 
 @needs_automodel
@@ -515,3 +550,20 @@ def test_side_by_side_builds_measure_what_one_process_measures(tmp_path, monkeyp
     # the same stand-ins acted (how often can differ: DTensor's sharding propagation is cached per process, so the
     # second build in one process asks for fewer)
     assert one.shim_hits.keys() == two.shim_hits.keys() and reports[False].substitutions == reports[True].substitutions
+
+
+def test_a_gemma4_ffpa_ring_is_planned_with_the_kernels_stood_in(tmp_path):
+    """cp_full_attn_backend: ffpa goes into the built config's text_config (Gemma-4's model attaches its ring by it),
+    the rank runs FFPA's stand-ins, and the report says the batch's chunks take FFPA's dense path only."""
+    import yaml
+
+    recipe = yaml.safe_load(_gemma4_e4b_tp2_cp2(tmp_path).read_text())
+    recipe["model"]["text_config"]["cp_full_attn_backend"] = "ffpa"
+    path = tmp_path / "ffpa.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    plan = plan_dry_run(Request.of(path))
+    [spec] = plan.specs
+    assert spec.recipe.ffpa and spec.build.hf_config["text_config"]["cp_full_attn_backend"] == "ffpa"
+    assert any("FFPA's dense path" in s and "varlen" in s for s in plan.substitutions)
+    flex = plan_dry_run(Request.of(_gemma4_e4b_tp2_cp2(tmp_path)))  # the recipe as AutoModel ships it: flex
+    assert not flex.specs[0].recipe.ffpa and "cp_full_attn_backend" not in flex.specs[0].build.hf_config["text_config"]

@@ -175,9 +175,6 @@ def test_sample_agrees_per_category():
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 NOT_MEASURED: dict[str, str] = {
-    "vlm_finetune/gemma4/gemma4_31b_ffpa_mock_packing_cp8_16k.yaml": "Gemma-4 under context parallelism with "
-    "cp_full_attn_backend: ffpa (its global layers' ring chunks through the FFPA CuTeDSL kernels) is not run by the "
-    "dry run, which stands in only for the compiled flex attention ring",
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
     "llm_finetune/glm/glm_5.2_tulu3_4k_cudnn_100k.yaml": "model.backend.attn cudnn runs GLM-5.2's sparse attention "

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog.models import ModelSpec, period_of
+from ..catalog.models import ModelSpec, from_hf_config, period_of
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
 
@@ -133,19 +133,26 @@ def built_kinds(spec: ModelSpec, dims: ParallelDims) -> ModelSpec:
     nothing else (one mixer, one attention kind) and every such rank is built shallow, else ``spec``.
 
     Every stage of such a shallow build holds the same layers, so two ranks from 1 on hold the same layers in each
-    build, and the lower one runs no fewer forwards before its first backward, with the same receive
-    buffers: each build of the higher rank holds no more at any point of the schedule. Where the lower rank also
-    holds at least the higher one's layers of every kind at full depth, the prefix counted as MoE (what
-    ``peak_candidate_pp_ranks`` asks of this model), the higher rank's line through its builds is read at no more
-    layers than the lower one's, so its figure comes out no higher and it need not be measured. (On the whole model
-    a rank holding a dense layer of the prefix does not dominate one holding a MoE layer in its place, so without this
-    a DeepSeek-like model measures every pipeline rank.)"""
+    build, and the lower one runs no fewer forwards before its first backward, with the same receive buffers: each
+    build of the higher rank holds no more at any point of the schedule. The two ranks' difference does not change
+    with the depth of the builds (torch's warm-up gives a rank ``2 * (pp - 1 - r)`` forwards more than the last
+    whatever its local stages, and the cap of every microbatch on every local stage grows with them), so their lines
+    through the two builds run parallel. Where the lower rank also holds at least the higher one's layers of every
+    kind at full depth, the prefix counted as MoE (what ``peak_candidate_pp_ranks`` asks of this model), the higher
+    rank's line is read at no more layers than the lower one's, so its figure comes out no higher and it need not be
+    measured. (On the whole model a rank holding a dense layer of the prefix does not dominate one holding a MoE layer
+    in its place, so without this a DeepSeek-like model measures every pipeline rank.)"""
     if dims.pp <= 1 or not spec.first_dense_layers or spec.layer_types:
         return spec
     if len({spec.attention_kind(i) for i in range(spec.num_layers)}) > 1 or spec.index_shared_layers:
         return spec
     if any(plan_depth(spec, dims, r) is None for r in range(1, dims.pp)):
         return spec
+    if (
+        spec.hf_config
+        and from_hf_config(truncated_config(spec.hf_config, spec.num_layers, moe_prefix_as_moe=True)).first_dense_layers
+    ):
+        return spec  # a config whose dense prefix the builds' cut does not turn into MoE layers
     return replace(spec, first_dense_layers=0)
 
 

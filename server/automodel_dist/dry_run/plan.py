@@ -110,7 +110,7 @@ def plan_dry_run(
     except NoConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
     w = read_workload(ctx.recipe)
-    cfg = _with_output_flags(cfg, w.output_hidden_states)
+    cfg = _with_text_config(cfg, w)
     source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers
     if layers != spec.num_layers:
@@ -427,6 +427,16 @@ def plan_dry_run(
     # embedding's backward in a one-period build, at a global layer's ring backward in deeper ones), and no line through
     # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
     gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
+    ffpa = gemma4_ring and w.gemma4_cp_kernels[0] == "ffpa"
+    if ffpa:
+        subs.append(
+            "text_config.cp_full_attn_backend: ffpa runs Gemma-4's full-attention ring chunks through stand-ins for "
+            "FFPA's CuTeDSL kernels with their outputs' shapes (stack/ffpa.py); AutoModel's ring around them runs as "
+            "written. Its routing reads each shard's document map, answered as one document filling the sequence "
+            "(the batch measured as its unpacked equivalent): every chunk takes FFPA's dense path, none its varlen "
+            "path (the gather and scatter of a chunk holding several packed documents); the kernels' own workspaces "
+            "are not measured"
+        )
     if ranks is None:
         lay = d.layout
         ranks = [0]
@@ -471,6 +481,7 @@ def plan_dry_run(
         fla_gdn=fla_gdn,
         mamba_ssm=mamba_ssm,
         mamba_hf=mamba_hf,
+        ffpa=ffpa,
         te_module=te_module,
         thd_batches=w.thd_batches,
         clip_grad_norm=w.clip_grad_norm,
@@ -587,34 +598,33 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims, w: Wor
             f"{recipe}: Gemma-3 under context parallelism (its bidirectional image attention's token types split over "
             "the CP ranks) is not run by the dry run: not measured"
         )
-    full_kernel, sliding_kernel = w.gemma4_cp_kernels
+    sliding_kernel = w.gemma4_cp_kernels[1]
     if gemma4 and d.cp > 1 and sliding_kernel == "fa":
         return (
             f"{recipe}: Gemma-4 under context parallelism with cp_sliding_attn_backend: fa (its sliding layers' ring "
             "through a local FlashAttention kernel that keeps its own forward state, no recompute) is not run by the "
             "dry run, which stands in only for the compiled flex attention ring: not measured"
         )
-    if gemma4 and d.cp > 1 and full_kernel == "ffpa":
-        return (
-            f"{recipe}: Gemma-4 under context parallelism with cp_full_attn_backend: ffpa (its global layers' ring "
-            "chunks through the FFPA CuTeDSL kernels, which keep their own forward state and run their own backward) "
-            "is not run by the dry run, which stands in only for the compiled flex attention ring: not measured"
-        )
     return None
 
 
-def _with_output_flags(cfg: dict[str, Any], flags: tuple[bool | None, bool | None]) -> dict[str, Any]:
-    """The config with the recipe's ``model.output_hidden_states`` / ``model.text_config.output_hidden_states``
-    (``Workload.output_hidden_states``), as AutoModel's build hands them to the config (its Gemma-4 class merges
-    ``text_config`` into the language model's). A forward that takes ``output_hidden_states`` as its own argument and
-    does not pass it on (Gemma-4's context-parallel path) returns hidden states for a linear cross entropy only by the
-    config's flag."""
-    top, text = flags
+def _with_text_config(cfg: dict[str, Any], w: Workload) -> dict[str, Any]:
+    """The config with what the recipe's ``model:`` section sets on it, as AutoModel's build hands it to the config
+    (its Gemma-4 class merges ``text_config`` into the language model's): ``output_hidden_states`` at the top and in
+    ``text_config`` (``Workload.output_hidden_states``; a forward that takes it as its own argument and does not pass
+    it on, Gemma-4's context-parallel path, returns hidden states for a linear cross entropy only by the config's
+    flag), and Gemma-4's CP attention kernels (``text_config.cp_full_attn_backend`` / ``cp_sliding_attn_backend``,
+    which its model reads when it attaches the ring)."""
+    top, text = w.output_hidden_states
     out = dict(cfg)
     if top is not None:
         out["output_hidden_states"] = top
-    if text is not None and isinstance(out.get("text_config"), dict):
-        out["text_config"] = {**out["text_config"], "output_hidden_states": text}
+    text_fields: dict[str, Any] = {} if text is None else {"output_hidden_states": text}
+    for kind, kernel in zip(("full", "sliding"), w.gemma4_cp_kernels):
+        if kernel is not None:
+            text_fields[f"cp_{kind}_attn_backend"] = kernel
+    if text_fields and isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], **text_fields}
     return out
 
 

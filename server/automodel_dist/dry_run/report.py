@@ -64,7 +64,8 @@ class RankResult(BaseModel):
     side_by_side: bool = Field(
         default=False,
         description="The two shallow builds ran at once, in two processes (cores the other ranks left idle): the "
-        "phase times are both processes' together, and the host memory both of theirs.",
+        "phase times are both processes' work added up (not the wall time), and the host memory is the larger of "
+        "either process's own peak and both processes' proportional shares together.",
     )
     host_peak_rss_mib: float | None = None
     error: str | None = Field(default=None, description="AutoModel's own exception, when it raised.")

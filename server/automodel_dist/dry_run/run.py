@@ -65,7 +65,9 @@ def versions() -> dict[str, str]:
 
 
 def _rss_mib(pgid: int) -> float:
-    """Resident memory of every process in the group (Linux /proc), MiB."""
+    """Resident memory of every process in the group (Linux /proc), MiB: each process's proportional share of its
+    pages (Pss, where the kernel gives it), so that pages a rank shares with a process it forked (a side-by-side
+    build) or was forked from count once, else its resident set (VmRSS)."""
     total = 0
     proc = Path("/proc")
     for entry in proc.iterdir() if proc.is_dir() else ():
@@ -74,12 +76,19 @@ def _rss_mib(pgid: int) -> float:
         try:
             if os.getpgid(int(entry.name)) != pgid:
                 continue
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
+            total += _kib(entry / "smaps_rollup", "Pss:") or _kib(entry / "status", "VmRSS:")
         except (OSError, ValueError, ProcessLookupError):
             continue
     return total / 1024
+
+
+def _kib(path: Path, key: str) -> int:
+    """The ``key`` line's KiB in a /proc file (0 where the file or the line is missing)."""
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+    return 0
 
 
 def _environment() -> dict[str, str]:

@@ -195,6 +195,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             lambda t: True if t.dtype == torch.bool else None,
         ),
     }
+    if spec.recipe.ffpa:
+        # Gemma-4's FFPA ring reads each shard's document map (_packed_seq_ids) on the host to route every ring chunk:
+        # answered as one document filling every row, no pad (the pack measured as its unpacked equivalent, as the
+        # dry run measures packed batches: each chunk on FFPA's dense path, none through its varlen gather/scatter)
+        items["gemma4_moe/cp_attention.py:_build_packed_ring_segments"] = 1
     equal = {  # torch.equal
         # AutoModel's Qwen3.5 CP linear attention checks that the gathered token positions cover the sequence and
         # come back in place: the CP sharder hands every rank its share, as on a GPU (shims.FLA_CP)
@@ -509,6 +514,13 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_te_attention()
         if spec.recipe.fla_gdn:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
+        if spec.recipe.ffpa and not shims.install_ffpa():
+            result["status"] = "not_measured"
+            result["reason"] = (
+                "the ffpa_attn package is installed here: its CuTeDSL kernels cannot run on fake tensors, and the dry "
+                "run stands in for them only where the package is absent"
+            )
+            return result
         if spec.recipe.glm_dsa_kernels:
             shims.install_glm_dsa()  # GLM-5.2's DSA Functions look their TileLang kernels up at each call
         if spec.recipe.mamba_ssm:
@@ -575,17 +587,25 @@ def _side_by_side(spec: DryRunSpec, builds: list[Build], phases: Phases, rewrite
     """Both shallow builds at once: the shallower in a child forked here (the stack imported and the stand-ins
     installed once), the deeper in this process; each on its own fake process group and tracker, as one after the
     other would be. The child's phase times, stand-in counts and answered calls are added to this process's (so the
-    phase times are the two processes' together, not the wall time)."""
+    phase times are the two processes' work together, not the wall time). Where both fail, the shallower build's
+    failure is the rank's, as one after the other it would have been."""
+    import gc
     import os
-    import signal
+
+    from ..child_process import set_pdeathsig
 
     hits_before = {name: s.hits for name, s in shims.SHIMS.items()}  # both processes' counts at the fork
     calls_before = {key: record["calls"] for key, record in shims.CALLS.items()}
+    gc.freeze()  # the imported heap stays shared: the child's collections would otherwise copy it
+    parent = os.getpid()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: one build, its figures (or its failure) back as JSON, then out without cleanup
         code = 0
         try:
+            set_pdeathsig()  # (a fork clears the rank's own: the child dies with the rank)
+            if os.getppid() != parent:
+                os._exit(1)
             os.close(read)
             own = Phases()
             payload: dict[str, Any]
@@ -606,21 +626,24 @@ def _side_by_side(spec: DryRunSpec, builds: list[Build], phases: Phases, rewrite
         finally:
             os._exit(code)
     os.close(write)
-    done = False
+    gc.unfreeze()
+    failed: BaseException | None = None
     try:
         second = _measure(spec, builds[1], phases, rewrites)
-        done = True
-    finally:
-        if not done:  # this build failed: its failure is the rank's, the other one is not waited for
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        with os.fdopen(read, encoding="utf-8") as src:  # the child writes once it is done (or failed)
-            text = src.read()
-        _, status = os.waitpid(pid, 0)
+    except Exception as exc:  # noqa: BLE001 - re-raised below, unless the shallower build failed too
+        failed = exc  # (the child is waited for: one after the other, its failure would have come first)
+    with os.fdopen(read, encoding="utf-8") as src:  # the child writes once it is done (or failed)
+        text = src.read()
+    _, status = os.waitpid(pid, 0)
     try:
-        child = json.loads(text)
+        child = json.loads(text) if text else None
     except ValueError:
-        raise RuntimeError(f"the side-by-side build's process ended ({status}) without a result") from None
+        child = None
+    if child is None:
+        if failed is not None:
+            raise failed
+        code = os.waitstatus_to_exitcode(status)
+        raise RuntimeError(f"the side-by-side build's process ended ({code}) without a result")
     for name, seconds in child["phases"].items():
         phases.seconds[name] = round(phases.seconds.get(name, 0.0) + seconds, 3)
     for name, s in shims.SHIMS.items():  # the child's counts past what both processes had at the fork
@@ -629,7 +652,11 @@ def _side_by_side(spec: DryRunSpec, builds: list[Build], phases: Phases, rewrite
         shims.CALLS.setdefault(key, {**record, "calls": 0})["calls"] += record["calls"] - calls_before.get(key, 0)
     if "failure" in child:
         raise _BuildFailed(child["failure"])
-    rewrites.extend(x for x in child["rewrites"] if x not in rewrites)
+    if failed is not None:
+        raise failed
+    for note in child["rewrites"]:  # (a note that counts calls differs between the builds: one per kind is kept)
+        if not any(r[:40] == note[:40] for r in rewrites):
+            rewrites.append(note)
     return [child["measured"], second]
 
 

@@ -62,6 +62,7 @@ class StackRecipe(BaseModel):
     # ... and for the unfused kernels a transformers class's Mamba-2 mixer runs (causal_conv1d, mamba_ssm's chunk
     # scan): its architecture (Nemotron-H under force_hf, Falcon-H1; shims.HF_MAMBA_KERNELS), None for none
     mamba_hf: str | None = None
+    ffpa: bool = False  # the dry run's stand-in for FFPA's CuTeDSL kernels (Gemma-4's CP ring, cp_full_attn_backend)
     thd_batches: bool = False  # the recipe's batches are packed THD (the dry run hands the packing collate's fields)
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)

@@ -343,6 +343,26 @@ CUDA_STREAM = _register(
     ),
 )
 
+FFPA = _register(
+    "ffpa_cutedsl_kernels_stand_in",
+    "build",
+    "the ffpa_attn package (ffpa_attn.cute._ffpa_attn_forward_cute / _ffpa_attn_backward_cute and the "
+    "torch.ops.ffpa_attn._fwd_cute / _bwd_cute / _varlen_fwd_cute / _varlen_bwd_cute operators; stand-ins, "
+    "stack/ffpa.py) behind nemo_automodel.components.attention.ffpa_attention's wrappers",
+    "Gemma-4's context-parallel ring runs its full-attention layers' chunks through FFPA's CuTeDSL kernels (CUDA) "
+    "where text_config.cp_full_attn_backend is ffpa. The stand-ins return each kernel's outputs in the shapes "
+    "AutoModel's wrappers document; the wrappers and the ring around them (copies, gathers, merges) run as written.",
+    lambda: (
+        _resolve("nemo_automodel.components.attention.ffpa_attention:_ffpa_dense_fwd"),
+        _resolve("nemo_automodel.components.attention.ffpa_attention:_ffpa_dense_bwd"),
+        _resolve("nemo_automodel.components.attention.ffpa_attention:_ffpa_varlen_fwd"),
+        _resolve("nemo_automodel.components.attention.ffpa_attention:_ffpa_varlen_bwd"),
+        _resolve("nemo_automodel.components.models.gemma4_moe.cp_attention:_ring_use_ffpa_varlen"),
+        _source_has("nemo_automodel.components.attention.ffpa_attention:_ffpa_low_level_ready", "_fwd_cute")(),
+        _source_has("nemo_automodel.components.attention.ffpa_attention:_ffpa_varlen_fwd", "_varlen_fwd_cute")(),
+        _source_has("nemo_automodel.components.attention.ffpa_attention:_ffpa_dense_fwd", "_ffpa_attn_forward_cute")(),
+    ),
+)
 GLM_DSA = _register(
     "glm_dsa_tilelang_kernels_stand_in",
     "build",
@@ -428,6 +448,17 @@ def install_fla_gdn() -> None:
     if fla_gdn.install():
         FLA_GDN.hits += 1
     fla_gdn.on_cp_context = FLA_CP.count
+
+
+def install_ffpa() -> bool:
+    """Put the stand-ins for FFPA's CuTeDSL kernels in place (AutoModel imports the package and looks its operators
+    up per call); their calls are counted. False where the real package is installed (left alone)."""
+    from . import ffpa
+
+    if not ffpa.install():
+        return False
+    ffpa.on_call = FFPA.count
+    return True
 
 
 def install_glm_dsa() -> None:
@@ -1421,6 +1452,7 @@ __all__ = [
     "import_automodel",
     "install_te_attention",
     "install_fla_gdn",
+    "install_ffpa",
     "install_glm_dsa",
     "install_mamba_ssd",
     "install_compiled_activations",

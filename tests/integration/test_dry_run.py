@@ -1461,9 +1461,16 @@ def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     faked = GEMMA4_CP_TEXT.replace("  inject_fake_images: false\n", "")
     assert any("56 x 56 fake image" in a for a in plan_dry_run(Request.of(faked, world_size=2), num_layers=6).assumed)
     assert estimate_memory(faked, world_size=2).fits is None
-    # cp_full_attn_backend: ffpa: the global layer's chunks through FFPA's stand-ins, rank 0's own chunk only (the
-    # ring skips a later rank's chunk causally) in the forward, the recompute and the ring's backward; the five
-    # sliding layers' chunks still through flex attention
+
+
+@pytest.mark.slow
+@needs_automodel
+def test_gemma4_ffpa_ring_runs_the_stand_ins_for_the_global_layers_chunks():
+    """cp_full_attn_backend: ffpa on the same 6-layer build: the global layer's chunks go through FFPA's stand-ins,
+    rank 0's own chunk only (the ring skips a later rank's chunk causally) in the forward, the recompute and the
+    ring's backward; the five sliding layers' chunks still through flex attention. A flash-like kernel on the global
+    layer's own chunk keeps no more than the flex ring over both chunks."""
+    rank = _only(dry_run(GEMMA4_CP_TEXT, num_layers=6, world_size=2))
     ffpa = GEMMA4_CP_TEXT.replace(
         "    output_hidden_states: true\n", "    output_hidden_states: true\n    cp_full_attn_backend: ffpa\n"
     )
@@ -1472,7 +1479,6 @@ def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     assert ffpa_rank.shim_hits["ffpa_cutedsl_kernels_stand_in"] == 3
     assert ffpa_rank.shim_hits["gemma4_cp_flex_attention_stand_in"] == 5 * 2 * 3
     assert any("FFPA's dense path" in s for s in stood_in.substitutions)
-    # a flash-like kernel on the global layer's own chunk keeps no more than the flex ring over both
     assert ffpa_rank.peak.total <= rank.peak.total
 
 

@@ -142,9 +142,9 @@ def built_kinds(spec: ModelSpec, dims: ParallelDims) -> ModelSpec:
     rank's line is read at no more layers than the lower one's, so its figure comes out no higher and it need not be
     measured. (On the whole model a rank holding a dense layer of the prefix does not dominate one holding a MoE layer
     in its place, so without this a DeepSeek-like model measures every pipeline rank.)"""
-    if dims.pp <= 1 or not spec.first_dense_layers or spec.layer_types:
+    if dims.pp <= 1 or not spec.first_dense_layers:
         return spec
-    if len({spec.attention_kind(i) for i in range(spec.num_layers)}) > 1 or spec.index_shared_layers:
+    if len({(mixer, attention) for mixer, attention, _ in layer_kinds(spec)}) > 1:  # they differ beyond their MLP
         return spec
     if any(plan_depth(spec, dims, r) is None for r in range(1, dims.pp)):
         return spec

@@ -106,7 +106,6 @@ def _register() -> None:
 def _modules() -> tuple[types.ModuleType, types.ModuleType]:
     package = types.ModuleType("ffpa_attn")
     package.__path__ = []  # a package, so that ``import ffpa_attn.cute`` finds its submodule in sys.modules
-    package._automodel_dist_stand_in = True  # type: ignore[attr-defined]
     cute = types.ModuleType("ffpa_attn.cute")
     cute._ffpa_attn_forward_cute = _ffpa_attn_forward_cute  # type: ignore[attr-defined]
     cute._ffpa_attn_backward_cute = _ffpa_attn_backward_cute  # type: ignore[attr-defined]
@@ -121,32 +120,29 @@ def _forget_readiness() -> None:
     ffpa_attention._FFPA_LOW_LEVEL_READY = None
 
 
-def install() -> bool:
+def install() -> None:
     """The ``ffpa_attn`` package (its ``cute`` module and operators) as stand-ins, for the rest of the process (the
-    dry run's rank); False where the real package is installed (it is left alone: its kernels cannot run on fake
-    tensors, and the dry run then refuses the recipe's FFPA path before it runs)."""
-    if "ffpa_attn" in sys.modules and not getattr(sys.modules["ffpa_attn"], "_automodel_dist_stand_in", False):
-        return False
-    if getattr(sys.modules.get("ffpa_attn"), "_automodel_dist_stand_in", False):
-        return True
+    dry run's rank: fake tensors, which the real kernels could not run even where the package is installed)."""
     if not _ops:
         _register()
     sys.modules["ffpa_attn"], sys.modules["ffpa_attn.cute"] = _modules()
     _forget_readiness()
-    return True
 
 
 @contextlib.contextmanager
 def stood_in() -> Iterator[None]:
-    """The stand-ins importable for a block, gone after it (tests; the operators stay registered, unreachable by
-    AutoModel's readiness check, which imports the package first)."""
-    if not install():
-        raise RuntimeError("the ffpa_attn package is installed here: its kernels are not stood in")
+    """The stand-ins importable for a block, whatever was there before restored after it (tests; the operators stay
+    registered, unreachable by AutoModel's readiness check, which imports the package first)."""
+    saved = {name: sys.modules.get(name) for name in ("ffpa_attn", "ffpa_attn.cute")}
+    install()
     try:
         yield
     finally:
-        for name in ("ffpa_attn.cute", "ffpa_attn"):
-            sys.modules.pop(name, None)
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
         _forget_readiness()
 
 

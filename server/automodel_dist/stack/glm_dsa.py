@@ -116,20 +116,18 @@ def _bindings() -> list[tuple[Any, str, Any]]:
     return out
 
 
-def install() -> bool:
+def install() -> None:
     """Bind the stand-ins for the rest of the process (the dry run's rank: fake tensors, which the real kernels could
     not run even where tilelang is installed)."""
     for module, name, value in _bindings():
         setattr(module, name, value)
-    return True
 
 
 @contextlib.contextmanager
 def stood_in() -> Iterator[None]:
     """The stand-ins bound for a block, the originals restored after it (tests)."""
     saved = [(module, name, getattr(module, name)) for module, name, _ in _bindings()]
-    for module, name, value in _bindings():
-        setattr(module, name, value)
+    install()
     try:
         yield
     finally:

@@ -450,15 +450,13 @@ def install_fla_gdn() -> None:
     fla_gdn.on_cp_context = FLA_CP.count
 
 
-def install_ffpa() -> bool:
+def install_ffpa() -> None:
     """Put the stand-ins for FFPA's CuTeDSL kernels in place (AutoModel imports the package and looks its operators
-    up per call); their calls are counted. False where the real package is installed (left alone)."""
+    up per call); their calls are counted."""
     from . import ffpa
 
-    if not ffpa.install():
-        return False
+    ffpa.install()
     ffpa.on_call = FFPA.count
-    return True
 
 
 def install_glm_dsa() -> None:
@@ -466,8 +464,8 @@ def install_glm_dsa() -> None:
     their calls are counted."""
     from . import glm_dsa
 
-    if glm_dsa.install():
-        glm_dsa.on_call = GLM_DSA.count
+    glm_dsa.install()
+    glm_dsa.on_call = GLM_DSA.count
 
 
 def install_mamba_ssd(*, transformers_class: str | None = None) -> None:

@@ -24,7 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 OUT = Path(__file__).resolve().parents[1] / "server" / "automodel_dist" / "catalog" / "capabilities.json"
-ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "tilelang", "cudnn")
+# every backend.attn value AutoModel 0.7.0's BackendConfig documents (a model that owns its CP accepts any of them)
+ATTENTION_BACKENDS = ("te", "sdpa", "flex", "magi", "tilelang", "cudnn", "eager", "torch", "fa4")
 
 
 def _quiet() -> None:

@@ -731,6 +731,105 @@ def test_the_fla_context_parallel_stand_ins_keep_what_flas_cp_path_keeps():
         dist.destroy_process_group()
 
 
+def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
+    """stack/fla_kda.py against fla 0.6.0's ChunkKDAFunction (fla/ops/kda/chunk.py, AutoModel's call: the gate
+    computed outside, q/k l2-normalised in the kernel): forward saves the normalised q and k with fp32 rstd, v, the
+    fp32 gate and its chunk cumsum, beta and the two [B, T, H, 64] intra-chunk matrices in k's dtype; the KDA gate
+    keeps its input and gives fp32; the short conv keeps its input; the gated norm its input, gate and fp32 rstd;
+    gradients of each input's shape and dtype."""
+    torch = pytest.importorskip("torch")
+    from automodel_dist.stack.fla_kda import FusedRMSNormGated, ShortConvolution, chunk_kda, fused_kda_gate
+
+    b, t, h, d = 1, 256, 4, 32
+    q, k, v = (torch.randn(b, t, h, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    raw = torch.randn(b, t, h, d, dtype=torch.bfloat16, requires_grad=True)
+    a_log = torch.randn(1, 1, h, 1, requires_grad=True)
+    dt_bias = torch.randn(h * d, requires_grad=True)
+    beta = torch.rand(b, t, h, requires_grad=True)
+    saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def pack(x):
+        saved.append((tuple(x.shape), x.dtype))
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        g = fused_kda_gate(raw, a_log, dt_bias=dt_bias)
+    assert g.shape == raw.shape and g.dtype == torch.float32
+    assert sorted(saved, key=repr) == sorted([((b, t, h, d), torch.bfloat16), ((1, 1, h, 1), torch.float32),
+                                              ((h * d,), torch.float32)], key=repr)  # fmt: skip
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        o, final = chunk_kda(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True, output_final_state=True)
+    assert o.shape == v.shape and o.dtype == v.dtype and final.shape == (b, h, d, d) and final.dtype == torch.float32
+    assert sorted(saved, key=repr) == sorted(
+        [
+            ((b, t, h, d), torch.bfloat16),  # q, normalised
+            ((b, t, h, d), torch.bfloat16),  # k, normalised
+            ((b, t, h, d), torch.bfloat16),  # v
+            ((b, t, h, d), torch.float32),  # the gate's chunk-local cumsum
+            ((b, t, h, d), torch.float32),  # the gate
+            ((b, t, h), torch.float32),  # beta
+            ((b, t, h, 64), torch.bfloat16),  # Aqk
+            ((b, t, h, 64), torch.bfloat16),  # Akk
+            ((b, t, h), torch.float32),  # q's rstd
+            ((b, t, h), torch.float32),  # k's rstd
+        ],
+        key=repr,
+    )
+    conv = ShortConvolution(h * d, 4, dtype=torch.bfloat16)
+    norm = FusedRMSNormGated(d, activation="sigmoid", dtype=torch.bfloat16)
+    assert conv.weight.shape == (h * d, 1, 4) and conv.bias is None and norm.weight.shape == (d,)
+    x = torch.randn(b, t, h * d, dtype=torch.bfloat16, requires_grad=True)
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x_: x_):
+        y, _ = conv(x)
+        out = norm(o, raw)
+    assert y.shape == x.shape and out.shape == o.shape
+    assert ((b, t, h * d), torch.bfloat16) in saved and ((b * t * h,), torch.float32) in saved
+    (out.float().sum() + y.float().sum()).backward()
+    for x_ in (q, k, v, raw, a_log, dt_bias, beta, x):
+        assert x_.grad is not None and x_.grad.shape == x_.shape and x_.grad.dtype == x_.dtype
+    assert conv.weight.grad.shape == conv.weight.shape and norm.weight.grad.shape == norm.weight.shape
+
+
+@needs_automodel
+def test_kimi_linear_under_its_own_context_parallelism_is_measured():
+    """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
+    through fla's CP path as stand-ins, one MLA layer attending its local queries to the all-gathered latent's keys
+    and values through the flex stand-in; any attention backend (the model owns its CP; the corpus recipe's eager);
+    the estimate within the project's error."""
+    recipe = """recipe: TrainFinetuneRecipeForNextTokenPrediction
+model:
+  _target_: nemo_automodel.NeMoAutoModelForCausalLM.from_config
+  config:
+    _target_: nemo_automodel.components.models.kimi_linear.config.KimiLinear48BConfig.from_pretrained
+    pretrained_model_name_or_path: moonshotai/Kimi-Linear-48B-A3B-Instruct
+    kda_unpad_inputs: false
+  backend:
+    _target_: nemo_automodel.components.models.common.BackendConfig
+    attn: eager
+    experts: torch
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 1
+distributed:
+  strategy: fsdp2
+  cp_size: 2
+  ep_size: 2
+  activation_checkpointing: true
+"""
+    report = dry_run(recipe, seq_len=2048, num_layers=4, world_size=2)
+    rank = _only(report)
+    assert any(s.startswith("KDA layers under context parallelism") for s in report.substitutions)
+    # three KDA layers built fla's CP context and ran the kernel, forward and again in backward's recompute; the MLA
+    # layer's flex attention once each way
+    assert rank.shim_hits.get("fla_context_parallel_stand_in") == 6
+    assert rank.shim_hits.get("fla_kda_stand_in") == 6
+    assert rank.shim_hits.get("kimi_linear_cp_flex_attention_stand_in") == 2
+    assert report.estimate is not None and abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
 @needs_automodel
 def test_gated_deltanet_under_context_parallelism_runs_flas_cp_path_as_stand_ins():
     """AutoModel's Qwen3.5 CP linear attention (qwen3_5_moe/cp_linear_attn.py) on two CP ranks, in the VLM step the

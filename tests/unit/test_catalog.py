@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -507,16 +510,33 @@ OWN_CLASS_TOO = ("mimo_v2_flash",)
 
 
 def _assert_automodel_class_matches(model_type, cfg, small):
-    import importlib
-
     import torch
 
     registry = pytest.importorskip("nemo_automodel._transformers.registry")
     config = registry.resolve_custom_config_cls(model_type)(**cfg)
     module, name = registry.MODEL_ARCH_MAPPING[cfg["architectures"][0]]
-    with torch.device("meta"):
-        model = getattr(importlib.import_module(module), name)(config)
+    with _fla_stand_ins(module) if small.linear_mixer == "kda" else contextlib.nullcontext():
+        with torch.device("meta"):
+            model = getattr(importlib.import_module(module), name)(config)
     assert sum(p.numel() for p in model.parameters()) == small.param_count()
+
+
+@contextlib.contextmanager
+def _fla_stand_ins(module: str):
+    """AutoModel's ``module`` re-imported with the dry run's fla stand-ins bound (Kimi-Linear's KDA layers require fla,
+    which needs CUDA; the stand-in modules keep fla's parameters), and re-imported without them afterwards."""
+    from automodel_dist.stack import fla_kda
+
+    installed = fla_kda.install()
+    if not getattr(sys.modules.get("fla"), "_stand_in", False):
+        pytest.skip("a real fla is installed: its modules need CUDA")
+    importlib.reload(importlib.import_module(module))
+    try:
+        yield
+    finally:
+        for name in installed:
+            sys.modules.pop(name, None)
+        importlib.reload(importlib.import_module(module))
 
 
 def test_ling_flash_sizes_give_its_published_safetensors_total():
@@ -807,3 +827,40 @@ def test_glm_5_2s_shallow_builds_repeat_its_index_share_period():
 
     kinds = layer_kinds(lookup("zai-org/GLM-5.2"))
     assert period_of(kinds[3:]) == 4 and period_of(layer_kinds(lookup("zai-org/GLM-5.1"))[3:]) == 1
+
+
+KIMI_LINEAR = "moonshotai/Kimi-Linear-48B-A3B-Instruct"
+
+
+def test_kimi_linear_reads_its_kda_and_mla_layers_from_linear_attn_config():
+    """Kimi-Linear's linear_attn_config lists its KDA layers 1-based (AutoModel's is_kda_layer(i): i + 1 listed):
+    20 KDA layers and MLA on every fourth and the last; one dense layer, then 256 experts of 1,024, 8 a token."""
+    m = lookup(KIMI_LINEAR)
+    assert m.linear_mixer == "kda" and m.architecture == "KimiLinear48BForCausalLM"
+    full = [i for i, kind in enumerate(m.layer_attention) if kind == "full"]
+    assert full == [3, 7, 11, 15, 19, 23, 26] and m.layer_attention.count("linear") == 20
+    assert (m.linear_value_heads, m.linear_value_dim, m.linear_conv_kernel) == (32, 128, 4)
+    assert (m.num_experts, m.experts_per_token, m.first_dense_layers) == (256, 8, 1)
+    assert m.kv_lora_rank == 512 and m.q_lora_rank is None
+
+
+def test_kimi_linear_param_count_equals_automodels_class():
+    """AutoModel's KimiLinear48BForCausalLM built from the catalog's file at full depth (meta device, fla's modules as
+    the dry run's stand-ins, which keep fla's parameters): every parameter, and each layer kind's attention, as the
+    parser counts."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("nemo_automodel")
+    from nemo_automodel.components.models.common import BackendConfig
+    from nemo_automodel.components.models.kimi_linear.config import KimiLinear48BConfig
+
+    module = "nemo_automodel.components.models.kimi_linear.model"
+    cfg = json.loads((CATALOG_DIR / "configs" / "moonshotai--Kimi-Linear-48B-A3B-Instruct.json").read_text())
+    config = KimiLinear48BConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    backend = BackendConfig(attn="sdpa", linear="torch", rms_norm="torch", experts="torch", dispatcher="torch")
+    with _fla_stand_ins(module), torch.device("meta"):
+        model = importlib.import_module(module).KimiLinear48BForCausalLM(config, backend=backend)
+    m = lookup(KIMI_LINEAR)
+    assert sum(p.numel() for p in model.parameters()) == m.param_count() == 49_122_675_072
+    layers = model.model.layers
+    assert sum(p.numel() for p in layers["0"].self_attn.parameters()) == m.attention_params("linear")
+    assert sum(p.numel() for p in layers["3"].self_attn.parameters()) == m.attention_params()

@@ -101,6 +101,10 @@ class ModelSpec:
     linear_key_dim: int = 0
     linear_value_dim: int = 0
     linear_conv_kernel: int = 4
+    # which linear-attention mixer the "linear" layers hold: "gdn" (Qwen3-Next / Qwen3.5's Gated DeltaNet) or "kda"
+    # (Kimi-Linear's Kimi Delta Attention: separate q/k/v projections, each with its own short conv, a low-rank
+    # per-channel decay and output gate; its linear_* heads and dims are linear_attn_config's num_heads and head_dim)
+    linear_mixer: str = "gdn"
     vision_params: int = 0  # a VLM's vision tower and projector (freeze_config freezes it by default)
     projector_params: int = 0  # the part of vision_params freeze_vision_tower leaves trainable (a VLM's projector)
     # Gemma-4's E-series (transformers' Gemma4TextModel): per-layer embeddings, ``per_layer_input`` wide a layer, from a
@@ -208,9 +212,16 @@ class ModelSpec:
 
     def linear_attention_params(self) -> int:
         """One Gated DeltaNet block: in_proj_qkvz, in_proj_ba, the depthwise conv, dt_bias / A_log, its norm and
-        out_proj."""
+        out_proj. One KDA block (AutoModel's KimiDeltaAttention): q/k/v projections, their three depthwise convs
+        (no bias), A_log a head and dt_bias a channel, the decay's and the output gate's low-rank pairs (h -> d ->
+        width), beta's projection (a head), the gated norm (d) and o_proj."""
         h = self.hidden_size
         k, v = self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim
+        if self.linear_mixer == "kda":
+            d, heads = self.linear_value_dim, self.linear_value_heads
+            convs = (2 * k + v) * self.linear_conv_kernel
+            low_rank = 2 * (h * d + d * v)
+            return h * (2 * k + v) + convs + heads + v + low_rank + h * heads + d + v * h
         return (
             h * (2 * k + 2 * v)
             + h * 2 * self.linear_value_heads
@@ -696,10 +707,50 @@ def _layer_attention(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     if isinstance(kinds, list) and len(kinds) == layers and all(isinstance(k, str) and k in names for k in kinds):
         out = tuple(names[k] for k in kinds)
         return out if len(set(out)) > 1 or "linear" in out else ()  # a cut to linear layers alone stays linear
+    kda = _kda_layers(cfg, layers)
+    if kda is not None:
+        return tuple("linear" if i in kda else "full" for i in range(layers))
     interval = cfg.get("full_attention_interval")
     if cfg.get("linear_num_key_heads") and isinstance(interval, int) and interval > 0:
         return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
     return ()
+
+
+def _kda_layers(cfg: dict[str, Any], layers: int) -> frozenset[int] | None:
+    """Kimi-Linear's KDA layers, 0-based, from linear_attn_config's 1-based kda_layers (AutoModel's
+    KimiLinear48BConfig.is_kda_layer: layer i is KDA where i + 1 is listed; the rest are MLA); None without one."""
+    linear = cfg.get("linear_attn_config")
+    if not isinstance(linear, dict):
+        return None
+    kda, full = linear.get("kda_layers"), linear.get("full_attn_layers")
+    if not (isinstance(kda, list) and isinstance(full, list)) or not all(is_int(i) for i in (*kda, *full)):
+        raise ModelConfigError("linear_attn_config must list kda_layers and full_attn_layers (1-based layer numbers)")
+    return frozenset(i - 1 for i in kda if 1 <= i <= layers)
+
+
+def _linear_heads(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The linear-attention sizes: Qwen3-Next's / Qwen3.5's top-level linear_* fields, or Kimi-Linear's
+    linear_attn_config (one head count and head dim for q, k and v, and the short conv's kernel)."""
+    linear = cfg.get("linear_attn_config")
+    if isinstance(linear, dict):
+        heads = _int(linear.get("num_heads"), "linear_attn_config.num_heads")
+        dim = _int(linear.get("head_dim"), "linear_attn_config.head_dim")
+        conv = _int(linear.get("short_conv_kernel_size", 4), "linear_attn_config.short_conv_kernel_size")
+        return dict(
+            linear_key_heads=heads,
+            linear_value_heads=heads,
+            linear_key_dim=dim,
+            linear_value_dim=dim,
+            linear_conv_kernel=conv,
+            linear_mixer="kda",
+        )
+    return dict(
+        linear_key_heads=_int(cfg.get("linear_num_key_heads") or 0, "linear_num_key_heads"),
+        linear_value_heads=_int(cfg.get("linear_num_value_heads") or 0, "linear_num_value_heads"),
+        linear_key_dim=_int(cfg.get("linear_key_head_dim") or 0, "linear_key_head_dim"),
+        linear_value_dim=_int(cfg.get("linear_value_head_dim") or 0, "linear_value_head_dim"),
+        linear_conv_kernel=_int(cfg.get("linear_conv_kernel_dim") or 4, "linear_conv_kernel_dim"),
+    )
 
 
 def _unnamed(cfg: dict[str, Any], default: str) -> str:
@@ -824,7 +875,16 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         shared_expert_gate=mtype in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"),
         num_experts=experts,
         experts_per_token=_int(
-            _first(cfg, "num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_k", default=0) or 0,
+            _first(
+                cfg,
+                "num_experts_per_tok",
+                "num_experts_per_token",
+                "experts_per_token",
+                "top_k_experts",
+                "moe_k",
+                default=0,
+            )
+            or 0,
             "num_experts_per_tok",
         )
         if experts
@@ -870,11 +930,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
             full_kv_heads=full_kv,
             full_k_eq_v=bool(cfg.get("attention_k_eq_v")) and full_kv is not None,
             sliding_window=_opt_int(cfg, "sliding_window") if "sliding" in kinds else None,
-            linear_key_heads=_int(cfg.get("linear_num_key_heads") or 0, "linear_num_key_heads"),
-            linear_value_heads=_int(cfg.get("linear_num_value_heads") or 0, "linear_num_value_heads"),
-            linear_key_dim=_int(cfg.get("linear_key_head_dim") or 0, "linear_key_head_dim"),
-            linear_value_dim=_int(cfg.get("linear_value_head_dim") or 0, "linear_value_head_dim"),
-            linear_conv_kernel=_int(cfg.get("linear_conv_kernel_dim") or 4, "linear_conv_kernel_dim"),
+            **_linear_heads(cfg),
         )
     return spec
 

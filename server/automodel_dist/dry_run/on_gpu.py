@@ -57,7 +57,7 @@ def refused(spec: DryRunSpec) -> str | None:
     if spec.media is not None:
         return "a VLM step (its batches are built for fake tensors)"
     if spec.recipe.fla_gdn:
-        return "Gated DeltaNet layers (fla is not installed on the device)"
+        return "linear-attention layers (Gated DeltaNet or KDA: fla is not installed on the device)"
     if spec.recipe.mamba_ssm:
         return "Mamba-2 layers (mamba_ssm is not installed on the device)"
     return None

@@ -298,8 +298,8 @@ def plan_dry_run(
         impl = implementation(spec.architecture)
         if impl is None or not impl.module.startswith(CP_GATED_DELTANET_MODULES):
             blocking.append(
-                "Gated DeltaNet layers under context parallelism on a class without AutoModel's CP-aware layer "
-                "(qwen3_5_moe/cp_linear_attn.py) are not run by the dry run: not measured"
+                "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
+                "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
             )
         elif w.vlm_packed:
             blocking.append(
@@ -307,6 +307,15 @@ def plan_dry_run(
                 "collate's _packed_seq_ids: each rank a contiguous share of many documents, its attention through "
                 "blockdiag_cp's flash-attn varlen kernels), which the dry run does not build (its VLM batches are "
                 "unpacked): not measured"
+            )
+        elif spec.linear_mixer == "kda":
+            subs.append(
+                "KDA layers under context parallelism run fla's context-parallel path as stand-ins with its shapes "
+                "(stack/fla_kda.py, fla_gdn.py: build_cp_context on each row's document map, the CP short convs with "
+                "the previous rank's tail tokens, the chunked kernel's state handed along the CP ranks and its "
+                "all-gathers) inside AutoModel's own contiguous CP sharding (kimi_linear/cp.py), whose MLA layers "
+                "all-gather the compressed KV latent and expand it as written; each row read as one document filling "
+                "it (a pack measured as its unpacked equivalent)"
             )
         else:
             subs.append(
@@ -389,7 +398,13 @@ def plan_dry_run(
                 else ""
             )
         )
-    if fla_gdn:
+    if fla_gdn and spec.linear_mixer == "kda":
+        subs.append(
+            "KDA layers run fla's pieces as stand-ins with their shapes (stack/fla_kda.py: ShortConvolution, the KDA "
+            "gate, the chunked KDA kernel with what it keeps for backward and its chunk states while they live, the "
+            "gated RMSNorm), as AutoModel binds them where nemo-automodel[fla] is installed (it requires fla for KDA)"
+        )
+    elif fla_gdn:
         subs.append(
             "Gated DeltaNet layers run fla's chunked kernel as a stand-in with its shapes (stack/fla_gdn.py: what it "
             "keeps for backward and its chunk states while they live), as AutoModel binds it where nemo-automodel[fla] "
@@ -565,10 +580,11 @@ def plan_dry_run(
     )
 
 
-# AutoModel's classes whose Gated DeltaNet layers run under CP (cp_linear_attn.CPAwareGatedDeltaNet); Qwen3-Next's
-# declares no CP support
+# AutoModel's classes whose linear-attention layers run under CP: the Gated DeltaNet ones through
+# cp_linear_attn.CPAwareGatedDeltaNet (Qwen3-Next's declares no CP support), Kimi-Linear's KDA through fla's CP
+# context (kimi_linear/cp.py, the model owning its CP)
 CP_GATED_DELTANET_MODULES = tuple(
-    f"nemo_automodel.components.models.{m}." for m in ("qwen3_5", "qwen3_5_moe", "qwen3_8_flash_next")
+    f"nemo_automodel.components.models.{m}." for m in ("qwen3_5", "qwen3_5_moe", "qwen3_8_flash_next", "kimi_linear")
 )
 
 

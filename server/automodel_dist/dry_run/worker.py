@@ -195,6 +195,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             lambda t: True if t.dtype == torch.bool else None,
         ),
     }
+    # Kimi-Linear asks whether its cache positions start past 0 (a decode step) before choosing the KDA layers' mask:
+    # a training step's start at 0 (its CP sharder has already taken the attention mask off the batch)
+    items["kimi_linear/model.py:_update_linear_attn_mask"] = False
     if spec.recipe.ffpa:
         # Gemma-4's FFPA ring reads each shard's document map (_packed_seq_ids) on the host to route every ring chunk:
         # answered as one document filling every row, no pad (the pack measured as its unpacked equivalent, as the
@@ -268,6 +271,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         "moe/experts.py:_forward_loop": per_expert,
         # the LoRA experts' own per-expert loop (experts: torch with LoRA on the experts): the same mask per expert
         "_peft/lora_experts.py:_forward_loop": per_expert,
+        # Kimi-Linear's KDA layers find the document boundaries in each row's document map (for fla's CP context):
+        # none, one document filling the row (a pack measured as its unpacked equivalent)
+        "kimi_linear/cp.py:segment_cu_seqlens": 0,
     }
     image = None
     if spec.media is not None:

@@ -466,6 +466,28 @@ def _gated_deltanet_act(m: ModelSpec) -> float:
     return 2.0 * elements
 
 
+def _kda_act(m: ModelSpec) -> float:
+    """Bytes per token a KDA mixer keeps for backward without checkpointing (AutoModel's KimiDeltaAttention with
+    fla's kernels, stack/fla_kda.py; H heads of K, width W = H K, low rank d = K): its input (the six projections'
+    one input); q, k and v out of their projections (each short conv's input); the kernel's l2-normalised q and k, v,
+    two fp32 rstd a head, g's fp32 chunk cumsum and the fp32 gate itself (the gate function's output, the kernel's
+    input), beta's fp32 sigmoid and the two [64 a head] bf16 intra-chunk matrices; the gate's bf16 input (f_b_proj's
+    output) and the output gate (g_b_proj's); both low-rank pairs' middle (d each); the kernel's output, the gated
+    norm's fp32 rstd a head and o_proj's input."""
+    heads, w, d = m.linear_value_heads, m.linear_value_heads * m.linear_value_dim, m.linear_value_dim
+    k = m.linear_key_heads * m.linear_key_dim
+    projections = 2 * (2 * k + w)
+    kernel = 2 * (2 * k + w) + 8 * heads + 4 * w + 4 * w + 4 * heads + 2 * 2 * 64 * heads
+    gates = 2 * w + 2 * w + 2 * 2 * d
+    out = 2 * w + 4 * heads + 2 * w
+    return 2.0 * m.hidden_size + projections + kernel + gates + out
+
+
+def _linear_act(m: ModelSpec) -> float:
+    """Bytes per token one linear-attention mixer keeps: Kimi's KDA or a Gated DeltaNet."""
+    return _kda_act(m) if m.linear_mixer == "kda" else _gated_deltanet_act(m)
+
+
 def _parallel_mamba_act(m: ModelSpec, tr: Training, cached: bool = True) -> float:
     """Bf16-equivalent bytes per token Falcon-H1's Mamba-2 mixer keeps for backward beside the attention (transformers'
     FalconH1Mixer; whole on every TP rank, as AutoModel's plan leaves it): its input scaled by ssm_in_multiplier (a
@@ -602,9 +624,9 @@ def _act_per_token(
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output
             attn += 6 * q / t
-        if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
-            n_linear = m.layer_attention.count("linear")
-            attn = (n_linear * _gated_deltanet_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
+    if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
+        n_linear = m.layer_attention.count("linear")
+        attn = (n_linear * _linear_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
     eager = 0.0
     if eager_attention(m, p, tr):
         # transformers' eager_attention_forward: per head and key, the fp32 softmax (its backward's input) and its
@@ -1113,7 +1135,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
     fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
-    ring = gemma4_ring_backward_bytes(m, p, tr, g, comp)
+    ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp)
     block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
@@ -1245,6 +1267,29 @@ def gemma4_ring_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _
         tokens = tr.micro_batch_size * local
         out = max(out, ring_chunks_backward_bytes(tokens, heads, kv_heads / p.tp, head_dim, chunks, comp))
     return out
+
+
+# AutoModel's classes whose MLA layers under context parallelism all-gather the compressed KV latent and expand it
+# to every head over the whole sequence before a document-causal flex attention (kimi_linear/model.py,
+# KimiMLAAttention._forward_with_cp)
+GATHERED_MLA_CP = frozenset({"KimiLinear48BForCausalLM"})
+
+
+def gathered_mla_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
+    """The backward transient of one MLA layer under Kimi-Linear's own context parallelism, over the gathered
+    sequence (micro batch x seq_len tokens, not the rank's share): at its flex attention's backward the kernel's kept
+    keys and values, each head's padded to a power of two (FlexAttention needs one: 192 -> 256 for the keys), and their
+    gradients, beside the latent norm's fp32 input and its bf16 normalised output and product (kv_b_proj's input).
+    Read from AutoModel's code (the gather, the expansion and the padding run as written under the dry run)."""
+    if p.cp <= 1 or tr.hf_class or m.architecture not in GATHERED_MLA_CP or not m.kv_lora_rank or not g.n_layers:
+        return 0.0
+    if "full" not in m.layer_attention:
+        return 0.0
+    heads = m.num_attention_heads / p.tp
+    qk = 1 << ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0) - 1).bit_length()
+    v = 1 << ((m.v_head_dim or m.hd) - 1).bit_length()
+    per_token = 2 * heads * (qk + v) * comp + (4 + 2 + 2) * m.kv_lora_rank  # kept k, v and their gradients; the norm
+    return tr.micro_batch_size * tr.seq_len * per_token
 
 
 def ring_chunks_backward_bytes(

@@ -6,8 +6,9 @@ times fla's memory, and most of a dry run's time. Only the dry run's worker impo
 
 Provided: ``fla.ops.gated_delta_rule`` (its chunked kernel; the recurrent one is inference's) and, for AutoModel's
 Qwen3.5 context-parallel layers (``qwen3_5_moe/cp_linear_attn.py``), ``fla.ops.cp.build_cp_context`` and
-``fla.modules.convolution.causal_conv1d`` with the chunked kernel's ``cp_context``. ``fla.ops.kda`` stays absent, so
-Kimi-Linear's KDA still reports fla unavailable.
+``fla.modules.convolution.causal_conv1d`` with the chunked kernel's ``cp_context``. Kimi-Linear's KDA pieces
+(``fla.ops.kda``, ``fla.ops.kda.gate``, ``fla.modules.ShortConvolution`` and ``FusedRMSNormGated``) are stack/fla_kda.py's,
+whose ``install`` puts both under the same fake package.
 
 Memory model (fla ``ChunkGatedDeltaRuleFunction``, chunk size 64, ``use_qk_l2norm_in_kernel``; q, k [B, T, H, K],
 v [B, T, H, V] in bf16, g fp32 and beta [B, T, H]; NT = T / 64):
@@ -235,24 +236,25 @@ def fused_recurrent_gated_delta_rule(*args: Any, **kwargs: Any) -> Any:
     raise NotImplementedError("the dry run's fla stand-in has no recurrent (decoding) kernel")
 
 
-def install() -> dict[str, types.ModuleType]:
-    """Put the stand-in where ``safe_import_from("fla.ops.gated_delta_rule", ...)`` finds it; nothing where the real
-    fla is installed."""
+def install(extra: dict[str, dict[str, Any]] | None = None) -> dict[str, types.ModuleType]:
+    """Put the stand-in where ``safe_import_from("fla.ops.gated_delta_rule", ...)`` finds it, with ``extra``'s
+    modules and attributes (stack/fla_kda.py's) under the same package; nothing where the real fla is installed."""
     if "fla" in sys.modules or importlib.util.find_spec("fla") is not None:
         return {}
-    return install_modules(
-        {
-            "fla": {"__version__": "0.4.2", "_stand_in": True},
-            "fla.ops": {},
-            "fla.ops.gated_delta_rule": {
-                "chunk_gated_delta_rule": chunk_gated_delta_rule,
-                "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
-            },
-            "fla.ops.cp": {"build_cp_context": build_cp_context, "FLACPContext": CPContext},
-            "fla.modules": {},
-            "fla.modules.convolution": {"causal_conv1d": causal_conv1d},
-        }
-    )
+    tree: dict[str, dict[str, Any]] = {
+        "fla": {"__version__": "0.4.2", "_stand_in": True},
+        "fla.ops": {},
+        "fla.ops.gated_delta_rule": {
+            "chunk_gated_delta_rule": chunk_gated_delta_rule,
+            "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+        },
+        "fla.ops.cp": {"build_cp_context": build_cp_context, "FLACPContext": CPContext},
+        "fla.modules": {},
+        "fla.modules.convolution": {"causal_conv1d": causal_conv1d},
+    }
+    for name, attrs in (extra or {}).items():
+        tree[name] = {**tree.get(name, {}), **attrs}
+    return install_modules(tree)
 
 
 __all__ = ["build_cp_context", "causal_conv1d", "chunk_gated_delta_rule", "install"]

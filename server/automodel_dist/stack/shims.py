@@ -216,6 +216,26 @@ FLA_GDN = _register(
         )(),
     ),
 )
+FLA_KDA = _register(
+    "fla_kda_stand_in",
+    "build",
+    "fla.ops.kda.chunk_kda, fla.ops.kda.gate.fused_kda_gate, fla.modules.ShortConvolution and FusedRMSNormGated "
+    "(stand-in modules, stack/fla_kda.py)",
+    "AutoModel's Kimi-Linear KDA layers (kimi_linear/model.py) require flash-linear-attention (its fla extra, in the "
+    "moe and all extras): its short convolutions, gated RMSNorm, KDA gate and chunked KDA kernel, which need Triton "
+    "on CUDA. The modules keep fla's parameters; the functions keep what fla's kernels keep for backward (the "
+    "normalised q and k with their rstd, v, the gate and its chunk cumsum, beta, the two intra-chunk matrices) and "
+    "their chunk states while they live, forward and backward.",
+    lambda: tuple(
+        _file_has("nemo_automodel.components.models.kimi_linear.model", needle)()
+        for needle in (
+            'safe_import_from("fla.modules", "ShortConvolution"',
+            'safe_import_from("fla.ops.kda", "chunk_kda"',
+            'safe_import_from("fla.ops.kda.gate", "fused_kda_gate"',
+            '"fla.modules",\n    "FusedRMSNormGated"',
+        )
+    ),
+)
 MAMBA_SSD = _register(
     "mamba_ssd_stand_in",
     "forward",
@@ -402,6 +422,22 @@ FLEX_ATTENTION = _register(
     ),
 )
 
+KIMI_FLEX_ATTENTION = _register(
+    "kimi_linear_cp_flex_attention_stand_in",
+    "forward",
+    "nemo_automodel.components.models.kimi_linear.cp._compiled_flex_attention (torch.compile(flex_attention); a "
+    "stand-in, stack/flex_attention.py)",
+    "Kimi-Linear's MLA layers under context parallelism attend their local queries to the all-gathered, locally "
+    "expanded keys and values through torch.compile'd flex_attention with a document-causal block mask; Dynamo "
+    "refuses fake tensors and eager flex_attention refuses a CPU backward. The stand-in keeps what the compiled kernel "
+    "keeps (q, k, v, output, fp32 log-sum-exp and max scores); the gather, the expansion, the head-dim padding and "
+    "torch's own create_block_mask run as written.",
+    _source_has(
+        "nemo_automodel.components.models.kimi_linear.cp:document_causal_flex_attention",
+        "_compiled_flex_attention()(",
+    ),
+)
+
 
 LIGER = _register(
     "liger_kernel_stand_in",
@@ -442,12 +478,14 @@ def install_te_attention() -> None:
 
 
 def install_fla_gdn() -> None:
-    """Put the fla Gated DeltaNet stand-in in place before the model is built (its layers bind the kernel then)."""
-    from . import fla_gdn
+    """Put the fla stand-ins (Gated DeltaNet's and KDA's) in place before the model is built (its layers bind the
+    kernels then)."""
+    from . import fla_gdn, fla_kda
 
-    if fla_gdn.install():
+    if fla_kda.install():
         FLA_GDN.hits += 1
     fla_gdn.on_cp_context = FLA_CP.count
+    fla_kda.on_call = FLA_KDA.count
 
 
 def install_ffpa() -> None:
@@ -1440,6 +1478,15 @@ def step_patches() -> Iterator[None]:
             stack.enter_context(
                 _patched(cp_attention, "_compiled_flex_attention", lambda module: flex_attention.flex_attention)
             )
+        kimi_cp = sys.modules.get("nemo_automodel.components.models.kimi_linear.cp")
+        if kimi_cp is not None:  # (imported where a Kimi-Linear model was built)
+            from . import flex_attention
+
+            def kimi_flex(*args: Any, **kwargs: Any) -> Any:
+                KIMI_FLEX_ATTENTION.count()
+                return flex_attention.flex_attention(*args, **kwargs)
+
+            stack.enter_context(_patched(kimi_cp, "_compiled_flex_attention", lambda: kimi_flex))
         yield
 
 

@@ -175,6 +175,26 @@ def test_truncated_config_cuts_per_layer_lists():
     assert [from_hf_config(truncated_config(e4b, n)).kv_shared_layers for n in (42, 30, 24, 6)] == [18, 6, 0, 0]
 
 
+def test_a_last_layer_that_breaks_the_period_is_kept_at_the_end_of_both_builds():
+    """Kimi-Linear's 27 layers: one dense KDA layer, then KDA, KDA, MLA, KDA repeating, and MLA last where the period
+    would put KDA. Both builds keep the dense layer first and the MLA layer last (its linear_attn_config renumbered),
+    so a build's layers are the model's kinds cut in the middle; a config that cannot be cut so is built whole."""
+    kimi = lookup_model("moonshotai/Kimi-Linear-48B-A3B-Instruct")
+    depth = plan_depth(kimi, read_dims({"cp_size": 8, "ep_size": 8}, 8), 0)
+    assert depth is not None and (depth.prefix, depth.suffix, depth.period, depth.layers) == (1, 1, 4, (7, 11))
+    assert depth.units == (6, 10) and depth.target_units == 26
+    kinds = layer_kinds(kimi)
+    for n in depth.layers:
+        cut = truncated_config(kimi.hf_config, n, keep_last=1)
+        assert layer_kinds(from_hf_config(cut)) == kinds[: n - 1] + kinds[-1:]
+    assert truncated_config(kimi.hf_config, 7, keep_last=1)["linear_attn_config"]["full_attn_layers"] == [4, 7]
+    # the same kinds where the config cannot keep a last layer (a period-only spelling): built whole
+    assert plan_depth(dataclasses.replace(kimi, hf_config=None), read_dims({"cp_size": 8, "ep_size": 8}, 8), 0) is None
+    cfg = {"num_hidden_layers": 8, "layer_types": list("abcabcaz"), "hybrid_override_pattern": "M*M*M*ME"}
+    out = truncated_config(cfg, 5, keep_last=1)
+    assert out["layer_types"] == list("abcaz") and out["hybrid_override_pattern"] == "M*M*E"
+
+
 def test_line_and_the_peak_phase_after_extrapolating():
     assert line(2, 10.0, 3, 12.0, 32) == pytest.approx(70.0)
     assert line(2, 10.0, 3, 8.0, 32) == 0.0  # never negative
@@ -366,6 +386,36 @@ def test_extrapolated_figures_equal_the_full_build(tmp_path, text, world):
         rest_a, rest_b = a.peak.activations + a.peak.temporaries, b.peak.activations + b.peak.temporaries
         assert rest_a == pytest.approx(rest_b, rel=0.05, abs=2e-3)
         assert a.local_param_bytes == pytest.approx(b.local_param_bytes, rel=1e-3)
+
+
+@needs_automodel
+def test_extrapolated_figures_equal_the_full_build_with_a_last_layer_off_the_period(tmp_path):
+    """A small Kimi-Linear of 19 layers (the model's schedule: a dense first layer, KDA, KDA, MLA, KDA repeating, MLA
+    last) under its own CP and EP, built at 7 and 11 layers ending with the MLA layer and extrapolated: the figures of
+    the whole build."""
+    cfg = hf_config(lookup_model("moonshotai/Kimi-Linear-48B-A3B-Instruct"))
+    small = {"hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 256, "num_experts": 8}
+    small |= {"num_hidden_layers": 19, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 2048}
+    kda = [j for j in range(1, 19) if j % 4]
+    small["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 2, "head_dim": 64}
+    small["linear_attn_config"] |= {"kda_layers": kda, "full_attn_layers": [4, 8, 12, 16, 19]}
+    small["kv_lora_rank"], small["qk_nope_head_dim"], small["v_head_dim"], small["qk_rope_head_dim"] = 64, 32, 32, 16
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg | small))
+    recipe = (
+        "model:\n  backend:\n    attn: eager\n    experts: torch\n    dispatcher: torch\n"
+        "distributed:\n  cp_size: 2\n  ep_size: 2\n  activation_checkpointing: true\n"
+        "step_scheduler:\n  local_batch_size: 1\n"
+    )
+    kw = dict(world_size=2, model=str(path), seq_len=1024, micro_batch_size=1)
+    shallow = dry_run(recipe, **kw)
+    full = dry_run(recipe, full_depth=True, **kw)
+    assert shallow.status == full.status == "measured", [(r.error, r.reason) for r in shallow.ranks + full.ranks]
+    assert any("last layer, which breaks its period of 4" in n for n in shallow.notes)
+    [a], [b] = shallow.ranks, full.ranks
+    assert a.builds and not b.builds and a.peak_phase == b.peak_phase
+    for cat in ("params", "grads", "optimizer", "activations", "temporaries", "total"):
+        assert getattr(a.peak, cat) == pytest.approx(getattr(b.peak, cat), rel=0.02, abs=2e-3), cat
 
 
 @needs_automodel

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog.models import ModelSpec, from_hf_config, period_of
+from ..catalog.models import MAX_PERIOD, ModelConfigError, ModelSpec, from_hf_config, period_of
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
 
@@ -44,6 +44,9 @@ class Depth:
     layers: tuple[int, int]  # num_hidden_layers of the two builds
     units: tuple[int, int]  # repeating units (without PP: layers past the prefix) on the measured rank in each build
     target_units: float  # ... and at full depth
+    # trailing layers that break the period (Kimi-Linear's last, an MLA layer where the period has KDA), kept whole at
+    # the end of both builds (truncated_config's keep_last)
+    suffix: int = 0
     # the units at which every rank's builds hold the whole model (the parameter count's line; a pipeline rank's
     # target_units hold its own layers, pp x those where the stages are uneven is not the model)
     model_units: float | None = None
@@ -106,25 +109,54 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
             notes=tuple(notes),
         )
     prefix = spec.first_dense_layers if spec.is_moe else 0
-    period = period_of(kinds[prefix:])
+    suffix, period = _period_and_suffix(spec, kinds, prefix)
     if period is None:
         return None
     n1 = max(1, math.ceil(MIN_LAYERS / period))
     # both builds end as the model does: its last part-period (the layers a whole number of periods leaves) follows
-    # their periods, so the backward starts at the same kind of layer (GLM-5.2's last three layers share an indexer);
-    # the line runs through the layers past the prefix, a period apart
-    tail = (L - prefix) % period
+    # their periods, so the backward starts at the same kind of layer (GLM-5.2's last three layers share an indexer),
+    # then the layers that break the period; the line runs through the layers past the prefix, a period apart
+    body = L - prefix - suffix
+    tail = body % period + suffix
     built = (prefix + n1 * period + tail, prefix + (n1 + 1) * period + tail)
-    if (L - prefix) // period <= n1 + 1 or _whole_is_no_more_work(*built, L):
+    if body // period <= n1 + 1 or _whole_is_no_more_work(*built, L):
         return None
+    note = f"built with {built[0]} and {built[1]} of the model's {L} layers"
+    if suffix:
+        last = "layer, which breaks" if suffix == 1 else f"{suffix} layers, which break"
+        note += f", each ending with the model's last {last} its period of {period} layer kinds"
     return Depth(
         period=period,
         prefix=prefix,
+        suffix=suffix,
         layers=built,
         units=(built[0] - prefix, built[1] - prefix),
         target_units=float(L - prefix),
-        notes=(f"built with {built[0]} and {built[1]} of the model's {L} layers",),
+        notes=(note,),
     )
+
+
+def _period_and_suffix(spec: ModelSpec, kinds: list[tuple[str, str, str]], prefix: int) -> tuple[int, int | None]:
+    """The repeating period of the layers past ``prefix``, and how many last layers are left out of it (0 where the
+    whole run repeats; else the fewest that let the rest repeat, where the config can be cut to keep them: the kinds a
+    cut config builds are checked against the model's)."""
+    period = period_of(kinds[prefix:])
+    if period is not None or spec.hf_config is None:
+        return 0, period
+    L = len(kinds)
+    for suffix in range(1, MAX_PERIOD):
+        period = period_of(kinds[prefix : L - suffix])
+        if period is None or (L - prefix - suffix) // period < 3:
+            continue
+        head = prefix + period + (L - prefix - suffix) % period
+        try:
+            cut = from_hf_config(truncated_config(spec.hf_config, head + suffix, keep_last=suffix))
+        except ModelConfigError:
+            return 0, None
+        if layer_kinds(cut) == kinds[:head] + kinds[L - suffix :]:
+            return suffix, period
+        return 0, None
+    return 0, None
 
 
 def built_kinds(spec: ModelSpec, dims: ParallelDims) -> ModelSpec:
@@ -196,25 +228,50 @@ def _by_stages(
     )
 
 
-def truncated_config(cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: bool = False) -> dict[str, Any]:
+def truncated_config(
+    cfg: Mapping[str, Any], layers: int, *, moe_prefix_as_moe: bool = False, keep_last: int = 0
+) -> dict[str, Any]:
     """``cfg`` (a config.json) with only its first ``layers`` layers (per-layer lists and patterns cut to match; a
-    multimodal config's language model, its ``text_config``)."""
+    multimodal config's language model, its ``text_config``); with ``keep_last``, its first ``layers - keep_last``
+    and its last ``keep_last``."""
     out = dict(cfg)
     if isinstance(out.get("text_config"), Mapping) and "num_attention_heads" not in out:
-        out["text_config"] = truncated_config(out["text_config"], layers, moe_prefix_as_moe=moe_prefix_as_moe)
+        out["text_config"] = truncated_config(
+            out["text_config"], layers, moe_prefix_as_moe=moe_prefix_as_moe, keep_last=keep_last
+        )
         return out
     before, shared = out.get("num_hidden_layers"), out.get("num_kv_shared_layers")
     out["num_hidden_layers"] = layers
+    head = layers - keep_last
+
+    def cut(seq: Any) -> Any:
+        return seq[:head] + seq[len(seq) - keep_last :] if keep_last else seq[:layers]
+
     if isinstance(shared, int) and shared > 0 and isinstance(before, int):
         # Gemma-4's KV-shared layers are the last ones: a cut keeps those of its layers that were shared
         out["num_kv_shared_layers"] = max(0, shared - (before - layers))
     if isinstance(out.get("hybrid_override_pattern"), str):
-        out["hybrid_override_pattern"] = out["hybrid_override_pattern"][:layers]
+        out["hybrid_override_pattern"] = cut(out["hybrid_override_pattern"])
     # (GLM's glm_moe_dsa lists its MLP kinds and its IndexShare indexer kinds per layer)
     per_layer = ("layer_types", "layers_block_type", "hybrid_layer_pattern", "moe_layer_freq", "mlp_layer_types")
     for key in (*per_layer, "indexer_types"):
         if isinstance(out.get(key), list):
-            out[key] = out[key][:layers]
+            out[key] = cut(out[key])
+    linear = out.get("linear_attn_config")
+    if isinstance(linear, Mapping) and isinstance(before, int):
+        # Kimi-Linear numbers its KDA and MLA layers from 1: the kept layers renumbered as the cut builds them
+        def renumber(nums: Any) -> Any:
+            if not isinstance(nums, list):
+                return nums
+            kept = [j for j in nums if isinstance(j, int) and j <= head]
+            return kept + [
+                j - (before - layers) for j in nums if isinstance(j, int) and keep_last and j > before - keep_last
+            ]
+
+        out["linear_attn_config"] = {
+            **linear,
+            **{k: renumber(linear.get(k)) for k in ("kda_layers", "full_attn_layers") if k in linear},
+        }
     if moe_prefix_as_moe and isinstance(out.get("moe_layer_freq"), list):  # MiMo-V2-Flash's dense prefix
         out["moe_layer_freq"] = [1] * len(out["moe_layer_freq"])
     if moe_prefix_as_moe and out.get("model_type") == "glm_moe_dsa":

@@ -518,7 +518,7 @@ def plan_dry_run(
             depths[r] = depth
             b1, b2 = (
                 Build(
-                    hf_config=truncated_config(cfg, n, moe_prefix_as_moe=d.pp > 1),
+                    hf_config=truncated_config(cfg, n, moe_prefix_as_moe=d.pp > 1, keep_last=depth.suffix),
                     distributed=_with_layers_per_stage(full.distributed, lps),
                 )
                 for n, lps in zip(depth.layers, depth.layers_per_stage or (None, None))

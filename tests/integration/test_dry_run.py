@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from automodel_dist.catalog.hf_config import hf_config
 from automodel_dist.catalog.models import lookup
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
 from automodel_dist.dry_run.plan import plan_dry_run
@@ -786,10 +787,30 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
         out = norm(o, raw)
     assert y.shape == x.shape and out.shape == o.shape
     assert ((b, t, h * d), torch.bfloat16) in saved and ((b * t * h,), torch.float32) in saved
-    (out.float().sum() + y.float().sum()).backward()
+    made: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    class Allocations(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (
+                torch.ops.aten.empty_like.default,
+                torch.ops.aten.empty.memory_format,
+                torch.ops.aten.new_empty.default,
+            ):
+                made.append((tuple(out.shape), out.dtype))
+            return out
+
+    with Allocations():
+        (out.float().sum() + y.float().sum()).backward()
     for x_ in (q, k, v, raw, a_log, dt_bias, beta, x):
         assert x_.grad is not None and x_.grad.shape == x_.shape and x_.grad.dtype == x_.dtype
     assert conv.weight.grad.shape == conv.weight.shape and norm.weight.grad.shape == norm.weight.shape
+    # fla 0.6.0's chunk_kda_bwd: fp32 dAqk and dAkk [B, T, H, 64]; the fused and intra passes' fp32 dq, dk, dg (six,
+    # and the reverse cumsum's dg); per-32-key-block dbeta [NK, B, T, H]; recomputed and gradient chunk states
+    assert made.count(((b, t, h, 64), torch.float32)) == 2
+    assert made.count(((b, t, h, d), torch.float32)) == 7
+    assert ((1, b, t, h), torch.float32) in made  # NK = ceil(32 / 32)
+    assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
 @needs_automodel
@@ -828,6 +849,45 @@ distributed:
     assert rank.shim_hits.get("fla_kda_stand_in") == 6
     assert rank.shim_hits.get("kimi_linear_cp_flex_attention_stand_in") == 2
     assert report.estimate is not None and abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
+@needs_automodel
+@pytest.mark.parametrize(
+    "distributed",
+    [
+        pytest.param("  ep_size: 2\n  activation_checkpointing: true\n", id="no-cp"),
+        pytest.param("  ep_size: 2\n", id="no-cp-no-ac"),
+        pytest.param("  cp_size: 2\n  ep_size: 2\n", id="cp2-no-ac"),
+    ],
+)
+def test_kimi_linear_without_cp_or_checkpointing_is_estimated_within_the_error(tmp_path, distributed):
+    """Kimi-Linear off its corpus layout, small enough for its activations to set the peak: without CP its MLA layers
+    run their own eager attention whatever backend.attn says (fp32 softmax and its bf16 copy per score, an additive
+    [B, 1, S, S] mask a microbatch); without activation checkpointing under CP every MLA layer keeps the gathered
+    sequence's padded keys and values. The estimate within the project's error of the dry run."""
+    cfg = hf_config(lookup("moonshotai/Kimi-Linear-48B-A3B-Instruct"))
+    small = {"hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 256}
+    small |= {"num_experts": 8, "num_experts_per_token": 2}
+    small |= {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 2048}
+    small["linear_attn_config"] = {**cfg["linear_attn_config"], "num_heads": 2, "head_dim": 64}
+    small["linear_attn_config"] |= {"kda_layers": [1, 2, 3], "full_attn_layers": [4]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg | small))
+    recipe = f"""model:
+  backend:
+    attn: sdpa
+    experts: torch
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+{distributed}"""
+    report = dry_run(recipe, seq_len=4096, world_size=2, model=str(path), micro_batch_size=1)
+    rank = _only(report)
+    assert report.estimate is not None, report.findings
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
 
 
 @needs_automodel

@@ -1086,8 +1086,9 @@ def test_eager_attention_keeps_every_heads_scores_where_automodel_runs_it(model,
 
 
 def test_eager_scores_only_where_there_are_scores_and_no_copy_in_fp32():
-    """A hybrid's linear-attention layers have no seq x seq scores (the eager term is the attention layers' share); in
-    fp32 compute the softmax's cast to the query's dtype is the same tensor (4 bytes a score, not 8)."""
+    """A hybrid's linear-attention layers have no seq x seq scores (the eager term of what a stage keeps is the
+    attention layers' share; one layer's, the heavier kind's whole); in fp32 compute the softmax's cast to the query's
+    dtype is the same tensor (4 bytes a score, not 8)."""
     from automodel_dist.catalog.models import from_hf_config
     from automodel_dist.estimate.memory import _act_per_token
 
@@ -1099,8 +1100,12 @@ def test_eager_scores_only_where_there_are_scores_and_no_copy_in_fp32():
     share = 1 - m.layer_attention.count("linear") / m.num_layers
     assert 0 < share < 1
     q, kv, a = m.num_attention_heads * m.hd, m.num_key_value_heads * m.hd, m.num_attention_heads
-    extra = _act_per_token(m, p1, eager, "moe", 2)[1] - _act_per_token(m, p1, flash, "moe", 2)[1]
+    extra = _act_per_token(m, p1, eager, "moe", 2)[0] - _act_per_token(m, p1, flash, "moe", 2)[0]
     assert extra == pytest.approx(share * (a * 2048 * 6 + 4 * q - 4 * kv - 4 * a))
+    # one layer: the attention layer with its scores outweighs a Gated DeltaNet layer
+    saved, one_layer = _act_per_token(m, p1, eager, "moe", 2)
+    assert one_layer - saved == pytest.approx((1 - share) * (a * 2048 * 6 + 4 * q - 4 * kv - 4 * a), rel=0.5)
+    assert one_layer > saved
     llama = lookup(L8)
     fp32 = [_act_per_token(llama, p1, dataclasses.replace(t, hf_class=True), "dense", 4)[1] for t in (flash, eager)]
     q, kv, a = llama.num_attention_heads * llama.hd, llama.num_key_value_heads * llama.hd, llama.num_attention_heads

@@ -733,6 +733,12 @@ def _linear_heads(cfg: dict[str, Any]) -> dict[str, Any]:
     linear_attn_config (one head count and head dim for q, k and v, and the short conv's kernel)."""
     linear = cfg.get("linear_attn_config")
     if isinstance(linear, dict):
+        if linear.get("use_full_rank_gate") or linear.get("gate_lower_bound") is not None:
+            # Kimi K3's KDA (a full-rank output gate, a lower-bounded decay, fp32 convs and norm) is not Kimi-Linear's
+            raise ModelConfigError(
+                "linear_attn_config with use_full_rank_gate or gate_lower_bound (Kimi K3's KDA) is not sized: only "
+                "Kimi-Linear's low-rank-gated KDA is"
+            )
         heads = _int(linear.get("num_heads"), "linear_attn_config.num_heads")
         dim = _int(linear.get("head_dim"), "linear_attn_config.head_dim")
         conv = _int(linear.get("short_conv_kernel_size", 4), "linear_attn_config.short_conv_kernel_size")

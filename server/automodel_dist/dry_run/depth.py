@@ -121,6 +121,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
     built = (prefix + n1 * period + tail, prefix + (n1 + 1) * period + tail)
     if body // period <= n1 + 1 or _whole_is_no_more_work(*built, L):
         return None
+    if suffix and not all(_cut_keeps(spec, kinds, n, suffix) for n in built):
+        return None
     note = f"built with {built[0]} and {built[1]} of the model's {L} layers"
     if suffix:
         last = "layer, which breaks" if suffix == 1 else f"{suffix} layers, which break"
@@ -137,26 +139,29 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
 
 
 def _period_and_suffix(spec: ModelSpec, kinds: list[tuple[str, str, str]], prefix: int) -> tuple[int, int | None]:
-    """The repeating period of the layers past ``prefix``, and how many last layers are left out of it (0 where the
-    whole run repeats; else the fewest that let the rest repeat, where the config can be cut to keep them: the kinds a
-    cut config builds are checked against the model's)."""
+    """The repeating period of the layers past ``prefix``, and how many last layers are left out of it: 0 where the
+    whole run repeats, else the fewest that let the rest repeat at least three times (plan_depth then checks that
+    the config can be cut to keep them)."""
     period = period_of(kinds[prefix:])
     if period is not None or spec.hf_config is None:
         return 0, period
     L = len(kinds)
     for suffix in range(1, MAX_PERIOD):
         period = period_of(kinds[prefix : L - suffix])
-        if period is None or (L - prefix - suffix) // period < 3:
-            continue
-        head = prefix + period + (L - prefix - suffix) % period
-        try:
-            cut = from_hf_config(truncated_config(spec.hf_config, head + suffix, keep_last=suffix))
-        except ModelConfigError:
-            return 0, None
-        if layer_kinds(cut) == kinds[:head] + kinds[L - suffix :]:
+        if period is not None and (L - prefix - suffix) // period >= 3:
             return suffix, period
-        return 0, None
     return 0, None
+
+
+def _cut_keeps(spec: ModelSpec, kinds: list[tuple[str, str, str]], layers: int, suffix: int) -> bool:
+    """Whether the config cut to ``layers`` keeping its last ``suffix`` builds the model's kinds cut in the middle (a
+    config that spells its layer kinds some other way, or keeps them in a field the cut does not renumber, fails)."""
+    assert spec.hf_config is not None
+    try:
+        cut = from_hf_config(truncated_config(spec.hf_config, layers, keep_last=suffix))
+    except (ModelConfigError, ValueError, KeyError, TypeError):
+        return False
+    return layer_kinds(cut) == kinds[: layers - suffix] + kinds[len(kinds) - suffix :]
 
 
 def built_kinds(spec: ModelSpec, dims: ParallelDims) -> ModelSpec:
@@ -241,15 +246,18 @@ def truncated_config(
         )
         return out
     before, shared = out.get("num_hidden_layers"), out.get("num_kv_shared_layers")
+    if not 0 <= keep_last <= layers or (keep_last and not (isinstance(before, int) and layers <= before)):
+        raise ValueError(f"cannot cut {before} layers to {layers} keeping the last {keep_last}")
     out["num_hidden_layers"] = layers
     head = layers - keep_last
 
     def cut(seq: Any) -> Any:
-        return seq[:head] + seq[len(seq) - keep_last :] if keep_last else seq[:layers]
+        # (the tail from the model's last layer: a list may run past it, as with trailing MTP entries)
+        return seq[:head] + seq[before - keep_last : before] if keep_last else seq[:layers]
 
     if isinstance(shared, int) and shared > 0 and isinstance(before, int):
         # Gemma-4's KV-shared layers are the last ones: a cut keeps those of its layers that were shared
-        out["num_kv_shared_layers"] = max(0, shared - (before - layers))
+        out["num_kv_shared_layers"] = min(keep_last, shared) + max(0, head - (before - shared))
     if isinstance(out.get("hybrid_override_pattern"), str):
         out["hybrid_override_pattern"] = cut(out["hybrid_override_pattern"])
     # (GLM's glm_moe_dsa lists its MLP kinds and its IndexShare indexer kinds per layer)

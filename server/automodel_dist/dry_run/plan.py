@@ -296,7 +296,7 @@ def plan_dry_run(
         )
     if "linear" in spec.layer_attention and not w.force_hf and d.cp > 1:
         impl = implementation(spec.architecture)
-        if impl is None or not impl.module.startswith(CP_GATED_DELTANET_MODULES):
+        if impl is None or not impl.module.startswith(CP_LINEAR_ATTENTION_MODULES):
             blocking.append(
                 "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
                 "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
@@ -583,7 +583,7 @@ def plan_dry_run(
 # AutoModel's classes whose linear-attention layers run under CP: the Gated DeltaNet ones through
 # cp_linear_attn.CPAwareGatedDeltaNet (Qwen3-Next's declares no CP support), Kimi-Linear's KDA through fla's CP
 # context (kimi_linear/cp.py, the model owning its CP)
-CP_GATED_DELTANET_MODULES = tuple(
+CP_LINEAR_ATTENTION_MODULES = tuple(
     f"nemo_automodel.components.models.{m}." for m in ("qwen3_5", "qwen3_5_moe", "qwen3_8_flash_next", "kimi_linear")
 )
 

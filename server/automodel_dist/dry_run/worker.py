@@ -195,9 +195,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             lambda t: True if t.dtype == torch.bool else None,
         ),
     }
-    # Kimi-Linear asks whether its cache positions start past 0 (a decode step) before choosing the KDA layers' mask:
-    # a training step's start at 0 (its CP sharder has already taken the attention mask off the batch)
-    items["kimi_linear/model.py:_update_linear_attn_mask"] = False
+    # Kimi-Linear chooses its KDA layers' mask by whether its cache positions start past 0 (a decode step) or else its
+    # attention mask is all ones; a training step starts at 0 and the dry run's batch has no padding (under CP its
+    # sharder has taken the mask off the batch): either way no KDA mask, which answering the first read yes gives
+    # (the two reads cannot be told apart here)
+    items["kimi_linear/model.py:_update_linear_attn_mask"] = True
     if spec.recipe.ffpa:
         # Gemma-4's FFPA ring reads each shard's document map (_packed_seq_ids) on the host to route every ring chunk:
         # answered as one document filling every row, no pad (the pack measured as its unpacked equivalent, as the

@@ -81,6 +81,7 @@ from functools import lru_cache
 from ..catalog.implementations import implementation
 from ..catalog.kernels import (
     EAGER_UNLESS_TE,
+    EAGER_WITHOUT_CP,
     FP32_NORM_CLASSES,
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
@@ -540,11 +541,15 @@ def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes
     """Bytes per local token one eager attention's backward makes on top of what it saved (one layer's at a time): the
     scores' gradients. Measured on fake tensors (tests/oracle/test_kernel_facts.py): transformers' eager attention
     adds 8 bytes a score at bf16 or fp32 compute; AutoModel's MiMo-V2-Flash function, which also subtracts each row's
-    maximum in the compute dtype, 8 at bf16 and 12 at fp32."""
+    maximum in the compute dtype, 8 at bf16 and 12 at fp32; Kimi-Linear's MLA (its own matmul, additive mask and fp32
+    softmax, no row maximum) 6 at bf16, its score's bf16 copy freed by the peak."""
     if not eager_attention(m, p, tr):
         return 0.0
-    per_score = 4 + 2 * comp_bytes if m.architecture in EAGER_UNLESS_TE else 8
-    return _scored_share(m) * m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score
+    if m.architecture in EAGER_UNLESS_TE:
+        per_score = 4 + 2 * comp_bytes
+    else:
+        per_score = 6 if m.architecture in EAGER_WITHOUT_CP else 8
+    return m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score  # (one scored layer's, whatever the mix)
 
 
 def _scored_share(m: ModelSpec) -> float:
@@ -624,10 +629,14 @@ def _act_per_token(
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output
             attn += 6 * q / t
+    # what a scored (attention) layer and a linear-attention layer each keep: the layers' mean sizes what a stage of
+    # whole periods keeps, the heavier one what a single layer holds (the one recomputed, the one running)
+    attn_scored, attn_linear = attn, 0.0
     if "linear" in m.layer_attention:  # a stage of whole periods: the layers' mean
         n_linear = m.layer_attention.count("linear")
-        attn = (n_linear * _linear_act(m) / t + (m.num_layers - n_linear) * attn) / m.num_layers
-    eager = 0.0
+        attn_linear = _linear_act(m) / t
+        attn = (n_linear * attn_linear + (m.num_layers - n_linear) * attn) / m.num_layers
+    eager = eager_scored = 0.0
     if eager_attention(m, p, tr):
         # transformers' eager_attention_forward: per head and key, the fp32 softmax (its backward's input) and its
         # copy in the compute dtype (the value matmul's; none in fp32), a softcapped model's tanh of the scores too;
@@ -637,8 +646,10 @@ def _act_per_token(
         share = _scored_share(m)
         if not m.kv_lora_rank:
             attn += share * (4 * q / t - 4 * kv / t - 4 * a / t)
+            attn_scored += 4 * q / t - 4 * kv / t - 4 * a / t
         copy = comp_bytes if comp_bytes != 4 else 0
-        eager = share * a / t * tr.seq_len / p.cp * (4 + copy + (comp_bytes if m.attn_softcap else 0))
+        eager_scored = a / t * tr.seq_len / p.cp * (4 + copy + (comp_bytes if m.attn_softcap else 0))
+        eager = share * eager_scored
     if m.architecture in _FP32_NORM_DECODER and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
         rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
     moe = kind == "moe"
@@ -695,10 +706,15 @@ def _act_per_token(
     # (activation checkpointing turns the model's cache off: AutoModel's checkpointing setup sets use_cache false)
     mamba = _parallel_mamba_act(m, tr, cached=not p.ac_applied) if m.parallel_mamba else 0.0
     plain = (rep + attn + mlp + mamba + _per_layer_input_bytes(m, tr)) * scale + dropout + eager
+    base = plain - attn * scale - eager
+    heaviest = base + max(attn_scored * scale + eager_scored, attn_linear * scale)
     style = style or ac_style(m, p, tr)
     edge = 2 * h / (t if sp else 1)
     if style == "none" or (style == "selective" and moe):
-        return plain, plain
+        # (checkpointed, a recomputed MLA layer's gathered sequence is gathered_mla_backward_bytes' transient)
+        gathered = gathered_mla_kept_bytes(m, p, tr, comp_bytes)
+        gathered_scored = gathered / _scored_share(m) if gathered else 0.0
+        return plain + gathered, base + max(attn_scored * scale + eager_scored + gathered_scored, attn_linear * scale)
     if style == "selective":
         saved = edge + 2 * q / t + 2 * kv / t + 2 * q / t + 4 * a / t + gate + edge
         if m.parallel_mamba:
@@ -709,7 +725,7 @@ def _act_per_token(
         # the MLP keeps its input alone, the attention (unwrapped) its input and all it saves, the norms and the
         # per-layer input path what they save (counted whole)
         kept = rep + attn + _per_layer_input_bytes(m, tr) + 2 * h / (t if sp else 1)
-        return kept * scale + dropout + eager, plain
+        return kept * scale + dropout + eager, heaviest
     elif style == "submodule":
         saved = 8 * h / (t if sp else 1)
         if tr.compile and sp:
@@ -735,7 +751,7 @@ def _act_per_token(
         indexer = 8.0 * m.index_heads * m.index_head_dim + 12.0 * min(m.index_topk, tr.seq_len)
         # (averaged over the layers: one that reuses an earlier layer's selection runs no indexer, GLM-5.2's IndexShare)
         indexer *= 1 - len(m.index_shared_layers) / m.num_layers
-    return saved * scale + indexer, plain
+    return saved * scale + indexer, heaviest
 
 
 def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:
@@ -1003,6 +1019,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp
         outputs = comp * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
+    acts += additive_mask_bytes(m, p, tr, comp) * inflight if g.n_layers else 0.0
     # the VLM step holds the model's logits until its backward is done
     vlm_logits = 0.0
     if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
@@ -1275,21 +1292,47 @@ def gemma4_ring_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _
 GATHERED_MLA_CP = frozenset({"KimiLinear48BForCausalLM"})
 
 
-def gathered_mla_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
-    """The backward transient of one MLA layer under Kimi-Linear's own context parallelism, over the gathered
-    sequence (micro batch x seq_len tokens, not the rank's share): at its flex attention's backward the kernel's kept
-    keys and values, each head's padded to a power of two (FlexAttention needs one: 192 -> 256 for the keys), and their
-    gradients, beside the latent norm's fp32 input and its bf16 normalised output and product (kv_b_proj's input).
-    Read from AutoModel's code (the gather, the expansion and the padding run as written under the dry run)."""
-    if p.cp <= 1 or tr.hf_class or m.architecture not in GATHERED_MLA_CP or not m.kv_lora_rank or not g.n_layers:
+def _gathered_mla_per_token(m: ModelSpec, p: ParallelDims, tr: Training, comp: float) -> float:
+    """Bytes per gathered token one MLA layer keeps for its backward under Kimi-Linear's CP: its flex attention's keys
+    and values, each head's padded to a power of two (FlexAttention needs one: 192 -> 256 for the keys), and the latent
+    norm's fp32 input and bf16 normalised output and product (kv_b_proj's input); 0 where that path is not taken."""
+    if p.cp <= 1 or tr.hf_class or m.architecture not in GATHERED_MLA_CP or not m.kv_lora_rank:
         return 0.0
     if "full" not in m.layer_attention:
         return 0.0
     heads = m.num_attention_heads / p.tp
     qk = 1 << ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0) - 1).bit_length()
     v = 1 << ((m.v_head_dim or m.hd) - 1).bit_length()
-    per_token = 2 * heads * (qk + v) * comp + (4 + 2 + 2) * m.kv_lora_rank  # kept k, v and their gradients; the norm
-    return tr.micro_batch_size * tr.seq_len * per_token
+    return heads * (qk + v) * comp + (4 + 2 + 2) * m.kv_lora_rank
+
+
+def gathered_mla_kept_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp: float) -> float:
+    """What Kimi-Linear's MLA layers keep of the gathered sequence, per local token and averaged over the layers (a
+    stage holds whole periods): ``cp`` gathered tokens a local one, on the MLA share of the layers."""
+    per_token = _gathered_mla_per_token(m, p, tr, comp)
+    return per_token * p.cp * m.layer_attention.count("full") / m.num_layers if per_token else 0.0
+
+
+def additive_mask_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp: float) -> float:
+    """Kimi-Linear's additive [B, 1, S, S] causal mask (kimi_linear/model.py _make_causal_mask, from the batch's
+    document map: build_document_causal_mask), one a microbatch in the compute dtype, held while its layers run
+    (checkpointed blocks keep it as an input); none under CP, whose MLA layers mask by blocks."""
+    if tr.hf_class or m.architecture not in EAGER_WITHOUT_CP or p.cp > 1 or "full" not in m.layer_attention:
+        return 0.0
+    return comp * tr.micro_batch_size * tr.seq_len * tr.seq_len
+
+
+def gathered_mla_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
+    """The backward transient of one MLA layer under Kimi-Linear's own context parallelism, over the gathered
+    sequence (micro batch x seq_len tokens, not the rank's share): at its flex attention's backward the kernel's kept
+    keys and values, each head's padded to a power of two (FlexAttention needs one: 192 -> 256 for the keys), and their
+    gradients, beside the latent norm's fp32 input and its bf16 normalised output and product (kv_b_proj's input).
+    Read from AutoModel's code (the gather, the expansion and the padding run as written under the dry run)."""
+    kept = _gathered_mla_per_token(m, p, tr, comp) if g.n_layers else 0.0
+    if not kept:
+        return 0.0
+    grads = kept - 8 * m.kv_lora_rank  # the keys' and values' gradients beside them
+    return tr.micro_batch_size * tr.seq_len * (kept + grads)
 
 
 def ring_chunks_backward_bytes(

@@ -49,6 +49,7 @@ CHUNK = 64
 on_cp_context: Any = (
     None  # called at each build_cp_context (the dry run's shim counts the layers that ran fla's CP path)
 )
+on_call: Any = None  # called at each chunk_gated_delta_rule call (the dry run's shim counts the layers that ran it)
 
 
 def _states(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -224,6 +225,8 @@ def chunk_gated_delta_rule(
     """fla's signature (``cu_seqlens`` packs the batch into one row, as fla's varlen path does: same bytes)."""
     if initial_state is not None:
         raise NotImplementedError("the dry run's fla stand-in runs training steps only (no initial recurrent state)")
+    if on_call is not None:
+        on_call()
     cp = None if cp_context is None else cp_context.world
     o = _ChunkGatedDeltaRule.apply(q, k, v, g, beta, bool(use_qk_l2norm_in_kernel), cp)
     final = None

@@ -14,12 +14,14 @@ Memory model (q, k [B, T, H, K], v [B, T, H, V] bf16; g fp32 [B, T, H, K], beta 
                 state [1, H, K, V] fp32
     transient:  Akk's fp32 diagonal blocks [B, T, H, 16], w, u, qg, kg (like k, v, q, k), the chunk states h
                 [B, NT, H, K, V] and v_new (like v); under CP the rank's summary and its all-gather (fla_gdn's)
-    backward:   w, u, qg, kg, h and v_new recomputed; dAqk, dv, dh [B, NT, H, K, V]; dq, dk, dv, dbeta, fp32 dg and
-                dAkk; the intra-chunk pass's dq, dk, dbeta, dg again; dg's reverse cumsum; l2norm's dq, dk
+    backward:   w, u, qg, kg, h and v_new recomputed, living (with dh and both dA) to the end of fla's chunk_kda_bwd;
+                fp32 dAqk and dv; dh [B, NT, H, K, V]; the fused pass's fp32 dq, dk, dg, dbeta and dAkk and dv; the
+                intra-chunk pass's fp32 dq, dk, dg and per-32-key-block dbeta; dg's reverse cumsum; l2norm's dq, dk
   fused_kda_gate (fla/ops/kda/gate.py): output fp32 like its input g [B, T, H, K]; keeps g; backward dg like g and
     per-32-token fp32 partial gradients of A_log [NT32, H] and dt_bias [NT32, H * K]
-  ShortConvolution (fla/modules/causal_conv1d/ops.py CausalConv1dFunction): keeps x; y like x; backward dx and per-
-    chunk fp32 weight gradients [B * NT, D, W] (under CP, fla_gdn's context-parallel conv)
+  ShortConvolution (fla/modules/causal_conv1d/ops.py CausalConv1dFunction): keeps x; y like x; backward the
+    pre-activation output recomputed, dx and per-chunk fp32 weight gradients [B * NT, D, W] (under CP, fla_gdn's
+    context-parallel conv)
   FusedRMSNormGated (fla/modules/norm/fused_norm_gate.py, RMS, sigmoid gate): keeps x, the gate and fp32 rstd a row;
     y like x; backward dx and dg
 """
@@ -40,7 +42,8 @@ on_call: Any = None  # called at each chunk_kda call (the dry run's shim counts 
 
 
 class _CausalConv1d(torch.autograd.Function):
-    """Shapes and memory of fla's causal conv1d outside context parallelism (``CausalConv1dFunction``)."""
+    """Shapes and memory of fla's causal conv1d outside context parallelism (``CausalConv1dFunction``; with an
+    activation its backward recomputes the pre-activation output first, causal_conv1d_bwd)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -50,9 +53,11 @@ class _CausalConv1d(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
+        y = torch.empty_like(x)  # the pre-activation output, recomputed
         dx = torch.empty_like(x)
         chunks = x.shape[0] * -(-x.shape[1] // CHUNK)
         dw = torch.empty((chunks, *weight.shape), dtype=torch.float32, device=x.device).sum(0).to(weight.dtype)
+        del y
         return dx, dw
 
 
@@ -220,32 +225,38 @@ class _ChunkKDA(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, do: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, g_cumsum, g, beta, a_qk, a_kk, *_ = ctx.saved_tensors
-        w, u, qg, kg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q), torch.empty_like(k)
+        fp32 = torch.float32
+        # chunk_kda_bwd (chunk_bwd.py): its locals live to its return
+        w, u, qg, kg = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q), torch.empty_like(k)  # recompute
         h, v_new = _states(k, v), torch.empty_like(v)
-        da_qk, dv = torch.empty_like(a_qk), torch.empty_like(do)  # chunk_kda_bwd_dAv
+        da_qk, dv = torch.empty_like(a_qk, dtype=fp32), torch.empty_like(do)  # chunk_kda_bwd_dAv
         dht = None
         if ctx.cp is not None:  # chunk_gated_delta_rule_bwd_dhu_pre_process: the state gradient from the next ranks
             dhm, gathered, dht = _cp_state(k, v, ctx.cp)
             del dhm, gathered
         dh, dv = _states(k, v), torch.empty_like(dv)  # chunk_gated_delta_rule_bwd_dhu
-        del h
-        # chunk_kda_bwd_wy_dqkg_fused
+        # chunk_kda_bwd_wy_dqkg_fused: fp32 dq, dk, dg, dbeta and dAkk
         dq, dk, dv, db, dg, da_kk = (
-            torch.empty_like(q),
-            torch.empty_like(k),
+            torch.empty_like(q, dtype=fp32),
+            torch.empty_like(k, dtype=fp32),
             torch.empty_like(v),
-            torch.empty_like(beta),
-            torch.empty_like(g_cumsum),
-            torch.empty_like(a_kk),
+            torch.empty_like(beta, dtype=fp32),
+            torch.empty_like(g_cumsum, dtype=fp32),
+            torch.empty_like(a_kk, dtype=fp32),
         )
-        del dh, w, u, qg, kg, v_new
-        dq2, dk2, db2, dg2 = torch.empty_like(dq), torch.empty_like(dk), torch.empty_like(db), torch.empty_like(dg)
-        del dq, dk, db, dg, da_qk, da_kk
-        dg = torch.empty_like(dg2)  # the reverse chunk-local cumsum
-        del dg2, dht
+        # chunk_kda_bwd_intra: new fp32 dq, dk, dg and per-key-block dbeta [NK, B, T, H] summed into dbeta
+        nk = -(-k.shape[-1] // 32)
+        dq, dk, dg, db = (
+            torch.empty_like(dq),
+            torch.empty_like(dk),
+            torch.empty_like(dg),
+            beta.new_empty((nk, *beta.shape), dtype=fp32).sum(0),
+        )
+        dg = torch.empty_like(dg)  # the reverse chunk-local cumsum
+        del w, u, qg, kg, h, v_new, dh, da_qk, da_kk, dht  # (chunk_kda_bwd returns)
         if ctx.l2norm:
-            dq2, dk2 = torch.empty_like(dq2), torch.empty_like(dk2)  # l2norm_bwd
-        return dq2, dk2, dv, dg.to(g.dtype), db2.to(beta.dtype), None, None
+            dq, dk = torch.empty_like(q), torch.empty_like(k)  # l2norm_bwd, like the normalised q and k
+        return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype), db.to(beta.dtype), None, None
 
 
 def chunk_kda(
@@ -261,11 +272,18 @@ def chunk_kda(
     use_gate_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cp_context: CPContext | None = None,
-    **_: Any,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fla's signature (``cu_seqlens`` packs the batch into one row, as fla's varlen path does: same bytes)."""
-    if initial_state is not None or use_gate_in_kernel:
-        raise NotImplementedError("the dry run's KDA stand-in runs AutoModel's training call only")
+    """fla's signature (``cu_seqlens`` packs the batch into one row, as fla's varlen path does: same bytes). Only
+    AutoModel's call is stood in: any other option fla takes (``disable_recompute``, ``chunk_size`` 32, the in-kernel
+    gate or beta sigmoid, ``safe_gate``) changes what the kernel keeps, and is refused."""
+    other = {k for k, v in kwargs.items() if v is not None and v is not False and k != "cu_seqlens_cpu"}
+    if kwargs.get("chunk_size") == CHUNK:
+        other.discard("chunk_size")
+    if initial_state is not None or use_gate_in_kernel or other:
+        raise NotImplementedError(
+            f"the dry run's KDA stand-in runs AutoModel's training call only (not {sorted(other) or 'initial_state'})"
+        )
     if on_call is not None:
         on_call()
     cp = None if cp_context is None else cp_context.world

@@ -482,8 +482,8 @@ def install_fla_gdn() -> None:
     kernels then)."""
     from . import fla_gdn, fla_kda
 
-    if fla_kda.install():
-        FLA_GDN.hits += 1
+    fla_kda.install()
+    fla_gdn.on_call = FLA_GDN.count
     fla_gdn.on_cp_context = FLA_CP.count
     fla_kda.on_call = FLA_KDA.count
 

@@ -856,8 +856,8 @@ distributed:
     "distributed",
     [
         pytest.param("  ep_size: 2\n  activation_checkpointing: true\n", id="no-cp"),
-        pytest.param("  ep_size: 2\n", id="no-cp-no-ac"),
-        pytest.param("  cp_size: 2\n  ep_size: 2\n", id="cp2-no-ac"),
+        pytest.param("  ep_size: 2\n", id="no-cp-no-ac", marks=pytest.mark.slow),
+        pytest.param("  cp_size: 2\n  ep_size: 2\n", id="cp2-no-ac", marks=pytest.mark.slow),
     ],
 )
 def test_kimi_linear_without_cp_or_checkpointing_is_estimated_within_the_error(tmp_path, distributed):

@@ -388,6 +388,7 @@ def test_extrapolated_figures_equal_the_full_build(tmp_path, text, world):
         assert a.local_param_bytes == pytest.approx(b.local_param_bytes, rel=1e-3)
 
 
+@pytest.mark.slow
 @needs_automodel
 def test_extrapolated_figures_equal_the_full_build_with_a_last_layer_off_the_period(tmp_path):
     """A small Kimi-Linear of 19 layers (the model's schedule: a dense first layer, KDA, KDA, MLA, KDA repeating, MLA

@@ -104,10 +104,11 @@ EAGER_DISPATCH_CUSTOM = frozenset(
 # model.attn_implementation says: MiMo-V2-Flash's (components/models/mimo_v2_flash/model.py, _eager_attention_forward:
 # its sliding layers' sinks have no SDPA path). Unset, backend.attn is te on a GPU with Transformer Engine.
 EAGER_UNLESS_TE = frozenset({"MiMoV2FlashForCausalLM"})
-# AutoModel's own classes whose full-attention layers run their own matmul / fp32-softmax attention whatever
-# model.backend.attn says, except under context parallelism, where they take their own CP path (Kimi-Linear's MLA:
-# kimi_linear/model.py KimiMLAAttention.forward; under CP a gathered-KV flex attention)
-EAGER_WITHOUT_CP = frozenset({"KimiLinear48BForCausalLM"})
+# AutoModel's own classes whose MLA layers run their own attention whatever model.backend.attn says (Kimi-Linear's:
+# kimi_linear/model.py KimiMLAAttention): without context parallelism a matmul / fp32-softmax eager attention beside
+# an additive [B, 1, S, S] mask; under it the compressed KV latent all-gathered and expanded to every head over the
+# whole sequence, into a document-causal flex attention
+OWN_MLA_ATTENTION = frozenset({"KimiLinear48BForCausalLM"})
 
 
 def runs_eager_attention(
@@ -128,7 +129,7 @@ def runs_eager_attention(
     runs its own eager attention wherever ``backend_attn`` (model.backend.attn) is not te."""
     if not hf_class and architecture in EAGER_UNLESS_TE:
         return (backend_attn or "te") != "te"
-    if not hf_class and architecture in EAGER_WITHOUT_CP:
+    if not hf_class and architecture in OWN_MLA_ATTENTION:
         return cp <= 1
     if attn_implementation != "eager" or cp > 1 or packed:
         return False
@@ -205,7 +206,6 @@ __all__ = [
     "ARCHITECTURE_TYPES",
     "EAGER_DISPATCH_CUSTOM",
     "EAGER_UNLESS_TE",
-    "EAGER_WITHOUT_CP",
     "FP32_NORM_CLASSES",
     "HF_LAYER_CLASSES",
     "TRANSFORMERS_DECODER_LAYERS",
@@ -213,6 +213,7 @@ __all__ = [
     "LIGER_LAYERS",
     "LIGER_VERSION",
     "LOCAL_DISPATCHERS",
+    "OWN_MLA_ATTENTION",
     "hf_layer",
     "hf_text_layer",
     "liger_applies",

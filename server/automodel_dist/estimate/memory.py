@@ -81,10 +81,10 @@ from functools import lru_cache
 from ..catalog.implementations import implementation
 from ..catalog.kernels import (
     EAGER_UNLESS_TE,
-    EAGER_WITHOUT_CP,
     FP32_NORM_CLASSES,
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
+    OWN_MLA_ATTENTION,
     TRANSFORMERS_DECODER_LAYERS,
     HFLayer,
     hf_layer,
@@ -548,7 +548,7 @@ def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes
     if m.architecture in EAGER_UNLESS_TE:
         per_score = 4 + 2 * comp_bytes
     else:
-        per_score = 6 if m.architecture in EAGER_WITHOUT_CP else 8
+        per_score = 6 if m.architecture in OWN_MLA_ATTENTION else 8
     return m.num_attention_heads / p.tp * tr.seq_len / p.cp * per_score  # (one scored layer's, whatever the mix)
 
 
@@ -1286,17 +1286,11 @@ def gemma4_ring_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _
     return out
 
 
-# AutoModel's classes whose MLA layers under context parallelism all-gather the compressed KV latent and expand it
-# to every head over the whole sequence before a document-causal flex attention (kimi_linear/model.py,
-# KimiMLAAttention._forward_with_cp)
-GATHERED_MLA_CP = frozenset({"KimiLinear48BForCausalLM"})
-
-
 def _gathered_mla_per_token(m: ModelSpec, p: ParallelDims, tr: Training, comp: float) -> float:
     """Bytes per gathered token one MLA layer keeps for its backward under Kimi-Linear's CP: its flex attention's keys
     and values, each head's padded to a power of two (FlexAttention needs one: 192 -> 256 for the keys), and the latent
     norm's fp32 input and bf16 normalised output and product (kv_b_proj's input); 0 where that path is not taken."""
-    if p.cp <= 1 or tr.hf_class or m.architecture not in GATHERED_MLA_CP or not m.kv_lora_rank:
+    if p.cp <= 1 or tr.hf_class or m.architecture not in OWN_MLA_ATTENTION or not m.kv_lora_rank:
         return 0.0
     if "full" not in m.layer_attention:
         return 0.0
@@ -1317,7 +1311,7 @@ def additive_mask_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp: float
     """Kimi-Linear's additive [B, 1, S, S] causal mask (kimi_linear/model.py _make_causal_mask, from the batch's
     document map: build_document_causal_mask), one a microbatch in the compute dtype, held while its layers run
     (checkpointed blocks keep it as an input); none under CP, whose MLA layers mask by blocks."""
-    if tr.hf_class or m.architecture not in EAGER_WITHOUT_CP or p.cp > 1 or "full" not in m.layer_attention:
+    if tr.hf_class or m.architecture not in OWN_MLA_ATTENTION or p.cp > 1 or "full" not in m.layer_attention:
         return 0.0
     return comp * tr.micro_batch_size * tr.seq_len * tr.seq_len
 

@@ -107,14 +107,16 @@ def build_cp_context(
     return CPContext(group, cu_seqlens, cu_seqlens_cpu, conv1d_kernel_size, layout)
 
 
-class _CausalConv1dCP(torch.autograd.Function):
-    """Shapes and memory of fla's context-parallel causal conv1d (``CausalConv1dFunctionCP``)."""
+class CausalConv1d(torch.autograd.Function):
+    """Shapes and memory of fla's causal conv1d of a training step, context-parallel (``CausalConv1dFunctionCP``:
+    ``cp``, the previous rank's tail tokens kept too) or not (``CausalConv1dFunction``); with an activation both
+    backwards recompute the pre-activation output first."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cp: bool) -> Any:
         d, w = weight.shape
-        state = torch.empty((1, d, w), dtype=x.dtype, device=x.device)  # the previous rank's tail tokens
-        ctx.save_for_backward(x, weight, *(() if bias is None else (bias,)), state)
+        state = (torch.empty((1, d, w), dtype=x.dtype, device=x.device),) if cp else ()  # the previous rank's tail
+        ctx.save_for_backward(x, weight, *(() if bias is None else (bias,)), *state)
         ctx.has_bias = bias is not None
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -130,7 +132,7 @@ class _CausalConv1dCP(torch.autograd.Function):
         if bias is not None:
             db = torch.empty((chunks, *bias.shape), dtype=torch.float32, device=x.device).sum(0).to(bias.dtype)
         del y
-        return dx, dw, db
+        return dx, dw, db, None
 
 
 def causal_conv1d(
@@ -149,7 +151,7 @@ def causal_conv1d(
         raise NotImplementedError(
             "the dry run's fla stand-in has the context-parallel causal conv1d of a training step"
         )
-    return _CausalConv1dCP.apply(x, weight, bias), None
+    return CausalConv1d.apply(x, weight, bias, True), None
 
 
 class _ChunkGatedDeltaRule(torch.autograd.Function):

@@ -35,30 +35,10 @@ import torch
 from torch import nn
 
 from . import fla_gdn
-from .fla_gdn import CHUNK, CPContext, _cp_state, _rows, _states, causal_conv1d
+from .fla_gdn import CHUNK, CausalConv1d, CPContext, _cp_state, _rows, _states, causal_conv1d
 
 GATE_CHUNK = 32  # kda_gate_bwd's BT
 on_call: Any = None  # called at each chunk_kda call (the dry run's shim counts the KDA layers that ran)
-
-
-class _CausalConv1d(torch.autograd.Function):
-    """Shapes and memory of fla's causal conv1d outside context parallelism (``CausalConv1dFunction``; with an
-    activation its backward recomputes the pre-activation output first, causal_conv1d_bwd)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, weight = ctx.saved_tensors
-        y = torch.empty_like(x)  # the pre-activation output, recomputed
-        dx = torch.empty_like(x)
-        chunks = x.shape[0] * -(-x.shape[1] // CHUNK)
-        dw = torch.empty((chunks, *weight.shape), dtype=torch.float32, device=x.device).sum(0).to(weight.dtype)
-        del y
-        return dx, dw
 
 
 class ShortConvolution(nn.Conv1d):
@@ -106,7 +86,7 @@ class ShortConvolution(nn.Conv1d):
             return causal_conv1d(x, weight, self.bias, activation=self.activation, cp_context=cp_context)
         if self.bias is not None:
             raise NotImplementedError("the dry run's ShortConvolution stand-in has no bias outside CP")
-        return _CausalConv1d.apply(x, weight), None
+        return CausalConv1d.apply(x, weight, None, False), None
 
 
 class _GatedRMSNorm(torch.autograd.Function):

@@ -431,6 +431,52 @@ def _model(
     return _ModelFound(src.spec, src.describe())
 
 
+def _with_recipe_config_fields(
+    spec: ModelSpec | None, recipe: Mapping[str, Any] | None, doc: Document, findings: list[Finding]
+) -> ModelSpec | None:
+    """The model with the fields a recipe's ``model.config`` passes to its config class's ``from_pretrained`` (which
+    sets them over the config.json: a CI run's ``num_hidden_layers``, ``num_nextn_predict_layers: 0``); only fields
+    the config.json has, so a keyword the class reads for itself (a kernel choice) changes nothing."""
+    m = recipe.get("model") if isinstance(recipe, Mapping) else None
+    cfg = m.get("config") if isinstance(m, Mapping) else None
+    if spec is None or spec.hf_config is None or not isinstance(cfg, Mapping):
+        return spec
+    if not (isinstance(cfg.get("_target_"), str) and cfg["_target_"].endswith(".from_pretrained")):
+        return spec
+    fields = {
+        k: v for k, v in cfg.items() if k in spec.hf_config and k not in NOT_CONFIG_FIELDS and v != spec.hf_config[k]
+    }
+    if not fields:
+        return spec
+    try:
+        built = from_hf_config({**spec.hf_config, **fields}, name=spec.name)
+    except ModelConfigError as exc:
+        findings.append(
+            _finding(
+                "model-config-fields",
+                f"model.config's fields cannot be applied: {exc}; sized from the config.json as it is",
+                path="model.config",
+                severity="warning",
+            )
+        )
+        return spec
+    said = ", ".join(f"{k}: {v}" for k, v in sorted(fields.items()))
+    findings.append(
+        _finding(
+            "model-config-fields",
+            f"model.config sets {said} over {spec.name}'s config.json: sized and built with it",
+            path="model.config",
+            line=doc.line(("model", "config")),
+            severity="info",
+        )
+    )
+    return replace(built, published_params=None, source=spec.source, aliases=spec.aliases)
+
+
+# model.config's from_pretrained arguments that name the checkpoint rather than set a field of its config
+NOT_CONFIG_FIELDS = frozenset({"pretrained_model_name_or_path", "name_or_path", "_name_or_path", "trust_remote_code"})
+
+
 def _with_recipe_mtp_depth(
     spec: ModelSpec | None, recipe: Mapping[str, Any] | None, doc: Document, findings: list[Finding]
 ) -> ModelSpec | None:
@@ -479,7 +525,8 @@ def _context(
     if split.block is None:
         return None, source, _ModelFound(skipped="the config has no distributed setup to check a model against")
     found = _model(request.lookup.model, split.recipe, doc, findings, request.lookup.fetch_config)
-    spec = _with_recipe_mtp_depth(found.spec, split.recipe, doc, findings)
+    spec = _with_recipe_config_fields(found.spec, split.recipe, doc, findings)
+    spec = _with_recipe_mtp_depth(spec, split.recipe, doc, findings)
     ctx = Context(
         doc=doc,
         block=split.block,

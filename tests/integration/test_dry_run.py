@@ -1679,3 +1679,53 @@ def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matc
                 else "requires a plain bias-free nn.Linear output head"
             )
             assert message in r.error, r.error
+
+
+def _toy_deepseek_v4(tmp_path: Path) -> Path:
+    """DeepSeek-V4-Flash's config at toy widths, every layer kind and the token-id-routed first layers kept."""
+    cfg = hf_config(lookup("deepseek-ai/DeepSeek-V4-Flash"))
+    cfg |= {"hidden_size": 512, "num_attention_heads": 8, "head_dim": 128, "qk_rope_head_dim": 32}
+    cfg |= {"q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128, "vocab_size": 8192, "num_nextn_predict_layers": 0}
+    cfg |= {"n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256}
+    cfg |= {"index_n_heads": 4, "index_head_dim": 64, "index_topk": 64, "num_hidden_layers": 21}
+    cfg["compress_ratios"] = [0, 0] + [4, 128] * 9 + [4, 0]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@needs_automodel
+@pytest.mark.parametrize(
+    "peft",
+    [
+        pytest.param("peft:\n  target_modules: ['*wq_a', '*wq_b', '*wkv', '*wo_b']\n  dim: 8\n", id="lora"),
+        pytest.param("", id="full", marks=pytest.mark.slow),
+    ],
+)
+def test_deepseek_v4s_eager_attention_and_hyper_connections_are_estimated_within_the_error(tmp_path, peft):
+    """AutoModel's DeepSeek-V4 on its non-TileLang path (the corpus's Flash LoRA recipe's backend): its own eager
+    attention over the whole sequence and each layer's compressed keys, the hc_mult-wide residual and its fp32
+    hyper-connections, the clamped fp32 shared expert; built shallow past its first three layers. The estimate within
+    the project's error, trained and under LoRA."""
+    recipe = f"""model:
+  backend:
+    attn: sdpa
+    rms_norm: torch_fp32
+    experts: torch_mm
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+  ep_size: 2
+{peft}"""
+    toy = str(_toy_deepseek_v4(tmp_path))
+    report = dry_run(recipe, seq_len=2048, world_size=2, model=toy, micro_batch_size=1)
+    rank = _only(report)
+    assert "built with 7 and 9 of the model's 21 layers" in report.notes, report.notes
+    assert [b["layers"] for b in rank.builds] == [7, 9]
+    assert report.estimate is not None, report.findings
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    tilelang = plan_dry_run(Request.of(recipe.replace("attn: sdpa", "attn: tilelang"), world_size=2, model=toy))
+    assert not tilelang.specs and "TileLang sparse-attention and indexer" in " ".join(tilelang.not_measured)

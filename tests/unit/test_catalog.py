@@ -864,3 +864,85 @@ def test_kimi_linear_param_count_equals_automodels_class():
     layers = model.model.layers
     assert sum(p.numel() for p in layers["0"].self_attn.parameters()) == m.attention_params("linear")
     assert sum(p.numel() for p in layers["3"].self_attn.parameters()) == m.attention_params()
+
+
+DSV4_FLASH, DSV4_PRO = "deepseek-ai/DeepSeek-V4-Flash", "deepseek-ai/DeepSeek-V4-Pro"
+
+
+def test_deepseek_v4_reads_its_layer_kinds_from_compress_ratios():
+    """compress_ratios gives each layer's KV compression, then the MTP layer's: Flash's first two layers are the
+    sliding window alone, then ratio 4 (overlapping windows and an indexer) and 128 alternate; Pro starts at 128.
+    Every layer is MoE, the first three routed by token id, hc_mult hyper-connection streams."""
+    m = lookup(DSV4_FLASH)
+    assert m.architecture == "DeepseekV4ForCausalLM" and m.num_layers == 43
+    assert m.layer_attention[:5] == ("sliding", "sliding", "csa", "hca", "csa") and m.layer_attention[-1] == "csa"
+    assert (m.layer_attention.count("csa"), m.layer_attention.count("hca")) == (21, 20)
+    assert (m.hc_mult, m.hca_ratio, m.o_groups, m.o_lora_rank, m.hash_layers) == (4, 128, 8, 1024, 3)
+    assert (m.mtp_layers, m.mtp_attention, m.num_experts, m.experts_per_token, m.first_dense_layers) == (
+        1,
+        "sliding",
+        256,
+        6,
+        0,
+    )
+    pro = lookup(DSV4_PRO)
+    assert pro.layer_attention[:3] == ("hca", "hca", "csa") and pro.num_layers == 61
+    assert (pro.layer_attention.count("csa"), pro.layer_attention.count("hca")) == (30, 31)
+
+
+def test_a_deepseek_v4_config_with_two_heavy_compression_ratios_is_refused():
+    """One compression ratio besides 0 and 4 is sized (its position table's rows): a config mixing two is refused
+    rather than sized as one."""
+    cfg = json.loads((CATALOG_DIR / "configs" / "deepseek-ai--DeepSeek-V4-Flash.json").read_text())
+    cfg["compress_ratios"] = [0, 4, 128, 64] * 11
+    with pytest.raises(ModelConfigError, match="mixes compression ratios"):
+        from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("name", [DSV4_FLASH, DSV4_PRO])
+@pytest.mark.parametrize("mtp", [0, 1])
+def test_deepseek_v4_param_count_equals_automodels_class(name, mtp):
+    """AutoModel's DeepseekV4ForCausalLM built from the catalog's file at full depth (meta device, bf16 as its
+    from_config builds it), with and without its MTP layer: every parameter, the fp32 ones (lm_head,
+    hyper-connections, compressors, sinks) and each layer kind's attention, as the parser counts."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("nemo_automodel")
+    from nemo_automodel.components.models.deepseek_v4.config import DeepseekV4Config
+    from nemo_automodel.components.models.deepseek_v4.model import DeepseekV4ForCausalLM
+
+    spec = lookup(name)
+    cfg = {k: v for k, v in spec.hf_config.items() if k != "quantization_config"} | {"num_nextn_predict_layers": mtp}
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = DeepseekV4ForCausalLM(DeepseekV4Config(**cfg))
+    finally:
+        torch.set_default_dtype(before)
+    m = from_hf_config(cfg)
+    params = list(model.parameters())
+    assert sum(p.numel() for p in params) == m.param_count()
+    assert sum(p.numel() for p in params if p.dtype == torch.float32) == m.fp32_param_count()
+    layers = model.model.layers
+    for kind in ("sliding", "csa", "hca"):
+        if kind in m.layer_attention:
+            i = m.layer_attention.index(kind)
+            assert sum(p.numel() for p in layers[str(i)].self_attn.parameters()) == m.attention_params(kind)
+            assert sum(p.numel() for p in layers[str(i)].parameters()) == m.layer_params(i)
+    if name == DSV4_FLASH and not mtp:
+        assert m.param_count() == 284_332_230_231 and m.fp32_param_count() == 868_923_351
+
+
+def test_deepseek_v4s_shallow_builds_keep_its_first_layers_whole():
+    """DeepSeek-V4-Flash's first three layers (two sliding-window ones, the first three routed by token id) break its
+    period of two: the shallow builds keep them whole before whole periods, and the cut config keeps each layer's
+    compression ratio (and the MTP layer's entry after them)."""
+    from automodel_dist.dims import ParallelDims
+    from automodel_dist.dry_run.depth import plan_depth, truncated_config
+
+    m = lookup(DSV4_FLASH)
+    d = plan_depth(m, ParallelDims(), 0)
+    assert d is not None and (d.prefix, d.period, d.suffix, d.layers) == (3, 2, 0, (7, 9))
+    cut = truncated_config(m.hf_config, 7)
+    assert cut["compress_ratios"] == [0, 0, 4, 128, 4, 128, 4, 0]
+    assert from_hf_config(cut).layer_attention == m.layer_attention[:7]

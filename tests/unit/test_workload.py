@@ -482,3 +482,29 @@ def test_a_text_only_vlm_data_set_carries_automodels_fake_image_where_it_is_pret
     assert (medpix.text_only_data, medpix.fake_images) == (None, None)
     llm = read_workload({"recipe": "TrainFinetuneRecipeForNextTokenPrediction", "dataset": {"_target_": tulu}})
     assert (llm.text_only_data, llm.fake_images) == (None, None)
+
+
+def test_a_recipes_model_config_fields_are_the_models():
+    """Fields a recipe's model.config passes to its config class's from_pretrained set the config.json's (a CI tier's
+    num_hidden_layers, DeepSeek-V4's num_nextn_predict_layers: 0): the estimate sizes, and the dry run builds, the
+    model they make, and validate says so at model.config; a keyword the config.json does not have is left alone."""
+    from automodel_dist.api import analyze
+    from automodel_dist.request import Request
+
+    flash = "deepseek-ai/DeepSeek-V4-Flash"
+    config = {
+        "_target_": "nemo_automodel.components.models.deepseek_v4.config.DeepseekV4Config.from_pretrained",
+        "pretrained_model_name_or_path": flash,
+        "num_nextn_predict_layers": 0,
+        "num_hidden_layers": 8,
+        "kda_mode": "chunk",
+    }
+    recipe = {"model": {"config": config}, "distributed": {"strategy": "fsdp2", "ep_size": 8}}
+    analysis = analyze(Request.of(recipe, world_size=16))
+    m = analysis.context.model
+    assert (m.num_layers, m.mtp_layers, m.name) == (8, 0, flash)
+    assert m.hf_config["num_hidden_layers"] == 8 and "kda_mode" not in m.hf_config
+    (note,) = [f for f in analysis.report.findings if f.rule == "model-config-fields"]
+    assert note.severity == "info" and "num_hidden_layers: 8, num_nextn_predict_layers: 0" in note.message
+    plain = {**recipe, "model": {"config": {**config, "num_hidden_layers": 43, "num_nextn_predict_layers": 1}}}
+    assert analyze(Request.of(plain, world_size=16)).context.model == lookup(flash)

@@ -109,6 +109,10 @@ EAGER_UNLESS_TE = frozenset({"MiMoV2FlashForCausalLM"})
 # an additive [B, 1, S, S] mask; under it the compressed KV latent all-gathered and expanded to every head over the
 # whole sequence, into a document-causal flex attention
 OWN_MLA_ATTENTION = frozenset({"KimiLinear48BForCausalLM"})
+# AutoModel's own classes whose attention is their own eager matmul and fp32 softmax over the sliding window's keys and
+# the compressed ones, a sink column beside them, on every backend but tilelang (DeepSeek-V4's: deepseek_v4/layers.py,
+# eager_attention_with_sink; tilelang runs its sparse-attention kernel instead)
+EAGER_UNLESS_TILELANG = frozenset({"DeepseekV4ForCausalLM"})
 
 
 def runs_eager_attention(
@@ -129,6 +133,8 @@ def runs_eager_attention(
     runs its own eager attention wherever ``backend_attn`` (model.backend.attn) is not te."""
     if not hf_class and architecture in EAGER_UNLESS_TE:
         return (backend_attn or "te") != "te"
+    if not hf_class and architecture in EAGER_UNLESS_TILELANG:
+        return backend_attn != "tilelang"
     if not hf_class and architecture in OWN_MLA_ATTENTION:
         return cp <= 1
     if attn_implementation != "eager" or cp > 1 or packed:

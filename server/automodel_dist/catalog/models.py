@@ -125,6 +125,18 @@ class ModelSpec:
     # latent MoE (Nemotron-3 Super's moe_latent_size): the routed experts work at this width, between a projection
     # from the hidden state and one back (fc1_latent_proj / fc2_latent_proj); the shared expert at the hidden width
     moe_latent_size: int = 0
+    # DeepSeek-V4: hc_mult copies of the hidden state (its hyper-connections: two fp32 maps a layer mixing them into
+    # and out of the attention and the MLP, one more before the head; 0: an ordinary residual); each layer's KV
+    # compression ratio (layer_attention "sliding": the window alone; "csa": ratio 4, overlapping windows and an
+    # indexer keeping index_topk compressed keys; "hca": compressed alone, at hca_ratio); the grouped low-rank output
+    # projection; the leading layers routed by token id
+    hc_mult: int = 0
+    hca_ratio: int = 0
+    o_groups: int = 0
+    o_lora_rank: int = 0
+    hash_layers: int = 0
+    hc_iters: int = 20  # the hyper-connections' Sinkhorn iterations (hc_sinkhorn_iters)
+    mtp_attention: str = "sliding"  # DeepSeek-V4's MTP layers' kind (its compress_ratios entry after the decoder's)
     audio_params: int = 0
     published_params: float | None = None  # total parameters from the model card
     # config.json "architectures"[0], or the class AutoModel resolves where that name is shared (_implementation_name):
@@ -315,6 +327,8 @@ class ModelSpec:
         Gemma-4's global layers, "linear" for a Gated DeltaNet layer."""
         if kind == "linear":
             return self.linear_attention_params()
+        if self.hc_mult:
+            return self.dsv4_attention_params(kind)
         if (full := self._of_kind(kind)) is not self:
             shared_v = full.num_key_value_heads * full.hd * (self.hidden_size + int(self.qkv_bias))
             return full.attention_params() - (shared_v if self.full_k_eq_v else 0)
@@ -345,6 +359,67 @@ class ModelSpec:
         if self.attention_sinks:
             params += self.num_attention_heads
         return params
+
+    def dsv4_compression_ratio(self, kind: str) -> int:
+        """A DeepSeek-V4 layer kind's KV compression ratio (0: the sliding window alone)."""
+        return {"csa": 4, "hca": self.hca_ratio}.get(kind, 0)
+
+    def dsv4_attention_params(self, kind: str) -> int:
+        """One DeepSeek-V4 attention block (AutoModel's DeepseekV4Attention): the query's low-rank pair and its norm,
+        one shared key-value head and its norm, the grouped low-rank output (o_groups blocks of heads * head_dim /
+        o_groups -> o_lora_rank, then -> hidden), a sink logit a head; on a compressed layer its compressor (kv and
+        gate projections, twice the head width where ratio-4 windows overlap, a position table of ratio rows, a
+        norm); on a "csa" layer the indexer (its query from the query latent, a weight a head, its own overlapping
+        compressor at index_head_dim)."""
+        h, d, heads, q = self.hidden_size, self.hd, self.num_attention_heads, self.q_lora_rank or 0
+        params = h * q + q + q * heads * d + h * d + d + heads * d * self.o_lora_rank
+        params += self.o_groups * self.o_lora_rank * h + heads
+        ratio = self.dsv4_compression_ratio(kind)
+        if ratio:
+            width = (2 if ratio == 4 else 1) * d
+            params += 2 * h * width + ratio * width + d
+        if kind == "csa":
+            ih, idim = self.index_heads, self.index_head_dim
+            params += q * ih * idim + h * ih + 2 * h * 2 * idim + 4 * 2 * idim + idim
+        return params
+
+    def hc_params(self) -> int:
+        """One DeepSeek-V4 hyper-connection (fp32): its map from the hc_mult streams to (2 + hc_mult) * hc_mult
+        mixing weights, their bias and three scales."""
+        m = self.hc_mult
+        mix = (2 + m) * m
+        return mix * m * self.hidden_size + mix + 3 if m else 0
+
+    def hc_head_params(self) -> int:
+        """DeepSeek-V4's hyper-connection head (fp32): the streams' weights before the final norm."""
+        m = self.hc_mult
+        return m * m * self.hidden_size + m + 1 if m else 0
+
+    def fp32_layer_params(self, kind: str) -> int:
+        """One DeepSeek-V4 layer's fp32 parameters (AutoModel builds them fp32 whatever the model's dtype): its sinks,
+        its compressors' projections and position tables, its two hyper-connections; 0 for every other model."""
+        if not self.hc_mult:
+            return 0
+        d, idim, h = self.hd, self.index_head_dim, self.hidden_size
+        ratio = self.dsv4_compression_ratio(kind)
+        width = (2 if ratio == 4 else 1) * d
+        n = self.num_attention_heads + (2 * h * width + ratio * width if ratio else 0)
+        if kind == "csa":
+            n += 2 * h * 2 * idim + 4 * 2 * idim
+        return n + 2 * self.hc_params()
+
+    def fp32_head_params(self) -> int:
+        """The fp32 parameters at the head (DeepSeek-V4's lm_head and hyper-connection head; 0 for other models)."""
+        return self.lm_head_params() + self.hc_head_params() if self.hc_mult else 0
+
+    def fp32_param_count(self) -> int:
+        """Parameters the model keeps in fp32 whatever its dtype (DeepSeek-V4's lm_head, hyper-connections,
+        compressors and attention sinks); 0 for every other model."""
+        if not self.hc_mult:
+            return 0
+        layers = sum(self.fp32_layer_params(k) for k in self.layer_attention)
+        mtp = self.mtp_layers * (self.fp32_layer_params(self.mtp_attention) + self.hc_head_params())
+        return layers + mtp + self.fp32_head_params()
 
     @property
     def mlp_matrices(self) -> int:
@@ -425,7 +500,8 @@ class ModelSpec:
         else:
             mlp = self.layer_mlp_params(layer)
         mamba = self.mamba_params() if self.parallel_mamba else 0
-        return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params() + mamba
+        hc = 2 * self.hc_params()
+        return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params() + mamba + hc
 
     def mtp_params(self) -> int:
         """The multi-token-prediction layers' parameters (none where the model has none)."""
@@ -433,6 +509,10 @@ class ModelSpec:
             return 0
         last = self.num_layers - 1
         h = self.hidden_size
+        if self.hc_mult:  # DeepSeek-V4's MTP block: its own hyper-connections and head, a final norm
+            mlp = self.num_experts * self.expert_params() + self.moe_nonexpert_params()
+            layer = self.attention_params(self.mtp_attention) + mlp + 2 * self.hc_params() + self.hc_head_params()
+            return self.mtp_layers * (layer + 2 * h * h + 5 * self.norm_params)
         if self.mtp_layer_types:  # a hybrid's depth: its sublayers as the backbone's kinds
             sublayers = sum(
                 self.mixer_params(t) + self.norms_per_layer * self.norm_params for t in self.mtp_layer_types
@@ -473,7 +553,8 @@ class ModelSpec:
             if self.is_moe:
                 layers += self.num_moe_layers * self.layer_params(self.num_layers - 1)
         embeddings = self.embedding_params() + self.ple_params()
-        return embeddings + layers + self.norm_params + self.lm_head_params() + towers + self.mtp_params()
+        head = self.norm_params + self.lm_head_params() + self.hc_head_params()
+        return embeddings + layers + head + towers + self.mtp_params()
 
     def active_param_count(self) -> int:
         """Parameters touched per token (only ``experts_per_token`` routed experts; of Gemma-4's per-layer
@@ -816,6 +897,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         return _from_nemotron_h(cfg, name=name)
     if mtype == "falcon_h1":
         return _from_falcon_h1(cfg, name=name)
+    if mtype == "deepseek_v4":
+        return _from_deepseek_v4(cfg, name=name)
     h = _int(cfg["hidden_size"], "hidden_size")
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(_first(cfg, "num_hidden_layers", "num_layers", "n_layer"), "num_hidden_layers")
@@ -1144,6 +1227,58 @@ def _hybrid_layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     if len(types) != layers:
         raise ModelConfigError(f"the hybrid layer pattern has {len(types)} layers but num_hidden_layers={layers}")
     return types
+
+
+def _from_deepseek_v4(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
+    """A DeepSeek-V4 config.json (AutoModel's DeepseekV4Config): every layer MoE, one key-value head, the query and
+    output low-rank, hc_mult hyper-connection streams, each layer's KV compression from compress_ratios (one entry a
+    layer, then the MTP layers'; AutoModel reads a missing entry as 0)."""
+    h = _int(cfg["hidden_size"], "hidden_size")
+    heads = _int(cfg["num_attention_heads"], "num_attention_heads")
+    layers = _int(cfg["num_hidden_layers"], "num_hidden_layers")
+    ratios = cfg.get("compress_ratios") or []
+    if not isinstance(ratios, list) or not all(is_int(r) and r >= 0 for r in ratios):
+        raise ModelConfigError("compress_ratios must list a non-negative KV compression ratio a layer")
+    ratios = [int(r) for r in ratios] + [0] * max(0, layers + 1 - len(ratios))
+    heavy = sorted({r for r in ratios[: layers + 1] if r not in (0, 4)})
+    if len(heavy) > 1:
+        raise ModelConfigError(f"compress_ratios mixes compression ratios {heavy}: one besides 0 and 4 is sized")
+    kinds = {0: "sliding", 4: "csa"}
+    mtp = _int(cfg.get("num_nextn_predict_layers", 1) or 0, "num_nextn_predict_layers")
+    experts = _int(cfg.get("n_routed_experts", 256), "n_routed_experts")
+    moe_inter = _int(cfg.get("moe_intermediate_size", 2048), "moe_intermediate_size")
+    return ModelSpec(
+        name=name or _unnamed(cfg, "deepseek_v4"),
+        hidden_size=h,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=_int(cfg.get("num_key_value_heads", 1), "num_key_value_heads"),
+        intermediate_size=moe_inter,
+        vocab_size=_int(cfg.get("vocab_size", 129280), "vocab_size"),
+        head_dim=_int(cfg.get("head_dim", 512), "head_dim"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        num_experts=experts,
+        experts_per_token=_int(cfg.get("num_experts_per_tok", 6), "num_experts_per_tok"),
+        moe_intermediate_size=moe_inter,
+        shared_expert_intermediate_size=_int(cfg.get("n_shared_experts", 1) or 0, "n_shared_experts") * moe_inter,
+        q_lora_rank=_int(cfg.get("q_lora_rank", 1024), "q_lora_rank"),
+        qk_rope_head_dim=_int(cfg.get("qk_rope_head_dim", 64), "qk_rope_head_dim"),
+        index_heads=_int(cfg.get("index_n_heads", 64), "index_n_heads"),
+        index_head_dim=_int(cfg.get("index_head_dim", 128), "index_head_dim"),
+        index_topk=_int(cfg.get("index_topk", 512), "index_topk"),
+        attention_sinks=True,
+        layer_attention=tuple(kinds.get(r, "hca") for r in ratios[:layers]),
+        sliding_window=_int(cfg.get("sliding_window", 128) or 128, "sliding_window"),
+        hc_mult=_int(cfg.get("hc_mult", 4), "hc_mult"),
+        hca_ratio=heavy[0] if heavy else 0,
+        o_groups=_int(cfg.get("o_groups", 8), "o_groups"),
+        o_lora_rank=_int(cfg.get("o_lora_rank", 1024), "o_lora_rank"),
+        hash_layers=min(layers, _int(cfg.get("num_hash_layers", 3) or 0, "num_hash_layers")),
+        hc_iters=_int(cfg.get("hc_sinkhorn_iters", 20) or 20, "hc_sinkhorn_iters"),
+        mtp_layers=mtp,
+        mtp_attention=kinds.get(ratios[layers], "hca"),
+        architecture=_architecture(cfg) or "DeepseekV4ForCausalLM",
+    )
 
 
 def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:

@@ -64,6 +64,7 @@ def layer_kinds(spec: ModelSpec) -> list[tuple[str, str, str]]:
         attn = spec.attention_kind(i) + ("/kv-shared" if spec.kv_shared(i) else "")
         attn += "/index-shared" if i in spec.index_shared_layers else ""  # (GLM-5.2: no indexer of its own)
         mlp = "dense" if not spec.is_moe or i < spec.first_dense_layers else "moe"
+        mlp += "/hash" if i < spec.hash_layers else ""  # (DeepSeek-V4's token-id-routed layers)
         out.append((mixer, attn, mlp))
     return out
 
@@ -108,8 +109,7 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
             layers_per_stage=lps,
             notes=tuple(notes),
         )
-    prefix = spec.first_dense_layers if spec.is_moe else 0
-    suffix, period = _period_and_suffix(spec, kinds, prefix)
+    prefix, suffix, period = _prefix_period_and_suffix(spec, kinds)
     if period is None:
         return None
     n1 = max(1, math.ceil(MIN_LAYERS / period))
@@ -136,6 +136,23 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         target_units=float(L - prefix),
         notes=(note,),
     )
+
+
+def _prefix_period_and_suffix(spec: ModelSpec, kinds: list[tuple[str, str, str]]) -> tuple[int, int, int | None]:
+    """The layers built whole before the repeating run (an MoE model's dense prefix, else none; where the run past
+    it does not repeat, the fewest more leading layers after which it does: DeepSeek-V4's sliding-window and
+    token-id-routed first layers), the run's period and the last layers left out of it (see
+    :func:`_period_and_suffix`)."""
+    base = spec.first_dense_layers if spec.is_moe else 0
+    suffix, period = _period_and_suffix(spec, kinds, base)
+    if period is not None or spec.hf_config is None:
+        return base, suffix, period
+    L = len(kinds)
+    for prefix in range(base + 1, min(base + MAX_PERIOD, L)):
+        suffix, period = _period_and_suffix(spec, kinds, prefix)
+        if period is not None and (L - prefix - suffix) // period >= 3 and _cut_keeps(spec, kinds, L - period, suffix):
+            return prefix, suffix, period
+    return base, 0, None
 
 
 def _period_and_suffix(spec: ModelSpec, kinds: list[tuple[str, str, str]], prefix: int) -> tuple[int, int | None]:
@@ -265,6 +282,10 @@ def truncated_config(
     for key in (*per_layer, "indexer_types"):
         if isinstance(out.get(key), list):
             out[key] = cut(out[key])
+    ratios = out.get("compress_ratios")
+    if isinstance(ratios, list) and isinstance(before, int):
+        # DeepSeek-V4's per-layer KV compression, then its MTP layers' entries (kept after the cut's layers)
+        out["compress_ratios"] = cut(ratios[:before]) + ratios[before:]
     linear = out.get("linear_attn_config")
     if isinstance(linear, Mapping) and isinstance(before, int):
         # Kimi-Linear numbers its KDA and MLA layers from 1: the kept layers renumbered as the cut builds them

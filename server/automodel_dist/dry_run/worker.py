@@ -200,6 +200,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     # sharder has taken the mask off the batch): either way no KDA mask, which answering the first read yes gives
     # (the two reads cannot be told apart here)
     items["kimi_linear/model.py:_update_linear_attn_mask"] = True
+    # DeepSeek-V4's decoder asks whether the ids hold image tokens (ids past the vocabulary) and whether any id is
+    # negative: a text batch has neither
+    items["deepseek_v4/model.py:forward"] = lambda t: False if t.dtype == torch.bool else None
     if spec.recipe.ffpa:
         # Gemma-4's FFPA ring reads each shard's document map (_packed_seq_ids) on the host to route every ring chunk:
         # answered as one document filling every row, no pad (the pack measured as its unpacked equivalent, as the

@@ -210,6 +210,8 @@ class _Groups:
     mtp: float = 0.0  # AutoModel's multi-token-prediction layers (on the last stage)
     audio: float = 0.0  # and its audio tower
     head_tp: int = 1  # the TP ranks the lm_head (and so the logits and their gradients) is split over
+    fp32: float = 0.0  # of dense, the parameters kept in fp32 whatever the dtype (DeepSeek-V4's), before sharding
+    fp32_head: float = 0.0  # of those, the lm_head's and the head's (gathered with the root)
 
 
 def _attn_split(m: ModelSpec) -> tuple[float, float]:
@@ -241,6 +243,7 @@ def _kind_params(m: ModelSpec, p: ParallelDims) -> dict[str, tuple[float, float]
     # Falcon-H1's Mamba-2 mixer, which AutoModel's TP plan leaves out)
     base = attn_sh / p.tp + attn_rep + m.norms_per_layer * m.norm_params + m.ple_layer_params()
     base += m.mamba_params() if m.parallel_mamba else 0
+    base += 2 * m.hc_params()  # DeepSeek-V4's two hyper-connections a layer (replicated under TP)
     dense = (base + m.mean_dense_mlp_params() / p.tp, 0.0)
     return {"dense": dense, "moe": moe(base + m.moe_nonexpert_params()) if m.is_moe else dense}
 
@@ -276,6 +279,7 @@ def _groups_of(
         for layer in range(start, start + counts[sid]):
             kind = m.layer_kind(layer)
             g.kinds[kind] = g.kinds.get(kind, 0) + 1
+            g.fp32 += m.fp32_layer_params(m.attention_kind(layer))
     g.first, g.last = 0 in my, (n_stages - 1) in my
     g.dense_layers = sum(n * per[k][0] for k, n in g.kinds.items())
     g.dense = g.dense_layers
@@ -301,6 +305,8 @@ def _groups_of(
             g.mtp -= mtp_experts
             g.experts += mtp_experts / p.ep
         g.dense += g.mtp
+        g.fp32_head = m.fp32_head_params() / head_tp
+        g.fp32 += g.fp32_head
     g.root += g.embed + g.lm_head
     g.dense += g.root
     return g
@@ -585,12 +591,101 @@ def _ac_style(
     return "submodule" if custom else "layer"
 
 
+def dsv4_keys(m: ModelSpec, kind: str, seq: float) -> float:
+    """Keys a DeepSeek-V4 query scores in its eager attention: every position of the sequence (the sliding window is
+    a mask over them) and the layer's compressed ones (one per ratio positions)."""
+    ratio = m.dsv4_compression_ratio(kind)
+    return seq + (seq / ratio if ratio else 0.0)
+
+
+def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str) -> float:
+    """Bf16-compute bytes per local token one DeepSeek-V4 layer of attention ``kind`` keeps beside its MoE, from
+    AutoModel's DeepseekV4Block (model.py) and DeepseekV4Attention (layers.py), each tensor identified by saved-tensor
+    hooks on its code at the Flash config's dims on fake tensors, at two lengths and with the base frozen
+    (tests/oracle/test_kernel_facts.py holds the sums):
+    - the query: wq_a's and q_norm's outputs (q_lora_rank), the heads' bf16 query and its fp32 copy through RoPE;
+      the key-value head and its repeat over the heads (a view: one copy); wo_a's input where the base trains,
+      wo_b's where it or its adapter trains;
+    - each of the two hyper-connections (attention and MLP sites): the hc_mult streams (the collapse's input), their
+      flat fp32 copy (the norm's input) and, where its map trains, the normalised copy (the map's input), Sinkhorn's
+      fp32 [m, m] ratios and row sums each iteration, the mixing weights; five hidden-wide tensors (norms' inputs
+      and outputs, the collapsed and expanded outputs);
+    - eager attention (any backend but tilelang): an fp32 softmax over every key and a sink column, its bf16 copy
+      for the value matmul, the row maximum's value and index;
+    - a compressed layer: its compressor's fp32 input where it trains, its kv and gate outputs over the windows
+      (fp32, twice as wide where ratio-4 windows overlap); a "csa" layer's indexer: its fp32 query, the compressed
+      keys' scores and their ReLU (fp32, every compressed key a query), the selected indices (int64) and mask, and
+      its own compressor's input and outputs.
+    tilelang's sparse attention is not measured (its kernels are not stood in): counted as a flash kernel keeps
+    (output and log-sum-exp), with the selected key indices."""
+    t, seq = p.tp, tr.seq_len / p.cp
+    h, d, heads, q, mm = m.hidden_size, m.hd, m.num_attention_heads, m.q_lora_rank or 0, m.hc_mult
+    trains = tr.lora is None
+    kept = 6 * heads * d / t + (2 * heads * d / t if trains else 0.0) + 4 * q + 4 * d
+    if lora_trains(tr.lora, "wo_b"):
+        kept += 2 * m.o_groups * m.o_lora_rank / t
+    hc_site = 4 * mm * h + (4 * mm * h if trains else 0.0) + 2 * mm * h
+    hc_site += 8 * (mm * mm + mm) * m.hc_iters + 4 * (2 + mm) * mm
+    kept += 2 * hc_site + 10 * h
+    if eager_attention(m, p, tr):
+        kept += heads / t * (6 * dsv4_keys(m, kind, seq) + 4) + 12 * heads / t
+    else:
+        # tilelang's sparse attention (not stood in: read from its autograd function, kernels/sparse_attention.py):
+        # its contiguous query copy, output and log-sum-exp, the keys each query reads (int32: the window, and the
+        # indexer's picks or every compressed key), and under CP the keys and values gathered over the sequence
+        ratio = m.dsv4_compression_ratio(kind)
+        picked = min(m.index_topk, tr.seq_len / 4) if kind == "csa" else (tr.seq_len / ratio if ratio else 0.0)
+        kept += 4 * heads * d / t + 4 * heads / t + 4 * ((m.sliding_window or 128) + picked)
+        kept += 2 * d * dsv4_keys(m, kind, tr.seq_len) / seq if p.cp > 1 else 0.0
+    ratio = m.dsv4_compression_ratio(kind)
+    if ratio:
+        width = 2 if ratio == 4 else 1
+        kept += (4 * h if trains else 0.0) + 8 * width * d
+    if kind == "csa":  # (the indexer's scores over the compressed keys are a transient: only indices come out)
+        ih, idim = m.index_heads, m.index_head_dim
+        kept += (4 * h if trains else 0.0) + 4 * ih * idim + 16 * idim + 2 * d / 4 + 4 * ih
+    return kept
+
+
+def _dsv4_moe_bytes(m: ModelSpec, frozen: bool) -> float:
+    """Bf16-compute bytes per token a DeepSeek-V4 MoE layer keeps (AutoModel's MoE with DeepSeek-V4's clamped
+    SwiGLU, moe/layers.py): the routed experts as AutoModel's grouped experts keep them, the shared expert's clamped
+    fp32 SwiGLU (its gate and up in fp32 before and after the clamp, the activation, and the bf16 product: 22 bytes
+    of its width), the router's fp32 scores and their sqrt-softplus, the layer's input (the router's and the shared
+    expert's; half of it where the experts are frozen). AutoModel's layer on fake tensors at the Flash dims keeps
+    this within 0.1% trained and 0.3% frozen (LoRA on the attention): layer by layer, at two depths."""
+    h = m.hidden_size
+    routed = _routed_expert_bytes(m, not frozen)
+    return routed + 22 * m.shared_expert_intermediate_size + 8 * m.num_experts + (h if frozen else 2 * h)
+
+
+def _dsv4_act_per_token(
+    m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int, style: str
+) -> tuple[float, float]:
+    """:func:`_act_per_token` for DeepSeek-V4: its attention kinds' mean (a stage holds whole periods of them) and
+    the heaviest kind (the layer running or recomputed), with its MoE as AutoModel's other MoE layers keep it; under
+    checkpointing a block keeps its input, the hc_mult streams, and what the policy saves of the router."""
+    scale = comp_bytes / 2.0
+    k = max(m.experts_per_token, 1)
+    frozen = tr.lora is not None and not tr.lora.experts(kind)
+    moe = _dsv4_moe_bytes(m, frozen)
+    per_kind = {a: _dsv4_attention_bytes(m, p, tr, a) for a in set(m.layer_attention)}
+    mean = sum(per_kind[a] for a in m.layer_attention) / m.num_layers
+    plain = (mean + moe) * scale
+    heaviest = (max(per_kind.values()) + moe) * scale
+    if style == "none":
+        return plain, heaviest
+    return (2 * m.hc_mult * m.hidden_size + 2 * m.num_experts + 12 * k) * scale, heaviest
+
+
 def _act_per_token(
     m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int, style: str | None = None
 ) -> tuple[float, float]:
     """(saved bytes per local token of one layer under the AC mode, bytes if not checkpointed)."""
     if m.is_hybrid:
         return _hybrid_act_per_token(m, p, tr, kind, comp_bytes)
+    if m.hc_mult:
+        return _dsv4_act_per_token(m, p, tr, kind, comp_bytes, style or ac_style(m, p, tr))
     h, t, sp = m.hidden_size, p.tp, p.sequence_parallel
     a = m.num_attention_heads
     scale = comp_bytes / 2.0  # the terms are bf16 bytes
@@ -962,9 +1057,15 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         elif tower:  # frozen: FSDP-sharded, or whole on every rank where the recipe replicates frozen towers
             frozen_bytes += tower / (1.0 if tr.frozen_multimodal == "replicate" else sp_) * comp
     params = frozen_bytes + (train_dense / sp_ + train_experts / se) * store
+    # parameters kept in fp32 (DeepSeek-V4's lm_head, hyper-connections, compressors, sinks): 4 bytes where the rest
+    # take the storage (or, frozen, the compute) dtype, and AdamW's states in their dtype
+    fp32_extra = g.fp32 / sp_ * (4 - (store if lora is None else comp))
+    params += fp32_extra
     grads_sharded = (train_dense / sg + train_experts / se) * store
     opt_per = optimizer_states_per_param(tr)
     optimizer = (train_dense / so + train_experts / se) * opt_per
+    if lora is None and g.fp32:
+        optimizer += g.fp32 / so * (tr.optimizer.state_bytes(4) - tr.optimizer.state_bytes(store))
     tokens = tr.micro_batch_size * tr.seq_len / p.cp
     n_mb, grad_acc = microbatches(p, tr)
     inflight = in_flight_microbatches(p, n_mb, pp_rank, spr)
@@ -1077,6 +1178,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     else:
         blocks, experts_held = g.layer_dense, g.layer_experts
     unsharded = (root_held + blocks) * comp if sharded else 0.0
+    if sharded and g.fp32_head:
+        unsharded += g.fp32_head * (4 - comp)  # the fp32 head gathered whole in its own dtype
     if sharded and g.experts and p.ep_shard > 1:
         unsharded += experts_held * comp
     # every block of a single-stage rank at the end of its backward

@@ -201,6 +201,8 @@ def down_adapted(m: ModelSpec, lora: Lora | None) -> bool:
 
 def _attention(m: ModelSpec, base: str) -> list[Linear]:
     h, heads = m.hidden_size, m.num_attention_heads
+    if m.hc_mult:  # DeepSeek-V4 (its first layer's kind: a sliding layer has no compressor or indexer)
+        return _dsv4_attention(m, base, m.attention_kind(0))
     if m.kv_lora_rank:  # MLA (DeepSeek-V3, Kimi-K2)
         nope, rope, v = m.qk_nope_head_dim or 0, m.qk_rope_head_dim or 0, m.v_head_dim or m.hd
         q = (
@@ -223,6 +225,34 @@ def _attention(m: ModelSpec, base: str) -> list[Linear]:
         Linear(f"{base}.v_proj", h, kv * d),
         Linear(f"{base}.{m.o_name}", heads * d, h),
     ]
+
+
+def _dsv4_attention(m: ModelSpec, base: str, kind: str) -> list[Linear]:
+    """DeepSeek-V4's attention Linears (AutoModel's DeepseekV4Attention: wo_a a grouped nn.Linear of one group's
+    width; the compressor's and the indexer's fp32 Linears where the layer kind has them)."""
+    h, d, heads, q = m.hidden_size, m.hd, m.num_attention_heads, m.q_lora_rank or 0
+    go = m.o_groups * m.o_lora_rank
+    out = [
+        Linear(f"{base}.wq_a", h, q),
+        Linear(f"{base}.wq_b", q, heads * d),
+        Linear(f"{base}.wkv", h, d),
+        Linear(f"{base}.wo_a", heads * d // max(m.o_groups, 1), go),
+        Linear(f"{base}.wo_b", go, h),
+    ]
+    ratio = m.dsv4_compression_ratio(kind)
+    if ratio:
+        width = (2 if ratio == 4 else 1) * d
+        out += [Linear(f"{base}.compressor.wkv", h, width), Linear(f"{base}.compressor.wgate", h, width)]
+    if kind == "csa":
+        idx = f"{base}.compressor.indexer"
+        ih, idim = m.index_heads, m.index_head_dim
+        out += [
+            Linear(f"{idx}.wq_b", q, ih * idim),
+            Linear(f"{idx}.weights_proj", h, ih),
+            Linear(f"{idx}.wkv", h, 2 * idim),
+            Linear(f"{idx}.wgate", h, 2 * idim),
+        ]
+    return out
 
 
 def _moe(m: ModelSpec, base: str, *, shared: str) -> list[Linear]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalog.implementations import builds_own_class
-from ..catalog.kernels import EAGER_UNLESS_TE, runs_eager_attention
+from ..catalog.kernels import EAGER_UNLESS_TE, EAGER_UNLESS_TILELANG, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, KIMI_IN_TOKEN_LIMIT, ImageGeometry, vlm_image
 from ..vlm_packing import recipe_fill_note
@@ -140,13 +140,24 @@ def training_for(
         packed=w.packed,
         backend_attn=w.attn_backend,
     ):
-        read.append(
-            f"model.backend.attn {w.attn_backend}: AutoModel's {spec.architecture} runs its own eager attention on any "
-            "backend but te, every head's seq x seq scores kept for backward (fp32 softmax and its bf16 copy)"
-            if spec.architecture in EAGER_UNLESS_TE
-            else "model.attn_implementation eager: every head's seq x seq scores kept for backward (fp32 softmax "
-            "and its bf16 copy), where the layout has no CP (AutoModel runs SDPA under CP)"
-        )
+        if spec.architecture in EAGER_UNLESS_TE:
+            said = (
+                f"model.backend.attn {w.attn_backend}: AutoModel's {spec.architecture} runs its own eager attention on "
+                "any backend but te, every head's seq x seq scores kept for backward (fp32 softmax and its bf16 copy)"
+            )
+        elif spec.architecture in EAGER_UNLESS_TILELANG:
+            said = (
+                f"model.backend.attn {w.attn_backend}: AutoModel's {spec.architecture} runs its own eager attention "
+                "with a sink column on any backend but tilelang, every head's scores over the whole sequence (the "
+                "sliding window is a mask) and the layer's compressed keys kept for backward (fp32 softmax and its "
+                "bf16 copy)"
+            )
+        else:
+            said = (
+                "model.attn_implementation eager: every head's seq x seq scores kept for backward (fp32 softmax and "
+                "its bf16 copy), where the layout has no CP (AutoModel runs SDPA under CP)"
+            )
+        read.append(said)
     if w.torch_dtype and precision in (None, "auto"):
         read.append(f"model.torch_dtype {w.torch_dtype}: {DTYPE_BYTES[storage]}-byte parameters")
     tr = Training(

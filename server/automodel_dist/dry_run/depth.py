@@ -79,6 +79,16 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
     if dims.pp > 1:
         prefix = 0
         period = period_of(kinds[spec.first_dense_layers :]) if spec.first_dense_layers else period_of(kinds)
+        if period is None and spec.hc_mult:
+            # DeepSeek-V4's first layers (the window alone, routed by token id) break its period: the shallow builds
+            # make them layers of the period (truncated_config(moe_prefix_as_moe)), as a dense prefix is built MoE
+            irregular, suffix, period = _prefix_period_and_suffix(spec, kinds)
+            if period is None or suffix:
+                return None
+            notes.append(
+                f"the first {irregular} layers (their own attention kinds and token-id routing) are built as layers "
+                "of the model's period in the shallow builds: the stage holding them is measured with the period's"
+            )
         if period is None:
             return None
         spr = dims.stages_per_rank_of(L)
@@ -86,8 +96,8 @@ def plan_depth(spec: ModelSpec, dims: ParallelDims, pp_rank: int) -> Depth | Non
         per_stage = stage_layer_counts(L, num_stages)
         held = sum(per_stage[s] for s in stage_ids(pp_rank, dims.pp, num_stages, v_style=dims.v_schedule))
         n1 = max(1, math.ceil(MIN_LAYERS / period))
-        if min(per_stage) <= (n1 + 1) * period:
-            return _by_stages(spec, dims, per_stage, spr, held, period)  # stages already as shallow as the builds
+        if min(per_stage) <= (n1 + 1) * period:  # stages already as shallow as the builds
+            return _by_stages(spec, dims, per_stage, spr, held, period, tuple(notes))
         if _whole_is_no_more_work(spr * n1 * period, spr * (n1 + 1) * period, held):
             return None
         if spec.first_dense_layers:
@@ -214,7 +224,7 @@ MIN_STAGES = 3  # at least torch's MAX_ACTIVE_STAGES gathered stages in the shal
 
 
 def _by_stages(
-    spec: ModelSpec, dims: ParallelDims, per_stage: list[int], spr: int, held: int, period: int
+    spec: ModelSpec, dims: ParallelDims, per_stage: list[int], spr: int, held: int, period: int, more: tuple[str, ...]
 ) -> Depth | None:
     """Shallow stages, many per rank (an interleaved schedule with a small layers_per_stage): build the rank with 3 and
     4 of its stages at the same layers per stage and extrapolate per stage. Each stage adds its layers' bytes and, in
@@ -237,6 +247,7 @@ def _by_stages(
             f"the first {spec.first_dense_layers} dense layers are built as the model's MoE layers in the "
             "shallow builds (an overestimate for the stage holding them)"
         )
+    notes += more
     s1, s2 = MIN_STAGES, MIN_STAGES + 1
     return Depth(
         period=period,
@@ -307,6 +318,17 @@ def truncated_config(
         # GLM's dense prefix: AutoModel's GlmMoeDsaConfig reads mlp_layer_types, and without it makes the first three
         # layers dense whatever first_k_dense_replace says
         out["mlp_layer_types"] = ["sparse"] * layers
+    if moe_prefix_as_moe and isinstance(out.get("compress_ratios"), list) and isinstance(before, int):
+        # DeepSeek-V4's first layers built as layers of its period: their compression ratios continued from the
+        # period's, routed by score rather than by token id
+        ratios = out["compress_ratios"]
+        body = ratios[: min(layers, before)]
+        for start in range(1, MAX_PERIOD):
+            period = period_of(body[start:])
+            if period is not None and len(body) - start >= 2 * period:
+                out["compress_ratios"] = [body[start + (i - start) % period] for i in range(start)] + ratios[start:]
+                break
+        out["num_hash_layers"] = 0
     if moe_prefix_as_moe and out.get("first_k_dense_replace"):
         out["first_k_dense_replace"] = 0
     if moe_prefix_as_moe and out.get("moe_layer_start_index"):  # ERNIE-4.5's dense prefix

@@ -324,14 +324,7 @@ def plan_dry_run(
                 "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
                 "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
             )
-    if spec.hc_mult and w.attn_backend == "tilelang" and not w.force_hf:
-        blocking.append(
-            f"model.backend.attn tilelang on {spec.architecture}: DeepSeek-V4's TileLang sparse-attention and indexer "
-            "kernels (deepseek_v4/kernels: sparse_attention.py, tilelang_indexer_fwd.py; CUDA only) are not stood in "
-            "by the dry run, and its other backends run a dense eager attention that holds every head's scores: not "
-            "measured (the estimate counts what the kernels' autograd functions keep)"
-        )
-    elif spec.index_heads and w.attn_backend in ("tilelang", "cudnn") and not w.force_hf:
+    if spec.index_heads and w.attn_backend in ("tilelang", "cudnn") and not w.force_hf:
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
@@ -339,7 +332,7 @@ def plan_dry_run(
                 "class takes that backend at all; running the dense attention instead would hold a seq x seq mask "
                 "per head: not measured"
             )
-        elif not w.thd_batches:
+        elif not w.thd_batches and not spec.hc_mult:  # (GLM-5.2's; DeepSeek-V4's take padded batches)
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture} runs on packed THD batches only, and this "
                 "recipe's are not (no packed_sequence.packed_sequence_size with THD packing, nor "
@@ -504,6 +497,7 @@ def plan_dry_run(
         mamba_ssm=mamba_ssm,
         mamba_hf=mamba_hf,
         ffpa=ffpa,
+        dsv4_kernels=bool(spec.hc_mult) and (backend or {}).get("attn") == "tilelang",
         te_module=te_module,
         thd_batches=w.thd_batches,
         clip_grad_norm=w.clip_grad_norm,

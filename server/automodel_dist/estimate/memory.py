@@ -1229,8 +1229,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
     if grad_acc > 1:
         accumulated = max(accumulated, plain_expert_grads)
+    # an fp32 lm_head (DeepSeek-V4's) runs its backward in fp32: the logits' gradient cast up and the head's own
+    # unsharded fp32 gradient, beside the loss's temporaries (the dry run of AutoModel's class: the last stage peaks
+    # in the head)
+    head_backward = 0.0
+    if g.fp32_head:
+        head_backward = 4.0 * vocab / head_tp * tokens + (4.0 * g.lm_head if lora is None else 0.0)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
-    phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + p2p + held_grads))
+    phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + head_backward + p2p + held_grads))
     if (
         sharded
         and p.strategy == "fsdp2"

@@ -23,7 +23,10 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
 }
 # AutoModel's classes whose DSA kernels for a backend.attn the dry run stands in (stack/glm_dsa.py), which it keeps
 # rather than run the dense attention it would fall back to (a seq x seq sparse mask per head)
-DSA_KERNEL_STAND_INS = {("GlmMoeDsaForCausalLM", "tilelang")}
+DSA_KERNEL_STAND_INS = {
+    ("GlmMoeDsaForCausalLM", "tilelang"): "stack/glm_dsa.py",
+    ("DeepseekV4ForCausalLM", "tilelang"): "stack/dsv4_tilelang.py",
+}
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
 _TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}
 _ADAM_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -63,6 +66,7 @@ class StackRecipe(BaseModel):
     # scan): its architecture (Nemotron-H under force_hf, Falcon-H1; shims.HF_MAMBA_KERNELS), None for none
     mamba_hf: str | None = None
     ffpa: bool = False  # the dry run's stand-in for FFPA's CuTeDSL kernels (Gemma-4's CP ring, cp_full_attn_backend)
+    dsv4_kernels: bool = False  # the dry run's stand-ins for DeepSeek-V4's TileLang sparse attention and indexer
     thd_batches: bool = False  # the recipe's batches are packed THD (the dry run hands the packing collate's fields)
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
@@ -77,9 +81,9 @@ class StackRecipe(BaseModel):
 
     @property
     def glm_dsa_kernels(self) -> bool:
-        """Whether GLM-5.2's TileLang DSA kernels are stood in (backend.attn tilelang kept by backend_for for the one
-        class whose kernels stack/glm_dsa.py stands in)."""
-        return (self.backend or {}).get("attn") == "tilelang"
+        """Whether GLM-5.2's TileLang DSA kernels are stood in (backend.attn tilelang, which backend_for keeps only
+        for the classes whose kernels the dry run stands in)."""
+        return (self.backend or {}).get("attn") == "tilelang" and not self.dsv4_kernels
 
     @property
     def thd_dsa_batches(self) -> bool:
@@ -127,10 +131,10 @@ def backend_for(
     dsa_kernels = not values and (architecture, backend.get("attn")) in DSA_KERNEL_STAND_INS
     if dsa_kernels:
         out.append(
-            f"model.backend.attn: {backend['attn']} runs AutoModel's vendored TileLang DSA Functions (the lighting "
-            "indexer and sparse MLA, what they save for backward, the indexer's fp32 logits and top-k) with "
-            "stand-ins for their CUDA kernels (stack/glm_dsa.py: each kernel's outputs and its interface's "
-            "allocations); the kernels' own workspaces are not measured"
+            f"model.backend.attn: {backend['attn']} runs AutoModel's vendored TileLang DSA Functions (the "
+            "sparse-attention indexer and sparse attention, what they save for backward, the indexer's fp32 logits and top-k) "
+            f"with stand-ins for their CUDA kernels ({DSA_KERNEL_STAND_INS[(architecture, backend['attn'])]}: each "
+            "kernel's outputs and its interface's allocations); the kernels' own workspaces are not measured"
         )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
         if key == "attn" and dsa_kernels:

@@ -405,6 +405,29 @@ GLM_DSA = _register(
     ),
 )
 
+KERNELS_DSV4 = "nemo_automodel.components.models.deepseek_v4.kernels"
+DSV4_TILELANG = _register(
+    "dsv4_tilelang_kernels_stand_in",
+    "build",
+    "nemo_automodel.components.models.deepseek_v4.kernels (tilelang_sparse_mla_fwd.sparse_mqa_fwd, "
+    "tilelang_sparse_mla_bwd.preprocess / bwd / postprocess, tilelang_indexer_fwd.tl_indexer_fwd_impl / "
+    "clean_logits_; stand-ins, stack/dsv4_tilelang.py) and optimized_kernels._all_cuda",
+    "DeepSeek-V4's backend.attn tilelang runs its sparse attention and indexer through TileLang kernels AutoModel "
+    "vendors (CUDA). The stand-ins build kernels that return or fill what each real one does; AutoModel's autograd "
+    "Functions (what they save for backward, the head chunks' copies and fp32 KV-gradient accumulator) and its "
+    "interfaces' padded indices, masks and logits run as written.",
+    lambda: (
+        _source_has(f"{KERNELS_DSV4}.tilelang_sparse_mla_fwd:sparse_mqa_fwd_interface", "sparse_mqa_fwd(")(),
+        _source_has(
+            f"{KERNELS_DSV4}.tilelang_sparse_mla_bwd:sparse_mqa_bwd_interface", "preprocess(", "postprocess("
+        )(),
+        _source_has(
+            f"{KERNELS_DSV4}.tilelang_indexer_fwd:indexer_fwd_interface", "tl_indexer_fwd_impl(", "clean_logits_("
+        )(),
+        _resolve("nemo_automodel.components.models.deepseek_v4.optimized_kernels:_all_cuda"),
+    ),
+)
+
 FLEX_ATTENTION = _register(
     "gemma4_cp_flex_attention_stand_in",
     "forward",
@@ -504,6 +527,15 @@ def install_glm_dsa() -> None:
 
     glm_dsa.install()
     glm_dsa.on_call = GLM_DSA.count
+
+
+def install_dsv4_tilelang() -> None:
+    """Put the stand-ins for DeepSeek-V4's vendored TileLang kernels in place (its interfaces build them per call);
+    their calls are counted."""
+    from . import dsv4_tilelang
+
+    dsv4_tilelang.install()
+    dsv4_tilelang.on_call = DSV4_TILELANG.count
 
 
 def install_mamba_ssd(*, transformers_class: str | None = None) -> None:
@@ -813,6 +845,23 @@ META_INIT = _register(
         "get_world_size_safe() > 1 or not is_hf_model",
     ),
 )
+EXPERTS_ON_META = _register(
+    "experts_built_on_meta",
+    "build",
+    "nemo_automodel.components.moe.experts GroupedExperts / GroupedExpertsDeepEP.__init__ (under torch.device('meta') "
+    "while auto_model's init_empty_weights is active)",
+    "AutoModel's meta-device init (init_empty_weights) creates each parameter on the host and moves it to meta as it "
+    "is registered: the routed experts' stacked weights are allocated on the host first, a layer at a time (34 GB for "
+    "a DeepSeek-V4-Pro layer, more than this machine holds, where a GPU node's host has room). Creating them on meta "
+    "directly gives the same meta parameters without the host allocation.",
+    lambda: (
+        _source_has(
+            "nemo_automodel._transformers.auto_model:_BaseNeMoAutoModelClass._build_model", "init_empty_weights()"
+        )(),
+        _resolve("nemo_automodel.components.moe.experts:GroupedExperts.__init__"),
+        _resolve("nemo_automodel.components.moe.experts:GroupedExpertsDeepEP.__init__"),
+    ),
+)
 MODULE_TO = _register(
     "module_to_on_fake_params",
     "build",
@@ -916,6 +965,35 @@ def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[No
             return max(size, 2)
 
         stack.enter_context(_patched(am, "get_world_size_safe", world_for_meta_init))
+
+        import nemo_automodel.components.moe.experts as experts
+
+        meta_init = [False]
+        empty_weights = am.init_empty_weights
+
+        @contextlib.contextmanager
+        def init_empty_weights() -> Iterator[None]:
+            meta_init.append(True)
+            try:
+                with empty_weights():
+                    yield
+            finally:
+                meta_init.pop()
+
+        def on_meta(init: Any) -> Any:
+            @functools.wraps(init)
+            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+                if not meta_init[-1]:
+                    return init(self, *args, **kwargs)
+                EXPERTS_ON_META.hits += 1
+                with torch.device("meta"):
+                    return init(self, *args, **kwargs)
+
+            return __init__
+
+        stack.enter_context(_patched(am, "init_empty_weights", init_empty_weights))
+        for cls in (experts.GroupedExperts, experts.GroupedExpertsDeepEP):
+            stack.enter_context(_patched(cls, "__init__", on_meta(cls.__init__)))
 
         init = Checkpointer.__dict__["initialize_model_weights"]
         init_fn = init.__func__ if isinstance(init, staticmethod) else init
@@ -1498,6 +1576,7 @@ __all__ = [
     "install_te_attention",
     "install_fla_gdn",
     "install_ffpa",
+    "install_dsv4_tilelang",
     "install_glm_dsa",
     "install_mamba_ssd",
     "install_compiled_activations",

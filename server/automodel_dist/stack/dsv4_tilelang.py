@@ -1,0 +1,140 @@
+"""Stand-ins for the TileLang kernels AutoModel vendors for DeepSeek-V4's sparse attention and indexer (from Miles,
+``nemo_automodel/components/models/deepseek_v4/kernels``), so that ``backend.attn: tilelang`` runs on fake CPU tensors
+as it runs on a GPU. Only the TileLang kernel builders are replaced, by builders of kernels that return (or fill) what
+the real ones do: AutoModel's autograd Functions (``DeepSeekV4SparseAttention`` and its head-chunked form), its
+interfaces' padded indices, valid masks, fp32 accumulators and per-chunk copies, and the indexer's padded logits run
+as written. Only the dry run's worker imports this module.
+
+Memory model (AutoModel 0.7.0's vendored interfaces; B sequences of S queries, h heads of a chunk, D = head_dim, K
+keys, k selected keys a query):
+  sparse MQA forward:  a chunk's out [B, S, h, D] in q's dtype and fp32 base-two lse [B, S, h] (the kernel's
+                       out_idx), after the interface's int32 indices and valid mask padded to 64 slots; the chunked
+                       Function saves q, kv, the sinks, the indices, out and lse
+  sparse MQA backward: fp32 delta [B, S, h] (preprocess), dq [B, S, h, D] (the kernel's out_idx), the interface's
+                       fp32 dkv accumulator [B, K, D] (zeroed) and sink gradient, indices and mask padded to 32 slots
+  indexer forward:     fp32 logits [S_pad, K_pad] per sequence, which the kernels fill in place (no autograd)
+(kernels/tilelang_sparse_mla_fwd.py sparse_mqa_fwd_interface, tilelang_sparse_mla_bwd.py sparse_mqa_bwd_interface,
+tilelang_indexer_fwd.py indexer_fwd_interface, sparse_attention.py DeepSeekV4SparseAttentionHeadChunked)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+KERNELS = "nemo_automodel.components.models.deepseek_v4.kernels"
+OPTIMIZED = "nemo_automodel.components.models.deepseek_v4.optimized_kernels"
+on_call: Any = None  # called at each stood-in kernel call (the dry run's shim counts them)
+
+
+def _count() -> None:
+    if on_call is not None:
+        on_call()
+
+
+def sparse_mqa_fwd(heads: int, dim: int, topk: int, *_: Any, **__: Any) -> Callable[..., Any]:
+    """The forward kernel: (q, kv, sinks, indices, valid mask) -> (out in q's dtype, fp32 lse [B, S, h])."""
+
+    def kernel(q: torch.Tensor, kv: torch.Tensor, *_: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _count()
+        return torch.empty_like(q), torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+
+    return kernel
+
+
+def preprocess(batch: int, seq: int, heads: int, dim: int, *_: Any, **__: Any) -> Callable[..., Any]:
+    """The backward's preprocess kernel: (out, dout) -> fp32 delta [B, S, h]."""
+
+    def kernel(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+        return torch.empty((batch, seq, heads), device=o.device, dtype=torch.float32)
+
+    return kernel
+
+
+def bwd(*_: Any, **__: Any) -> Callable[..., Any]:
+    """The backward kernel: dq returned (its out_idx), dkv and the sinks' gradient accumulated in place."""
+
+    def kernel(q: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+        _count()
+        return torch.empty_like(q)
+
+    return kernel
+
+
+def postprocess(*_: Any, **__: Any) -> Callable[..., Any]:
+    """The fp32 dkv accumulator cast to bf16."""
+
+    def kernel(dkv: torch.Tensor) -> torch.Tensor:
+        return torch.empty(dkv.shape, device=dkv.device, dtype=torch.bfloat16)
+
+    return kernel
+
+
+def tl_indexer_fwd_impl(*_: Any, **__: Any) -> Callable[..., Any]:
+    """The indexer kernel: fills the interface's fp32 logits in place."""
+
+    def kernel(*_: torch.Tensor) -> None:
+        _count()
+
+    return kernel
+
+
+def clean_logits_(*_: Any, **__: Any) -> Callable[..., Any]:
+    """Masks the logits outside each query's causal window, in place."""
+
+    def kernel(*_: torch.Tensor) -> None:
+        return None
+
+    return kernel
+
+
+STAND_INS = {
+    f"{KERNELS}.tilelang_sparse_mla_fwd": {"sparse_mqa_fwd": sparse_mqa_fwd},
+    f"{KERNELS}.tilelang_sparse_mla_bwd": {"preprocess": preprocess, "bwd": bwd, "postprocess": postprocess},
+    f"{KERNELS}.tilelang_indexer_fwd": {"tl_indexer_fwd_impl": tl_indexer_fwd_impl, "clean_logits_": clean_logits_},
+}
+
+
+def _bindings() -> list[tuple[Any, str, Any]]:
+    """(module, name, stand-in) for every binding: the kernel builders where AutoModel's interfaces call them, and
+    what lets its dispatcher take the TileLang path (the tensors on a GPU)."""
+    out = [
+        (importlib.import_module(module), name, fn) for module, names in STAND_INS.items() for name, fn in names.items()
+    ]
+    out.append((importlib.import_module(OPTIMIZED), "_all_cuda", lambda *tensors: True))  # fake CPU tensors
+    return out
+
+
+def install() -> None:
+    """Bind the stand-ins for the rest of the process (the dry run's rank: fake tensors, which the real kernels could
+    not run even where tilelang is installed)."""
+    for module, name, value in _bindings():
+        setattr(module, name, value)
+
+
+@contextlib.contextmanager
+def stood_in() -> Iterator[None]:
+    """The stand-ins bound for a block, the originals restored after it (tests)."""
+    saved = [(module, name, getattr(module, name)) for module, name, _ in _bindings()]
+    install()
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+__all__ = [
+    "bwd",
+    "clean_logits_",
+    "install",
+    "postprocess",
+    "preprocess",
+    "sparse_mqa_fwd",
+    "stood_in",
+    "tl_indexer_fwd_impl",
+]

@@ -142,7 +142,15 @@ def swept(recipe: str):
 
 # The categories whose recipes name a model the catalog sizes (the others' config.json needs the Hub): strict, so a
 # category gained or lost shows.
-SIZED_CATEGORIES = {"convergence", "llm_benchmark", "llm_finetune", "retrieval", "vlm_benchmark", "vlm_finetune"}
+SIZED_CATEGORIES = {
+    "convergence",
+    "llm_benchmark",
+    "llm_finetune",
+    "llm_pretrain",
+    "retrieval",
+    "vlm_benchmark",
+    "vlm_finetune",
+}
 
 
 def _check_categories(rows, expected: set[str]) -> None:
@@ -168,9 +176,10 @@ def test_sample_estimate_agrees_with_the_dry_run(recipe):
 def test_sample_agrees_per_category():
     rows = [swept(r) for r in sweep.DEFAULT_SAMPLE]
     # the sample: a recipe of every sized category but convergence (its one recipe, 16 s), vlm_benchmark (its one
-    # sized recipe, Qwen3-VL-235B on 256 GPUs, 42 s) and the VLM recipes (their sample recipe runs under -m slow;
-    # tests/integration/test_dry_run.py measures a VLM step by default)
-    _check_categories(rows, SIZED_CATEGORIES - {"convergence", "vlm_benchmark", "vlm_finetune"})
+    # sized recipe, Qwen3-VL-235B on 256 GPUs, 42 s), llm_pretrain (its one sized recipe, DeepSeek-V4-Flash's CI tier;
+    # tests/integration/test_dry_run.py measures the model's layers by default) and the VLM recipes (their sample
+    # recipe runs under -m slow; tests/integration/test_dry_run.py measures a VLM step by default)
+    _check_categories(rows, SIZED_CATEGORIES - {"convergence", "llm_pretrain", "vlm_benchmark", "vlm_finetune"})
 
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.

@@ -1189,3 +1189,18 @@ def test_a_frozen_tower_is_held_gathered_in_the_root_unit_unless_the_recipe_says
     with_lora = estimate_memory(recipe.format(freeze=lora, extra=""), **sizes).memory_gib
     with_lora_frozen = estimate_memory(recipe.format(freeze=lora + frozen, extra=""), **sizes).memory_gib
     assert with_lora.buffers == pytest.approx(with_lora_frozen.buffers)
+
+
+@CORPUS_THERE
+def test_deepseek_v4_suggestions_keep_its_recipes_backend_and_its_own_stage_forward():
+    """suggest from DeepSeek-V4's CP recipe: its layouts are checked with the recipe's own backend.attn (tilelang, the
+    only one its class runs CP with), and a pipeline layout turns AutoModel's generic stage forward off, as
+    pp-patched-forward asks; the recipe's own layout is among the candidates it compares."""
+    from automodel_dist.suggest.search import suggest_strategy
+
+    recipe = TESTS.parent.parent / "shared" / "corpus" / "llm_finetune/deepseek_v4/deepseek_v4_flash_cp_tulu3.yaml"
+    rep = suggest_strategy(config=recipe, top_k=40)
+    assert rep.candidates and any(c.distributed.get("cp_size", 1) > 1 for c in rep.candidates)
+    piped = [c.distributed["pipeline"] for c in rep.candidates if c.distributed.get("pp_size", 1) > 1]
+    assert piped and all(p["patch_inner_model"] is False and p["patch_causal_lm_model"] is False for p in piped)
+    assert not [r for r in rep.rejected if "requires the TileLang attention backend" in r.reason]

@@ -886,6 +886,21 @@ CASES = [
         id="pp-model-unsupported",
     ),
     RuleCase(
+        text="distributed:\n  pp_size: 2\n  ep_size: 8\n  pipeline:\n    pp_schedule: 1f1b\n    patch_causal_lm_model: false\n",
+        kwargs={"world_size": 16, "model": "deepseek-ai/DeepSeek-V4-Flash"},
+        rule="pp-patched-forward",
+        severity="error",
+        path="distributed.pipeline.patch_inner_model",
+        line=4,
+        valid=False,
+        message="pp_size=2 with patch_inner_model on (the default): AutoModel's generic stage forward replaces "
+        "DeepseekV4ForCausalLM's own, which hands its hyper-connection streams ([B, S, hc_mult, hidden]) from stage to "
+        "stage; the next stage gets [B, S, hidden] and the first forward fails ('a and b must have same reduction "
+        "dim') after launch",
+        fix="distributed.pipeline: {patch_inner_model: false, patch_causal_lm_model: false}",
+        id="pp-patched-forward",
+    ),
+    RuleCase(
         text="distributed:\n  tp_size: 2\n",
         kwargs={
             "world_size": 8,

@@ -158,3 +158,11 @@ def __getattr__(name: str) -> Any:
     if name == "IMPLEMENTATIONS":  # the mapping, for callers that iterate it
         return implementations()
     raise AttributeError(name)
+
+
+# AutoModel's own classes whose pipeline stages pass more than the hidden state between them, so that AutoModel's
+# generic stage forward (pipeline.patch_inner_model / patch_causal_lm_model, on by default) breaks them: DeepSeek-V4's
+# hc_mult hyper-connection streams ([B, S, hc_mult, hidden]; its own forward takes them on a later stage). Measured by
+# the dry run of AutoModel's class: patched, the next stage's first hyper-connection fails on [B, S, hidden].
+PP_OWN_STAGE_FORWARD = frozenset({"DeepseekV4ForCausalLM"})
+PP_PATCH_KEYS = ("patch_inner_model", "patch_causal_lm_model")

@@ -664,7 +664,7 @@ def _dsv4_act_per_token(
 ) -> tuple[float, float]:
     """:func:`_act_per_token` for DeepSeek-V4: its attention kinds' mean (a stage holds whole periods of them) and
     the heaviest kind (the layer running or recomputed), with its MoE as AutoModel's other MoE layers keep it; under
-    checkpointing a block keeps its input, the hc_mult streams, and what the policy saves of the router."""
+    block checkpointing a block keeps its input, the hc_mult streams, and what the policy saves of the router."""
     scale = comp_bytes / 2.0
     k = max(m.experts_per_token, 1)
     frozen = tr.lora is not None and not tr.lora.experts(kind)
@@ -673,7 +673,7 @@ def _dsv4_act_per_token(
     mean = sum(per_kind[a] for a in m.layer_attention) / m.num_layers
     plain = (mean + moe) * scale
     heaviest = (max(per_kind.values()) + moe) * scale
-    if style == "none":
+    if style in ("none", "selective"):  # (selective checkpointing leaves an MoE block whole, as for every MoE layer)
         return plain, heaviest
     return (2 * m.hc_mult * m.hidden_size + 2 * m.num_experts + 12 * k) * scale, heaviest
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from ..catalog.implementations import Implementation, cp_attn_refused, implementation
+from ..catalog.implementations import (
+    PP_OWN_STAGE_FORWARD,
+    PP_PATCH_KEYS,
+    Implementation,
+    cp_attn_refused,
+    implementation,
+)
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
@@ -701,6 +707,42 @@ def pp_tied_embeddings(ctx: Context) -> Iterator[Finding]:
 
 
 PP_VLM_DEDICATED_FORWARD = ("gemma4", "mistral3")  # hf_utils._PP_VLM_MODEL_TYPES_WITH_DEDICATED_FORWARD
+
+
+@rule(
+    "pp-patched-forward",
+    family=F,
+    severity="error",
+    title="Pipeline parallelism with AutoModel's generic stage forward on a model that carries its own",
+    patterns=(
+        r"a and b must have same reduction dim, but got \[\d+, \d+\] X \[\d+, 24\]",
+        r"DeepseekV4Attention: compressor enabled but no rotary_compress / position_embeddings_compress supplied",
+    ),
+    cause="With pipeline.patch_inner_model and patch_causal_lm_model left on (their default) AutoModel replaces each "
+    "stage's forward with its generic one, which hands on the hidden state alone; DeepSeek-V4's stages hand on its "
+    "hc_mult hyper-connection streams and its compressed layers' rotary tables, so the next stage's first "
+    "hyper-connection gets [B, S, hidden] (or a compressed layer none of its tables) and the first forward fails (its "
+    "own forward takes the streams on a later stage; the dry run of AutoModel's class fails both ways).",
+    fix="distributed.pipeline.patch_inner_model: false and patch_causal_lm_model: false, as AutoModel's DeepSeek-V4 "
+    "recipes set them.",
+)
+def pp_patched_forward(ctx: Context) -> Iterator[Finding]:
+    impl = _impl(ctx)
+    if ctx.dims.pp <= 1 or impl is None or impl.architecture not in PP_OWN_STAGE_FORWARD:
+        return
+    pipe = ctx.block.get("pipeline")
+    pipe = pipe if isinstance(pipe, dict) else {}
+    left = [k for k in PP_PATCH_KEYS if pipe.get(k, True) is not False]
+    if left:
+        yield finding(
+            ctx,
+            ("pipeline", left[0]) if "pipeline" in ctx.block else ("pp_size",),
+            f"pp_size={ctx.dims.pp} with {', '.join(left)} on (the default): AutoModel's generic stage forward replaces "
+            f"{impl.architecture}'s own, which hands its hyper-connection streams ([B, S, hc_mult, hidden]) from stage "
+            "to stage; the next stage gets [B, S, hidden] and the first forward fails ('a and b must have same "
+            "reduction dim') after launch",
+            "distributed.pipeline: {patch_inner_model: false, patch_causal_lm_model: false}",
+        )
 
 
 @rule(

@@ -16,7 +16,13 @@ import yaml
 from typing_extensions import Unpack
 
 from ..api import validate_config
-from ..catalog.implementations import builds_own_class, cp_attn_refused, implementation
+from ..catalog.implementations import (
+    PP_OWN_STAGE_FORWARD,
+    PP_PATCH_KEYS,
+    builds_own_class,
+    cp_attn_refused,
+    implementation,
+)
 from ..catalog.models import ModelSpec
 from ..catalog.sources import resolve
 from ..config.load import flow
@@ -384,12 +390,20 @@ def suggest_strategy(
             continue  # one candidate per layout shape (its best HSDP / checkpointing / schedule variant)
         shapes.add(shape)
         block = p.to_block()
+        if "pipeline" in block and spec.architecture in PP_OWN_STAGE_FORWARD and not workload.force_hf:
+            block["pipeline"].update(dict.fromkeys(PP_PATCH_KEYS, False))  # (its own stage forward: pp-patched-forward)
         batches, changed = _batches(p, gbs, micro_batch_size, given_lbs)
         recipe: dict[str, Any] = {"distributed": block, "step_scheduler": batches}
         attn, needs = _model_needs(spec, p, workload) or (None, None)
         if attn is not None:
             recipe["model"] = {"backend": {"attn": attn}}
-        report = validate_config(recipe, nodes=nodes, gpus_per_node=gpn, model=spec)
+        # checked as the recipe runs it: with its own model.backend.attn where the layout needs no other (DeepSeek-V4's
+        # tilelang under CP), which the snippet leaves out, the recipe having it already
+        own = workload.backend.get("attn")
+        checked = (
+            recipe if attn is not None or not isinstance(own, str) else {**recipe, "model": {"backend": {"attn": own}}}
+        )
+        report = validate_config(checked, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
             continue

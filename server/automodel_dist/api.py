@@ -436,7 +436,8 @@ def _with_recipe_config_fields(
 ) -> ModelSpec | None:
     """The model with the fields a recipe's ``model.config`` passes to its config class's ``from_pretrained`` (which
     sets them over the config.json: a CI run's ``num_hidden_layers``, ``num_nextn_predict_layers: 0``); only fields
-    the config.json has, so a keyword the class reads for itself (a kernel choice) changes nothing."""
+    the config.json has: a keyword the class reads for itself (a kernel choice) changes nothing, and neither does a
+    config field the file leaves to its class's default (not sized from the recipe: said nowhere yet)."""
     m = recipe.get("model") if isinstance(recipe, Mapping) else None
     cfg = m.get("config") if isinstance(m, Mapping) else None
     if spec is None or spec.hf_config is None or not isinstance(cfg, Mapping):

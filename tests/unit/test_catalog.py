@@ -897,6 +897,12 @@ def test_a_deepseek_v4_config_with_two_heavy_compression_ratios_is_refused():
     cfg["compress_ratios"] = [0, 4, 128, 64] * 11
     with pytest.raises(ModelConfigError, match="mixes compression ratios"):
         from_hf_config(cfg)
+    # a list shorter than the layers (AutoModel's attention raises IndexError), a vision tower: refused, not guessed
+    with pytest.raises(ModelConfigError, match="2 ratios for 43 layers"):
+        from_hf_config({**cfg, "compress_ratios": [0, 4]})
+    with pytest.raises(ModelConfigError, match="vision_n_layers"):
+        from_hf_config({**cfg, "compress_ratios": [], "vision_n_layers": 2})
+    assert set(from_hf_config({**cfg, "compress_ratios": []}).layer_attention) == {"sliding"}  # (AutoModel: all 0)
 
 
 @pytest.mark.parametrize("name", [DSV4_FLASH, DSV4_PRO])

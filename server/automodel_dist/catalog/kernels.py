@@ -130,7 +130,8 @@ def runs_eager_attention(
     overrides do (``kernel_patches._apply_preload_overrides``: SDPA under CP, a flash kernel for packed sequences);
     its own classes run CP and packed (THD) batches on their TE path. Not covered: ``packing_strategy: neat`` on
     its own classes, whose block-causal mask takes the unpacked path (eager there). A class of ``EAGER_UNLESS_TE``
-    runs its own eager attention wherever ``backend_attn`` (model.backend.attn) is not te."""
+    runs its own eager attention wherever ``backend_attn`` (model.backend.attn) is not te, one of
+    ``EAGER_UNLESS_TILELANG`` wherever it is not tilelang."""
     if not hf_class and architecture in EAGER_UNLESS_TE:
         return (backend_attn or "te") != "te"
     if not hf_class and architecture in EAGER_UNLESS_TILELANG:

@@ -364,6 +364,12 @@ class ModelSpec:
         """A DeepSeek-V4 layer kind's KV compression ratio (0: the sliding window alone)."""
         return {"csa": 4, "hca": self.hca_ratio}.get(kind, 0)
 
+    def dsv4_compressor_width(self, kind: str) -> int:
+        """A DeepSeek-V4 compressor's kv and gate width: twice the head width where ratio-4 windows overlap (AutoModel's
+        DeepseekV4Compressor: overlap = ratio == 4), the head width at another ratio, 0 without one."""
+        ratio = self.dsv4_compression_ratio(kind)
+        return (2 if ratio == 4 else 1) * self.hd if ratio else 0
+
     def dsv4_attention_params(self, kind: str) -> int:
         """One DeepSeek-V4 attention block (AutoModel's DeepseekV4Attention): the query's low-rank pair and its norm,
         one shared key-value head and its norm, the grouped low-rank output (o_groups blocks of heads * head_dim /
@@ -374,9 +380,8 @@ class ModelSpec:
         h, d, heads, q = self.hidden_size, self.hd, self.num_attention_heads, self.q_lora_rank or 0
         params = h * q + q + q * heads * d + h * d + d + heads * d * self.o_lora_rank
         params += self.o_groups * self.o_lora_rank * h + heads
-        ratio = self.dsv4_compression_ratio(kind)
+        ratio, width = self.dsv4_compression_ratio(kind), self.dsv4_compressor_width(kind)
         if ratio:
-            width = (2 if ratio == 4 else 1) * d
             params += 2 * h * width + ratio * width + d
         if kind == "csa":
             ih, idim = self.index_heads, self.index_head_dim
@@ -400,10 +405,9 @@ class ModelSpec:
         its compressors' projections and position tables, its two hyper-connections; 0 for every other model."""
         if not self.hc_mult:
             return 0
-        d, idim, h = self.hd, self.index_head_dim, self.hidden_size
-        ratio = self.dsv4_compression_ratio(kind)
-        width = (2 if ratio == 4 else 1) * d
-        n = self.num_attention_heads + (2 * h * width + ratio * width if ratio else 0)
+        idim, h = self.index_head_dim, self.hidden_size
+        ratio, width = self.dsv4_compression_ratio(kind), self.dsv4_compressor_width(kind)
+        n = self.num_attention_heads + 2 * h * width + ratio * width
         if kind == "csa":
             n += 2 * h * 2 * idim + 4 * 2 * idim
         return n + 2 * self.hc_params()
@@ -1232,19 +1236,29 @@ def _hybrid_layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
 def _from_deepseek_v4(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     """A DeepSeek-V4 config.json (AutoModel's DeepseekV4Config): every layer MoE, one key-value head, the query and
     output low-rank, hc_mult hyper-connection streams, each layer's KV compression from compress_ratios (one entry a
-    layer, then the MTP layers'; AutoModel reads a missing entry as 0)."""
+    layer, then the MTP layers'; an empty list is every layer 0, and AutoModel reads an MTP layer's missing entry as
+    0, but a decoder layer's raises)."""
     h = _int(cfg["hidden_size"], "hidden_size")
     heads = _int(cfg["num_attention_heads"], "num_attention_heads")
     layers = _int(cfg["num_hidden_layers"], "num_hidden_layers")
+    mtp = _int(cfg.get("num_nextn_predict_layers", 1) or 0, "num_nextn_predict_layers")
+    if cfg.get("vision_n_layers"):
+        raise ModelConfigError("vision_n_layers > 0 (DeepSeek-V4's vision tower and its image routing) is not sized")
     ratios = cfg.get("compress_ratios") or []
     if not isinstance(ratios, list) or not all(is_int(r) and r >= 0 for r in ratios):
         raise ModelConfigError("compress_ratios must list a non-negative KV compression ratio a layer")
-    ratios = [int(r) for r in ratios] + [0] * max(0, layers + 1 - len(ratios))
-    heavy = sorted({r for r in ratios[: layers + 1] if r not in (0, 4)})
+    if ratios and len(ratios) < layers:
+        raise ModelConfigError(
+            f"compress_ratios lists {len(ratios)} ratios for {layers} layers: AutoModel's attention reads one a layer "
+            "(an IndexError in its build)"
+        )
+    ratios = [int(r) for r in ratios] + [0] * max(0, layers + max(mtp, 1) - len(ratios))
+    heavy = sorted({r for r in ratios[: layers + max(mtp, 1)] if r not in (0, 4)})
     if len(heavy) > 1:
         raise ModelConfigError(f"compress_ratios mixes compression ratios {heavy}: one besides 0 and 4 is sized")
     kinds = {0: "sliding", 4: "csa"}
-    mtp = _int(cfg.get("num_nextn_predict_layers", 1) or 0, "num_nextn_predict_layers")
+    if len({kinds.get(r, "hca") for r in ratios[layers : layers + mtp]}) > 1:
+        raise ModelConfigError("compress_ratios gives the MTP layers different kinds: one kind for them is sized")
     experts = _int(cfg.get("n_routed_experts", 256), "n_routed_experts")
     moe_inter = _int(cfg.get("moe_intermediate_size", 2048), "moe_intermediate_size")
     return ModelSpec(

@@ -34,6 +34,7 @@ from ..report import ValidationReport
 from ..request import Request
 from ..stack.recipe import (
     DSA_KERNEL_STAND_INS,
+    DSV4_STAND_INS,
     StackRecipe,
     backend_for,
     jsonable,
@@ -328,7 +329,7 @@ def plan_dry_run(
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
-                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's class), where the "
+                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's and DeepSeek-V4's classes), where the "
                 "class takes that backend at all; running the dense attention instead would hold a seq x seq mask "
                 "per head: not measured"
             )
@@ -497,7 +498,7 @@ def plan_dry_run(
         mamba_ssm=mamba_ssm,
         mamba_hf=mamba_hf,
         ffpa=ffpa,
-        dsv4_kernels=bool(spec.hc_mult) and (backend or {}).get("attn") == "tilelang",
+        dsv4_kernels=DSA_KERNEL_STAND_INS.get((spec.architecture, (backend or {}).get("attn"))) == DSV4_STAND_INS,
         te_module=te_module,
         thd_batches=w.thd_batches,
         clip_grad_norm=w.clip_grad_norm,

@@ -601,8 +601,7 @@ def dsv4_keys(m: ModelSpec, kind: str, seq: float) -> float:
 def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str) -> float:
     """Bf16-compute bytes per local token one DeepSeek-V4 layer of attention ``kind`` keeps beside its MoE, from
     AutoModel's DeepseekV4Block (model.py) and DeepseekV4Attention (layers.py), each tensor identified by saved-tensor
-    hooks on its code at the Flash config's dims on fake tensors, at two lengths and with the base frozen
-    (tests/oracle/test_kernel_facts.py holds the sums):
+    hooks on its code at the Flash config's dims on fake tensors, at two lengths and with the base frozen:
     - the query: wq_a's and q_norm's outputs (q_lora_rank), the heads' bf16 query and its fp32 copy through RoPE;
       the key-value head and its repeat over the heads (a view: one copy); wo_a's input where the base trains,
       wo_b's where it or its adapter trains;
@@ -613,11 +612,12 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
     - eager attention (any backend but tilelang): an fp32 softmax over every key and a sink column, its bf16 copy
       for the value matmul, the row maximum's value and index;
     - a compressed layer: its compressor's fp32 input where it trains, its kv and gate outputs over the windows
-      (fp32, twice as wide where ratio-4 windows overlap); a "csa" layer's indexer: its fp32 query, the compressed
-      keys' scores and their ReLU (fp32, every compressed key a query), the selected indices (int64) and mask, and
-      its own compressor's input and outputs.
-    tilelang's sparse attention is not measured (its kernels are not stood in): counted as a flash kernel keeps
-    (output and log-sum-exp), with the selected key indices."""
+      (fp32, twice as wide where ratio-4 windows overlap); a "csa" layer's indexer: its fp32 query and its own
+      compressor's input and outputs (its scores over the compressed keys are a transient: only indices come out).
+    tilelang's sparse attention keeps what its autograd Function saves (its output and log-sum-exp, the selected
+    keys' indices; under CP the gathered keys and values): the dry run runs it with stand-ins for its kernels
+    (stack/dsv4_tilelang.py). The sums are held to the dry run by tests/integration/test_dry_run.py's DeepSeek-V4
+    tests and the corpus sweep."""
     t, seq = p.tp, tr.seq_len / p.cp
     h, d, heads, q, mm = m.hidden_size, m.hd, m.num_attention_heads, m.q_lora_rank or 0, m.hc_mult
     trains = tr.lora is None
@@ -630,17 +630,15 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
     if eager_attention(m, p, tr):
         kept += heads / t * (6 * dsv4_keys(m, kind, seq) + 4) + 12 * heads / t
     else:
-        # tilelang's sparse attention (not stood in: read from its autograd function, kernels/sparse_attention.py):
+        # tilelang's sparse attention (its autograd Function, kernels/sparse_attention.py DeepSeekV4SparseAttention):
         # its contiguous query copy, output and log-sum-exp, the keys each query reads (int32: the window, and the
         # indexer's picks or every compressed key), and under CP the keys and values gathered over the sequence
         ratio = m.dsv4_compression_ratio(kind)
         picked = min(m.index_topk, tr.seq_len / 4) if kind == "csa" else (tr.seq_len / ratio if ratio else 0.0)
         kept += 4 * heads * d / t + 4 * heads / t + 4 * ((m.sliding_window or 128) + picked)
         kept += 2 * d * dsv4_keys(m, kind, tr.seq_len) / seq if p.cp > 1 else 0.0
-    ratio = m.dsv4_compression_ratio(kind)
-    if ratio:
-        width = 2 if ratio == 4 else 1
-        kept += (4 * h if trains else 0.0) + 8 * width * d
+    if m.dsv4_compression_ratio(kind):
+        kept += (4 * h if trains else 0.0) + 8 * m.dsv4_compressor_width(kind)
     if kind == "csa":  # (the indexer's scores over the compressed keys are a transient: only indices come out)
         ih, idim = m.index_heads, m.index_head_dim
         kept += (4 * h if trains else 0.0) + 4 * ih * idim + 16 * idim + 2 * d / 4 + 4 * ih
@@ -1062,6 +1060,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     fp32_extra = g.fp32 / sp_ * (4 - (store if lora is None else comp))
     params += fp32_extra
     grads_sharded = (train_dense / sg + train_experts / se) * store
+    grads_sharded += g.fp32 / sg * (4 - store) if lora is None else 0.0  # (fp32 units' gradients are fp32)
     opt_per = optimizer_states_per_param(tr)
     optimizer = (train_dense / so + train_experts / se) * opt_per
     if lora is None and g.fp32:
@@ -1233,7 +1232,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # unsharded fp32 gradient, beside the loss's temporaries (the dry run of AutoModel's class: the last stage peaks
     # in the head)
     head_backward = 0.0
-    if g.fp32_head:
+    if g.fp32_head and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):  # (theirs: loss_temp)
         head_backward = 4.0 * vocab / head_tp * tokens + (4.0 * g.lm_head if lora is None else 0.0)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + head_backward + p2p + held_grads))

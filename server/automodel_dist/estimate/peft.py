@@ -239,9 +239,8 @@ def _dsv4_attention(m: ModelSpec, base: str, kind: str) -> list[Linear]:
         Linear(f"{base}.wo_a", heads * d // max(m.o_groups, 1), go),
         Linear(f"{base}.wo_b", go, h),
     ]
-    ratio = m.dsv4_compression_ratio(kind)
-    if ratio:
-        width = (2 if ratio == 4 else 1) * d
+    width = m.dsv4_compressor_width(kind)
+    if width:
         out += [Linear(f"{base}.compressor.wkv", h, width), Linear(f"{base}.compressor.wgate", h, width)]
     if kind == "csa":
         idx = f"{base}.compressor.indexer"

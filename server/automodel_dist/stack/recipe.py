@@ -21,11 +21,13 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
     "experts": (frozenset({"te", "gmm", "torch_mm_mxfp8"}), "torch_mm"),
     "dispatcher": (frozenset({"deepep", "hybridep", "uccl_ep", "mok"}), "torch"),
 }
-# AutoModel's classes whose DSA kernels for a backend.attn the dry run stands in (stack/glm_dsa.py), which it keeps
-# rather than run the dense attention it would fall back to (a seq x seq sparse mask per head)
+# AutoModel's classes whose sparse-attention kernels for a backend.attn the dry run stands in, and the module that does
+# (GLM-5.2's DSA, DeepSeek-V4's sparse attention and indexer): the dry run keeps that backend rather than run the
+# dense attention it would fall back to (a seq x seq mask per head)
+DSV4_STAND_INS = "stack/dsv4_tilelang.py"
 DSA_KERNEL_STAND_INS = {
     ("GlmMoeDsaForCausalLM", "tilelang"): "stack/glm_dsa.py",
-    ("DeepseekV4ForCausalLM", "tilelang"): "stack/dsv4_tilelang.py",
+    ("DeepseekV4ForCausalLM", "tilelang"): DSV4_STAND_INS,
 }
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
 _TORCH_OPTIMIZERS = {"AdamW": "torch.optim.AdamW", "Adam": "torch.optim.Adam", "SGD": "torch.optim.SGD"}

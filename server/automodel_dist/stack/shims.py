@@ -851,8 +851,9 @@ EXPERTS_ON_META = _register(
     "nemo_automodel.components.moe.experts GroupedExperts / GroupedExpertsDeepEP.__init__ (under torch.device('meta') "
     "while auto_model's init_empty_weights is active)",
     "AutoModel's meta-device init (init_empty_weights) creates each parameter on the host and moves it to meta as it "
-    "is registered: the routed experts' stacked weights are allocated on the host first, a layer at a time (34 GB for "
-    "a DeepSeek-V4-Pro layer, more than this machine holds, where a GPU node's host has room). Creating them on meta "
+    "is registered: the routed experts' stacked weights are allocated on the host first, a tensor at a time (a "
+    "DeepSeek-V4-Pro layer's gate-and-up tensor alone is 34 GB, more than this machine holds, where a GPU node's host "
+    "has room). Creating them on meta "
     "directly gives the same meta parameters without the host allocation.",
     lambda: (
         _source_has(

@@ -18,11 +18,11 @@ tilelang_sparse_mla_fwd.sparse_mla_fwd_interface, tilelang_sparse_mla_bwd.sparse
 from __future__ import annotations
 
 import contextlib
-import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from . import kernel_bindings
 
 KERNELS = "nemo_automodel.components.models.glm_moe_dsa.kernels"
 OPTIMIZED = "nemo_automodel.components.models.glm_moe_dsa.optimized_kernels"
@@ -104,35 +104,24 @@ STAND_INS = {
 }
 
 
-def _bindings() -> list[tuple[Any, str, Any]]:
-    """(module, name, stand-in) for every binding: the kernels where AutoModel's vendored Functions call them, and
+def _on_gpu(*tensors: torch.Tensor) -> bool:
+    return True  # the fake CPU tensors stand for the GPU's
+
+
+def _bindings() -> list[kernel_bindings.Binding]:
+    """(module, name, stand-in) for every binding: the kernels where AutoModel's vendored code calls them, and
     what lets its dispatcher take the TileLang path (tilelang importable, the tensors on a GPU)."""
-    out = [
-        (importlib.import_module(module), name, fn) for module, names in STAND_INS.items() for name, fn in names.items()
-    ]
-    optimized = importlib.import_module(OPTIMIZED)
-    out.append((optimized, "HAS_TILELANG", True))
-    out.append((optimized, "_all_cuda", lambda *tensors: True))  # fake CPU tensors stand for the GPU's
-    return out
+    return kernel_bindings.bindings(STAND_INS, ((OPTIMIZED, "HAS_TILELANG", True), (OPTIMIZED, "_all_cuda", _on_gpu)))
 
 
 def install() -> None:
-    """Bind the stand-ins for the rest of the process (the dry run's rank: fake tensors, which the real kernels could
-    not run even where tilelang is installed)."""
-    for module, name, value in _bindings():
-        setattr(module, name, value)
+    """Bind the stand-ins for the rest of the process (the dry run's rank)."""
+    kernel_bindings.install(_bindings())
 
 
-@contextlib.contextmanager
-def stood_in() -> Iterator[None]:
+def stood_in() -> contextlib.AbstractContextManager[None]:
     """The stand-ins bound for a block, the originals restored after it (tests)."""
-    saved = [(module, name, getattr(module, name)) for module, name, _ in _bindings()]
-    install()
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
+    return kernel_bindings.stood_in(_bindings())
 
 
 __all__ = [

@@ -1698,7 +1698,11 @@ def _toy_deepseek_v4(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "peft",
     [
-        pytest.param("peft:\n  target_modules: ['*wq_a', '*wq_b', '*wkv', '*wo_b']\n  dim: 8\n", id="lora"),
+        pytest.param(
+            "peft:\n  target_modules: ['*wq_a', '*wq_b', '*wkv', '*wo_b']\n  dim: 8\n",
+            id="lora",
+            marks=pytest.mark.slow,
+        ),
         pytest.param("", id="full", marks=pytest.mark.slow),
     ],
 )
@@ -1733,7 +1737,7 @@ distributed:
 @needs_automodel
 @pytest.mark.parametrize(
     "cp",
-    [pytest.param(1, id="no-cp"), pytest.param(2, id="cp2", marks=pytest.mark.slow)],
+    [pytest.param(1, id="no-cp", marks=pytest.mark.slow), pytest.param(2, id="cp2", marks=pytest.mark.slow)],
 )
 def test_deepseek_v4s_tilelang_kernels_run_as_stand_ins(tmp_path, cp):
     """DeepSeek-V4's backend.attn tilelang (the corpus's CP and Pro recipes): AutoModel's vendored sparse-attention

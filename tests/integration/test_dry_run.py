@@ -1681,6 +1681,23 @@ def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matc
             assert message in r.error, r.error
 
 
+# The toy DeepSeek-V4's recipe: AutoModel's own class on two ranks with EP 2, one sequence a step ({distributed}: more of
+# the distributed: block)
+_DSV4_TOY_RECIPE = """model:
+  backend:
+    attn: {attn}
+    rms_norm: torch_fp32
+    experts: torch_mm
+    dispatcher: torch
+step_scheduler:
+  local_batch_size: 1
+  global_batch_size: 2
+distributed:
+  strategy: fsdp2
+  ep_size: 2
+{distributed}"""
+
+
 def _toy_deepseek_v4(tmp_path: Path) -> Path:
     """DeepSeek-V4-Flash's config at toy widths, every layer kind and the token-id-routed first layers kept."""
     cfg = hf_config(lookup("deepseek-ai/DeepSeek-V4-Flash"))
@@ -1711,19 +1728,7 @@ def test_deepseek_v4s_eager_attention_and_hyper_connections_are_estimated_within
     attention over the whole sequence and each layer's compressed keys, the hc_mult-wide residual and its fp32
     hyper-connections, the clamped fp32 shared expert; built shallow past its first three layers. The estimate within
     the project's error, trained and under LoRA."""
-    recipe = f"""model:
-  backend:
-    attn: sdpa
-    rms_norm: torch_fp32
-    experts: torch_mm
-    dispatcher: torch
-step_scheduler:
-  local_batch_size: 1
-  global_batch_size: 2
-distributed:
-  strategy: fsdp2
-  ep_size: 2
-{peft}"""
+    recipe = _DSV4_TOY_RECIPE.format(attn="sdpa", distributed="") + peft
     toy = str(_toy_deepseek_v4(tmp_path))
     report = dry_run(recipe, seq_len=2048, world_size=2, model=toy, micro_batch_size=1)
     rank = _only(report)
@@ -1743,21 +1748,9 @@ def test_deepseek_v4s_tilelang_kernels_run_as_stand_ins(tmp_path, cp):
     """DeepSeek-V4's backend.attn tilelang (the corpus's CP and Pro recipes): AutoModel's vendored sparse-attention
     Functions and indexer interfaces run as written around stand-ins for their TileLang kernels, checkpointed (and
     under CP on its own contiguous sharding with the keys and values all-gathered); the estimate within the error."""
-    recipe = f"""model:
-  backend:
-    attn: tilelang
-    rms_norm: torch_fp32
-    experts: torch_mm
-    dispatcher: torch
-step_scheduler:
-  local_batch_size: 1
-  global_batch_size: 2
-distributed:
-  strategy: fsdp2
-  ep_size: 2
-  cp_size: {cp}
-  activation_checkpointing: true
-"""
+    recipe = _DSV4_TOY_RECIPE.format(
+        attn="tilelang", distributed=f"  cp_size: {cp}\n  activation_checkpointing: true\n"
+    )
     toy = str(_toy_deepseek_v4(tmp_path))
     report = dry_run(recipe, seq_len=2048, world_size=2, model=toy, micro_batch_size=1)
     rank = _only(report)

@@ -813,6 +813,7 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
     assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
+@pytest.mark.slow  # about 30 s; the default suite runs CP on AutoModel's classes with the TE stand-in and FLA's CP path, and Kimi-Linear without CP
 @needs_automodel
 def test_kimi_linear_under_its_own_context_parallelism_is_measured():
     """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
@@ -1108,7 +1109,7 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
         ("tiiuae/Falcon-H1-0.5B-Instruct", "distributed: {}\n", 2048, 4, True, 8),
         # the corpus recipe's LoRA on every *_proj (the Mamba mixer's too) under TP 2: AutoModel's Falcon-H1 plan
         # splits attention and the MLP and leaves the mixer, with its gated norm, whole
-        (
+        pytest.param(
             "tiiuae/Falcon-H1-34B-Instruct",
             "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  target_modules: '*_proj'\n"
             "  dim: 8\ndistributed:\n  tp_size: 2\n",
@@ -1116,6 +1117,8 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
             2,
             False,
             4,
+            id="34b-lora-tp2",
+            marks=pytest.mark.slow,  # about 20 s; the corpus sweep measures this Falcon-H1 recipe
         ),
         # activation checkpointing turns the cache off: the fused kernel with out_proj and no gated norm, once a layer
         # in forward and once in its recompute
@@ -1355,6 +1358,7 @@ GEMMA3_VLM = VLM_RECIPE.format(
 )
 
 
+@pytest.mark.slow  # Gemma-3's image feed; the default suite feeds images to Kimi-VL, Mistral3 and one VLM recipe (below), and the corpus sweep measures the Gemma-3 VLM recipes
 @needs_automodel
 def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
     """Gemma-3's processor resizes every image to its SigLIP tower's 896 x 896 and the projector pools the 64 x 64
@@ -1489,6 +1493,7 @@ freeze_config:
 """
 
 
+@pytest.mark.slow  # a VLM under PP (about 40 s); the corpus sweep measures gemma4_31b_tp4_pp2 the same way
 @needs_automodel
 def test_a_vlm_recipe_under_pipeline_parallelism_stages_each_microbatchs_images_on_the_first_stage():
     """The VLM recipe under PP: its loader splits the batch's images per microbatch (AutoModel's
@@ -1553,6 +1558,7 @@ GEMMA4_VLM = VLM_RECIPE.format(
 )
 
 
+@pytest.mark.slow  # Gemma-4's image feed (about 35 s); the corpus sweep measures the Gemma-4 VLM recipes
 @needs_automodel
 def test_a_gemma4_vlm_step_feeds_its_padded_patches_and_soft_tokens():
     """Gemma-4's processor keeps the image's aspect ratio within 280 soft tokens: a 1,024-pixel square becomes 48 x 48
@@ -1595,6 +1601,7 @@ packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 """
 
 
+@pytest.mark.slow  # the default suite runs CP on AutoModel's classes with the TE stand-in and FLA's CP path; the corpus sweep measures the Gemma-4 CP 8 recipes
 @needs_automodel
 def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer

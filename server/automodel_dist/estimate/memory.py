@@ -602,7 +602,8 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
     """Bf16-compute bytes per local token one DeepSeek-V4 layer of attention ``kind`` keeps beside its MoE, from
     AutoModel's DeepseekV4Block (model.py) and DeepseekV4Attention (layers.py), each tensor identified by saved-tensor
     hooks on its code at the Flash config's dims on fake tensors, at two lengths and with the base frozen:
-    - the query: wq_a's and q_norm's outputs (q_lora_rank), the heads' bf16 query and its fp32 copy through RoPE;
+    - the query: wq_a's and q_norm's outputs (q_lora_rank), the heads' bf16 query before its per-head norm (what
+      torch's fused RMSNorm keeps on a GPU: stack/rms_norm.py stands in for it) and after it;
       the key-value head and its repeat over the heads (a view: one copy); wo_a's input where the base trains,
       wo_b's where it or its adapter trains;
     - each of the two hyper-connections (attention and MLP sites): the hc_mult streams (the collapse's input), their
@@ -621,7 +622,7 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
     t, seq = p.tp, tr.seq_len / p.cp
     h, d, heads, q, mm = m.hidden_size, m.hd, m.num_attention_heads, m.q_lora_rank or 0, m.hc_mult
     trains = tr.lora is None
-    kept = 6 * heads * d / t + (2 * heads * d / t if trains else 0.0) + 4 * q + 4 * d
+    kept = 4 * heads * d / t + (2 * heads * d / t if trains else 0.0) + 4 * q + 4 * d
     if lora_trains(tr.lora, "wo_b"):
         kept += 2 * m.o_groups * m.o_lora_rank / t
     hc_site = 4 * mm * h + (4 * mm * h if trains else 0.0) + 2 * mm * h
@@ -754,14 +755,15 @@ def _act_per_token(
         # moe/megatron/moe_utils.py); experts with a bias applied with the routing weights (gpt-oss) keep an fp32
         # copy of the routed output. A Hugging Face class's frozen experts keep no input (transformers'
         # integrations/moe.py) but the routed output for the weights' product: the same 2kh.
-        ki, kh = k * m.moe_intermediate_size, k * h
+        kh = k * h
         frozen = not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind)
         mlp = _routed_expert_bytes(m, not frozen) + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
         if not tr.hf_class and tr.experts == "torch":
-            # backend.experts: torch runs the experts one by one: each keeps its gathered tokens, its gate, up,
-            # activation and product, and its weighted output (AutoModel's step on fake tensors, the corpus's
-            # *_torch benchmark recipes)
-            mlp += 2 * ki + 4 * kh
+            # backend.experts: torch runs the experts one by one (moe/experts.py's gather / scatter loop): beside
+            # what the grouped path keeps, 16 bytes a hidden element a token whatever the top-k (the dry run of the
+            # corpus's Moonlight recipe with experts torch against torch_mm: 6.51 GiB at k 6 and k 3 alike, 9.76 at
+            # hidden 3072 in place of 2048, on 8,192 tokens and 26 MoE layers)
+            mlp += 16 * h
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
         mlp += scaled_router_bytes(m, tr, comp_bytes) / scale

@@ -1285,6 +1285,22 @@ DROPOUT = _register(
     lambda: _meta_kernel("native_dropout")(),
 )
 
+RMS_NORM = _register(
+    "rms_norm_as_on_cuda",
+    "forward",
+    "torch.nn.functional.rms_norm -> aten._fused_rms_norm's memory (a stand-in, stack/rms_norm.py; FakeTensor inputs "
+    "that are not DTensors, with no weight or one of the input's dtype)",
+    "On a CUDA tensor F.rms_norm (nn.RMSNorm: AutoModel's rms_norm: torch backend; DeepSeek-V4's per-head query norm) "
+    "runs aten._fused_rms_norm, whose autograd node keeps the input, the weight and an fp32 reciprocal RMS a row; on "
+    "a CPU tensor it decomposes into ops that keep an fp32 copy of the input and the fp32 normalised input (8 bytes an "
+    "element where the GPU keeps the input itself). torch takes the fused kernel unless the weight's dtype differs "
+    "from the input's or the input is complex; the stand-in takes the same cases.",
+    lambda: (
+        _resolve("torch.nn.functional:rms_norm"),
+        _file_has("torch.nn.modules.normalization", "F.rms_norm("),
+    ),
+)
+
 CUDA_SYNC = _register(
     "cuda_synchronize_noop",
     "forward",
@@ -1498,9 +1514,11 @@ def step_patches() -> Iterator[None]:
     import torch
     import torch.distributed.tensor._sharding_prop as sharding_prop
     import torch.nn.functional as F
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
+
+    from .rms_norm import fused_rms_norm
 
     with contextlib.ExitStack() as stack:
 
@@ -1542,6 +1560,19 @@ def step_patches() -> Iterator[None]:
             return plain_torch_dropout(input, p, train)
 
         stack.enter_context(_patched(F, "dropout", dropout))
+        plain_rms_norm = F.rms_norm
+
+        def rms_norm(input: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:
+            if (
+                isinstance(input, FakeTensor)
+                and not input.is_complex()
+                and (weight is None or (isinstance(weight, FakeTensor) and weight.dtype == input.dtype))
+            ):
+                RMS_NORM.hits += 1
+                return fused_rms_norm(input, normalized_shape, weight)
+            return plain_rms_norm(input, normalized_shape, weight, eps)
+
+        stack.enter_context(_patched(F, "rms_norm", rms_norm))
         stack.enter_context(_patched(torch, "dropout", torch_dropout))
 
         def synchronize(device: Any = None) -> None:

@@ -758,12 +758,13 @@ def _act_per_token(
         kh = k * h
         frozen = not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind)
         mlp = _routed_expert_bytes(m, not frozen) + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
-        if not tr.hf_class and tr.experts == "torch":
-            # backend.experts: torch runs the experts one by one (moe/experts.py's gather / scatter loop): beside
-            # what the grouped path keeps, 16 bytes a hidden element a token whatever the top-k (the dry run of the
-            # corpus's Moonlight recipe with experts torch against torch_mm: 6.51 GiB at k 6 and k 3 alike, 9.76 at
-            # hidden 3072 in place of 2048, on 8,192 tokens and 26 MoE layers)
-            mlp += 16 * h
+        if not tr.hf_class and tr.experts == "torch" and p.ep > 1:
+            # backend.experts: torch loops over the experts (moe/experts.py _forward_loop) on the tokens of the whole
+            # EP group, all-gathered (_gather_ep_inputs), and each expert's x.gather keeps that gathered input for its
+            # backward: 2 bytes a hidden element of ep tokens a local token, whatever the top-k. The dry run of the
+            # corpus's Moonlight recipe (EP 8) with experts torch against torch_mm: 6.51 GiB more at k 6 and k 3
+            # alike, 9.76 at hidden 3072 in place of 2048, on 8,192 tokens and 26 MoE layers (16h a token a layer)
+            mlp += 2 * p.ep * h
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
         mlp += scaled_router_bytes(m, tr, comp_bytes) / scale

@@ -189,7 +189,8 @@ def test_the_rms_norm_stand_in_keeps_what_the_fused_kernels_autograd_node_keeps(
                 y = fn(x, w)
             y.sum().backward()
             assert y.shape == x.shape and y.dtype == x.grad.dtype == w.grad.dtype == torch.bfloat16
-            return [(tuple(t.shape), t.dtype, t is x) for t in saved]
+            unique = {id(t): t for t in saved}.values()  # (one tensor saved by two ops counts once)
+            return [(tuple(t.shape), t.dtype, t is x) for t in unique]
 
     fused = saved_by(lambda x, w: fused_rms_norm(x, (64,), w))
     assert fused == [
@@ -215,7 +216,8 @@ def test_automodels_torch_rms_norm_backend_keeps_on_fake_tensors_what_its_fp32_o
         # (torch_fp32's op computes its forward with F.rms_norm too, on fp32 copies and below autograd: nothing kept)
         assert r.shim_hits.get("rms_norm_as_on_cuda") == 5, r.shim_hits  # two layers' two norms and the final one
         peaks[backend] = r.peak_allocated_gib
-    assert peaks["torch"] == pytest.approx(peaks["torch_fp32"], rel=0.005), peaks
+    # within 2 MiB (the reciprocal RMS is 4 bytes a row); the decomposition measured 16 MiB more
+    assert peaks["torch"] == pytest.approx(peaks["torch_fp32"], abs=2 / 1024), peaks
 
 
 @needs_automodel
@@ -862,7 +864,10 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
     assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
-@pytest.mark.slow  # about 30 s; the default suite runs CP on AutoModel's classes with the TE stand-in and FLA's CP path, and Kimi-Linear without CP
+# Kimi-Linear's own CP sharding and its flex-attention stand-in are checked only under -m slow (about 30 s; with the
+# corpus sweep's CP 8 recipe); the default suite runs CP with the TE stand-in and FLA's CP path, and Kimi-Linear without
+# CP
+@pytest.mark.slow
 @needs_automodel
 def test_kimi_linear_under_its_own_context_parallelism_is_measured():
     """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
@@ -1167,7 +1172,8 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
             False,
             4,
             id="34b-lora-tp2",
-            marks=pytest.mark.slow,  # about 20 s; the corpus sweep measures this Falcon-H1 recipe
+            # LoRA under TP on Falcon-H1: only under -m slow (about 20 s; with the corpus sweep's recipe)
+            marks=pytest.mark.slow,
         ),
         # activation checkpointing turns the cache off: the fused kernel with out_proj and no gated norm, once a layer
         # in forward and once in its recompute
@@ -1407,7 +1413,9 @@ GEMMA3_VLM = VLM_RECIPE.format(
 )
 
 
-@pytest.mark.slow  # Gemma-3's image feed; the default suite feeds images to Kimi-VL, Mistral3 and one VLM recipe (below), and the corpus sweep measures the Gemma-3 VLM recipes
+# Gemma-3's own image feed (its pooled soft tokens and token types) is checked only under -m slow (with the corpus
+# sweep's Gemma-3 recipes); the default suite feeds images to Kimi-VL, Mistral3 and a Qwen-VL recipe
+@pytest.mark.slow
 @needs_automodel
 def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
     """Gemma-3's processor resizes every image to its SigLIP tower's 896 x 896 and the projector pools the 64 x 64
@@ -1542,7 +1550,9 @@ freeze_config:
 """
 
 
-@pytest.mark.slow  # a VLM under PP (about 40 s); the corpus sweep measures gemma4_31b_tp4_pp2 the same way
+# a VLM step under PP is checked only under -m slow (about 40 s; with the corpus sweep's gemma4_31b_tp4_pp2); the default
+# suite checks the staging of images per microbatch alone (check_staged_images)
+@pytest.mark.slow
 @needs_automodel
 def test_a_vlm_recipe_under_pipeline_parallelism_stages_each_microbatchs_images_on_the_first_stage():
     """The VLM recipe under PP: its loader splits the batch's images per microbatch (AutoModel's
@@ -1607,7 +1617,8 @@ GEMMA4_VLM = VLM_RECIPE.format(
 )
 
 
-@pytest.mark.slow  # Gemma-4's image feed (about 35 s); the corpus sweep measures the Gemma-4 VLM recipes
+# Gemma-4's own image feed is checked only under -m slow (about 35 s; with the corpus sweep's Gemma-4 VLM recipes)
+@pytest.mark.slow
 @needs_automodel
 def test_a_gemma4_vlm_step_feeds_its_padded_patches_and_soft_tokens():
     """Gemma-4's processor keeps the image's aspect ratio within 280 soft tokens: a 1,024-pixel square becomes 48 x 48
@@ -1650,7 +1661,9 @@ packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 """
 
 
-@pytest.mark.slow  # the default suite runs CP on AutoModel's classes with the TE stand-in and FLA's CP path; the corpus sweep measures the Gemma-4 CP 8 recipes
+# Gemma-4's own CP ring and its flex-attention stand-in are checked only under -m slow (with the corpus sweep's CP 8
+# recipes); the default suite runs CP with the TE stand-in and FLA's CP path
+@pytest.mark.slow
 @needs_automodel
 def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer

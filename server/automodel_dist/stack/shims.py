@@ -1292,12 +1292,16 @@ RMS_NORM = _register(
     "that are not DTensors, with no weight or one of the input's dtype)",
     "On a CUDA tensor F.rms_norm (nn.RMSNorm: AutoModel's rms_norm: torch backend; DeepSeek-V4's per-head query norm) "
     "runs aten._fused_rms_norm, whose autograd node keeps the input, the weight and an fp32 reciprocal RMS a row; on "
-    "a CPU tensor it decomposes into ops that keep an fp32 copy of the input and the fp32 normalised input (8 bytes an "
-    "element where the GPU keeps the input itself). torch takes the fused kernel unless the weight's dtype differs "
-    "from the input's or the input is complex; the stand-in takes the same cases.",
+    "a CPU tensor it decomposes into ops that keep an fp32 copy of a bf16 input and, with a weight, the fp32 "
+    "normalised input (up to 8 bytes an element where the GPU keeps the input itself). torch takes the fused kernel "
+    "unless the weight's dtype differs from the input's or the input is complex; the stand-in takes the same cases. "
+    "A DTensor input (a norm under sequence parallelism) reaches the fused kernel on a GPU too (DTensor shards it); "
+    "the stand-in leaves it to the decomposition, which over-counts it.",
     lambda: (
         _resolve("torch.nn.functional:rms_norm"),
-        _file_has("torch.nn.modules.normalization", "F.rms_norm("),
+        _file_has("torch.nn.modules.normalization", "F.rms_norm(")(),
+        _source_has("nemo_automodel.components.models.deepseek_v4.layers:_rms_norm_last_dim", "F.rms_norm(")(),
+        _file_has("nemo_automodel.components.models.common.utils", "torch.nn.functional.rms_norm(x.float()")(),
     ),
 )
 

@@ -1550,8 +1550,8 @@ freeze_config:
 """
 
 
-# a VLM step under PP is checked only under -m slow (about 40 s; with the corpus sweep's gemma4_31b_tp4_pp2); the default
-# suite checks the staging of images per microbatch alone (check_staged_images)
+# a VLM step under PP is checked only under -m slow (about 40 s; with the corpus sweep's gemma4_31b_tp4_pp2); the
+# default suite checks the staging of images per microbatch alone (check_staged_images)
 @pytest.mark.slow
 @needs_automodel
 def test_a_vlm_recipe_under_pipeline_parallelism_stages_each_microbatchs_images_on_the_first_stage():

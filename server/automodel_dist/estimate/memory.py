@@ -26,7 +26,8 @@ width, I the MLP width, a the heads and t the TP size:
   ``6kI + 2kh``, the router's fp32 logits ``4E`` and the shared experts as a dense MLP; ``+2kh`` when the
   routing weights multiply after the down projection (GLM-4.5), ``+4kh`` for experts with a bias (gpt-oss) on
   at most 12,288 routed rows (more are chunked), ``+2*ep*h`` with ``backend.experts: torch`` under EP (one
-  expert at a time on the EP group's all-gathered tokens, which each expert's gather keeps); frozen experts (LoRA elsewhere) keep only the activation's input, ``4kI``;
+  expert at a time on the EP group's all-gathered tokens, which each expert's gather keeps); frozen experts (LoRA
+  elsewhere) keep only the activation's input, ``4kI``;
 - eager attention (``model.attn_implementation: eager`` where AutoModel runs it): per head and key the fp32 softmax
   and its bf16 copy, ``6a*s/t`` (``8a*s/t`` with Gemma-2's softcap tanh), keys and values repeated to every query head
   in place of the kernel's own and its log-sum-exp; a Hugging Face norm keeps its normalised tensor only for a

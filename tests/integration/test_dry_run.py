@@ -864,10 +864,6 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
     assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
-# Kimi-Linear's own CP sharding and its flex-attention stand-in are checked only under -m slow (about 30 s; with the
-# corpus sweep's CP 8 recipe); the default suite runs CP with the TE stand-in and FLA's CP path, and Kimi-Linear without
-# CP
-@pytest.mark.slow
 @needs_automodel
 def test_kimi_linear_under_its_own_context_parallelism_is_measured():
     """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
@@ -1661,9 +1657,6 @@ packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 """
 
 
-# Gemma-4's own CP ring and its flex-attention stand-in are checked only under -m slow (with the corpus sweep's CP 8
-# recipes); the default suite runs CP with the TE stand-in and FLA's CP path
-@pytest.mark.slow
 @needs_automodel
 def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer

@@ -1743,8 +1743,8 @@ def test_a_linear_cross_entropy_on_a_tp_split_head_runs_only_where_its_mesh_matc
             assert message in r.error, r.error
 
 
-# The toy DeepSeek-V4's recipe: AutoModel's own class on two ranks with EP 2, one sequence a step ({distributed}: more of
-# the distributed: block)
+# The toy DeepSeek-V4's recipe: AutoModel's own class on two ranks with EP 2, one sequence a step ({distributed}: more
+# of the distributed: block)
 _DSV4_TOY_RECIPE = """model:
   backend:
     attn: {attn}

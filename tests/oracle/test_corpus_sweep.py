@@ -207,7 +207,8 @@ KNOWN_MISSES: dict[str, str] = {
     "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "the dry run and the estimate both say it does not fit "
     "(138 and 139 GiB; see DOES_NOT_FIT)",
     "llm_benchmark/moonlight/moonlight_16b_torch.yaml": "the dry run's 65.5 GiB with the CUDA context, NCCL buffers "
-    "and the 8% fragmentation margin (about 71.7 GiB) is just over the 10% headroom's 71.6 GiB of the 80 GB GPU it ran on "
+    "and the 8% fragmentation margin (about 71.7 GiB) is just over the 10% headroom's 71.6 GiB of the 80 GB GPU it ran "
+    "on "
     "(the estimate: tight, within its error); a margin of 0.1 GiB, so a small move of the dry run flips it",
     **ESTIMATE_MISSES,
     **NOT_MEASURED,

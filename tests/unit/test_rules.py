@@ -886,7 +886,8 @@ CASES = [
         id="pp-model-unsupported",
     ),
     RuleCase(
-        text="distributed:\n  pp_size: 2\n  ep_size: 8\n  pipeline:\n    pp_schedule: 1f1b\n    patch_causal_lm_model: false\n",
+        text="distributed:\n  pp_size: 2\n  ep_size: 8\n  pipeline:\n    pp_schedule: 1f1b\n"
+        "    patch_causal_lm_model: false\n",
         kwargs={"world_size": 16, "model": "deepseek-ai/DeepSeek-V4-Flash"},
         rule="pp-patched-forward",
         severity="error",

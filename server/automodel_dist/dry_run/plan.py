@@ -329,7 +329,8 @@ def plan_dry_run(
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
-                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's and DeepSeek-V4's classes), where the "
+                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's and DeepSeek-V4's "
+                "classes), where the "
                 "class takes that backend at all; running the dense attention instead would hold a seq x seq mask "
                 "per head: not measured"
             )

@@ -737,7 +737,8 @@ def pp_patched_forward(ctx: Context) -> Iterator[Finding]:
         yield finding(
             ctx,
             ("pipeline", left[0]) if "pipeline" in ctx.block else ("pp_size",),
-            f"pp_size={ctx.dims.pp} with {', '.join(left)} on (the default): AutoModel's generic stage forward replaces "
+            f"pp_size={ctx.dims.pp} with {', '.join(left)} on (the default): AutoModel's generic stage forward "
+            "replaces "
             f"{impl.architecture}'s own, which hands its hyper-connection streams ([B, S, hc_mult, hidden]) from stage "
             "to stage; the next stage gets [B, S, hidden] and the first forward fails ('a and b must have same "
             "reduction dim') after launch",

@@ -609,8 +609,9 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
       wo_b's where it or its adapter trains;
     - each of the two hyper-connections (attention and MLP sites): the hc_mult streams (the collapse's input), their
       flat fp32 copy (the norm's input) and, where its map trains, the normalised copy (the map's input), Sinkhorn's
-      fp32 [m, m] ratios and row sums each iteration, the mixing weights; five hidden-wide tensors (norms' inputs
-      and outputs, the collapsed and expanded outputs);
+      fp32 [m, m] ratios and row sums each iteration (torch's reference; under backend.attn tilelang, TileKernels'
+      kernel, whose Function keeps only its fp32 [m, m] input: tests/oracle/test_dsv4_sinkhorn.py), the mixing
+      weights; five hidden-wide tensors (norms' inputs and outputs, the collapsed and expanded outputs);
     - eager attention (any backend but tilelang): an fp32 softmax over every key and a sink column, its bf16 copy
       for the value matmul, the row maximum's value and index;
     - a compressed layer: its compressor's fp32 input where it trains, its kv and gate outputs over the windows
@@ -627,7 +628,9 @@ def _dsv4_attention_bytes(m: ModelSpec, p: ParallelDims, tr: Training, kind: str
     if lora_trains(tr.lora, "wo_b"):
         kept += 2 * m.o_groups * m.o_lora_rank / t
     hc_site = 4 * mm * h + (4 * mm * h if trains else 0.0) + 2 * mm * h
-    hc_site += 8 * (mm * mm + mm) * m.hc_iters + 4 * (2 + mm) * mm
+    # Sinkhorn's backend is auto under tilelang: TileKernels' kernel where AutoModel's cuda extra installed it
+    sinkhorn = 4 * mm * mm if tr.attn_backend == "tilelang" else 8 * (mm * mm + mm) * m.hc_iters
+    hc_site += sinkhorn + 4 * (2 + mm) * mm
     kept += 2 * hc_site + 10 * h
     if eager_attention(m, p, tr):
         kept += heads / t * (6 * dsv4_keys(m, kind, seq) + 4) + 12 * heads / t

@@ -1,6 +1,6 @@
 """Stand-ins for the TileLang kernels AutoModel vendors for DeepSeek-V4's sparse attention and indexer (from Miles,
-``nemo_automodel/components/models/deepseek_v4/kernels``), so that ``backend.attn: tilelang`` runs on fake CPU tensors
-as it runs on a GPU. Only the TileLang kernel builders are replaced, by builders of kernels that return (or fill) what
+``nemo_automodel/components/models/deepseek_v4/kernels``) and for TileKernels' Sinkhorn, so that ``backend.attn:
+tilelang`` runs on fake CPU tensors as it runs on a GPU. Only the TileLang kernel builders are replaced, by builders of kernels that return (or fill) what
 the real ones do: AutoModel's autograd Functions (``DeepSeekV4SparseAttention`` and its head-chunked form), its
 interfaces' padded indices, valid masks, fp32 accumulators and per-chunk copies, and the indexer's padded logits run
 as written. Only the dry run's worker imports this module.
@@ -13,8 +13,17 @@ keys, k selected keys a query):
   sparse MQA backward: fp32 delta [B, S, h] (preprocess), dq [B, S, h, D] (the kernel's out_idx), the interface's
                        fp32 dkv accumulator [B, K, D] (zeroed) and sink gradient, indices and mask padded to 32 slots
   indexer forward:     fp32 logits [S_pad, K_pad] per sequence, which the kernels fill in place (no autograd)
+  Sinkhorn:            the hyper-connections' [m, m] mixing ratios a token. backend.attn tilelang sets the Sinkhorn
+                       backend to auto, which takes TileKernels' kernels where the package is installed (AutoModel's
+                       cuda extra pins tile-kernels 1.0.0) and the tensors are on a GPU. Its Function
+                       (optimized_kernels._Dsv4TileKernelsSinkhorn) saves only its fp32 input and fills an output it
+                       allocated; the kernels keep every iteration on chip (the backward recomputes them in shared
+                       memory) and allocate nothing. On a CPU the same call runs the torch reference: about 120
+                       operators forward and 300 backward a call (20 iterations), each iteration's ratios and
+                       sums kept for autograd (about 50 times the input's bytes).
 (kernels/tilelang_sparse_mla_fwd.py sparse_mqa_fwd_interface, tilelang_sparse_mla_bwd.py sparse_mqa_bwd_interface,
-tilelang_indexer_fwd.py indexer_fwd_interface, sparse_attention.py DeepSeekV4SparseAttentionHeadChunked)
+tilelang_indexer_fwd.py indexer_fwd_interface, sparse_attention.py DeepSeekV4SparseAttentionHeadChunked;
+tile_kernels 1.0.0 mhc/sinkhorn_kernel.py _mhc_sinkhorn_fwd / _mhc_sinkhorn_bwd)
 """
 
 from __future__ import annotations
@@ -93,11 +102,33 @@ def clean_logits_(*_: Any, **__: Any) -> Callable[..., Any]:
     return kernel
 
 
+def sinkhorn_fwd(hidden_size: int, token_block_size: int, repeat: int, eps: float) -> Callable[..., Any]:
+    """TileKernels' Sinkhorn forward: (x [n, m, m] fp32, out [n, m, m] fp32) -> None, ``out`` filled in place."""
+
+    def kernel(x: torch.Tensor, out: torch.Tensor) -> None:
+        _count()
+
+    return kernel
+
+
+def sinkhorn_bwd(hidden_size: int, token_block_size: int, repeat: int, eps: float) -> Callable[..., Any]:
+    """TileKernels' Sinkhorn backward: (grad_output, x, grad_input), all [n, m, m] fp32 -> None, ``grad_input``
+    filled in place (the forward's iterations recomputed on chip)."""
+
+    def kernel(grad_output: torch.Tensor, x: torch.Tensor, grad_input: torch.Tensor) -> None:
+        _count()
+
+    return kernel
+
+
 STAND_INS = {
     f"{KERNELS}.tilelang_sparse_mla_fwd": {"sparse_mqa_fwd": sparse_mqa_fwd},
     f"{KERNELS}.tilelang_sparse_mla_bwd": {"preprocess": preprocess, "bwd": bwd, "postprocess": postprocess},
     f"{KERNELS}.tilelang_indexer_fwd": {"tl_indexer_fwd_impl": tl_indexer_fwd_impl, "clean_logits_": clean_logits_},
+    OPTIMIZED: {"_tile_kernels_sinkhorn_fwd": sinkhorn_fwd, "_tile_kernels_sinkhorn_bwd": sinkhorn_bwd},
 }
+# what makes optimized_kernels.is_dsv4_kernel_available("sinkhorn") true, as the package's imports would
+SINKHORN_FLAGS = ("_HAS_TILE_KERNELS_SINKHORN", "_HAS_TILE_KERNELS_SINKHORN_FWD", "_HAS_TILE_KERNELS_SINKHORN_BWD")
 
 
 def _on_gpu(*tensors: torch.Tensor) -> bool:
@@ -106,8 +137,9 @@ def _on_gpu(*tensors: torch.Tensor) -> bool:
 
 def _bindings() -> list[kernel_bindings.Binding]:
     """(module, name, stand-in) for every binding: the kernels where AutoModel's vendored code calls them, and
-    what lets its dispatcher take the TileLang path (the tensors on a GPU)."""
-    return kernel_bindings.bindings(STAND_INS, ((OPTIMIZED, "_all_cuda", _on_gpu),))
+    what lets its dispatcher take the TileLang path (the tensors on a GPU, TileKernels' Sinkhorn installed)."""
+    flags = [(OPTIMIZED, flag, True) for flag in SINKHORN_FLAGS]
+    return kernel_bindings.bindings(STAND_INS, [(OPTIMIZED, "_all_cuda", _on_gpu), *flags])
 
 
 def install() -> None:
@@ -126,6 +158,8 @@ __all__ = [
     "install",
     "postprocess",
     "preprocess",
+    "sinkhorn_bwd",
+    "sinkhorn_fwd",
     "sparse_mqa_fwd",
     "stood_in",
     "tl_indexer_fwd_impl",

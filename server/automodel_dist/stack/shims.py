@@ -406,16 +406,19 @@ GLM_DSA = _register(
 )
 
 KERNELS_DSV4 = "nemo_automodel.components.models.deepseek_v4.kernels"
+OPTIMIZED_DSV4 = "nemo_automodel.components.models.deepseek_v4.optimized_kernels"
 DSV4_TILELANG = _register(
     "dsv4_tilelang_kernels_stand_in",
     "build",
     "nemo_automodel.components.models.deepseek_v4.kernels (tilelang_sparse_mla_fwd.sparse_mqa_fwd, "
     "tilelang_sparse_mla_bwd.preprocess / bwd / postprocess, tilelang_indexer_fwd.tl_indexer_fwd_impl / "
-    "clean_logits_; stand-ins, stack/dsv4_tilelang.py) and optimized_kernels._all_cuda",
+    "clean_logits_; optimized_kernels._tile_kernels_sinkhorn_fwd / _bwd, TileKernels' Sinkhorn; stand-ins, "
+    "stack/dsv4_tilelang.py), optimized_kernels._all_cuda and its _HAS_TILE_KERNELS_SINKHORN flags",
     "DeepSeek-V4's backend.attn tilelang runs its sparse attention and indexer through TileLang kernels AutoModel "
-    "vendors (CUDA). The stand-ins build kernels that return or fill what each real one does; AutoModel's autograd "
-    "Functions (what they save for backward, the head chunks' copies and fp32 KV-gradient accumulator) and its "
-    "interfaces' padded indices, masks and logits run as written.",
+    "vendors (CUDA), and its hyper-connections' Sinkhorn through TileKernels' (the tile-kernels package of "
+    "AutoModel's cuda extra). The stand-ins build kernels that return or fill what each real one does; AutoModel's "
+    "autograd Functions (what they save for backward, the head chunks' copies and fp32 KV-gradient accumulator, "
+    "Sinkhorn's saved input) and its interfaces' padded indices, masks and logits run as written.",
     lambda: (
         _source_has(f"{KERNELS_DSV4}.tilelang_sparse_mla_fwd:sparse_mqa_fwd_interface", "sparse_mqa_fwd(")(),
         _source_has(
@@ -425,6 +428,15 @@ DSV4_TILELANG = _register(
             f"{KERNELS_DSV4}.tilelang_indexer_fwd:indexer_fwd_interface", "tl_indexer_fwd_impl(", "clean_logits_("
         )(),
         _resolve("nemo_automodel.components.models.deepseek_v4.optimized_kernels:_all_cuda"),
+        _source_has(
+            f"{OPTIMIZED_DSV4}:_Dsv4TileKernelsSinkhorn.forward",
+            "_tile_kernels_sinkhorn_fwd(",
+            "_tile_kernels_sinkhorn_bwd(",
+            "save_for_backward(flat_x)",
+        )(),
+        _source_has(f"{OPTIMIZED_DSV4}:_tile_kernels_sinkhorn_contiguous_grad", "_HAS_TILE_KERNELS_SINKHORN_FWD")(),
+        _source_has(f"{OPTIMIZED_DSV4}:is_dsv4_kernel_available", "_HAS_TILE_KERNELS_SINKHORN_BWD")(),
+        _source_has("nemo_automodel.components.models.deepseek_v4.layers:_dsv4_sinkhorn_backend", '"auto"')(),
     ),
 )
 

@@ -1803,6 +1803,42 @@ def test_deepseek_v4s_eager_attention_and_hyper_connections_are_estimated_within
 
 @needs_automodel
 @pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param("qwen3-moe", id="moe"),
+        pytest.param("deepseek-v4", id="deepseek-v4", marks=pytest.mark.slow),
+        pytest.param("nemotron-h", id="hybrid", marks=pytest.mark.slow),
+    ],
+)
+def test_the_per_expert_torch_loop_keeps_the_ep_groups_gathered_input(tmp_path, family):
+    """backend.experts torch runs AutoModel's per-expert loop (moe/experts.py _forward_loop) on the EP group's
+    all-gathered tokens, and each expert's gather keeps that input for its backward: 2·ep·h bytes a local token a MoE
+    layer beside what the grouped path (torch_mm) keeps. The dry run's difference between the two backends, without
+    checkpointing, is the estimate's (its MoE layer, DeepSeek-V4's and the hybrid's alike) within 1%."""
+    backend = "model:\n  backend:\n    experts: {experts}\n    dispatcher: torch\ndistributed:\n  ep_size: 2\n"
+    if family == "deepseek-v4":
+        recipe = _DSV4_TOY_RECIPE.format(attn="sdpa", distributed="").replace("torch_mm", "{experts}")
+        kwargs = {"model": str(_toy_deepseek_v4(tmp_path)), "seq_len": 2048}
+        hidden, moe_layers, tokens = 512, 21, 2048
+    elif family == "nemotron-h":
+        recipe, hidden, moe_layers, tokens = backend, 2688, 2, 8192  # its first 5 layers: MEMEM
+        kwargs = {"model": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "seq_len": tokens, "num_layers": 5}
+    else:
+        recipe, hidden, moe_layers, tokens = backend, 2048, 2, 4096
+        kwargs = {"model": "Qwen/Qwen3-30B-A3B", "seq_len": tokens, "num_layers": 2}
+    peaks, estimates = {}, {}
+    for experts in ("torch_mm", "torch"):
+        report = dry_run(recipe.replace("{experts}", experts), world_size=2, micro_batch_size=1, **kwargs)
+        rank = _only(report)
+        assert report.estimate is not None, report.findings
+        peaks[experts], estimates[experts] = rank.peak.total, report.estimate["total"]
+    term = 2 * 2 * hidden * tokens * moe_layers / 2**30
+    assert estimates["torch"] - estimates["torch_mm"] == pytest.approx(term, rel=0.01)
+    assert peaks["torch"] - peaks["torch_mm"] == pytest.approx(term, rel=0.01)
+
+
+@needs_automodel
+@pytest.mark.parametrize(
     "cp",
     [pytest.param(1, id="no-cp", marks=pytest.mark.slow), pytest.param(2, id="cp2", marks=pytest.mark.slow)],
 )

@@ -392,6 +392,10 @@ def _hybrid_act_per_token(
         routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind)))
         gate = 4 * m.num_experts + (4 * h if tr.lora is None else 0)
         mixer = routed + (act_in + 2) * m.shared_expert_intermediate_size + gate
+        if not tr.hf_class and tr.experts == "torch" and p.ep > 1:
+            # the per-expert loop's gathered input (_act_per_token): the dry run of Nemotron-3-Nano's first 5 layers
+            # (two MoE) at 8,192 tokens, EP 2, experts torch against torch_mm: +167.8 MiB, the term's 168.0
+            mixer += 2 * p.ep * h
     plain = (norm + mixer) * scale
     if not p.ac_applied:
         return plain, plain
@@ -672,6 +676,11 @@ def _dsv4_act_per_token(
     k = max(m.experts_per_token, 1)
     frozen = tr.lora is not None and not tr.lora.experts(kind)
     moe = _dsv4_moe_bytes(m, frozen)
+    if tr.experts == "torch" and p.ep > 1:
+        # the per-expert loop's gathered input, as for AutoModel's other MoE layers (_act_per_token): the dry run of a
+        # toy DeepSeek-V4 (hidden 512, 21 MoE layers, 2,048 tokens, EP 2), experts torch against torch_mm: +83.9 MiB,
+        # the term's 84.0
+        moe += 2 * p.ep * m.hidden_size
     per_kind = {a: _dsv4_attention_bytes(m, p, tr, a) for a in set(m.layer_attention)}
     mean = sum(per_kind[a] for a in m.layer_attention) / m.num_layers
     plain = (mean + moe) * scale

@@ -2,8 +2,8 @@
 analytic estimate of the same layout, measured in the same run.
 
 Cases: Llama-3.2-1B on 8 ranks (FSDP2, seq 4096) and Llama-3.1-70B on 64 ranks (FSDP2, activation checkpointing,
-seq 8192). Goal on a 2-core machine (issue 34's): <= 60 s and <= 2 GiB host RSS each. The ratio column is the dry run's wall
-time over the estimate's (the estimate is the instant figure, the dry run AutoModel's own code).
+seq 8192). Goal on a 2-core machine (issue 34's): <= 60 s and <= 2 GiB host RSS each. The ratio column is the dry
+run's wall time over the estimate's (the estimate is the instant figure, the dry run AutoModel's own code).
 
 Run: python bench/bench_dry_run.py
 """

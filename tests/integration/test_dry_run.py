@@ -1854,5 +1854,8 @@ def test_deepseek_v4s_tilelang_kernels_run_as_stand_ins(tmp_path, cp):
     rank = _only(report)
     assert any("stack/dsv4_tilelang.py" in s for s in report.substitutions), report.substitutions
     assert rank.shim_hits.get("dsv4_tilelang_kernels_stand_in", 0) > 0
+    # TileKernels' Sinkhorn (backend auto under tilelang): each hyper-connection's forward, recompute and backward
+    assert rank.shim_hits.get("dsv4_tilekernels_sinkhorn_stand_in", 0) > 0
+    assert any("_Dsv4TileKernelsSinkhorn" in s for s in report.substitutions), report.substitutions
     assert report.estimate is not None, report.findings
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15

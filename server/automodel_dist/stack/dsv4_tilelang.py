@@ -1,9 +1,10 @@
 """Stand-ins for the TileLang kernels AutoModel vendors for DeepSeek-V4's sparse attention and indexer (from Miles,
 ``nemo_automodel/components/models/deepseek_v4/kernels``) and for TileKernels' Sinkhorn, so that ``backend.attn:
-tilelang`` runs on fake CPU tensors as it runs on a GPU. Only the TileLang kernel builders are replaced, by builders of kernels that return (or fill) what
-the real ones do: AutoModel's autograd Functions (``DeepSeekV4SparseAttention`` and its head-chunked form), its
-interfaces' padded indices, valid masks, fp32 accumulators and per-chunk copies, and the indexer's padded logits run
-as written. Only the dry run's worker imports this module.
+tilelang`` runs on fake CPU tensors as it runs on a GPU. Only the kernel builders are replaced, by builders of kernels
+that return (or fill) what the real ones do, with what lets AutoModel's dispatch take them (its ``_all_cuda`` check and
+TileKernels' availability flags): AutoModel's autograd Functions (``DeepSeekV4SparseAttention`` and its head-chunked
+form, ``_Dsv4TileKernelsSinkhorn``), its interfaces' padded indices, valid masks, fp32 accumulators and per-chunk
+copies, and the indexer's padded logits run as written. Only the dry run's worker imports this module.
 
 Memory model (AutoModel 0.7.0's vendored interfaces; B sequences of S queries, h heads of a chunk, D = head_dim, K
 keys, k selected keys a query):
@@ -19,7 +20,7 @@ keys, k selected keys a query):
                        (optimized_kernels._Dsv4TileKernelsSinkhorn) saves only its fp32 input and fills an output it
                        allocated; the kernels keep every iteration on chip (the backward recomputes them in shared
                        memory) and allocate nothing. On a CPU the same call runs the torch reference: about 120
-                       operators forward and 300 backward a call (20 iterations), each iteration's ratios and
+                       operators forward and 320 backward a call (20 iterations), each iteration's ratios and
                        sums kept for autograd (about 50 times the input's bytes).
 (kernels/tilelang_sparse_mla_fwd.py sparse_mqa_fwd_interface, tilelang_sparse_mla_bwd.py sparse_mqa_bwd_interface,
 tilelang_indexer_fwd.py indexer_fwd_interface, sparse_attention.py DeepSeekV4SparseAttentionHeadChunked;
@@ -39,11 +40,17 @@ from . import kernel_bindings
 KERNELS = "nemo_automodel.components.models.deepseek_v4.kernels"
 OPTIMIZED = "nemo_automodel.components.models.deepseek_v4.optimized_kernels"
 on_call: Any = None  # called at each stood-in kernel call (the dry run's shim counts them)
+on_sinkhorn_call: Any = None  # called at each stood-in Sinkhorn kernel call (counted apart)
 
 
 def _count() -> None:
     if on_call is not None:
         on_call()
+
+
+def _count_sinkhorn() -> None:
+    if on_sinkhorn_call is not None:
+        on_sinkhorn_call()
 
 
 def sparse_mqa_fwd(heads: int, dim: int, topk: int, *_: Any, **__: Any) -> Callable[..., Any]:
@@ -106,7 +113,7 @@ def sinkhorn_fwd(hidden_size: int, token_block_size: int, repeat: int, eps: floa
     """TileKernels' Sinkhorn forward: (x [n, m, m] fp32, out [n, m, m] fp32) -> None, ``out`` filled in place."""
 
     def kernel(x: torch.Tensor, out: torch.Tensor) -> None:
-        _count()
+        _count_sinkhorn()
 
     return kernel
 
@@ -116,10 +123,14 @@ def sinkhorn_bwd(hidden_size: int, token_block_size: int, repeat: int, eps: floa
     filled in place (the forward's iterations recomputed on chip)."""
 
     def kernel(grad_output: torch.Tensor, x: torch.Tensor, grad_input: torch.Tensor) -> None:
-        _count()
+        _count_sinkhorn()
 
     return kernel
 
+
+# TileKernels' availability flags in optimized_kernels: set, they make is_dsv4_kernel_available("sinkhorn") true as
+# the package's imports would
+SINKHORN_FLAGS = ("_HAS_TILE_KERNELS_SINKHORN", "_HAS_TILE_KERNELS_SINKHORN_FWD", "_HAS_TILE_KERNELS_SINKHORN_BWD")
 
 STAND_INS = {
     f"{KERNELS}.tilelang_sparse_mla_fwd": {"sparse_mqa_fwd": sparse_mqa_fwd},
@@ -127,8 +138,6 @@ STAND_INS = {
     f"{KERNELS}.tilelang_indexer_fwd": {"tl_indexer_fwd_impl": tl_indexer_fwd_impl, "clean_logits_": clean_logits_},
     OPTIMIZED: {"_tile_kernels_sinkhorn_fwd": sinkhorn_fwd, "_tile_kernels_sinkhorn_bwd": sinkhorn_bwd},
 }
-# what makes optimized_kernels.is_dsv4_kernel_available("sinkhorn") true, as the package's imports would
-SINKHORN_FLAGS = ("_HAS_TILE_KERNELS_SINKHORN", "_HAS_TILE_KERNELS_SINKHORN_FWD", "_HAS_TILE_KERNELS_SINKHORN_BWD")
 
 
 def _on_gpu(*tensors: torch.Tensor) -> bool:

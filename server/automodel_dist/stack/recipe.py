@@ -138,6 +138,13 @@ def backend_for(
             f"with stand-ins for their CUDA kernels ({DSA_KERNEL_STAND_INS[(architecture, backend['attn'])]}: each "
             "kernel's outputs and its interface's allocations); the kernels' own workspaces are not measured"
         )
+        if architecture == "DeepseekV4ForCausalLM":
+            out.append(
+                "DeepSeek-V4's hyper-connection Sinkhorn (backend auto under tilelang) runs AutoModel's "
+                "_Dsv4TileKernelsSinkhorn Function around stand-ins for TileKernels' kernels (its fp32 input kept), "
+                "assuming the GPU has tile-kernels installed (AutoModel's cuda extra); without it AutoModel runs the "
+                "torch reference, which keeps every iteration's ratios (about 50 times as many bytes)"
+            )
     for key, (cuda_only, cpu) in _CPU_BACKEND.items():
         if key == "attn" and dsa_kernels:
             continue

@@ -412,13 +412,11 @@ DSV4_TILELANG = _register(
     "build",
     "nemo_automodel.components.models.deepseek_v4.kernels (tilelang_sparse_mla_fwd.sparse_mqa_fwd, "
     "tilelang_sparse_mla_bwd.preprocess / bwd / postprocess, tilelang_indexer_fwd.tl_indexer_fwd_impl / "
-    "clean_logits_; optimized_kernels._tile_kernels_sinkhorn_fwd / _bwd, TileKernels' Sinkhorn; stand-ins, "
-    "stack/dsv4_tilelang.py), optimized_kernels._all_cuda and its _HAS_TILE_KERNELS_SINKHORN flags",
+    "clean_logits_; stand-ins, stack/dsv4_tilelang.py) and optimized_kernels._all_cuda",
     "DeepSeek-V4's backend.attn tilelang runs its sparse attention and indexer through TileLang kernels AutoModel "
-    "vendors (CUDA), and its hyper-connections' Sinkhorn through TileKernels' (the tile-kernels package of "
-    "AutoModel's cuda extra). The stand-ins build kernels that return or fill what each real one does; AutoModel's "
-    "autograd Functions (what they save for backward, the head chunks' copies and fp32 KV-gradient accumulator, "
-    "Sinkhorn's saved input) and its interfaces' padded indices, masks and logits run as written.",
+    "vendors (CUDA). The stand-ins build kernels that return or fill what each real one does; AutoModel's autograd "
+    "Functions (what they save for backward, the head chunks' copies and fp32 KV-gradient accumulator) and its "
+    "interfaces' padded indices, masks and logits run as written.",
     lambda: (
         _source_has(f"{KERNELS_DSV4}.tilelang_sparse_mla_fwd:sparse_mqa_fwd_interface", "sparse_mqa_fwd(")(),
         _source_has(
@@ -428,6 +426,31 @@ DSV4_TILELANG = _register(
             f"{KERNELS_DSV4}.tilelang_indexer_fwd:indexer_fwd_interface", "tl_indexer_fwd_impl(", "clean_logits_("
         )(),
         _resolve("nemo_automodel.components.models.deepseek_v4.optimized_kernels:_all_cuda"),
+    ),
+)
+
+
+def _dsv4_sinkhorn_flags_exist() -> None:
+    """Each TileKernels availability flag the Sinkhorn stand-ins set is still one AutoModel reads (a renamed flag
+    would leave the stand-ins unused and the torch reference measured)."""
+    from . import dsv4_tilelang
+
+    _source_has(f"{OPTIMIZED_DSV4}:is_dsv4_kernel_available", *dsv4_tilelang.SINKHORN_FLAGS)()
+    for flag in dsv4_tilelang.SINKHORN_FLAGS:
+        _resolve(f"{OPTIMIZED_DSV4}:{flag}")
+
+
+DSV4_SINKHORN = _register(
+    "dsv4_tilekernels_sinkhorn_stand_in",
+    "build",
+    "nemo_automodel.components.models.deepseek_v4.optimized_kernels (_tile_kernels_sinkhorn_fwd / _bwd, TileKernels' "
+    "Sinkhorn kernel builders; stand-ins, stack/dsv4_tilelang.py) and its _HAS_TILE_KERNELS_SINKHORN flags",
+    "Under backend.attn tilelang DeepSeek-V4's hyper-connections ask for the Sinkhorn backend auto, which on a GPU "
+    "with TileKernels (the tile-kernels package of AutoModel's cuda extra) runs AutoModel's _Dsv4TileKernelsSinkhorn "
+    "Function around TileKernels' kernels; on a CPU it would run the torch reference, which keeps every iteration. "
+    "The stand-ins fill the kernels' out-arguments (the kernels allocate nothing) and the flags say TileKernels is "
+    "installed, so AutoModel's Function runs as written and keeps what it keeps on the GPU: its fp32 input.",
+    lambda: (
         _source_has(
             f"{OPTIMIZED_DSV4}:_Dsv4TileKernelsSinkhorn.forward",
             "_tile_kernels_sinkhorn_fwd(",
@@ -435,7 +458,7 @@ DSV4_TILELANG = _register(
             "save_for_backward(flat_x)",
         )(),
         _source_has(f"{OPTIMIZED_DSV4}:_tile_kernels_sinkhorn_contiguous_grad", "_HAS_TILE_KERNELS_SINKHORN_FWD")(),
-        _source_has(f"{OPTIMIZED_DSV4}:is_dsv4_kernel_available", "_HAS_TILE_KERNELS_SINKHORN_BWD")(),
+        _dsv4_sinkhorn_flags_exist(),
         _source_has("nemo_automodel.components.models.deepseek_v4.layers:_dsv4_sinkhorn_backend", '"auto"')(),
     ),
 )
@@ -548,6 +571,7 @@ def install_dsv4_tilelang() -> None:
 
     dsv4_tilelang.install()
     dsv4_tilelang.on_call = DSV4_TILELANG.count
+    dsv4_tilelang.on_sinkhorn_call = DSV4_SINKHORN.count
 
 
 def install_mamba_ssd(*, transformers_class: str | None = None) -> None:

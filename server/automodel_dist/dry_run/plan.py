@@ -330,9 +330,8 @@ def plan_dry_run(
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
                 "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's and DeepSeek-V4's "
-                "classes), where the "
-                "class takes that backend at all; running the dense attention instead would hold a seq x seq mask "
-                "per head: not measured"
+                "classes), where the class takes that backend at all; running the dense attention instead would hold "
+                "a seq x seq mask per head: not measured"
             )
         elif not w.thd_batches and not spec.hc_mult:  # (GLM-5.2's; DeepSeek-V4's take padded batches)
             blocking.append(

@@ -349,6 +349,17 @@ def moe_forward_bytes(m: ModelSpec) -> float:
     return k * (4 * m.expert_dim + 2 * up + 4 * i)
 
 
+def _torch_loop_bytes(m: ModelSpec, p: ParallelDims, tr: Training) -> float:
+    """Bytes a local token one MoE layer of AutoModel's keeps beside its grouped path under ``backend.experts: torch``
+    with EP: the per-expert loop (moe/experts.py _forward_loop) runs on the whole EP group's tokens, all-gathered
+    (_gather_ep_inputs), and each expert's x.gather keeps that gathered input for its backward: 2 bytes a hidden
+    element of ep tokens, whatever the top-k. The dry run, experts torch against torch_mm: the corpus's Moonlight
+    recipe (EP 8) 6.51 GiB more at k 6 and k 3 alike, 9.76 at hidden 3072 in place of 2048, on 8,192 tokens and 26 MoE
+    layers (16h a token a layer); tests/integration/test_dry_run.py holds a Qwen3-MoE's, a toy DeepSeek-V4's and
+    Nemotron-3-Nano's MoE layers to it within 1%. A Hugging Face class's experts run transformers' own code."""
+    return 2.0 * p.ep * m.hidden_size if not tr.hf_class and tr.experts == "torch" and p.ep > 1 else 0.0
+
+
 def _hybrid_act_per_token(
     m: ModelSpec, p: ParallelDims, tr: Training, kind: str, comp_bytes: int
 ) -> tuple[float, float]:
@@ -392,10 +403,7 @@ def _hybrid_act_per_token(
         routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind)))
         gate = 4 * m.num_experts + (4 * h if tr.lora is None else 0)
         mixer = routed + (act_in + 2) * m.shared_expert_intermediate_size + gate
-        if not tr.hf_class and tr.experts == "torch" and p.ep > 1:
-            # the per-expert loop's gathered input (_act_per_token): the dry run of Nemotron-3-Nano's first 5 layers
-            # (two MoE) at 8,192 tokens, EP 2, experts torch against torch_mm: +167.8 MiB, the term's 168.0
-            mixer += 2 * p.ep * h
+        mixer += _torch_loop_bytes(m, p, tr)
     plain = (norm + mixer) * scale
     if not p.ac_applied:
         return plain, plain
@@ -676,11 +684,7 @@ def _dsv4_act_per_token(
     k = max(m.experts_per_token, 1)
     frozen = tr.lora is not None and not tr.lora.experts(kind)
     moe = _dsv4_moe_bytes(m, frozen)
-    if tr.experts == "torch" and p.ep > 1:
-        # the per-expert loop's gathered input, as for AutoModel's other MoE layers (_act_per_token): the dry run of a
-        # toy DeepSeek-V4 (hidden 512, 21 MoE layers, 2,048 tokens, EP 2), experts torch against torch_mm: +83.9 MiB,
-        # the term's 84.0
-        moe += 2 * p.ep * m.hidden_size
+    moe += _torch_loop_bytes(m, p, tr)
     per_kind = {a: _dsv4_attention_bytes(m, p, tr, a) for a in set(m.layer_attention)}
     mean = sum(per_kind[a] for a in m.layer_attention) / m.num_layers
     plain = (mean + moe) * scale
@@ -771,13 +775,7 @@ def _act_per_token(
         kh = k * h
         frozen = not tr.hf_class and tr.lora is not None and not tr.lora.experts(kind)
         mlp = _routed_expert_bytes(m, not frozen) + 4 * m.num_experts + 8 * m.shared_expert_intermediate_size
-        if not tr.hf_class and tr.experts == "torch" and p.ep > 1:
-            # backend.experts: torch loops over the experts (moe/experts.py _forward_loop) on the tokens of the whole
-            # EP group, all-gathered (_gather_ep_inputs), and each expert's x.gather keeps that gathered input for its
-            # backward: 2 bytes a hidden element of ep tokens a local token, whatever the top-k. The dry run of the
-            # corpus's Moonlight recipe (EP 8) with experts torch against torch_mm: 6.51 GiB more at k 6 and k 3
-            # alike, 9.76 at hidden 3072 in place of 2048, on 8,192 tokens and 26 MoE layers (16h a token a layer)
-            mlp += 2 * p.ep * h
+        mlp += _torch_loop_bytes(m, p, tr)
         if not tr.hf_class and m.architecture in _ROUTER_AFTER_DOWN:
             mlp += 2 * kh  # the experts' outputs, kept for the routing weights' product after the down projection
         mlp += scaled_router_bytes(m, tr, comp_bytes) / scale

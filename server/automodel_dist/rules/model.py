@@ -738,10 +738,9 @@ def pp_patched_forward(ctx: Context) -> Iterator[Finding]:
             ctx,
             ("pipeline", left[0]) if "pipeline" in ctx.block else ("pp_size",),
             f"pp_size={ctx.dims.pp} with {', '.join(left)} on (the default): AutoModel's generic stage forward "
-            "replaces "
-            f"{impl.architecture}'s own, which hands its hyper-connection streams ([B, S, hc_mult, hidden]) from stage "
-            "to stage; the next stage gets [B, S, hidden] and the first forward fails ('a and b must have same "
-            "reduction dim') after launch",
+            f"replaces {impl.architecture}'s own, which hands its hyper-connection streams ([B, S, hc_mult, hidden]) "
+            "from stage to stage; the next stage gets [B, S, hidden] and the first forward fails ('a and b must have "
+            "same reduction dim') after launch",
             "distributed.pipeline: {patch_inner_model: false, patch_causal_lm_model: false}",
         )
 

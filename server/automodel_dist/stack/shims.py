@@ -425,7 +425,7 @@ DSV4_TILELANG = _register(
         _source_has(
             f"{KERNELS_DSV4}.tilelang_indexer_fwd:indexer_fwd_interface", "tl_indexer_fwd_impl(", "clean_logits_("
         )(),
-        _resolve("nemo_automodel.components.models.deepseek_v4.optimized_kernels:_all_cuda"),
+        _resolve(f"{OPTIMIZED_DSV4}:_all_cuda"),
     ),
 )
 

@@ -1498,12 +1498,18 @@ dataloader:
 """
 
 
+@functools.cache
+def _glm52_dsa(attn: str) -> Any:
+    """GLM-5.2's first 5 layers on 8 ranks over a 1,024-token THD pack (one run per backend, shared by the tests)."""
+    return dry_run(GLM52_DSA.format(attn=attn), seq_len=1024, num_layers=5, world_size=8)
+
+
 @needs_automodel
 def test_glm_5_2_tilelang_dsa_runs_automodels_functions_on_a_packed_thd_batch():
     """GLM-5.2 with backend.attn tilelang: AutoModel's sharder flattens the packed batch to THD (its GLM class owns
     the layout), its full-index layers run the vendored lighting indexer and every layer the sparse MLA Function,
     each around the kernels' stand-ins; a shared-index layer reuses the selection (no indexer of its own)."""
-    report = dry_run(GLM52_DSA.format(attn="tilelang"), seq_len=1024, num_layers=5, world_size=8)
+    report = _glm52_dsa("tilelang")
     rank = _only(report)
     assert any("TileLang DSA" in s and "stack/glm_dsa.py" in s for s in report.substitutions)
     # (layers 0-2 have their own indexer, 3-4 share it: an indexer forward for each of three layers, a sparse MLA
@@ -1522,10 +1528,30 @@ def test_glm_5_2_tilelang_dsa_on_unpacked_batches_is_refused_as_automodel_refuse
 
 
 @needs_automodel
-def test_glm_5_2_cudnn_dsa_is_not_measured_by_a_dense_fallback():
-    report = dry_run(GLM52_DSA.format(attn="cudnn"), seq_len=1024, num_layers=5, world_size=8)
+def test_glm_5_2_cudnn_dsa_runs_automodels_adapters_on_a_packed_thd_batch():
+    """GLM-5.2 with backend.attn cudnn (not the dense fallback, nor TE's attention in its place): AutoModel's cuDNN
+    adapters run as written, their packed metadata on the THD batch's known values, around stand-ins for cuDNN
+    Frontend's and FlashMLA's kernels; the peak is the TileLang path's within a few percent (both keep the indexer's
+    fp32 scores over every query's window and the sparse attention's output and log-sum-exp)."""
+    report = _glm52_dsa("cudnn")
+    rank = _only(report)
+    assert any("cuDNN DSA adapters" in s and "stack/glm_cudnn_dsa.py" in s for s in report.substitutions)
+    assert not any("Transformer Engine" in s for s in report.substitutions)
+    # three indexers (forward and top-k each) and five sparse attention forwards, then the recomputes under
+    # activation checkpointing and five backward calls
+    assert rank.shim_hits.get("glm_dsa_cudnn_kernels_stand_in", 0) >= 3 * 2 + 5 + 5
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+    tilelang = _only(_glm52_dsa("tilelang"))
+    assert abs(rank.peak.total - tilelang.peak.total) / tilelang.peak.total < 0.05
+
+
+@needs_automodel
+def test_glm_5_2_cudnn_dsa_on_unpacked_batches_is_refused_as_automodel_refuses_it():
+    text = GLM52_DSA.format(attn="cudnn").split("packed_sequence:")[0]
+    report = dry_run(text, seq_len=1024, num_layers=5, world_size=8)
     assert report.status != "measured"
-    assert any("cuDNN's DSA" in n for n in report.not_measured)
+    assert any("packed THD batches only" in n and "'cuDNN DSA indexer" in n for n in report.not_measured)
 
 
 QWEN35_VLM_PP = """recipe: {recipe}

@@ -186,9 +186,6 @@ def test_sample_agrees_per_category():
 NOT_MEASURED: dict[str, str] = {
     "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
     "the megatron-fsdp package's CUDA buffers: not measured",
-    "llm_finetune/glm/glm_5.2_tulu3_4k_cudnn_100k.yaml": "model.backend.attn cudnn runs GLM-5.2's sparse attention "
-    "through cuDNN's DSA and FlashMLA kernels, which the dry run does not stand in (the dense fallback would hold a "
-    "seq x seq mask per head)",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
     "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
     "run does not build (the plan runs no rank)",

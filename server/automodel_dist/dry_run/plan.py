@@ -329,15 +329,16 @@ def plan_dry_run(
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "
-                "run does not stand in (cuDNN's DSA and FlashMLA; TileLang's only for GLM-5.2's and DeepSeek-V4's "
-                "classes), where the class takes that backend at all; running the dense attention instead would hold "
-                "a seq x seq mask per head: not measured"
+                "run does not stand in (TileLang's only for GLM-5.2's and DeepSeek-V4's classes, cuDNN's DSA and "
+                "FlashMLA only for GLM-5.2's), where the class takes that backend at all; running the dense attention "
+                "instead would hold a seq x seq mask per head: not measured"
             )
         elif not w.thd_batches and not spec.hc_mult:  # (GLM-5.2's; DeepSeek-V4's take padded batches)
+            kernels = "cuDNN" if w.attn_backend == "cudnn" else "TileLang"
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture} runs on packed THD batches only, and this "
                 "recipe's are not (no packed_sequence.packed_sequence_size with THD packing, nor "
-                "packed_sequence_thd_collater): AutoModel raises 'TileLang DSA indexer requires THD/packed "
+                f"packed_sequence_thd_collater): AutoModel raises '{kernels} DSA indexer requires THD/packed "
                 "sequences' in the first forward: not measured"
             )
     if d.strategy in ("megatron_fsdp",):

@@ -529,6 +529,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_ffpa()  # Gemma-4's CP ring imports FFPA's package and looks its operators up per call
         if spec.recipe.glm_dsa_kernels:
             shims.install_glm_dsa()  # GLM-5.2's DSA Functions look their TileLang kernels up at each call
+        if spec.recipe.glm_cudnn_kernels:
+            shims.install_glm_cudnn_dsa()  # GLM-5.2's cuDNN DSA adapters look their kernels up at each call
         if spec.recipe.dsv4_kernels:
             shims.install_dsv4_tilelang()  # DeepSeek-V4's interfaces build their TileLang kernels at each call
         if spec.recipe.mamba_ssm:

@@ -25,8 +25,10 @@ _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
 # (GLM-5.2's DSA, DeepSeek-V4's sparse attention and indexer): the dry run keeps that backend rather than run the
 # dense attention it would fall back to (a seq x seq mask per head)
 DSV4_STAND_INS = "stack/dsv4_tilelang.py"
+GLM_CUDNN_STAND_INS = "stack/glm_cudnn_dsa.py"
 DSA_KERNEL_STAND_INS = {
     ("GlmMoeDsaForCausalLM", "tilelang"): "stack/glm_dsa.py",
+    ("GlmMoeDsaForCausalLM", "cudnn"): GLM_CUDNN_STAND_INS,
     ("DeepseekV4ForCausalLM", "tilelang"): DSV4_STAND_INS,
 }
 _CUDA_FLAGS = ("rope_fusion", "compile_attn", "compile_situ", "te_grouped_tensor")
@@ -88,10 +90,16 @@ class StackRecipe(BaseModel):
         return (self.backend or {}).get("attn") == "tilelang" and not self.dsv4_kernels
 
     @property
+    def glm_cudnn_kernels(self) -> bool:
+        """Whether GLM-5.2's cuDNN DSA and FlashMLA kernels are stood in (backend.attn cudnn, which backend_for keeps
+        only for the class whose kernels the dry run stands in)."""
+        return (self.backend or {}).get("attn") == "cudnn"
+
+    @property
     def thd_dsa_batches(self) -> bool:
-        """Whether the dry run hands the packing collate's THD fields (GLM-5.2's TileLang DSA runs on THD only; the
-        other recipes' packed batches are measured as their unpacked equivalent)."""
-        return self.thd_batches and self.glm_dsa_kernels
+        """Whether the dry run hands the packing collate's THD fields (GLM-5.2's TileLang and cuDNN DSA run on THD
+        only; the other recipes' packed batches are measured as their unpacked equivalent)."""
+        return self.thd_batches and (self.glm_dsa_kernels or self.glm_cudnn_kernels)
 
     @property
     def steps_optimizer(self) -> bool:
@@ -111,7 +119,10 @@ def backend_for(
     if not custom:
         return backend
     eager_off_te = architecture in EAGER_UNLESS_TE and backend.get("attn", "te") != "te"
-    if backend.get("attn", "te") in _FLASH_LIKE and not eager_off_te:  # (MiMo's other backends run its eager path)
+    dsa_kernels = not values and (architecture, backend.get("attn")) in DSA_KERNEL_STAND_INS
+    if (
+        backend.get("attn", "te") in _FLASH_LIKE and not eager_off_te and not dsa_kernels
+    ):  # (MiMo's other backends run its eager path)
         # te: AutoModel's default on a GPU with Transformer Engine (unset means te there) and the only attention its
         # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
         # log-sum-exp), and some classes take only te or flex (GPT-OSS)
@@ -130,8 +141,15 @@ def backend_for(
                 "output, log-sum-exp) and, under context parallelism, its ring's peer K/V buffers; "
                 f"{_FLASH_LIKE[was or 'te']}'s own workspace is not measured"
             )
-    dsa_kernels = not values and (architecture, backend.get("attn")) in DSA_KERNEL_STAND_INS
-    if dsa_kernels:
+    if dsa_kernels and backend["attn"] == "cudnn":
+        out.append(
+            "model.backend.attn: cudnn runs AutoModel's cuDNN DSA adapters as written (the packed metadata, the "
+            "indexer's fp32 scores and chunked top-k, the global indices, the sparse attention's autograd Function and "
+            f"what it saves for backward) with stand-ins for cuDNN Frontend's and FlashMLA's kernels "
+            f"({GLM_CUDNN_STAND_INS}: each kernel's outputs, the top-k's radix scratch and the SM90 backward's fp32 "
+            "scratch); the GPU taken to be an H100 (SM90)"
+        )
+    elif dsa_kernels:
         out.append(
             f"model.backend.attn: {backend['attn']} runs AutoModel's vendored TileLang DSA Functions (the "
             "sparse-attention indexer and sparse attention, what they save for backward, the indexer's fp32 logits and top-k) "

@@ -405,6 +405,39 @@ GLM_DSA = _register(
     ),
 )
 
+GLM_CUDNN = "nemo_automodel.components.models.glm_moe_dsa.kernels.cudnn_dsa"
+CUDNN_SPARSE = "nemo_automodel.components.models.common.cudnn_sparse_attention"
+GLM_CUDNN_DSA = _register(
+    "glm_dsa_cudnn_kernels_stand_in",
+    "build",
+    "cuDNN Frontend's DSA wrappers (cudnn.DSA.indexer_forward_wrapper / indexer_top_k_wrapper / "
+    "sparse_attention_backward_wrapper) and FlashMLA's flash_mla_sparse_fwd where AutoModel's adapters look them up "
+    "(glm_moe_dsa/kernels/cudnn_dsa.py, common/cudnn_sparse_attention.py: _CUDNN_DSA, _FLASH_MLA_SPARSE_FWD, the "
+    "availability flags, _require_cuda_tensors as an SM90 device; stand-ins, stack/glm_cudnn_dsa.py), and "
+    "prepare_cudnn_dsa_packed_metadata run as written on the packed layout's known values",
+    "GLM-5.2's backend.attn cudnn runs its sparse attention through cuDNN Frontend's CuTe DSL kernels and FlashMLA "
+    "(CUDA). The stand-ins return what each kernel returns and allocate its scratch for the call; AutoModel's "
+    "adapters around them (the indexer's fp32 scores and chunked top-k, the global indices and their compaction, "
+    "the autograd Function and what it saves) run as written. The packed metadata reads the layout's values on the "
+    "host, which the dry run's THD batch knows.",
+    lambda: (
+        *(_resolve(f"{GLM_CUDNN}:{name}") for name in ("_CUDNN_DSA", "_HAS_CUDNN_DSA", "_HAS_FLASH_MLA")),
+        _resolve(f"{GLM_CUDNN}:_require_cuda_tensors"),
+        _resolve(f"{GLM_CUDNN}:_TOPK_SCRATCH_INT32_FACTOR"),
+        *(_resolve(f"{CUDNN_SPARSE}:{name}") for name in ("_CUDNN_DSA", "_FLASH_MLA_SPARSE_FWD", "_HAS_FLASH_MLA")),
+        _resolve(f"{CUDNN_SPARSE}:_require_cuda_tensors"),
+        _resolve("nemo_automodel.components.models.glm_moe_dsa.model:prepare_cudnn_dsa_packed_metadata"),
+        _source_has(f"{GLM_CUDNN}:cudnn_indexer_topk", "_CUDNN_DSA.indexer_forward_wrapper(")(),
+        _source_has(f"{GLM_CUDNN}:_topk_wrapper_chunked", "_CUDNN_DSA.indexer_top_k_wrapper(")(),
+        _source_has(f"{GLM_CUDNN}:is_cudnn_dsa_available", "_HAS_CUDNN_DSA and _HAS_FLASH_MLA")(),
+        _source_has(f"{CUDNN_SPARSE}:_CudnnSparseAttention.forward", "_FLASH_MLA_SPARSE_FWD(")(),
+        _source_has(
+            f"{CUDNN_SPARSE}:_CudnnSparseAttention.backward", "_CUDNN_DSA.sparse_attention_backward_wrapper("
+        )(),
+        _source_has(f"{CUDNN_SPARSE}:cudnn_sparse_attention", "_require_cuda_tensors(")(),
+    ),
+)
+
 KERNELS_DSV4 = "nemo_automodel.components.models.deepseek_v4.kernels"
 OPTIMIZED_DSV4 = "nemo_automodel.components.models.deepseek_v4.optimized_kernels"
 DSV4_TILELANG = _register(
@@ -562,6 +595,15 @@ def install_glm_dsa() -> None:
 
     glm_dsa.install()
     glm_dsa.on_call = GLM_DSA.count
+
+
+def install_glm_cudnn_dsa() -> None:
+    """Put the stand-ins for GLM-5.2's cuDNN DSA and FlashMLA kernels in place (AutoModel's adapters look them up at
+    each call); their calls are counted."""
+    from . import glm_cudnn_dsa
+
+    glm_cudnn_dsa.install()
+    glm_cudnn_dsa.on_call = GLM_CUDNN_DSA.count
 
 
 def install_dsv4_tilelang() -> None:
@@ -1649,6 +1691,7 @@ __all__ = [
     "install_fla_gdn",
     "install_ffpa",
     "install_dsv4_tilelang",
+    "install_glm_cudnn_dsa",
     "install_glm_dsa",
     "install_mamba_ssd",
     "install_compiled_activations",

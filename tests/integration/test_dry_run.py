@@ -1499,9 +1499,16 @@ dataloader:
 
 
 @functools.cache
-def _glm52_dsa(attn: str) -> Any:
-    """GLM-5.2's first 5 layers on 8 ranks over a 1,024-token THD pack (one run per backend, shared by the tests)."""
-    return dry_run(GLM52_DSA.format(attn=attn), seq_len=1024, num_layers=5, world_size=8)
+def _glm52_dsa(attn: str, cp: int = 1) -> Any:
+    """GLM-5.2's first 5 layers on 8 ranks over a 1,024-token THD pack, its indexer keeping 256 keys (GLM-5.2's 2,048
+    would cover a rank's whole key prefix, where the cuDNN path skips its top-k; under CP 2 rank 0's prefix is 512
+    keys): one run per backend and CP size, shared by the tests."""
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="glm52-dsa-")) / "config.json"
+    path.write_text(json.dumps(hf_config(lookup("zai-org/GLM-5.2")) | {"index_topk": 256}))
+    text = GLM52_DSA.format(attn=attn).replace("  ep_size: 8\n", f"  ep_size: 8\n  cp_size: {cp}\n")
+    return dry_run(text, seq_len=1024, num_layers=5, world_size=8, model=str(path))
 
 
 @needs_automodel
@@ -1537,12 +1544,27 @@ def test_glm_5_2_cudnn_dsa_runs_automodels_adapters_on_a_packed_thd_batch():
     rank = _only(report)
     assert any("cuDNN DSA adapters" in s and "stack/glm_cudnn_dsa.py" in s for s in report.substitutions)
     assert not any("Transformer Engine" in s for s in report.substitutions)
-    # three indexers (forward and top-k each) and five sparse attention forwards, then the recomputes under
-    # activation checkpointing and five backward calls
-    assert rank.shim_hits.get("glm_dsa_cudnn_kernels_stand_in", 0) >= 3 * 2 + 5 + 5
+    # three indexers (scores and top-k each) and five FlashMLA forwards, the same again in the recomputes under
+    # activation checkpointing, then five cuDNN backward calls
+    assert rank.shim_hits.get("glm_dsa_cudnn_kernels_stand_in", 0) == 2 * (3 * 2 + 5) + 5
     assert report.estimate is not None
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
     tilelang = _only(_glm52_dsa("tilelang"))
+    assert abs(rank.peak.total - tilelang.peak.total) / tilelang.peak.total < 0.05
+
+
+@needs_automodel
+def test_glm_5_2_cudnn_dsa_under_context_parallelism_reads_each_ranks_positions_on_the_host():
+    """CP 2: AutoModel's GLM packed-CP sharder keeps a contiguous half of the pack a rank (its token positions computed
+    on the host and kept known), and the cuDNN metadata pairs that rank's queries with their document's key prefix
+    in the all-gathered keys; measured, within 5% of the TileLang path under the same CP."""
+    report = _glm52_dsa("cudnn", cp=2)
+    rank = _only(report)
+    assert rank.status == "measured", (rank.reason, rank.error)
+    # per microbatch as at CP 1 (two of them: the batch accumulates over half the data-parallel ranks)
+    assert report.microbatches == 2
+    assert rank.shim_hits.get("glm_dsa_cudnn_kernels_stand_in", 0) == 2 * (2 * (3 * 2 + 5) + 5)
+    tilelang = _only(_glm52_dsa("tilelang", cp=2))
     assert abs(rank.peak.total - tilelang.peak.total) / tilelang.peak.total < 0.05
 
 

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("nemo_automodel")
 
 from automodel_dist.stack import glm_cudnn_dsa, media, shims  # noqa: E402
+from automodel_dist.stack.known_values import UnknownValues  # noqa: E402
 
 T, INDEX_HEADS, HEADS, TOPK = 64, 32, 16, 16
 
@@ -137,7 +138,7 @@ def test_the_packed_metadata_runs_on_the_known_layout_under_fake_tensors():
         assert metadata.segment_cu_q.constant.tolist() == [0, 40, T]
 
         unknown = torch.zeros(3, dtype=torch.int32)
-        with pytest.raises(glm_cudnn_dsa.UnknownValues, match="packed metadata"):
+        with pytest.raises(UnknownValues, match="packed metadata"):
             model.prepare_cudnn_dsa_packed_metadata(unknown, T)
 
         from nemo_automodel.components.distributed.context_parallel import sharder
@@ -154,14 +155,38 @@ def test_the_packed_metadata_runs_on_the_known_layout_under_fake_tensors():
 
 
 def test_the_stand_ins_are_unbound_after_the_block():
+    from nemo_automodel.components.distributed import thd_utils
+    from nemo_automodel.components.distributed.context_parallel import sharder
     from nemo_automodel.components.models.common import cudnn_sparse_attention as shared
+    from nemo_automodel.components.models.glm_moe_dsa import cp, model
     from nemo_automodel.components.models.glm_moe_dsa.kernels import cudnn_dsa
 
-    before = (cudnn_dsa._CUDNN_DSA, shared._FLASH_MLA_SPARSE_FWD, cudnn_dsa.is_cudnn_dsa_available())
+    def bound() -> tuple:
+        return (
+            cudnn_dsa._CUDNN_DSA,
+            shared._FLASH_MLA_SPARSE_FWD,
+            cudnn_dsa.is_cudnn_dsa_available(),
+            model.prepare_cudnn_dsa_packed_metadata,
+            thd_utils._thd_padding_mask,
+            sharder.contiguous_local_indices,
+            cp.contiguous_local_indices,
+        )
+
+    before = bound()
     with glm_cudnn_dsa.stood_in():
         assert cudnn_dsa.is_cudnn_dsa_available() and shared.is_cudnn_sparse_attention_available()
         assert shared._FLASH_MLA_SPARSE_FWD is glm_cudnn_dsa.flash_mla_sparse_fwd
-    assert (cudnn_dsa._CUDNN_DSA, shared._FLASH_MLA_SPARSE_FWD, cudnn_dsa.is_cudnn_dsa_available()) == before
+        assert thd_utils._thd_padding_mask is glm_cudnn_dsa.known_padding_mask
+    assert bound() == before
+
+
+def test_an_unknown_layout_makes_the_rank_not_measured_not_failed():
+    """On a GPU AutoModel would not raise there: the rank says why it was not measured, with no AutoModel error."""
+    from automodel_dist.dry_run.worker import Phases, _failure
+
+    out = _failure(UnknownValues("cuDNN DSA's packed metadata reads the batch's layout on the host"), Phases())
+    assert out["status"] == "not_measured" and "packed metadata" in out["reason"] and "error" not in out
+    assert _failure(ValueError("AutoModel's own"), Phases())["status"] == "failed"
 
 
 def test_the_shim_check_fails_when_automodel_moves_a_target(monkeypatch):

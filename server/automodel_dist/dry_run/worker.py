@@ -25,6 +25,7 @@ from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
 from ..catalog.models import EXPERT_COUNT_KEYS
 from ..media import vlm_image
 from ..stack import media, shims, step
+from ..stack.known_values import UnknownValues
 from .depth import Depth, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
 from .tracker import categories, make_tracker, module_views, repeated_calls
@@ -488,7 +489,8 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
 
 def thd_pack_fields(shape: tuple[int, int], fake_mode: Any) -> dict[str, Any]:
     """The packing collate's THD fields for ``shape`` (packs x pack length), one document filling each pack, as known
-    values (AutoModel's sharder flattens them and reads the lengths; GLM-5.2's TileLang DSA runs on THD only)."""
+    values (AutoModel's sharder flattens them and reads the lengths; GLM-5.2's TileLang and cuDNN DSA run on THD
+    only, and the cuDNN path's metadata reads the layout on the host)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -575,6 +577,9 @@ def _failure(exc: BaseException, phases: Phases) -> dict[str, Any]:
         "error_phase": phases.failed or phases.current,
         "traceback": _short_traceback(exc),
     }
+    root = cause if cause is not None and "[Stage" in str(exc) else exc
+    if isinstance(root, UnknownValues):  # the dry run cannot know a value the GPU would have: not AutoModel's error
+        return {"status": "not_measured", "reason": str(root)[:4000], "error_phase": out["error_phase"]}
     if cause is not None and "[Stage" in str(exc):  # the pipeline wraps a stage's error
         out["error"] = f"{type(cause).__name__}: {cause}"[:4000]
         out["traceback"] = _short_traceback(cause)

@@ -6,23 +6,24 @@ the packed metadata, the top-k's row chunks, the global indices and their compac
 the kernels are replaced, by what each returns and allocates. Only the dry run's worker imports this module.
 
 Memory model (T query tokens of the packed THD batch, S the longest key segment, H heads; nvidia-cudnn-frontend
->= 1.27, AutoModel's ``cuda`` extra):
+>= 1.27, which AutoModel's ``cuda`` extra requires):
   indexer_forward_wrapper:   fp32 scores [T, S] (the kernel scores every query over its key segment)
   indexer_top_k_wrapper:     int32 indices [T, top_k] (and values when asked), its radix scratch allocated per call:
-                             T x 2 x S int32 for fp32 scores (``IndexerTopK.scratch_workspace_bytes``; AutoModel
-                             chunks its rows by the same factor, ``_TOPK_SCRATCH_INT32_FACTOR``)
+                             T x 2 x S int32 for fp32 scores (``IndexerTopK.scratch_workspace_bytes``, two buffers
+                             for fp32 input; AutoModel chunks its rows by the same factor, which the shim checks)
   flash_mla_sparse_fwd:      out [T, H, d_v] in q's dtype, fp32 max logits and log-sum-exp [T, H]
   sparse_attention_backward: dq like q, dkv like kv, fp32 d_sink [H]; the SM90 kernel's fp32 scratch (``dpsum`` and
                              the log2 LSE, [T rounded to 64, H] each, and the dKV accumulator [keys rounded to 64,
                              head dim rounded to 32]) for the call (``flash_attn_bwd_sm90_workspace_size``)
-The device is taken to be an H100 (SM90), the GPU the corpus ran on: AutoModel pads the query heads for FlashMLA by
-the SM's alignment (64 on SM90; GLM-5.2's 64 heads need none).
+Assumed: the GPU is an H100 (SM90), the GPU the corpus ran on, which sets FlashMLA's query-head padding (64 on SM90;
+AutoModel pads a rank's heads up to it), and it has both packages installed (FlashMLA is in none of AutoModel's
+extras; without either AutoModel raises rather than fall back). Not measured: the kernels' own buffers beyond those
+above (cuDNN's compile caches, FlashMLA's on-chip tiles).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -30,12 +31,14 @@ from typing import Any
 import torch
 
 from . import kernel_bindings
+from .known_values import when_known
 
 KERNELS = "nemo_automodel.components.models.glm_moe_dsa.kernels.cudnn_dsa"
 SHARED = "nemo_automodel.components.models.common.cudnn_sparse_attention"
 MODEL = "nemo_automodel.components.models.glm_moe_dsa.model"
 SM = (9, 0)  # H100
-on_call: Any = None  # called at each stood-in kernel call (the dry run's shim counts them)
+TOPK_BUFFERS_FP32 = 2  # IndexerTopK's int32 radix buffers a score for fp32 input (buffer_numbers)
+on_call: Callable[[], None] | None = None  # called at each stood-in kernel call (the dry run's shim counts them)
 
 
 def _count() -> None:
@@ -62,8 +65,9 @@ class CudnnDsa:
         **kwargs: Any,
     ) -> dict[str, torch.Tensor]:
         _count()
-        columns = max_seqlen_k if max_seqlen_k is not None else k.shape[0]
-        return {"scores": torch.empty((q.shape[0], columns), device=q.device, dtype=torch.float32)}
+        if max_seqlen_k is None:  # (AutoModel's GLM adapter always passes THD segments)
+            raise NotImplementedError("the cuDNN indexer stand-in takes THD segments (max_seqlen_k) only")
+        return {"scores": torch.empty((q.shape[0], max_seqlen_k), device=q.device, dtype=torch.float32)}
 
     @staticmethod
     def indexer_top_k_wrapper(
@@ -77,8 +81,10 @@ class CudnnDsa:
     ) -> dict[str, torch.Tensor | None]:
         _count()
         rows, columns = input_values.shape
-        factor = importlib.import_module(KERNELS)._TOPK_SCRATCH_INT32_FACTOR
-        workspace = torch.empty(rows * factor * columns * 4, device=input_values.device, dtype=torch.uint8)
+        if input_values.dtype != torch.float32:  # (AutoModel hands it fp32 scores; other dtypes take other counts)
+            raise NotImplementedError(f"the cuDNN top-k stand-in takes fp32 scores, not {input_values.dtype}")
+        scratch = rows * TOPK_BUFFERS_FP32 * columns * 4
+        workspace = torch.empty(scratch, device=input_values.device, dtype=torch.uint8)
         indices = torch.empty((rows, top_k), device=input_values.device, dtype=torch.int32)
         values = input_values.new_empty((rows, top_k)) if return_val else None
         del workspace  # freed when the call returns
@@ -130,68 +136,18 @@ def flash_mla_sparse_fwd(
 SHARDER = "nemo_automodel.components.distributed.context_parallel.sharder"
 GLM_CP = "nemo_automodel.components.models.glm_moe_dsa.cp"
 THD = "nemo_automodel.components.distributed.thd_utils"
-
-
-class UnknownValues(RuntimeError):
-    """A packed-layout tensor the cuDNN metadata reads whose values the dry run does not know."""
-
-
-def _on_known_values(original: Callable[..., Any], what: str, *, required: bool) -> Callable[..., Any]:
-    """``original`` (AutoModel's) run as written on real CPU tensors where every fake tensor it is handed is a
-    constant (the dry run's THD batch: its lengths are constants that propagate through AutoModel's sharder), its
-    tensors lifted back into the fake mode as constants; so host reads of the packed layout (``.tolist()``, value-
-    dependent shapes) work as on a GPU and what it builds stays known downstream. With an unknown input it runs on
-    the fake tensors as before, or, where ``required``, raises :class:`UnknownValues`. Its tensors are index maps a
-    few int32s a token: not measured either way."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        fake_mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-        fakes = [a for a in (*args, *kwargs.values()) if isinstance(a, FakeTensor)]
-        unknown = [a for a in fakes if a.constant is None]
-        if fake_mode is None and not fakes:
-            return original(*args, **kwargs)
-        if unknown:
-            if required:
-                raise UnknownValues(
-                    f"{what} reads the packed layout's values on the host, and {len(unknown)} of its inputs are not "
-                    "known to the dry run (a THD batch whose lengths are not the dry run's own constants)"
-                )
-            return original(*args, **kwargs)
-        fake_mode = fake_mode or fakes[0].fake_mode
-
-        def real(value: Any) -> Any:
-            if isinstance(value, FakeTensor):
-                return value.constant
-            return None if isinstance(value, torch.device) else value  # (the host's)
-
-        with unset_fake_temporarily():
-            out = original(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items()})
-
-        def fake(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, value, make_constant=True)
-            return value
-
-        if dataclasses.is_dataclass(out):
-            return dataclasses.replace(out, **{f.name: fake(getattr(out, f.name)) for f in dataclasses.fields(out)})
-        return fake(out)
-
-    run.__wrapped__ = original  # type: ignore[attr-defined]
-    return run
-
-
 # AutoModel's own, taken before any binding
 _ORIGINALS = {
     "prepare": importlib.import_module(KERNELS).prepare_cudnn_dsa_packed_metadata,
     "local_indices": importlib.import_module(SHARDER).contiguous_local_indices,
     "padding_mask": importlib.import_module(THD)._thd_padding_mask,
 }
-# the packed metadata (which reads the layout on the host, once a stage as on a GPU, and derives shapes from it), the
-# query coordinates it is handed (a rank's global token positions: at CP 1 all of them) and the padding mask
-prepare_packed_metadata = _on_known_values(_ORIGINALS["prepare"], "cuDNN DSA's packed metadata", required=True)
-known_local_indices = _on_known_values(_ORIGINALS["local_indices"], "contiguous_local_indices", required=False)
-known_padding_mask = _on_known_values(_ORIGINALS["padding_mask"], "_thd_padding_mask", required=False)
+# On the THD batch's known values (stack/known_values.py): the packed metadata, which reads the layout on the host
+# (once a stage, as on a GPU) and derives shapes from it; the query coordinates it is handed (a rank's global token
+# positions, from sizes alone: at CP 1 all of them); the padding mask AutoModel builds from the pack's lengths
+prepare_packed_metadata = when_known(_ORIGINALS["prepare"], required="cuDNN DSA's packed metadata")
+known_local_indices = when_known(_ORIGINALS["local_indices"], from_sizes=True)
+known_padding_mask = when_known(_ORIGINALS["padding_mask"])
 
 
 def _on_gpu(operation: str, *tensors: torch.Tensor) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..media import ImageGeometry, qwen_image
+from .known_values import when_known
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
 # sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
@@ -321,18 +322,11 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     import sys
 
     import transformers.vision_utils as vision_utils
-    from torch._subclasses.fake_tensor import FakeTensor
 
     names = [n for n in dir(vision_utils) if n.startswith("get_vision_") and callable(getattr(vision_utils, n))]
 
     def wrap(fn: Any) -> Any:
-        def run(grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
-            if not (isinstance(grid_thw, FakeTensor) and grid_thw.constant is not None):
-                return fn(grid_thw, *args, **kwargs)
-            return _on_values(fake_mode, fn, (grid_thw.constant, *args), kwargs)
-
-        run.__wrapped__ = fn  # type: ignore[attr-defined]
-        return run
+        return when_known(fn, fake_mode=fake_mode)
 
     saved: list[tuple[Any, str, Any]] = []
     modules = [vision_utils] + [
@@ -390,20 +384,10 @@ def known_rope_index(parts: list[Any], fake_mode: Any) -> Iterator[None]:
     it is given is one: a forward that computes its multimodal positions itself (a pipeline stage's microbatch, whose
     positions the schedule does not hand in) builds them with factories whose values FakeTensorMode cannot know. The
     batch's positions are computed the same way ahead (``qwen_batch``)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._pytree import tree_flatten, tree_map
-
     owners = [m for part in parts for m in part.modules() if callable(getattr(m, "get_rope_index", None))]
 
     def wrap(fn: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
-            if not tensors or any(t.constant is None for t in tensors):
-                return fn(*args, **kwargs)
-            values = tree_map(lambda t: t.constant if isinstance(t, FakeTensor) else t, (args, kwargs))
-            return _on_values(fake_mode, fn, *values)
-
-        return run
+        return when_known(fn, fake_mode=fake_mode)
 
     saved = [(owner, owner.__dict__.get("get_rope_index")) for owner in owners]
     for owner in owners:
@@ -416,25 +400,6 @@ def known_rope_index(parts: list[Any], fake_mode: Any) -> Iterator[None]:
                 del owner.get_rope_index
             else:
                 owner.get_rope_index = before
-
-
-def _on_values(fake_mode: Any, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``fn`` on real values (the constants behind known fake tensors), outside FakeTensorMode; the tensors it returns
-    handed back as constants."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.utils._pytree import tree_map
-
-    known = fake_mode.fake_tensor_converter
-    with unset_fake_temporarily():
-        out = fn(*args, **kwargs)
-    return tree_map(lambda t: known.from_real_tensor(fake_mode, t, make_constant=True) if _real(t) else t, out)
-
-
-def _real(t: Any) -> bool:
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor)
 
 
 @contextlib.contextmanager

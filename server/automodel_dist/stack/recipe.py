@@ -91,8 +91,9 @@ class StackRecipe(BaseModel):
 
     @property
     def glm_cudnn_kernels(self) -> bool:
-        """Whether GLM-5.2's cuDNN DSA and FlashMLA kernels are stood in (backend.attn cudnn, which backend_for keeps
-        only for the class whose kernels the dry run stands in)."""
+        """Whether GLM-5.2's cuDNN DSA and FlashMLA kernels are stood in: backend.attn cudnn, which backend_for keeps
+        on AutoModel's own classes only for GLM-5.2's (it runs as the TE stand-in on the others); a Hugging Face class
+        is handed the recipe's backend as written, and the stand-ins bind only into GLM-5.2's modules."""
         return (self.backend or {}).get("attn") == "cudnn"
 
     @property
@@ -120,9 +121,8 @@ def backend_for(
         return backend
     eager_off_te = architecture in EAGER_UNLESS_TE and backend.get("attn", "te") != "te"
     dsa_kernels = not values and (architecture, backend.get("attn")) in DSA_KERNEL_STAND_INS
-    if (
-        backend.get("attn", "te") in _FLASH_LIKE and not eager_off_te and not dsa_kernels
-    ):  # (MiMo's other backends run its eager path)
+    # (MiMo's other backends run its eager path; a DSA class whose kernels are stood in keeps its backend)
+    if backend.get("attn", "te") in _FLASH_LIKE and not eager_off_te and not dsa_kernels:
         # te: AutoModel's default on a GPU with Transformer Engine (unset means te there) and the only attention its
         # own classes take under CP; flex (FlexAttention) keeps the same tensors for backward (q, k, v, output,
         # log-sum-exp), and some classes take only te or flex (GPT-OSS)
@@ -147,7 +147,8 @@ def backend_for(
             "indexer's fp32 scores and chunked top-k, the global indices, the sparse attention's autograd Function and "
             f"what it saves for backward) with stand-ins for cuDNN Frontend's and FlashMLA's kernels "
             f"({GLM_CUDNN_STAND_INS}: each kernel's outputs, the top-k's radix scratch and the SM90 backward's fp32 "
-            "scratch); the GPU taken to be an H100 (SM90)"
+            "scratch), assuming an H100 (SM90) with nvidia-cudnn-frontend (AutoModel's cuda extra) and FlashMLA (in "
+            "no extra) installed, without which AutoModel raises; the kernels' other buffers are not measured"
         )
     elif dsa_kernels:
         out.append(

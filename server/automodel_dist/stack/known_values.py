@@ -1,7 +1,8 @@
 """Known values on fake tensors: AutoModel's and transformers' helpers that read a batch's layout on the host (image
 grids, packed document lengths, a rank's token positions) run on the real values behind FakeTensorMode's constants,
 and what they build is handed back as constants, so it stays known downstream. The dry run's batches carry their
-layout as constants; everything else stays fake. Imports torch only when a helper runs."""
+layout as constants; everything else stays fake. Imports torch only where a helper is wrapped (the dry run's
+rank)."""
 
 from __future__ import annotations
 

@@ -1557,7 +1557,8 @@ def test_glm_5_2_cudnn_dsa_runs_automodels_adapters_on_a_packed_thd_batch():
 def test_glm_5_2_cudnn_dsa_under_context_parallelism_reads_each_ranks_positions_on_the_host():
     """CP 2: AutoModel's GLM packed-CP sharder keeps a contiguous half of the pack a rank (its token positions computed
     on the host and kept known), and the cuDNN metadata pairs that rank's queries with their document's key prefix
-    in the all-gathered keys; measured, within 5% of the TileLang path under the same CP."""
+    in the all-gathered keys; measured, within 5% of the TileLang path under the same CP and within the project's error
+    of the estimate."""
     report = _glm52_dsa("cudnn", cp=2)
     rank = _only(report)
     assert rank.status == "measured", (rank.reason, rank.error)
@@ -1566,6 +1567,8 @@ def test_glm_5_2_cudnn_dsa_under_context_parallelism_reads_each_ranks_positions_
     assert rank.shim_hits.get("glm_dsa_cudnn_kernels_stand_in", 0) == 2 * (2 * (3 * 2 + 5) + 5)
     tilelang = _only(_glm52_dsa("tilelang", cp=2))
     assert abs(rank.peak.total - tilelang.peak.total) / tilelang.peak.total < 0.05
+    assert report.estimate is not None
+    assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
 
 
 @needs_automodel

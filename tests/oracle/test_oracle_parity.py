@@ -792,6 +792,31 @@ CODE_ERRORS = [
         "RuntimeError: The 'magi' attention backend is configured",
         "runtime-missing-package",
     ),
+    (
+        "components/models/glm_moe_dsa/layers.py",
+        "RuntimeError: backend.attn='cudnn' requires the optional",
+        "runtime-missing-package",
+    ),
+    (
+        "components/models/glm_moe_dsa/kernels/cudnn_dsa.py",
+        "RuntimeError: GLM-5.2 cuDNN DSA requires both",
+        "runtime-missing-package",
+    ),
+    (
+        "components/models/common/cudnn_sparse_attention.py",
+        "RuntimeError: cuDNN sparse attention requires both",
+        "runtime-missing-package",
+    ),
+    (
+        "components/models/glm_moe_dsa/optimized_kernels.py",
+        "RuntimeError: glm_moe_dsa 8 TileLang backend was requested",
+        "runtime-missing-package",
+    ),
+    (
+        "components/models/deepseek_v4/optimized_kernels.py",
+        "RuntimeError: dsv4 8 TileLang backend was requested",
+        "runtime-missing-package",
+    ),
 ]
 
 

@@ -135,14 +135,24 @@ note(
         r"Transformer Engine attention is required",
         r"'magi_attention' package is not importable",
         r"No module named '(transformer_engine|megatron_fsdp|megatron|deep_ep|magi_attention)(?:\.[\w.]*)?'",
+        r"backend\.attn='cudnn' requires the optional cuDNN DSA and FlashMLA kernels",
+        r"GLM-5\.2 cuDNN DSA requires both nvidia-cudnn-frontend",
+        r"cuDNN sparse attention requires both nvidia-cudnn-frontend",
+        r"(glm_moe_dsa|dsv4) \w+ TileLang backend was requested, but the optional kernel is",
     ),
     cause="The job's environment lacks a package the config needs: strategy megatron_fsdp needs megatron-fsdp "
     "0.5.0 exactly (nemo-automodel 0.7.0 depends on it, but an image built with --no-deps or an upgraded one "
     "lacks it or fails on its fully_shard signature); model.backend.attn: te (which context parallelism needs "
     "for most models) needs Transformer Engine, from the cuda extra; model.backend.dispatcher: deepep needs "
-    "DeepEP, from the moe extra; attn: magi needs MagiAttention, built from source.",
-    fix="Install it in the launch image (pip install 'nemo-automodel[cuda,moe]==0.7.0', or megatron-fsdp==0.5.0), "
-    "or choose what needs none: strategy fsdp2, model.backend.attn: sdpa with cp_size 1, dispatcher: torch.",
+    "DeepEP, from the moe extra; attn: magi needs MagiAttention, built from source. The sparse-attention (DSA) "
+    "classes' kernels: GLM-5.2's attn: cudnn needs nvidia-cudnn-frontend[cutedsl] (the cuda extra) and FlashMLA "
+    "with flash_mla_sparse_fwd (in no extra), and raises without either rather than fall back; attn: tilelang "
+    "(GLM-5.2, DeepSeek-V4) needs tilelang (the cuda extra), and its check raises too where the inputs are not CUDA bf16 tensors "
+    "(a CPU run, or a model left in fp32).",
+    fix="Install it in the launch image (pip install 'nemo-automodel[cuda,moe]==0.7.0', or megatron-fsdp==0.5.0; "
+    "FlashMLA from its own repository), or choose what needs none: strategy fsdp2, model.backend.attn: sdpa with "
+    "cp_size 1, dispatcher: torch (a DSA model: the other of attn cudnn and tilelang whose packages are there, "
+    "or te, whose dense path holds a seq x seq mask per head).",
 )
 # Launch and transport failures: the config is fine, the processes or the machines are not.
 note(

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -1498,14 +1499,15 @@ dataloader:
 """
 
 
+_GLM52_DIR = tempfile.TemporaryDirectory(prefix="glm52-dsa-")  # removed when the session's interpreter exits
+
+
 @functools.cache
 def _glm52_dsa(attn: str, cp: int = 1) -> Any:
     """GLM-5.2's first 5 layers on 8 ranks over a 1,024-token THD pack, its indexer keeping 256 keys (GLM-5.2's 2,048
     would cover a rank's whole key prefix, where the cuDNN path skips its top-k; under CP 2 rank 0's prefix is 512
     keys): one run per backend and CP size, shared by the tests."""
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="glm52-dsa-")) / "config.json"
+    path = Path(_GLM52_DIR.name) / "config.json"
     path.write_text(json.dumps(hf_config(lookup("zai-org/GLM-5.2")) | {"index_topk": 256}))
     text = GLM52_DSA.format(attn=attn).replace("  ep_size: 8\n", f"  ep_size: 8\n  cp_size: {cp}\n")
     return dry_run(text, seq_len=1024, num_layers=5, world_size=8, model=str(path))

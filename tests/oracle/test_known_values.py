@@ -61,3 +61,22 @@ def test_values_from_sizes_alone_are_computed_on_the_host():
 
 def test_outside_a_fake_mode_it_is_the_function_itself():
     assert when_known(_layout, required="the layout")(torch.tensor([0, 2])).longest == 2
+
+
+def test_the_vision_index_helpers_pop_from_the_callers_kwargs():
+    """transformers' vision index helpers take their caller's kwargs dict and pop what was precomputed from it: on the
+    known-grid path the dict is handed over as it is, so the caller's key is gone, as without the wrapper."""
+    pytest.importorskip("transformers")
+    import transformers.vision_utils as vision_utils
+
+    from automodel_dist.stack.media import known_vision_indices
+
+    mode = FakeTensorMode()
+    with mode, known_vision_indices(mode):
+        grid = _known(mode, [[1, 4, 4]])
+        precomputed = torch.zeros(2, dtype=torch.int32)
+        kwargs = {"cu_seqlens": precomputed}
+        assert vision_utils.get_vision_cu_seqlens(grid, kwargs=kwargs) is precomputed
+        assert "cu_seqlens" not in kwargs
+        computed = vision_utils.get_vision_cu_seqlens(grid)
+    assert computed.constant.tolist() == [0, 16]

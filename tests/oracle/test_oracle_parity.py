@@ -828,3 +828,70 @@ def test_error_texts_in_automodel_code_are_explained(relpath: str, start: str, r
     assert texts, f"AutoModel 0.7.0's {relpath} raises no '{start}...'"
     for text in texts:
         assert rule in {m.rule for m in explain_error(text).matches}, text
+
+
+def _literal_arguments(relpath: str, function: str, keyword: str | None = None) -> set[str]:
+    """The string literals AutoModel's ``relpath`` passes to ``function`` (its first argument, or ``keyword``)."""
+    import ast
+    import pathlib
+
+    import nemo_automodel
+
+    tree = ast.parse((pathlib.Path(nemo_automodel.__file__).parent / relpath).read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == function:
+            args = [k.value for k in node.keywords if k.arg == keyword] if keyword else node.args[:1]
+            out |= {a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("raises_in", "called_from", "function", "keyword", "rule"),
+    [
+        # each kernel the DSA classes name in their TileLang check (DeepSeek-V4's include "sparse attention")
+        (
+            "components/models/glm_moe_dsa/optimized_kernels.py",
+            "components/models/glm_moe_dsa/layers.py",
+            "should_use_tilelang",
+            "kernel_name",
+            "runtime-missing-package",
+        ),
+        (
+            "components/models/deepseek_v4/optimized_kernels.py",
+            "components/models/deepseek_v4/optimized_kernels.py",
+            "_should_use_tilelang",
+            "kernel_name",
+            "runtime-missing-package",
+        ),
+        # the operations the cuDNN adapters name in their device check
+        (
+            "components/models/common/cudnn_sparse_attention.py",
+            "components/models/common/cudnn_sparse_attention.py",
+            "_require_cuda_tensors",
+            None,
+            "runtime-dsa-gpu",
+        ),
+        (
+            "components/models/glm_moe_dsa/kernels/cudnn_dsa.py",
+            "components/models/glm_moe_dsa/kernels/cudnn_dsa.py",
+            "_require_cuda_tensors",
+            None,
+            "runtime-dsa-gpu",
+        ),
+    ],
+)
+def test_error_texts_with_automodels_own_names_are_explained(raises_in, called_from, function, keyword, rule):
+    """A RuntimeError whose f-string names the kernel or operation, rendered with each name AutoModel's callers pass
+    (read from its source: DeepSeek-V4's "sparse attention", the cuDNN adapters' "cuDNN DSA indexer", ...)."""
+    names = _literal_arguments(called_from, function, keyword)
+    assert names, f"AutoModel 0.7.0's {called_from} passes no literal to {function}"
+    for name in sorted(names):
+        texts = [
+            t
+            for t in oracle.raised_messages(raises_in, filler=name)
+            if t.startswith("RuntimeError: ") and name in t and ("TileLang backend" in t or " requires " in t)
+        ]
+        assert texts, (raises_in, name)
+        for text in texts:
+            assert rule in {m.rule for m in explain_error(text).matches}, text

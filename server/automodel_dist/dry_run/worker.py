@@ -577,9 +577,9 @@ def _failure(exc: BaseException, phases: Phases) -> dict[str, Any]:
         "error_phase": phases.failed or phases.current,
         "traceback": _short_traceback(exc),
     }
-    root = cause if cause is not None and "[Stage" in str(exc) else exc
-    if isinstance(root, UnknownValues):  # the dry run cannot know a value the GPU would have: not AutoModel's error
-        return {"status": "not_measured", "reason": str(root)[:4000], "error_phase": out["error_phase"]}
+    unknown = _in_chain(exc, UnknownValues)
+    if unknown is not None:  # the dry run cannot know a value the GPU would have: not AutoModel's error
+        return {"status": "not_measured", "reason": str(unknown)[:4000], "error_phase": out["error_phase"]}
     if cause is not None and "[Stage" in str(exc):  # the pipeline wraps a stage's error
         out["error"] = f"{type(cause).__name__}: {cause}"[:4000]
         out["traceback"] = _short_traceback(cause)
@@ -590,11 +590,23 @@ def _failure(exc: BaseException, phases: Phases) -> dict[str, Any]:
     return out
 
 
+def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first of its causes and contexts (a pipeline stage's wrapper, a re-raise) that is a ``kind``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class _BuildFailed(RuntimeError):
     """The side-by-side build's process failed: its result fields, as :func:`_failure` made them there."""
 
     def __init__(self, failure: dict[str, Any]) -> None:
-        super().__init__(failure.get("error"))
+        super().__init__(failure.get("error") or failure.get("reason"))
         self.failure = failure
 
 

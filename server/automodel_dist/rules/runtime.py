@@ -138,7 +138,7 @@ note(
         r"backend\.attn='cudnn' requires the optional cuDNN DSA and FlashMLA kernels",
         r"GLM-5\.2 cuDNN DSA requires both nvidia-cudnn-frontend",
         r"cuDNN sparse attention requires both nvidia-cudnn-frontend",
-        r"(glm_moe_dsa|dsv4) \w+ TileLang backend was requested, but the optional kernel is",
+        r"(glm_moe_dsa|dsv4) [\w\s]{1,40}? TileLang backend was requested, but the optional kernel is",
     ),
     cause="The job's environment lacks a package the config needs: strategy megatron_fsdp needs megatron-fsdp "
     "0.5.0 exactly (nemo-automodel 0.7.0 depends on it, but an image built with --no-deps or an upgraded one "
@@ -151,8 +151,21 @@ note(
     "(a CPU run, or a model left in fp32).",
     fix="Install it in the launch image (pip install 'nemo-automodel[cuda,moe]==0.7.0', or megatron-fsdp==0.5.0; "
     "FlashMLA from its own repository), or choose what needs none: strategy fsdp2, model.backend.attn: sdpa with "
-    "cp_size 1, dispatcher: torch (a DSA model: the other of attn cudnn and tilelang whose packages are there, "
-    "or te, whose dense path holds a seq x seq mask per head).",
+    "cp_size 1, dispatcher: torch. GLM-5.2: the other of attn cudnn and tilelang, or te, whose dense path holds a "
+    "seq x seq mask per head; DeepSeek-V4: any attn but tilelang runs its eager attention (every head's scores "
+    "over the sequence), and its context parallelism needs tilelang.",
+)
+note(
+    "runtime-dsa-gpu",
+    "GLM-5.2's cuDNN sparse attention on a GPU it does not run on",
+    family=F,
+    severity="error",
+    patterns=(r"cuDNN DSA (sparse attention|indexer) requires (SM90 or later|CUDA tensors)",),
+    cause="model.backend.attn: cudnn runs GLM-5.2's sparse attention through cuDNN Frontend's CuTe DSL kernels and "
+    "FlashMLA, which need an SM90 or later GPU (H100, H200, B200) and the model's tensors on it: AutoModel's adapter "
+    "raises in the first forward on an A100 (SM80) or on the CPU.",
+    fix="Run on SM90 or later, or set model.backend.attn: te for GLM-5.2 (its dense path holds a seq x seq mask per "
+    "head: check the memory with the dry run).",
 )
 # Launch and transport failures: the config is fine, the processes or the machines are not.
 note(

@@ -45,20 +45,24 @@ def when_known(
     (:func:`on_values`); otherwise it runs on the fake tensors as it would have, or, with ``required`` (what reads
     them, for the message), raises :class:`UnknownValues`. ``from_sizes``: a call with no fake tensor at all is
     computed on the host too (its values come from sizes alone, where its factories would make unknown ones).
-    ``fake_mode``: the mode to hand constants back to (default: the one active at the call)."""
+    ``fake_mode``: the mode to hand constants back to (default: the one active at the call, else its tensors').
+    Containers among the arguments are rebuilt on the values path: a helper that uses one as an out-parameter needs
+    its own wrapper (as the vision index helpers have, stack/media.py)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_flatten, tree_map
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        mode = fake_mode or _active_fake_mode()
         fakes = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
+        mode = fake_mode if fake_mode is not None else _active_fake_mode()
+        if mode is None and fakes:  # (called outside the mode on its tensors)
+            mode = fakes[0].fake_mode
         unknown = sum(t.constant is None for t in fakes)
         if mode is None or unknown or not (fakes or from_sizes):
             if unknown and required:
                 raise UnknownValues(
                     f"{required} reads the batch's layout on the host, and {unknown} of the tensors it is handed are "
-                    "not known to the dry run (a layout that is not the dry run's own batch's): not measured"
+                    "not known to the dry run (a layout that is not the dry run's own batch's)"
                 )
             return fn(*args, **kwargs)
         values = tree_map(lambda t: t.constant if isinstance(t, FakeTensor) else t, (args, kwargs))

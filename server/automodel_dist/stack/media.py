@@ -15,11 +15,12 @@ raises its size limit for the step). The patches, weights and activations are fa
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 from ..media import ImageGeometry, qwen_image
-from .known_values import when_known
+from .known_values import on_values, when_known
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
 # sequence (131,072 ids x 3 position axes) fit; no activation of a real model is that small and built from ids alone
@@ -322,11 +323,20 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     import sys
 
     import transformers.vision_utils as vision_utils
+    from torch._subclasses.fake_tensor import FakeTensor
 
     names = [n for n in dir(vision_utils) if n.startswith("get_vision_") and callable(getattr(vision_utils, n))]
 
     def wrap(fn: Any) -> Any:
-        return when_known(fn, fake_mode=fake_mode)
+        # decided on the grid alone, the other arguments passed as they are: transformers hands these helpers its
+        # forward's kwargs dict, which they pop from (an out-parameter: a copy would leave the caller's keys)
+        @functools.wraps(fn)
+        def run(grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
+            if not (isinstance(grid_thw, FakeTensor) and grid_thw.constant is not None):
+                return fn(grid_thw, *args, **kwargs)
+            return on_values(fake_mode, fn, (grid_thw.constant, *args), kwargs)
+
+        return run
 
     saved: list[tuple[Any, str, Any]] = []
     modules = [vision_utils] + [

@@ -405,12 +405,6 @@ GLM_DSA = _register(
     ),
 )
 
-GLM_CUDNN = "nemo_automodel.components.models.glm_moe_dsa.kernels.cudnn_dsa"
-CUDNN_SPARSE = "nemo_automodel.components.models.common.cudnn_sparse_attention"
-GLM_DSA_MODEL = "nemo_automodel.components.models.glm_moe_dsa.model"
-GLM_DSA_CP = "nemo_automodel.components.models.glm_moe_dsa.cp"
-THD_UTILS = "nemo_automodel.components.distributed.thd_utils"
-CP_SHARDER = "nemo_automodel.components.distributed.context_parallel.sharder"
 GLM_CUDNN_DSA = _register(
     "glm_dsa_cudnn_kernels_stand_in",
     "build",
@@ -425,50 +419,44 @@ GLM_CUDNN_DSA = _register(
     "adapters around them (the indexer's fp32 scores and chunked top-k, the global indices and their compaction, "
     "the autograd Function and what it saves) run as written. The packed metadata reads the layout's values on the "
     "host, which the dry run's THD batch knows.",
-    lambda: (
-        *(
-            _resolve(f"{module}:{name}")
-            for module in (GLM_CUDNN, CUDNN_SPARSE)
-            for name in ("_CUDNN_DSA", "_HAS_CUDNN_DSA", "_HAS_FLASH_MLA", "_require_cuda_tensors")
-        ),
-        _resolve(f"{CUDNN_SPARSE}:_FLASH_MLA_SPARSE_FWD"),
-        _glm_cudnn_topk_factor(),
-        # the names bound where AutoModel looks them up (a renamed one would otherwise become a new attribute)
-        _resolve(f"{GLM_DSA_MODEL}:prepare_cudnn_dsa_packed_metadata"),
-        _resolve(f"{THD_UTILS}:_thd_padding_mask"),
-        _resolve(f"{CP_SHARDER}:contiguous_local_indices"),
-        _resolve(f"{GLM_DSA_CP}:contiguous_local_indices"),
-        _source_has(f"{GLM_DSA_MODEL}:GlmMoeDsaModel.forward", "prepare_cudnn_dsa_packed_metadata(")(),
-        _source_has(f"{GLM_DSA_MODEL}:GlmMoeDsaForCausalLM.prepare_model_inputs_for_cp", "contiguous_local_indices")(),
-        _source_has(f"{GLM_DSA_CP}:_slice_thd_chunk_for_cp", "contiguous_local_indices(")(),
-        _source_has(f"{THD_UTILS}:process_input_for_thd", "_thd_padding_mask(")(),
-        # the kernels' calls and the outputs read from them
-        _source_has(f"{GLM_CUDNN}:cudnn_indexer_topk", "_CUDNN_DSA.indexer_forward_wrapper(", '["scores"]')(),
-        _source_has(f"{GLM_CUDNN}:_topk_wrapper_chunked", "_CUDNN_DSA.indexer_top_k_wrapper(", 'result["indices"]')(),
-        _source_has(f"{GLM_CUDNN}:is_cudnn_dsa_available", "_HAS_CUDNN_DSA and _HAS_FLASH_MLA")(),
-        _source_has(f"{CUDNN_SPARSE}:is_cudnn_sparse_attention_available", "_HAS_CUDNN_DSA and _HAS_FLASH_MLA")(),
-        _source_has(f"{CUDNN_SPARSE}:_CudnnSparseAttention.forward", "_FLASH_MLA_SPARSE_FWD(")(),
-        _source_has(
-            f"{CUDNN_SPARSE}:_CudnnSparseAttention.backward",
-            "_CUDNN_DSA.sparse_attention_backward_wrapper(",
-            'result["dq"]',
-            'result["dkv"]',
-        )(),
-        _source_has(f"{CUDNN_SPARSE}:cudnn_sparse_attention", "_require_cuda_tensors(")(),
-    ),
+    lambda: _glm_cudnn_checks(),
 )
 
 
-def _glm_cudnn_topk_factor() -> None:
-    """AutoModel chunks the cuDNN top-k's rows by its own figure for the kernel's scratch (``_TOPK_SCRATCH_INT32_FACTOR``
-    int32s a score); the stand-in allocates what cuDNN's ``IndexerTopK`` does for fp32 scores: checked to agree."""
-    from . import glm_cudnn_dsa
+def _glm_cudnn_checks() -> None:
+    """Every name the cuDNN stand-ins bind, where AutoModel looks it up (a renamed one would otherwise become a new
+    attribute), the kernels' calls and the outputs read from them; the module paths are the stand-ins' own."""
+    from . import glm_cudnn_dsa as g
 
-    factor = _resolve(f"{GLM_CUDNN}:_TOPK_SCRATCH_INT32_FACTOR")
-    if factor != glm_cudnn_dsa.TOPK_BUFFERS_FP32:
-        raise RuntimeError(
-            f"AutoModel's top-k scratch factor is {factor}, cuDNN's fp32 buffers {glm_cudnn_dsa.TOPK_BUFFERS_FP32}"
-        )
+    for module in (g.KERNELS, g.SHARED):
+        for name in ("_CUDNN_DSA", "_HAS_CUDNN_DSA", "_HAS_FLASH_MLA", "_require_cuda_tensors"):
+            _resolve(f"{module}:{name}")
+    _resolve(f"{g.SHARED}:_FLASH_MLA_SPARSE_FWD")
+    # AutoModel chunks the cuDNN top-k's rows by its own figure for the kernel's scratch (_TOPK_SCRATCH_INT32_FACTOR
+    # int32s a score); the stand-in allocates what cuDNN's IndexerTopK does for fp32 scores: checked to agree
+    factor = _resolve(f"{g.KERNELS}:_TOPK_SCRATCH_INT32_FACTOR")
+    if factor != g.TOPK_BUFFERS_FP32:
+        raise RuntimeError(f"AutoModel's top-k scratch factor is {factor}, cuDNN's fp32 buffers {g.TOPK_BUFFERS_FP32}")
+    _resolve(f"{g.MODEL}:prepare_cudnn_dsa_packed_metadata")
+    _resolve(f"{g.THD}:_thd_padding_mask")
+    _resolve(f"{g.SHARDER}:contiguous_local_indices")
+    _resolve(f"{g.GLM_CP}:contiguous_local_indices")
+    _source_has(f"{g.MODEL}:GlmMoeDsaModel.forward", "prepare_cudnn_dsa_packed_metadata(")()
+    _source_has(f"{g.MODEL}:GlmMoeDsaForCausalLM.prepare_model_inputs_for_cp", "contiguous_local_indices")()
+    _source_has(f"{g.GLM_CP}:_slice_thd_chunk_for_cp", "contiguous_local_indices(")()
+    _source_has(f"{g.THD}:process_input_for_thd", "_thd_padding_mask(")()
+    _source_has(f"{g.KERNELS}:cudnn_indexer_topk", "_CUDNN_DSA.indexer_forward_wrapper(", '["scores"]')()
+    _source_has(f"{g.KERNELS}:_topk_wrapper_chunked", "_CUDNN_DSA.indexer_top_k_wrapper(", 'result["indices"]')()
+    _source_has(f"{g.KERNELS}:is_cudnn_dsa_available", "_HAS_CUDNN_DSA and _HAS_FLASH_MLA")()
+    _source_has(f"{g.SHARED}:is_cudnn_sparse_attention_available", "_HAS_CUDNN_DSA and _HAS_FLASH_MLA")()
+    _source_has(f"{g.SHARED}:_CudnnSparseAttention.forward", "_FLASH_MLA_SPARSE_FWD(")()
+    _source_has(
+        f"{g.SHARED}:_CudnnSparseAttention.backward",
+        "_CUDNN_DSA.sparse_attention_backward_wrapper(",
+        'result["dq"]',
+        'result["dkv"]',
+    )()
+    _source_has(f"{g.SHARED}:cudnn_sparse_attention", "_require_cuda_tensors(")()
 
 
 KERNELS_DSV4 = "nemo_automodel.components.models.deepseek_v4.kernels"

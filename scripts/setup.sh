@@ -20,4 +20,6 @@ python -c "import transformers" 2>/dev/null || _pip "transformers==5.18.0"
 # a few of AutoModel's model modules (Bagel, DeepSeek-V4, Nemotron-Parse) import these at import time; the capability
 # table's freshness test (tools/gen_capabilities.py --check) imports every registered class
 python -c "import einops, PIL" 2>/dev/null || _pip "einops==0.8.2" "pillow==13.0.0"
+# AutoModel 0.7.0's pin for distributed.strategy: megatron_fsdp (pure Python; the dry run runs it on fake tensors)
+python -c "import megatron_fsdp" 2>/dev/null || _pip --no-deps "megatron-fsdp==0.5.0"
 python -c "import automodel_dist, torch; print('automodel-dist ready (torch', torch.__version__ + ')')"

@@ -89,6 +89,8 @@ class ParallelDims:
     defer_fsdp_grad_sync: bool = True  # FSDP2
     moe_reshard_after_forward: bool = False  # moe.reshard_after_forward, when ep > 1
     zero_dp_strategy: int = 3  # MegatronFSDP
+    megatron_fp32_main_weights: bool = False  # MegatronFSDP's preserve_fp32_weights
+    megatron_fp32_grads: bool = False  # MegatronFSDP's grad_reduce_in_fp32
     mp_policy: MixedPrecision | None = FSDP2_DEFAULT_MP  # FSDP2 only
 
     def degree(self, key: str) -> int:
@@ -245,6 +247,10 @@ class ParallelDims:
             out["mp_policy"] = asdict(self.mp_policy) if self.mp_policy is not None else None
         if self.strategy == "megatron_fsdp" and self.zero_dp_strategy != 3:
             out["zero_dp_strategy"] = self.zero_dp_strategy
+        if self.strategy == "megatron_fsdp" and self.megatron_fp32_main_weights:
+            out["preserve_fp32_weights"] = True
+        if self.strategy == "megatron_fsdp" and self.megatron_fp32_grads:
+            out["grad_reduce_in_fp32"] = True
         if self.ep > 1 and self.moe_reshard_after_forward:
             out["moe"] = {"reshard_after_forward": True}
         if self.pp > 1:
@@ -375,6 +381,8 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         and isinstance(moe, Mapping)
         and moe.get("reshard_after_forward", False) is True,
         zero_dp_strategy=zero if is_nonneg_int(zero) else 3,
+        megatron_fp32_main_weights=strategy == "megatron_fsdp" and block.get("preserve_fp32_weights") is True,
+        megatron_fp32_grads=strategy == "megatron_fsdp" and block.get("grad_reduce_in_fp32") is True,
         mp_policy=_mixed_precision(block.get("mp_policy")) if fsdp2 else None,
     )
 

@@ -584,9 +584,10 @@ def dry_run_text(r: DryRunReport) -> str:
                 f"{p.activations:.2f} + temporaries {p.temporaries:.2f}"
             )
             if rk.tracker == "MemTracker":
+                why = "MegatronFSDP's model" if r.layout.strategy == "megatron_fsdp" else "several stage modules"
                 lines.append(
-                    "    (several stage modules on this rank: torch's MemTracker counts gathered FSDP "
-                    "parameters as params)"
+                    f"    ({why} on this rank: torch's MemTracker counts gathered parameters as params; the "
+                    "split above moves them to temporaries and keeps the rank's own shards as params)"
                 )
             if rk.largest_modules:
                 top = ", ".join(f"{name} {gib:.2f}" for name, gib in rk.largest_modules[:3])

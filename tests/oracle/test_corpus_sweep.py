@@ -184,8 +184,6 @@ def test_sample_agrees_per_category():
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 NOT_MEASURED: dict[str, str] = {
-    "llm_finetune/llama3_2/llama3_2_1b_squad_megatron_fsdp.yaml": "dry run partial: MegatronFSDP wraps the model with "
-    "the megatron-fsdp package's CUDA buffers: not measured",
     "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
     "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
     "run does not build (the plan runs no rank)",

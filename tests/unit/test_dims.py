@@ -63,6 +63,7 @@ def test_the_round_trip_is_exercised_on_real_layouts():
         {"strategy": "fsdp2", "mp_policy": {"param_dtype": "float32", "reduce_dtype": "float32"}},
         {"strategy": "fsdp2", "dp_size": 4, "defer_fsdp_grad_sync": False, "activation_checkpointing": "selective"},
         {"strategy": "megatron_fsdp", "zero_dp_strategy": 2, "cp_size": 2},
+        {"strategy": "megatron_fsdp", "preserve_fp32_weights": True, "grad_reduce_in_fp32": True},
         {"strategy": "ddp"},
     ],
 )
@@ -88,6 +89,10 @@ def test_raw_values_read_as_automodel_reads_them():
     assert (d.strategy, d.tp, d.cp, d.dp_size, d.activation_checkpointing) == ("megatron_fsdp", 1, 1, None, True)
     assert (d.pp_schedule, d.pp_microbatch_size, d.mp_policy) == ("GPipe", None, None)
     assert read_dims({"strategy": "fsdp"}, 8).strategy is None  # unknown: the rules say so
+    # MegatronFSDP's fp32 options (its config's booleans), read for that strategy alone
+    mf = read_dims({"strategy": "mfsdp", "preserve_fp32_weights": True, "grad_reduce_in_fp32": "yes"}, 8)
+    assert (mf.megatron_fp32_main_weights, mf.megatron_fp32_grads) == (True, False)
+    assert not read_dims({"preserve_fp32_weights": True}, 8).megatron_fp32_main_weights
     assert read_dims({"activation_checkpointing": "sometimes"}).activation_checkpointing is None
     assert read_dims({"mp_policy": None}).mp_policy == FSDP2_DEFAULT_MP
     assert read_dims({"mp_policy": {"param_dtype": "bf16"}}).mp_policy == MixedPrecision("bfloat16", None, None)

@@ -21,6 +21,8 @@ from automodel_dist.estimate.memory import (
     MAX_ACTIVE_STAGES,
     Training,
     activation_formula_korthikanti,
+    megatron_prefetch_layers,
+    megatron_queued_layers,
     memory_per_rank,
     moe_forward_bytes,
 )
@@ -126,6 +128,39 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     assert dims("fsdp2", pp=2).blocks_reshard and dims("fsdp2", ep=2).blocks_reshard is False
     assert dims("fsdp2", ep=2, moe_reshard_after_forward=True).blocks_reshard
     assert dims("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
+
+
+def test_megatron_fsdp_prefetch_window_and_reduce_queue():
+    """megatron_fsdp 0.5.0's sizes (megatron_fsdp.py: the communication unit is twice the mean unit, at least 1e9
+    elements; the all-gather prefetch takes half of it, the reduce-scatter queue all of it): Llama-3.2-1B's 16 blocks
+    of 60,882,944 elements prefetch 9 (8 are 487M, under 500M) and queue all 16; Llama-3.1-70B's 856M-element blocks
+    make the unit 1.71e9: one block ahead, three queued."""
+    l1b = 60_882_944
+    assert megatron_prefetch_layers(16 * l1b, 16) == 9
+    assert megatron_queued_layers(16 * l1b, 16) == 16
+    l70 = 855_654_400
+    assert megatron_prefetch_layers(80 * l70, 80) == 1
+    assert megatron_queued_layers(80 * l70, 80) == 3
+    assert megatron_prefetch_layers(4 * l1b, 4) == 4 and megatron_prefetch_layers(0, 0) == 0
+    assert megatron_queued_layers(0, 0) == 0
+
+
+def test_megatron_fsdp_terms_move_the_estimate_as_its_buffers_do():
+    """Against the same layout under FSDP2's accounting: MegatronFSDP's sharded gradient buffer is there in every
+    phase (a bf16 shard of the model), preserve_fp32_weights adds an fp32 main copy, fp32 states and, at the end of
+    backward, fp32 gradients; grad_reduce_in_fp32 makes the buffer fp32. (The figures themselves are held to the dry
+    run of megatron-fsdp in tests/integration/test_dry_run_megatron.py.)"""
+    spec, tr = lookup("meta-llama/Llama-3.2-1B"), Training(seq_len=1024, micro_batch_size=8)
+    base = memory_per_rank(spec, dims("megatron_fsdp", dp=8), tr)
+    shard = spec.param_count() * 2 / 8 / GIB
+    assert base.grads == pytest.approx(shard, rel=1e-3) and base.peak_phase == "start-of-backward"
+    main = memory_per_rank(spec, dims("megatron_fsdp", dp=8, megatron_fp32_main_weights=True), tr)
+    assert main.params - base.params == pytest.approx(2 * shard, rel=1e-3)  # fp32 copy: 4 bytes a parameter
+    assert main.optimizer == pytest.approx(2 * base.optimizer, rel=1e-3)
+    fp32 = memory_per_rank(spec, dims("megatron_fsdp", dp=8, megatron_fp32_grads=True), tr)
+    assert fp32.grads == pytest.approx(2 * shard, rel=1e-3)
+    short = Training(seq_len=256, micro_batch_size=1)  # activations small: the root's backward peaks
+    assert memory_per_rank(spec, dims("megatron_fsdp", dp=8), short).peak_phase == "end-of-backward"
 
 
 def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatch():

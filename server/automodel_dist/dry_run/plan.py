@@ -341,8 +341,6 @@ def plan_dry_run(
                 f"packed_sequence_thd_collater): AutoModel raises '{kernels} DSA indexer requires THD/packed "
                 "sequences' in the first forward: not measured"
             )
-    if d.strategy in ("megatron_fsdp",):
-        blocking.append("MegatronFSDP wraps the model with the megatron-fsdp package's CUDA buffers: not measured")
     if d.strategy == "ddp" and (d.world_size or 1) > 1:
         blocking.append(
             "DDP: its reducer's gradient all-reduce cannot complete on a fake process group (no values come back): "
@@ -444,6 +442,21 @@ def plan_dry_run(
     # embedding's backward in a one-period build, at a global layer's ring backward in deeper ones), and no line through
     # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
     gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
+    # MegatronFSDP gathers ahead by size, not by layer: its all-gather pipeline prefetches units until half its
+    # communication unit (at least 500M elements) is in flight (megatron_fsdp.py, suggested_AG_prefetch_size), and
+    # the final norm's pre-forward hook prefetches the first layers again before the loss. Two shallow builds both
+    # inside that window hold every layer gathered, and a line through them counts the whole model where the window
+    # caps it (+0.9 GiB on Llama-3.2-1B's 16 layers, 9 of which fit the window). Built whole.
+    megatron = d.strategy == "megatron_fsdp"
+    whole = gemma4_ring or megatron
+    if megatron:
+        subs.append(
+            "MegatronFSDP (megatron-fsdp, AutoModel's pin 0.5.0) runs as written: its parameter, gradient and "
+            "bucket buffers, its all-gather prefetch and its reduce-scatter queue. The model is built on fake tensors "
+            "where AutoModel builds it with real weights before wrapping; its buffers are made on the rank's (CPU) "
+            "device where it takes the current CUDA device; its side streams are placeholders and its coalesced "
+            "collectives are issued one by one (a fake process group completes each at once; neither allocates)"
+        )
     ffpa = gemma4_ring and w.gemma4_cp_kernels[0] == "ffpa"
     if ffpa:
         subs.append(
@@ -459,7 +472,7 @@ def plan_dry_run(
         ranks = [0]
         if d.pp > 1 and lay is not None and lay.device_mesh() is not None:
             firsts = lay.group("pp", 0)  # the first rank of every pipeline stage position
-            shallow = layers == spec.num_layers and not full_depth and not gemma4_ring
+            shallow = layers == spec.num_layers and not full_depth and not whole
             built = built_kinds(spec, d) if shallow else spec
             ranks = [firsts[i] for i in peak_candidate_pp_ranks(built, d)]
             if len(ranks) < len(firsts):
@@ -512,7 +525,7 @@ def plan_dry_run(
         if r in unmeasured:
             continue
         depth = None
-        if layers == spec.num_layers and not full_depth and not gemma4_ring:
+        if layers == spec.num_layers and not full_depth and not whole:
             lay = d.layout
             pp_rank = lay.group("pp", r).index(r) if d.pp > 1 and lay is not None else 0
             depth = plan_depth(spec, d, pp_rank)
@@ -557,6 +570,12 @@ def plan_dry_run(
                 "built at full depth: Gemma-4's context-parallel ring holds a per-layer-kind transient in backward (a "
                 "global layer's ring recompute over every chunk) that moves the peak's moment between shallow builds, "
                 "so none is extrapolated"
+            )
+        elif megatron:
+            notes.append(
+                "built at full depth: MegatronFSDP's all-gather pipeline prefetches by size (at least 500M elements "
+                "in flight), not by layer, so a shallow build holds every layer gathered where the whole model holds "
+                "the window's: no line through two shallow builds stands for it"
             )
         elif spec.num_layers > 4:
             notes.append(

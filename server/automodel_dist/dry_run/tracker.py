@@ -84,9 +84,12 @@ def categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return out
 
 
-def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any:
+def make_tracker(
+    parts: list[Any], optimizers: list[Any], phases: _Phase, held: list[tuple[Any, str]] | None = None
+) -> Any:
     """torch's FSDPMemTracker for one FSDP root, else its MemTracker; either also records the phase at the peak and
-    the peak of every phase."""
+    the peak of every phase. ``held``: tensors the step holds beside the modules' and optimizers' own, with their
+    category (params, grads, optimizer, temporaries), registered when the tracker starts."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
     from torch.distributed.fsdp import FSDPModule
@@ -95,6 +98,7 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
 
     class Tracker(base):  # type: ignore[misc, valid-type]
         peak_phase: str | None = None
+        held: list[tuple[Any, str]] = []  # (tensor, category) registered at the start (see make_tracker)
         pipeline_roots: bool = False  # restart records of repeated calls (set by repeated_calls)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -110,6 +114,18 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
             self._entries = 0  # module entries that may reset a local peak (pre-forward / pre-backward hooks)
             self._quiet_key: tuple[Any, ...] | None = None  # what the last full update saw running
             self._ceiling: dict[Any, int] = {}  # ... and the totals it left every running local peak at or above
+
+        def __enter__(self) -> Any:
+            out = super().__enter__()
+            kinds = {
+                "params": _MemRefType.PARAM,
+                "grads": _MemRefType.GRAD,
+                "optimizer": _MemRefType.OPT,
+                "temporaries": _MemRefType.TEMP,
+            }
+            for tensor, category in self.held:
+                self._update_and_maybe_create_winfos(tensor, kinds[category])
+            return out
 
         def _records_by_name(self) -> dict[str, list[Any]]:
             """Module records by module name, rebuilt when the records changed (a garbage-collected module drops
@@ -255,9 +271,11 @@ def make_tracker(parts: list[Any], optimizers: list[Any], phases: _Phase) -> Any
                 self.phase_categories[phases.current] = categories(curr)
 
     if base is FSDPMemTracker:
-        return Tracker(parts[0], optimizers[0])
-    tracker = Tracker()
-    tracker.track_external(*parts, *optimizers)
+        tracker = Tracker(parts[0], optimizers[0])
+    else:
+        tracker = Tracker()
+        tracker.track_external(*parts, *optimizers)
+    tracker.held = held or []
     return tracker
 
 

@@ -219,6 +219,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
         dist_setup = step.setup(build.distributed, spec.world_size)
 
+    megatron = build.distributed.get("strategy") == "megatron_fsdp"
     with phases("build"):
         with shims.liger_stand_in() as liger:
             patches = contextlib.ExitStack()
@@ -229,6 +230,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 )
             )
             patches.enter_context(shims.value_oracles(items, {}))
+            if megatron:
+                patches.enter_context(shims.megatron_fsdp_build(fake_mode))
             built = step.build(
                 spec.recipe,
                 build.hf_config,
@@ -330,12 +333,14 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         nonzero["torch/autograd/graph.py:_engine_run_backward"] = local_visual  # and their backward selects them again
     with (
         shims.step_patches(),
+        shims.megatron_fsdp_runtime() if megatron else contextlib.nullcontext(),
         shims.local_dispatch(local),
         shims.te_cross_entropy() if spec.recipe.loss["name"] == "TEParallelCrossEntropy" else contextlib.nullcontext(),
         shims.value_oracles(items, nonzero, equal),
         fake_mode,
     ):
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
+            optimizers = step.shard_optimizers(built, optimizers)
             step.first_optimizer_step(
                 parts, optimizers, media=spec.media is not None, state_dtype=spec.recipe.optimizer["state_dtype"]
             )
@@ -398,7 +403,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 f"{image.tokens} placeholder tokens), pixel_values in {m.pixel_dtype}"
                 + (f", padded to {image.padded_patches} patches" if image.padded_patches else "")
             )
-        tracker = make_tracker(parts, optimizers, phases)
+        held = step.megatron_fsdp_buffers(parts) if megatron else []
+        tracker = make_tracker(parts, optimizers, phases, held)
         snapshots: dict[str, Any] = {}
         num_label_tokens = step.every_token_labelled(built, batches)
         if pp_enabled:
@@ -425,6 +431,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         peak = categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = module_views(tracker)
     local = _local_bytes(parts, optimizers)
+    if any(category == "params" for _, category in held):
+        # MegatronFSDP's parameters are views of its weight buffers (a shard under zero_dp_strategy 3, the whole
+        # model below it) and, with preserve_fp32_weights, of its fp32 main copy: the rank's own parameter bytes
+        # (each buffer's own slice: MegatronFSDP may cut the main copy and the gradients from one allocation)
+        local["params"] = sum(t.numel() * t.element_size() for t, category in held if category == "params")
     after_forward = snapshots.get("after_forward")
     res.update(
         tracker=type(tracker).__mro__[1].__name__,

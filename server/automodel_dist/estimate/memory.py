@@ -900,11 +900,42 @@ def scaled_router_bytes(m: ModelSpec, tr: Training, comp_bytes: int) -> float:
     return ((8 if tr.lora is None else 0) + (4 if comp_bytes != 4 else 0)) * m.hidden_size
 
 
+MEGATRON_MIN_COMMUNICATION_UNIT = 1_000_000_000
+"""megatron_fsdp 0.5.0's floor on its communication unit in elements (``MegatronFSDP.__init__``: twice the mean FSDP
+unit's elements, at least this); its all-gather prefetch takes half of it."""
+
+
+def megatron_prefetch_layers(unit_elements: float, units: int) -> int:
+    """How many of a rank's ``units`` equal FSDP units (``unit_elements`` elements in all) MegatronFSDP's all-gather
+    pipeline gathers ahead: units are added until half the communication unit is reached (its
+    ``suggested_AG_prefetch_size``; ``AllGatherPipeline.all_gather_params``), so the one that passes it is taken."""
+    if units <= 0 or unit_elements <= 0:
+        return 0
+    per_unit = unit_elements / units
+    prefetch = max(MEGATRON_MIN_COMMUNICATION_UNIT, 2 * per_unit) // 2
+    return min(units, math.ceil(prefetch / per_unit))
+
+
+def megatron_queued_layers(unit_elements: float, units: int) -> int:
+    """How many of a rank's ``units`` equal FSDP units' unsharded gradient buckets MegatronFSDP holds at once in
+    backward: its reduce-scatter queue is trimmed to its capacity (the communication unit, at least 1e9 elements)
+    before each new bucket joins it (``GradReducePipeline.wait_for_previous_grad_reduce``), so it holds what fits and
+    the one being reduced."""
+    if units <= 0 or unit_elements <= 0:
+        return 0
+    per_unit = unit_elements / units
+    capacity = max(MEGATRON_MIN_COMMUNICATION_UNIT, 2 * per_unit)
+    return min(units, int(capacity // per_unit) + 1)
+
+
 def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
     """Bytes of a gradient element in FSDP2's reduction: its mp_policy's reduce_dtype (AutoModel's default fp32; torch
     reduces in the parameter dtype where it is null, and in the parameters' own dtype without a policy). Deferred, the
     unsharded gradients accumulate in it (the corpus's Qwen3.6-27B TP 4 recipe, bf16: half the fp32 default's bytes
-    on fake tensors); a block's gradients are copied into it for the reduce-scatter. Other strategies: fp32."""
+    on fake tensors); a block's gradients are copied into it for the reduce-scatter. MegatronFSDP: the parameters'
+    dtype, or fp32 with its grad_reduce_in_fp32 (off by default in AutoModel's config). Other strategies: fp32."""
+    if p.strategy == "megatron_fsdp":
+        return 4.0 if p.megatron_fp32_grads else float(store)
     if p.strategy != "fsdp2":
         return 4.0
     mp = p.mp_policy
@@ -914,8 +945,9 @@ def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
     return float(DTYPE_BYTES.get(name, store)) if name else float(store)
 
 
-def optimizer_states_per_param(tr: Training) -> float:
-    return tr.optimizer.state_bytes(DTYPE_BYTES[tr.storage_dtype]) + tr.optimizer.master
+def optimizer_states_per_param(tr: Training, param_bytes: int | None = None) -> float:
+    """Optimizer bytes per parameter, for parameters of ``param_bytes`` (default: the storage dtype's)."""
+    return tr.optimizer.state_bytes(param_bytes or DTYPE_BYTES[tr.storage_dtype]) + tr.optimizer.master
 
 
 MAX_ACTIVE_STAGES = 3  # torch.distributed.pipelining.schedules._add_unshard_reshard's default
@@ -1073,14 +1105,25 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # take the storage (or, frozen, the compute) dtype, and AdamW's states in their dtype
     fp32_extra = g.fp32 / sp_ * (4 - (store if lora is None else comp))
     params += fp32_extra
-    grads_sharded = (train_dense / sg + train_experts / se) * store
-    grads_sharded += g.fp32 / sg * (4 - store) if lora is None else 0.0  # (fp32 units' gradients are fp32)
-    opt_per = optimizer_states_per_param(tr)
+    # MegatronFSDP's gradient buffer takes the reduce dtype (grad_reduce_in_fp32: fp32); with preserve_fp32_weights
+    # and low-precision parameters it keeps an fp32 main copy of its optimizer shard, the optimizer's states follow
+    # that copy, and fp32 copies of the gradient shards are made for the optimizer at the end of each backward
+    # (finish_grad_sync, after the root's backward and its reduce-scatters) and dropped by the optimizer's zero_grad:
+    # a step of several microbatches carries them through every later one (megatron_fsdp 0.5.0 run by the dry run:
+    # Llama-3.2-1B within 0.1%)
+    grad_bytes = 4 if p.strategy == "megatron_fsdp" and p.megatron_fp32_grads else store
+    main_copy = p.strategy == "megatron_fsdp" and p.megatron_fp32_main_weights and store < 4 and lora is None
+    grads_sharded = (train_dense / sg + train_experts / se) * grad_bytes
+    grads_sharded += g.fp32 / sg * (4 - grad_bytes) if lora is None else 0.0  # (fp32 units' gradients are fp32)
+    opt_per = optimizer_states_per_param(tr, 4 if main_copy else None)
     optimizer = (train_dense / so + train_experts / se) * opt_per
+    main_grads = (train_dense / so + train_experts / se) * 4 if main_copy else 0.0
+    params += main_grads  # (the fp32 copy: as many bytes as its gradients)
     if lora is None and g.fp32:
         optimizer += g.fp32 / so * (tr.optimizer.state_bytes(4) - tr.optimizer.state_bytes(store))
     tokens = tr.micro_batch_size * tr.seq_len / p.cp
     n_mb, grad_acc = microbatches(p, tr)
+    carried_main_grads = main_grads if n_mb * grad_acc > 1 else 0.0  # (see main_copy)
     inflight = in_flight_microbatches(p, n_mb, pp_rank, spr)
     saved = 0.0
     recompute = 0.0
@@ -1160,7 +1203,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     )
     deferred = sharded and p.deferred_sync(n_mb * grad_acc)
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
-    own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None
+    # (MegatronFSDP's units are the decoder blocks alone: the embedding stays in its root's one bucket group)
+    own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None and p.strategy != "megatron_fsdp"
     root_held = g.root - (g.embed if own_embed_unit else 0.0)
     if tr.frozen_multimodal == "root":
         # a frozen tower (by freeze_config, or by LoRA, which freezes every base parameter) and its projector held
@@ -1184,8 +1228,17 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     multi_stage = p.pp > 1 and spr > 1
     forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
     whole_stages = (keep_blocks and not forward_reshards) or (multi_stage and spr > MAX_ACTIVE_STAGES)
+    megatron = sharded and p.strategy == "megatron_fsdp"
     if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
+    elif megatron:
+        # MegatronFSDP releases each block after its forward and, in a step after the first, gathers nothing ahead
+        # from the modules outside its units (the final norm's pre-forward prefetches only on the very first
+        # forward): the root alone is gathered as backward starts. Its backward gathers a block with the window its
+        # all-gather pipeline prefetches by size (megatron_prefetch_layers; megatron_fsdp 0.5.0 run by the dry run:
+        # Llama-3.2-1B's last block's backward holds 10 of its 16 blocks: itself and the 9 prefetched behind it),
+        # counted in the in-backward phase below.
+        blocks = experts_held = 0.0
     elif multi_stage:
         blocks, experts_held = g.layer_dense * spr, g.layer_experts * spr
     else:
@@ -1296,6 +1349,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
         gather = 0.0 if whole_stages else comp
         grads_now = fresh_grads + (g.layer_dense + exp) * gather
+        if megatron:
+            # the block, those its backward prefetched behind it (in place of one block ahead), and the root's
+            # unsharded gradient bucket, made when the final norm's gradient arrived (its group's first)
+            window = min(1 + megatron_prefetch_layers(g.dense_layers, g.n_layers), g.n_layers)
+            root_bucket = g.root * reduce if lora is None else 0.0
+            grads_now = fresh_grads + (g.layer_dense + exp) * window * comp + root_bucket
         mid_acts = max(acts - last_block * tokens, 0.0)
         phases.append(
             (
@@ -1341,13 +1400,37 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         else:
             last_unit = lora.lm_head / head_tp if g.last else 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
-        phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + reduce) + held_grads + p2p))
+        if not megatron:
+            phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + reduce) + held_grads + p2p))
     else:
         if eager_grads:
             phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))
-        phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
+        if p.strategy != "megatron_fsdp":
+            phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
+    if p.strategy == "megatron_fsdp":
+        # MegatronFSDP ends with the root's backward (the embedding's), every ZeRO level: the root parameters' own
+        # gradients, reduced only by the root's post-backward (a tied head's, the embedding's and their sum); with
+        # sharded gradients (zero_dp_strategy 2, 3) the root's unsharded gradient bucket (made at the final norm's
+        # backward) and the blocks' its reduce-scatter queue keeps (megatron_queued_layers); with sharded parameters
+        # (3) the root's bucket still gathered. Its gradient buffer (sharded from level 2) lives through the step
+        # (added below). (megatron_fsdp 0.5.0 run by the dry run on Llama-3.2-1B, levels 0 to 3 and
+        # preserve_fp32_weights, MaskedCrossEntropy: within 0.1%.)
+        root_grads = 0.0
+        if lora is None:
+            root_grads = 3 * g.embed * comp if m.tie_word_embeddings else (g.embed + g.lm_head) * comp
+        buckets = 0.0
+        if p.zero_dp_strategy >= 2:
+            queued = megatron_queued_layers(g.dense_layers, g.n_layers) * layer_train
+            buckets = (queued + (g.root if lora is None else 0.0)) * reduce
+        gathered_root = g.root * comp if sharded else 0.0
+        phases.append(("end-of-backward", grads_sharded, 0.0, gathered_root + buckets + root_grads))
     step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(store, p.tp)
-    phases.append(("optimizer-step", grads_sharded, 0.0, step_temp + p2p))
+    phases.append(("optimizer-step", grads_sharded + main_grads - carried_main_grads, 0.0, step_temp + p2p))
+    if p.strategy == "megatron_fsdp":
+        # MegatronFSDP's gradient buffer is made when it wraps the model and lives through the step
+        phases = [
+            (name, max(grads, grads_sharded) + carried_main_grads, acts_, rest) for name, grads, acts_, rest in phases
+        ]
     phase, grads, activations, buffers = phases[0]
     for candidate in phases[1:]:
         if candidate[1] + candidate[2] + candidate[3] > grads + activations + buffers:

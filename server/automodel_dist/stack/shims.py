@@ -1046,6 +1046,38 @@ def _shared_params(model: Any) -> list[list[tuple[Any, str]]]:
 
 
 @contextlib.contextmanager
+def _fake_apply() -> Iterator[None]:
+    """Module._apply (``.to``, ``.float()``) on a module whose parameters are fake tensors: new Parameters in place of
+    torch's swap_tensors, which refuses a fake tensor (its fake mode holds a weak reference to it)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original_apply = torch.nn.Module._apply
+
+    def apply(self: Any, fn: Any, recurse: bool = True) -> Any:
+        own = [p for p in self._parameters.values() if p is not None]
+        if not own or not all(isinstance(p, FakeTensor) for p in own):
+            return original_apply(self, fn, recurse)
+        FAKE_APPLY.hits += 1
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for key, param in list(self._parameters.items()):
+            if param is not None:
+                with torch.no_grad():
+                    applied = fn(param)
+                if applied is not param:
+                    self._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+        for key, buf in list(self._buffers.items()):
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    with _patched(torch.nn.Module, "_apply", apply):
+        yield
+
+
+@contextlib.contextmanager
 def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[None]:
     """What from_config needs on a CPU, on fake tensors. ``pretrained_pp``: the recipe's from_pretrained under PP,
     whose pipeline parts AutoModel initializes as it does before loading the checkpoint (see PRETRAINED_PP_INIT)."""
@@ -1098,27 +1130,6 @@ def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[No
         init = Checkpointer.__dict__["initialize_model_weights"]
         init_fn = init.__func__ if isinstance(init, staticmethod) else init
 
-        original_apply = torch.nn.Module._apply
-
-        def apply(self: Any, fn: Any, recurse: bool = True) -> Any:
-            own = [p for p in self._parameters.values() if p is not None]
-            if not own or not all(isinstance(p, FakeTensor) for p in own):
-                return original_apply(self, fn, recurse)
-            FAKE_APPLY.hits += 1
-            if recurse:
-                for child in self.children():
-                    child._apply(fn)
-            for key, param in list(self._parameters.items()):
-                if param is not None:
-                    with torch.no_grad():
-                        applied = fn(param)
-                    if applied is not param:
-                        self._parameters[key] = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
-            for key, buf in list(self._buffers.items()):
-                if buf is not None:
-                    self._buffers[key] = fn(buf)
-            return self
-
         @functools.wraps(init_fn)
         def initialize_model_weights(model: Any, device: Any, peft_init_method: Any = None) -> Any:
             FAKE_INIT.hits += 1
@@ -1126,7 +1137,7 @@ def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[No
                 PRETRAINED_PP_INIT.hits += 1
                 model._skip_init_weights_on_load = True
             ties = _shared_params(model)
-            with fake_mode, _patched(torch.nn.Module, "_apply", apply):
+            with fake_mode, _fake_apply():
                 out = init_fn(model, device, peft_init_method=peft_init_method)
             for group in ties:
                 keep = group[0][0]._parameters[group[0][1]]
@@ -1416,6 +1427,175 @@ CUDA_SYNC = _register(
     ),
 )
 
+
+def _megatron_fsdp(check: Callable[[], Any]) -> Callable[[], None]:
+    """``check`` where megatron-fsdp is installed: without it AutoModel raises for the strategy itself (its
+    "MegatronFSDP is not installed" assertion) and nothing of the package is bound."""
+
+    def checked() -> None:
+        if importlib.util.find_spec("megatron_fsdp") is not None:
+            check()
+
+    return checked
+
+
+MEGATRON_FSDP_FAKE_BUILD = _register(
+    "megatron_fsdp_fake_build",
+    "build",
+    "from_config inside FakeTensorMode under distributed.strategy megatron_fsdp",
+    "Under MegatronFSDP AutoModel builds the model with real weights (from_config's is_meta_device is false for it: "
+    "MegatronFSDP copies each parameter into its own buffers) and hands it to megatron_fsdp.fully_shard; a real build "
+    "would allocate the whole model on the host. The build runs on fake tensors instead, the same code on the same "
+    "shapes; weight initialisation runs as written. Its DTensors' checkpoint metadata (each rank's shard shape, "
+    "pickled through all_gather_object and read on the host) is gathered outside fake mode, where the fake process "
+    "group hands every rank this rank's own.",
+    _megatron_fsdp(
+        lambda: (
+            _source_has(
+                "nemo_automodel._transformers.auto_model:_BaseNeMoAutoModelClass._build_model", "MegatronFSDPConfig"
+            )(),
+            _resolve("megatron_fsdp:MegatronFSDP"),
+        )
+    ),
+)
+MEGATRON_FSDP_DEVICE = _register(
+    "megatron_fsdp_device",
+    "build",
+    "megatron_fsdp.MegatronFSDP(device=None) -> the CPU where there is no CUDA",
+    "AutoModel passes no device, and MegatronFSDP then takes cuda:<current device> for its parameter, gradient and "
+    "main-weight buffers. On a host without CUDA the dry run's tensors are fake CPU tensors (the batch, the meshes), "
+    "so its buffers are made there too: the same sizes, counted on the rank the same way.",
+    _megatron_fsdp(
+        lambda: (
+            _source_has("megatron_fsdp.megatron_fsdp:MegatronFSDP.__init__", "torch.cuda.current_device()")(),
+            _source_has(
+                "megatron_fsdp.megatron_fsdp:MegatronFSDP._init_fsdp_param_and_grad_buffer", "device=self.device"
+            )(),
+        )
+    ),
+)
+MEGATRON_FSDP_RUNTIME = _register(
+    "megatron_fsdp_runtime",
+    "step",
+    "torch.cuda.Stream / current_stream / stream (streams that order nothing) where there is no CUDA",
+    "MegatronFSDP runs its parameter all-gathers and gradient reduce-scatters on side streams and orders them with "
+    "wait_stream; a fake process group completes every collective at once, so on a host without CUDA the streams are "
+    "placeholders, and an event they record is already complete. Streams order work; the bytes allocated are the "
+    "tensors the pipelines make, which run as written: how far the all-gathers prefetch and how many unreduced "
+    "gradient buckets the reduce-scatter queue keeps are decided on the host by size, not by timing.",
+    _megatron_fsdp(
+        lambda: (
+            _source_has(
+                "megatron_fsdp.megatron_fsdp:MegatronFSDP._init_fsdp_param_and_grad_buffer", "torch.cuda.Stream()"
+            )(),
+            _file_has("megatron_fsdp.param_and_grad_buffer", "torch.cuda.current_stream()")(),
+            _file_has("megatron_fsdp.param_and_grad_buffer", ".record_event()")(),
+        )
+    ),
+)
+
+MEGATRON_FSDP_UNCOALESCED = _register(
+    "megatron_fsdp_uncoalesced",
+    "forward",
+    "megatron_fsdp.param_and_grad_buffer._coalescing_manager (each collective issued on its own)",
+    "MegatronFSDP batches a bucket group's all-gathers and reduce-scatters in torch's _coalescing_manager, which "
+    "issues them as one coalesced op that torch's fake tensors have no implementation for. Issued one by one, they "
+    "run on the same pre-allocated buffers: coalescing batches launches and allocates nothing.",
+    _megatron_fsdp(
+        lambda: (
+            _resolve("megatron_fsdp.param_and_grad_buffer:_coalescing_manager"),
+            _file_has("megatron_fsdp.param_and_grad_buffer", "with _coalescing_manager(")(),
+        )
+    ),
+)
+
+
+class _Done:
+    """A collective's work handle, already complete (the fake process group's are)."""
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def _uncoalesced(group: Any = None, device: Any = None, async_ops: bool = False) -> Iterator[_Done]:
+    MEGATRON_FSDP_UNCOALESCED.hits += 1
+    yield _Done()
+
+
+class _NoStream:
+    """A CUDA stream's surface, ordering nothing (a host without CUDA)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        MEGATRON_FSDP_RUNTIME.hits += 1
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event if event is not None else _Done()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def megatron_fsdp_runtime() -> Iterator[None]:
+    """MegatronFSDP's streams as placeholders where there is no CUDA (:data:`MEGATRON_FSDP_RUNTIME`), its collectives
+    uncoalesced (:data:`MEGATRON_FSDP_UNCOALESCED`)."""
+    import megatron_fsdp.param_and_grad_buffer as buffers
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(buffers, "_coalescing_manager", _uncoalesced))
+        if not torch.cuda.is_available():
+            stack.enter_context(_patched(torch.cuda, "Stream", _NoStream))
+            stack.enter_context(_patched(torch.cuda, "current_stream", lambda device=None: _NoStream()))
+            stack.enter_context(_patched(torch.cuda, "stream", lambda stream: contextlib.nullcontext()))
+        yield
+
+
+@contextlib.contextmanager
+def megatron_fsdp_build(fake_mode: Any) -> Iterator[None]:
+    """AutoModel's build under MegatronFSDP on fake tensors, its buffers on the CPU where there is no CUDA."""
+    import torch
+    from megatron_fsdp import MegatronFSDP
+
+    init = MegatronFSDP.__dict__["__init__"]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
+        if device is None and not torch.cuda.is_available():
+            MEGATRON_FSDP_DEVICE.hits += 1
+            device = torch.device("cpu")
+        init(self, *args, device=device, **kwargs)
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(MegatronFSDP, "__init__", __init__))
+        stack.enter_context(megatron_fsdp_runtime())
+        MEGATRON_FSDP_FAKE_BUILD.hits += 1
+        stack.enter_context(fake_mode)
+        stack.enter_context(_fake_apply())
+        stack.enter_context(_meshes_real())
+        import torch.distributed as dist
+
+        # its DTensors' checkpoint metadata: each rank's shard shapes, pickled through all_gather_object (read on
+        # the host), which the fake process group answers with this rank's own for every rank
+        stack.enter_context(
+            _patched(dist, "all_gather_object", _real(dist.all_gather_object, MEGATRON_FSDP_FAKE_BUILD))
+        )
+        yield
+
+
 _SKIPPED = (
     "/torch/_ops.py",
     "/torch/_subclasses/",
@@ -1610,6 +1790,33 @@ def foreach_optimizers() -> Iterator[None]:
         yield
 
 
+def _real(fn: Callable[..., Any], shim: Shim | None = None) -> Callable[..., Any]:
+    """``fn`` with fake mode off while it runs (counted on ``shim``, :data:`MESH` by default)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        (shim or MESH).count()
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _meshes_real() -> Iterator[None]:
+    """DeviceMesh's rank tables computed on real tensors while fake mode is on (:data:`MESH`)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    concatenate = DeviceMesh.__dict__["_concatenate"]
+    mesh = DeviceMesh.__dict__["mesh"]
+    with (
+        _patched(DeviceMesh, "_concatenate", staticmethod(_real(concatenate.__func__))),
+        _patched(DeviceMesh, "mesh", property(_real(mesh.fget))),
+    ):
+        yield
+
+
 @contextlib.contextmanager
 def step_patches() -> Iterator[None]:
     """What the training step needs on fake tensors."""
@@ -1617,8 +1824,7 @@ def step_patches() -> Iterator[None]:
     import torch
     import torch.distributed.tensor._sharding_prop as sharding_prop
     import torch.nn.functional as F
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.distributed.tensor import DTensor
 
     from .rms_norm import fused_rms_norm
@@ -1631,20 +1837,8 @@ def step_patches() -> Iterator[None]:
 
         stack.enter_context(_patched(sharding_prop, "detect_fake_mode", no_fake_mode))
 
-        def real(fn: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                MESH.hits += 1
-                with unset_fake_temporarily():
-                    return fn(*args, **kwargs)
-
-            return wrapper
-
-        concatenate = DeviceMesh.__dict__["_concatenate"]
-        mesh = DeviceMesh.__dict__["mesh"]
-        stack.enter_context(_patched(DeviceMesh, "_concatenate", staticmethod(real(concatenate.__func__))))
-        stack.enter_context(_patched(DeviceMesh, "mesh", property(real(mesh.fget))))
-        stack.enter_context(_patched(tp_replicas, "_is_tp_replicated", real(tp_replicas._is_tp_replicated)))
+        stack.enter_context(_meshes_real())
+        stack.enter_context(_patched(tp_replicas, "_is_tp_replicated", _real(tp_replicas._is_tp_replicated)))
 
         stack.enter_context(flash_sdpa())
         stack.enter_context(foreach_optimizers())
@@ -1724,5 +1918,7 @@ __all__ = [
     "cp_attention_math_on_cpu",
     "real_build_patches",
     "step_patches",
+    "megatron_fsdp_build",
+    "megatron_fsdp_runtime",
     "value_oracles",
 ]

@@ -584,10 +584,9 @@ def dry_run_text(r: DryRunReport) -> str:
                 f"{p.activations:.2f} + temporaries {p.temporaries:.2f}"
             )
             if rk.tracker == "MemTracker":
-                why = "MegatronFSDP's model" if r.layout.strategy == "megatron_fsdp" else "several stage modules"
                 lines.append(
-                    f"    ({why} on this rank: torch's MemTracker counts gathered parameters as params; the "
-                    "split above moves them to temporaries and keeps the rank's own shards as params)"
+                    "    (torch's MemTracker, not FSDP2's, tracked this rank: it counts gathered parameters as params; "
+                    "the split above moves them to temporaries and keeps the rank's own shards as params)"
                 )
             if rk.largest_modules:
                 top = ", ".join(f"{name} {gib:.2f}" for name, gib in rk.largest_modules[:3])

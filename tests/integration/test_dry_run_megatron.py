@@ -7,10 +7,14 @@ backward (long sequences) and at the root's backward (short ones)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
 from automodel_dist import estimate_memory
+from automodel_dist.catalog.hf_config import hf_config
+from automodel_dist.catalog.models import lookup
 from automodel_dist.dry_run import dry_run, missing_packages
 
 needs_megatron = pytest.mark.skipif(
@@ -34,12 +38,14 @@ def _megatron(block: str = "", *, seq: int, mbs: int):
 
 
 def _agree(report, tolerance: float = 0.01):
-    """The estimate within ``tolerance`` of the dry run in total and in each category (GiB, or 1% of the total)."""
+    """The estimate within ``tolerance`` of the dry run in total and, where the peak is not in the optimizer step, in
+    each category (there torch's tracker files the step's foreach temporaries under the optimizer's states, the
+    estimate under temporaries)."""
     [rank] = report.ranks
     rows = {c.category: c for c in report.estimate_vs_dry_run}
     total = rows["total"].dry_run_gib
     assert abs(rows["total"].estimate_gib - total) <= tolerance * total, rows["total"]
-    for c in rows.values():
+    for c in rows.values() if rank.peak_phase != "optimizer" else ():
         assert abs(c.estimate_gib - c.dry_run_gib) <= tolerance * total, c
     return rank
 
@@ -65,42 +71,121 @@ def test_zero3_long_sequences_peak_with_the_prefetch_window():
     assert hits.get("megatron_fsdp_uncoalesced", 0) >= 2 * 17  # every bucket gathered in forward and in backward
 
 
+def _config(tmp: Path, name: str, **fields) -> str:
+    """Llama-3.2-1B's config.json with ``fields`` changed, written under ``tmp``."""
+    path = tmp / name / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**hf_config(lookup(L1B)), **fields}))
+    return str(path)
+
+
 @pytest.mark.parametrize(
-    ("block", "mbs"),
+    ("block", "microbatches"),
     [
-        ("", 1),  # zero_dp_strategy 3 (AutoModel's default)
-        ("  zero_dp_strategy: 2\n", 1),  # the whole model's weights kept, the gradients sharded
-        ("  zero_dp_strategy: 1\n", 1),  # the gradients whole too (no buckets, no queue)
-        ("  preserve_fp32_weights: true\n", 1),  # an fp32 main copy and fp32 states
+        ("strategy: megatron_fsdp\n", 1),  # zero_dp_strategy 3 (AutoModel's default)
+        ("strategy: megatron-fsdp\n  zero_dp_strategy: 2\n", 1),  # the weights whole, the gradients sharded
+        ("strategy: mfsdp\n  zero_dp_strategy: 1\n", 1),  # the gradients whole too (no buckets, no queue)
+        ("strategy: megatron_fsdp\n  preserve_fp32_weights: true\n", 1),  # an fp32 main copy and fp32 states
         # two microbatches: the fp32 gradient copies finish_grad_sync makes after the first stay through the second
-        ("  preserve_fp32_weights: true\n", 2),
+        ("strategy: megatron_fsdp\n  preserve_fp32_weights: true\n", 2),
+        pytest.param("strategy: megatron_fsdp\n  zero_dp_strategy: 0\n", 1, marks=pytest.mark.slow),
+        pytest.param(
+            "strategy: megatron_fsdp\n  zero_dp_strategy: 0\n  preserve_fp32_weights: true\n",
+            1,
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["zero3", "zero2", "zero1", "fp32-main-weights", "fp32-main-weights-accumulating"],
+    ids=["zero3", "zero2", "zero1", "fp32-main-weights", "fp32-main-weights-accumulating", "zero0", "zero0-fp32"],
 )
 @needs_megatron
-def test_short_sequences_peak_in_the_roots_backward(block, mbs):
-    text = f"distributed:\n  strategy: megatron_fsdp\n{block}"
-    report = dry_run(text, model=L1B, world_size=RANKS, seq_len=256, micro_batch_size=1, global_batch_size=8 * mbs)
-    est = estimate_memory(text, model=L1B, world_size=RANKS, seq_len=256, micro_batch_size=1, global_batch_size=8 * mbs)
-    assert report.status == "measured" and report.microbatches == mbs
+def test_short_sequences_peak_late_in_backward(block, microbatches):
+    """AutoModel's strategy aliases (megatron-fsdp, mfsdp) take the same path; the peak falls in the root's backward,
+    or (ZeRO 0, nothing sharded) in the optimizer step."""
+    text = f"distributed:\n  {block}"
+    kw = dict(model=L1B, world_size=RANKS, seq_len=256, micro_batch_size=1, global_batch_size=RANKS * microbatches)
+    report, est = dry_run(text, **kw), estimate_memory(text, **kw)
+    assert report.status == "measured" and report.microbatches == microbatches
+    assert report.layout.strategy == "megatron_fsdp"
     r = _agree(report)
-    assert r.peak_phase == "backward" and est.memory_gib.peak_phase == "end-of-backward"
-    if mbs > 1:
+    late = "optimizer-step" if "zero_dp_strategy: 0" in block else "end-of-backward"
+    assert est.memory_gib.peak_phase == late
+    if microbatches > 1:
         assert r.peak.grads * (1 << 30) == pytest.approx((2 + 4) * PARAMS / RANKS, rel=1e-3)
 
 
+@needs_megatron
+def test_an_untied_head_moves_its_gradient_into_the_roots_bucket(tmp_path):
+    """Untied, the head's weight is no shared parameter: its gradient goes into the root's bucket as it arrives, so
+    the root's backward holds the embedding's alone (tied, the shared weight's is held to the step's end)."""
+    model = _config(tmp_path, "untied", tie_word_embeddings=False)
+    text = "distributed:\n  strategy: megatron_fsdp\n"
+    report = dry_run(text, model=model, world_size=RANKS, seq_len=256, micro_batch_size=1)
+    assert report.status == "measured"
+    _agree(report)
+
+
+@needs_megatron
+def test_a_full_reduce_scatter_queue(tmp_path):
+    """Blocks of 470M elements: the queue's 1e9-element unit holds 3 of 8 blocks' gradient buckets (two fit, and the
+    new one), the prefetch takes 2 behind the block a backward needs; at 256 tokens the block that fills the queue
+    peaks, the earlier blocks' activations still saved."""
+    model = _config(
+        tmp_path,
+        "wide",
+        hidden_size=4096,
+        intermediate_size=32768,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    )
+    text = "distributed:\n  strategy: megatron_fsdp\n"
+    kw = dict(model=model, world_size=RANKS, seq_len=256, micro_batch_size=1)
+    report, est = dry_run(text, **kw), estimate_memory(text, **kw)
+    assert report.status == "measured"
+    assert est.memory_gib.peak_phase == "queue-full-backward"
+    rows = {c.category: c for c in report.estimate_vs_dry_run}
+    assert abs(rows["total"].difference) <= 0.03, rows["total"]  # (-1.9%: a block's own backward transients)
+
+
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="FusedLinearCrossEntropy under MegatronFSDP with gradient accumulation: the second microbatch's backward "
-    "runs with 1.4 GiB of activations and the tied head's 0.49 GiB gradient the first left (7.5 GiB measured at 512 "
-    "tokens x 2 a microbatch, two microbatches; 5.4 estimated, -28%; with one microbatch 5.46 against 5.41). The "
-    "estimate's MegatronFSDP terms are held to MaskedCrossEntropy, the corpus recipe's loss, above",
+    reason="FusedLinearCrossEntropy under MegatronFSDP: a step's backward runs with 1.4 GiB of activations and the "
+    "tied head's 0.49 GiB gradient the step before left (8.2 GiB measured at 512 tokens x 2, 5.4 estimated, -34%; "
+    "-20% at 4,096 tokens), which the estimate does not count. Its MegatronFSDP terms are held to "
+    "MaskedCrossEntropy, the corpus recipe's loss, above; not traced to whether AutoModel's loss, megatron-fsdp's "
+    "hooks or the dry run's stand-in for cut_cross_entropy's kernel keeps them",
 )
 @needs_megatron
-def test_fused_linear_cross_entropy_accumulating():
+def test_fused_linear_cross_entropy():
     loss = "loss_fn:\n  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy\n"
     text = f"distributed:\n  strategy: megatron_fsdp\n{loss}"
-    report = dry_run(text, model=L1B, world_size=RANKS, seq_len=512, micro_batch_size=2, global_batch_size=32)
-    assert report.status == "measured" and report.microbatches == 2
+    report = dry_run(text, model=L1B, world_size=RANKS, seq_len=512, micro_batch_size=2, global_batch_size=16)
+    assert report.status == "measured"
     rows = {c.category: c for c in report.estimate_vs_dry_run}
     assert abs(rows["total"].difference) <= 0.15, rows["total"]
+
+
+def test_what_megatron_fsdp_needs_and_does_not_model_is_refused_by_name(monkeypatch):
+    """The plan (no torch): without megatron-fsdp, or with the options whose fixed CUDA pool the dry run does not stand
+    in, no rank runs and the reason names it; an alias is the strategy; the spec says MegatronFSDP."""
+    from automodel_dist.dry_run import plan as plan_module
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    def plan(block: str):
+        return plan_dry_run(Request.of(f"distributed:\n  {block}", world_size=RANKS, model=L1B), num_layers=2)
+
+    double = plan("strategy: mfsdp\n  fsdp_double_buffer: true\n  nccl_ub: true\n")
+    assert double.unmeasured_ranks and "fsdp_double_buffer and nccl_ub: true" in double.unmeasured_ranks[0]
+    if importlib.util.find_spec("megatron_fsdp") is not None:
+        ok = plan("strategy: megatron-fsdp\n")
+        assert not ok.unmeasured_ranks and all(s.megatron_fsdp for s in ok.specs)
+    monkeypatch.setattr(plan_module, "find_spec", lambda name: None if name == "megatron_fsdp" else object())
+    missing = plan("strategy: megatron_fsdp\n")
+    assert "pip install --no-deps megatron-fsdp==0.5.0" in missing.unmeasured_ranks[0]
+    assert not any(
+        s.megatron_fsdp for s in plan_dry_run(Request.of("distributed: {}\n", world_size=RANKS, model=L1B)).specs
+    )

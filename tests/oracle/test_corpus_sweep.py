@@ -226,6 +226,8 @@ def _sized() -> list[str]:
     ],
 )
 def test_every_sized_recipe(recipe):
+    if "megatron_fsdp" in recipe and importlib.util.find_spec("megatron_fsdp") is None:
+        pytest.skip("megatron-fsdp is not installed (scripts/setup.sh installs AutoModel's pin)")
     _check([swept(recipe)])
 
 

@@ -131,18 +131,22 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
 
 
 def test_megatron_fsdp_prefetch_window_and_reduce_queue():
-    """megatron_fsdp 0.5.0's sizes (megatron_fsdp.py: the communication unit is twice the mean unit, at least 1e9
-    elements; the all-gather prefetch takes half of it, the reduce-scatter queue all of it): Llama-3.2-1B's 16 blocks
-    of 60,882,944 elements prefetch 9 (8 are 487M, under 500M) and queue all 16; Llama-3.1-70B's 856M-element blocks
-    make the unit 1.71e9: one block ahead, three queued."""
+    """megatron_fsdp 0.5.0's sizes (megatron_fsdp.py: under ZeRO-3 the communication unit is twice the mean block's
+    parameters, counted whole, at least 1e9 elements, and 1e9 below it; the all-gather prefetch takes half of it, the
+    reduce-scatter queue all of it, both filled with the rank's local, padded buckets). Llama-3.2-1B's 16 blocks of
+    60,882,944 elements prefetch 9 (8 are 487M, under 500M) and queue all 16; Llama-3.1-70B's 855.6M-element blocks
+    make the unit 1.71e9: one block ahead, two queued (a padded bucket is a little over half of it), two under
+    ZeRO-2's 1e9; under TP 4 its local quarter-blocks fill the same whole-block unit four and eight times."""
     l1b = 60_882_944
-    assert megatron_prefetch_layers(16 * l1b, 16) == 9
-    assert megatron_queued_layers(16 * l1b, 16) == 16
+    assert megatron_prefetch_layers(l1b, l1b, 16) == 9
+    assert megatron_queued_layers(l1b, l1b, 16, 3) == 16
     l70 = 855_654_400
-    assert megatron_prefetch_layers(80 * l70, 80) == 1
-    assert megatron_queued_layers(80 * l70, 80) == 3
-    assert megatron_prefetch_layers(4 * l1b, 4) == 4 and megatron_prefetch_layers(0, 0) == 0
-    assert megatron_queued_layers(0, 0) == 0
+    assert megatron_prefetch_layers(l70, l70, 80) == 1
+    assert megatron_queued_layers(l70, l70, 80, 3) == 2
+    assert megatron_queued_layers(l70, l70, 80, 2) == 2 and megatron_prefetch_layers(l70, l70, 80, 2) == 1
+    assert megatron_prefetch_layers(l70 / 4, l70, 80) == 4 and megatron_queued_layers(l70 / 4, l70, 80, 3) == 8
+    assert megatron_prefetch_layers(l1b, l1b, 4) == 4 and megatron_prefetch_layers(0, 0, 0) == 0
+    assert megatron_queued_layers(0, 0, 0, 3) == 0
 
 
 def test_megatron_fsdp_terms_move_the_estimate_as_its_buffers_do():

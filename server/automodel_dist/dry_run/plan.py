@@ -5,6 +5,7 @@ with what a CPU has to run instead (each substitution stated)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any
 
 from ..api import analyze
@@ -449,6 +450,19 @@ def plan_dry_run(
     # caps it (+0.9 GiB on Llama-3.2-1B's 16 layers, 9 of which fit the window). Built whole.
     megatron = d.strategy == "megatron_fsdp"
     whole = gemma4_ring or megatron
+    if megatron and find_spec("megatron_fsdp") is None:
+        blocking.append(
+            "MegatronFSDP runs AutoModel's pin of the megatron-fsdp package, which is not installed here (AutoModel "
+            "asserts 'MegatronFSDP is not installed' without it): pip install --no-deps megatron-fsdp==0.5.0: not "
+            "measured"
+        )
+    unmodelled = [k for k in ("fsdp_double_buffer", "nccl_ub") if megatron and ctx.block.get(k) is True]
+    if unmodelled:
+        blocking.append(
+            f"MegatronFSDP with {' and '.join(unmodelled)}: true allocates its fixed pool of parameter and gradient "
+            "buffers on the current CUDA device through megatron-fsdp's global memory buffer, which the dry run does "
+            "not stand in: not measured"
+        )
     if megatron:
         subs.append(
             "MegatronFSDP (megatron-fsdp, AutoModel's pin 0.5.0) runs as written: its parameter, gradient and "
@@ -553,6 +567,7 @@ def plan_dry_run(
                 builds=builds,
                 depth=depth,
                 media=media,
+                megatron_fsdp=megatron,
             )
         )
     if layers == spec.num_layers and not full_depth and specs:

@@ -54,6 +54,7 @@ class DryRunSpec(BaseModel):
     builds: tuple[Build, Build] | None = None
     depth: Depth | None = None
     media: Media | None = None  # a VLM step's images (None: token batches)
+    megatron_fsdp: bool = False  # the layout's strategy is MegatronFSDP (whatever alias the block spells it with)
     # the two shallow builds at once, the first in a process forked after the stack's imports (cores left idle by the
     # other ranks): each build has its own fake process group and tracker, so nothing measured is shared
     side_by_side: bool = False

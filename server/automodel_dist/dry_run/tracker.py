@@ -98,11 +98,11 @@ def make_tracker(
 
     class Tracker(base):  # type: ignore[misc, valid-type]
         peak_phase: str | None = None
-        held: list[tuple[Any, str]] = []  # (tensor, category) registered at the start (see make_tracker)
         pipeline_roots: bool = False  # restart records of repeated calls (set by repeated_calls)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.held: list[tuple[Any, str]] = []  # (tensor, category) registered at the start (see make_tracker)
             self.phase_peaks: dict[str, int] = {}
             self.phase_categories: dict[str, dict[str, int]] = {}  # torch's categories at each phase's peak
             records = _counted_records()

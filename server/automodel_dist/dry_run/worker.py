@@ -219,7 +219,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
         dist_setup = step.setup(build.distributed, spec.world_size)
 
-    megatron = build.distributed.get("strategy") == "megatron_fsdp"
+    megatron = spec.megatron_fsdp
     with phases("build"):
         with shims.liger_stand_in() as liger:
             patches = contextlib.ExitStack()
@@ -403,8 +403,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 f"{image.tokens} placeholder tokens), pixel_values in {m.pixel_dtype}"
                 + (f", padded to {image.padded_patches} patches" if image.padded_patches else "")
             )
-        held = step.megatron_fsdp_buffers(parts) if megatron else []
-        tracker = make_tracker(parts, optimizers, phases, held)
         snapshots: dict[str, Any] = {}
         num_label_tokens = step.every_token_labelled(built, batches)
         if pp_enabled:
@@ -414,27 +412,47 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             known.enter_context(media.known_inputs(fake_mode))
             if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
                 known.enter_context(media.known_rope_index(parts, fake_mode))
-        with tracker, repeated_calls(tracker), known, _garbage_collection_held_off():
-            step.train_step(
-                built,
-                optimizers,
-                batches,
-                num_label_tokens=num_label_tokens,
-                clip_grad_norm=spec.recipe.clip_grad_norm,
-                phases=phases,
-                after_loss=lambda: snapshots.setdefault(
-                    "after_forward", categories(tracker.get_tracker_snapshot("current"))
-                ),
-                before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
-                step_optimizer=spec.recipe.steps_optimizer,
-            )
+        with known:
+            if megatron:
+                # MegatronFSDP carries state from one step to the next (its hooks' states, which decide what prefetches;
+                # its preserved root buckets; what finish_grad_sync attaches): a step of one microbatch runs first,
+                # untracked, so the measured step starts as a later one does
+                with _garbage_collection_held_off():
+                    step.train_step(
+                        built,
+                        optimizers,
+                        batches[:1],
+                        num_label_tokens=step.every_token_labelled(built, batches[:1]),
+                        clip_grad_norm=spec.recipe.clip_grad_norm,
+                        step_optimizer=spec.recipe.steps_optimizer,
+                    )
+                rewrites.append(
+                    "MegatronFSDP: a step of one microbatch runs untracked before the measured one (megatron-fsdp's hooks "
+                    "and buffers carry state from step to step: on a first forward the modules outside its units "
+                    "prefetch blocks that a later step's do not)"
+                )
+            held = step.megatron_fsdp_buffers(parts) if megatron else []
+            tracker = make_tracker(parts, optimizers, phases, held)
+            with tracker, repeated_calls(tracker), _garbage_collection_held_off():
+                step.train_step(
+                    built,
+                    optimizers,
+                    batches,
+                    num_label_tokens=num_label_tokens,
+                    clip_grad_norm=spec.recipe.clip_grad_norm,
+                    phases=phases,
+                    after_loss=lambda: snapshots.setdefault(
+                        "after_forward", categories(tracker.get_tracker_snapshot("current"))
+                    ),
+                    before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
+                    step_optimizer=spec.recipe.steps_optimizer,
+                )
         peak = categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = module_views(tracker)
     local = _local_bytes(parts, optimizers)
-    if any(category == "params" for _, category in held):
-        # MegatronFSDP's parameters are views of its weight buffers (a shard under zero_dp_strategy 3, the whole
-        # model below it) and, with preserve_fp32_weights, of its fp32 main copy: the rank's own parameter bytes
-        # (each buffer's own slice: MegatronFSDP may cut the main copy and the gradients from one allocation)
+    if megatron:
+        # MegatronFSDP's parameters: its weight buffers (a shard under zero_dp_strategy 3, the whole model below it;
+        # the module's own tensors where it keeps none) and, with preserve_fp32_weights, its fp32 main copy
         local["params"] = sum(t.numel() * t.element_size() for t, category in held if category == "params")
     after_forward = snapshots.get("after_forward")
     res.update(

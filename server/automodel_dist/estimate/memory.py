@@ -901,31 +901,39 @@ def scaled_router_bytes(m: ModelSpec, tr: Training, comp_bytes: int) -> float:
 
 
 MEGATRON_MIN_COMMUNICATION_UNIT = 1_000_000_000
-"""megatron_fsdp 0.5.0's floor on its communication unit in elements (``MegatronFSDP.__init__``: twice the mean FSDP
-unit's elements, at least this); its all-gather prefetch takes half of it."""
+"""megatron_fsdp 0.5.0's communication unit in elements where it sizes one (``MegatronFSDP.__init__``): under
+zero_dp_strategy 3 twice the mean FSDP unit's parameters, at least this; below it the DDP config's bucket_size,
+which AutoModel leaves unset, so this."""
 
 
-def megatron_prefetch_layers(unit_elements: float, units: int) -> int:
-    """How many of a rank's ``units`` equal FSDP units (``unit_elements`` elements in all) MegatronFSDP's all-gather
-    pipeline gathers ahead: units are added until half the communication unit is reached (its
-    ``suggested_AG_prefetch_size``; ``AllGatherPipeline.all_gather_params``), so the one that passes it is taken."""
+def megatron_communication_unit(unit_params: float, zero_dp_strategy: int) -> float:
+    """MegatronFSDP's communication unit in elements, for FSDP units of ``unit_params`` parameters each, counted
+    whole (``p.numel()`` of a tensor-parallel DTensor is its global size) (see MEGATRON_MIN_COMMUNICATION_UNIT)."""
+    if zero_dp_strategy >= 3:
+        return max(MEGATRON_MIN_COMMUNICATION_UNIT, 2 * unit_params)
+    return MEGATRON_MIN_COMMUNICATION_UNIT
+
+
+def megatron_prefetch_layers(unit_elements: float, unit_params: float, units: int, zero_dp_strategy: int = 3) -> int:
+    """How many of a rank's ``units`` FSDP units of ``unit_elements`` local elements each (``unit_params`` whole)
+    MegatronFSDP's all-gather pipeline gathers beyond the one it needs: units are added until what they add reaches
+    half the communication unit (``suggested_AG_prefetch_size``; ``AllGatherPipeline.all_gather_params``), so the one
+    that reaches it is taken."""
     if units <= 0 or unit_elements <= 0:
         return 0
-    per_unit = unit_elements / units
-    prefetch = max(MEGATRON_MIN_COMMUNICATION_UNIT, 2 * per_unit) // 2
-    return min(units, math.ceil(prefetch / per_unit))
+    threshold = megatron_communication_unit(unit_params, zero_dp_strategy) // 2
+    return min(units, math.ceil(threshold / unit_elements))
 
 
-def megatron_queued_layers(unit_elements: float, units: int) -> int:
-    """How many of a rank's ``units`` equal FSDP units' unsharded gradient buckets MegatronFSDP holds at once in
-    backward: its reduce-scatter queue is trimmed to its capacity (the communication unit, at least 1e9 elements)
-    before each new bucket joins it (``GradReducePipeline.wait_for_previous_grad_reduce``), so it holds what fits and
-    the one being reduced."""
+def megatron_queued_layers(unit_elements: float, unit_params: float, units: int, zero_dp_strategy: int) -> int:
+    """How many of a rank's ``units`` FSDP units' unsharded gradient buckets (``unit_elements`` each) MegatronFSDP
+    holds at once in backward: before each new bucket joins its reduce-scatter queue, the queue is trimmed to the
+    communication unit (``GradReducePipeline.wait_for_previous_grad_reduce``: while what it holds exceeds it), so it
+    holds what fits and the new one; its buckets are padded past the parameters the unit is sized from, so a unit an
+    exact multiple of a bucket fits one fewer."""
     if units <= 0 or unit_elements <= 0:
         return 0
-    per_unit = unit_elements / units
-    capacity = max(MEGATRON_MIN_COMMUNICATION_UNIT, 2 * per_unit)
-    return min(units, int(capacity // per_unit) + 1)
+    return min(units, math.ceil(megatron_communication_unit(unit_params, zero_dp_strategy) / unit_elements))
 
 
 def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
@@ -1229,6 +1237,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
     whole_stages = (keep_blocks and not forward_reshards) or (multi_stage and spr > MAX_ACTIVE_STAGES)
     megatron = sharded and p.strategy == "megatron_fsdp"
+    # MegatronFSDP sizes its prefetch and its reduce-scatter queue from a block's parameters counted whole and fills
+    # them with its local buckets (TP splits a block's matrices; its norms, replicated, are a rounding error here)
+    mf_block = g.dense_layers / g.n_layers if g.n_layers else 0.0
+    mf_whole = mf_block * p.tp
     if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
     elif megatron:
@@ -1352,7 +1364,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if megatron:
             # the block, those its backward prefetched behind it (in place of one block ahead), and the root's
             # unsharded gradient bucket, made when the final norm's gradient arrived (its group's first)
-            window = min(1 + megatron_prefetch_layers(g.dense_layers, g.n_layers), g.n_layers)
+            window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers)
             root_bucket = g.root * reduce if lora is None else 0.0
             grads_now = fresh_grads + (g.layer_dense + exp) * window * comp + root_bucket
         mid_acts = max(acts - last_block * tokens, 0.0)
@@ -1408,24 +1420,41 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if p.strategy != "megatron_fsdp":
             phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
     if p.strategy == "megatron_fsdp":
-        # MegatronFSDP ends with the root's backward (the embedding's), every ZeRO level: the root parameters' own
-        # gradients, reduced only by the root's post-backward (a tied head's, the embedding's and their sum); with
-        # sharded gradients (zero_dp_strategy 2, 3) the root's unsharded gradient bucket (made at the final norm's
-        # backward) and the blocks' its reduce-scatter queue keeps (megatron_queued_layers); with sharded parameters
-        # (3) the root's bucket still gathered. Its gradient buffer (sharded from level 2) lives through the step
-        # (added below). (megatron_fsdp 0.5.0 run by the dry run on Llama-3.2-1B, levels 0 to 3 and
-        # preserve_fp32_weights, MaskedCrossEntropy: within 0.1%.)
-        root_grads = 0.0
-        if lora is None:
-            root_grads = 3 * g.embed * comp if m.tie_word_embeddings else (g.embed + g.lm_head) * comp
-        buckets = 0.0
-        if p.zero_dp_strategy >= 2:
-            queued = megatron_queued_layers(g.dense_layers, g.n_layers) * layer_train
-            buckets = (queued + (g.root if lora is None else 0.0)) * reduce
+        # MegatronFSDP moves each parameter's gradient into its buffers as it arrives (a post-accumulate hook), but
+        # a tied head's shared weight only in the root's post-backward, at the step's end: that gradient is held
+        # through backward. With sharded gradients (zero_dp_strategy 2, 3) each block's gradients gather in an
+        # unsharded bucket that its reduce-scatter queue keeps (megatron_queued_layers), and the root's bucket is
+        # made at the final norm's backward; with sharded parameters (3) the root stays gathered. (megatron_fsdp 0.5.0
+        # run by the dry run on Llama-3.2-1B, tied and untied, and on a 470M-element-block model whose queue fills,
+        # at levels 0 to 3 and with preserve_fp32_weights, MaskedCrossEntropy.)
+        tied = lora is None and m.tie_word_embeddings
+        held_head = g.embed * comp if tied else 0.0
         gathered_root = g.root * comp if sharded else 0.0
+        root_bucket = g.root * reduce if lora is None and p.zero_dp_strategy >= 2 else 0.0
+        queued = 0
+        if p.zero_dp_strategy >= 2:
+            queued = megatron_queued_layers(mf_block, mf_whole, g.n_layers, p.zero_dp_strategy)
+        if 0 < queued < g.n_layers:
+            # the backward of the block that fills the queue: the blocks before it still hold what they saved, the
+            # queue its buckets (this block's among them, beside its own fresh gradients), the window gathered
+            window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers) if sharded else 0
+            rest = max(acts - queued * last_block * tokens, 0.0)
+            held = gathered_root + window * mf_block * comp + queued * layer_train * reduce + layer_train * comp
+            phases.append(
+                ("queue-full-backward", grads_sharded, rest, held + root_bucket + held_head + recompute * tokens)
+            )
+        # the root's backward (the embedding's), the step's last: the shared weight's gradient, the embedding's and
+        # their sum where the head is tied (the embedding's alone where it is not: the head's went into the root's
+        # bucket as it arrived), the queue's buckets
+        root_grads = 3 * g.embed * comp if tied else (g.embed * comp if lora is None else 0.0)
+        buckets = queued * layer_train * reduce + root_bucket
         phases.append(("end-of-backward", grads_sharded, 0.0, gathered_root + buckets + root_grads))
-    step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(store, p.tp)
-    phases.append(("optimizer-step", grads_sharded + main_grads - carried_main_grads, 0.0, step_temp + p2p))
+    # (the optimizer steps the fp32 copy where MegatronFSDP keeps one)
+    step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(4 if main_copy else store, p.tp)
+    # (MegatronFSDP keeps the root's bucket gathered from step to step under zero_dp_strategy 3: it preserves the
+    # units outside its blocks when it resets its pipelines)
+    kept_root = g.root * comp if megatron else 0.0
+    phases.append(("optimizer-step", grads_sharded + main_grads - carried_main_grads, 0.0, step_temp + p2p + kept_root))
     if p.strategy == "megatron_fsdp":
         # MegatronFSDP's gradient buffer is made when it wraps the model and lives through the step
         phases = [

@@ -1291,12 +1291,8 @@ def _cpu_build(*, infrastructure_on_cpu: bool) -> Iterator[None]:
                 CUDA_DEVICE.hits += 1
                 return 0
 
-            class NoStream:
-                def __init__(self, *args: Any, **kwargs: Any) -> None:
-                    CUDA_STREAM.hits += 1
-
             stack.enter_context(_patched(torch.cuda, "current_device", current_device))
-            stack.enter_context(_patched(torch.cuda, "Stream", NoStream))
+            stack.enter_context(_patched(torch.cuda, "Stream", _no_stream(CUDA_STREAM)))
         if infrastructure_on_cpu or not torch.cuda.is_available():
 
             def on_cpu(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -1461,10 +1457,10 @@ MEGATRON_FSDP_FAKE_BUILD = _register(
 MEGATRON_FSDP_DEVICE = _register(
     "megatron_fsdp_device",
     "build",
-    "megatron_fsdp.MegatronFSDP(device=None) -> the CPU where there is no CUDA",
+    "megatron_fsdp.MegatronFSDP(device=None) -> the CPU",
     "AutoModel passes no device, and MegatronFSDP then takes cuda:<current device> for its parameter, gradient and "
-    "main-weight buffers. On a host without CUDA the dry run's tensors are fake CPU tensors (the batch, the meshes), "
-    "so its buffers are made there too: the same sizes, counted on the rank the same way.",
+    "main-weight buffers. The dry run's tensors are fake CPU tensors (the batch, the meshes; on a host with CUDA "
+    "too), so its buffers are made there: the same sizes, counted on the rank the same way.",
     _megatron_fsdp(
         lambda: (
             _source_has("megatron_fsdp.megatron_fsdp:MegatronFSDP.__init__", "torch.cuda.current_device()")(),
@@ -1477,10 +1473,10 @@ MEGATRON_FSDP_DEVICE = _register(
 MEGATRON_FSDP_RUNTIME = _register(
     "megatron_fsdp_runtime",
     "step",
-    "torch.cuda.Stream / current_stream / stream (streams that order nothing) where there is no CUDA",
+    "torch.cuda.Stream / current_stream / stream while MegatronFSDP builds and steps (streams that order nothing)",
     "MegatronFSDP runs its parameter all-gathers and gradient reduce-scatters on side streams and orders them with "
-    "wait_stream; a fake process group completes every collective at once, so on a host without CUDA the streams are "
-    "placeholders, and an event they record is already complete. Streams order work; the bytes allocated are the "
+    "wait_stream; a fake process group completes every collective at once and the tensors are fake CPU tensors, so "
+    "the streams are placeholders, and an event they record is already complete. Streams order work; the bytes allocated are the "
     "tensors the pipelines make, which run as written: how far the all-gathers prefetch and how many unreduced "
     "gradient buckets the reduce-scatter queue keeps are decided on the host by size, not by timing.",
     _megatron_fsdp(
@@ -1509,6 +1505,39 @@ MEGATRON_FSDP_UNCOALESCED = _register(
     ),
 )
 
+MEGATRON_FSDP_HELD = _register(
+    "megatron_fsdp_held_buffers",
+    "step",
+    "MegatronFSDP's parameter groups' weight, main-weight and gradient buffers and its allocators' buckets, registered "
+    "with the memory tracker as the step starts (stack/step.megatron_fsdp_buffers)",
+    "MegatronFSDP makes its buffers when it wraps the model, and a tracker first sees a tensor when an operator makes "
+    "or uses it: its gradient buffer's shards, which no operator touches until the first reduce-scatter writes them, "
+    "would be missing from the step's early phases. They are registered, each with its category, when the tracker "
+    "starts; the attributes read are checked here, so a renamed one fails the check instead of going unmeasured.",
+    _megatron_fsdp(
+        lambda: (
+            _source_has(
+                "megatron_fsdp.megatron_fsdp:MegatronFSDP._init_fsdp_param_and_grad_buffer",
+                "self.param_and_grad_buffer = ",
+                "self.all_gather_pipeline = ",
+            )(),
+            _source_has(
+                "megatron_fsdp.param_and_grad_buffer:ParameterGroup",
+                "params:",
+                "model_weight_buffer:",
+                "transpose_weight_buffer:",
+                "main_weight_buffer:",
+                "main_grad_buffer:",
+            )(),
+            _source_has(
+                "megatron_fsdp.param_and_grad_buffer:DataParallelBuffer.__init__", "self.temporary_bucket_allocator = "
+            )(),
+            _source_has("megatron_fsdp.param_and_grad_buffer:DataParallelBuffer.init_data", "self.data = data")(),
+            _source_has("megatron_fsdp.param_and_grad_buffer:TemporaryBucketAllocator.__init__", "self.buckets = ")(),
+        )
+    ),
+)
+
 
 class _Done:
     """A collective's work handle, already complete (the fake process group's are)."""
@@ -1527,10 +1556,7 @@ def _uncoalesced(group: Any = None, device: Any = None, async_ops: bool = False)
 
 
 class _NoStream:
-    """A CUDA stream's surface, ordering nothing (a host without CUDA)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        MEGATRON_FSDP_RUNTIME.hits += 1
+    """A CUDA stream's surface, ordering nothing (work on fake CPU tensors)."""
 
     def wait_stream(self, stream: Any) -> None:
         pass
@@ -1548,25 +1574,36 @@ class _NoStream:
         return True
 
 
+def _no_stream(shim: Shim) -> Callable[..., _NoStream]:
+    """``torch.cuda.Stream``'s stand-in, counted on ``shim``."""
+
+    def make(*args: Any, **kwargs: Any) -> _NoStream:
+        shim.count()
+        return _NoStream()
+
+    return make
+
+
 @contextlib.contextmanager
 def megatron_fsdp_runtime() -> Iterator[None]:
-    """MegatronFSDP's streams as placeholders where there is no CUDA (:data:`MEGATRON_FSDP_RUNTIME`), its collectives
-    uncoalesced (:data:`MEGATRON_FSDP_UNCOALESCED`)."""
+    """MegatronFSDP's streams as placeholders (:data:`MEGATRON_FSDP_RUNTIME`; the dry run's tensors are fake CPU
+    tensors on a host with CUDA too), its collectives uncoalesced (:data:`MEGATRON_FSDP_UNCOALESCED`)."""
     import megatron_fsdp.param_and_grad_buffer as buffers
     import torch
 
+    stream = _no_stream(MEGATRON_FSDP_RUNTIME)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(buffers, "_coalescing_manager", _uncoalesced))
-        if not torch.cuda.is_available():
-            stack.enter_context(_patched(torch.cuda, "Stream", _NoStream))
-            stack.enter_context(_patched(torch.cuda, "current_stream", lambda device=None: _NoStream()))
-            stack.enter_context(_patched(torch.cuda, "stream", lambda stream: contextlib.nullcontext()))
+        stack.enter_context(_patched(torch.cuda, "Stream", stream))
+        stack.enter_context(_patched(torch.cuda, "current_stream", lambda device=None: stream()))
+        stack.enter_context(_patched(torch.cuda, "stream", lambda s: contextlib.nullcontext()))
         yield
 
 
 @contextlib.contextmanager
 def megatron_fsdp_build(fake_mode: Any) -> Iterator[None]:
-    """AutoModel's build under MegatronFSDP on fake tensors, its buffers on the CPU where there is no CUDA."""
+    """AutoModel's build under MegatronFSDP on fake tensors, its buffers on the CPU device the dry run's fake tensors
+    use (whether or not the host has CUDA)."""
     import torch
     from megatron_fsdp import MegatronFSDP
 
@@ -1574,7 +1611,7 @@ def megatron_fsdp_build(fake_mode: Any) -> Iterator[None]:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, device: Any = None, **kwargs: Any) -> None:
-        if device is None and not torch.cuda.is_available():
+        if device is None:
             MEGATRON_FSDP_DEVICE.hits += 1
             device = torch.device("cpu")
         init(self, *args, device=device, **kwargs)

@@ -245,7 +245,10 @@ def shard_optimizers(built: Built, optimizers: list[Any]) -> list[Any]:
     step's."""
     from nemo_automodel.recipes._dist_utils import shard_optimizers_for_megatron_fsdp
 
-    return shard_optimizers_for_megatron_fsdp(built.model, optimizers, built.setup.strategy_config)
+    # train_ft reads the optimizer's supports_megatron_fsdp_sharding (AutoModel's Dion sets it false, and AutoModel
+    # then asserts under MegatronFSDP)
+    allow = all(getattr(type(o), "supports_megatron_fsdp_sharding", True) for o in optimizers)
+    return shard_optimizers_for_megatron_fsdp(built.model, optimizers, built.setup.strategy_config, allow=allow)
 
 
 def configure_pipeline_loss(built: Built) -> None:
@@ -659,16 +662,18 @@ def stepped_params(parts: list[Any], *, media: bool) -> list[Any]:
     return out
 
 
-MEGATRON_FSDP_BUFFERS = {  # ParameterGroup's persistent buffers -> the tracker's category
+MEGATRON_FSDP_BUFFERS = {  # ParameterGroup's persistent buffers -> the tracker's category (AutoModel's MegatronFSDP
+    # has a one-dimensional data-parallel mesh: none of its hybrid-sharding buffers)
     "model_weight_buffer": "params",
     "transpose_weight_buffer": "params",
-    "hfsdp_helper_wbuf": "params",
-    "hfsdp_helper_wtbuf": "params",
     "main_weight_buffer": "params",  # (preserve_fp32_weights: the fp32 copy of the optimizer's shard)
     "main_grad_buffer": "grads",
-    "hfsdp_helper_gbuf": "grads",
-    "hsdp_comm_gbuf": "grads",
 }
+
+
+def is_megatron_fsdp(part: Any) -> bool:
+    """Whether a model part is wrapped by MegatronFSDP (its buffers and pipelines hang off the wrapper)."""
+    return hasattr(part, "param_and_grad_buffer") and hasattr(part, "all_gather_pipeline")
 
 
 def megatron_fsdp_buffers(parts: list[Any]) -> list[tuple[Any, str]]:
@@ -677,46 +682,30 @@ def megatron_fsdp_buffers(parts: list[Any]) -> list[tuple[Any, str]]:
     touched by no operator until a collective writes them) and the temporary buckets its allocators hold allocated
     at the step's start. A tracker sees a tensor first when an operator makes or uses it; these are registered at its
     start instead. None for another strategy."""
+    from torch.distributed.tensor import DTensor
+
+    from . import shims
+
     out: list[tuple[Any, str]] = []
-    for part in parts:
-        buffer = getattr(part, "param_and_grad_buffer", None)
-        if buffer is None or not hasattr(buffer, "parameter_groups"):
-            continue
-        allocators = set()
-        for group in buffer.parameter_groups:
+    for part in filter(is_megatron_fsdp, parts):
+        shims.MEGATRON_FSDP_HELD.count()
+        allocators: dict[int, Any] = {}
+        for group in part.param_and_grad_buffer.parameter_groups:
+            if group.model_weight_buffer is None:  # (zero_dp_strategy 0: the module keeps its own weights)
+                out += [(p.to_local() if isinstance(p, DTensor) else p, "params") for p in group.params]
             for name, category in MEGATRON_FSDP_BUFFERS.items():
-                dp_buffer = getattr(group, name, None)
+                dp_buffer = getattr(group, name)
                 if dp_buffer is None:
                     continue
-                if getattr(dp_buffer, "data", None) is not None:
-                    out.append((dp_buffer.data, category))
-                allocator = getattr(dp_buffer, "temporary_bucket_allocator", None)
-                if allocator is not None:
-                    allocators.add(allocator)
-        for allocator in allocators:
-            for bucket in getattr(allocator, "buckets", {}).values():
-                data = getattr(bucket, "data", None)
-                if data is not None and data.untyped_storage().nbytes():
-                    out.append((data, "temporaries"))
+                data = getattr(dp_buffer, "data", None)  # (set by its init_data: absent on a buffer never filled)
+                if data is not None:
+                    out.append((data, category))
+                allocators[id(dp_buffer.temporary_bucket_allocator)] = dp_buffer.temporary_bucket_allocator
+        for allocator in allocators.values():
+            for bucket in allocator.buckets.values():
+                if bucket.data.untyped_storage().nbytes():
+                    out.append((bucket.data, "temporaries"))
     return out
-
-
-def _megatron_fsdp_after_backward(part: Any) -> None:
-    """MegatronFSDP's hook states as a backward leaves them, which this step stands for: its root pre-backward puts
-    every module of the model in PRE_BACKWARD and each FSDP unit's post-backward puts its own modules back in IDLE,
-    so the modules outside the units (the embedding, the final norm, the head, the model itself) stay in PRE_BACKWARD,
-    where their pre-forward hooks gather without prefetching. The step measured is a later one: on the very first
-    forward those hooks prefetch the first blocks (the final norm's before the loss), and from the second on they do
-    not (megatron_fsdp.py: _root_pre_backward, _post_backward_release_module, _pre_forward_param_unshard)."""
-    from megatron_fsdp.megatron_fsdp import TrainingState
-
-    units = tuple(part.fsdp_unit_modules)
-    for module in part.module.modules():
-        module._training_state = TrainingState.PRE_BACKWARD
-    for module in part.module.modules():
-        if isinstance(module, units):
-            for sub in module.modules():
-                sub._training_state = TrainingState.IDLE
 
 
 def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool, state_dtype: str | None) -> None:
@@ -725,15 +714,12 @@ def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool
     states then cast to ``state_dtype``."""
     import torch
 
-    megatron = [p for p in parts if hasattr(p, "param_and_grad_buffer") and hasattr(p, "finish_grad_sync")]
-    for part in megatron:
-        # MegatronFSDP's gradients live in its gradient buffer: as a step's backward ends (its root post-backward),
-        # finish_grad_sync attaches their shards to the optimizer's parameters (with preserve_fp32_weights an fp32
-        # copy of each), which the optimizer step reads and its zero_grad drops again
-        part.finish_grad_sync()
-    for part in megatron:
-        _megatron_fsdp_after_backward(part)
-    for p in [] if megatron else stepped_params(parts, media=media):
+    if any(is_megatron_fsdp(p) for p in parts):
+        # MegatronFSDP's fully_shard_optimizer made the states with a zero-gradient step of its own, and its
+        # gradients live in its buffers, not in .grad: the dry run runs a whole step of one microbatch before the
+        # measured one instead (dry_run/worker.py)
+        return
+    for p in stepped_params(parts, media=media):
         # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor whose local
         # shard disagrees (a strict-fp32 parameter cast after sharding) fails where AutoModel's own step fails, in the
         # optimizer, not here
@@ -780,6 +766,7 @@ __all__ = [
     "every_token_labelled",
     "first_optimizer_step",
     "megatron_fsdp_buffers",
+    "is_megatron_fsdp",
     "shard_optimizers",
     "states_to",
     "stepped_params",

@@ -381,8 +381,9 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         and isinstance(moe, Mapping)
         and moe.get("reshard_after_forward", False) is True,
         zero_dp_strategy=zero if is_nonneg_int(zero) else 3,
-        megatron_fp32_main_weights=strategy == "megatron_fsdp" and block.get("preserve_fp32_weights") is True,
-        megatron_fp32_grads=strategy == "megatron_fsdp" and block.get("grad_reduce_in_fp32") is True,
+        # (AutoModel's config takes them as given and its parallelizer tests their truth)
+        megatron_fp32_main_weights=strategy == "megatron_fsdp" and bool(block.get("preserve_fp32_weights")),
+        megatron_fp32_grads=strategy == "megatron_fsdp" and bool(block.get("grad_reduce_in_fp32")),
         mp_policy=_mixed_precision(block.get("mp_policy")) if fsdp2 else None,
     )
 

@@ -89,8 +89,8 @@ def test_raw_values_read_as_automodel_reads_them():
     assert (d.strategy, d.tp, d.cp, d.dp_size, d.activation_checkpointing) == ("megatron_fsdp", 1, 1, None, True)
     assert (d.pp_schedule, d.pp_microbatch_size, d.mp_policy) == ("GPipe", None, None)
     assert read_dims({"strategy": "fsdp"}, 8).strategy is None  # unknown: the rules say so
-    # MegatronFSDP's fp32 options (its config's booleans), read for that strategy alone
-    mf = read_dims({"strategy": "mfsdp", "preserve_fp32_weights": True, "grad_reduce_in_fp32": "yes"}, 8)
+    # MegatronFSDP's fp32 options, read by their truth as its parallelizer reads them, for that strategy alone
+    mf = read_dims({"strategy": "mfsdp", "preserve_fp32_weights": True, "grad_reduce_in_fp32": 0}, 8)
     assert (mf.megatron_fp32_main_weights, mf.megatron_fp32_grads) == (True, False)
     assert not read_dims({"preserve_fp32_weights": True}, 8).megatron_fp32_main_weights
     assert read_dims({"activation_checkpointing": "sometimes"}).activation_checkpointing is None

@@ -143,7 +143,7 @@ def test_megatron_fsdp_prefetch_window_and_reduce_queue():
     l70 = 855_654_400
     assert megatron_prefetch_layers(l70, l70, 80) == 1
     assert megatron_queued_layers(l70, l70, 80, 3) == 2
-    assert megatron_queued_layers(l70, l70, 80, 2) == 2 and megatron_prefetch_layers(l70, l70, 80, 2) == 1
+    assert megatron_queued_layers(l70, l70, 80, 2) == 2  # (a 1e9 unit: one bucket fits, and the new one)
     assert megatron_prefetch_layers(l70 / 4, l70, 80) == 4 and megatron_queued_layers(l70 / 4, l70, 80, 3) == 8
     assert megatron_prefetch_layers(l1b, l1b, 4) == 4 and megatron_prefetch_layers(0, 0, 0) == 0
     assert megatron_queued_layers(0, 0, 0, 3) == 0

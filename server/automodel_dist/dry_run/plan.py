@@ -444,10 +444,9 @@ def plan_dry_run(
     # two shallow builds gives the whole model's peak (+18% at 6 and 12 layers). Built whole.
     gemma4_ring = media is not None and is_gemma4_tower(cfg) and d.cp > 1
     # MegatronFSDP gathers ahead by size, not by layer: its all-gather pipeline prefetches units until half its
-    # communication unit (at least 500M elements) is in flight (megatron_fsdp.py, suggested_AG_prefetch_size), and
-    # the final norm's pre-forward hook prefetches the first layers again before the loss. Two shallow builds both
-    # inside that window hold every layer gathered, and a line through them counts the whole model where the window
-    # caps it (+0.9 GiB on Llama-3.2-1B's 16 layers, 9 of which fit the window). Built whole.
+    # communication unit (at least 500M elements) is in flight (megatron_fsdp.py, suggested_AG_prefetch_size). Two
+    # shallow builds both inside that window hold every layer gathered in backward, and a line through them counts
+    # the whole model where the window caps it (Llama-3.2-1B's backward holds 10 of its 16 blocks). Built whole.
     megatron = d.strategy == "megatron_fsdp"
     whole = gemma4_ring or megatron
     if megatron and find_spec("megatron_fsdp") is None:
@@ -455,6 +454,12 @@ def plan_dry_run(
             "MegatronFSDP runs AutoModel's pin of the megatron-fsdp package, which is not installed here (AutoModel "
             "asserts 'MegatronFSDP is not installed' without it): pip install --no-deps megatron-fsdp==0.5.0: not "
             "measured"
+        )
+    if megatron and any(name in w.optimizer.lower() for name in ("muon", "dion")):
+        blocking.append(
+            f"optimizer {w.optimizer} under MegatronFSDP: AutoModel's dion-family optimizer configs set "
+            "supports_megatron_fsdp_sharding false and its recipe then asserts 'Dion optimizer does not support "
+            "fully_shard_optimizer' at setup: the run stops there (use fsdp2, or another optimizer): not measured"
         )
     unmodelled = [k for k in ("fsdp_double_buffer", "nccl_ub") if megatron and ctx.block.get(k) is True]
     if unmodelled:

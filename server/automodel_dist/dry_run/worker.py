@@ -219,7 +219,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         dist.init_process_group("fake", rank=spec.rank, world_size=spec.world_size, store=FakeStore())
         dist_setup = step.setup(build.distributed, spec.world_size)
 
-    megatron = spec.megatron_fsdp
+    megatron = spec.megatron_fsdp  # (the layout's; whether it wrapped the model is read from the parts below)
     with phases("build"):
         with shims.liger_stand_in() as liger:
             patches = contextlib.ExitStack()
@@ -412,6 +412,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             known.enter_context(media.known_inputs(fake_mode))
             if pp_enabled:  # a stage computes its microbatch's positions itself (stack/step._vlm_pipeline_microbatch)
                 known.enter_context(media.known_rope_index(parts, fake_mode))
+        # AutoModel leaves the model unwrapped where the data-parallel mesh has one rank (TP alone) or on one rank
+        megatron = megatron and any(step.is_megatron_fsdp(p) for p in parts)
         with known:
             if megatron:
                 # MegatronFSDP carries state from one step to the next (its hooks' states, which decide what prefetches;

@@ -1119,8 +1119,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # (finish_grad_sync, after the root's backward and its reduce-scatters) and dropped by the optimizer's zero_grad:
     # a step of several microbatches carries them through every later one (megatron_fsdp 0.5.0 run by the dry run:
     # Llama-3.2-1B within 0.1%)
-    grad_bytes = 4 if p.strategy == "megatron_fsdp" and p.megatron_fp32_grads else store
-    main_copy = p.strategy == "megatron_fsdp" and p.megatron_fp32_main_weights and store < 4 and lora is None
+    # (AutoModel wraps with MegatronFSDP only where the data-parallel mesh has more than one rank: not TP alone)
+    mfsdp = p.strategy == "megatron_fsdp" and (p.dp or 1) * p.cp > 1 and (p.world_size or 2) > 1
+    grad_bytes = 4 if mfsdp and p.megatron_fp32_grads else store
+    # (the copy is made whatever the parameters' dtype: AutoModel asks for fp32 main parameters)
+    main_copy = mfsdp and p.megatron_fp32_main_weights and lora is None
     grads_sharded = (train_dense / sg + train_experts / se) * grad_bytes
     grads_sharded += g.fp32 / sg * (4 - grad_bytes) if lora is None else 0.0  # (fp32 units' gradients are fp32)
     opt_per = optimizer_states_per_param(tr, 4 if main_copy else None)
@@ -1236,7 +1239,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     multi_stage = p.pp > 1 and spr > 1
     forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
     whole_stages = (keep_blocks and not forward_reshards) or (multi_stage and spr > MAX_ACTIVE_STAGES)
-    megatron = sharded and p.strategy == "megatron_fsdp"
+    megatron = sharded and mfsdp
     # MegatronFSDP sizes its prefetch and its reduce-scatter queue from a block's parameters counted whole and fills
     # them with its local buckets (TP splits a block's matrices; its norms, replicated, are a rounding error here)
     mf_block = g.dense_layers / g.n_layers if g.n_layers else 0.0
@@ -1362,11 +1365,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         gather = 0.0 if whole_stages else comp
         grads_now = fresh_grads + (g.layer_dense + exp) * gather
         if megatron:
-            # the block, those its backward prefetched behind it (in place of one block ahead), and the root's
-            # unsharded gradient bucket, made when the final norm's gradient arrived (its group's first)
+            # the block, those its backward prefetched behind it (in place of one block ahead), the block's unsharded
+            # gradient bucket (each parameter's gradient is moved into it as it arrives: no block of them at once),
+            # and the root's bucket, made when the final norm's gradient arrived (its group's first)
             window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers)
             root_bucket = g.root * reduce if lora is None else 0.0
-            grads_now = fresh_grads + (g.layer_dense + exp) * window * comp + root_bucket
+            grads_now = layer_train * reduce + (g.layer_dense + exp) * window * comp + root_bucket
         mid_acts = max(acts - last_block * tokens, 0.0)
         phases.append(
             (
@@ -1384,7 +1388,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 + tied_head_grad,
             )
         )
-        if tied_head_grad and g.n_layers > 1:
+        if tied_head_grad and g.n_layers > 1 and not megatron:  # (MegatronFSDP's late backward: its own phases)
             # the first block's backward, the last of the step: every other block's gradients made and sharded, the
             # tied head's unsharded gradient held (see tied_head_grad), the VLM step's logits and (a linear cross
             # entropy asks for them) every layer's output still kept, the per-layer inputs made before the first
@@ -1417,9 +1421,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     else:
         if eager_grads:
             phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))
-        if p.strategy != "megatron_fsdp":
+        if not mfsdp:
             phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
-    if p.strategy == "megatron_fsdp":
+    if mfsdp:
         # MegatronFSDP moves each parameter's gradient into its buffers as it arrives (a post-accumulate hook), but
         # a tied head's shared weight only in the root's post-backward, at the step's end: that gradient is held
         # through backward. With sharded gradients (zero_dp_strategy 2, 3) each block's gradients gather in an
@@ -1435,11 +1439,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         if p.zero_dp_strategy >= 2:
             queued = megatron_queued_layers(mf_block, mf_whole, g.n_layers, p.zero_dp_strategy)
         if 0 < queued < g.n_layers:
-            # the backward of the block that fills the queue: the blocks before it still hold what they saved, the
-            # queue its buckets (this block's among them, beside its own fresh gradients), the window gathered
+            # the backward of the block after those that fill the queue: the blocks before it still hold what they
+            # saved, the queue its buckets, this block its own bucket filling (each gradient moved in as it
+            # arrives), the window gathered
             window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers) if sharded else 0
             rest = max(acts - queued * last_block * tokens, 0.0)
-            held = gathered_root + window * mf_block * comp + queued * layer_train * reduce + layer_train * comp
+            held = gathered_root + window * mf_block * comp + (queued + 1) * layer_train * reduce
             phases.append(
                 ("queue-full-backward", grads_sharded, rest, held + root_bucket + held_head + recompute * tokens)
             )
@@ -1455,7 +1460,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # units outside its blocks when it resets its pipelines)
     kept_root = g.root * comp if megatron else 0.0
     phases.append(("optimizer-step", grads_sharded + main_grads - carried_main_grads, 0.0, step_temp + p2p + kept_root))
-    if p.strategy == "megatron_fsdp":
+    if mfsdp:
         # MegatronFSDP's gradient buffer is made when it wraps the model and lives through the step
         phases = [
             (name, max(grads, grads_sharded) + carried_main_grads, acts_, rest) for name, grads, acts_, rest in phases

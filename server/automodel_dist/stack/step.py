@@ -245,10 +245,7 @@ def shard_optimizers(built: Built, optimizers: list[Any]) -> list[Any]:
     step's."""
     from nemo_automodel.recipes._dist_utils import shard_optimizers_for_megatron_fsdp
 
-    # train_ft reads the optimizer's supports_megatron_fsdp_sharding (AutoModel's Dion sets it false, and AutoModel
-    # then asserts under MegatronFSDP)
-    allow = all(getattr(type(o), "supports_megatron_fsdp_sharding", True) for o in optimizers)
-    return shard_optimizers_for_megatron_fsdp(built.model, optimizers, built.setup.strategy_config, allow=allow)
+    return shard_optimizers_for_megatron_fsdp(built.model, optimizers, built.setup.strategy_config)
 
 
 def configure_pipeline_loss(built: Built) -> None:
@@ -340,6 +337,11 @@ def train_step(
             if step_optimizer:
                 opt.step()
             opt.zero_grad()
+        if not step_optimizer:
+            # MegatronFSDP's optimizer step ends by copying its main weights into the model's (its wrapper's tail,
+            # which the skipped step would have run)
+            for part in filter(is_megatron_fsdp, parts):
+                part.install_optimized_model_weights()
         if hasattr(parts[0], "update_moe_gate_bias"):
             for part in parts:
                 part.update_moe_gate_bias()
@@ -717,7 +719,9 @@ def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool
     if any(is_megatron_fsdp(p) for p in parts):
         # MegatronFSDP's fully_shard_optimizer made the states with a zero-gradient step of its own, and its
         # gradients live in its buffers, not in .grad: the dry run runs a whole step of one microbatch before the
-        # measured one instead (dry_run/worker.py)
+        # measured one instead (dry_run/worker.py); a replaced optimizer's states still take their dtype
+        if state_dtype:
+            states_to(optimizers, state_dtype)
         return
     for p in stepped_params(parts, media=media):
         # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor whose local

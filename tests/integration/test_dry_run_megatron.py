@@ -151,6 +151,18 @@ def test_a_full_reduce_scatter_queue(tmp_path):
     assert abs(rows["total"].difference) <= 0.03, rows["total"]  # (-1.9%: a block's own backward transients)
 
 
+@needs_megatron
+def test_transformer_engines_fused_adam_keeps_fp32_moments():
+    """TE's FusedAdam (CUDA only) is measured as torch AdamW with its fp32 moments: under MegatronFSDP too, where
+    megatron-fsdp's own zero-gradient step made the states in the shards' bf16."""
+    optimizer = "optimizer:\n  _target_: transformer_engine.pytorch.optimizers.FusedAdam\n  lr: 1.0e-5\n"
+    text = f"distributed:\n  strategy: megatron_fsdp\n{optimizer}"
+    report = dry_run(text, model=L1B, world_size=RANKS, seq_len=256, micro_batch_size=1)
+    assert report.status == "measured"
+    [r] = report.ranks
+    assert r.optimizer_state_bytes == pytest.approx(2 * 4 * PARAMS / RANKS, rel=1e-3)  # exp_avg, exp_avg_sq in fp32
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,

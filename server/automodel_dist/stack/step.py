@@ -683,7 +683,7 @@ def megatron_fsdp_buffers(parts: list[Any]) -> list[tuple[Any, str]]:
     persistent buffers (weights, fp32 main weights, gradients: made at wrapping, before the measured step, and
     touched by no operator until a collective writes them) and the temporary buckets its allocators hold allocated
     at the step's start. A tracker sees a tensor first when an operator makes or uses it; these are registered at its
-    start instead. None for another strategy."""
+    start instead. Nothing for another strategy."""
     from torch.distributed.tensor import DTensor
 
     from . import shims

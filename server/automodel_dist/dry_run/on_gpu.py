@@ -54,6 +54,11 @@ def refused(spec: DryRunSpec) -> str | None:
             "a MoE model on a fake group: FSDP's gather leaves the weights unwritten, so the router would not choose "
             "as random weights do"
         )
+    if spec.megatron_fsdp:
+        return (
+            "MegatronFSDP (the GPU check does not yet register its optimizers with the wrapper nor run the untracked "
+            "step before the measured one, as the dry run does)"
+        )
     if spec.media is not None:
         return "a VLM step (its batches are built for fake tensors)"
     if spec.recipe.fla_gdn:

@@ -168,6 +168,13 @@ class ParallelDims:
         chosen = block_reshard(self.reshard_after_forward, self.moe_reshard_after_forward, self.ep)
         return True if chosen is None else chosen
 
+    @property
+    def megatron_wraps(self) -> bool:
+        """Whether AutoModel wraps the model with MegatronFSDP: its strategy, on more than one rank, with more than
+        one data-parallel rank (dp * cp); with one it logs 'MegatronFSDP DP shard group size is 1; skipping
+        MegatronFSDP wrapping' and trains the tensor-parallel model as it is."""
+        return self.strategy == "megatron_fsdp" and (self.world_size or 2) > 1 and (self.dp or 1) * self.cp > 1
+
     def deferred_sync(self, backward_passes: int) -> bool:
         """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step (AutoModel's
         ``defer_fsdp_grad_sync``, default true): with gradient accumulation, and always under PP (torch's pipeline

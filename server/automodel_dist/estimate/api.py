@@ -374,7 +374,7 @@ def estimate_memory(
         assumptions=[
             *ASSUMPTIONS,
             *([teacher_note] if teacher_note else []),
-            *([MEGATRON_LINEAR_CE] if p.strategy == "megatron_fsdp" and tr.loss == "FusedLinearCrossEntropy" else []),
+            *([MEGATRON_LINEAR_CE] if p.megatron_wraps and tr.loss == "FusedLinearCrossEntropy" else []),
         ],
     )
 

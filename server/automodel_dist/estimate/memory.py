@@ -1119,8 +1119,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # (finish_grad_sync, after the root's backward and its reduce-scatters) and dropped by the optimizer's zero_grad:
     # a step of several microbatches carries them through every later one (megatron_fsdp 0.5.0 run by the dry run:
     # Llama-3.2-1B within 0.1%)
-    # (AutoModel wraps with MegatronFSDP only where the data-parallel mesh has more than one rank: not TP alone)
-    mfsdp = p.strategy == "megatron_fsdp" and (p.dp or 1) * p.cp > 1 and (p.world_size or 2) > 1
+    mfsdp = p.megatron_wraps
     grad_bytes = 4 if mfsdp and p.megatron_fp32_grads else store
     # (the copy is made whatever the parameters' dtype: AutoModel asks for fp32 main parameters)
     main_copy = mfsdp and p.megatron_fp32_main_weights and lora is None
@@ -1244,6 +1243,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # them with its local buckets (TP splits a block's matrices; its norms, replicated, are a rounding error here)
     mf_block = g.dense_layers / g.n_layers if g.n_layers else 0.0
     mf_whole = mf_block * p.tp
+    # the blocks a backward holds gathered with sharded parameters: the block and those prefetched behind it
+    mf_window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers) if megatron else 0
     if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
     elif megatron:
@@ -1277,6 +1278,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
         held /= spr
     reduce = grad_reduce_bytes(p, store)
+    # MegatronFSDP's root bucket of unsharded gradients with sharded gradients, made at the final norm's backward
+    mf_root_bucket = g.root * reduce if mfsdp and lora is None and p.zero_dp_strategy >= 2 else 0.0
     held_grads = held * reduce if deferred else 0.0
     # torch's pipeline stage allocates, at its first step, a receive buffer for every microbatch's input (a stage
     # that is not the first) and for every microbatch's output gradient (one that is not the last) and never frees
@@ -1368,9 +1371,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # the block, those its backward prefetched behind it (in place of one block ahead), the block's unsharded
             # gradient bucket (each parameter's gradient is moved into it as it arrives: no block of them at once),
             # and the root's bucket, made when the final norm's gradient arrived (its group's first)
-            window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers)
-            root_bucket = g.root * reduce if lora is None else 0.0
-            grads_now = layer_train * reduce + (g.layer_dense + exp) * window * comp + root_bucket
+            grads_now = layer_train * reduce + (g.layer_dense + exp) * mf_window * comp + mf_root_bucket
         mid_acts = max(acts - last_block * tokens, 0.0)
         phases.append(
             (
@@ -1434,7 +1435,6 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         tied = lora is None and m.tie_word_embeddings
         held_head = g.embed * comp if tied else 0.0
         gathered_root = g.root * comp if sharded else 0.0
-        root_bucket = g.root * reduce if lora is None and p.zero_dp_strategy >= 2 else 0.0
         queued = 0
         if p.zero_dp_strategy >= 2:
             queued = megatron_queued_layers(mf_block, mf_whole, g.n_layers, p.zero_dp_strategy)
@@ -1442,17 +1442,16 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # the backward of the block after those that fill the queue: the blocks before it still hold what they
             # saved, the queue its buckets, this block its own bucket filling (each gradient moved in as it
             # arrives), the window gathered
-            window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers) if sharded else 0
             rest = max(acts - queued * last_block * tokens, 0.0)
-            held = gathered_root + window * mf_block * comp + (queued + 1) * layer_train * reduce
+            held = gathered_root + mf_window * mf_block * comp + (queued + 1) * layer_train * reduce
             phases.append(
-                ("queue-full-backward", grads_sharded, rest, held + root_bucket + held_head + recompute * tokens)
+                ("queue-full-backward", grads_sharded, rest, held + mf_root_bucket + held_head + recompute * tokens)
             )
         # the root's backward (the embedding's), the step's last: the shared weight's gradient, the embedding's and
         # their sum where the head is tied (the embedding's alone where it is not: the head's went into the root's
         # bucket as it arrived), the queue's buckets
         root_grads = 3 * g.embed * comp if tied else (g.embed * comp if lora is None else 0.0)
-        buckets = queued * layer_train * reduce + root_bucket
+        buckets = queued * layer_train * reduce + mf_root_bucket
         phases.append(("end-of-backward", grads_sharded, 0.0, gathered_root + buckets + root_grads))
     # (the optimizer steps the fp32 copy where MegatronFSDP keeps one)
     step_temp = (train_dense / so + train_experts / se) * tr.optimizer.step_bytes(4 if main_copy else store, p.tp)

@@ -171,8 +171,8 @@ def megatron_fsdp_ac_ignored(ctx: Context) -> Iterator[Finding]:
 def megatron_fsdp_unsharded(ctx: Context) -> Iterator[Finding]:
     if ctx.dims.strategy != "megatron_fsdp" or ctx.dims.world_size in (None, 1):
         return
-    cp, tp = ctx.dims.cp, ctx.dims.tp
-    if tp > 1 and ctx.dims.dp is not None and ctx.dims.dp * cp == 1:
+    tp = ctx.dims.tp
+    if tp > 1 and ctx.dims.dp is not None and not ctx.dims.megatron_wraps:
         smaller = "tp_size: 1" if tp == 2 else f"tp_size: {tp // 2} or less"
         yield finding(
             ctx,

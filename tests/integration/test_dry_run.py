@@ -402,10 +402,13 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
     and every snapshot torch records are torch's MemTracker's exactly, with a module called twice in a step and with
     activation checkpointing (modules re-entered in backward)."""
     import torch
+    from torch.distributed._tools import mem_tracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.checkpoint import checkpoint
 
-    from automodel_dist.dry_run.tracker import make_tracker
+    from automodel_dist.dry_run.tracker import make_tracker, visit_tensors
+
+    walked: list[bool] = []  # whether torch's tracker walked the outputs through visit_tensors
 
     class Phase:
         current = "step"
@@ -426,6 +429,7 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
         opt = torch.optim.AdamW(model.parameters())
         tracker = tracker_of(model, opt)
         with tracker:  # the optimizer step runs with the new parents set ModTracker starts after backward
+            walked.append(mem_tracker.tree_map_only is visit_tensors)
             model(torch.randn(16, 32)).square().sum().backward()
             opt.step()
             opt.zero_grad()
@@ -439,7 +443,57 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
         return t
 
     theirs, ours = run(torchs), run(lambda model, opt: make_tracker([model], [opt], Phase()))
-    assert ours == theirs and len(ours[1]) >= 5
+    assert ours == theirs and len(ours[1]) >= 5 and walked == [False, True]
+
+
+def test_the_trackers_walk_outputs_as_torch_does():
+    """While the dry run's tracker is entered, torch's trackers file an operator's outputs through visit_tensors,
+    which calls their function on the tensors tree_map_only would, in its order, without the mapped copy they discard;
+    only where every call in the module discards it, and torch's own name is back on exit."""
+    import importlib.util
+
+    import torch
+    from torch.distributed._tools import fsdp2_mem_tracker, mem_tracker
+    from torch.utils._pytree import tree_map_only
+
+    from automodel_dist.dry_run import tracker
+
+    a, b, c = torch.ones(2), torch.zeros(3), torch.ones(1, dtype=torch.int64)
+    trees = [
+        a,
+        None,
+        7,
+        torch.device("cpu"),
+        (a, None, [b, (c, 3)], {"k": a, "j": [b]}),
+        torch.max(torch.ones(2, 3), dim=0),  # a torch.return_types structseq
+        [],
+        {"x": (a,), "y": {"z": [c, b, "s"]}},
+    ]
+
+    def calls(walk, types, tree) -> list[Any]:
+        seen: list[Any] = []
+        walk(types, lambda leaf: seen.append(leaf if isinstance(leaf, int) else id(leaf)), tree)
+        return seen
+
+    for tree in trees:
+        assert tracker.visit_tensors(torch.Tensor, lambda _: None, tree) is tree
+        for types in (torch.Tensor, (torch.Tensor, int)):
+            assert calls(tracker.visit_tensors, types, tree) == calls(tree_map_only, types, tree)
+    assert len(calls(tracker.visit_tensors, torch.Tensor, trees[4])) == 5
+
+    with tracker.walk_outputs_in_place() as changed:
+        assert changed == [mem_tracker.__name__, fsdp2_mem_tracker.__name__]
+        assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is tracker.visit_tensors
+    assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is tree_map_only
+
+    with tempfile.TemporaryDirectory() as d:  # a module that uses the mapped tree keeps torch's own
+        path = Path(d, "uses_result.py")
+        path.write_text("from torch.utils._pytree import tree_map_only\nout = tree_map_only(int, str, [1])\n")
+        spec = importlib.util.spec_from_file_location("uses_result", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert not tracker._result_discarded(module, "tree_map_only")
+        assert tracker._result_discarded(mem_tracker, "tree_map_only")
 
 
 @needs_automodel

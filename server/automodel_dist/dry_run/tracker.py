@@ -15,7 +15,9 @@ walk is skipped there, with the same figures (the global and per-phase peaks are
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from ..estimate.memory import GIB
@@ -84,6 +86,59 @@ def categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return out
 
 
+def visit_tensors(types: Any, func: Any, tree: Any, is_leaf: Any = None) -> Any:
+    """``func`` on each leaf of ``tree`` of ``types`` (a type or a tuple of types), in pytree order: the calls
+    ``tree_map_only(types, func, tree)`` makes, without building the mapped tree it returns (see
+    ``walk_outputs_in_place``); returns ``tree`` itself."""
+    from torch.utils._pytree import tree_leaves
+
+    if isinstance(tree, types):
+        func(tree)
+    else:
+        for leaf in tree_leaves(tree, is_leaf=is_leaf):
+            if isinstance(leaf, types):
+                func(leaf)
+    return tree
+
+
+@functools.cache
+def _result_discarded(module: Any, name: str) -> bool:
+    """Whether every call of ``name`` in ``module``'s source is a statement of its own (its result unused)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(module))
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
+    ]
+    bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)}
+    return bool(calls) and all(id(c) in bare for c in calls)
+
+
+@contextlib.contextmanager
+def walk_outputs_in_place() -> Iterator[list[str]]:
+    """torch's trackers file every operator's output tensors through ``tree_map_only(torch.Tensor, ...)``, which
+    builds a mapped copy of the output (and a wrapper for its type filter) that they discard: most of the trackers'
+    own cost an operator, which on fake tensors is a large share of a step. While this is entered, in each tracker module whose every call discards it the name is
+    bound to ``visit_tensors``, which calls the same function on the same tensors in the same order; torch's own is
+    bound again on exit. Yields the modules changed (none where torch moved the name or uses its result)."""
+    from torch.distributed._tools import fsdp2_mem_tracker, mem_tracker
+    from torch.utils._pytree import tree_map_only
+
+    changed = [
+        m
+        for m in (mem_tracker, fsdp2_mem_tracker)
+        if getattr(m, "tree_map_only", None) is tree_map_only and _result_discarded(m, "tree_map_only")
+    ]
+    for module in changed:
+        module.tree_map_only = visit_tensors  # type: ignore[attr-defined]
+    try:
+        yield [m.__name__ for m in changed]
+    finally:
+        for module in changed:
+            module.tree_map_only = tree_map_only  # type: ignore[attr-defined]
+
+
 def make_tracker(
     parts: list[Any], optimizers: list[Any], phases: _Phase, held: list[tuple[Any, str]] | None = None
 ) -> Any:
@@ -116,6 +171,9 @@ def make_tracker(
             self._ceiling: dict[Any, int] = {}  # ... and the totals it left every running local peak at or above
 
         def __enter__(self) -> Any:
+            if self._depth == 0:
+                self._walk = walk_outputs_in_place()
+                self._walk.__enter__()
             out = super().__enter__()
             kinds = {
                 "params": _MemRefType.PARAM,
@@ -126,6 +184,13 @@ def make_tracker(
             for tensor, category in self.held:
                 self._update_and_maybe_create_winfos(tensor, kinds[category])
             return out
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                if self._depth == 0:
+                    self._walk.__exit__(None, None, None)
 
         def _records_by_name(self) -> dict[str, list[Any]]:
             """Module records by module name, rebuilt when the records changed (a garbage-collected module drops

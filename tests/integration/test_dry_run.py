@@ -398,12 +398,14 @@ def test_pipeline_stage_copies_that_share_the_dropped_layers_are_the_same_stages
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_the_tracker_counts_what_torchs_counts(checkpointed):
     """dry_run/tracker.py finds the running modules by name instead of walking every tracked module after every
-    operator, and skips the walk where no local peak can rise: the global peak, its split, every module's local peak
-    and every snapshot torch records are torch's MemTracker's exactly, with a module called twice in a step and with
+    operator, skips the walk where no local peak can rise, and has torch's tracker walk the outputs through
+    visit_tensors while it is entered: the global peak, its split, every module's local peak and every snapshot torch
+    records are those of torch's own MemTracker, unchanged, exactly, with a module called twice in a step and with
     activation checkpointing (modules re-entered in backward)."""
     import torch
     from torch.distributed._tools import mem_tracker
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.utils._pytree import tree_map_only
     from torch.utils.checkpoint import checkpoint
 
     from automodel_dist.dry_run.tracker import make_tracker, visit_tensors
@@ -444,6 +446,7 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
 
     theirs, ours = run(torchs), run(lambda model, opt: make_tracker([model], [opt], Phase()))
     assert ours == theirs and len(ours[1]) >= 5 and walked == [False, True]
+    assert mem_tracker.tree_map_only is tree_map_only  # torch's own again once the tracker exits
 
 
 def test_the_trackers_walk_outputs_as_torch_does():
@@ -451,6 +454,7 @@ def test_the_trackers_walk_outputs_as_torch_does():
     which calls their function on the tensors tree_map_only would, in its order, without the mapped copy they discard;
     only where every call in the module discards it, and torch's own name is back on exit."""
     import importlib.util
+    import types
 
     import torch
     from torch.distributed._tools import fsdp2_mem_tracker, mem_tracker
@@ -477,8 +481,8 @@ def test_the_trackers_walk_outputs_as_torch_does():
 
     for tree in trees:
         assert tracker.visit_tensors(torch.Tensor, lambda _: None, tree) is tree
-        for types in (torch.Tensor, (torch.Tensor, int)):
-            assert calls(tracker.visit_tensors, types, tree) == calls(tree_map_only, types, tree)
+        for kinds in (torch.Tensor, (torch.Tensor, int)):
+            assert calls(tracker.visit_tensors, kinds, tree) == calls(tree_map_only, kinds, tree)
     assert len(calls(tracker.visit_tensors, torch.Tensor, trees[4])) == 5
 
     with tracker.walk_outputs_in_place() as changed:
@@ -486,14 +490,38 @@ def test_the_trackers_walk_outputs_as_torch_does():
         assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is tracker.visit_tensors
     assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is tree_map_only
 
-    with tempfile.TemporaryDirectory() as d:  # a module that uses the mapped tree keeps torch's own
-        path = Path(d, "uses_result.py")
-        path.write_text("from torch.utils._pytree import tree_map_only\nout = tree_map_only(int, str, [1])\n")
-        spec = importlib.util.spec_from_file_location("uses_result", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        assert not tracker._result_discarded(module, "tree_map_only")
-        assert tracker._result_discarded(mem_tracker, "tree_map_only")
+    def module_of(source: str) -> Any:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d, f"m{abs(hash(source))}.py")
+            path.write_text("import torch\nfrom torch.utils._pytree import tree_map_only\n" + source)
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module, tracker._result_discarded(module, "tree_map_only")
+
+    # a module that reads the name otherwise keeps torch's own: the mapped tree used, the function aliased or passed,
+    # another filter (a predicate visit_tensors does not take)
+    assert module_of("def f(t):\n    tree_map_only(torch.Tensor, print, t)\n")[1]
+    for source in (
+        "out = tree_map_only(torch.Tensor, str, [1])\n",
+        "def f(t):\n    return tree_map_only(torch.Tensor, str, t)\n",
+        "walk = tree_map_only\n",
+        "def f(t):\n    g(tree_map_only)\n",
+        "def f(t):\n    tree_map_only(lambda x: True, print, t)\n",
+        "def f(t):\n    tree_map_only(int, print, t)\n",
+    ):
+        assert not module_of(source)[1], source
+    assert tracker._result_discarded(mem_tracker, "tree_map_only")
+    assert not tracker._result_discarded(types.ModuleType("no_source"), "tree_map_only")  # no file: torch's kept
+
+    # a tracker whose entry fails leaves torch's names as it found them
+    bad = tracker.make_tracker([torch.nn.Linear(2, 2)], [], type("P", (), {"current": "step"})(), [(a, "no such")])
+    with pytest.raises(KeyError), bad:
+        pass
+    assert mem_tracker.tree_map_only is fsdp2_mem_tracker.tree_map_only is tree_map_only
+    with tracker.make_tracker([torch.nn.Linear(2, 2)], [], type("P", (), {"current": "step"})()):
+        assert mem_tracker.tree_map_only is tracker.visit_tensors
+    assert mem_tracker.tree_map_only is tree_map_only
 
 
 @needs_automodel

@@ -10,6 +10,8 @@ in O(running modules). Each update leaves every running module's local peak at l
 module enters (a name joins ``parents``, or a pre-forward / pre-backward hook resets a local peak), the records change
 or forward turns to backward, an operator that leaves the total at or below that update's finds nothing to raise: the
 walk is skipped there, with the same figures (the global and per-phase peaks are still checked at every operator).
+torch's trackers also file every operator's outputs through a mapped copy of them that they discard; while the dry
+run's tracker is entered they walk the outputs in place instead (``walk_outputs_in_place``), with the same calls.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import sys
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -87,12 +90,12 @@ def categories(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 
 def visit_tensors(types: Any, func: Any, tree: Any, is_leaf: Any = None) -> Any:
-    """``func`` on each leaf of ``tree`` of ``types`` (a type or a tuple of types), in pytree order: the calls
-    ``tree_map_only(types, func, tree)`` makes, without building the mapped tree it returns (see
-    ``walk_outputs_in_place``); returns ``tree`` itself."""
-    from torch.utils._pytree import tree_leaves
+    """``func`` on each leaf of ``tree`` that is an instance of ``types`` (a tensor type: ``torch.Tensor`` at every
+    call site ``walk_outputs_in_place`` rebinds), in pytree order: the calls ``tree_map_only(types, func, tree)``
+    makes, without building the mapped tree it returns; returns ``tree`` itself."""
+    from torch.utils._pytree import SUPPORTED_NODES, tree_leaves
 
-    if isinstance(tree, types):
+    if isinstance(tree, types) and type(tree) not in SUPPORTED_NODES:  # a leaf itself (pytree's root rule)
         func(tree)
     else:
         for leaf in tree_leaves(tree, is_leaf=is_leaf):
@@ -103,25 +106,44 @@ def visit_tensors(types: Any, func: Any, tree: Any, is_leaf: Any = None) -> Any:
 
 @functools.cache
 def _result_discarded(module: Any, name: str) -> bool:
-    """Whether every call of ``name`` in ``module``'s source is a statement of its own (its result unused)."""
+    """Whether ``module``'s source reads ``name`` only as calls ``name(torch.Tensor, ...)`` that are statements of
+    their own (the result unused, the filter torch's tensor type); False where the source cannot be read."""
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(module))
-    calls = [
-        n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
-    ]
-    bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)}
-    return bool(calls) and all(id(c) in bare for c in calls)
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    nodes = list(ast.walk(tree))
+    statements = {id(n.value) for n in nodes if isinstance(n, ast.Expr)}
+    calls = {id(n.func): n for n in nodes if isinstance(n, ast.Call)}
+
+    def tensor_filter(call: ast.Call) -> bool:
+        first = call.args[0] if call.args else None
+        return (
+            isinstance(first, ast.Attribute)
+            and first.attr == "Tensor"
+            and isinstance(first.value, ast.Name)
+            and first.value.id == "torch"
+        )
+
+    reads = [n for n in nodes if isinstance(n, ast.Name) and n.id == name]
+    return bool(reads) and all(
+        id(r) in calls and id(calls[id(r)]) in statements and tensor_filter(calls[id(r)]) for r in reads
+    )
 
 
 @contextlib.contextmanager
 def walk_outputs_in_place() -> Iterator[list[str]]:
-    """torch's trackers file every operator's output tensors through ``tree_map_only(torch.Tensor, ...)``, which
-    builds a mapped copy of the output (and a wrapper for its type filter) that they discard: most of the trackers'
-    own cost an operator, which on fake tensors is a large share of a step. While this is entered, in each tracker module whose every call discards it the name is
-    bound to ``visit_tensors``, which calls the same function on the same tensors in the same order; torch's own is
-    bound again on exit. Yields the modules changed (none where torch moved the name or uses its result)."""
+    """torch's trackers file every operator's output tensors (and, in their module hooks, the modules' inputs and
+    outputs) through ``tree_map_only(torch.Tensor, ...)``, which builds a mapped copy of the tree and a wrapper for
+    its type filter, and discard both: on fake tensors, where an operator costs little else, a large share of a
+    step's time (and the wrapper leaves cyclic garbage a call, which a step run with the collector held off keeps).
+    While this is entered, in each tracker module that reads the name only in such calls it is bound to
+    ``visit_tensors``, which calls the same function on the same tensors in the same order; torch's own is bound
+    again on exit. Yields the modules changed: none where torch moved the name, reads it otherwise, or where it is
+    already rebound (a tracker entered inside another)."""
     from torch.distributed._tools import fsdp2_mem_tracker, mem_tracker
     from torch.utils._pytree import tree_map_only
 
@@ -171,25 +193,35 @@ def make_tracker(
             self._ceiling: dict[Any, int] = {}  # ... and the totals it left every running local peak at or above
 
         def __enter__(self) -> Any:
-            if self._depth == 0:
+            outermost = getattr(self, "_depth", 0) == 0
+            if outermost:
                 self._walk = walk_outputs_in_place()
                 self._walk.__enter__()
-            out = super().__enter__()
-            kinds = {
-                "params": _MemRefType.PARAM,
-                "grads": _MemRefType.GRAD,
-                "optimizer": _MemRefType.OPT,
-                "temporaries": _MemRefType.TEMP,
-            }
-            for tensor, category in self.held:
-                self._update_and_maybe_create_winfos(tensor, kinds[category])
-            return out
+            entered = False
+            try:
+                out = super().__enter__()
+                entered = True
+                kinds = {
+                    "params": _MemRefType.PARAM,
+                    "grads": _MemRefType.GRAD,
+                    "optimizer": _MemRefType.OPT,
+                    "temporaries": _MemRefType.TEMP,
+                }
+                for tensor, category in self.held:
+                    self._update_and_maybe_create_winfos(tensor, kinds[category])
+                return out
+            except BaseException:  # no `with` body runs, so no __exit__: leave torch's tracker and names as found
+                if entered:
+                    super().__exit__(*sys.exc_info())
+                if outermost:
+                    self._walk.__exit__(None, None, None)
+                raise
 
         def __exit__(self, *args: Any) -> None:
             try:
                 super().__exit__(*args)
             finally:
-                if self._depth == 0:
+                if getattr(self, "_depth", 0) == 0:
                     self._walk.__exit__(None, None, None)
 
         def _records_by_name(self) -> dict[str, list[Any]]:

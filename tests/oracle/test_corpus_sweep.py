@@ -189,14 +189,7 @@ NOT_MEASURED: dict[str, str] = {
     "run does not build (the plan runs no rank)",
 }
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
-ESTIMATE_MISSES: dict[str, str] = {
-    "llm_finetune/deepseek_v4/deepseek_v4_pro_hellaswag_all_tilelang_pp8_ep64_20steps.yaml": "the estimate is 18% "
-    "under the dry run on the last pipeline rank (59.5 against 72.3 GiB): DeepSeek-V4's layers are within 10% at "
-    "Pro's widths, and the same interleaved shape at Flash's widths is -2% at 2,048 tokens but -13% "
-    "at 4,096, where the dry run's last rank holds every gradient of its three stages beside its in-flight "
-    "activations; no general rule for when the schedule puts them together was found (those tried moved other "
-    "pipeline recipes past 15%)",
-}
+ESTIMATE_MISSES: dict[str, str] = {}  # none at present (DeepSeek-V4 Pro was -18% until its fp32 logits were counted)
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
 KNOWN_MISSES: dict[str, str] = {
     "llm_benchmark/deepseek/deepseek_v3_te_deepep_1024.yaml": "the dry run and the estimate both say it does not fit "

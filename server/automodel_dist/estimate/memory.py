@@ -1184,7 +1184,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     outputs = 0.0
     if p.pp > 1 and g.last:
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp
-        outputs = comp * width * tokens * n_mb
+        # DeepSeek-V4's fp32 head: FSDP casts the hyper-connection head's input to its fp32 parameters, so the final
+        # norm and the lm_head run in fp32 and the logits stay fp32 (AutoModel casts them back to the hidden states'
+        # dtype, fp32 there). The dry run of its class on the Pro recipe's last rank holds all 8 microbatches' fp32
+        # logits at the peak.
+        out_bytes = 4.0 if g.fp32_head else comp
+        outputs = out_bytes * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
     acts += additive_mask_bytes(m, p, tr, comp) * inflight if g.n_layers else 0.0
     # the VLM step holds the model's logits until its backward is done

@@ -1975,8 +1975,8 @@ def test_the_per_expert_torch_loop_keeps_the_ep_groups_gathered_input(tmp_path, 
 @needs_automodel
 @pytest.mark.slow
 def test_deepseek_v4s_last_pipeline_stage_keeps_every_microbatchs_fp32_logits(tmp_path):
-    """DeepSeek-V4's head runs in fp32 (FSDP casts the hyper-connection head's input to its fp32 parameters, so the
-    final norm and the lm_head do too) and AutoModel casts the logits back to the hidden states' dtype, fp32 there;
+    """DeepSeek-V4's hyper-connection head is an fp32 FSDP unit whose policy casts its output to fp32
+    (deepseek_v4/fsdp.py), so the final norm's output and the logits AutoModel casts back to that dtype are fp32;
     torch's schedule keeps each microbatch's output on the last stage until the step ends. Between two vocabularies,
     the last pipeline rank's activations grow by at least the 4 microbatches' fp32 logits in the dry run, and by as
     much within the error in the estimate (with 2 bytes a logit, as before, it was 45% under: DeepSeek-V4 Pro's recipe

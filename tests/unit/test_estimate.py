@@ -1243,3 +1243,20 @@ def test_deepseek_v4_suggestions_keep_its_recipes_backend_and_its_own_stage_forw
     piped = [c.distributed["pipeline"] for c in rep.candidates if c.distributed.get("pp_size", 1) > 1]
     assert piped and all(p["patch_inner_model"] is False and p["patch_causal_lm_model"] is False for p in piped)
     assert not [r for r in rep.rejected if "requires the TileLang attention backend" in r.reason]
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai/DeepSeek-V4-Flash", "meta-llama/Llama-3.1-8B"])
+def test_the_last_stages_kept_logits_are_fp32_where_fsdp_casts_deepseek_v4s_head(name):
+    """torch's schedule keeps every microbatch's output on the last stage until the step ends. DeepSeek-V4's
+    hyper-connection head is an fp32 FSDP unit whose policy casts its output to fp32, so its final norm's output and
+    the logits AutoModel casts back to that dtype are fp32 where FSDP shards (dp x cp > 1: AutoModel's MoE
+    parallelizer wraps nothing on a one-rank mesh): 2 bytes a logit more than in the compute dtype (the dry run of the
+    Pro recipe's last rank: 8 microbatches of fp32 logits; tests/integration/test_dry_run.py holds the term to the dry
+    run). Other models' logits are in the compute dtype either way."""
+    from automodel_dist.estimate.memory import _memory_of_pp_rank
+
+    m = lookup(name)
+    tr = Training(seq_len=2048, pp_microbatches=4)
+    acts = {dp: _memory_of_pp_rank(m, dims("fsdp2", dp=dp, pp=2), tr, 1)["activations"] for dp in (1, 2)}
+    fp32_more = 2.0 * m.vocab_size * 2048 * 4 if m.hc_mult else 0.0  # bytes
+    assert acts[2] - acts[1] == pytest.approx(fp32_more, abs=1.0)

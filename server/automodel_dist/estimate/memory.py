@@ -1181,15 +1181,16 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # torch's pipeline schedule keeps every microbatch's output on the last stage until the step ends (to return
     # them from step(); AutoModel does not pass return_outputs=False): the logits, or the hidden states a linear
     # cross entropy takes
+    # DeepSeek-V4's fp32 head under FSDP: AutoModel shards its hyper-connection head in an fp32 unit whose policy
+    # casts the unit's output to fp32 (deepseek_v4/fsdp.py, output_dtype), so the final norm's output and the logits,
+    # which AutoModel casts back to that dtype, are fp32. Its MoE parallelizer shards only where the data-parallel mesh
+    # (dp x cp) has more than one rank; without it they are in the compute dtype.
+    fp32_logits = bool(g.fp32_head) and (p.dp or 1) * p.cp > 1
     outputs = 0.0
     if p.pp > 1 and g.last:
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp
-        # DeepSeek-V4's fp32 head: FSDP casts the hyper-connection head's input to its fp32 parameters, so the final
-        # norm and the lm_head run in fp32 and the logits stay fp32 (AutoModel casts them back to the hidden states'
-        # dtype, fp32 there). The dry run of its class on the Pro recipe's last rank holds all 8 microbatches' fp32
-        # logits at the peak.
-        out_bytes = 4.0 if g.fp32_head else comp
-        outputs = out_bytes * width * tokens * n_mb
+        # (the dry run of DeepSeek-V4 Pro's recipe: its last rank holds all 8 microbatches' fp32 logits at the peak)
+        outputs = (4.0 if fp32_logits else comp) * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
     acts += additive_mask_bytes(m, p, tr, comp) * inflight if g.n_layers else 0.0
     # the VLM step holds the model's logits until its backward is done
@@ -1318,12 +1319,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
     if grad_acc > 1:
         accumulated = max(accumulated, plain_expert_grads)
-    # an fp32 lm_head (DeepSeek-V4's) runs its backward in fp32: the logits' gradient cast up and the head's own
-    # unsharded fp32 gradient, beside the loss's temporaries (the dry run of AutoModel's class: the last stage peaks
-    # in the head)
+    # an fp32 lm_head (DeepSeek-V4's) runs its backward in fp32: the head's own unsharded fp32 gradient beside the
+    # loss's temporaries and, where the logits are in the compute dtype, their gradient cast up (fp32 logits take the
+    # loss's fp32 gradient as it is) (the dry run of AutoModel's class: the last stage peaks in the head)
     head_backward = 0.0
     if g.fp32_head and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):  # (theirs: loss_temp)
-        head_backward = 4.0 * vocab / head_tp * tokens + (4.0 * g.lm_head if lora is None else 0.0)
+        upcast = 0.0 if fp32_logits else 4.0 * vocab / head_tp * tokens
+        head_backward = upcast + (4.0 * g.lm_head if lora is None else 0.0)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
     phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + head_backward + p2p + held_grads))
     if (

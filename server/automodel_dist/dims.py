@@ -169,11 +169,17 @@ class ParallelDims:
         return True if chosen is None else chosen
 
     @property
+    def data_parallel_mesh_size(self) -> int:
+        """The ranks of the data-parallel mesh AutoModel shards over (dp * cp; dp taken as 1 where unknown): where it
+        is 1, MegatronFSDP skips wrapping and the MoE parallelizer applies no FSDP."""
+        return (self.dp or 1) * self.cp
+
+    @property
     def megatron_wraps(self) -> bool:
         """Whether AutoModel wraps the model with MegatronFSDP: its strategy, on more than one rank, with more than
         one data-parallel rank (dp * cp); with one it logs 'MegatronFSDP DP shard group size is 1; skipping
         MegatronFSDP wrapping' and trains the tensor-parallel model as it is."""
-        return self.strategy == "megatron_fsdp" and (self.world_size or 2) > 1 and (self.dp or 1) * self.cp > 1
+        return self.strategy == "megatron_fsdp" and (self.world_size or 2) > 1 and self.data_parallel_mesh_size > 1
 
     def deferred_sync(self, backward_passes: int) -> bool:
         """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step (AutoModel's

@@ -1185,7 +1185,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # casts the unit's output to fp32 (deepseek_v4/fsdp.py, output_dtype), so the final norm's output and the logits,
     # which AutoModel casts back to that dtype, are fp32. Its MoE parallelizer shards only where the data-parallel mesh
     # (dp x cp) has more than one rank; without it they are in the compute dtype.
-    fp32_logits = bool(g.fp32_head) and (p.dp or 1) * p.cp > 1
+    fp32_logits = bool(g.fp32_head) and p.data_parallel_mesh_size > 1
     outputs = 0.0
     if p.pp > 1 and g.last:
         width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp

@@ -142,6 +142,7 @@ def registry_rows() -> dict[str, dict[str, Any]]:
             "keeps_own_forward": bool(getattr(cls, "_pp_keep_self_forward", False)),
             "returns_hidden_states": bool(getattr(cls, "_pp_return_hidden_states_supported", False)),
             "logits_to_keep": "logits_to_keep" in inspect.signature(cls.forward).parameters,
+            "moe_sync_mixin": moe,
             "tie": tie,
         }
     return dict(sorted(rows.items()))

@@ -88,6 +88,7 @@ class ParallelDims:
     reshard_after_forward: bool | None = None  # FSDP2; None: AutoModel's default
     defer_fsdp_grad_sync: bool = True  # FSDP2
     moe_reshard_after_forward: bool = False  # moe.reshard_after_forward, when ep > 1
+    moe_wrap_outer_model: bool = True  # moe.wrap_outer_model, when ep > 1
     zero_dp_strategy: int = 3  # MegatronFSDP
     megatron_fp32_main_weights: bool = False  # MegatronFSDP's preserve_fp32_weights
     megatron_fp32_grads: bool = False  # MegatronFSDP's grad_reduce_in_fp32
@@ -183,10 +184,19 @@ class ParallelDims:
 
     def deferred_sync(self, backward_passes: int) -> bool:
         """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step (AutoModel's
-        ``defer_fsdp_grad_sync``, default true): with gradient accumulation, and always under PP (torch's pipeline
-        stages run every backward without sync and reduce once at the end). FSDP then keeps every block's
-        gradients unsharded, upcast to the reduce dtype (fp32), until that last reduce-scatter."""
+        ``defer_fsdp_grad_sync``, default true) where an FSDP module wraps the whole model part: with gradient
+        accumulation, and always under PP (torch's pipeline stages run every backward without sync and reduce once
+        at the end). FSDP then keeps every block's gradients unsharded, upcast to the reduce dtype (fp32), until that
+        last reduce-scatter. A model part that is no FSDP module (:attr:`model_part_unwrapped`) is the class's own
+        business: estimate/memory.py ``grad_sync_deferred``."""
         return self.strategy == "fsdp2" and self.defer_fsdp_grad_sync and (self.pp > 1 or backward_passes > 1)
+
+    @property
+    def model_part_unwrapped(self) -> bool:
+        """AutoModel's MoE parallelizer (ep > 1) with ``moe.wrap_outer_model: false``: the inner model is the FSDP
+        root and the model part (the causal LM around it) is no FSDP module, so neither train_ft's ``get_sync_ctx``
+        nor torch's pipeline stage (a plain backward for such a module) turns the gradient sync off."""
+        return self.strategy == "fsdp2" and self.ep > 1 and not self.moe_wrap_outer_model
 
     # ------------------------------------------------------------------ meshes
     @cached_property
@@ -264,8 +274,10 @@ class ParallelDims:
             out["preserve_fp32_weights"] = True
         if self.strategy == "megatron_fsdp" and self.megatron_fp32_grads:
             out["grad_reduce_in_fp32"] = True
-        if self.ep > 1 and self.moe_reshard_after_forward:
-            out["moe"] = {"reshard_after_forward": True}
+        if self.ep > 1 and (self.moe_reshard_after_forward or not self.moe_wrap_outer_model):
+            out["moe"] = {"reshard_after_forward": True} if self.moe_reshard_after_forward else {}
+            if not self.moe_wrap_outer_model:
+                out["moe"]["wrap_outer_model"] = False
         if self.pp > 1:
             out["pipeline"] = {
                 "pp_schedule": (self.pp_schedule or "1F1B").lower(),
@@ -393,6 +405,9 @@ def read_dims(block: Mapping[str, Any], world_size: int | None = None) -> Parall
         moe_reshard_after_forward=(sizes["ep_size"] or 1) > 1
         and isinstance(moe, Mapping)
         and moe.get("reshard_after_forward", False) is True,
+        moe_wrap_outer_model=not (
+            (sizes["ep_size"] or 1) > 1 and isinstance(moe, Mapping) and moe.get("wrap_outer_model", True) is False
+        ),
         zero_dp_strategy=zero if is_nonneg_int(zero) else 3,
         # (AutoModel's config takes them as given and its parallelizer tests their truth)
         megatron_fp32_main_weights=strategy == "megatron_fsdp" and bool(block.get("preserve_fp32_weights")),

@@ -20,7 +20,9 @@ from automodel_dist.cli import main
 from automodel_dist.estimate.memory import (
     MAX_ACTIVE_STAGES,
     Training,
+    _memory_of_pp_rank,
     activation_formula_korthikanti,
+    grad_sync_deferred,
     megatron_prefetch_layers,
     megatron_queued_layers,
     memory_per_rank,
@@ -128,6 +130,107 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
     assert dims("fsdp2", pp=2).blocks_reshard and dims("fsdp2", ep=2).blocks_reshard is False
     assert dims("fsdp2", ep=2, moe_reshard_after_forward=True).blocks_reshard
     assert dims("fsdp2", ep=2, reshard_after_forward=True).blocks_reshard
+
+
+@pytest.mark.parametrize(
+    ("wrap_outer", "sync_class", "optimizations", "defer", "pp", "passes", "deferred"),
+    [
+        # an FSDP module wraps the model part: defer_fsdp_grad_sync decides (get_sync_ctx; torch's stage, or
+        # AutoModel's patched FSDPModule branch with reduce_grad_per_microbatch = not defer)
+        (True, True, True, True, 2, 1, True),
+        (True, True, True, False, 2, 1, False),
+        (True, True, False, True, 1, 4, True),
+        (True, True, True, False, 1, 4, False),
+        (True, False, False, True, 1, 1, False),  # one backward, nothing to defer
+        # moe.wrap_outer_model false: only the class's MoEFSDPSyncMixin turns the sync off on the inner units
+        (False, True, False, True, 2, 1, False),  # torch's stage: a plain backward (nemotron_ultra_v3_squad)
+        (False, True, True, True, 2, 1, True),  # the patched stage backward's MoEFSDPSyncMixin branch
+        (False, True, False, False, 2, 1, True),  # patched for reduce_grad_per_microbatch: that branch ignores it
+        (False, False, False, False, 2, 1, False),  # no mixin: a plain backward either way
+        (False, True, False, True, 1, 4, False),  # get_sync_ctx finds no FSDP module; no optimizations
+        (False, True, True, False, 1, 4, True),  # prepare_for_grad_accumulation, whatever defer says
+    ],
+)
+def test_gradient_sync_deferral_follows_whichever_module_automodel_makes_the_fsdp_root(
+    wrap_outer: bool, sync_class: bool, optimizations: bool, defer: bool, pp: int, passes: int, deferred: bool
+) -> None:
+    """AutoModel 0.7.0's paths that turn FSDP2's gradient sync off (distributed/utils.get_sync_ctx,
+    moe/fsdp_mixin.py prepare_for_grad_accumulation and patched_backward_maybe_with_nosync, pipelining/functional.py
+    where it installs that patch, torch's PipelineStage.backward_maybe_with_nosync)."""
+    p = dims(
+        "fsdp2", dp=8, ep=8, pp=pp, moe_wrap_outer_model=wrap_outer, defer_fsdp_grad_sync=defer, pp_schedule="1F1B"
+    )
+    tr = Training(moe_sync_class=sync_class, fsdp_sync_mixin=sync_class and optimizations)
+    assert grad_sync_deferred(p, tr, passes) is deferred
+    assert not grad_sync_deferred(dims("ddp", dp=8), tr, 4)
+
+
+def test_the_estimate_trains_what_automodel_trains_on_nemotron_ultras_pipeline():
+    """nemotron_ultra_v3_squad's layout (PP 4 x EP 64, moe.wrap_outer_model and enable_fsdp_optimizations false,
+    patch_causal_lm_model false, FusedLinearCrossEntropy): AutoModel trains MaskedCrossEntropy (its fallback: the
+    model's own forward returns logits) and reduces the gradients after every backward (no FSDP module wraps the
+    model part and nothing patches the stage). The dry run of the recipe, 54.3 GiB on its last rank, holds no
+    unsharded gradient at its peak; the estimate had counted 17.8 GiB of them, and no logits."""
+    recipe = {
+        "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+        "model": {
+            "pretrained_model_name_or_path": "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16",
+            "backend": {"enable_fsdp_optimizations": False},
+        },
+        "distributed": {
+            "strategy": "fsdp2",
+            "pp_size": 4,
+            "ep_size": 64,
+            "activation_checkpointing": True,
+            "pipeline": {
+                "pp_schedule": "interleaved1f1b",
+                "pp_microbatch_size": 1,
+                "layers_per_stage": 14,
+                "round_virtual_stages_to_pp_multiple": "down",
+                "patch_causal_lm_model": False,
+            },
+            "moe": {"wrap_outer_model": False},
+        },
+        "step_scheduler": {"global_batch_size": 256, "local_batch_size": 4},
+        "loss_fn": {"_target_": "nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy"},
+    }
+    est = estimate_memory(recipe, world_size=256, seq_len=4096)
+    assert est.memory_gib.deferred_grads == 0
+    assert any("MaskedCrossEntropy in place of the recipe's FusedLinearCrossEntropy" in r for r in est.workload)
+    assert est.memory_gib.tracked_peak == pytest.approx(54.31, rel=0.15)  # the dry run's rank 192
+    patched = json.loads(json.dumps(recipe))
+    patched["model"]["backend"]["enable_fsdp_optimizations"] = True  # the mixin's patched stage backward defers
+    assert estimate_memory(patched, world_size=256, seq_len=4096).memory_gib.deferred_grads > 10
+    own = json.loads(json.dumps(recipe))
+    del own["distributed"]["pipeline"]["patch_causal_lm_model"]  # its class keeps its own forward under PP anyway
+    assert any("keeps its own forward" in r for r in estimate_memory(own, world_size=256, seq_len=4096).workload)
+    unsplit = json.loads(json.dumps(recipe))
+    unsplit["distributed"].update(pp_size=1, pipeline=None)  # without PP the hidden states reach the loss
+    unsplit["step_scheduler"]["global_batch_size"] = 1024
+    assert not any("in place of" in r for r in estimate_memory(unsplit, world_size=256, seq_len=4096).workload)
+
+
+def test_the_last_stages_plain_expert_gradients_are_held_at_its_later_backwards():
+    """Routed experts on a one-rank ep_shard mesh keep plain .grad from their layer's backward to the optimizer
+    step. The last pipeline stage alternates forward and backward, so at its last microbatch's backward, with as
+    many activations in flight as at its first, its experts' gradients from the earlier backwards are there (the
+    dry run of nemotron_ultra_v3_squad's last rank: 14 expert gradients of 160 MiB at its peak, its last stage's
+    fourth backward). Other ranks, one microbatch, and sharded experts: not counted."""
+    spec = lookup("Qwen/Qwen3-30B-A3B")
+    tr = Training(seq_len=4096, pp_microbatches=4, loss="FusedLinearCrossEntropy")  # (no logits to peak at)
+    p = dims("fsdp2", dp=8, pp=2, ep=8, pp_schedule="1F1B", activation_checkpointing=True)
+
+    def grads(p: Any, tr: Training, rank: int) -> float:
+        return _memory_of_pp_rank(spec, p, tr, rank)["grads"]
+
+    # a rank's 24 MoE layers' 16 experts (gate, up and down projections), bf16
+    experts = 16 * 3 * spec.hidden_size * spec.moe_intermediate_size * spec.num_layers / 2
+    assert _memory_of_pp_rank(spec, p, tr, 1)["peak_phase"] == "in-backward"
+    assert grads(p, tr, 1) == pytest.approx(experts * 2, rel=0.01)
+    sharded = dims("fsdp2", dp=16, pp=2, ep=8, pp_schedule="1F1B", activation_checkpointing=True)
+    for other, training, rank in ((p, tr, 0), (p, dataclasses.replace(tr, pp_microbatches=1), 1), (sharded, tr, 1)):
+        out = _memory_of_pp_rank(spec, other, training, rank)
+        assert out["peak_phase"] != "in-backward" or out["grads"] == 0
 
 
 def test_megatron_fsdp_prefetch_window_and_reduce_queue():

@@ -45,6 +45,9 @@ class Implementation:
     keeps_own_forward: bool = False  # _pp_keep_self_forward: its forward is kept under PP
     returns_hidden_states: bool = False  # _pp_return_hidden_states_supported
     logits_to_keep: bool = True  # its forward takes logits_to_keep
+    # it mixes in MoEFSDPSyncMixin: AutoModel's hooks that turn FSDP's gradient sync off on its inner units
+    # (moe/fsdp_mixin.py), without PP where backend.enable_fsdp_optimizations asks, and in its patched pipeline backward
+    moe_sync_mixin: bool = False
     sidecar: str | None = None  # its own parallelizer class (Gemma4ModelParallelizer, ...)
 
     @property
@@ -125,6 +128,7 @@ def implementations() -> dict[str, Implementation]:
             keeps_own_forward=row["keeps_own_forward"],
             returns_hidden_states=row["returns_hidden_states"],
             logits_to_keep=row["logits_to_keep"],
+            moe_sync_mixin=row["moe_sync_mixin"],
             sidecar=row["sidecar"],
             **_EXTRA.get(arch, {}),
         )

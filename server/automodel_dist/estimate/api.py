@@ -16,6 +16,7 @@ from ..config.values import clip, is_positive_int
 from ..dims import ParallelDims
 from ..report import ConfigError
 from ..request import ConfigInput, Request, RequestFields
+from ..rules.fallbacks import masked_ce_instead
 from ..workload import read_workload, unsized_entry
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
@@ -320,6 +321,14 @@ def estimate_memory(
         pp_microbatches=n_mb,
         compile_layers=ctx.block.get("enable_compile") is True,
         teacher=teacher,
+        masked_ce_instead=masked_ce_instead(
+            workload.loss,
+            ctx.kind.recipe,
+            spec.architecture,
+            workload.force_hf,
+            p.pp,
+            ctx.block.get("pipeline"),
+        ),
     )
     tr = terms.training
     if tr.vlm_step and workload.text_only_data is None:

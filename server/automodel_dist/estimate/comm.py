@@ -21,7 +21,7 @@ from ..catalog.gpus import GPU
 from ..catalog.kernels import LOCAL_DISPATCHERS, tp_splits_vocab
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, grad_reduce_bytes, microbatches
+from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, grad_reduce_bytes, grad_sync_deferred, microbatches
 from .peft import Lora
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
@@ -145,7 +145,7 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
         out["dp"] = _ar(p.dp, (g.dense + g.experts) * store)
     else:
         shard = p.dp_shard * p.cp if p.strategy == "fsdp2" else p.dp * p.cp
-        deferred = p.deferred_sync(mb_per_step)
+        deferred = grad_sync_deferred(p, tr, mb_per_step)
         if deferred and p.pp > 1:  # backward leaves blocks gathered: a forward after it finds them, until the end
             gathers = grad_acc * (n_mb + 1 if p.blocks_reshard else 1)  # ~ one gather per backward, + the first
         else:  # gathered in each forward, and again in backward when the forward resharded them

@@ -165,6 +165,8 @@ class Training:
     # model.backend.enable_fsdp_optimizations on AutoModel's own MoE class (its MoEFSDPSyncMixin): without PP every
     # backward but a step's last leaves its FSDP units gathered (reshard_after_backward off, moe/fsdp_mixin.py)
     fsdp_sync_mixin: bool = False
+    # AutoModel's class mixes in MoEFSDPSyncMixin (the capability table's moe_sync_mixin), enabled or not
+    moe_sync_class: bool = False
     liger: bool = True  # model.use_liger_kernel: AutoModel patches a Hugging Face class with Liger (not under TP/CP)
     attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
     attn_backend: str | None = None  # model.backend.attn (AutoModel's own classes; catalog/kernels.EAGER_UNLESS_TE)
@@ -936,6 +938,24 @@ def megatron_queued_layers(unit_elements: float, unit_params: float, units: int,
     return min(units, math.ceil(megatron_communication_unit(unit_params, zero_dp_strategy) / unit_elements))
 
 
+def grad_sync_deferred(p: ParallelDims, tr: Training, backward_passes: int) -> bool:
+    """Whether FSDP2 skips the gradient reduce-scatter on all but the last backward of a step, keeping the unsharded
+    gradients to the step's last backward. Where an FSDP module wraps the whole model part, AutoModel's
+    ``defer_fsdp_grad_sync`` decides (:meth:`ParallelDims.deferred_sync`). Where none does (the MoE parallelizer with
+    ``moe.wrap_outer_model: false``), train_ft's ``get_sync_ctx`` and torch's pipeline stage (a plain backward for a
+    module that is no FSDP module) leave every inner unit to reduce after each backward, and only the class's
+    MoEFSDPSyncMixin turns the sync off on them, whatever ``defer_fsdp_grad_sync`` says: without PP where
+    ``backend.enable_fsdp_optimizations`` asks (prepare_for_grad_accumulation), under PP wherever AutoModel patches
+    the stage's backward (enable_fsdp_optimizations, or defer_fsdp_grad_sync false: pipelining/functional.py,
+    moe/fsdp_mixin.py patched_backward_maybe_with_nosync). The dry run of nemotron_ultra_v3_squad (PP 4, neither
+    set) holds no unsharded gradient at its last rank's peak, in its last stage's fourth backward."""
+    if not p.model_part_unwrapped:
+        return p.deferred_sync(backward_passes)
+    if not (p.pp > 1 or backward_passes > 1) or not tr.moe_sync_class:
+        return False
+    return tr.fsdp_sync_mixin or (p.pp > 1 and not p.defer_fsdp_grad_sync)
+
+
 def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
     """Bytes of a gradient element in FSDP2's reduction: its mp_policy's reduce_dtype (AutoModel's default fp32; torch
     reduces in the parameter dtype where it is null, and in the parameters' own dtype without a policy). Deferred, the
@@ -1217,7 +1237,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         and not (p.strategy == "megatron_fsdp" and p.zero_dp_strategy < 3)
         and (p.world_size or 2) > 1
     )
-    deferred = sharded and p.deferred_sync(n_mb * grad_acc)
+    deferred = sharded and grad_sync_deferred(p, tr, n_mb * grad_acc)
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     # (MegatronFSDP's units are the decoder blocks alone: the embedding stays in its root's one bucket group)
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None and p.strategy != "megatron_fsdp"
@@ -1315,6 +1335,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # are plain .grad in the storage dtype from their layer's backward to the optimizer step, deferral or not.
     # (under PP the schedule's peak comes before most stages' backward: not counted there)
     plain_expert_grads = train_experts * store if p.ep > 1 and p.ep_shard == 1 and p.pp == 1 else 0.0
+    # ... except on the last stage, whose forwards and backwards alternate: at its last microbatch's backward, with
+    # the activations in flight as at its first, the earlier backwards have made its experts' gradients (the dry run
+    # of nemotron_ultra_v3_squad's last rank: its last stage's 14 expert gradients at the peak, in its fourth backward)
+    last_stage_expert_grads = 0.0
+    if p.ep > 1 and p.ep_shard == 1 and p.pp > 1 and g.last and n_mb > 1:
+        last_stage_expert_grads = train_experts / spr * store
     # (a pipeline schedule's own microbatches peak before their first backward: only its repeated steps count)
     accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
     if grad_acc > 1:
@@ -1383,7 +1409,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             (
                 "in-backward",
-                max(accumulated, plain_expert_grads),
+                max(accumulated, plain_expert_grads, last_stage_expert_grads),
                 mid_acts,
                 unsharded
                 + recompute * tokens

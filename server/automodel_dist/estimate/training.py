@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..catalog.implementations import builds_own_class
+from ..catalog.implementations import builds_own_class, implementation
 from ..catalog.kernels import EAGER_UNLESS_TE, EAGER_UNLESS_TILELANG, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, KIMI_IN_TOKEN_LIMIT, ImageGeometry, vlm_image
@@ -112,9 +112,11 @@ def training_for(
     pp_microbatches: int | None,
     compile_layers: bool = False,
     teacher: ModelSpec | None = None,
-    loss: str | None = None,
+    masked_ce_instead: str | None = None,
 ) -> WorkloadTerms:
-    """The ``Training`` of a recipe's workload (an empty workload: full fine-tuning with AutoModel's defaults)."""
+    """The ``Training`` of a recipe's workload (an empty workload: full fine-tuning with AutoModel's defaults).
+    ``masked_ce_instead`` is why AutoModel trains MaskedCrossEntropy in place of the recipe's fused linear cross
+    entropy (rules/fallbacks.py ``masked_ce_instead``), where it does."""
     prec = precision_of(w, precision)
     if prec not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {prec!r}")
@@ -129,7 +131,14 @@ def training_for(
         read.append(text)
     opt, opt_text = optimizer_of(w, optimizer)
     read.append(opt_text)
-    loss_name, upcast, loss_text = loss_of(w) if loss is None else (loss, True, f"loss {loss}")
+    loss_name, upcast, loss_text = loss_of(w)
+    if masked_ce_instead is not None:
+        # AutoModel builds it with its defaults (fp32_upcast on): train_ft._maybe_downgrade_loss_fn
+        loss_name, upcast = "MaskedCrossEntropy", True
+        loss_text = (
+            f"loss MaskedCrossEntropy in place of the recipe's {w.loss}: {masked_ce_instead}, so AutoModel falls "
+            "back to it (fp32 log-probabilities of the full vocabulary)"
+        )
     read.append(loss_text)
     hf_class = not builds_own_class(spec.architecture, w.force_hf)
     if runs_eager_attention(
@@ -175,6 +184,7 @@ def training_for(
         loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE,
         hf_class=hf_class,
         fsdp_sync_mixin=not hf_class and spec.is_moe and w.backend.get("enable_fsdp_optimizations") is True,
+        moe_sync_class=not hf_class and (impl := implementation(spec.architecture)) is not None and impl.moe_sync_mixin,
         liger=w.use_liger_kernel,
         attn_implementation=w.attn_implementation,
         attn_backend=w.attn_backend,

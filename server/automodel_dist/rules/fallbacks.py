@@ -5,6 +5,7 @@ that decides it; ``tests/oracle/test_oracle_parity.py`` checks the tables here a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from ..catalog.implementations import implementation, implementations
 from ..catalog.kernels import TP_HEAD_VIA_EMBEDDING, tp_splits_vocab
@@ -26,16 +27,21 @@ NO_LOGITS_TO_KEEP = frozenset(a for a, i in implementations().items() if i.custo
 VLM_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
 
 
-def _no_hidden_states(ctx: Context) -> str | None:
+def no_hidden_states(architecture: str | None, force_hf: bool, pipeline: Any) -> str | None:
     """Why the last pipeline stage returns no hidden states (train_ft._maybe_downgrade_loss_fn's condition), or
-    None when it does or the model is not known."""
-    pipe = ctx.block.get("pipeline")
-    if isinstance(pipe, dict) and pipe.get("patch_causal_lm_model") is False:
+    None when it does or the model is not known. ``pipeline`` is the block's ``pipeline:`` mapping, if any."""
+    if isinstance(pipeline, dict) and pipeline.get("patch_causal_lm_model") is False:
         return "distributed.pipeline.patch_causal_lm_model: false leaves the model's own forward in place"
-    m, w = ctx.model, read_workload(ctx.recipe)
-    if m is not None and not w.force_hf and m.architecture in KEEPS_OWN_PIPELINE_FORWARD:
-        return f"AutoModel's {m.architecture} keeps its own forward under pipeline parallelism"
+    if architecture is not None and not force_hf and architecture in KEEPS_OWN_PIPELINE_FORWARD:
+        return f"AutoModel's {architecture} keeps its own forward under pipeline parallelism"
     return None
+
+
+def _no_hidden_states(ctx: Context) -> str | None:
+    m = ctx.model
+    return no_hidden_states(
+        m.architecture if m is not None else None, read_workload(ctx.recipe).force_hf, ctx.block.get("pipeline")
+    )
 
 
 @rule(
@@ -196,26 +202,51 @@ def _kd_ratio(ctx: Context) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.5
 
 
-def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
+def no_logits_to_keep(
+    recipe: str | None, architecture: str | None, force_hf: bool, pp: int, pipeline: Any
+) -> str | None:
     """Why the module AutoModel probes for ``logits_to_keep`` has none (train_ft._maybe_downgrade_loss_fn on the
     first model part; vlm/finetune.py on the model, which under PP is the AutoPipeline), or None."""
-    recipe, m, w = ctx.kind.recipe, ctx.model, read_workload(ctx.recipe)
-    pp = ctx.dims.pp > 1
     if recipe in VLM_RECIPES:
-        if pp:
+        if pp > 1:
             return (
                 f"{recipe} asks the pipeline object (AutoPipeline, which has no forward) for logits_to_keep under "
                 "pipeline parallelism"
             )
     elif recipe is not None and recipe not in TRAIN_FT_RECIPES:
         return None  # the other recipes do not downgrade their loss
-    if m is None or w.force_hf or m.architecture not in NO_LOGITS_TO_KEEP:
+    if architecture is None or force_hf or architecture not in NO_LOGITS_TO_KEEP:
         return None
-    pipe = ctx.block.get("pipeline")
-    patched = pp and m.architecture not in KEEPS_OWN_PIPELINE_FORWARD
-    if patched and not (isinstance(pipe, dict) and pipe.get("patch_causal_lm_model") is False):
+    patched = pp > 1 and architecture not in KEEPS_OWN_PIPELINE_FORWARD
+    if patched and not (isinstance(pipeline, dict) and pipeline.get("patch_causal_lm_model") is False):
         return None  # the pipeline forward AutoModel puts in place takes logits_to_keep
-    return f"AutoModel's {m.architecture} forward takes no logits_to_keep"
+    return f"AutoModel's {architecture} forward takes no logits_to_keep"
+
+
+def masked_ce_instead(
+    loss: str | None, recipe: str | None, architecture: str | None, force_hf: bool, pp: int, pipeline: Any
+) -> str | None:
+    """Why AutoModel trains MaskedCrossEntropy where the recipe asks for FusedLinearCrossEntropy (its fallbacks:
+    ``linear-ce-no-logits-to-keep`` first, then ``pp-linear-ce-fallback``), or None. ChunkedCrossEntropy raises
+    there instead (an error those rules report)."""
+    if loss != "FusedLinearCrossEntropy":
+        return None
+    if (why := no_logits_to_keep(recipe, architecture, force_hf, pp, pipeline)) is not None:
+        return why
+    if pp > 1 and (recipe is None or recipe in TRAIN_FT_RECIPES):
+        return no_hidden_states(architecture, force_hf, pipeline)
+    return None
+
+
+def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
+    m = ctx.model
+    return no_logits_to_keep(
+        ctx.kind.recipe,
+        m.architecture if m is not None else None,
+        read_workload(ctx.recipe).force_hf,
+        ctx.dims.pp,
+        ctx.block.get("pipeline"),
+    )
 
 
 @rule(
@@ -313,4 +344,12 @@ def recipe_distributed_unsupported(ctx: Context) -> Iterator[Finding]:
         )
 
 
-__all__ = ["KEEPS_OWN_PIPELINE_FORWARD", "LINEAR_CE", "NO_LOGITS_TO_KEEP", "VLM_RECIPES"]
+__all__ = [
+    "KEEPS_OWN_PIPELINE_FORWARD",
+    "LINEAR_CE",
+    "NO_LOGITS_TO_KEEP",
+    "VLM_RECIPES",
+    "masked_ce_instead",
+    "no_hidden_states",
+    "no_logits_to_keep",
+]

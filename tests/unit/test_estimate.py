@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -208,6 +209,28 @@ def test_the_estimate_trains_what_automodel_trains_on_nemotron_ultras_pipeline()
     unsplit["distributed"].update(pp_size=1, pipeline=None)  # without PP the hidden states reach the loss
     unsplit["step_scheduler"]["global_batch_size"] = 1024
     assert not any("in place of" in r for r in estimate_memory(unsplit, world_size=256, seq_len=4096).workload)
+
+
+def test_suggest_sizes_each_candidate_with_the_loss_automodel_trains_for_it():
+    """A recipe with FusedLinearCrossEntropy on Nemotron-3 Ultra, whose class keeps its own forward under PP: every
+    pipeline candidate trains MaskedCrossEntropy (AutoModel's fallback), and suggest's figure for it is the estimate's
+    for the candidate's own recipe."""
+    recipe = {
+        "recipe": "TrainFinetuneRecipeForNextTokenPrediction",
+        "model": {"pretrained_model_name_or_path": "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"},
+        "distributed": {"strategy": "fsdp2", "pp_size": 4, "ep_size": 64, "activation_checkpointing": True},
+        "step_scheduler": {"global_batch_size": 256, "local_batch_size": 4},
+        "dataset": {"seq_length": 4096},
+        "loss_fn": {"_target_": "nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy"},
+    }
+    rep = suggest_strategy(config=recipe, nodes=32, gpus_per_node=8, top_k=8)
+    piped = [c for c in rep.candidates if c.distributed.get("pp_size", 1) > 1]
+    assert piped
+    for c in rep.candidates:
+        est = estimate_memory({**recipe, **yaml.safe_load(c.yaml)}, world_size=256)
+        assert c.memory_gib.total == pytest.approx(est.memory_gib.total, rel=1e-9)
+        fell_back = any("MaskedCrossEntropy in place of" in r for r in est.workload)
+        assert fell_back is (c.distributed.get("pp_size", 1) > 1)
 
 
 def test_the_last_stages_plain_expert_gradients_are_held_at_its_later_backwards():

@@ -46,6 +46,7 @@ from ..estimate.report import MemoryBreakdown
 from ..estimate.training import PRECISIONS, training_for
 from ..layout import StageError, ep_shard_size, virtual_stages
 from ..request import ConfigInput, ModelInput, Request, RequestFields
+from ..rules.fallbacks import masked_ce_instead
 from ..rules.helpers import divisors
 from ..rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from ..rules.parallelize import moe_tp_unplanned
@@ -292,13 +293,14 @@ def suggest_strategy(
     teacher: ModelSpec | None = None
     workload = Workload()
     given_lbs: int | None = None
+    recipe_kind: str | None = None
     if config is not None:
         d = _recipe_defaults(request, from_recipe)
         spec, recipe_block, model_source = d.spec, d.block, d.model_source
         nodes, gpus_per_node = d.request.cluster.nodes, d.request.cluster.gpus_per_node
         w = d.request.workload
         seq_len, global_batch_size, micro_batch_size = w.seq_len, w.global_batch_size, w.micro_batch_size
-        teacher, workload, given_lbs = d.teacher, d.workload, d.local_batch_size
+        teacher, workload, given_lbs, recipe_kind = d.teacher, d.workload, d.local_batch_size, d.recipe_kind
     elif request.lookup.model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
@@ -322,18 +324,27 @@ def suggest_strategy(
     if world > 1 << 20:
         raise ValueError(f"world size {world} is too large to search (limit {1 << 20})")
     gbs = global_batch_size or world * micro_batch_size
-    terms = training_for(
-        spec,
-        workload,
-        precision=precision,
-        optimizer=optimizer,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        global_batch_size=gbs,
-        pp_microbatches=None,
-        teacher=teacher,
-    )
+
+    def trains(pp: int) -> Any:
+        # the loss AutoModel trains for a candidate with this pp (its fallback to MaskedCrossEntropy; a candidate's
+        # pipeline: block is AutoModel's default, so the model's own class decides)
+        why = masked_ce_instead(workload.loss, recipe_kind, spec.architecture, workload.force_hf, pp, None)
+        return training_for(
+            spec,
+            workload,
+            precision=precision,
+            optimizer=optimizer,
+            seq_len=seq_len,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=gbs,
+            pp_microbatches=None,
+            teacher=teacher,
+            masked_ce_instead=why,
+        )
+
+    terms = trains(1)
     base_tr = terms.training
+    piped_tr = trains(2).training  # (the fallback depends on pp only through pp > 1)
     budget = cluster.gpu.memory_gib * (1 - headroom)
     scored: list[tuple[float, ParallelDims, MemoryBreakdown, Any]] = []
     oom: list[tuple[float, ParallelDims, MemoryBreakdown]] = []
@@ -341,14 +352,17 @@ def suggest_strategy(
     held: dict[ParallelDims, float] = {}  # layouts that fit only with defer_fsdp_grad_sync: false -> GiB it frees
     fits_without_ac: set[tuple] = set()
     searched = 0
-    trainings: dict[int | None, Training] = {}  # one per microbatch count (replace() is slow)
+    trainings: dict[tuple[bool, int | None], Training] = {}  # one per pp > 1 and microbatch count (replace() is slow)
     for p in _options(spec, world, gpn, seq_len, gbs, micro_batch_size, allow_activation_checkpointing, strategies):
         base_key = (p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)
         if p.activation_checkpointing and base_key in fits_without_ac:
             continue  # checkpointing only adds recompute once the layout already fits
         searched += 1
         n_mb = _microbatches(p, gbs, micro_batch_size, given_lbs)
-        tr = trainings.get(n_mb) or trainings.setdefault(n_mb, replace(base_tr, pp_microbatches=n_mb))
+        key = (p.pp > 1, n_mb)
+        tr = trainings.get(key) or trainings.setdefault(
+            key, replace(piped_tr if p.pp > 1 else base_tr, pp_microbatches=n_mb)
+        )
         mem, _, _ = evaluate(spec, p, tr, None)
         fits = mem.total <= budget
         if not p.activation_checkpointing:
@@ -425,7 +439,7 @@ def suggest_strategy(
                     comm,
                     cluster,
                     spec,
-                    base_tr,
+                    piped_tr if p.pp > 1 else base_tr,
                     no_ac.get((p.strategy, p.dp_replicate, p.tp, p.pp, p.cp, p.ep, p.pp_schedule)),
                     held.get(p),
                 )
@@ -505,6 +519,7 @@ class RecipeDefaults:
     local_batch_size: int | None
     teacher: ModelSpec | None
     workload: Workload
+    recipe_kind: str | None = None  # the recipe's class (its loss fallbacks depend on it)
 
 
 def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
@@ -560,6 +575,7 @@ def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
         lbs,
         teacher,
         read_workload(ctx.recipe),
+        ctx.kind.recipe,
     )
 
 

@@ -2024,3 +2024,38 @@ def test_deepseek_v4s_tilelang_kernels_run_as_stand_ins(tmp_path, cp):
     assert any("_Dsv4TileKernelsSinkhorn" in s for s in report.substitutions), report.substitutions
     assert report.estimate is not None, report.findings
     assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15
+
+
+@needs_automodel
+@pytest.mark.slow
+def test_automodels_patched_stage_backward_defers_the_moe_classes_gradient_sync():
+    """train_ft sets the pipeline's ``patch_stage_backward_maybe_with_nosync`` from
+    ``model.backend.enable_fsdp_optimizations``: AutoModel's patched stage backward then turns the sync off on a MoE
+    class's inner FSDP units (and keeps their blocks gathered) until the last backward, where torch's own stage runs
+    a plain backward on a model part that is no FSDP module (``moe.wrap_outer_model: false``) and every unit reduces
+    after each backward. The dry run does as AutoModel does either way (it had always run torch's), and the estimate
+    holds the deferred gradients exactly where it does (estimate/memory.py grad_sync_deferred)."""
+    recipe = (
+        "model:\n  backend:\n    attn: te\n    experts: torch_mm\n    dispatcher: torch\n"
+        "    enable_fsdp_optimizations: {efo}\n"
+        "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 8\n"
+        "distributed:\n  strategy: fsdp2\n  ep_size: 2\n  pp_size: 2\n  activation_checkpointing: true\n"
+        "  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n"
+        "  moe:\n    wrap_outer_model: false\n"
+    )
+    peaks, held = {}, {}
+    for efo in ("true", "false"):
+        report = dry_run(
+            recipe.format(efo=efo), seq_len=1024, world_size=4, model="Qwen/Qwen3-30B-A3B", num_layers=4, ranks=[2]
+        )
+        rank = _only(report)
+        assert rank.pp_stages == [1] and report.measured_microbatches == 4, (rank.pp_stages, report.notes)
+        assert report.estimate is not None, report.findings
+        peaks[efo], held[efo] = rank.peak.total, report.estimate["temporaries"]
+        assert abs(report.estimate["total"] - rank.peak.total) / rank.peak.total < 0.15, (efo, report.estimate)
+    # the last stage's two layers' non-expert parameters, unsharded in fp32 (attention and router, norms aside)
+    spec = lookup("Qwen/Qwen3-30B-A3B")
+    h, d = spec.hidden_size, spec.head_dim
+    dense = 2 * (h * d * (2 * spec.num_attention_heads + 2 * spec.num_key_value_heads) + h * spec.num_experts)
+    assert peaks["true"] - peaks["false"] >= dense * 4 / 2**30, peaks
+    assert held["true"] - held["false"] >= dense * 4 / 2**30, held  # the estimate's held gradients, where deferred

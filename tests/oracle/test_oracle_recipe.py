@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from automodel_dist import validate_config
 from automodel_dist.config import kinds, schema
 from automodel_dist.rules.checkpoint import CHECKED_BY_AUTOMODEL
-from automodel_dist.rules.fallbacks import KEEPS_OWN_PIPELINE_FORWARD, NO_LOGITS_TO_KEEP
+from automodel_dist.rules.fallbacks import KEEPS_OWN_PIPELINE_FORWARD, NO_LOGITS_TO_KEEP, masked_ce_instead
 from support import oracle
 
 pytestmark = pytest.mark.skipif(not oracle.AVAILABLE, reason="AutoModel oracle not installed")
@@ -241,6 +241,8 @@ PIPELINE_MODELS = [
     ("Qwen3ForCausalLM", "qwen3", {}, False),
     ("Qwen3MoeForCausalLM", "qwen3_moe", MOE_TINY, False),
     ("Qwen3MoeForCausalLM", "qwen3_moe", MOE_TINY, True),
+    # its own forward declares hidden-state outputs (_pp_return_hidden_states_supported), patched or not
+    ("MiMoV2FlashForCausalLM", "mimo_v2_flash", MOE_TINY, False),
 ]
 
 
@@ -264,6 +266,9 @@ def test_the_loss_trained_under_pipeline_parallelism_matches_automodel(arch, mod
     model |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "intermediate_size": 128, **config}
     report = validate_config(yaml.safe_dump(recipe), world_size=4, model=model)
     found = {f.rule: f for f in report.findings if f.rule == "pp-linear-ce-fallback"}
+    # the estimate trains what AutoModel trains (the condition both read: rules/fallbacks.py masked_ce_instead)
+    instead = masked_ce_instead(loss, LLM, arch, force_hf, 2, {"patch_causal_lm_model": patch})
+    assert (instead is not None) is (theirs == "MaskedCrossEntropy" != loss), (theirs, instead)
     if theirs == loss:
         assert not found, (theirs, found)
     elif theirs == "MaskedCrossEntropy":

@@ -105,8 +105,8 @@ def test_estimate_memory_api_on_a_real_recipe():
     assert eager.memory_gib.peak_phase == "in-backward"
     assert eager.memory_gib.grads == pytest.approx(eager.memory_gib.params, rel=1e-6)
     assert eager.memory_gib.tracked_peak == pytest.approx(19.0, rel=0.20)
-    for axis in ("dp_shard_cp", "ep_shard"):
-        assert eager.comm_bytes_per_step[axis] > 2 * est.comm_bytes_per_step[axis]
+    for axis in ("dp_shard_cp", "ep_shard"):  # (deferred, torch's stage reduces once a schedule step)
+        assert eager.comm_bytes_per_step[axis] > est.comm_bytes_per_step[axis]
 
 
 def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
@@ -150,10 +150,23 @@ def test_deferred_gradient_sync_is_held_only_when_automodel_defers_it():
         (False, False, False, False, 2, 1, False),  # no mixin: a plain backward either way
         (False, True, False, True, 1, 4, False),  # get_sync_ctx finds no FSDP module; no optimizations
         (False, True, True, False, 1, 4, True),  # prepare_for_grad_accumulation, whatever defer says
+        # the LLM KD recipe calls prepare_for_grad_accumulation only under PP (kd.py); a VLM class's decoder units
+        # hang under its text module, which the mixin's walk does not reach (_iter_fsdp_module_candidates)
+        pytest.param(False, True, True, True, 1, 4, False, id="kd-no-pp"),
+        pytest.param(False, True, True, True, 2, 1, True, id="kd-pp"),
+        pytest.param(False, True, True, True, 1, 4, False, id="vlm"),
+        pytest.param(True, True, True, True, 1, 4, True, id="vlm-outer-wrapped"),
     ],
 )
 def test_gradient_sync_deferral_follows_whichever_module_automodel_makes_the_fsdp_root(
-    wrap_outer: bool, sync_class: bool, optimizations: bool, defer: bool, pp: int, passes: int, deferred: bool
+    request: pytest.FixtureRequest,
+    wrap_outer: bool,
+    sync_class: bool,
+    optimizations: bool,
+    defer: bool,
+    pp: int,
+    passes: int,
+    deferred: bool,
 ) -> None:
     """AutoModel 0.7.0's paths that turn FSDP2's gradient sync off (distributed/utils.get_sync_ctx,
     moe/fsdp_mixin.py prepare_for_grad_accumulation and patched_backward_maybe_with_nosync, pipelining/functional.py
@@ -161,7 +174,13 @@ def test_gradient_sync_deferral_follows_whichever_module_automodel_makes_the_fsd
     p = dims(
         "fsdp2", dp=8, ep=8, pp=pp, moe_wrap_outer_model=wrap_outer, defer_fsdp_grad_sync=defer, pp_schedule="1F1B"
     )
-    tr = Training(moe_sync_class=sync_class, fsdp_sync_mixin=sync_class and optimizations)
+    case = request.node.callspec.id
+    tr = Training(
+        moe_sync_class=sync_class,
+        fsdp_sync_mixin=sync_class and optimizations,
+        teacher=lookup("Qwen/Qwen3-30B-A3B") if case.startswith("kd") else None,
+        vlm_step=case.startswith("vlm"),
+    )
     assert grad_sync_deferred(p, tr, passes) is deferred
     assert not grad_sync_deferred(dims("ddp", dp=8), tr, 4)
 

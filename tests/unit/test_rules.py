@@ -2052,3 +2052,29 @@ def test_a_linear_cross_entropy_under_pp_is_flagged_on_the_last_stages_group():
     )
     (f,) = [f for f in validate_config(text, world_size=4).findings if f.rule == "linear-ce-tp-head"]
     assert "(data parallel x CP, 1 ranks)" in f.message and "the last pipeline stage's first loss" in f.message
+
+
+def test_the_loss_fallback_condition_covers_every_loss_automodel_replaces():
+    """train_ft._maybe_downgrade_loss_fn: without logits_to_keep any loss but MaskedCrossEntropy is replaced
+    (TEParallelCrossEntropy too); under PP a linear cross entropy (FusedLinearCrossEntropy and its Gemma-4 TP
+    subclass) where the last stage returns no hidden states, which a class's own forward may declare it does
+    (MiMo-V2-Flash) even with patch_causal_lm_model false; ChunkedCrossEntropy raises instead."""
+    from automodel_dist.rules.fallbacks import KEEPS_OWN_PIPELINE_FORWARD, NO_LOGITS_TO_KEEP, masked_ce_instead
+    from automodel_dist.workload import GEMMA4_TP_LINEAR_CE
+
+    ft = "TrainFinetuneRecipeForNextTokenPrediction"
+    no_keep = sorted(NO_LOGITS_TO_KEEP)[0]
+    own = sorted(KEEPS_OWN_PIPELINE_FORWARD)[0]
+    unpatched = {"patch_causal_lm_model": False}
+    assert masked_ce_instead("TEParallelCrossEntropy", ft, no_keep, False, 1, None)
+    assert masked_ce_instead("MaskedCrossEntropy", ft, no_keep, False, 1, None) is None
+    assert masked_ce_instead("ChunkedCrossEntropy", ft, no_keep, False, 1, None) is None  # (it raises: an error)
+    assert masked_ce_instead(GEMMA4_TP_LINEAR_CE, ft, own, False, 2, None)
+    assert masked_ce_instead("TEParallelCrossEntropy", ft, own, False, 2, None) is None  # not a linear CE
+    assert masked_ce_instead("FusedLinearCrossEntropy", ft, "MiMoV2FlashForCausalLM", False, 2, unpatched) is None
+    assert masked_ce_instead("FusedLinearCrossEntropy", ft, "MiMoV2FlashForCausalLM", True, 2, unpatched)
+    assert masked_ce_instead("FusedLinearCrossEntropy", ft, "LlamaForCausalLM", False, 2, unpatched)
+    assert masked_ce_instead("FusedLinearCrossEntropy", ft, "LlamaForCausalLM", False, 2, None) is None
+    vlm = "FinetuneRecipeForVLM"  # under PP it asks the AutoPipeline object, which has no forward
+    assert masked_ce_instead("FusedLinearCrossEntropy", vlm, "Qwen3VLForConditionalGeneration", False, 2, None)
+    assert masked_ce_instead("FusedLinearCrossEntropy", vlm, "Qwen3VLForConditionalGeneration", False, 1, None) is None

@@ -508,3 +508,40 @@ def test_a_recipes_model_config_fields_are_the_models():
     assert note.severity == "info" and "num_hidden_layers: 8, num_nextn_predict_layers: 0" in note.message
     plain = {**recipe, "model": {"config": {**config, "num_hidden_layers": 43, "num_nextn_predict_layers": 1}}}
     assert analyze(Request.of(plain, world_size=16)).context.model == lookup(flash)
+
+
+@pytest.mark.parametrize(
+    "efo,wrap_outer,world,gbs,steps",
+    [
+        (True, False, 32, 128, 2),  # the MoE class's patched stage backward holds across schedule steps
+        (True, False, 32, 64, 1),  # one schedule step an optimizer step: nothing to carry
+        (False, False, 32, 128, 1),  # torch's plain backward: every unit reduces after each backward
+        (True, True, 32, 128, 1),  # an FSDP module wraps the model part: each schedule step reduces at its end
+        (True, True, 16, 64, 2),  # ... but routed experts outside FSDP (ep_shard 1) keep their plain .grad
+    ],
+)
+def test_the_dry_run_runs_a_second_schedule_step_where_the_first_leaves_gradients_held(
+    efo, wrap_outer, world, gbs, steps
+):
+    """Under PP AutoModel's patched stage backward (backend.enable_fsdp_optimizations) on its MoE class, under a model
+    part that is no FSDP module, reduces and reshards only at the optimizer step's last schedule step
+    (get_is_optim_step), and routed experts outside FSDP keep their plain gradients to the optimizer step: the second
+    schedule step starts with what the first left. The dry run then runs two (the corpus's GLM-5 PP recipe: 57.3 GiB
+    in one, 80.4 in the second)."""
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    recipe = {
+        "model": {"pretrained_model_name_or_path": "Qwen/Qwen3-30B-A3B", "backend": {"enable_fsdp_optimizations": efo}},
+        "distributed": {
+            "strategy": "fsdp2",
+            "pp_size": 2,
+            "ep_size": 8,
+            "pipeline": {"pp_schedule": "1f1b", "pp_microbatch_size": 1},
+            "moe": {"wrap_outer_model": wrap_outer},
+        },
+        "step_scheduler": {"local_batch_size": 4, "global_batch_size": gbs},
+    }
+    plan = plan_dry_run(Request.of(recipe, world_size=world))  # 4 sequences a rank a schedule step
+    assert plan.specs and {s.schedule_steps for s in plan.specs} == {steps}
+    assert any("ran 2" in n and "schedule steps" in n for n in plan.notes) is (steps == 2)

@@ -16,7 +16,8 @@ from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
 from ..estimate.api import check_positive_ints, model_of, resolved_model
-from ..estimate.memory import peak_candidate_pp_ranks
+from ..estimate.memory import carries_across_schedule_steps, holds_across_schedule_steps, peak_candidate_pp_ranks
+from ..estimate.training import training_for
 from ..media import (
     FAKE_IMAGE_PX,
     GEMMA4_SOFT_TOKENS,
@@ -127,6 +128,7 @@ def plan_dry_run(
         assumed.append(f"seq_len {DEFAULT_SEQ_LEN} (neither passed nor in the recipe: memory grows with it)")
     seq = seq_len or (w.seq_len[0] if w.seq_len else DEFAULT_SEQ_LEN)
     dp = d.dp or 1
+    run_steps = 1
     if d.pp > 1:
         mbs = micro_batch_size or d.pp_microbatch_size or 1
         lbs = w.local_batch_size[0] if w.local_batch_size else 2 * d.pp * mbs
@@ -136,12 +138,37 @@ def plan_dry_run(
         gbs = global_batch_size or (w.global_batch_size[0] if w.global_batch_size else lbs * dp)
         # Every schedule but GPipe / LoopedBFS reaches its steady in-flight count within 2 x pp microbatches.
         measured = n_mb if d.pp_schedule in ("GPipe", "LoopedBFS") else min(n_mb, 2 * d.pp * d.stages_per_rank)
-        microbatches = n_mb * max(1, gbs // (lbs * dp))
+        schedule_steps = max(1, gbs // (lbs * dp))
+        microbatches = n_mb * schedule_steps
+        tr = training_for(
+            spec,
+            w,
+            precision=None,
+            optimizer=None,
+            seq_len=seq,
+            micro_batch_size=mbs,
+            global_batch_size=gbs,
+            pp_microbatches=n_mb,
+        ).training
+        if schedule_steps > 1 and carries_across_schedule_steps(d, tr):
+            run_steps = 2
+            why = (
+                "AutoModel's patched stage backward on its MoE class (a model part that is no FSDP module, "
+                "moe.wrap_outer_model false) keeps every unit's unsharded gradients and gathered blocks until the "
+                "optimizer step's last schedule step"
+                if holds_across_schedule_steps(d, tr)
+                else "the routed experts outside FSDP (a one-rank ep_shard mesh) keep their plain gradients to the "
+                "optimizer step"
+            )
+            notes.append(
+                f"{schedule_steps} pipeline schedule steps per optimizer step; the dry run ran 2: {why}, so the "
+                "second runs with what the first left, the most any later one holds"
+            )
         if measured < n_mb:
             notes.append(
                 f"the pipeline schedule ran {measured} of the step's {n_mb} microbatches per rank: "
-                f"{d.pp_schedule} holds at most that many in flight, so the peak is the step's (the held "
-                "FSDP gradients included: every pipeline backward defers the gradient sync)"
+                f"{d.pp_schedule} holds at most that many in flight, so the peak is the step's (the FSDP "
+                "gradients a deferred sync holds included)"
             )
     else:
         mbs = micro_batch_size or (w.local_batch_size[0] if w.local_batch_size else 1)
@@ -569,6 +596,7 @@ def plan_dry_run(
                 local_batch_size=measured * mbs if d.pp > 1 else mbs,
                 microbatches=measured,
                 seq_len=seq,
+                schedule_steps=run_steps,
                 builds=builds,
                 depth=depth,
                 media=media,

@@ -345,7 +345,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 parts, optimizers, media=spec.media is not None, state_dtype=spec.recipe.optimizer["state_dtype"]
             )
         vocab = text_config.vocab_size
-        shapes = step.batch_shapes(pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq)
+        shapes = step.batch_shapes(
+            pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq, spec.schedule_steps
+        )
         if spec.recipe.thd_dsa_batches:
             # a THD batch's packs fill the stream (one document each): AutoModel's padding mask reads the stream's
             # end, its packs' total length

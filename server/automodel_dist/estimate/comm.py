@@ -21,7 +21,16 @@ from ..catalog.gpus import GPU
 from ..catalog.kernels import LOCAL_DISPATCHERS, tp_splits_vocab
 from ..catalog.models import ModelSpec
 from ..dims import ParallelDims
-from .memory import DTYPE_BYTES, Training, _groups_of, _rank_groups, grad_reduce_bytes, grad_sync_deferred, microbatches
+from .memory import (
+    DTYPE_BYTES,
+    Training,
+    _groups_of,
+    _rank_groups,
+    grad_reduce_bytes,
+    grad_sync_deferred,
+    holds_across_schedule_steps,
+    microbatches,
+)
 from .peft import Lora
 
 COLLECTIVE_EFFICIENCY = 0.75  # achieved bus bandwidth / link bandwidth
@@ -150,7 +159,14 @@ def estimate_comm(m: ModelSpec, p: ParallelDims, tr: Training, cluster: Cluster)
             gathers = grad_acc * (n_mb + 1 if p.blocks_reshard else 1)  # ~ one gather per backward, + the first
         else:  # gathered in each forward, and again in backward when the forward resharded them
             gathers = mb_per_step * (2 if p.blocks_reshard else 1)
-        reduces = 1 if deferred or p.strategy != "fsdp2" else mb_per_step
+        if p.strategy != "fsdp2":
+            reduces = 1
+        elif not deferred:
+            reduces = mb_per_step
+        elif p.pp > 1 and not holds_across_schedule_steps(p, tr):
+            reduces = grad_acc  # torch's stage reduces at each schedule step's last backward
+        else:
+            reduces = 1  # one reduce-scatter at the optimizer step's last backward
         dense = g.dense
         key = "dp_shard_cp" if p.strategy == "fsdp2" else "dp_cp"
         out[key] = _ag(shard, dense * comp) * gathers + _ag(shard, dense * reduce) * reduces

@@ -951,9 +951,36 @@ def grad_sync_deferred(p: ParallelDims, tr: Training, backward_passes: int) -> b
     set) holds no unsharded gradient at its last rank's peak, in its last stage's fourth backward."""
     if not p.model_part_unwrapped:
         return p.deferred_sync(backward_passes)
-    if not (p.pp > 1 or backward_passes > 1) or not tr.moe_sync_class:
+    if not (p.pp > 1 or backward_passes > 1) or not tr.moe_sync_class or tr.vlm_step:
+        # (a VLM class's decoder units hang under its text module, the FSDP root there, which the mixin's walk does
+        # not reach: moe/fsdp_mixin.py _iter_fsdp_module_candidates looks at the model part's .model only)
         return False
-    return tr.fsdp_sync_mixin or (p.pp > 1 and not p.defer_fsdp_grad_sync)
+    if p.pp > 1:
+        return tr.fsdp_sync_mixin or not p.defer_fsdp_grad_sync
+    return tr.fsdp_sync_mixin and prepares_accumulation(tr)
+
+
+def holds_across_schedule_steps(p: ParallelDims, tr: Training) -> bool:
+    """Whether a pipeline rank's FSDP units keep their unsharded gradients, and stay gathered, from one schedule step
+    to the next until the optimizer step's last: AutoModel's patched stage backward on its MoE class under a model
+    part that is no FSDP module reduces and reshards only where ``get_is_optim_step()`` (set by
+    ``prepare_for_final_backward`` before the step's last batch, training/utils.py); torch's own stage does so at
+    each schedule step's last backward."""
+    return p.pp > 1 and p.model_part_unwrapped and grad_sync_deferred(p, tr, 2)
+
+
+def carries_across_schedule_steps(p: ParallelDims, tr: Training) -> bool:
+    """Whether a pipeline rank's second schedule step of an optimizer step starts with gradients the first left: the
+    units the MoE sync mixin holds (:func:`holds_across_schedule_steps`), or routed experts outside FSDP (a one-rank
+    ``ep_shard`` mesh), whose plain ``.grad`` lives to the optimizer step."""
+    return p.pp > 1 and (holds_across_schedule_steps(p, tr) or (p.ep > 1 and p.ep_shard == 1))
+
+
+def prepares_accumulation(tr: Training) -> bool:
+    """Whether the recipe's step without PP calls the MoE sync mixin's ``prepare_for_grad_accumulation`` (train_ft,
+    the benchmark, the VLM recipes, the dLLM recipe): the LLM knowledge-distillation recipe does only under PP
+    (kd.py), and the retrieval recipes never."""
+    return tr.teacher is None or tr.vlm_step
 
 
 def grad_reduce_bytes(p: ParallelDims, store: int) -> float:
@@ -1298,7 +1325,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # AutoModel's default policy: grad_reduce_bytes), held from the first backward of a step to the last one's
     # reduce-scatter.
     held = train_dense + (train_experts if p.ep_shard > 1 else 0.0)
-    if p.pp > 1 and spr > 1 and n_mb <= p.pp:
+    # (with several schedule steps a step, unless each step reduces, every stage holds them from the first step on)
+    if p.pp > 1 and spr > 1 and n_mb <= p.pp and not (grad_acc > 1 and holds_across_schedule_steps(p, tr)):
         # torch's schedule reduces each stage's gradients right after that stage's last microbatch's backward; with
         # every microbatch in one round of the interleaved schedule, the stages finish one after another, so about
         # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
@@ -1333,13 +1361,16 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # optimizer step (recipes/llm/train_ft.py)
     # Routed experts on a one-rank ep_shard mesh are outside FSDP (moe/parallelizer.py ignores them): their gradients
     # are plain .grad in the storage dtype from their layer's backward to the optimizer step, deferral or not.
-    # (under PP the schedule's peak comes before most stages' backward: not counted there)
-    plain_expert_grads = train_experts * store if p.ep > 1 and p.ep_shard == 1 and p.pp == 1 else 0.0
-    # ... except on the last stage, whose forwards and backwards alternate: at its last microbatch's backward, with
-    # the activations in flight as at its first, the earlier backwards have made its experts' gradients (the dry run
-    # of nemotron_ultra_v3_squad's last rank: its last stage's 14 expert gradients at the peak, in its fourth backward)
+    # Under PP a schedule step's peak comes before most stages' backward, so within one step they are not counted
+    # there, but from a step's second schedule step on every one of them is (gradient accumulation)...
+    plain = p.ep > 1 and p.ep_shard == 1
+    plain_expert_grads = train_experts * store if plain and (p.pp == 1 or grad_acc > 1) else 0.0
+    # ... and on the last stage, whose forwards and backwards alternate, from its second backward on, where the
+    # activations in flight are as at its first: its own experts' (the dry run of nemotron_ultra_v3_squad's last
+    # rank: its last stage's 14 expert gradients at the peak, in its fourth backward; minimax_m2.1_hellaswag_pp's
+    # last rank, all 6.6 GiB of its one stage's)
     last_stage_expert_grads = 0.0
-    if p.ep > 1 and p.ep_shard == 1 and p.pp > 1 and g.last and n_mb > 1:
+    if plain and p.pp > 1 and g.last and n_mb > 1:
         last_stage_expert_grads = train_experts / spr * store
     # (a pipeline schedule's own microbatches peak before their first backward: only its repeated steps count)
     accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
@@ -1353,11 +1384,19 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         upcast = 0.0 if fp32_logits else 4.0 * vocab / head_tp * tokens
         head_backward = upcast + (4.0 * g.lm_head if lora is None else 0.0)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
-    phases.append(("start-of-backward", accumulated, acts, unsharded + loss_temp + head_backward + p2p + held_grads))
+    phases.append(
+        (
+            "start-of-backward",
+            max(accumulated, last_stage_expert_grads),
+            acts,
+            unsharded + loss_temp + head_backward + p2p + held_grads,
+        )
+    )
     if (
         sharded
         and p.strategy == "fsdp2"
         and tr.fsdp_sync_mixin
+        and prepares_accumulation(tr)
         and p.pp == 1
         and n_mb * grad_acc > 1
         and not keep_blocks

@@ -181,7 +181,7 @@ def training_for(
         lora=lora,
         loss=loss_name,
         fp32_upcast=upcast,
-        loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE,
+        loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE and masked_ce_instead is None,
         hf_class=hf_class,
         fsdp_sync_mixin=not hf_class and spec.is_moe and w.backend.get("enable_fsdp_optimizations") is True,
         moe_sync_class=not hf_class and (impl := implementation(spec.architecture)) is not None and impl.moe_sync_mixin,

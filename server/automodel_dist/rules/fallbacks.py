@@ -11,7 +11,7 @@ from ..catalog.implementations import implementation, implementations
 from ..catalog.kernels import TP_HEAD_VIA_EMBEDDING, tp_splits_vocab
 from ..config.kinds import DIFFUSION_LM_RECIPES, KD_RECIPES, TRAIN_FT_RECIPES
 from ..report import Finding
-from ..workload import read_workload
+from ..workload import GEMMA4_TP_LINEAR_CE, read_workload
 from .base import Context, finding, rule
 
 F = "fallback"
@@ -31,6 +31,9 @@ def no_hidden_states(architecture: str | None, force_hf: bool, pipeline: Any) ->
     """Why the last pipeline stage returns no hidden states (train_ft._maybe_downgrade_loss_fn's condition), or
     None when it does or the model is not known. ``pipeline`` is the block's ``pipeline:`` mapping, if any."""
     if isinstance(pipeline, dict) and pipeline.get("patch_causal_lm_model") is False:
+        impl = implementation(architecture) if architecture is not None and not force_hf else None
+        if impl is not None and impl.custom and impl.returns_hidden_states:
+            return None  # its own forward declares hidden-state outputs (_pp_return_hidden_states_supported)
         return "distributed.pipeline.patch_causal_lm_model: false leaves the model's own forward in place"
     if architecture is not None and not force_hf and architecture in KEEPS_OWN_PIPELINE_FORWARD:
         return f"AutoModel's {architecture} keeps its own forward under pipeline parallelism"
@@ -226,14 +229,17 @@ def no_logits_to_keep(
 def masked_ce_instead(
     loss: str | None, recipe: str | None, architecture: str | None, force_hf: bool, pp: int, pipeline: Any
 ) -> str | None:
-    """Why AutoModel trains MaskedCrossEntropy where the recipe asks for FusedLinearCrossEntropy (its fallbacks:
-    ``linear-ce-no-logits-to-keep`` first, then ``pp-linear-ce-fallback``), or None. ChunkedCrossEntropy raises
-    there instead (an error those rules report)."""
-    if loss != "FusedLinearCrossEntropy":
+    """Why AutoModel trains MaskedCrossEntropy in place of the recipe's loss (train_ft._maybe_downgrade_loss_fn,
+    vlm/finetune.py), or None: any other loss where the probed forward takes no ``logits_to_keep``
+    (``linear-ce-no-logits-to-keep``), then a linear cross entropy (FusedLinearCrossEntropy and its subclasses) where
+    the last pipeline stage returns no hidden states (``pp-linear-ce-fallback``). ChunkedCrossEntropy raises there
+    instead (an error those rules report)."""
+    if loss in (None, "MaskedCrossEntropy", "ChunkedCrossEntropy"):
         return None
     if (why := no_logits_to_keep(recipe, architecture, force_hf, pp, pipeline)) is not None:
         return why
-    if pp > 1 and (recipe is None or recipe in TRAIN_FT_RECIPES):
+    linear = loss in ("FusedLinearCrossEntropy", GEMMA4_TP_LINEAR_CE)
+    if linear and pp > 1 and (recipe is None or recipe in TRAIN_FT_RECIPES):
         return no_hidden_states(architecture, force_hf, pipeline)
     return None
 

@@ -150,6 +150,10 @@ def build(
         pc = dist_setup.pipeline_config
         pc.pp_batch_size = local_batch_size
         pc.loss_fn = loss_fn
+        # AutoModel's patched stage backward (moe/fsdp_mixin.py patched_backward_maybe_with_nosync): its MoE classes'
+        # units then skip the gradient sync and keep their blocks gathered until the last backward, where torch's own
+        # stage runs a plain backward on a model part that is no FSDP module (moe.wrap_outer_model: false)
+        pc.patch_stage_backward_maybe_with_nosync = bool((recipe.backend or {}).get("enable_fsdp_optimizations", False))
         if pc.pp_seq_len is None:
             pc.pp_seq_len = seq_len
     peft = None
@@ -735,11 +739,13 @@ def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool
         states_to(optimizers, state_dtype)
 
 
-def batch_shapes(pp: bool, micro_batch_size: int, local_batch_size: int, microbatches: int, seq_len: int) -> list[Any]:
-    """The measured step's batches: under PP one batch of the rank's local batch (the schedule splits it), else
-    ``microbatches`` micro batches."""
+def batch_shapes(
+    pp: bool, micro_batch_size: int, local_batch_size: int, microbatches: int, seq_len: int, schedule_steps: int = 1
+) -> list[Any]:
+    """The measured step's batches: under PP ``schedule_steps`` batches of the rank's local batch (the schedule splits
+    each), else ``microbatches`` micro batches."""
     if pp:
-        return [(local_batch_size, seq_len)]
+        return [(local_batch_size, seq_len)] * schedule_steps
     return [(micro_batch_size, seq_len)] * microbatches
 
 

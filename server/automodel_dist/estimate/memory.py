@@ -1276,7 +1276,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         root_held += (0.0 if vision_trains else g.towers) + (0.0 if audio_trains else g.audio)
     # torch lowers a multi-stage pipeline schedule (interleaved, V) with explicit UNSHARD / RESHARD of whole stages,
     # keeping at most MAX_ACTIVE_STAGES of a rank's stages gathered (schedules._add_unshard_reshard)
-    active = min(spr, MAX_ACTIVE_STAGES) if p.pp > 1 else 1
+    # (with a model part that is no FSDP module those actions do nothing: torch's runtime issues them only for an
+    # FSDPModule stage, schedules.py _PipelineScheduleRuntime, so every stage that has run keeps what FSDP's own
+    # hooks leave gathered: the dry run of glm_5_hellaswag_pp, 9 stages a rank, 80.4 GiB, 78 counted so, 73 with 3)
+    active = (spr if p.model_part_unwrapped else min(spr, MAX_ACTIVE_STAGES)) if p.pp > 1 else 1
     kept = active / spr if p.pp > 1 else 1.0
     # Under PP with deferred sync torch's stage runs its backwards with reshard_after_backward off, so a stage's blocks
     # stay gathered from its backward on. A multi-stage schedule's UNSHARD gathers a stage whole before it runs and
@@ -1290,7 +1293,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # than the schedule keeps active, so that its UNSHARD gathers evicted stages anew.
     multi_stage = p.pp > 1 and spr > 1
     forward_reshards = keep_blocks and p.blocks_reshard and p.pp > 1 and not multi_stage
-    whole_stages = (keep_blocks and not forward_reshards) or (multi_stage and spr > MAX_ACTIVE_STAGES)
+    whole_stages = (keep_blocks and not forward_reshards) or (
+        multi_stage and spr > MAX_ACTIVE_STAGES and not p.model_part_unwrapped
+    )
     megatron = sharded and mfsdp
     # MegatronFSDP sizes its prefetch and its reduce-scatter queue from a block's parameters counted whole and fills
     # them with its local buckets (TP splits a block's matrices; its norms, replicated, are a rounding error here)
@@ -1350,8 +1355,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # (pipelining/recv_buffer_pool._ring_size), the other microbatches' buffers aliases of it
             per_direction = max(2, min(n_mb, p.pp - pp_rank + p.recv_pool_slack))
         buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
-        p2p = buffers * per_direction * tokens * m.hidden_size * comp
-        edge = (int(g.first) - int(g.last)) * tokens * m.hidden_size * comp  # per in-flight microbatch
+        # what crosses a stage boundary: the hidden states, DeepSeek-V4's hc_mult streams of them (its
+        # get_pipeline_stage_metas; the dry run of its Pro recipe's last rank: 39 receive buffers [1, 4096, 4, 7168])
+        boundary = m.hidden_size * max(1, m.hc_mult)
+        p2p = buffers * per_direction * tokens * boundary * comp
+        edge = (int(g.first) - int(g.last)) * tokens * boundary * comp  # per in-flight microbatch
         acts += edge * inflight
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher

@@ -217,7 +217,7 @@ def test_the_estimate_trains_what_automodel_trains_on_nemotron_ultras_pipeline()
     est = estimate_memory(recipe, world_size=256, seq_len=4096)
     assert est.memory_gib.deferred_grads == 0
     assert any("MaskedCrossEntropy in place of the recipe's FusedLinearCrossEntropy" in r for r in est.workload)
-    assert est.memory_gib.tracked_peak == pytest.approx(54.31, rel=0.15)  # the dry run's rank 192
+    assert est.memory_gib.tracked_peak == pytest.approx(54.31, rel=0.07)  # the dry run's rank 192 (-4.7%)
     patched = json.loads(json.dumps(recipe))
     patched["model"]["backend"]["enable_fsdp_optimizations"] = True  # the mixin's patched stage backward defers
     assert estimate_memory(patched, world_size=256, seq_len=4096).memory_gib.deferred_grads > 10

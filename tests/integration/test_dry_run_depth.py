@@ -367,12 +367,19 @@ def _config(tmp_path, name: str, layers: int) -> str:
             "distributed:\n  pp_size: 2\n  pipeline:\n    pp_schedule: 1f1b\n    pp_microbatch_size: 1\n",
             4,
             id="pp2-1f1b",
-            marks=pytest.mark.slow,
+            # at 12 layers (6 a stage) every rank was built whole since its builds would run 3 + 4 layers, so this
+            # case compared a whole build with itself; at 16 the extrapolated total is 4% under the whole build's
+            # (6.35 against 6.62 GiB): not traced
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.xfail(strict=True, reason="PP 2 extrapolation 4% under the whole build (not traced)"),
+            ],
         ),
     ],
 )
 def test_extrapolated_figures_equal_the_full_build(tmp_path, text, world):
-    model = _config(tmp_path, "meta-llama/Llama-3.2-1B", 12)
+    # (under PP 2, 16 layers: 8 a stage, more than the two builds' 3 + 4, which a rank built whole would not be)
+    model = _config(tmp_path, "meta-llama/Llama-3.2-1B", 16 if "pp_size" in text else 12)
     kw = dict(world_size=world, model=model, seq_len=256, micro_batch_size=2 if "pp_size" not in text else None)
     shallow = dry_run(text + "step_scheduler:\n  local_batch_size: 2\n", **kw)
     full = dry_run(text + "step_scheduler:\n  local_batch_size: 2\n", full_depth=True, **kw)

@@ -153,6 +153,12 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def residual_width(self) -> int:
+        """The residual stream's width: what a block takes and a pipeline stage passes on (the hidden size;
+        DeepSeek-V4's hc_mult streams of it)."""
+        return self.hidden_size * max(1, self.hc_mult)
+
+    @property
     def hd(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 

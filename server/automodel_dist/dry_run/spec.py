@@ -51,8 +51,8 @@ class DryRunSpec(BaseModel):
     local_batch_size: int
     microbatches: int
     seq_len: int
-    # pipeline schedule steps run (each of ``local_batch_size``): 2 where the units hold their gradients from one to
-    # the next (estimate/memory.py holds_across_schedule_steps), so the second runs with what the first left
+    # pipeline schedule steps run (each of ``local_batch_size``): 2 where gradients carry from one to the next
+    # (estimate/memory.py carries_across_schedule_steps), so the second runs with what the first left
     schedule_steps: int = 1
     builds: tuple[Build, Build] | None = None
     depth: Depth | None = None

@@ -693,7 +693,7 @@ def _dsv4_act_per_token(
     heaviest = (max(per_kind.values()) + moe) * scale
     if style in ("none", "selective"):  # (selective checkpointing leaves an MoE block whole, as for every MoE layer)
         return plain, heaviest
-    return (2 * m.hc_mult * m.hidden_size + 2 * m.num_experts + 12 * k) * scale, heaviest
+    return (2 * m.residual_width + 2 * m.num_experts + 12 * k) * scale, heaviest
 
 
 def _act_per_token(
@@ -1355,11 +1355,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # (pipelining/recv_buffer_pool._ring_size), the other microbatches' buffers aliases of it
             per_direction = max(2, min(n_mb, p.pp - pp_rank + p.recv_pool_slack))
         buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
-        # what crosses a stage boundary: the hidden states, DeepSeek-V4's hc_mult streams of them (its
-        # get_pipeline_stage_metas; the dry run of its Pro recipe's last rank: 39 receive buffers [1, 4096, 4, 7168])
-        boundary = m.hidden_size * max(1, m.hc_mult)
-        p2p = buffers * per_direction * tokens * boundary * comp
-        edge = (int(g.first) - int(g.last)) * tokens * boundary * comp  # per in-flight microbatch
+        # what crosses a stage boundary is the residual stream (DeepSeek-V4's get_pipeline_stage_metas: its hc_mult
+        # streams; the dry run of its Pro recipe's last rank: 39 receive buffers [1, 4096, 4, 7168])
+        p2p = buffers * per_direction * tokens * m.residual_width * comp
+        edge = (int(g.first) - int(g.last)) * tokens * m.residual_width * comp  # per in-flight microbatch
         acts += edge * inflight
     teacher = _teacher_bytes(tr, p, pp_rank, tokens, sp_, se) if tr.teacher is not None else 0.0
     resident = params + optimizer + teacher

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from automodel_dist.catalog.models import lookup
 from automodel_dist.dry_run import DryRunUnavailable, dry_run, missing_packages
 from automodel_dist.dry_run.plan import plan_dry_run
 from automodel_dist.request import Request
-from support.session import own_tag, still_running
+from support.session import own_processes, own_tag, still_running
 
 needs_automodel = pytest.mark.skipif(
     bool(missing_packages()), reason="the dry run needs AutoModel, torch, transformers"
@@ -162,6 +163,7 @@ def test_one_rank_lora_with_te_cross_entropy_on_gpt_oss():
 
 
 @needs_automodel
+@pytest.mark.slow  # (about 13 s) the Liger stand-in runs by default in the Falcon-H1 case
 def test_liger_stands_in_for_phi3_without_tp_only():
     phi = "microsoft/Phi-3-mini-4k-instruct"
     plain = dry_run("distributed: {}\n", world_size=8, model=phi, seq_len=256, micro_batch_size=1, num_layers=2)
@@ -205,6 +207,7 @@ def test_the_rms_norm_stand_in_keeps_what_the_fused_kernels_autograd_node_keeps(
 
 
 @needs_automodel
+@pytest.mark.slow  # (about 11 s; with the corpus sweep, whose recipes take the torch_fp32 and te backends)
 def test_automodels_torch_rms_norm_backend_keeps_on_fake_tensors_what_its_fp32_one_keeps():
     """AutoModel's rms_norm backends torch (nn.RMSNorm: the fused kernel on a GPU, stood in) and torch_fp32 (its own
     op: keeps the input and the weight) keep the same activations a layer on a GPU, up to the 4-byte reciprocal RMS a
@@ -237,9 +240,72 @@ def test_pipeline_stages_are_measured_on_their_own_ranks():
     assert last.local_param_bytes == 2 * (LAYER + NORM + EMBED) // 4  # AutoModel's PP path unties lm_head
     assert any("separate lm_head" in n for n in report.notes)
     # both ranks were forked from a fork server that imported AutoModel's stack once (dry_run/launcher.py): each
-    # reports that import as its own import phase, so the two figures are one
-    assert first.import_shared and last.import_shared
+    # reports that import as its own import phase, so the two figures are one (this test's own tag is a new
+    # environment: a new launcher, whose import this run waited for)
+    assert first.import_shared and last.import_shared and not first.import_earlier
     assert first.phases_s["import"] == pytest.approx(last.phases_s["import"], abs=0.5) and first.phases_s["import"] > 1
+    _launcher_gone_after_shut_down(tag)
+
+
+def _launcher_gone_after_shut_down(tag: str) -> None:
+    """No rank is left after a run (each leads a session of its own), only the launcher's session, kept for the next
+    run; nothing of it is left once it is shut down."""
+    from automodel_dist.dry_run import run as module
+
+    kept = module._SHARED
+    assert kept is not None and kept.alive()
+    needles = ("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher")
+    deadline = time.monotonic() + 15
+    while True:  # (a stopped rank takes a moment to exit)
+        left = {int(p.split()[0]) for p in own_processes(*needles, tag=tag)}
+        ranks = {pid for pid in left if _session(pid) not in (None, kept.proc.pid)}
+        if not ranks or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not ranks and kept.proc.pid in left
+    module.shut_down()
+    assert not still_running(*needles, tag=tag)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
+
+
+@needs_automodel
+def test_the_next_run_forks_from_the_fork_server_the_last_one_started():
+    """A second dry run in the same process, same environment and code, starts its ranks from the first run's fork
+    server (AutoModel's stack imported once: its import phase is gone) and measures the same; a changed environment
+    starts a new launcher and retires the old; an idle launcher exits by itself."""
+    from automodel_dist.dry_run import run as module
+
+    with own_tag() as tag:
+        first = _run("distributed: {}\n", world_size=8)
+        kept = module._SHARED
+        second = _run("distributed: {}\n", world_size=8)
+        assert module._SHARED is kept and kept is not None and kept.served == 2 and kept.alive()
+        a, b = _only(first), _only(second)
+        assert not a.import_earlier and b.import_earlier and b.import_shared
+        assert a.phases_s["import"] > 1 > b.phases_s["import"]
+        assert b.peak == a.peak and b.local_param_bytes == a.local_param_bytes
+        from automodel_dist.render import dry_run_text
+
+        assert "done before this run" in dry_run_text(second)
+        os.environ["AUTOMODEL_DIST_TEST_TAG"] = tag + "-b"  # (what the ranks inherit changed)
+        newer, warm = module._acquire()
+        assert newer is not kept and not warm and kept.closed and kept.proc.returncode is not None
+        module.IDLE_S, idle = 0.2, module.IDLE_S
+        try:
+            module._release(newer, set(), cancelled=False)
+            for _ in range(300):
+                if newer.closed:
+                    break
+                time.sleep(0.1)
+        finally:
+            module.IDLE_S = idle
+        assert newer.closed and module._SHARED is None
     assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
@@ -253,7 +319,7 @@ def test_a_started_rank_runs_in_its_own_session_and_fails_with_its_own_traceback
     spec = tmp_path / "spec.json"
     os.mkfifo(spec)  # the rank waits on it until the test writes
     with own_tag() as tag:
-        launcher = _Launcher(tmp_path)
+        launcher = _Launcher()
     try:
         out = [tmp_path / name for name in ("result.json", "stdout", "stderr")]
         pid = launcher.start("r0", [spec, *out], lambda: None)
@@ -588,7 +654,7 @@ def test_limits_stop_a_rank_cleanly(limit, status):
     assert report.status == "failed" and report.ranks[0].status == status and "stopped by" in report.ranks[0].reason
     if status == "host_memory_cap":  # says how to raise it
         assert "--host-memory-gib" in report.ranks[0].reason and "host_gib" in report.ranks[0].reason
-    assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
+    _launcher_gone_after_shut_down(tag)
 
 
 @needs_automodel
@@ -947,7 +1013,9 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
     assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
+# Kimi-Linear's CP path under -m slow (about 20 s); fla's CP stand-ins run by default in the gated-DeltaNet CP test
 @needs_automodel
+@pytest.mark.slow
 def test_kimi_linear_under_its_own_context_parallelism_is_measured():
     """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
     through fla's CP path as stand-ins, one MLA layer attending its local queries to the all-gathered latent's keys
@@ -1256,10 +1324,28 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
         ),
         # activation checkpointing turns the cache off: the fused kernel with out_proj and no gated norm, once a layer
         # in forward and once in its recompute
-        ("tiiuae/Falcon-H1-0.5B-Instruct", "distributed:\n  activation_checkpointing: true\n", 2048, 4, True, 8),
+        pytest.param(
+            "tiiuae/Falcon-H1-0.5B-Instruct",
+            "distributed:\n  activation_checkpointing: true\n",
+            2048,
+            4,
+            True,
+            8,
+            id="ac",
+            marks=pytest.mark.slow,  # (about 7 s each, these two: the default case runs the same mixer cached)
+        ),
         # fp32 storage under bf16 compute: the muP vector (a buffer FSDP2 does not cast) makes the mixer's
         # activations fp32 from in_proj on
-        ("tiiuae/Falcon-H1-0.5B-Instruct", "model:\n  torch_dtype: float32\ndistributed: {}\n", 2048, 4, True, 8),
+        pytest.param(
+            "tiiuae/Falcon-H1-0.5B-Instruct",
+            "model:\n  torch_dtype: float32\ndistributed: {}\n",
+            2048,
+            4,
+            True,
+            8,
+            id="fp32-storage",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_falcon_h1_runs_transformers_mixer_through_the_stand_ins_and_the_estimate_holds(
@@ -1493,7 +1579,7 @@ GEMMA3_VLM = VLM_RECIPE.format(
 
 
 # Gemma-3's own image feed (its pooled soft tokens and token types) is checked only under -m slow (with the corpus
-# sweep's Gemma-3 recipes); the default suite feeds images to Kimi-VL, Mistral3 and a Qwen-VL recipe
+# sweep's Gemma-3 recipes); the default suite feeds images to Mistral3 and a Qwen-VL recipe (Kimi-VL under -m slow)
 @pytest.mark.slow
 @needs_automodel
 def test_a_gemma3_vlm_step_places_its_pooled_image_tokens_and_types_them():
@@ -1533,6 +1619,7 @@ def test_a_mistral3_vlm_step_feeds_its_pixtral_images_with_their_sizes():
 
 
 @needs_automodel
+@pytest.mark.slow  # (about 8 s) Mistral3's image feed and a Qwen-VL recipe's run by default
 def test_a_kimi_vl_step_feeds_its_moonvit_patches_with_their_grids():
     """Kimi-VL's processor scales the assumed 1,024 x 1,024 image within its 4,096 patches and pads it to whole
     28-pixel cells (924 x 924: 66 x 66 patches of 14, 1,089 placeholders): AutoModel's KimiVL class positions, attends
@@ -1638,6 +1725,7 @@ def test_glm_5_2_cudnn_dsa_runs_automodels_adapters_on_a_packed_thd_batch():
 
 
 @needs_automodel
+@pytest.mark.slow  # (about 18 s) GLM-5.2's DSA on packed THD batches runs by default, without CP
 def test_glm_5_2_cudnn_dsa_under_context_parallelism_reads_each_ranks_positions_on_the_host():
     """CP 2: AutoModel's GLM packed-CP sharder keeps a contiguous half of the pack a rank (its token positions computed
     on the host and kept known), and the cuDNN metadata pairs that rank's queries with their document's key prefix
@@ -1792,7 +1880,10 @@ packed_sequence: {pack_size: 4096, collate_max_length: 4096}
 """
 
 
+# the whole Gemma-4 CP dry run under -m slow (about 14 s); the ring itself against AutoModel's runs by default
+# (tests/oracle/test_gemma4_ring.py)
 @needs_automodel
+@pytest.mark.slow
 def test_gemma4_under_cp_runs_automodels_ring_on_a_text_only_recipe():
     """Gemma-4 under CP runs AutoModel's own p2p ring attention (its compiled flex attention a stand-in): the 6-layer
     build holds a global layer (the ring takes both chunks) and five sliding ones. The data set builder makes text-only

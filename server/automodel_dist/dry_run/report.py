@@ -59,7 +59,12 @@ class RankResult(BaseModel):
     import_shared: bool = Field(
         default=False,
         description="The rank was forked after its stack was imported once for every rank (dry_run/launcher.py); "
-        "its import phase is that shared import's time.",
+        "its import phase is that shared import's time, unless import_earlier.",
+    )
+    import_earlier: bool = Field(
+        default=False,
+        description="The stack had been imported before this run began, by a fork server an earlier dry run of the "
+        "same process started (kept for the next run a minute, dry_run/run.py IDLE_S): this run did not wait for it.",
     )
     side_by_side: bool = Field(
         default=False,

@@ -4,6 +4,7 @@ host-memory cap, progress and cancellation; then assemble the report."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import importlib.util
@@ -111,10 +112,11 @@ def _environment() -> dict[str, str]:
 
 class _Launcher:
     """The parent's side of dry_run/launcher.py: the process the ranks are started from (through a fork server that
-    imports AutoModel's stack once). Ranks are named by their tag (the rank number)."""
+    imports AutoModel's stack once). Ranks are named by their tag, unique for the launcher's life: it serves every dry
+    run of this process while their ranks' environment and the dry run's code stay the same (:func:`_acquire`)."""
 
-    def __init__(self, tmp: Path) -> None:
-        self._err = (tmp / "launcher.stderr").open("w+", encoding="utf-8", errors="replace")
+    def __init__(self, env: dict[str, str] | None = None, key: Any = None) -> None:
+        self._err = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "automodel_dist.dry_run.launcher"],
             stdin=subprocess.PIPE,
@@ -122,11 +124,16 @@ class _Launcher:
             stderr=self._err,
             text=True,
             errors="replace",
-            env=_environment(),
+            env=env if env is not None else _environment(),
             start_new_session=True,
         )
+        self.key = key
+        self.users = 0  # runs using it now (guarded by _POOL_LOCK)
+        self.served = 0  # runs that have used it
+        self._idle: threading.Timer | None = None
         self._changed = threading.Condition()
         self.gone = False
+        self.closed = False
         self.pids: dict[str, int] = {}
         self.exits: dict[str, int] = {}
         self._abandoned: set[str] = set()
@@ -196,14 +203,31 @@ class _Launcher:
         self._err.seek(0)
         return self._err.read().strip().splitlines()[-12:]
 
-    def _running(self) -> list[int]:
+    def _running(self, tags: set[str] | None = None) -> list[int]:
         with self._changed:
-            return [pid for tag, pid in self.pids.items() if tag not in self.exits]
+            return [pid for tag, pid in self.pids.items() if tag not in self.exits and (tags is None or tag in tags)]
+
+    def alive(self) -> bool:
+        return not (self.closed or self.gone) and self.proc.poll() is None
+
+    def stop(self, tags: set[str]) -> None:
+        """A run's end: its ranks still running (a cancelled run's, an orphan's) are stopped, and a rank whose start
+        it gave up on is stopped once its pid arrives."""
+        with self._changed:
+            self._abandoned |= {t for t in tags if t not in self.pids}
+        for pid in self._running(tags):
+            _stop(pid)
 
     def close(self, *, cancelled: bool = False) -> None:
-        """No more ranks: the launcher exits; a rank still running (a cancelled run's, an orphan's) is stopped, and
-        so is the launcher's session (its fork server, which may still be importing, and its resource tracker) once it
-        has exited, or at once when the run was cancelled."""
+        """No more ranks: the launcher exits; a rank still running is stopped, and so is the launcher's session (its
+        fork server, which may still be importing, and its resource tracker) once it has exited, or at once when the
+        run was cancelled."""
+        with self._changed:
+            if self.closed:
+                return
+            self.closed = True
+        if self._idle is not None:
+            self._idle.cancel()
         with contextlib.suppress(OSError, ValueError):
             assert self.proc.stdin is not None
             self.proc.stdin.close()
@@ -217,6 +241,91 @@ class _Launcher:
         for pid in self._running():  # started while the launcher wound down
             _stop(pid)
         self._err.close()
+
+
+IDLE_S = 60.0
+"""How long a launcher with no run waits for the next before it exits (its fork server holds AutoModel's stack
+imported, about 0.4 GiB of host memory)."""
+
+_POOL_LOCK = threading.Lock()
+_SHARED: _Launcher | None = None
+
+
+def _code_stamp() -> tuple[str, float]:
+    """What the fork server imported from: this package's newest source file (an edit or an upgrade starts a new
+    launcher rather than fork ranks from the old code)."""
+    root = Path(__file__).resolve().parents[1]
+    return str(root), max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
+
+
+def _acquire() -> tuple[_Launcher, bool]:
+    """A launcher for one run and whether its fork server was started by an earlier run (its import done then): the
+    shared one while it lives and the ranks' environment and the code are what it started with, else a new one (the
+    old one exits once its runs end)."""
+    global _SHARED
+    env = _environment()
+    # (pytest's per-test variable changes from test to test and means nothing to a rank)
+    key = (tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")), _code_stamp())
+    with _POOL_LOCK:
+        current = _SHARED
+        if current is not None and current.key == key and current.alive():
+            if current._idle is not None:
+                current._idle.cancel()
+                current._idle = None
+            current.users += 1
+            current.served += 1
+            return current, True
+        retired = current if current is not None and current.users == 0 else None
+        _SHARED = _Launcher(env, key)
+        _SHARED.users = _SHARED.served = 1
+        launcher = _SHARED
+    if retired is not None:
+        retired.close()
+    return launcher, False
+
+
+def _release(launcher: _Launcher, tags: set[str], *, cancelled: bool) -> None:
+    """A run's end: its ranks stopped; the launcher kept for the next run for :data:`IDLE_S` (closed at once after a
+    cancelled run, after one that outlived it, or where a newer one has replaced it)."""
+    global _SHARED
+    launcher.stop(tags)
+    with _POOL_LOCK:
+        launcher.users -= 1
+        if launcher.users > 0:
+            return
+        if not cancelled and launcher is _SHARED and launcher.alive():
+            launcher._idle = threading.Timer(IDLE_S, _close_idle, args=(launcher,))
+            launcher._idle.daemon = True
+            launcher._idle.start()
+            return
+        if _SHARED is launcher:
+            _SHARED = None
+    launcher.close(cancelled=cancelled)
+
+
+def _close_idle(launcher: _Launcher) -> None:
+    global _SHARED
+    with _POOL_LOCK:
+        if launcher.users:  # a run took it as the timer fired
+            return
+        if _SHARED is launcher:
+            _SHARED = None
+    launcher.close()
+
+
+def shut_down() -> None:
+    """Close the launcher kept between dry runs (its fork server with it) once no run uses it; the next dry run starts
+    a new one. Runs at interpreter exit."""
+    global _SHARED
+    with _POOL_LOCK:
+        launcher = _SHARED
+        if launcher is None or launcher.users:
+            return
+        _SHARED = None
+    launcher.close()
+
+
+atexit.register(shut_down)
 
 
 def _stop(pgid: int) -> None:
@@ -235,6 +344,8 @@ def _run_rank(
     host_gib: float,
     cancel: threading.Event,
     progress: Callable[[int, str], None],
+    tag: str,
+    warm: bool,
 ) -> dict[str, Any]:
     rank = spec.rank
     start = time.monotonic()
@@ -259,7 +370,7 @@ def _run_rank(
                     progress(rank, line[6:].strip())
             seen = len(lines)
 
-    started = launcher.start(str(rank), list(paths.values()), limit_hit)
+    started = launcher.start(tag, list(paths.values()), limit_hit)
     why = started if isinstance(started, str) else None
     code = None
     if why == "gone":
@@ -270,7 +381,7 @@ def _run_rank(
             "traceback": launcher.stderr(),
         }
     while isinstance(started, int):
-        code = launcher.exit_code(str(rank), timeout=0.2)
+        code = launcher.exit_code(tag, timeout=0.2)
         read_progress()
         if code is not None:
             break
@@ -296,7 +407,7 @@ def _run_rank(
         stderr = ""
         with contextlib.suppress(OSError):
             stderr = paths["stderr"].read_text(encoding="utf-8", errors="replace")
-        orphaned = launcher.orphaned(str(rank))
+        orphaned = launcher.orphaned(tag)
         return {
             "rank": rank,
             "status": "failed",
@@ -308,6 +419,11 @@ def _run_rank(
             "traceback": (launcher.stderr() if orphaned else []) + stderr.strip().splitlines()[-12:],
         }
     result["host_peak_rss_mib"] = max(float(result.get("host_peak_rss_mib") or 0), round(peak_rss, 1))
+    preload_s = result.pop("preload_s", None)
+    if preload_s is not None and not warm:  # this run waited for the fork server's import: its time too
+        phases = result.setdefault("phases_s", {})
+        phases["import"] = round(phases.get("import", 0.0) + preload_s, 3)
+    result["import_earlier"] = preload_s is not None and warm
     return result
 
 
@@ -338,6 +454,7 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         optimizer_state_bytes=loc.get("optimizer_states"),
         phases_s=raw.get("phases_s") or {},
         import_shared=bool(raw.get("import_shared")),
+        import_earlier=bool(raw.get("import_earlier")),
         side_by_side=bool(raw.get("side_by_side")),
         host_peak_rss_mib=raw.get("host_peak_rss_mib"),
         error=error,
@@ -468,7 +585,8 @@ def dry_run(
     raws: list[dict[str, Any]] = []
     if specs:  # none where every rank is refused before it runs: no launcher, no import
         with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
-            launcher = _Launcher(Path(tmp))
+            launcher, warm = _acquire()
+            tags = {s.rank: f"{Path(tmp).name}.{s.rank}" for s in specs}  # unique for the launcher's life
             try:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     raws = list(
@@ -481,12 +599,14 @@ def dry_run(
                                 host_gib=host_gib,
                                 cancel=cancel,
                                 progress=on_phase,
+                                tag=tags[s.rank],
+                                warm=warm,
                             ),
                             specs,
                         )
                     )
             finally:
-                launcher.close(cancelled=cancel.is_set())
+                _release(launcher, set(tags.values()), cancelled=cancel.is_set())
     results = [_rank_result(r) for r in raws]
     results += [RankResult(rank=r, status="not_measured", reason=why) for r, why in plan.unmeasured_ranks.items()]
     results.sort(key=lambda r: r.rank)

@@ -548,8 +548,10 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
         with phases("import"):
             warnings.filterwarnings("ignore")
             from ..stack import preload
-        if preloaded is not None:  # by the fork server this rank was forked from (dry_run/launcher.py): its time too
-            phases.seconds["import"] = round(phases.seconds["import"] + preload.SECONDS, 3)
+        if preloaded is not None:  # by the fork server this rank was forked from (dry_run/launcher.py)
+            # its time is this rank's too where the run waited for it (run.py adds it then; a fork server kept from
+            # an earlier run had imported before this run began)
+            result["preload_s"] = preload.SECONDS
             result["import_shared"] = True
         broken = shims.broken()
         if broken:

@@ -1097,7 +1097,7 @@ def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakd
     """Peak memory of the worst rank (over pipeline ranks) for one layout."""
     ranks = peak_candidate_pp_ranks(m, p, tr.teacher)
     worst = max((_memory_of_pp_rank(m, p, tr, r) for r in ranks), key=lambda x: x["total"])
-    return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items()})
+    return MemoryBreakdown(**{k: (v / GIB if isinstance(v, float) else v) for k, v in worst.items() if k != "phases"})
 
 
 @lru_cache(maxsize=256)
@@ -1575,6 +1575,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             else 0.0
         ),
         teacher=float(teacher),
+        # every phase's (gradients, activations, other temporaries) in bytes, the peak's among them (tests read a
+        # term where it is not the peak)
+        phases={name: (float(gr), float(ac), float(rest)) for name, gr, ac, rest in phases},
     )
 
 

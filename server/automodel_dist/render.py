@@ -592,9 +592,13 @@ def dry_run_text(r: DryRunReport) -> str:
                 top = ", ".join(f"{name} {gib:.2f}" for name, gib in rk.largest_modules[:3])
                 lines.append(f"    largest while running (GiB): {top}")
             wall = sum(rk.phases_s.values())
-            shared = {"import": "import (shared by the ranks)"} if rk.import_shared else {}
-            if rk.import_earlier:
-                shared = {"import": "import (done before this run, by an earlier run's fork server)"}
+            shared = (
+                {"import": "import (done before this run, by an earlier run's fork server)"}
+                if rk.import_earlier
+                else {"import": "import (shared by the ranks)"}
+                if rk.import_shared
+                else {}
+            )
             both = " of work in two processes (its builds side by side)" if rk.side_by_side else ""
             lines.append(
                 f"    {wall:.1f} s{both} ({', '.join(f'{shared.get(k, k)} {v:.1f}' for k, v in rk.phases_s.items())}), "

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -163,7 +164,6 @@ def test_one_rank_lora_with_te_cross_entropy_on_gpt_oss():
 
 
 @needs_automodel
-@pytest.mark.slow  # (about 13 s) the Liger stand-in runs by default in the Falcon-H1 case
 def test_liger_stands_in_for_phi3_without_tp_only():
     phi = "microsoft/Phi-3-mini-4k-instruct"
     plain = dry_run("distributed: {}\n", world_size=8, model=phi, seq_len=256, micro_batch_size=1, num_layers=2)
@@ -275,37 +275,83 @@ def _session(pid: int) -> int | None:
 
 
 @needs_automodel
-def test_the_next_run_forks_from_the_fork_server_the_last_one_started():
+def test_the_next_run_forks_from_the_fork_server_the_last_one_started(monkeypatch):
     """A second dry run in the same process, same environment and code, starts its ranks from the first run's fork
-    server (AutoModel's stack imported once: its import phase is gone) and measures the same; a changed environment
-    starts a new launcher and retires the old; an idle launcher exits by itself."""
+    server (AutoModel's stack imported once, before it began: no import time) and measures the same; a changed
+    environment starts a new launcher and retires the old; an idle launcher exits by itself."""
+    from automodel_dist.dry_run import run as module
+    from automodel_dist.render import dry_run_text
+
+    with own_tag() as tag:
+        try:
+            first = _run("distributed: {}\n", world_size=8)
+            kept = module._SHARED
+            second = _run("distributed: {}\n", world_size=8)
+            assert module._SHARED is kept and kept is not None and kept.served == 2 and kept.alive()
+            a, b = _only(first), _only(second)
+            assert not a.import_earlier and b.import_earlier and b.import_shared
+            assert a.phases_s["import"] > 1 > b.phases_s["import"]
+            assert b.peak == a.peak and b.local_param_bytes == a.local_param_bytes
+            assert "done before this run" in dry_run_text(second)
+            monkeypatch.setenv("AUTOMODEL_DIST_TEST_TAG", tag + "-b")  # (what the ranks inherit changed)
+            newer = module._acquire()
+            assert newer is not kept and kept.closed and kept.proc.returncode is not None
+            monkeypatch.setattr(module, "IDLE_S", 0.2)
+            module._release(newer, set(), cancelled=False)
+            for _ in range(300):
+                if newer.proc.returncode is not None:
+                    break
+                time.sleep(0.1)
+            assert newer.closed and module._SHARED is None
+        finally:
+            module.shut_down()
+    for t in (tag, tag + "-b"):
+        assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=t)
+
+
+def test_two_runs_at_once_share_the_launcher_and_a_cancelled_one_stops_only_its_own_rank(tmp_path):
+    """Two runs at once (the MCP server's tool calls, each in a thread of its own) take the same launcher under tags
+    of their own; the first one cancelled stops its rank only and leaves the launcher to the other, which ends as it
+    would alone; after the last run it is kept for the next, and a launcher failure shows only what came after the
+    run began (no AutoModel needed: the spec-on-a-fifo protocol of the test below)."""
     from automodel_dist.dry_run import run as module
 
     with own_tag() as tag:
-        first = _run("distributed: {}\n", world_size=8)
-        kept = module._SHARED
-        second = _run("distributed: {}\n", world_size=8)
-        assert module._SHARED is kept and kept is not None and kept.served == 2 and kept.alive()
-        a, b = _only(first), _only(second)
-        assert not a.import_earlier and b.import_earlier and b.import_shared
-        assert a.phases_s["import"] > 1 > b.phases_s["import"]
-        assert b.peak == a.peak and b.local_param_bytes == a.local_param_bytes
-        from automodel_dist.render import dry_run_text
-
-        assert "done before this run" in dry_run_text(second)
-        os.environ["AUTOMODEL_DIST_TEST_TAG"] = tag + "-b"  # (what the ranks inherit changed)
-        newer, warm = module._acquire()
-        assert newer is not kept and not warm and kept.closed and kept.proc.returncode is not None
-        module.IDLE_S, idle = 0.2, module.IDLE_S
+        first = module._acquire()
+        second = module._acquire()
         try:
-            module._release(newer, set(), cancelled=False)
-            for _ in range(300):
-                if newer.closed:
+            assert first is second and first.users == 2
+            ranks = []
+            for launcher in (first, second):
+                run_tag, since = launcher.begin()
+                spec = tmp_path / f"{run_tag}.spec"
+                os.mkfifo(spec)  # the rank waits on it until the test writes
+                out = [tmp_path / f"{run_tag}.{name}" for name in ("result.json", "stdout", "stderr")]
+                pid = launcher.start(f"{run_tag}.0", [spec, *out], lambda: None)
+                assert isinstance(pid, int)
+                ranks.append((f"{run_tag}.0", spec, out, since))
+            (cancelled, *_), (kept, spec, out, since) = ranks
+            assert cancelled != kept
+            module._release(first, {cancelled}, cancelled=True)
+            code = None
+            for _ in range(150):
+                code = second.exit_code(cancelled, timeout=0.2)
+                if code is not None:
                     break
-                time.sleep(0.1)
+            assert code == -signal.SIGKILL
+            assert second.alive() and module._SHARED is second and second.users == 1
+            assert second.exit_code(kept, timeout=0.2) is None  # the other run's rank still waits for its spec
+            spec.write_text("not a spec")
+            for _ in range(600):
+                code = second.exit_code(kept, timeout=0.2)
+                if code is not None:
+                    break
+            assert code == 1 and "Traceback" in out[2].read_text()
+            module._release(second, {kept}, cancelled=False)
+            assert second.alive() and second.users == 0 and module._SHARED is second
+            assert second.stderr(second.begin()[1]) == []  # (nothing after a run's start is an earlier run's)
         finally:
-            module.IDLE_S = idle
-        assert newer.closed and module._SHARED is None
+            module.shut_down()
     assert not still_running("automodel_dist.dry_run.worker", "automodel_dist.dry_run.launcher", tag=tag)
 
 
@@ -1013,9 +1059,7 @@ def test_the_fla_kda_stand_ins_keep_what_flas_kernels_keep():
     assert made.count(((b, t // 64, h, d, d), torch.bfloat16)) == 2
 
 
-# Kimi-Linear's CP path under -m slow (about 20 s); fla's CP stand-ins run by default in the gated-DeltaNet CP test
 @needs_automodel
-@pytest.mark.slow
 def test_kimi_linear_under_its_own_context_parallelism_is_measured():
     """AutoModel's Kimi-Linear on two CP ranks (its own contiguous sharding, kimi_linear/cp.py): three KDA layers
     through fla's CP path as stand-ins, one MLA layer attending its local queries to the all-gathered latent's keys
@@ -1332,7 +1376,6 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
             True,
             8,
             id="ac",
-            marks=pytest.mark.slow,  # (about 7 s each, these two: the default case runs the same mixer cached)
         ),
         # fp32 storage under bf16 compute: the muP vector (a buffer FSDP2 does not cast) makes the mixer's
         # activations fp32 from in_proj on
@@ -1344,7 +1387,7 @@ def test_transformers_nemotron_h_runs_the_unfused_kernels_as_stand_ins():
             True,
             8,
             id="fp32-storage",
-            marks=pytest.mark.slow,
+            marks=pytest.mark.slow,  # (about 7 s: the default cases run the same mixer in bf16, cached and fused)
         ),
     ],
 )

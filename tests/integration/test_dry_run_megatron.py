@@ -83,11 +83,9 @@ def _config(tmp: Path, name: str, **fields) -> str:
     ("block", "microbatches"),
     [
         ("strategy: megatron_fsdp\n", 1),  # zero_dp_strategy 3 (AutoModel's default)
-        # the weights whole, the gradients sharded (under -m slow, with the single-microbatch fp32 main copy: about 9 s
-        # each; zero1 and the two-microbatch fp32 case run by default)
-        pytest.param("strategy: megatron-fsdp\n  zero_dp_strategy: 2\n", 1, marks=pytest.mark.slow),
+        ("strategy: megatron-fsdp\n  zero_dp_strategy: 2\n", 1),  # the weights whole, the gradients sharded
         ("strategy: mfsdp\n  zero_dp_strategy: 1\n", 1),  # the gradients whole too (no buckets, no queue)
-        # an fp32 main copy and fp32 states
+        # an fp32 main copy and fp32 states (under -m slow: about 9 s; the two-microbatch case below runs by default)
         pytest.param("strategy: megatron_fsdp\n  preserve_fp32_weights: true\n", 1, marks=pytest.mark.slow),
         # two microbatches: the fp32 gradient copies finish_grad_sync makes after the first stay through the second
         ("strategy: megatron_fsdp\n  preserve_fp32_weights: true\n", 2),

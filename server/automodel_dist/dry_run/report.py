@@ -64,7 +64,8 @@ class RankResult(BaseModel):
     import_earlier: bool = Field(
         default=False,
         description="The stack had been imported before this run began, by a fork server an earlier dry run of the "
-        "same process started (kept for the next run a minute, dry_run/run.py IDLE_S): this run did not wait for it.",
+        "same process started (kept for the next run a minute, dry_run/run.py IDLE_S): this run did not wait for it "
+        "(what of the import a run waited for is in its ranks' import phase).",
     )
     side_by_side: bool = Field(
         default=False,

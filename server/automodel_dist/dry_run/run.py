@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -131,6 +132,7 @@ class _Launcher:
         self.users = 0  # runs using it now (guarded by _POOL_LOCK)
         self.served = 0  # runs that have used it
         self._idle: threading.Timer | None = None
+        self._runs = itertools.count()
         self._changed = threading.Condition()
         self.gone = False
         self.closed = False
@@ -199,9 +201,17 @@ class _Launcher:
         code = self.proc.poll()
         return f"the process the ranks are started from (automodel_dist.dry_run.launcher) exited with {code} {when}"
 
-    def stderr(self) -> list[str]:
-        self._err.seek(0)
-        return self._err.read().strip().splitlines()[-12:]
+    def begin(self) -> tuple[str, int]:
+        """A run's tag prefix, unique for the launcher's life, and where the launcher's stderr stood when it began
+        (what a failure of the run shows is what came after: the launcher outlives runs)."""
+        with self._changed:
+            self._err.seek(0, os.SEEK_END)
+            return f"run{next(self._runs)}", self._err.tell()
+
+    def stderr(self, since: int = 0) -> list[str]:
+        with self._changed:
+            self._err.seek(since)
+            return self._err.read().strip().splitlines()[-12:]
 
     def _running(self, tags: set[str] | None = None) -> list[int]:
         with self._changed:
@@ -251,17 +261,25 @@ _POOL_LOCK = threading.Lock()
 _SHARED: _Launcher | None = None
 
 
-def _code_stamp() -> tuple[str, float]:
-    """What the fork server imported from: this package's newest source file (an edit or an upgrade starts a new
-    launcher rather than fork ranks from the old code)."""
+def _code_stamp() -> tuple[Any, ...]:
+    """What the fork server imported: this package's newest source file and AutoModel's, torch's and transformers'
+    versions (an edit or an upgrade starts a new launcher rather than fork ranks from the old code), and the
+    directory the ranks start in."""
     root = Path(__file__).resolve().parents[1]
-    return str(root), max((p.stat().st_mtime for p in root.rglob("*.py")), default=0.0)
+
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:  # (an editor's lock file, a file removed meanwhile)
+            return 0.0
+
+    newest = max((mtime(p) for p in root.rglob("*.py")), default=0.0)
+    return str(root), newest, tuple(versions().items()), os.getcwd()
 
 
-def _acquire() -> tuple[_Launcher, bool]:
-    """A launcher for one run and whether its fork server was started by an earlier run (its import done then): the
-    shared one while it lives and the ranks' environment and the code are what it started with, else a new one (the
-    old one exits once its runs end)."""
+def _acquire() -> _Launcher:
+    """A launcher for one run: the shared one while it lives and the ranks' environment and the code are what it
+    started with, else a new one (the old one exits once its runs end)."""
     global _SHARED
     env = _environment()
     # (pytest's per-test variable changes from test to test and means nothing to a rank)
@@ -274,14 +292,14 @@ def _acquire() -> tuple[_Launcher, bool]:
                 current._idle = None
             current.users += 1
             current.served += 1
-            return current, True
+            return current
         retired = current if current is not None and current.users == 0 else None
         _SHARED = _Launcher(env, key)
         _SHARED.users = _SHARED.served = 1
         launcher = _SHARED
     if retired is not None:
         retired.close()
-    return launcher, False
+    return launcher
 
 
 def _release(launcher: _Launcher, tags: set[str], *, cancelled: bool) -> None:
@@ -306,7 +324,8 @@ def _release(launcher: _Launcher, tags: set[str], *, cancelled: bool) -> None:
 def _close_idle(launcher: _Launcher) -> None:
     global _SHARED
     with _POOL_LOCK:
-        if launcher.users:  # a run took it as the timer fired
+        # a run took it as the timer fired, or took it and left it again (a newer timer is its own)
+        if launcher.users or launcher._idle is not threading.current_thread():
             return
         if _SHARED is launcher:
             _SHARED = None
@@ -314,18 +333,24 @@ def _close_idle(launcher: _Launcher) -> None:
 
 
 def shut_down() -> None:
-    """Close the launcher kept between dry runs (its fork server with it) once no run uses it; the next dry run starts
-    a new one. Runs at interpreter exit."""
+    """Close the launcher kept between dry runs (its fork server with it): at once, or where runs use it as the last
+    of them ends; the next dry run starts a new one. Runs at interpreter exit."""
     global _SHARED
     with _POOL_LOCK:
-        launcher = _SHARED
+        launcher, _SHARED = _SHARED, None
         if launcher is None or launcher.users:
             return
-        _SHARED = None
     launcher.close()
 
 
+def _forget_in_child() -> None:
+    """A process forked from this one owns neither the launcher nor the lock's state."""
+    global _SHARED, _POOL_LOCK
+    _SHARED, _POOL_LOCK = None, threading.Lock()
+
+
 atexit.register(shut_down)
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _stop(pgid: int) -> None:
@@ -345,7 +370,8 @@ def _run_rank(
     cancel: threading.Event,
     progress: Callable[[int, str], None],
     tag: str,
-    warm: bool,
+    since: int,
+    began: float,
 ) -> dict[str, Any]:
     rank = spec.rank
     start = time.monotonic()
@@ -378,7 +404,7 @@ def _run_rank(
             "rank": rank,
             "status": "failed",
             "error": launcher.exited(f"before rank {rank} started"),
-            "traceback": launcher.stderr(),
+            "traceback": launcher.stderr(since),
         }
     while isinstance(started, int):
         code = launcher.exit_code(tag, timeout=0.2)
@@ -416,14 +442,17 @@ def _run_rank(
                 if orphaned
                 else f"the dry-run process exited with {code} and wrote no result"
             ),
-            "traceback": (launcher.stderr() if orphaned else []) + stderr.strip().splitlines()[-12:],
+            "traceback": (launcher.stderr(since) if orphaned else []) + stderr.strip().splitlines()[-12:],
         }
     result["host_peak_rss_mib"] = max(float(result.get("host_peak_rss_mib") or 0), round(peak_rss, 1))
-    preload_s = result.pop("preload_s", None)
-    if preload_s is not None and not warm:  # this run waited for the fork server's import: its time too
+    preload_s, done = result.pop("preload_s", None), result.pop("preload_done", None)
+    if preload_s is not None and done is not None:
+        # what of the fork server's import this run waited for (all of it where the run started the fork server,
+        # none where an earlier run's had finished before this one began) is the rank's import time too
+        waited = min(preload_s, max(0.0, done - began))
         phases = result.setdefault("phases_s", {})
-        phases["import"] = round(phases.get("import", 0.0) + preload_s, 3)
-    result["import_earlier"] = preload_s is not None and warm
+        phases["import"] = round(phases.get("import", 0.0) + waited, 3)
+        result["import_earlier"] = done <= began
     return result
 
 
@@ -585,8 +614,10 @@ def dry_run(
     raws: list[dict[str, Any]] = []
     if specs:  # none where every rank is refused before it runs: no launcher, no import
         with tempfile.TemporaryDirectory(prefix="automodel-dist-dryrun-") as tmp:
-            launcher, warm = _acquire()
-            tags = {s.rank: f"{Path(tmp).name}.{s.rank}" for s in specs}  # unique for the launcher's life
+            began = time.time()  # (the wall clock: the fork server's import is timed on it, in another process)
+            launcher = _acquire()
+            run_tag, since = launcher.begin()
+            tags = {s.rank: f"{run_tag}.{s.rank}" for s in specs}
             try:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     raws = list(
@@ -600,7 +631,8 @@ def dry_run(
                                 cancel=cancel,
                                 progress=on_phase,
                                 tag=tags[s.rank],
-                                warm=warm,
+                                since=since,
+                                began=began,
                             ),
                             specs,
                         )

@@ -549,9 +549,9 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             warnings.filterwarnings("ignore")
             from ..stack import preload
         if preloaded is not None:  # by the fork server this rank was forked from (dry_run/launcher.py)
-            # its time is this rank's too where the run waited for it (run.py adds it then; a fork server kept from
-            # an earlier run had imported before this run began)
-            result["preload_s"] = preload.SECONDS
+            # its time is this rank's too as far as the run waited for it (run.py: a fork server kept from an earlier
+            # run may have imported before this run began)
+            result["preload_s"], result["preload_done"] = preload.SECONDS, preload.DONE
             result["import_shared"] = True
         broken = shims.broken()
         if broken:

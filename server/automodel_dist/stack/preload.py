@@ -24,3 +24,5 @@ from . import step  # noqa: E402,F401
 
 SECONDS = round(time.perf_counter() - _START, 3)
 """How long the import took: a rank forked after it reports it as its own import phase (dry_run/worker.py)."""
+DONE = time.time()
+"""When it ended, on the wall clock the parent reads too (dry_run/run.py: what of it a run waited for)."""

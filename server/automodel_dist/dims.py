@@ -192,6 +192,13 @@ class ParallelDims:
         return self.strategy == "fsdp2" and self.defer_fsdp_grad_sync and (self.pp > 1 or backward_passes > 1)
 
     @property
+    def experts_outside_fsdp(self) -> bool:
+        """Routed experts on a one-rank ``ep_shard`` mesh: AutoModel's MoE parallelizer leaves them out of FSDP
+        (moe/parallelizer.py), so their gradients are plain ``.grad`` from their layer's backward to the optimizer
+        step."""
+        return self.ep > 1 and self.ep_shard == 1
+
+    @property
     def model_part_unwrapped(self) -> bool:
         """AutoModel's MoE parallelizer (ep > 1) with ``moe.wrap_outer_model: false``: the inner model is the FSDP
         root and the model part (the causal LM around it) is no FSDP module, so neither train_ft's ``get_sync_ctx``

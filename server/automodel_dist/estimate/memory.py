@@ -973,7 +973,7 @@ def carries_across_schedule_steps(p: ParallelDims, tr: Training) -> bool:
     """Whether a pipeline rank's second schedule step of an optimizer step starts with gradients the first left: the
     units the MoE sync mixin holds (:func:`holds_across_schedule_steps`), or routed experts outside FSDP (a one-rank
     ``ep_shard`` mesh), whose plain ``.grad`` lives to the optimizer step."""
-    return p.pp > 1 and (holds_across_schedule_steps(p, tr) or (p.ep > 1 and p.ep_shard == 1))
+    return p.pp > 1 and (holds_across_schedule_steps(p, tr) or p.experts_outside_fsdp)
 
 
 def prepares_accumulation(tr: Training) -> bool:
@@ -1366,11 +1366,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # Accumulating without deferred sync, the gradients of the step's earlier microbatches (sharded, or in .grad on
     # one rank, where AutoModel does not parallelize) stay through the next one's backward: zero_grad runs after the
     # optimizer step (recipes/llm/train_ft.py)
-    # Routed experts on a one-rank ep_shard mesh are outside FSDP (moe/parallelizer.py ignores them): their gradients
-    # are plain .grad in the storage dtype from their layer's backward to the optimizer step, deferral or not.
+    # Routed experts outside FSDP (ParallelDims.experts_outside_fsdp) keep plain .grad in the storage dtype from their
+    # layer's backward to the optimizer step, deferral or not.
     # Under PP a schedule step's peak comes before most stages' backward, so within one step they are not counted
     # there, but from a step's second schedule step on every one of them is (gradient accumulation)...
-    plain = p.ep > 1 and p.ep_shard == 1
+    plain = p.experts_outside_fsdp
     plain_expert_grads = train_experts * store if plain and (p.pp == 1 or grad_acc > 1) else 0.0
     # ... and on the last stage, whose forwards and backwards alternate, from its second backward on, where the
     # activations in flight are as at its first: its own experts' (the dry run of nemotron_ultra_v3_squad's last

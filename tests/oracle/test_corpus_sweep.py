@@ -185,11 +185,9 @@ def test_sample_agrees_per_category():
 
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
-NOT_MEASURED: dict[str, str] = {
-    "vlm_finetune/qwen3_5_moe/qwen3_5_122b_128k_ep8cp32.yaml": "a packed VLM batch under context parallelism takes "
-    "AutoModel's block-diagonal CP path (contiguous shares of many documents, flash-attn varlen kernels), which the dry "
-    "run does not build (the plan runs no rank)",
-}
+NOT_MEASURED: dict[
+    str, str
+] = {}  # none at present (qwen3_5_122b_128k_ep8cp32 was, until the block-diagonal CP path ran)
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
 ESTIMATE_MISSES: dict[str, str] = {}  # none at present (DeepSeek-V4 Pro was -18% until its fp32 logits were counted)
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.

@@ -323,6 +323,7 @@ def plan_dry_run(
             f"{ctx.kind.recipe}: a diffusion LM's masked-denoising step is not the next-token step the dry run runs: "
             "not measured"
         )
+    blockdiag_cp = False
     if "linear" in spec.layer_attention and not w.force_hf and d.cp > 1:
         impl = implementation(spec.architecture)
         if impl is None or not impl.module.startswith(CP_LINEAR_ATTENTION_MODULES):
@@ -330,12 +331,16 @@ def plan_dry_run(
                 "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
                 "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
             )
-        elif w.vlm_packed:
-            blocking.append(
-                "a packed VLM batch under context parallelism takes AutoModel's block-diagonal CP path (the packing "
-                "collate's _packed_seq_ids: each rank a contiguous share of many documents, its attention through "
-                "blockdiag_cp's flash-attn varlen kernels), which the dry run does not build (its VLM batches are "
-                "unpacked): not measured"
+        elif w.vlm_packed and media is not None:
+            blockdiag_cp = True
+            subs.append(
+                "a packed VLM batch under context parallelism takes AutoModel's block-diagonal CP path, which the dry "
+                "run runs as written: the packing collate's document map (_packed_seq_ids, the indexed attention mask "
+                "and the packed-sequence metadata) handed over, one document filling the pack (a pack measured as its "
+                "unpacked equivalent), each rank a contiguous share of it; every full-attention layer all-gathers the "
+                "stacked keys and values and runs flash-attn's varlen kernel as a stand-in with its shapes "
+                "(stack/flash_varlen.py: q, k, v, the output and an fp32 log-sum-exp a row kept); the Gated DeltaNet "
+                "layers take the same document boundaries into fla's CP context"
             )
         elif spec.linear_mixer == "kda":
             subs.append(
@@ -561,6 +566,7 @@ def plan_dry_run(
         dsv4_kernels=DSA_KERNEL_STAND_INS.get((spec.architecture, (backend or {}).get("attn"))) == DSV4_STAND_INS,
         te_module=te_module,
         thd_batches=w.thd_batches,
+        blockdiag_cp=blockdiag_cp,
         clip_grad_norm=w.clip_grad_norm,
         vlm=media is not None,
         freeze_config=w.freeze_config if ctx.kind.recipe in FREEZE_CONFIG_RECIPES or media is not None else None,

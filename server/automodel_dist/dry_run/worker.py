@@ -386,6 +386,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                         bounds=(m.min_pixels, m.max_pixels),
                         pixel_dtype=m.pixel_dtype,
                         fake_mode=fake_mode,
+                        packed=spec.recipe.blockdiag_cp,
                     )
                 )
                 continue
@@ -564,6 +565,8 @@ def run(spec: DryRunSpec) -> dict[str, Any]:
             shims.install_fla_gdn()  # AutoModel's Gated DeltaNet layers bind fla's kernel when they are built
         if spec.recipe.ffpa:
             shims.install_ffpa()  # Gemma-4's CP ring imports FFPA's package and looks its operators up per call
+        if spec.recipe.blockdiag_cp:
+            shims.install_flash_varlen()  # AutoModel's block-diagonal CP imports flash-attn's kernels at each call
         if spec.recipe.glm_dsa_kernels:
             shims.install_glm_dsa()  # GLM-5.2's DSA Functions look their TileLang kernels up at each call
         if spec.recipe.glm_cudnn_kernels:

@@ -97,10 +97,13 @@ def qwen_batch(
     bounds: tuple[int | None, int | None],
     pixel_dtype: str,
     fake_mode: Any,
+    packed: bool = False,
 ) -> dict[str, Any]:
     """One microbatch of ``batch`` sequences of ``seq`` tokens, each holding ``images_per_sample`` images (a vision
-    start token, the image's placeholders, a vision end token, the rest text); labels cover the text. Call inside
-    ``fake_mode``: the patches are fake, the rest constants."""
+    start token, the image's placeholders, a vision end token, the rest text); labels cover the text. ``packed``: as
+    AutoModel's packing collate hands a pack to a class that wants its document map (``_packed_seq_ids`` and the
+    indexed ``attention_mask``, no 4-D mask, and its packed-sequence metadata), one document filling each sequence.
+    Call inside ``fake_mode``: the patches are fake, the rest constants."""
     import torch
 
     vision = hf_config.vision_config.to_dict()
@@ -150,7 +153,31 @@ def qwen_batch(
     }
     if positions is not None:
         out["position_ids"] = known.from_real_tensor(fake_mode, positions, make_constant=True)
+    if packed:
+        out |= _document_map(fake_mode, batch, seq)
     return out
+
+
+def _document_map(fake_mode: Any, batch: int, seq: int) -> dict[str, Any]:
+    """The packing collate's document fields for packs of one document filling ``seq`` tokens (collate_fns.py's
+    packed VLM collate with ``materialize_4d_mask`` off, as a context-parallel VLM path asks): the indexed map as
+    ``attention_mask`` and ``_packed_seq_ids``, and AutoModel's own packed-sequence metadata built from it."""
+    import torch
+    from nemo_automodel.components.datasets.packing import build_packed_sequence_metadata
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        doc_ids = torch.ones(batch, seq, dtype=torch.long)
+        meta = build_packed_sequence_metadata(doc_ids)
+    known = fake_mode.fake_tensor_converter
+
+    def lift(value: Any) -> Any:
+        return (
+            known.from_real_tensor(fake_mode, value, make_constant=True) if isinstance(value, torch.Tensor) else value
+        )
+
+    ids = lift(doc_ids)
+    return {"attention_mask": ids, "_packed_seq_ids": ids, **{k: lift(v) for k, v in meta.items()}}
 
 
 def gemma_batch(
@@ -452,10 +479,33 @@ def symmetric_reductions() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def known_document_segments(fake_mode: Any) -> Iterator[None]:
+    """AutoModel's block-diagonal CP segments this rank's share of a pack on the host once a step
+    (``blockdiag_cp.kernels.precompute_blockdiag_varlen_meta``: document lengths, cumulative offsets, the straddle
+    from the rank before) with factories whose values FakeTensorMode cannot know: it runs on the document map's known
+    values and hands back constants."""
+    from nemo_automodel.components.distributed.blockdiag_cp import kernels
+
+    original = kernels.precompute_blockdiag_varlen_meta
+    kernels.precompute_blockdiag_varlen_meta = when_known(
+        original, fake_mode=fake_mode, required="block-diagonal CP's segmentation (precompute_blockdiag_varlen_meta)"
+    )
+    try:
+        yield
+    finally:
+        kernels.precompute_blockdiag_varlen_meta = original
+
+
+@contextlib.contextmanager
 def known_inputs(fake_mode: Any) -> Iterator[None]:
-    """All three: constants propagate through the step, the vision index helpers run on the grids' values, and
-    an all-reduce of a known value sums over alike ranks."""
-    with known_values(), known_vision_indices(fake_mode), symmetric_reductions():
+    """All four: constants propagate through the step, the vision index helpers run on the grids' values and a pack's
+    CP segmentation on its document map's, and an all-reduce of a known value sums over alike ranks."""
+    with (
+        known_values(),
+        known_vision_indices(fake_mode),
+        known_document_segments(fake_mode),
+        symmetric_reductions(),
+    ):
         yield
 
 

@@ -72,6 +72,9 @@ class StackRecipe(BaseModel):
     ffpa: bool = False  # the dry run's stand-in for FFPA's CuTeDSL kernels (Gemma-4's CP ring, cp_full_attn_backend)
     dsv4_kernels: bool = False  # the dry run's stand-ins for DeepSeek-V4's TileLang sparse attention and indexer
     thd_batches: bool = False  # the recipe's batches are packed THD (the dry run hands the packing collate's fields)
+    # a packed VLM batch under CP on a class that shards it block-diagonally (Qwen3.5's): the dry run hands the packing
+    # collate's document map and stands in for flash-attn's kernels (stack/flash_varlen.py)
+    blockdiag_cp: bool = False
     te_module: bool = False  # TE's module importable (the stand-in's) where AutoModel imports it whatever the backend
     clip_grad_norm: Any = None  # clip_grad_norm.max_norm (None: AutoModel's default)
     vlm: bool = False  # the VLM recipe (vlm/finetune.py): NeMoAutoModelForImageTextToText and its step

@@ -383,6 +383,28 @@ FFPA = _register(
         _source_has("nemo_automodel.components.attention.ffpa_attention:_ffpa_dense_fwd", "_ffpa_attn_forward_cute")(),
     ),
 )
+FLASH_VARLEN = _register(
+    "flash_attn_varlen_stand_in",
+    "build",
+    "the flash_attn package (flash_attn_func / flash_attn_varlen_func; stand-ins, stack/flash_varlen.py) behind "
+    "nemo_automodel.components.distributed.blockdiag_cp.kernels._flash_varlen_with_long_prefix_guard, with "
+    "kernels.HAS_FLASH_VARLEN set",
+    "A packed VLM batch under context parallelism (Qwen3.5's classes) takes AutoModel's block-diagonal CP path, whose "
+    "softmax attention runs flash-attn's varlen kernel (CUDA) on the all-gathered keys and values. The stand-ins keep "
+    "what flash-attn's Functions keep (q, k, v, the output and an fp32 log-sum-exp a row); AutoModel's packing, "
+    "slicing and scatter around them run as written.",
+    lambda: (
+        _resolve("nemo_automodel.components.distributed.blockdiag_cp.kernels:HAS_FLASH_VARLEN"),
+        _source_has(
+            "nemo_automodel.components.distributed.blockdiag_cp.kernels:_flash_varlen_with_long_prefix_guard",
+            "from flash_attn import flash_attn_func, flash_attn_varlen_func",
+        )(),
+        _source_has(
+            "nemo_automodel.components.distributed.blockdiag_cp.kernels:_cp_blockdiag_varlen",
+            'backend == "flash" and not HAS_FLASH_VARLEN',
+        )(),
+    ),
+)
 GLM_DSA = _register(
     "glm_dsa_tilelang_kernels_stand_in",
     "build",
@@ -607,6 +629,15 @@ def install_ffpa() -> None:
 
     ffpa.install()
     ffpa.on_call = FFPA.count
+
+
+def install_flash_varlen() -> None:
+    """Put the stand-ins for flash-attn's kernels in place for AutoModel's block-diagonal CP (it imports them at each
+    call); their calls are counted."""
+    from . import flash_varlen
+
+    flash_varlen.install()
+    flash_varlen.on_call = FLASH_VARLEN.count
 
 
 def install_glm_dsa() -> None:
@@ -1942,6 +1973,7 @@ __all__ = [
     "install_te_attention",
     "install_fla_gdn",
     "install_ffpa",
+    "install_flash_varlen",
     "install_dsv4_tilelang",
     "install_glm_cudnn_dsa",
     "install_glm_dsa",

@@ -39,10 +39,22 @@ def test_glm52_indexshare_carry_is_what_automodel_declares(attn, seq):
     assert ours == _automodels_carry_bytes("zai-org/GLM-5.2", attn, seq) > 0
 
 
+def test_dense_kernels_under_cp_take_a_ranks_share():
+    """Under CP, train_ft sizes the stage metas from the CP-local length: with the dense kernels the carry is
+    min(index_topk, seq / cp) wide (4,096 / 4 = 1,024 under GLM-5.2's 2,048)."""
+    spec = lookup("zai-org/GLM-5.2")
+    ours = stage_carry_bytes(spec, Training(seq_len=SEQ, attn_backend="sdpa"), cp=4)
+    assert ours == _automodels_carry_bytes("zai-org/GLM-5.2", "sdpa", SEQ // 4) == 4.0 * 1024
+
+
 def test_no_carry_without_shared_indexers():
-    """GLM-5.1 (every layer its own indexer) and GLM-5.2 with indexer_types all full: the hidden states alone."""
+    """GLM-5.1 (every layer its own indexer) and GLM-5.2 with indexer_types all full: the hidden states alone, by
+    AutoModel's metas and by the estimate."""
+    from automodel_dist.catalog.models import from_hf_config
+
     glm51 = lookup("zai-org/GLM-5.1")
     assert stage_carry_bytes(glm51, Training(seq_len=SEQ, attn_backend="tilelang")) == 0.0
     cfg = dict(lookup("zai-org/GLM-5.2").hf_config)
     cfg["indexer_types"] = ["full"] * len(cfg["indexer_types"])
     assert _automodels_carry_bytes("zai-org/GLM-5.2", "cudnn", SEQ, cfg) == 0.0
+    assert stage_carry_bytes(from_hf_config(cfg), Training(seq_len=SEQ, attn_backend="cudnn")) == 0.0

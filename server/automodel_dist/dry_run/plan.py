@@ -339,8 +339,9 @@ def plan_dry_run(
                 "and the packed-sequence metadata) handed over, one document filling the pack (a pack measured as its "
                 "unpacked equivalent), each rank a contiguous share of it; every full-attention layer all-gathers the "
                 "stacked keys and values and runs flash-attn's varlen kernel as a stand-in with its shapes "
-                "(stack/flash_varlen.py: q, k, v, the output and an fp32 log-sum-exp a row kept); the Gated DeltaNet "
-                "layers take the same document boundaries into fla's CP context"
+                "(stack/flash_varlen.py: q, k, v, the output and an fp32 log-sum-exp a row kept; its backward's fp32 "
+                "dq accumulator and, under GQA, dk and dv at the query's head count); the Gated DeltaNet layers take "
+                "the same document boundaries into fla's CP context"
             )
         elif spec.linear_mixer == "kda":
             subs.append(
@@ -541,6 +542,15 @@ def plan_dry_run(
                     + ", and hold neither end (estimate/memory.py peak_candidate_pp_ranks); `--rank R` (MCP `ranks`) "
                     "measures any of them"
                 )
+        if blockdiag_cp and lay is not None and lay.device_mesh() is not None:
+            # block-diagonal CP's ranks are not alike: each copies the keys and values its documents reach, the last
+            # one's reaching back over the whole pack (rank 0 holds the pack's first images instead)
+            last = lay.group("cp", 0)[-1]
+            ranks.append(last)
+            notes.append(
+                f"measured rank 0 and the last rank of its CP group ({last}): under block-diagonal CP each rank's "
+                "attention copies the keys and values its documents reach, the last rank's over the whole pack"
+            )
     bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < d.world_size]
     if bad or not ranks:
         raise DryRunUsageError(f"ranks must be in [0, {d.world_size}), got {ranks!r}")

@@ -1008,15 +1008,16 @@ def optimizer_states_per_param(tr: Training, param_bytes: int | None = None) -> 
 MAX_ACTIVE_STAGES = 3  # torch.distributed.pipelining.schedules._add_unshard_reshard's default
 
 
-def stage_carry_bytes(m: ModelSpec, tr: Training) -> float:
+def stage_carry_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> float:
     """Bytes a token of the top-k carry that crosses every pipeline stage boundary beside the residual stream, in each
     direction (0: none). AutoModel's GLM-5.2 class with IndexShare layers (get_pipeline_stage_metas) sends the running
     DSA selection on as an fp32 tensor of index_topk a token under the THD kernels (backend.attn tilelang or cudnn),
-    min(index_topk, seq) under the dense ones; torch's pipeline treats it as an activation: a receive buffer for it
-    and one for its (zero) gradient, as for the hidden states."""
+    min(index_topk, seq) under the dense ones, seq a CP rank's share (train_ft sizes the stage metas after the CP
+    split); torch's pipeline treats it as an activation: a receive buffer for it and one for its (zero) gradient, as
+    for the hidden states."""
     if not m.index_shared_layers or m.architecture != "GlmMoeDsaForCausalLM":
         return 0.0
-    topk = m.index_topk if tr.attn_backend in ("tilelang", "cudnn") else min(m.index_topk, tr.seq_len)
+    topk = m.index_topk if tr.attn_backend in ("tilelang", "cudnn") else min(m.index_topk, tr.seq_len // cp)
     return 4.0 * topk
 
 
@@ -1369,7 +1370,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         buffers = (spr - (1 if g.first else 0)) + (spr - (1 if g.last else 0))
         # what crosses a stage boundary is the residual stream (DeepSeek-V4's get_pipeline_stage_metas: its hc_mult
         # streams; the dry run of its Pro recipe's last rank: 39 receive buffers [1, 4096, 4, 7168])
-        carry = stage_carry_bytes(m, tr)  # a token's IndexShare top-k carry (GLM-5.2), beside the residual stream
+        carry = stage_carry_bytes(m, tr, p.cp)  # a token's IndexShare top-k carry (GLM-5.2), beside the residual stream
         p2p = buffers * per_direction * tokens * (m.residual_width * comp + carry)
         edge = (int(g.first) - int(g.last)) * tokens * m.residual_width * comp  # per in-flight microbatch
         acts += edge * inflight

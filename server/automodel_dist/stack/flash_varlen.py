@@ -6,25 +6,29 @@ them runs as written: the all-gather of the stacked K/V, the packed ``contiguous
 and of the keys and values its documents reach, the output buffer it scatters into. Only the kernels are replaced.
 Only the dry run's worker imports this module.
 
-Memory model (flash-attn 2's autograd Functions; T query tokens of a call, Hq query heads, Hkv key heads, D head dim):
-  forward keeps q, k, v as handed (the packed copies), the output [T, Hq, D] in q's dtype and an fp32 log-sum-exp
-  [Hq, T]; backward returns dq, dk, dv like q, k, v (grouped K/V kept grouped).
-The stand-in runs torch's own flash-attention operator on the same tensors as a batch of one ([1, H, T, D] views),
-whose shape functions give those outputs and whose autograd node keeps those tensors: the bytes a GPU's flash-attn
-keeps, never a T x T score matrix. A varlen call's documents are one call here: what it keeps does not depend on
-where the documents split. The kernels' own workspaces are not measured.
+Memory model (flash-attn 2's autograd Functions and its C++ backward, flash_api.cpp ``mha_varlen_bwd`` / ``mha_bwd``;
+T query tokens of a call over ``n`` sequences, Tk key tokens, Hq query heads, Hkv key heads, D head dim):
+  forward keeps q, k, v as handed (the packed copies), the output like q and an fp32 log-sum-exp ([Hq, T] varlen,
+  [B, Hq, S] fixed-length); backward makes dq, dk, dv like q, k, v and, while it runs, an fp32 dq accumulator
+  ([T + 128 n, Hq, D rounded up to 32, or 256 past 192] varlen; [B, S rounded up to 128, Hq, D rounded] fixed-length),
+  an fp32 softmax_d of the log-sum-exp's rows, and with fewer key than query heads (GQA) dk and dv at the query's head
+  count ([Tk, Hq, D] each, in q's dtype), summed into the grouped dk and dv before it returns.
+A varlen call's documents are one call here: what it keeps does not depend on where the documents split (the
+accumulator's 128 rows a document do, and are counted). The stand-ins allocate exactly those tensors, never a T x Tk
+score matrix; the kernels' shared-memory and register state is not memory the allocator sees.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from .stand_in import stand_in_module
 
-on_call: Any = None  # called at each stood-in kernel call (the dry run's shim counts them)
+on_call: Any = None  # called at each stood-in kernel call that returned (the dry run's shim counts them)
 MODULE = "flash_attn"
 
 
@@ -33,20 +37,47 @@ def _count() -> None:
         on_call()
 
 
-def _flash(q: Any, k: Any, v: Any, dropout_p: float, softmax_scale: float | None, causal: bool) -> Any:
-    """torch's flash-attention operator on [T, H, D] tensors, as one sequence: the output [T, Hq, D]."""
+def _rounded_head_dim(d: int) -> int:
+    """flash-attn 2's head_size_rounded (its backward's accumulator width)."""
+    return -(-d // 32) * 32 if d <= 192 else 256
+
+
+@functools.cache
+def _function() -> Any:
+    """flash-attn's forward and backward as one autograd Function on ``[rows, heads, dim]`` tensors (varlen: all
+    the call's tokens as rows; fixed-length: a sequence's); built on first use (torch is imported by the rank)."""
     import torch
 
-    op = torch.ops.aten._scaled_dot_product_flash_attention.default
-    out = op(
-        q.transpose(0, 1)[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        dropout_p,
-        causal,
-        scale=softmax_scale,
-    )
-    return out[0][0].transpose(0, 1)
+    class FlashAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Any, k: Any, v: Any, batch: int, varlen: bool) -> Any:
+            rows = q.shape[0] // batch  # (fixed-length: each sequence's queries)
+            out = torch.empty_like(q)
+            lse_shape = (q.shape[1], q.shape[0]) if varlen else (batch, q.shape[1], rows)
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.batch, ctx.varlen = batch, varlen
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: Any) -> Any:
+            q, k, v, _, _ = ctx.saved_tensors
+            heads, d = q.shape[1], q.shape[2]
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+            if ctx.varlen:
+                accum_rows = q.shape[0] + 128 * ctx.batch
+            else:
+                accum_rows = ctx.batch * -(-(q.shape[0] // ctx.batch) // 128) * 128
+            workspace = [
+                torch.empty((accum_rows, heads, _rounded_head_dim(d)), dtype=torch.float32, device=q.device),
+                torch.empty((heads, accum_rows), dtype=torch.float32, device=q.device),  # softmax_d
+            ]
+            if k.shape[1] != heads:  # GQA: dk and dv at the query's heads, summed into the grouped ones
+                workspace += [torch.empty((k.shape[0], heads, d), dtype=q.dtype, device=q.device) for _ in "kv"]
+            del workspace
+            return (*grads, None, None)
+
+    return FlashAttention
 
 
 def flash_attn_varlen_func(
@@ -63,8 +94,9 @@ def flash_attn_varlen_func(
     **kwargs: Any,
 ) -> Any:
     """flash-attn's varlen call on packed ``[total, heads, dim]`` tensors: the output ``[total_q, Hq, D]``."""
+    out = _function().apply(q, k, v, max(1, len(cu_seqlens_q) - 1), True)
     _count()
-    return _flash(q, k, v, dropout_p, softmax_scale, causal)
+    return out
 
 
 def flash_attn_func(
@@ -77,11 +109,10 @@ def flash_attn_func(
     **kwargs: Any,
 ) -> Any:
     """flash-attn's fixed-length call on ``[batch, seq, heads, dim]`` tensors: the output like q."""
-    import torch
-
+    b = q.shape[0]
+    out = _function().apply(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), b, False)
     _count()
-    outs = [_flash(q[i], k[i], v[i], dropout_p, softmax_scale, causal) for i in range(q.shape[0])]
-    return outs[0][None] if len(outs) == 1 else torch.stack(outs)  # (one sequence: a view, as the kernel's output)
+    return out.unflatten(0, (b, q.shape[1]))
 
 
 def install() -> None:

@@ -138,7 +138,7 @@ def qwen_batch(
             positions = owner.get_rope_index(ids, kinds, image_grid_thw=grids)[0]
     known = fake_mode.fake_tensor_converter
     if not images_per_sample:  # text-only data: the collate hands over no pixels
-        return _text(fake_mode, ids, labels)
+        return _text(fake_mode, ids, labels) | (_document_map(fake_mode, batch, seq) if packed else {})
     out = {
         **_text(fake_mode, ids, labels),
         "mm_token_type_ids": known.from_real_tensor(fake_mode, kinds, make_constant=True),
@@ -161,23 +161,14 @@ def qwen_batch(
 def _document_map(fake_mode: Any, batch: int, seq: int) -> dict[str, Any]:
     """The packing collate's document fields for packs of one document filling ``seq`` tokens (collate_fns.py's
     packed VLM collate with ``materialize_4d_mask`` off, as a context-parallel VLM path asks): the indexed map as
-    ``attention_mask`` and ``_packed_seq_ids``, and AutoModel's own packed-sequence metadata built from it."""
+    ``attention_mask`` and ``_packed_seq_ids``, and AutoModel's own packed-sequence metadata built from it, all known
+    values."""
     import torch
     from nemo_automodel.components.datasets.packing import build_packed_sequence_metadata
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    with unset_fake_temporarily():
-        doc_ids = torch.ones(batch, seq, dtype=torch.long)
-        meta = build_packed_sequence_metadata(doc_ids)
-    known = fake_mode.fake_tensor_converter
-
-    def lift(value: Any) -> Any:
-        return (
-            known.from_real_tensor(fake_mode, value, make_constant=True) if isinstance(value, torch.Tensor) else value
-        )
-
-    ids = lift(doc_ids)
-    return {"attention_mask": ids, "_packed_seq_ids": ids, **{k: lift(v) for k, v in meta.items()}}
+    ids = on_values(fake_mode, torch.ones, (batch, seq), {"dtype": torch.long})
+    meta = on_values(fake_mode, build_packed_sequence_metadata, (ids.constant,), {})
+    return {"attention_mask": ids, "_packed_seq_ids": ids, **meta}
 
 
 def gemma_batch(

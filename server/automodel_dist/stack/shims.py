@@ -391,10 +391,12 @@ FLASH_VARLEN = _register(
     "kernels.HAS_FLASH_VARLEN set",
     "A packed VLM batch under context parallelism (Qwen3.5's classes) takes AutoModel's block-diagonal CP path, whose "
     "softmax attention runs flash-attn's varlen kernel (CUDA) on the all-gathered keys and values. The stand-ins keep "
-    "what flash-attn's Functions keep (q, k, v, the output and an fp32 log-sum-exp a row); AutoModel's packing, "
-    "slicing and scatter around them run as written.",
+    "what flash-attn's Functions keep (q, k, v, the output and an fp32 log-sum-exp a row) and allocate what its "
+    "backward allocates (an fp32 dq accumulator, softmax_d, and under GQA dk and dv at the query's head count); "
+    "AutoModel's packing, slicing and scatter around them run as written.",
     lambda: (
         _resolve("nemo_automodel.components.distributed.blockdiag_cp.kernels:HAS_FLASH_VARLEN"),
+        _resolve("nemo_automodel.components.distributed.blockdiag_cp.runtime:_ORIGINAL_SDPA"),
         _source_has(
             "nemo_automodel.components.distributed.blockdiag_cp.kernels:_flash_varlen_with_long_prefix_guard",
             "from flash_attn import flash_attn_func, flash_attn_varlen_func",
@@ -1817,7 +1819,14 @@ def flash_sdpa() -> Iterator[None]:
         # grouped K/V as the GPU kernel takes them (no expanded copies kept for backward)
         return op(query, key, value, dropout_p, causal, scale=scale)[0]
 
-    with _patched(F, "scaled_dot_product_attention", sdpa_flash):
+    # AutoModel's block-diagonal CP captured SDPA when it was imported, and calls that for its dense fallback (a
+    # query neither fp16 nor bf16): the GPU's kernel there too
+    from nemo_automodel.components.distributed.blockdiag_cp import runtime as blockdiag_runtime
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_patched(F, "scaled_dot_product_attention", sdpa_flash))
+        if hasattr(blockdiag_runtime, "_ORIGINAL_SDPA"):  # (FLASH_VARLEN's check reports it gone)
+            stack.enter_context(_patched(blockdiag_runtime, "_ORIGINAL_SDPA", sdpa_flash))
         yield
 
 

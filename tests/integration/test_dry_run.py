@@ -1188,6 +1188,16 @@ freeze_config:
     worst = max(r.peak.total for r in packed.ranks)
     assert abs(worst - rank.peak.total) / rank.peak.total < 0.02
     assert packed.estimate is not None and abs(packed.estimate["total"] - worst) / worst < 0.15
+    # the dense Qwen3.5 VLM's CP hook shards round-robin whatever the batch: no block-diagonal path to run
+    dense = plan_dry_run(
+        Request.of(
+            recipe.replace("Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-4B").replace("  ep_size: 2\n", "")
+            + "packed_sequence:\n  pack_size: 2048\n",
+            world_size=2,
+        ),
+        num_layers=4,
+    )
+    assert not dense.specs and "shards round-robin, not block-diagonally" in " ".join(dense.not_measured)
     nxt = recipe.replace("Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3-Next-80B-A3B-Instruct").replace(
         "FinetuneRecipeForVLM", "TrainFinetuneRecipeForNextTokenPrediction"
     )

@@ -331,6 +331,13 @@ def plan_dry_run(
                 "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
                 "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
             )
+        elif w.vlm_packed and media is not None and impl.architecture not in BLOCKDIAG_CP_CLASSES:
+            blocking.append(
+                f"a packed VLM batch under context parallelism on {impl.architecture}: its CP hook shards round-robin, not "
+                "block-diagonally (only Qwen3.5-MoE's class takes AutoModel's block-diagonal CP path), and the dry run "
+                "does not run a packed batch through that hook (its text model checks the packing collate's "
+                "packed-sequence metadata under that CP): not measured"
+            )
         elif w.vlm_packed and media is not None:
             blockdiag_cp = True
             subs.append(
@@ -665,6 +672,10 @@ def plan_dry_run(
         unmeasured_ranks=unmeasured,
     )
 
+
+# AutoModel's classes whose CP hook picks the block-diagonal CP path for a packed batch (prepare_model_inputs_for_cp
+# with make_cp_blockdiag_batch_and_ctx); the dense Qwen3.5 VLM shards round-robin whatever the batch
+BLOCKDIAG_CP_CLASSES = frozenset({"Qwen3_5MoeForConditionalGeneration"})
 
 # AutoModel's classes whose linear-attention layers run under CP: the Gated DeltaNet ones through
 # cp_linear_attn.CPAwareGatedDeltaNet (Qwen3-Next's declares no CP support), Kimi-Linear's KDA through fla's CP

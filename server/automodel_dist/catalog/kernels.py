@@ -114,6 +114,17 @@ OWN_MLA_ATTENTION = frozenset({"KimiLinear48BForCausalLM"})
 # eager_attention_with_sink; tilelang runs its sparse-attention kernel instead)
 EAGER_UNLESS_TILELANG = frozenset({"DeepseekV4ForCausalLM"})
 
+# AutoModel's classes whose CP hook picks its block-diagonal CP path for a packed batch (prepare_model_inputs_for_cp
+# with make_cp_blockdiag_batch_and_ctx); the dense Qwen3.5 VLM shards round-robin whatever the batch
+BLOCKDIAG_CP_CLASSES = frozenset({"Qwen3_5MoeForConditionalGeneration"})
+
+
+def takes_blockdiag_cp(architecture: str | None, *, hf_class: bool, cp: int, packed_vlm: bool) -> bool:
+    """Whether a step runs AutoModel's block-diagonal CP (blockdiag_cp/): a packed VLM batch under CP on a class whose
+    CP hook picks it, each rank a contiguous share of the pack, its softmax attention over the all-gathered keys and
+    values through flash-attn's varlen kernel."""
+    return packed_vlm and cp > 1 and not hf_class and architecture in BLOCKDIAG_CP_CLASSES
+
 
 def runs_eager_attention(
     attn_implementation: str | None,

@@ -11,7 +11,7 @@ from typing import Any
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import builds_own_class, implementation
-from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS, runs_eager_attention
+from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS, runs_eager_attention, takes_blockdiag_cp
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
@@ -331,7 +331,11 @@ def plan_dry_run(
                 "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
                 "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
             )
-        elif w.vlm_packed and media is not None and impl.architecture not in BLOCKDIAG_CP_CLASSES:
+        elif (
+            w.vlm_packed
+            and media is not None
+            and not takes_blockdiag_cp(spec.architecture, hf_class=False, cp=d.cp, packed_vlm=True)
+        ):
             blocking.append(
                 f"a packed VLM batch under context parallelism on {impl.architecture}: its CP hook shards round-robin, not "
                 "block-diagonally (only Qwen3.5-MoE's class takes AutoModel's block-diagonal CP path), and the dry run "
@@ -672,10 +676,6 @@ def plan_dry_run(
         unmeasured_ranks=unmeasured,
     )
 
-
-# AutoModel's classes whose CP hook picks the block-diagonal CP path for a packed batch (prepare_model_inputs_for_cp
-# with make_cp_blockdiag_batch_and_ctx); the dense Qwen3.5 VLM shards round-robin whatever the batch
-BLOCKDIAG_CP_CLASSES = frozenset({"Qwen3_5MoeForConditionalGeneration"})
 
 # AutoModel's classes whose linear-attention layers run under CP: the Gated DeltaNet ones through
 # cp_linear_attn.CPAwareGatedDeltaNet (Qwen3-Next's declares no CP support), Kimi-Linear's KDA through fla's CP

@@ -92,6 +92,7 @@ from ..catalog.kernels import (
     hf_text_layer,
     liger_applies,
     runs_eager_attention,
+    takes_blockdiag_cp,
     tp_splits_vocab,
 )
 from ..catalog.models import ModelSpec
@@ -171,6 +172,7 @@ class Training:
     attn_implementation: str | None = None  # model.attn_implementation (catalog/kernels.runs_eager_attention)
     attn_backend: str | None = None  # model.backend.attn (AutoModel's own classes; catalog/kernels.EAGER_UNLESS_TE)
     packed: bool = False  # packed sequences (AutoModel then picks a flash kernel for a Hugging Face class)
+    packed_vlm: bool = False  # the VLM step packs its samples (catalog/kernels.takes_blockdiag_cp under CP)
     compile: bool = False  # distributed.enable_compile (attention and MLP checkpointed apart from the norms)
     experts: str | None = None  # model.backend.experts: torch (one expert at a time) or a grouped GEMM
     dispatcher: str | None = None  # model.backend.dispatcher (catalog/kernels.LOCAL_DISPATCHERS, or the torch path)
@@ -1441,7 +1443,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
     fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
-    ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp)
+    ring = (
+        gemma4_ring_backward_bytes(m, p, tr, g, comp)
+        + gathered_mla_backward_bytes(m, p, tr, g, comp)
+        + blockdiag_attention_backward_bytes(m, p, tr, g, comp)
+    )
     block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
@@ -1664,6 +1670,41 @@ def gathered_mla_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: 
         return 0.0
     grads = kept - 8 * m.kv_lora_rank  # the keys' and values' gradients beside them
     return tr.micro_batch_size * tr.seq_len * (kept + grads)
+
+
+def blockdiag_attention_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, comp: float) -> float:
+    """The backward transient of one full-attention layer under AutoModel's block-diagonal CP
+    (catalog/kernels.takes_blockdiag_cp) on the last rank of a CP group, whose documents reach back over the whole pack
+    (one document filling it, as the dry run measures a pack): at flash-attn's varlen backward, the packed copies of
+    the keys and values it reaches past its own share (kept for that backward) and their gradients, flash-attn 2's
+    GQA buffers, dk and dv at the query's head count over every key (flash_api.cpp mha_varlen_bwd), and its fp32 dq
+    accumulator for the rank's queries, 128 spare rows a sequence. Held to AutoModel's varlen attention around the
+    dry run's stand-in (tests/oracle/test_flash_varlen.py) and to the dry run of the corpus's 122B recipe."""
+    packed_vlm = tr.packed_vlm and tr.vlm_step
+    if not g.n_layers or not takes_blockdiag_cp(m.architecture, hf_class=tr.hf_class, cp=p.cp, packed_vlm=packed_vlm):
+        return 0.0
+    if m.layer_attention and "full" not in m.layer_attention:
+        return 0.0
+    keys = tr.micro_batch_size * tr.seq_len
+    kv_heads = (m.full_kv_heads or m.num_key_value_heads) / p.tp
+    return blockdiag_flash_backward_bytes(
+        keys, keys / p.cp, tr.micro_batch_size, m.num_attention_heads / p.tp, kv_heads, m.full_head_dim or m.hd, comp
+    )
+
+
+def blockdiag_flash_backward_bytes(
+    keys: float, local: float, sequences: int, heads: float, kv_heads: float, head_dim: int, comp: float
+) -> float:
+    """``blockdiag_attention_backward_bytes`` for a rank whose ``local`` queries reach ``keys`` keys: the packed key
+    and value copies past its own share and their gradients, dk and dv expanded to the query's heads under GQA, and
+    the fp32 dq accumulator. A document reaching back past the rank's share takes AutoModel's long-prefix guard, whose
+    fixed-length flash call rounds each sequence's queries up to 128 rows (flash-attn 2's mha_bwd), the head dim as
+    flash-attn 2 rounds it."""
+    reach = 4 * (keys - local) * kv_heads * head_dim * comp
+    expanded = 2 * keys * heads * head_dim * comp if kv_heads != heads else 0.0
+    rounded = -(-head_dim // 32) * 32 if head_dim <= 192 else 256
+    accum = 4.0 * sequences * (-(-local / sequences // 128) * 128) * heads * rounded
+    return reach + expanded + accum
 
 
 def ring_chunks_backward_bytes(

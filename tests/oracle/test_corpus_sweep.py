@@ -185,9 +185,8 @@ def test_sample_agrees_per_category():
 
 
 # The sized recipes the dry run cannot measure here (the sweep of docs/corpus-sweep.md): strict, so a fix shows.
-NOT_MEASURED: dict[
-    str, str
-] = {}  # none at present (qwen3_5_122b_128k_ep8cp32 was, until the block-diagonal CP path ran)
+# (none at present: qwen3_5_122b_128k_ep8cp32 was, until the block-diagonal CP path ran)
+NOT_MEASURED: dict[str, str] = {}
 # Measured recipes the estimate misses by more than MEMORY_ERROR (left out of the per-category agreement): strict.
 ESTIMATE_MISSES: dict[str, str] = {}  # none at present (DeepSeek-V4 Pro was -18% until its fp32 logits were counted)
 # Recipes where the dry run or the estimate is known to miss (the sweep of docs/corpus-sweep.md): strict, so a fix shows.

@@ -126,6 +126,20 @@ def takes_blockdiag_cp(architecture: str | None, *, hf_class: bool, cp: int, pac
     return packed_vlm and cp > 1 and not hf_class and architecture in BLOCKDIAG_CP_CLASSES
 
 
+def flash_attn_head_dim_rounded(head_dim: int) -> int:
+    """flash-attn 2's head_size_rounded: its backward's fp32 dq accumulator width (flash_api.cpp)."""
+    return -(-head_dim // 32) * 32 if head_dim <= 192 else 256
+
+
+def flash_attn_dq_accum_rows(queries: int, sequences: int, *, varlen: bool) -> int:
+    """Rows of flash-attn 2's backward's fp32 dq accumulator for ``queries`` query tokens over ``sequences``
+    sequences: a varlen call's queries plus 128 a sequence (mha_varlen_bwd), a fixed-length call's each sequence's
+    rounded up to 128 (mha_bwd's seqlen_q_rounded)."""
+    if varlen:
+        return queries + 128 * sequences
+    return sequences * (-(-(queries // sequences) // 128) * 128)
+
+
 def runs_eager_attention(
     attn_implementation: str | None,
     *,

@@ -331,29 +331,27 @@ def plan_dry_run(
                 "linear-attention layers under context parallelism on a class without AutoModel's CP-aware layer "
                 "(qwen3_5_moe/cp_linear_attn.py, kimi_linear/cp.py) are not run by the dry run: not measured"
             )
-        elif (
-            w.vlm_packed
-            and media is not None
-            and not takes_blockdiag_cp(spec.architecture, hf_class=False, cp=d.cp, packed_vlm=True)
-        ):
-            blocking.append(
-                f"a packed VLM batch under context parallelism on {impl.architecture}: its CP hook shards round-robin, not "
-                "block-diagonally (only Qwen3.5-MoE's class takes AutoModel's block-diagonal CP path), and the dry run "
-                "does not run a packed batch through that hook (its text model checks the packing collate's "
-                "packed-sequence metadata under that CP): not measured"
-            )
         elif w.vlm_packed and media is not None:
-            blockdiag_cp = True
-            subs.append(
-                "a packed VLM batch under context parallelism takes AutoModel's block-diagonal CP path, which the dry "
-                "run runs as written: the packing collate's document map (_packed_seq_ids, the indexed attention mask "
-                "and the packed-sequence metadata) handed over, one document filling the pack (a pack measured as its "
-                "unpacked equivalent), each rank a contiguous share of it; every full-attention layer all-gathers the "
-                "stacked keys and values and runs flash-attn's varlen kernel as a stand-in with its shapes "
-                "(stack/flash_varlen.py: q, k, v, the output and an fp32 log-sum-exp a row kept; its backward's fp32 "
-                "dq accumulator and, under GQA, dk and dv at the query's head count); the Gated DeltaNet layers take "
-                "the same document boundaries into fla's CP context"
-            )
+            blockdiag_cp = takes_blockdiag_cp(spec.architecture, hf_class=False, cp=d.cp, packed_vlm=True)
+            if not blockdiag_cp:
+                blocking.append(
+                    f"a packed VLM batch under context parallelism on {impl.architecture}: its CP hook shards "
+                    "round-robin, not block-diagonally (only Qwen3.5-MoE's class takes AutoModel's block-diagonal CP "
+                    "path), and the dry run does not run a packed batch through that hook (its text model checks the "
+                    "packing collate's packed-sequence metadata under that CP): not measured"
+                )
+            else:
+                subs.append(
+                    "a packed VLM batch under context parallelism takes AutoModel's block-diagonal CP path, which the "
+                    "dry run runs as written: the packing collate's document map (_packed_seq_ids, the indexed "
+                    "attention mask and the packed-sequence metadata) handed over, one document filling the pack (a "
+                    "pack measured as its unpacked equivalent), each rank a contiguous share of it; every "
+                    "full-attention layer all-gathers the stacked keys and values and runs flash-attn's varlen kernel "
+                    "as a stand-in with its shapes (stack/flash_varlen.py: q, k, v, the output and an fp32 "
+                    "log-sum-exp a row kept; its backward's fp32 dq accumulator and, under GQA, dk and dv at the "
+                    "query's head count); the Gated DeltaNet layers take the same document boundaries into fla's CP "
+                    "context"
+                )
         elif spec.linear_mixer == "kda":
             subs.append(
                 "KDA layers under context parallelism run fla's context-parallel path as stand-ins with its shapes "

@@ -88,6 +88,8 @@ from ..catalog.kernels import (
     OWN_MLA_ATTENTION,
     TRANSFORMERS_DECODER_LAYERS,
     HFLayer,
+    flash_attn_dq_accum_rows,
+    flash_attn_head_dim_rounded,
     hf_layer,
     hf_text_layer,
     liger_applies,
@@ -1678,10 +1680,11 @@ def blockdiag_attention_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Traini
     (one document filling it, as the dry run measures a pack): at flash-attn's varlen backward, the packed copies of
     the keys and values it reaches past its own share (kept for that backward) and their gradients, flash-attn 2's
     GQA buffers, dk and dv at the query's head count over every key (flash_api.cpp mha_varlen_bwd), and its fp32 dq
-    accumulator for the rank's queries, 128 spare rows a sequence. Held to AutoModel's varlen attention around the
-    dry run's stand-in (tests/oracle/test_flash_varlen.py) and to the dry run of the corpus's 122B recipe."""
-    packed_vlm = tr.packed_vlm and tr.vlm_step
-    if not g.n_layers or not takes_blockdiag_cp(m.architecture, hf_class=tr.hf_class, cp=p.cp, packed_vlm=packed_vlm):
+    accumulator for the rank's queries. Held to AutoModel's varlen attention around the dry run's stand-in
+    (tests/oracle/test_flash_varlen.py) and to the dry run of the corpus's 122B recipe."""
+    if not g.n_layers or not takes_blockdiag_cp(
+        m.architecture, hf_class=tr.hf_class, cp=p.cp, packed_vlm=tr.packed_vlm
+    ):
         return 0.0
     if m.layer_attention and "full" not in m.layer_attention:
         return 0.0
@@ -1702,9 +1705,8 @@ def blockdiag_flash_backward_bytes(
     flash-attn 2 rounds it."""
     reach = 4 * (keys - local) * kv_heads * head_dim * comp
     expanded = 2 * keys * heads * head_dim * comp if kv_heads != heads else 0.0
-    rounded = -(-head_dim // 32) * 32 if head_dim <= 192 else 256
-    accum = 4.0 * sequences * (-(-local / sequences // 128) * 128) * heads * rounded
-    return reach + expanded + accum
+    rows = flash_attn_dq_accum_rows(int(local), sequences, varlen=False)
+    return reach + expanded + 4.0 * rows * heads * flash_attn_head_dim_rounded(head_dim)
 
 
 def ring_chunks_backward_bytes(

@@ -189,7 +189,7 @@ def training_for(
         attn_implementation=w.attn_implementation,
         attn_backend=w.attn_backend,
         packed=w.packed,
-        packed_vlm=w.vlm_packed,
+        packed_vlm=w.vlm_packed and w.vlm_step,
         compile=compile_layers,
         experts=w.backend.get("experts") if isinstance(w.backend.get("experts"), str) else None,
         dispatcher=w.backend.get("dispatcher") if isinstance(w.backend.get("dispatcher"), str) else None,

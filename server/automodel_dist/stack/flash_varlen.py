@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ..catalog.kernels import flash_attn_dq_accum_rows, flash_attn_head_dim_rounded
 from .stand_in import stand_in_module
 
 on_call: Any = None  # called at each stood-in kernel call that returned (the dry run's shim counts them)
@@ -35,11 +36,6 @@ MODULE = "flash_attn"
 def _count() -> None:
     if on_call is not None:
         on_call()
-
-
-def _rounded_head_dim(d: int) -> int:
-    """flash-attn 2's head_size_rounded (its backward's accumulator width)."""
-    return -(-d // 32) * 32 if d <= 192 else 256
 
 
 @functools.cache
@@ -64,12 +60,9 @@ def _function() -> Any:
             q, k, v, _, _ = ctx.saved_tensors
             heads, d = q.shape[1], q.shape[2]
             grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-            if ctx.varlen:
-                accum_rows = q.shape[0] + 128 * ctx.batch
-            else:
-                accum_rows = ctx.batch * -(-(q.shape[0] // ctx.batch) // 128) * 128
+            accum_rows = flash_attn_dq_accum_rows(q.shape[0], ctx.batch, varlen=ctx.varlen)
             workspace = [
-                torch.empty((accum_rows, heads, _rounded_head_dim(d)), dtype=torch.float32, device=q.device),
+                torch.empty((accum_rows, heads, flash_attn_head_dim_rounded(d)), dtype=torch.float32, device=q.device),
                 torch.empty((heads, accum_rows), dtype=torch.float32, device=q.device),  # softmax_d
             ]
             if k.shape[1] != heads:  # GQA: dk and dv at the query's heads, summed into the grouped ones

@@ -3,7 +3,8 @@ resize to a patch grid, the grid's patches and the placeholder tokens each image
 Qwen-VL processors (a resize within pixel bounds, flattened patches, merged 2 x 2 into a token), Gemma-3's (every
 image resized to its SigLIP tower's square, pooled to ``mm_tokens_per_image`` tokens), Gemma-4's and Mistral3's Pixtral
 processor (resized within a longest edge to whole merge cells, a row break token after each row of placeholders) and
-Kimi-VL's (scaled within a patch limit, padded to whole merge cells). The estimate sizes the vision
+Kimi-VL's (scaled within a patch limit, padded to whole merge cells) and Muse-Glimmer's (the grid of merge cells
+nearest the image's aspect ratio within a token budget, flattened patches as Qwen-VL's). The estimate sizes the vision
 tower's work from it and the dry run builds its batch from it; the tests hold ``smart_resize`` to transformers' own
 ``smart_resize``.
 
@@ -14,6 +15,7 @@ within the processor class's defaults (the checkpoint's own preprocessor_config.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -95,6 +97,41 @@ def is_kimi_vl_tower(cfg: Any) -> bool:
     )
 
 
+# transformers' MuseGlimmerImageProcessor default (5.18): the merged tokens an image may take
+MUSE_GLIMMER_IMAGE_TOKENS = 4096
+
+
+def is_muse_glimmer_tower(cfg: Any) -> bool:
+    """Muse-Glimmer's tower and adapter (AutoModel's native class), with the image token id its batch needs."""
+    if not (isinstance(cfg, dict) and cfg.get("model_type") == "muse_glimmer"):
+        return False
+    vision = cfg.get("vision_config")
+    return (
+        isinstance(vision, dict)
+        and vision.get("model_type") == "muse_glimmer_vision"
+        and isinstance(cfg.get("image_token_id"), int)
+    )
+
+
+def muse_glimmer_resize(height: int, width: int, cell: int, max_tokens: int) -> tuple[int, int]:
+    """transformers' Muse-Glimmer ``smart_resize`` (image_processing_muse_glimmer, 5.18): the whole grid of ``cell``
+    pixel cells (patch x merge) nearest the image's aspect ratio within ``max_tokens`` cells, from the floors and
+    ceilings of its ideal grid (ties resolved in the same order as transformers', which walks the same set)."""
+    ideal_h, ideal_w = height / cell, width / cell
+    ratio = ideal_w / ideal_h if ideal_h > 0 else 1.0
+    if ideal_h * ideal_w > max_tokens:
+        ideal_h = (max_tokens / ratio) ** 0.5
+        ideal_w = ideal_h * ratio
+    candidates = list(
+        set(itertools.product([math.floor(ideal_h), math.ceil(ideal_h)], [math.floor(ideal_w), math.ceil(ideal_w)]))
+    )
+    candidates = [(h, w) for h, w in candidates if h >= 1 and w >= 1 and h * w <= max_tokens]
+    if not candidates:
+        candidates = [(max(1, round(ideal_h)), max(1, round(ideal_w)))]
+    h, w = min(candidates, key=lambda grid: abs(grid[0] / grid[1] - height / width))
+    return h * cell, w * cell
+
+
 def moonvit_merge(vision: dict[str, Any]) -> tuple[int, int]:
     """MoonViT's merge kernel (patches merged into one token along each side), MoonViTConfig's default [2, 2]; a
     malformed one is refused (AutoModel's projector could not be built from it)."""
@@ -172,7 +209,7 @@ class ImageGeometry:
     grid: tuple[int, int, int]  # (t, h, w) patches
     patch_size: int
     merge: int  # patches per token along a side (Qwen-VL's spatial merge, Gemma-3's and Gemma-4's pooling kernel)
-    processor: Literal["qwen", "gemma3", "gemma4", "pixtral", "kimi"] = "qwen"
+    processor: Literal["qwen", "gemma3", "gemma4", "pixtral", "kimi", "muse_glimmer"] = "qwen"
     padded_patches: int = 0  # the patches the processor pads every image to (Gemma-4's budget; 0: none)
 
     @property
@@ -256,6 +293,15 @@ def kimi_vl_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeomet
     return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge[0], processor="kimi")
 
 
+def muse_glimmer_image(cfg: dict[str, Any], image_px: tuple[int, int]) -> ImageGeometry:
+    """One image as Muse-Glimmer's processor hands it over: resized to whole cells of patch x merge pixels within its
+    token budget, flattened patches (an image is one temporal step), merged merge x merge into a placeholder token."""
+    vision = cfg["vision_config"]
+    patch, merge = int(vision.get("patch_size", 14)), int(vision.get("merge_size", 2))
+    h, w = muse_glimmer_resize(image_px[0], image_px[1], patch * merge, MUSE_GLIMMER_IMAGE_TOKENS)
+    return ImageGeometry(grid=(1, h // patch, w // patch), patch_size=patch, merge=merge, processor="muse_glimmer")
+
+
 def vlm_image(
     cfg: dict[str, Any], image_px: tuple[int, int], bounds: tuple[int | None, int | None]
 ) -> ImageGeometry | None:
@@ -269,6 +315,8 @@ def vlm_image(
         return gemma3_image(cfg)
     if is_gemma4_tower(cfg):
         return gemma4_image(cfg, image_px)
+    if is_muse_glimmer_tower(cfg):
+        return muse_glimmer_image(cfg, image_px)
     if is_qwen_tower(cfg.get("vision_config")):
         return qwen_image(cfg["vision_config"], image_px, bounds)
     return None
@@ -293,6 +341,10 @@ __all__ = [
     "kimi_resize",
     "kimi_vl_image",
     "moonvit_merge",
+    "MUSE_GLIMMER_IMAGE_TOKENS",
+    "is_muse_glimmer_tower",
+    "muse_glimmer_image",
+    "muse_glimmer_resize",
     "pixtral_image",
     "pixtral_resize",
     "qwen_image",

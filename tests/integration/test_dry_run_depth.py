@@ -625,3 +625,55 @@ def test_a_gemma4_ffpa_ring_is_planned_with_the_kernels_stood_in(tmp_path):
     assert any("FFPA's dense path" in s and "varlen" in s for s in plan.substitutions)
     flex = plan_dry_run(Request.of(_gemma4_e4b_tp2_cp2(tmp_path)))  # the recipe as AutoModel ships it: flex
     assert not flex.specs[0].recipe.ffpa and "cp_full_attn_backend" not in flex.specs[0].build.hf_config["text_config"]
+
+
+LAYER_GROUPS = """
+import json, warnings
+import torch
+from nemo_automodel.components.distributed import parallelizer
+from nemo_automodel.components.models.common import BackendConfig
+from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
+from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerForConditionalGeneration
+from automodel_dist.stack import shims
+
+def model(layers):
+    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 50, "num_attention_heads": 2}
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return MuseGlimmerForConditionalGeneration(MuseGlimmerConfig(text_config=text, vision_config=vision),
+                                                   backend=BackendConfig(attn="sdpa"))
+
+def language(m):
+    layers = parallelizer._extract_model_layer_groups(m)["language"]
+    return [len(layers), layers[0] is m.model.layers[0]]
+
+shallow = model(4)
+out = {"full": language(model(52)), "shallow": language(shallow)}
+with shims.full_depth_layer_groups(4, 52):
+    out["shallow_at_full_depth"] = language(shallow)
+out["after"] = type(shallow.model.layers).__name__
+print(json.dumps(out))
+"""
+
+
+@needs_automodel
+def test_a_shallow_build_keeps_the_layer_groups_automodel_finds_at_full_depth():
+    """AutoModel finds Muse-Glimmer's layers by structure (per group the longest ModuleList), and groups the 50 tower
+    blocks under vision_encoder.transformer with the decoder layers (it names no such path as a tower): at full depth
+    its 52 decoder layers win, in a 4-layer build the tower blocks would, taking the activation checkpointing and the
+    per-layer wrapping (AutoModel's own discovery, on the meta device). With the dry run's shim the shallow build's
+    group is its decoder list, as at full depth, and the list is left a plain ModuleList."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LAYER_GROUPS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    groups = json.loads(out.stdout.strip().splitlines()[-1])
+    assert groups == {
+        "full": [52, True],
+        "shallow": [50, False],
+        "shallow_at_full_depth": [4, True],
+        "after": "ModuleList",
+    }

@@ -470,3 +470,66 @@ def test_automodel_resolves_the_catalogs_mistral3_vlms_to_the_class_the_parser_n
         with torch.device("meta"):
             projector = transformers.models.mistral3.modeling_mistral3.Mistral3MultiModalProjector(config)
         assert sum(p.numel() for p in projector.parameters()) == spec.projector_params, name
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+def test_muse_glimmers_post_norms_stay_outside_automodels_submodule_checkpoints(frozen):
+    """AutoModel's sub-module checkpointing on Muse-Glimmer's own decoder layer (apply_submodule_checkpointing, the
+    path its native class takes): the wrappers keep their four inputs (8h bytes a token) and the post norms, which
+    they do not wrap, what SUBMODULE_UNWRAPPED_FP32_NORMS says, counted by saved-tensor hooks on real tensors, with
+    the norms trained and frozen (LoRA)."""
+    torch = pytest.importorskip("torch")
+    from nemo_automodel.components.distributed.activation_checkpointing import apply_submodule_checkpointing
+    from nemo_automodel.components.models.common import BackendConfig
+    from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
+    from nemo_automodel.components.models.muse_glimmer.model import (
+        MuseGlimmerDecoderLayer,
+        MuseGlimmerRotaryEmbedding,
+    )
+
+    from automodel_dist.catalog.models import ModelSpec
+    from automodel_dist.estimate.memory import Training, unwrapped_norm_bytes
+    from automodel_dist.estimate.peft import Lora
+
+    h, tokens = 64, 32
+    cfg = MuseGlimmerConfig(
+        text_config={
+            "hidden_size": h,
+            "intermediate_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 100,
+        },
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
+    )
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # (the class builds its norms' weights in the default dtype)
+    try:
+        layer = MuseGlimmerDecoderLayer(cfg, 0, BackendConfig(attn="sdpa"))
+    finally:
+        torch.set_default_dtype(default)
+    if frozen:
+        for name, param in layer.named_parameters():
+            param.requires_grad_("norm" not in name)
+    apply_submodule_checkpointing([layer], False)
+    x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    position = MuseGlimmerRotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)(
+        x, torch.arange(tokens)[None]
+    )
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        wide = t.dim() == 3 and t.shape[1:] == (tokens, h)
+        storages.setdefault(id(t.untyped_storage()), t.untyped_storage().nbytes() if wide else 0)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, position)
+    spec = ModelSpec("probe", h, 4, 4, 2, 128, 100, head_dim=16, architecture="MuseGlimmerForConditionalGeneration")
+    lora = Lora(8, (("dense", 1.0),), 0.0, ("model.layers.0.self_attn.q_proj",), ())
+    tr = Training(lora=lora) if frozen else Training()
+    # (the [tokens, h] tensors: a norm also keeps its [tokens, 1] statistics and its weight's fp32 copy, [h])
+    assert sum(storages.values()) == (8 * h + unwrapped_norm_bytes(spec, tr)) * tokens
+    assert unwrapped_norm_bytes(spec, tr) == (8 if frozen else 16) * h

@@ -3,6 +3,9 @@ Qwen-VL processor and its default bounds (the dry run's VLM step itself: tests/i
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,3 +168,59 @@ def test_the_pixtral_longest_edge_is_the_processor_classs() -> None:
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
     assert PixtralImageProcessorPil.size["longest_edge"] == media.PIXTRAL_LONGEST_EDGE
+
+
+def _muse_glimmer_processor() -> tuple[Any, dict[str, Any]]:
+    """transformers' Muse-Glimmer ``smart_resize`` and its image processor's class defaults, read from the module's
+    source: the module imports torchvision at its top, which this project's set-up does not install (torch's CPU
+    wheel alone), and the function needs only math and itertools. The installed transformers' own file, compiled as
+    it is; nothing else of it runs."""
+    import ast
+    import importlib.util
+    import itertools
+    import math
+
+    spec = importlib.util.find_spec("transformers.models.muse_glimmer.image_processing_muse_glimmer")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "smart_resize")
+    namespace: dict[str, Any] = {"math": math, "itertools": itertools}
+    exec(compile(ast.Module(body=[function], type_ignores=[]), spec.origin, "exec"), namespace)  # noqa: S102
+    processor = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MuseGlimmerImageProcessor")
+    defaults = {
+        target.id: node.value.value
+        for node in processor.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return namespace["smart_resize"], defaults
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    height=st.integers(1, 6000),
+    width=st.integers(1, 6000),
+    cell=st.sampled_from([28, 32]),
+    budget=st.sampled_from([256, 1024, 4096, 16384]),
+)
+def test_the_muse_glimmer_resize_is_transformers_own(height: int, width: int, cell: int, budget: int) -> None:
+    theirs, _ = _muse_glimmer_processor()
+    assert media.muse_glimmer_resize(height, width, cell, budget) == theirs(height, width, cell, budget)
+
+
+def test_a_muse_glimmer_image_is_the_grid_and_tokens_its_processor_makes() -> None:
+    """The processor class's defaults (14-pixel patches merged 2 x 2, at most 4,096 tokens an image): a 1,024-pixel
+    square becomes 1,036 x 1,036, 74 x 74 patches and 1,369 placeholder tokens."""
+    _, defaults = _muse_glimmer_processor()
+    assert (defaults["patch_size"], defaults["merge_size"], defaults["temporal_patch_size"]) == (14, 2, 2)
+    assert defaults["max_image_tokens"] == media.MUSE_GLIMMER_IMAGE_TOKENS
+    cfg = {
+        "model_type": "muse_glimmer",
+        "image_token_id": 200092,
+        "vision_config": {"model_type": "muse_glimmer_vision", "patch_size": 14, "merge_size": 2},
+    }
+    assert media.is_muse_glimmer_tower(cfg)
+    image = media.vlm_image(cfg, media.IMAGE_PX, (None, None))
+    assert image is not None and image.processor == "muse_glimmer"
+    assert (image.pixels, image.grid, image.tokens) == ((1036, 1036), (1, 74, 74), 1369)

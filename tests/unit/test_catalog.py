@@ -501,12 +501,14 @@ EXACT_TOWERS = {
     "gemma4",
     "mistral3",
     "cohere_compass",
+    "muse_glimmer",
 }
 
 
 # model types whose AutoModel class keeps as buffers what transformers' class has as parameters: the spec follows
-# AutoModel's, which is checked too (MiMo-V2-Flash's attention sinks)
-OWN_CLASS_TOO = ("mimo_v2_flash",)
+# AutoModel's, which is checked too (MiMo-V2-Flash's attention sinks); Muse-Glimmer's native class, which AutoModel
+# builds in place of transformers' (its own module names, the same parameters)
+OWN_CLASS_TOO = ("mimo_v2_flash", "muse_glimmer")
 
 
 def _assert_automodel_class_matches(model_type, cfg, small):

@@ -194,6 +194,14 @@ HF_LAYER_CLASSES = frozenset(
 # submodule as its own layers
 TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
+# AutoModel's sub-module checkpointing (activation_checkpointing.apply_submodule_checkpointing) wraps a layer's MLP,
+# its attention and the norms it finds by name (input_layernorm / attention_norm / layer_norm1 / norm1, and
+# post_attention_layernorm / ffn_norm / layer_norm2 / norm2); a class's other norms run outside every wrapper and keep
+# what they save. Per class: those norms a layer, each an fp32 RMSNorm (its fp32 copy of the input, and with a
+# trained weight the fp32 normalised input the weight's gradient needs). Muse-Glimmer's post_attn_norm and
+# post_ffn_norm (muse_glimmer/model.py); tests/oracle/test_kernel_facts.py counts a wrapped layer's saved tensors.
+SUBMODULE_UNWRAPPED_FP32_NORMS = {"MuseGlimmerForConditionalGeneration": 2}
+
 # AutoModel's TP plan for Qwen3.5's dense VLM class (optimized_tp_plans._parallelize_qwen3_5_vlm: transformers'
 # base_model_tp_plan through parallelizer.get_hf_tp_shard_plan) splits attention, the MLP and the Gated DeltaNet
 # projections but no vocabulary: the plan has no lm_head entry, and the embed_tokens entry it adds names the

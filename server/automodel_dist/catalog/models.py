@@ -711,6 +711,20 @@ def _qwen_or_siglip_tower(
         # width, with the config's multimodal_projector_bias): the outer config's keys, handed in by _spec_of
         block = 2 * h + 4 * h * h + 3 * h * inter
         return channels * patch * patch * h + h + layers * block + _mistral3_projector(cfg, text_hidden)
+    if cfg.get("model_type") == "muse_glimmer_vision" and text_hidden and is_int(cfg.get("projector_hidden_size")):
+        # AutoModel's native Muse-Glimmer tower (muse_glimmer/vision.py): a bias-free linear patch embedding over
+        # patch_temporal x channels x patch^2 pixels, a learned pos_emb_height x pos_emb_width table, LayerNorms
+        # around biased q/k/v/o and a GELU MLP, then its adapter over merge x merge patches (two bias-free linears
+        # to projector_hidden_size) and the projection to the text width; the outer config's projector width is
+        # handed in by _spec_of
+        temporal, merge = cfg.get("patch_temporal", 2), cfg.get("merge_size", 2)
+        table = cfg.get("pos_emb_height", 32), cfg.get("pos_emb_width", 32)
+        if not all(is_int(v) for v in (temporal, merge, *table)):
+            return None
+        block = 4 * h + 4 * (h * h + h) + 2 * h * inter + inter + h
+        embed = temporal * channels * patch * patch * h + table[0] * table[1] * h + 2 * h
+        adapter = cfg["projector_hidden_size"]
+        return embed + layers * block + 2 * h + (h * merge * merge + adapter) * adapter + adapter * text_hidden
     if cfg.get("model_type") == "moonvit" and text_hidden:
         # Kimi-VL's MoonViT (kimivl/model.py): a biased patch convolution and a learned position table of
         # init_pos_emb_height x width, LayerNorm blocks with a biased fused qkv, output projection and GELU MLP, a
@@ -864,9 +878,9 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     text_hidden = (cfg["text_config"] if nested else cfg).get("hidden_size")
     text_hidden = text_hidden if isinstance(text_hidden, int) else None
     vision_cfg = cfg.get("vision_config")
-    if isinstance(vision_cfg, dict) and vision_cfg.get("model_type") == "pixtral":
-        # Mistral3's projector is sized by the outer config's merge size and bias
-        outer_keys = ("spatial_merge_size", "multimodal_projector_bias")
+    if isinstance(vision_cfg, dict) and vision_cfg.get("model_type") in ("pixtral", "muse_glimmer_vision"):
+        # Mistral3's projector is sized by the outer config's merge size and bias, Muse-Glimmer's adapter by its width
+        outer_keys = ("spatial_merge_size", "multimodal_projector_bias", "projector_hidden_size")
         vision_cfg = {**vision_cfg, **{k: cfg[k] for k in outer_keys if k in cfg}}
     vision = _tower_params(vision_cfg, text_hidden)
     audio = _tower_params(cfg.get("audio_config"), text_hidden)
@@ -958,7 +972,8 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         or mtype in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4_text", "olmo2", "hy_v3", *GATED_DELTANET)
         or mtype in QWEN3_VL_TEXT,
         qk_norm_full=mtype in ("olmo2", "minimax_m2"),  # transformers' Olmo2Attention, MiniMaxM2Attention
-        attn_output_gate=mtype in GATED_DELTANET,
+        # (Muse-Glimmer's separate output_gate_proj has q_proj's shape: the same parameters)
+        attn_output_gate=mtype in GATED_DELTANET or mtype == "muse_glimmer_text",
         index_heads=_int(cfg.get("index_n_heads") or 0, "index_n_heads"),
         index_head_dim=_int(cfg.get("index_head_dim") or 0, "index_head_dim"),
         index_topk=_int(cfg.get("index_topk") or 0, "index_topk"),
@@ -1128,12 +1143,12 @@ def _index_shared_layers(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
 
 
 def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
-    """Norms a decoder layer holds: Gemma-2/3/4 four; Gemma-4's MoE layer three more, before and after each of its
+    """Norms a decoder layer holds: Gemma-2/3/4 and Muse-Glimmer four; Gemma-4's MoE layer three more, before and after each of its
     two feed-forward branches (AutoModel's Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2,
     post_feedforward_layernorm_1 and _2); a parallel block one; else two."""
     if gemma4_moe:
         return 7
-    if mtype.startswith(("gemma2", "gemma3", "gemma4")):
+    if mtype.startswith(("gemma2", "gemma3", "gemma4")) or mtype == "muse_glimmer_text":  # pre and post norms
         return 4
     return 1 if mtype in PARALLEL_BLOCK else 2
 

@@ -288,8 +288,17 @@ def truncated_config(
         out["num_kv_shared_layers"] = min(keep_last, shared) + max(0, head - (before - shared))
     if isinstance(out.get("hybrid_override_pattern"), str):
         out["hybrid_override_pattern"] = cut(out["hybrid_override_pattern"])
-    # (GLM's glm_moe_dsa lists its MLP kinds and its IndexShare indexer kinds per layer)
-    per_layer = ("layer_types", "layers_block_type", "hybrid_layer_pattern", "moe_layer_freq", "mlp_layer_types")
+    # (GLM's glm_moe_dsa lists its MLP kinds and its IndexShare indexer kinds per layer, Muse-Glimmer its RoPE bases,
+    # 0 for a NoPE layer, as layer_rope_theta and AutoModel's flat form as no_rope_layers)
+    per_layer = (
+        "layer_types",
+        "layers_block_type",
+        "hybrid_layer_pattern",
+        "moe_layer_freq",
+        "mlp_layer_types",
+        "layer_rope_theta",
+        "no_rope_layers",
+    )
     for key in (*per_layer, "indexer_types"):
         if isinstance(out.get(key), list):
             out[key] = cut(out[key])

@@ -28,6 +28,7 @@ from ..media import (
     is_gemma3_tower,
     is_gemma4_tower,
     is_kimi_vl_tower,
+    is_muse_glimmer_tower,
     is_pixtral_tower,
     is_qwen_tower,
     vlm_image,
@@ -691,11 +692,12 @@ def _media_unsupported(recipe: str, cfg: dict[str, Any], d: ParallelDims, w: Wor
     gemma4 = is_gemma4_tower(cfg)
     pixtral = is_pixtral_tower(cfg)
     kimi = is_kimi_vl_tower(cfg)
-    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4 or pixtral or kimi):
+    muse = is_muse_glimmer_tower(cfg)
+    if recipe != "FinetuneRecipeForVLM" or not (qwen or gemma3 or gemma4 or pixtral or kimi or muse):
         return (
-            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3, Gemma-4, Pixtral and Kimi-VL processors "
-            "make them (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, Mistral3, Kimi-VL, "
-            "through the VLM finetune recipe's step); this model's "
+            f"{recipe}: the dry run feeds images only as the Qwen-VL, Gemma-3, Gemma-4, Pixtral, Kimi-VL and "
+            "Muse-Glimmer processors make them (Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE models, Gemma-3, Gemma-4, "
+            "Mistral3, Kimi-VL, Muse-Glimmer, through the VLM finetune recipe's step); this model's "
             "images, video or audio would go uncounted: not measured (the estimate counts the towers' weights, not "
             "their activations)"
         )

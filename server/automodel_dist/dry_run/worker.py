@@ -149,6 +149,14 @@ def _grad_bytes(parts: list[Any]) -> int:
     return total
 
 
+def _text_layers(hf_config: dict[str, Any]) -> int:
+    """The decoder layers a config.json builds (a multimodal config's language model's)."""
+    text = hf_config.get("text_config")
+    return int(
+        (text if isinstance(text, dict) and "num_attention_heads" not in hf_config else hf_config)["num_hidden_layers"]
+    )
+
+
 def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]) -> dict[str, Any]:
     """Build the model of ``build`` (its config.json and distributed: block) with AutoModel's own code on a fresh fake
     process group and run one training step under the memory tracker; its figures, per phase."""
@@ -230,6 +238,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 )
             )
             patches.enter_context(shims.value_oracles(items, {}))
+            if build is not spec.build and dist_setup.mesh_context.pp_size == 1:
+                # a shallow build's decoder list ranked at the model's depth where AutoModel finds layers by structure
+                # (a pipeline build's stages hold their real layer counts)
+                patches.enter_context(
+                    shims.full_depth_layer_groups(_text_layers(build.hf_config), _text_layers(spec.build.hf_config))
+                )
             if megatron:
                 patches.enter_context(shims.megatron_fsdp_build(fake_mode))
             built = step.build(
@@ -387,6 +401,7 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                         pixel_dtype=m.pixel_dtype,
                         fake_mode=fake_mode,
                         packed=spec.recipe.blockdiag_cp,
+                        image=image if image is not None and image.processor == "muse_glimmer" else None,
                     )
                 )
                 continue

@@ -86,6 +86,7 @@ from ..catalog.kernels import (
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
     OWN_MLA_ATTENTION,
+    SUBMODULE_UNWRAPPED_FP32_NORMS,
     TRANSFORMERS_DECODER_LAYERS,
     HFLayer,
     flash_attn_dq_accum_rows,
@@ -840,7 +841,7 @@ def _act_per_token(
         kept = rep + attn + _per_layer_input_bytes(m, tr) + 2 * h / (t if sp else 1)
         return kept * scale + dropout + eager, heaviest
     elif style == "submodule":
-        saved = 8 * h / (t if sp else 1)
+        saved = (8 * h + unwrapped_norm_bytes(m, tr)) / (t if sp else 1)
         if tr.compile and sp:
             # enable_compile with sequence parallelism keeps two more sequence-sharded hidden states per layer
             # (AutoModel's step on fake tensors: the corpus's 70B LoRA recipe, TP 2 + SP; without SP, as its 70B CP 2
@@ -865,6 +866,14 @@ def _act_per_token(
         # (averaged over the layers: one that reuses an earlier layer's selection runs no indexer, GLM-5.2's IndexShare)
         indexer *= 1 - len(m.index_shared_layers) / m.num_layers
     return saved * scale + indexer, heaviest
+
+
+def unwrapped_norm_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bytes per token a layer's norms outside AutoModel's sub-module checkpoint wrappers keep
+    (SUBMODULE_UNWRAPPED_FP32_NORMS): each its fp32 input, and its fp32 normalised input where its weight trains
+    (not under LoRA, which freezes the norms)."""
+    norms = SUBMODULE_UNWRAPPED_FP32_NORMS.get(m.architecture or "", 0)
+    return norms * (4 + (0 if tr.lora is not None else 4)) * m.hidden_size
 
 
 def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:

@@ -217,7 +217,7 @@ def _tower_state(w: Workload) -> str:
 
 
 def _resized(image: ImageGeometry, px: tuple[int, int]) -> str:
-    """The VLM step line's account of one image as a Gemma-3, Pixtral or Kimi-VL processor resizes it."""
+    """The VLM step line's account of one image as a Gemma-3, Pixtral, Kimi-VL or Muse-Glimmer processor resizes it."""
     if image.processor == "gemma3":
         return (
             f"{IMAGES_PER_SAMPLE} image a sequence resized to {image.pixels[0]} x {image.pixels[1]} "
@@ -228,6 +228,12 @@ def _resized(image: ImageGeometry, px: tuple[int, int]) -> str:
             f"{IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a sequence resized by Mistral3's Pixtral processor to "
             f"{image.pixels[0]} x {image.pixels[1]} ({image.sequence_tokens} of the sequence's tokens, row breaks "
             "included)"
+        )
+    if image.processor == "muse_glimmer":
+        return (
+            f"{IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a sequence resized by Muse-Glimmer's processor to "
+            f"{image.pixels[0]} x {image.pixels[1]} ({image.grid[1]} x {image.grid[2]} patches, {image.tokens} of the "
+            "sequence's tokens)"
         )
     return (
         f"{IMAGES_PER_SAMPLE} {px[0]} x {px[1]} image a sequence scaled by Kimi-VL's processor within "
@@ -256,7 +262,7 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     px = FAKE_IMAGE_PX if w.fake_images is not None else IMAGE_PX
     vision = (spec.hf_config or {}).get("vision_config")
     image = vlm_image(spec.hf_config or {}, px, w.processor_pixels)
-    if image is not None and image.processor in ("gemma3", "pixtral", "kimi"):  # a frozen tower's image, sized
+    if image is not None and image.processor in ("gemma3", "pixtral", "kimi", "muse_glimmer"):  # a frozen tower's
         read.append(f"VLM step: the model's logits kept through backward; {_resized(image, px)}" + _tower_state(w))
         return out
     if image is None or image.processor != "qwen":

@@ -98,16 +98,19 @@ def qwen_batch(
     pixel_dtype: str,
     fake_mode: Any,
     packed: bool = False,
+    image: ImageGeometry | None = None,
 ) -> dict[str, Any]:
     """One microbatch of ``batch`` sequences of ``seq`` tokens, each holding ``images_per_sample`` images (a vision
-    start token, the image's placeholders, a vision end token, the rest text); labels cover the text. ``packed``: as
+    start token, the image's placeholders, a vision end token, the rest text, a start or end the model has none of
+    left out); labels cover the text. ``image``: one image as another processor of flattened patches and grids makes
+    it (Muse-Glimmer's), else the Qwen-VL processor's within ``bounds``. ``packed``: as
     AutoModel's packing collate hands a pack to a class that wants its document map (``_packed_seq_ids`` and the
     indexed ``attention_mask``, no 4-D mask, and its packed-sequence metadata), one document filling each sequence.
     Call inside ``fake_mode``: the patches are fake, the rest constants."""
     import torch
 
     vision = hf_config.vision_config.to_dict()
-    image = qwen_image(vision, image_px, bounds)
+    image = image or qwen_image(vision, image_px, bounds)
     grid, n_img = list(image.grid), image.tokens
     ids_of = {
         k: getattr(hf_config, k, None) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -146,8 +149,8 @@ def qwen_batch(
         "pixel_values": torch.empty(
             batch * images_per_sample * grid[0] * grid[1] * grid[2],
             int(vision.get("in_channels", vision.get("in_chans", 3)))
-            * int(vision.get("temporal_patch_size", 2))
-            * int(vision.get("patch_size", 14)) ** 2,
+            * int(vision.get("temporal_patch_size", vision.get("patch_temporal", 2)))  # (Muse-Glimmer's name)
+            * image.patch_size**2,
             dtype=getattr(torch, pixel_dtype),
         ),
     }
@@ -336,8 +339,10 @@ def kimi_vl_batch(
 def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     """transformers' vision index helpers (``transformers.vision_utils``: attention segments, window order, rotary and
     position-table indices, all computed from the image grids alone, the functions it keeps apart so they can be
-    computed ahead) run on the grid's known values and hand back constants, where a grid is one: the factories inside
-    them (``arange``, ``pad``) would otherwise make values FakeTensorMode cannot know."""
+    computed ahead), and the ``get_vision_*(grid_thw, ...)`` helpers AutoModel's own model modules define, run on the
+    grid's known values and hand back constants, where a grid is one: the factories inside them (``arange``, ``pad``)
+    would otherwise make values FakeTensorMode cannot know."""
+    import inspect
     import sys
 
     import transformers.vision_utils as vision_utils
@@ -368,6 +373,20 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
             if getattr(module, name, None) is original:
                 saved.append((module, name, original))
                 setattr(module, name, wrap(original))
+    # AutoModel's native towers keep their own copies of such helpers beside their modules (Muse-Glimmer's
+    # vision.py: cu_seqlens, window order, position ids and bilinear table indices from grid_thw alone)
+    for key, module in list(sys.modules.items()):
+        if not key.startswith("nemo_automodel.components.models.") or module is None:
+            continue
+        for name, fn in list(vars(module).items()):
+            if (
+                name.startswith("get_vision_")
+                and inspect.isfunction(fn)
+                and fn.__module__ == key
+                and next(iter(inspect.signature(fn).parameters), None) == "grid_thw"
+            ):
+                saved.append((module, name, fn))
+                setattr(module, name, wrap(fn))
     try:
         yield
     finally:

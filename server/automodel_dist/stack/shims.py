@@ -1110,6 +1110,62 @@ def _fake_apply() -> Iterator[None]:
         yield
 
 
+FULL_DEPTH_LAYER_GROUPS = _register(
+    "full_depth_layer_groups",
+    "build",
+    "nemo_automodel.components.distributed.parallelizer:_discover_layer_groups",
+    "Where a class names no layer groups, AutoModel finds them by structure: per group (language, vision, audio by "
+    "path names) the longest ModuleList. A shallow build's decoder list is shorter than the model's, so a longer list "
+    "in the same group (Muse-Glimmer's 50 tower blocks under vision_encoder.transformer, a path AutoModel does not name "
+    "as a tower) would take the place the decoder list takes at full depth, and with it the activation checkpointing "
+    "and per-layer FSDP wrapping. While a shallow build is parallelized, the decoder list is ranked at the model's "
+    "layer count; AutoModel's own discovery runs as written.",
+    _source_has(
+        "nemo_automodel.components.distributed.parallelizer:_discover_layer_groups",
+        "candidates.setdefault(group, []).append((len(module), path, module))",
+        "max(group_candidates",
+    ),
+)
+
+
+@contextlib.contextmanager
+def full_depth_layer_groups(built: int, full: int) -> Iterator[None]:
+    """AutoModel's structural layer discovery sees a shallow build's decoder list (each ModuleList named ``layers``
+    of ``built`` entries) at the model's ``full`` layer count (see FULL_DEPTH_LAYER_GROUPS)."""
+    import nemo_automodel.components.distributed.parallelizer as parallelizer
+    import torch
+
+    discover = parallelizer._discover_layer_groups
+    if built == full:
+        yield
+        return
+
+    class AtFullDepth(torch.nn.ModuleList):
+        def __len__(self) -> int:
+            return full
+
+    def at_full_depth(model: Any) -> Any:
+        lists = [
+            m
+            for m in model.modules()
+            if type(getattr(m, "layers", None)) is torch.nn.ModuleList and len(m.layers) == built
+        ]
+        for owner in lists:
+            owner.layers.__class__ = AtFullDepth
+        try:
+            groups = discover(model)
+        finally:
+            for owner in lists:
+                owner.layers.__class__ = torch.nn.ModuleList
+        shallow = discover(model)
+        if any(groups.get(k, [None])[0] is not shallow.get(k, [None])[0] for k in groups.keys() | shallow.keys()):
+            FULL_DEPTH_LAYER_GROUPS.count()  # (counted where the shallow build would have found other layers)
+        return groups
+
+    with _patched(parallelizer, "_discover_layer_groups", at_full_depth):
+        yield
+
+
 @contextlib.contextmanager
 def build_patches(fake_mode: Any, *, pretrained_pp: bool = False) -> Iterator[None]:
     """What from_config needs on a CPU, on fake tensors. ``pretrained_pp``: the recipe's from_pretrained under PP,

@@ -1130,8 +1130,8 @@ FULL_DEPTH_LAYER_GROUPS = _register(
 
 @contextlib.contextmanager
 def full_depth_layer_groups(built: int, full: int) -> Iterator[None]:
-    """AutoModel's structural layer discovery sees a shallow build's decoder list (each ModuleList named ``layers``
-    of ``built`` entries) at the model's ``full`` layer count (see FULL_DEPTH_LAYER_GROUPS)."""
+    """AutoModel's structural layer discovery sees a shallow build's decoder list (each ModuleList or ModuleDict named
+    ``layers`` of ``built`` entries) at the model's ``full`` layer count (see FULL_DEPTH_LAYER_GROUPS)."""
     import nemo_automodel.components.distributed.parallelizer as parallelizer
     import torch
 
@@ -1139,24 +1139,24 @@ def full_depth_layer_groups(built: int, full: int) -> Iterator[None]:
     if built == full:
         yield
         return
-
-    class AtFullDepth(torch.nn.ModuleList):
-        def __len__(self) -> int:
-            return full
+    containers = (torch.nn.ModuleList, torch.nn.ModuleDict)  # (AutoModel's MoE classes keep a ModuleDict by index)
+    at_full = {
+        kind: type(f"{kind.__name__}AtFullDepth", (kind,), {"__len__": lambda self: full}) for kind in containers
+    }
 
     def at_full_depth(model: Any) -> Any:
         lists = [
-            m
+            m.layers
             for m in model.modules()
-            if type(getattr(m, "layers", None)) is torch.nn.ModuleList and len(m.layers) == built
+            if type(getattr(m, "layers", None)) in containers and len(m.layers) == built
         ]
-        for owner in lists:
-            owner.layers.__class__ = AtFullDepth
+        for layers in lists:
+            layers.__class__ = at_full[type(layers)]
         try:
             groups = discover(model)
         finally:
-            for owner in lists:
-                owner.layers.__class__ = torch.nn.ModuleList
+            for layers in lists:
+                layers.__class__ = type(layers).__bases__[0]
         shallow = discover(model)
         if any(groups.get(k, [None])[0] is not shallow.get(k, [None])[0] for k in groups.keys() | shallow.keys()):
             FULL_DEPTH_LAYER_GROUPS.count()  # (counted where the shallow build would have found other layers)

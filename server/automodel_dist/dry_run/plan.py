@@ -24,6 +24,7 @@ from ..media import (
     IMAGE_PX,
     IMAGES_PER_SAMPLE,
     KIMI_IN_TOKEN_LIMIT,
+    MUSE_GLIMMER_IMAGE_TOKENS,
     PIXTRAL_LONGEST_EDGE,
     is_gemma3_tower,
     is_gemma4_tower,
@@ -280,6 +281,14 @@ def plan_dry_run(
                     f"{GEMMA4_SOFT_TOKENS} soft tokens (the checkpoint's preprocessor_config.json is not read): "
                     f"{image.pixels[0]} x {image.pixels[1]}, {image.tokens} soft tokens inside the {seq}-token sequence"
                 )
+            elif image.processor == "muse_glimmer":
+                assumed.append(
+                    f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized by "
+                    f"Muse-Glimmer's processor to the grid of {image.patch_size * image.merge}-pixel cells nearest its "
+                    f"aspect ratio within the processor class's budget of {MUSE_GLIMMER_IMAGE_TOKENS:,} tokens (the "
+                    f"checkpoint's preprocessor_config.json is not read): {image.pixels[0]} x {image.pixels[1]}, "
+                    f"{image.tokens} placeholder tokens inside the {seq}-token sequence"
+                )
             else:
                 assumed.append(
                     f"image: one {px[0]} x {px[1]} image per sequence (the data set's images are not read), resized "
@@ -308,6 +317,10 @@ def plan_dry_run(
                     else "; the images' patches flattened with their grids in image_grid_hws, which the MoonViT tower "
                     "reads to cut, position and merge each image's patches, as Kimi-VL's processor hands them over"
                     if image.processor == "kimi"
+                    else "; the images' patches flattened with their grids in image_grid_thw, from which AutoModel's "
+                    "Muse-Glimmer tower computes its segments, window order and position tables (its get_vision_* "
+                    "helpers, run on the grids' known values), as its processor hands them over"
+                    if image.processor == "muse_glimmer"
                     else "; the multimodal position ids come from the model's own get_rope_index on the batch's ids "
                     "(computed ahead, as its CP hook does)"
                 )

@@ -653,7 +653,35 @@ shallow = model(4)
 out = {"full": language(model(52)), "shallow": language(shallow)}
 with shims.full_depth_layer_groups(4, 52):
     out["shallow_at_full_depth"] = language(shallow)
+with shims.full_depth_layer_groups(4, 48):  # a model of 48 layers: the tower's 50 blocks win at full depth too
+    out["shallow_at_48"] = language(shallow)
 out["after"] = type(shallow.model.layers).__name__
+
+
+class Inner(torch.nn.Module):  # AutoModel's MoE classes keep their layers in a ModuleDict by index
+    def __init__(self, n):
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(2, 2) for i in range(n)})
+
+
+class Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Inner(4)
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(6)])
+
+    @property
+    def layers(self):  # a wrapper handing back its child's list (found once)
+        return self.model.layers
+
+
+outer = Outer()
+first = lambda groups: groups["language"][0] is outer.model.layers["0"]
+out["dict_shallow"] = first(parallelizer._discover_layer_groups(outer))
+with shims.full_depth_layer_groups(4, 10):
+    out["dict_at_full_depth"] = first(parallelizer._discover_layer_groups(outer))
+out["dict_after"] = type(outer.model.layers).__name__
+out["hits"] = shims.FULL_DEPTH_LAYER_GROUPS.hits
 print(json.dumps(out))
 """
 
@@ -664,7 +692,9 @@ def test_a_shallow_build_keeps_the_layer_groups_automodel_finds_at_full_depth():
     blocks under vision_encoder.transformer with the decoder layers (it names no such path as a tower): at full depth
     its 52 decoder layers win, in a 4-layer build the tower blocks would, taking the activation checkpointing and the
     per-layer wrapping (AutoModel's own discovery, on the meta device). With the dry run's shim the shallow build's
-    group is its decoder list, as at full depth, and the list is left a plain ModuleList."""
+    group is its decoder list, as at full depth (and the tower's where the model is shallower than the tower at full
+    depth too), a ModuleDict of layers as a ModuleList, a container a property hands back counted once, and every
+    container is left its own class."""
     import subprocess
     import sys
 
@@ -675,5 +705,10 @@ def test_a_shallow_build_keeps_the_layer_groups_automodel_finds_at_full_depth():
         "full": [52, True],
         "shallow": [50, False],
         "shallow_at_full_depth": [4, True],
+        "shallow_at_48": [50, False],
         "after": "ModuleList",
+        "dict_shallow": False,
+        "dict_at_full_depth": True,
+        "dict_after": "ModuleDict",
+        "hits": 2,  # the two discoveries whose choice the shallow build would have made otherwise
     }

@@ -476,8 +476,8 @@ def test_automodel_resolves_the_catalogs_mistral3_vlms_to_the_class_the_parser_n
 def test_muse_glimmers_post_norms_stay_outside_automodels_submodule_checkpoints(frozen):
     """AutoModel's sub-module checkpointing on Muse-Glimmer's own decoder layer (apply_submodule_checkpointing, the
     path its native class takes): the wrappers keep their four inputs (8h bytes a token) and the post norms, which
-    they do not wrap, what SUBMODULE_UNWRAPPED_FP32_NORMS says, counted by saved-tensor hooks on real tensors, with
-    the norms trained and frozen (LoRA)."""
+    they do not wrap, what FP32_NORM_DECODERS' unwrapped count says, counted by saved-tensor hooks on real tensors,
+    with the norms trained and frozen (LoRA)."""
     torch = pytest.importorskip("torch")
     from nemo_automodel.components.distributed.activation_checkpointing import apply_submodule_checkpointing
     from nemo_automodel.components.models.common import BackendConfig
@@ -533,3 +533,99 @@ def test_muse_glimmers_post_norms_stay_outside_automodels_submodule_checkpoints(
     # (the [tokens, h] tensors: a norm also keeps its [tokens, 1] statistics and its weight's fp32 copy, [h])
     assert sum(storages.values()) == (8 * h + unwrapped_norm_bytes(spec, tr)) * tokens
     assert unwrapped_norm_bytes(spec, tr) == (8 if frozen else 16) * h
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("nemo_automodel.components.models.muse_glimmer.model", "MuseGlimmerRMSNorm"),
+        ("nemo_automodel.components.models.qwen3_next.layers", "Qwen3NextRMSNorm"),
+    ],
+)
+def test_an_fp32_norm_keeps_what_the_estimate_counts(module, name, frozen):
+    """The fp32 RMSNorms of FP32_NORM_DECODERS' classes (Muse-Glimmer's, and Qwen3-Next's, which Qwen3.5's class
+    keeps): on a bf16 input, saved-tensor hooks count an fp32 copy of the input and, where the weight trains, the fp32
+    normalised input a token (fp32_norm_bytes), beside [tokens, 1] statistics and the weight's fp32 copy."""
+    torch = pytest.importorskip("torch")
+    from automodel_dist.catalog.models import ModelSpec
+    from automodel_dist.estimate.memory import Training, fp32_norm_bytes
+    from automodel_dist.estimate.peft import Lora
+
+    h, tokens = 64, 16
+    norm = getattr(importlib.import_module(module), name)(h)
+    norm.weight.requires_grad_(not frozen)
+    x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        wide = t.dim() == 3 and t.shape[1:] == (tokens, h)
+        storages.setdefault(id(t.untyped_storage()), t.untyped_storage().nbytes() if wide else 0)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        norm(x)
+    spec = ModelSpec("probe", h, 2, 4, 2, 128, 100, head_dim=16)
+    tr = Training(lora=Lora(8, (("dense", 1.0),), 0.0, ("q_proj",), ())) if frozen else Training()
+    assert sum(storages.values()) == fp32_norm_bytes(spec, tr) * tokens
+
+
+def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
+    """Muse-Glimmer's attention with its output gate (its own output_gate_proj) and without, on AutoModel's class:
+    saved-tensor hooks count the gate's activations (parameters left out) as output_gate_bytes, the sigmoid's output
+    and the gated product, not Qwen3-Next's three."""
+    torch = pytest.importorskip("torch")
+    from nemo_automodel.components.models.common import BackendConfig
+    from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
+    from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerAttention, MuseGlimmerRotaryEmbedding
+
+    from automodel_dist.catalog.models import ModelSpec
+    from automodel_dist.estimate.memory import output_gate_bytes
+
+    h, heads, d, tokens = 64, 4, 16, 16
+    kept = {}
+    for gate in (False, True):
+        cfg = MuseGlimmerConfig(
+            text_config={
+                "hidden_size": h,
+                "intermediate_size": 128,
+                "num_hidden_layers": 4,
+                "num_attention_heads": heads,
+                "num_key_value_heads": 2,
+                "head_dim": d,
+                "vocab_size": 100,
+            },
+            vision_config={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+            },
+        )
+        cfg.use_attn_output_gate = gate
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            attn = MuseGlimmerAttention(cfg, 0, BackendConfig(attn="sdpa"))
+        finally:
+            torch.set_default_dtype(default)
+        params = {id(p.untyped_storage()) for p in attn.parameters()}
+        x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
+        position = MuseGlimmerRotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta)(
+            x, torch.arange(tokens)[None]
+        )
+        storages: dict[int, int] = {}
+
+        def pack(t, storages=storages, params=params):
+            key = id(t.untyped_storage())
+            storages.setdefault(key, 0 if key in params else t.untyped_storage().nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            attn(x, position)
+        kept[gate] = sum(storages.values())
+    spec = ModelSpec(
+        "probe", h, 4, heads, 2, 128, 100, head_dim=d, attn_output_gate=True,
+        architecture="MuseGlimmerForConditionalGeneration",
+    )  # fmt: skip
+    assert kept[True] - kept[False] == output_gate_bytes(spec) * tokens == 4 * heads * d * tokens

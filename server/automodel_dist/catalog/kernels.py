@@ -194,13 +194,48 @@ HF_LAYER_CLASSES = frozenset(
 # submodule as its own layers
 TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
-# AutoModel's sub-module checkpointing (activation_checkpointing.apply_submodule_checkpointing) wraps a layer's MLP,
-# its attention and the norms it finds by name (input_layernorm / attention_norm / layer_norm1 / norm1, and
-# post_attention_layernorm / ffn_norm / layer_norm2 / norm2); a class's other norms run outside every wrapper and keep
-# what they save. Per class: those norms a layer, each an fp32 RMSNorm (its fp32 copy of the input, and with a
-# trained weight the fp32 normalised input the weight's gradient needs). Muse-Glimmer's post_attn_norm and
-# post_ffn_norm (muse_glimmer/model.py); tests/oracle/test_kernel_facts.py counts a wrapped layer's saved tensors.
-SUBMODULE_UNWRAPPED_FP32_NORMS = {"MuseGlimmerForConditionalGeneration": 2}
+
+@dataclass(frozen=True)
+class Fp32Norms:
+    """A decoder layer's RMSNorms in AutoModel's own class that compute in fp32 ((1 + w) or w times the fp32
+    normalised input): each keeps an fp32 copy of its input and, where its weight trains, the fp32 normalised input."""
+
+    per_layer: int
+    # ... of which AutoModel's sub-module checkpointing (activation_checkpointing.apply_submodule_checkpointing) wraps
+    # none: it wraps the attention, the MLP and the norms it finds by name (input_layernorm / attention_norm /
+    # layer_norm1 / norm1, post_attention_layernorm / ffn_norm / layer_norm2 / norm2); a class's other norms run outside
+    # every wrapper and keep what they save even under activation checkpointing
+    unwrapped: int = 0
+
+
+# Qwen3.5's dense class (Qwen3-Next's block and its (1 + w) norm; its MoE sibling and Qwen3-Next share the norm but are
+# measured here only under activation checkpointing, where the norms' intermediates are not kept, so they are not
+# listed untested); Muse-Glimmer's four norms a layer, whose post_attn_norm and post_ffn_norm the sub-module wrappers
+# leave out (muse_glimmer/model.py). tests/oracle/test_kernel_facts.py counts Muse-Glimmer's wrapped layer's saved
+# tensors, its norms trained and frozen.
+FP32_NORM_DECODERS: dict[str, Fp32Norms] = {
+    "Qwen3_5ForConditionalGeneration": Fp32Norms(2),
+    "Qwen3_5ForCausalLM": Fp32Norms(2),
+    "MuseGlimmerForConditionalGeneration": Fp32Norms(4, unwrapped=2),
+}
+
+# AutoModel's own classes whose attention output gate is a projection of its own (output_gate_proj, q_proj's shape, on
+# the hidden state), not a half of q_proj's output (Qwen3-Next's, Qwen3.5's): nothing keeps its pre-sigmoid output, so
+# it keeps the sigmoid's output and the gated product, 4 bytes a query element where Qwen3-Next's keeps 6; a LoRA that
+# matches every *_proj adapts it. tests/oracle/test_kernel_facts.py counts Muse-Glimmer's attention with and without it.
+OUTPUT_GATE_PROJ = frozenset({"MuseGlimmerForConditionalGeneration"})
+
+# AutoModel's TP plans that accept sequence_parallel and ignore it (optimized_tp_plans: Falcon-H1's, whose Mamba branch's
+# whole-sequence output is summed with the attention's, and Muse-Glimmer's, which warns "not yet supported"); a spec's
+# parallel_mamba names Falcon-H1's block, whose class transformers builds
+SEQUENCE_PARALLEL_IGNORED = frozenset({"MuseGlimmerForConditionalGeneration"})
+
+
+def ignores_sequence_parallel(architecture: str | None, parallel_mamba: bool) -> bool:
+    """Whether AutoModel's TP plan for this model ignores ``sequence_parallel`` (activations stay whole on every TP
+    rank)."""
+    return parallel_mamba or architecture in SEQUENCE_PARALLEL_IGNORED
+
 
 # AutoModel's TP plan for Qwen3.5's dense VLM class (optimized_tp_plans._parallelize_qwen3_5_vlm: transformers'
 # base_model_tp_plan through parallelizer.get_hf_tp_shard_plan) splits attention, the MLP and the Gated DeltaNet

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -872,9 +872,21 @@ def _unnamed(cfg: dict[str, Any], default: str) -> str:
     return clip(str(cfg.get("_name_or_path") or arch or default), 120)
 
 
+def nested_text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A multimodal config.json's language model (``text_config``) where its fields are not at the top (Qwen2.5-VL
+    keeps them there); None for a config whose language model is the config itself."""
+    text = cfg.get("text_config")
+    return text if isinstance(text, Mapping) and "num_attention_heads" not in cfg else None
+
+
+def text_layers(cfg: Mapping[str, Any]) -> int:
+    """The decoder layers a config.json builds (its language model's)."""
+    return int((nested_text_config(cfg) or cfg)["num_hidden_layers"])
+
+
 def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
     # a multimodal config's towers, whether its language model's fields sit in text_config or at the top (Qwen2.5-VL)
-    nested = isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg
+    nested = nested_text_config(cfg) is not None
     text_hidden = (cfg["text_config"] if nested else cfg).get("hidden_size")
     text_hidden = text_hidden if isinstance(text_hidden, int) else None
     vision_cfg = cfg.get("vision_config")
@@ -1161,7 +1173,7 @@ def with_mtp_depth(spec: ModelSpec, depth: int) -> ModelSpec | None:
     cfg = spec.hf_config
     if cfg is None:
         return None
-    nested = isinstance(cfg.get("text_config"), dict) and "num_attention_heads" not in cfg
+    nested = nested_text_config(cfg) is not None
     text = cfg["text_config"] if nested else cfg
     if str(text.get("model_type", cfg.get("model_type", ""))) not in MTP_BUILT:
         return None

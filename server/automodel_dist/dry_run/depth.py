@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog.models import MAX_PERIOD, ModelConfigError, ModelSpec, from_hf_config, period_of
+from ..catalog.models import MAX_PERIOD, ModelConfigError, ModelSpec, from_hf_config, nested_text_config, period_of
 from ..dims import ParallelDims
 from ..layout import stage_ids, stage_layer_counts
 
@@ -268,7 +268,7 @@ def truncated_config(
     multimodal config's language model, its ``text_config``); with ``keep_last``, its first ``layers - keep_last``
     and its last ``keep_last``."""
     out = dict(cfg)
-    if isinstance(out.get("text_config"), Mapping) and "num_attention_heads" not in out:
+    if nested_text_config(out) is not None:
         out["text_config"] = truncated_config(
             out["text_config"], layers, moe_prefix_as_moe=moe_prefix_as_moe, keep_last=keep_last
         )

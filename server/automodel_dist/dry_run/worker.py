@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog.kernels import LIGER_LAYERS, LIGER_VERSION
-from ..catalog.models import EXPERT_COUNT_KEYS
+from ..catalog.models import EXPERT_COUNT_KEYS, text_layers
 from ..media import vlm_image
 from ..stack import media, shims, step
 from ..stack.known_values import UnknownValues
@@ -149,14 +149,6 @@ def _grad_bytes(parts: list[Any]) -> int:
     return total
 
 
-def _text_layers(hf_config: dict[str, Any]) -> int:
-    """The decoder layers a config.json builds (a multimodal config's language model's)."""
-    text = hf_config.get("text_config")
-    return int(
-        (text if isinstance(text, dict) and "num_attention_heads" not in hf_config else hf_config)["num_hidden_layers"]
-    )
-
-
 def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]) -> dict[str, Any]:
     """Build the model of ``build`` (its config.json and distributed: block) with AutoModel's own code on a fresh fake
     process group and run one training step under the memory tracker; its figures, per phase."""
@@ -238,11 +230,12 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 )
             )
             patches.enter_context(shims.value_oracles(items, {}))
-            if build is not spec.build and dist_setup.mesh_context.pp_size == 1:
+            if spec.builds is not None and dist_setup.mesh_context.pp_size == 1:
                 # a shallow build's decoder list ranked at the model's depth where AutoModel finds layers by structure
-                # (a pipeline build's stages hold their real layer counts)
+                # (not under PP: a shallow pipeline build keeps the stage count and builds fewer layers a stage, whose
+                # list is not ranked at its full count, a gap docs/dry-run.md states)
                 patches.enter_context(
-                    shims.full_depth_layer_groups(_text_layers(build.hf_config), _text_layers(spec.build.hf_config))
+                    shims.full_depth_layer_groups(text_layers(build.hf_config), text_layers(spec.build.hf_config))
                 )
             if megatron:
                 patches.enter_context(shims.megatron_fsdp_build(fake_mode))
@@ -395,13 +388,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                         hf_config,
                         batch=shape[0],
                         seq=shape[1],
-                        image_px=m.image_px,
+                        image=image,
                         images_per_sample=m.images_per_sample,
-                        bounds=(m.min_pixels, m.max_pixels),
                         pixel_dtype=m.pixel_dtype,
                         fake_mode=fake_mode,
                         packed=spec.recipe.blockdiag_cp,
-                        image=image if image is not None and image.processor == "muse_glimmer" else None,
                     )
                 )
                 continue

@@ -83,16 +83,18 @@ from ..catalog.implementations import implementation
 from ..catalog.kernels import (
     EAGER_UNLESS_TE,
     FP32_NORM_CLASSES,
+    FP32_NORM_DECODERS,
     HF_LAYER_CLASSES,
     LOCAL_DISPATCHERS,
+    OUTPUT_GATE_PROJ,
     OWN_MLA_ATTENTION,
-    SUBMODULE_UNWRAPPED_FP32_NORMS,
     TRANSFORMERS_DECODER_LAYERS,
     HFLayer,
     flash_attn_dq_accum_rows,
     flash_attn_head_dim_rounded,
     hf_layer,
     hf_text_layer,
+    ignores_sequence_parallel,
     liger_applies,
     runs_eager_attention,
     takes_blockdiag_cp,
@@ -472,10 +474,25 @@ def _norm_bytes(m: ModelSpec, p: ParallelDims, tr: Training, liger: HFLayer | No
     return m.norms_per_layer * per_norm / (t if sp else 1) + 4 * h
 
 
-# AutoModel's dense Qwen3.5 class: Qwen3-Next's block with its fp32 (1 + w) RMSNorm (each norm keeps an fp32 copy and
-# the fp32 normalised input). Its MoE sibling and Qwen3-Next share the norm; they are measured here only under
-# activation checkpointing, where the norms' intermediates are not kept, so the term is not extended to them untested.
-_FP32_NORM_DECODER = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"})
+def output_gate_bytes(m: ModelSpec) -> float:
+    """Bytes per token an attention output gate keeps (whole, before TP): Qwen3-Next's and Qwen3.5's q_proj gate half,
+    its sigmoid and the gated output (6 a query element); a gate of its own projection (OUTPUT_GATE_PROJ) the sigmoid's
+    output and the gated product (4)."""
+    if not m.attn_output_gate:
+        return 0.0
+    return (4 if m.architecture in OUTPUT_GATE_PROJ else 6) * m.num_attention_heads * m.hd
+
+
+def fp32_norm_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bytes per token one fp32 RMSNorm of AutoModel's own classes keeps for backward (FP32_NORM_DECODERS): its fp32
+    copy of the input, and its fp32 normalised input where its weight trains (not under LoRA, which freezes it)."""
+    return (4 + (4 if tr.lora is None else 0)) * m.hidden_size
+
+
+def unwrapped_norm_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bytes per token a layer's fp32 norms outside AutoModel's sub-module checkpoint wrappers keep."""
+    norms = FP32_NORM_DECODERS.get(m.architecture or "")
+    return norms.unwrapped * fp32_norm_bytes(m, tr) if norms is not None else 0.0
 
 
 def _gated_deltanet_act(m: ModelSpec) -> float:
@@ -716,10 +733,8 @@ def _act_per_token(
     unsharded = tr.hf_class and m.architecture in _PHI3
     if unsharded:
         t, sp = 1, False  # its plan splits neither attention nor the MLP and ignores SP (see _PHI3)
-    if m.parallel_mamba:
-        # AutoModel's Falcon-H1 plan (optimized_tp_plans._parallelize_falcon_h1) ignores sequence_parallel: its Mamba
-        # branch's whole-sequence output is summed with the attention's
-        sp = False
+    if ignores_sequence_parallel(m.architecture, m.parallel_mamba):
+        sp = False  # (Falcon-H1's and Muse-Glimmer's TP plans ignore it: catalog/kernels)
     rep = _norm_bytes(m, p, tr, liger, sp)
     if m.kv_lora_rank:  # MLA: per head, queries and keys of nope+rope, values and outputs of v_head_dim
         q = a * ((m.qk_nope_head_dim or 0) + (m.qk_rope_head_dim or 0))
@@ -745,8 +760,8 @@ def _act_per_token(
             attn += (4 + normalised - 2) * (q + own_kv) / t
         if unsharded:  # the fused qkv (see _PHI3)
             attn += (4 * q + 2 * kv) / t
-        if m.attn_output_gate:  # Qwen3-Next / Qwen3.5: q_proj's gate half, its sigmoid and the gated output
-            attn += 6 * q / t
+        if m.attn_output_gate:
+            attn += output_gate_bytes(m) / t
     # what a scored (attention) layer and a linear-attention layer each keep: the layers' mean sizes what a stage of
     # whole periods keeps, the heavier one what a single layer holds (the one recomputed, the one running)
     attn_scored, attn_linear = attn, 0.0
@@ -768,8 +783,10 @@ def _act_per_token(
         copy = comp_bytes if comp_bytes != 4 else 0
         eager_scored = a / t * tr.seq_len / p.cp * (4 + copy + (comp_bytes if m.attn_softcap else 0))
         eager = share * eager_scored
-    if m.architecture in _FP32_NORM_DECODER and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
-        rep += 12 * h / (t if sp else 1)  # each of its two norms keeps an fp32 copy and its fp32 normalised input
+    fp32_norms = FP32_NORM_DECODERS.get(m.architecture or "")
+    if fp32_norms is not None and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
+        # each of its norms keeps what an fp32 norm keeps, where _norm_bytes counted two norms' bf16 inputs
+        rep += (fp32_norms.per_layer * fp32_norm_bytes(m, tr) - 4 * h) / (t if sp else 1)
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
     if moe:
@@ -866,14 +883,6 @@ def _act_per_token(
         # (averaged over the layers: one that reuses an earlier layer's selection runs no indexer, GLM-5.2's IndexShare)
         indexer *= 1 - len(m.index_shared_layers) / m.num_layers
     return saved * scale + indexer, heaviest
-
-
-def unwrapped_norm_bytes(m: ModelSpec, tr: Training) -> float:
-    """Bytes per token a layer's norms outside AutoModel's sub-module checkpoint wrappers keep
-    (SUBMODULE_UNWRAPPED_FP32_NORMS): each its fp32 input, and its fp32 normalised input where its weight trains
-    (not under LoRA, which freezes the norms)."""
-    norms = SUBMODULE_UNWRAPPED_FP32_NORMS.get(m.architecture or "", 0)
-    return norms * (4 + (0 if tr.lora is not None else 4)) * m.hidden_size
 
 
 def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:

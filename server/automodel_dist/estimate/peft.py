@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from ..catalog.kernels import OUTPUT_GATE_PROJ
 from ..catalog.models import ModelSpec
 
 DEFAULT_TARGETS = ("*_proj",)
@@ -219,10 +220,12 @@ def _attention(m: ModelSpec, base: str) -> list[Linear]:
             Linear(f"{base}.o_proj", heads * v, h),
         ]
     d, kv = m.hd, m.num_key_value_heads
+    gate = [Linear(f"{base}.output_gate_proj", h, heads * d)] if m.architecture in OUTPUT_GATE_PROJ else []
     return [
         Linear(f"{base}.q_proj", h, heads * d),
         Linear(f"{base}.k_proj", h, kv * d),
         Linear(f"{base}.v_proj", h, kv * d),
+        *gate,
         Linear(f"{base}.{m.o_name}", heads * d, h),
     ]
 

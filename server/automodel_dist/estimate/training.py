@@ -262,7 +262,8 @@ def _vlm_terms(spec: ModelSpec, w: Workload, read: list[str]) -> dict[str, Any]:
     px = FAKE_IMAGE_PX if w.fake_images is not None else IMAGE_PX
     vision = (spec.hf_config or {}).get("vision_config")
     image = vlm_image(spec.hf_config or {}, px, w.processor_pixels)
-    if image is not None and image.processor in ("gemma3", "pixtral", "kimi", "muse_glimmer"):  # a frozen tower's
+    # a frozen tower's image, sized
+    if image is not None and image.processor in ("gemma3", "pixtral", "kimi", "muse_glimmer"):
         read.append(f"VLM step: the model's logits kept through backward; {_resized(image, px)}" + _tower_state(w))
         return out
     if image is None or image.processor != "qwen":

@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from ..media import ImageGeometry, qwen_image
+from ..media import ImageGeometry
 from .known_values import on_values, when_known
 
 # the largest constant FakeTensorMode keeps (and computes really) during a VLM step: index tensors of a long packed
@@ -92,25 +92,23 @@ def qwen_batch(
     *,
     batch: int,
     seq: int,
-    image_px: tuple[int, int],
+    image: ImageGeometry,
     images_per_sample: int,
-    bounds: tuple[int | None, int | None],
     pixel_dtype: str,
     fake_mode: Any,
     packed: bool = False,
-    image: ImageGeometry | None = None,
 ) -> dict[str, Any]:
-    """One microbatch of ``batch`` sequences of ``seq`` tokens, each holding ``images_per_sample`` images (a vision
-    start token, the image's placeholders, a vision end token, the rest text, a start or end the model has none of
-    left out); labels cover the text. ``image``: one image as another processor of flattened patches and grids makes
-    it (Muse-Glimmer's), else the Qwen-VL processor's within ``bounds``. ``packed``: as
+    """One microbatch of ``batch`` sequences of ``seq`` tokens, each holding ``images_per_sample`` images of
+    ``image``'s geometry as a processor of flattened patches and grids makes them (Qwen-VL's, Muse-Glimmer's: a vision
+    start token, the image's placeholders, a vision end token, the rest text); labels cover the text. A start or end
+    token the config names no id for is left out (Muse-Glimmer's processor writes an image start and end its config
+    does not name: two tokens an image that stay text here). ``packed``: as
     AutoModel's packing collate hands a pack to a class that wants its document map (``_packed_seq_ids`` and the
     indexed ``attention_mask``, no 4-D mask, and its packed-sequence metadata), one document filling each sequence.
     Call inside ``fake_mode``: the patches are fake, the rest constants."""
     import torch
 
     vision = hf_config.vision_config.to_dict()
-    image = image or qwen_image(vision, image_px, bounds)
     grid, n_img = list(image.grid), image.tokens
     ids_of = {
         k: getattr(hf_config, k, None) for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id")

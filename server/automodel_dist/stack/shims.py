@@ -1145,21 +1145,25 @@ def full_depth_layer_groups(built: int, full: int) -> Iterator[None]:
     }
 
     def at_full_depth(model: Any) -> Any:
-        lists = [
-            m.layers
-            for m in model.modules()
-            if type(getattr(m, "layers", None)) in containers and len(m.layers) == built
-        ]
-        for layers in lists:
-            layers.__class__ = at_full[type(layers)]
+        # each container once, found as a registered child named layers (not through a property that hands back a
+        # child's list: the same container would be found twice)
+        found: dict[int, Any] = {}
+        for m in model.modules():
+            layers = m._modules.get("layers")
+            if type(layers) in containers and len(layers) == built:
+                found.setdefault(id(layers), layers)
+        swapped: list[tuple[Any, type]] = []
         try:
+            for layers in found.values():
+                swapped.append((layers, type(layers)))
+                layers.__class__ = at_full[type(layers)]
             groups = discover(model)
         finally:
-            for layers in lists:
-                layers.__class__ = type(layers).__bases__[0]
+            for layers, kind in swapped:
+                layers.__class__ = kind
         shallow = discover(model)
         if any(groups.get(k, [None])[0] is not shallow.get(k, [None])[0] for k in groups.keys() | shallow.keys()):
-            FULL_DEPTH_LAYER_GROUPS.count()  # (counted where the shallow build would have found other layers)
+            FULL_DEPTH_LAYER_GROUPS.count()  # (a discovery whose choice the shallow build would have made otherwise)
         return groups
 
     with _patched(parallelizer, "_discover_layer_groups", at_full_depth):

@@ -23,6 +23,7 @@ from ..catalog.implementations import (
     cp_attn_refused,
     implementation,
 )
+from ..catalog.kernels import ignores_sequence_parallel
 from ..catalog.models import ModelSpec
 from ..catalog.sources import resolve
 from ..config.load import flow
@@ -122,8 +123,10 @@ def _options(
                                         cp=cp,
                                         ep=ep,
                                         dp_replicate=rep,
-                                        # (AutoModel's Falcon-H1 TP plan ignores sequence_parallel)
-                                        sequence_parallel=tp > 1 and strategy == "fsdp2" and not m.parallel_mamba,
+                                        # (not where AutoModel's TP plan ignores it)
+                                        sequence_parallel=tp > 1
+                                        and strategy == "fsdp2"
+                                        and not ignores_sequence_parallel(m.architecture, m.parallel_mamba),
                                         activation_checkpointing=ac,
                                         pp_schedule=sched,
                                         pp_microbatch_size=mbs if pp > 1 else None,

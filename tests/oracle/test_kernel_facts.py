@@ -1,6 +1,7 @@
 """The AutoModel facts the pure estimate copies (it imports no AutoModel) held to AutoModel 0.7.0's own code: the
 expert-bias chunk threshold, the classes that weight their experts' outputs after the down projection, the token
-dispatchers the dry run stands in for, Liger's default, the eager attention terms and Gemma-4's router."""
+dispatchers the dry run stands in for, Liger's default, the eager attention terms, Gemma-4's router, and what
+Muse-Glimmer's fp32 norms and output gate keep."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import inspect
 import re
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -472,6 +474,60 @@ def test_automodel_resolves_the_catalogs_mistral3_vlms_to_the_class_the_parser_n
         assert sum(p.numel() for p in projector.parameters()) == spec.projector_params, name
 
 
+def _muse_glimmer_config(hidden: int = 64, heads: int = 4, head_dim: int = 16) -> Any:
+    """A small Muse-Glimmer config of AutoModel's class (a 4-layer language model, a 1-block tower)."""
+    from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
+
+    return MuseGlimmerConfig(
+        text_config={
+            "hidden_size": hidden,
+            "intermediate_size": 2 * hidden,
+            "num_hidden_layers": 4,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "vocab_size": 100,
+        },
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
+    )
+
+
+def _in_bf16(build: Any) -> Any:
+    """``build()`` with bf16 the default dtype (AutoModel's Muse-Glimmer modules make their norms' weights in it)."""
+    import torch
+
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return build()
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _saved_bytes(run: Any, keep: Any) -> int:
+    """Bytes of the distinct storages autograd saves while ``run()`` runs, of the tensors ``keep(t)`` accepts."""
+    import torch
+
+    storages: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        storages.setdefault(id(t.untyped_storage()), t.untyped_storage().nbytes() if keep(t) else 0)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(storages.values())
+
+
+def _rotary(cfg: Any, x: Any, tokens: int) -> Any:
+    import torch
+    from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerRotaryEmbedding
+
+    return MuseGlimmerRotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)(
+        x, torch.arange(tokens)[None]
+    )
+
+
 @pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
 def test_muse_glimmers_post_norms_stay_outside_automodels_submodule_checkpoints(frozen):
     """AutoModel's sub-module checkpointing on Muse-Glimmer's own decoder layer (apply_submodule_checkpointing, the
@@ -481,57 +537,27 @@ def test_muse_glimmers_post_norms_stay_outside_automodels_submodule_checkpoints(
     torch = pytest.importorskip("torch")
     from nemo_automodel.components.distributed.activation_checkpointing import apply_submodule_checkpointing
     from nemo_automodel.components.models.common import BackendConfig
-    from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
-    from nemo_automodel.components.models.muse_glimmer.model import (
-        MuseGlimmerDecoderLayer,
-        MuseGlimmerRotaryEmbedding,
-    )
+    from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerDecoderLayer
 
     from automodel_dist.catalog.models import ModelSpec
     from automodel_dist.estimate.memory import Training, unwrapped_norm_bytes
     from automodel_dist.estimate.peft import Lora
 
     h, tokens = 64, 32
-    cfg = MuseGlimmerConfig(
-        text_config={
-            "hidden_size": h,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            "vocab_size": 100,
-        },
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
-    )
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # (the class builds its norms' weights in the default dtype)
-    try:
-        layer = MuseGlimmerDecoderLayer(cfg, 0, BackendConfig(attn="sdpa"))
-    finally:
-        torch.set_default_dtype(default)
+    cfg = _muse_glimmer_config(h)
+    layer = _in_bf16(lambda: MuseGlimmerDecoderLayer(cfg, 0, BackendConfig(attn="sdpa")))
     if frozen:
         for name, param in layer.named_parameters():
             param.requires_grad_("norm" not in name)
     apply_submodule_checkpointing([layer], False)
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
-    position = MuseGlimmerRotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)(
-        x, torch.arange(tokens)[None]
-    )
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        wide = t.dim() == 3 and t.shape[1:] == (tokens, h)
-        storages.setdefault(id(t.untyped_storage()), t.untyped_storage().nbytes() if wide else 0)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x, position)
+    position = _rotary(cfg, x, tokens)
+    # (the [tokens, h] tensors: a norm also keeps its [tokens, 1] statistics and its weight's fp32 copy, [h])
+    kept = _saved_bytes(lambda: layer(x, position), lambda t: t.dim() == 3 and t.shape[1:] == (tokens, h))
     spec = ModelSpec("probe", h, 4, 4, 2, 128, 100, head_dim=16, architecture="MuseGlimmerForConditionalGeneration")
     lora = Lora(8, (("dense", 1.0),), 0.0, ("model.layers.0.self_attn.q_proj",), ())
     tr = Training(lora=lora) if frozen else Training()
-    # (the [tokens, h] tensors: a norm also keeps its [tokens, 1] statistics and its weight's fp32 copy, [h])
-    assert sum(storages.values()) == (8 * h + unwrapped_norm_bytes(spec, tr)) * tokens
+    assert kept == (8 * h + unwrapped_norm_bytes(spec, tr)) * tokens
     assert unwrapped_norm_bytes(spec, tr) == (8 if frozen else 16) * h
 
 
@@ -556,18 +582,10 @@ def test_an_fp32_norm_keeps_what_the_estimate_counts(module, name, frozen):
     norm = getattr(importlib.import_module(module), name)(h)
     norm.weight.requires_grad_(not frozen)
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        wide = t.dim() == 3 and t.shape[1:] == (tokens, h)
-        storages.setdefault(id(t.untyped_storage()), t.untyped_storage().nbytes() if wide else 0)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        norm(x)
+    kept = _saved_bytes(lambda: norm(x), lambda t: t.dim() == 3 and t.shape[1:] == (tokens, h))
     spec = ModelSpec("probe", h, 2, 4, 2, 128, 100, head_dim=16)
     tr = Training(lora=Lora(8, (("dense", 1.0),), 0.0, ("q_proj",), ())) if frozen else Training()
-    assert sum(storages.values()) == fp32_norm_bytes(spec, tr) * tokens
+    assert kept == fp32_norm_bytes(spec, tr) * tokens
 
 
 def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
@@ -576,8 +594,7 @@ def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
     and the gated product, not Qwen3-Next's three."""
     torch = pytest.importorskip("torch")
     from nemo_automodel.components.models.common import BackendConfig
-    from nemo_automodel.components.models.muse_glimmer.config import MuseGlimmerConfig
-    from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerAttention, MuseGlimmerRotaryEmbedding
+    from nemo_automodel.components.models.muse_glimmer.model import MuseGlimmerAttention
 
     from automodel_dist.catalog.models import ModelSpec
     from automodel_dist.estimate.memory import output_gate_bytes
@@ -585,45 +602,16 @@ def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
     h, heads, d, tokens = 64, 4, 16, 16
     kept = {}
     for gate in (False, True):
-        cfg = MuseGlimmerConfig(
-            text_config={
-                "hidden_size": h,
-                "intermediate_size": 128,
-                "num_hidden_layers": 4,
-                "num_attention_heads": heads,
-                "num_key_value_heads": 2,
-                "head_dim": d,
-                "vocab_size": 100,
-            },
-            vision_config={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 2,
-            },
-        )
+        cfg = _muse_glimmer_config(h, heads, d)
         cfg.use_attn_output_gate = gate
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            attn = MuseGlimmerAttention(cfg, 0, BackendConfig(attn="sdpa"))
-        finally:
-            torch.set_default_dtype(default)
+        attn = _in_bf16(lambda cfg=cfg: MuseGlimmerAttention(cfg, 0, BackendConfig(attn="sdpa")))
         params = {id(p.untyped_storage()) for p in attn.parameters()}
         x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
-        position = MuseGlimmerRotaryEmbedding(d, cfg.max_position_embeddings, cfg.rope_theta)(
-            x, torch.arange(tokens)[None]
+        position = _rotary(cfg, x, tokens)
+        kept[gate] = _saved_bytes(
+            lambda attn=attn, x=x, position=position: attn(x, position),
+            lambda t, params=params: id(t.untyped_storage()) not in params,
         )
-        storages: dict[int, int] = {}
-
-        def pack(t, storages=storages, params=params):
-            key = id(t.untyped_storage())
-            storages.setdefault(key, 0 if key in params else t.untyped_storage().nbytes())
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            attn(x, position)
-        kept[gate] = sum(storages.values())
     spec = ModelSpec(
         "probe", h, 4, heads, 2, 128, 100, head_dim=d, attn_output_gate=True,
         architecture="MuseGlimmerForConditionalGeneration",

@@ -372,17 +372,21 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
                 saved.append((module, name, original))
                 setattr(module, name, wrap(original))
     # AutoModel's native towers keep their own copies of such helpers beside their modules (Muse-Glimmer's
-    # vision.py: cu_seqlens, window order, position ids and bilinear table indices from grid_thw alone)
-    for key, module in list(sys.modules.items()):
-        if not key.startswith("nemo_automodel.components.models.") or module is None:
-            continue
+    # vision.py: cu_seqlens, window order, position ids and bilinear table indices from grid_thw alone): each wrapped
+    # wherever a model module holds it, the module defining it or one importing it by name
+    models = [(k, m) for k, m in list(sys.modules.items()) if k.startswith("nemo_automodel.components.models.") and m]
+    own = {
+        id(fn): fn
+        for key, module in models
+        for name, fn in vars(module).items()
+        if name.startswith("get_vision_")
+        and inspect.isfunction(fn)
+        and fn.__module__.startswith("nemo_automodel.components.models.")
+        and next(iter(inspect.signature(fn).parameters), None) == "grid_thw"
+    }
+    for _, module in models:
         for name, fn in list(vars(module).items()):
-            if (
-                name.startswith("get_vision_")
-                and inspect.isfunction(fn)
-                and fn.__module__ == key
-                and next(iter(inspect.signature(fn).parameters), None) == "grid_thw"
-            ):
+            if name.startswith("get_vision_") and id(fn) in own:
                 saved.append((module, name, fn))
                 setattr(module, name, wrap(fn))
     try:

@@ -787,6 +787,18 @@ CASES = [
         id="pp-falcon-h1-forward",
     ),
     RuleCase(
+        text="distributed:\n  tp_size: 2\n  sequence_parallel: true\n",
+        kwargs={"world_size": 8, "model": "meta-models/Muse-Glimmer-30B"},
+        rule="sp-ignored",
+        severity="warning",
+        path="distributed.sequence_parallel",
+        line=3,
+        valid=True,
+        message="sequence_parallel: true with meta-models/Muse-Glimmer-30B: AutoModel 0.7.0's TP plan for it ignores the flag, so the activations SP would split stay whole on each of the 2 TP ranks (the estimate counts them so), with no error",
+        fix="remove sequence_parallel (it changes nothing here)",
+        id="sp-ignored",
+    ),
+    RuleCase(
         text="distributed:\n  cp_size: 2\n",
         kwargs={"world_size": 8, "model": "tiiuae/Falcon-H1-7B-Instruct"},
         rule="cp-parallel-mamba",

@@ -13,6 +13,7 @@ from ..catalog.implementations import (
     cp_attn_refused,
     implementation,
 )
+from ..catalog.kernels import ignores_sequence_parallel
 from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
@@ -456,6 +457,35 @@ def model_sp_unsupported(ctx: Context) -> Iterator[Finding]:
         f"whose FSDP2 parallelizer raises 'Sequence parallelism is not supported for {impl.architecture}' "
         "(at any tp_size) when it parallelizes the model, after launch",
         "remove sequence_parallel",
+    )
+
+
+@rule(
+    "sp-ignored",
+    family=F,
+    severity="warning",
+    title="sequence_parallel that the model's TP plan ignores",
+    cause="AutoModel 0.7.0's TP plans for Falcon-H1 (optimized_tp_plans._parallelize_falcon_h1: its Mamba branch's "
+    "whole-sequence output is summed with the attention's) and Muse-Glimmer (_parallelize_muse_glimmer, which warns "
+    "'sequence_parallel=True is not yet supported for MuseGlimmer and will be ignored') accept sequence_parallel and "
+    "leave it out: the norms, residuals and the MLP's input stay whole on every TP rank, so the activation memory SP "
+    "would save is not saved, with no error.",
+    fix="Remove sequence_parallel (it changes nothing here); for activation memory checkpoint the layers, raise "
+    "cp_size where the model allows it, or shorten the sequence.",
+)
+def sp_ignored(ctx: Context) -> Iterator[Finding]:
+    m, d = ctx.model, ctx.dims
+    if m is None or ctx.block.get("sequence_parallel") is not True or d.tp <= 1 or d.strategy != "fsdp2":
+        return
+    if not ignores_sequence_parallel(m.architecture, m.parallel_mamba):
+        return
+    yield finding(
+        ctx,
+        ("sequence_parallel",),
+        f"sequence_parallel: true with {m.name}: AutoModel 0.7.0's TP plan for it ignores the flag, so the "
+        f"activations SP would split stay whole on each of the {d.tp} TP ranks (the estimate counts them so), with "
+        "no error",
+        "remove sequence_parallel (it changes nothing here)",
     )
 
 

@@ -195,28 +195,20 @@ HF_LAYER_CLASSES = frozenset(
 TRANSFORMERS_DECODER_LAYERS = frozenset({"Gemma4ForConditionalGeneration"})
 
 
-@dataclass(frozen=True)
-class Fp32Norms:
-    """A decoder layer's RMSNorms in AutoModel's own class that compute in fp32 ((1 + w) or w times the fp32
-    normalised input): each keeps an fp32 copy of its input and, where its weight trains, the fp32 normalised input."""
-
-    per_layer: int
-    # ... of which AutoModel's sub-module checkpointing (activation_checkpointing.apply_submodule_checkpointing) wraps
-    # none: it wraps the attention, the MLP and the norms it finds by name (input_layernorm / attention_norm /
-    # layer_norm1 / norm1, post_attention_layernorm / ffn_norm / layer_norm2 / norm2); a class's other norms run outside
-    # every wrapper and keep what they save even under activation checkpointing
-    unwrapped: int = 0
-
-
-# Qwen3.5's dense class (Qwen3-Next's block and its (1 + w) norm; its MoE sibling and Qwen3-Next share the norm but are
-# measured here only under activation checkpointing, where the norms' intermediates are not kept, so they are not
-# listed untested); Muse-Glimmer's four norms a layer, whose post_attn_norm and post_ffn_norm the sub-module wrappers
-# leave out (muse_glimmer/model.py). tests/oracle/test_kernel_facts.py counts Muse-Glimmer's wrapped layer's saved
-# tensors, its norms trained and frozen.
-FP32_NORM_DECODERS: dict[str, Fp32Norms] = {
-    "Qwen3_5ForConditionalGeneration": Fp32Norms(2),
-    "Qwen3_5ForCausalLM": Fp32Norms(2),
-    "MuseGlimmerForConditionalGeneration": Fp32Norms(4, unwrapped=2),
+# AutoModel's own classes whose decoder norms compute in fp32 ((1 + w) or w times the fp32 normalised input): each norm
+# keeps an fp32 copy of its input and, where its weight trains, the fp32 normalised input (every norm of the layer: the
+# spec's norms_per_layer). Per class, how many of a layer's norms AutoModel's sub-module checkpointing
+# (activation_checkpointing.apply_submodule_checkpointing) leaves outside every wrapper, keeping what they save even
+# under activation checkpointing: it wraps the attention, the MLP and the norms it finds by name (input_layernorm /
+# attention_norm / layer_norm1 / norm1, post_attention_layernorm / ffn_norm / layer_norm2 / norm2). Qwen3.5's dense
+# class (Qwen3-Next's block and its (1 + w) norm; its MoE sibling and Qwen3-Next share the norm but are measured here
+# only under activation checkpointing, where the norms' intermediates are not kept, so they are not listed untested);
+# Muse-Glimmer's four norms a layer, whose post_attn_norm and post_ffn_norm the wrappers leave out
+# (muse_glimmer/model.py). tests/oracle/test_kernel_facts.py counts both norm classes and Muse-Glimmer's wrapped layer.
+FP32_NORM_DECODERS: dict[str, int] = {
+    "Qwen3_5ForConditionalGeneration": 0,
+    "Qwen3_5ForCausalLM": 0,
+    "MuseGlimmerForConditionalGeneration": 2,
 }
 
 # AutoModel's own classes whose attention output gate is a projection of its own (output_gate_proj, q_proj's shape, on

@@ -1155,8 +1155,8 @@ def _index_shared_layers(cfg: dict[str, Any], layers: int) -> tuple[int, ...]:
 
 
 def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
-    """Norms a decoder layer holds: Gemma-2/3/4 and Muse-Glimmer four; Gemma-4's MoE layer three more, before and after each of its
-    two feed-forward branches (AutoModel's Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2,
+    """Norms a decoder layer holds: Gemma-2/3/4 and Muse-Glimmer four; Gemma-4's MoE layer three more, before and
+    after each of its two feed-forward branches (AutoModel's Gemma4MoEDecoderLayer: pre_feedforward_layernorm_2,
     post_feedforward_layernorm_1 and _2); a parallel block one; else two."""
     if gemma4_moe:
         return 7

@@ -491,8 +491,7 @@ def fp32_norm_bytes(m: ModelSpec, tr: Training) -> float:
 
 def unwrapped_norm_bytes(m: ModelSpec, tr: Training) -> float:
     """Bytes per token a layer's fp32 norms outside AutoModel's sub-module checkpoint wrappers keep."""
-    norms = FP32_NORM_DECODERS.get(m.architecture or "")
-    return norms.unwrapped * fp32_norm_bytes(m, tr) if norms is not None else 0.0
+    return FP32_NORM_DECODERS.get(m.architecture or "", 0) * fp32_norm_bytes(m, tr)
 
 
 def _gated_deltanet_act(m: ModelSpec) -> float:
@@ -783,10 +782,9 @@ def _act_per_token(
         copy = comp_bytes if comp_bytes != 4 else 0
         eager_scored = a / t * tr.seq_len / p.cp * (4 + copy + (comp_bytes if m.attn_softcap else 0))
         eager = share * eager_scored
-    fp32_norms = FP32_NORM_DECODERS.get(m.architecture or "")
-    if fp32_norms is not None and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
+    if m.architecture in FP32_NORM_DECODERS and not tr.hf_class:  # (transformers' own class: _norm_bytes counts)
         # each of its norms keeps what an fp32 norm keeps, where _norm_bytes counted two norms' bf16 inputs
-        rep += (fp32_norms.per_layer * fp32_norm_bytes(m, tr) - 4 * h) / (t if sp else 1)
+        rep += (m.norms_per_layer * fp32_norm_bytes(m, tr) - 4 * h) / (t if sp else 1)
     moe = kind == "moe"
     k = max(m.experts_per_token, 1)
     if moe:

@@ -346,8 +346,6 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
     import transformers.vision_utils as vision_utils
     from torch._subclasses.fake_tensor import FakeTensor
 
-    names = [n for n in dir(vision_utils) if n.startswith("get_vision_") and callable(getattr(vision_utils, n))]
-
     def wrap(fn: Any) -> Any:
         # decided on the grid alone, the other arguments passed as they are: transformers hands these helpers its
         # forward's kwargs dict, which they pop from (an out-parameter: a copy would leave the caller's keys)
@@ -359,34 +357,33 @@ def known_vision_indices(fake_mode: Any) -> Iterator[None]:
 
         return run
 
-    saved: list[tuple[Any, str, Any]] = []
+    # the helpers, by identity: transformers' from vision_utils, and AutoModel's native towers' own copies beside their
+    # modules (Muse-Glimmer's vision.py: cu_seqlens, window order, position ids, bilinear table indices from grid_thw);
+    # each wrapped in every module that holds it (vision_utils, transformers' modeling modules, AutoModel's model
+    # modules: the one defining it or one importing it by name)
     modules = [vision_utils] + [
         m
         for k, m in list(sys.modules.items())
-        if k.startswith("transformers.models.") and k.rsplit(".", 1)[-1].startswith("modeling_")
+        if m is not None
+        and (
+            (k.startswith("transformers.models.") and k.rsplit(".", 1)[-1].startswith("modeling_"))
+            or k.startswith("nemo_automodel.components.models.")
+        )
     ]
-    originals = {name: getattr(vision_utils, name) for name in names}
-    for module in modules:
-        for name, original in originals.items():
-            if getattr(module, name, None) is original:
-                saved.append((module, name, original))
-                setattr(module, name, wrap(original))
-    # AutoModel's native towers keep their own copies of such helpers beside their modules (Muse-Glimmer's
-    # vision.py: cu_seqlens, window order, position ids and bilinear table indices from grid_thw alone): each wrapped
-    # wherever a model module holds it, the module defining it or one importing it by name
-    models = [(k, m) for k, m in list(sys.modules.items()) if k.startswith("nemo_automodel.components.models.") and m]
-    own = {
+    helpers = {id(fn): fn for n, fn in vars(vision_utils).items() if n.startswith("get_vision_") and callable(fn)}
+    helpers |= {
         id(fn): fn
-        for key, module in models
+        for module in modules
         for name, fn in vars(module).items()
         if name.startswith("get_vision_")
         and inspect.isfunction(fn)
         and fn.__module__.startswith("nemo_automodel.components.models.")
         and next(iter(inspect.signature(fn).parameters), None) == "grid_thw"
     }
-    for _, module in models:
+    saved: list[tuple[Any, str, Any]] = []
+    for module in modules:
         for name, fn in list(vars(module).items()):
-            if name.startswith("get_vision_") and id(fn) in own:
+            if name.startswith("get_vision_") and id(fn) in helpers:
                 saved.append((module, name, fn))
                 setattr(module, name, wrap(fn))
     try:

@@ -42,6 +42,13 @@ class RankResult(BaseModel):
         default_factory=dict, description="torch's own categories at the peak (FSDPMemTracker / MemTracker)."
     )
     phase_peaks_gib: dict[str, float] = Field(default_factory=dict)
+    moment_peaks_gib: dict[str, float] = Field(
+        default_factory=dict,
+        description="Under PP, each pipeline action's peak within its phase (``phase@F<stage>.<microbatch>#<n>``: "
+        "the action itself; ``!``: what it leaves; ``+``: the stretch until the next action), extrapolated on its "
+        "own line where the rank was built shallow; without PP, each phase's.",
+    )
+    peak_moment: str | None = Field(default=None, description="The moment of the peak (a key of moment_peaks_gib).")
     largest_modules: list[tuple[str, float]] = Field(
         default_factory=list, description="Modules with the largest memory while they ran (GiB, torch's local peak)."
     )

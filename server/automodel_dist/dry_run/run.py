@@ -474,6 +474,8 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         tracker=raw.get("tracker"),
         tracker_categories_gib=raw.get("peak_categories") or {},
         phase_peaks_gib=raw.get("phase_peaks") or {},
+        moment_peaks_gib=raw.get("moment_peaks") or {},
+        peak_moment=raw.get("peak_moment"),
         largest_modules=[tuple(x) for x in raw.get("largest_modules") or []],
         forward_retained=[tuple(x) for x in raw.get("forward_retained") or []],
         after_forward=MemorySplit(**raw["after_forward"]) if raw.get("after_forward") else None,

@@ -28,6 +28,10 @@ from ..estimate.memory import GIB
 
 class _Phase(Protocol):
     current: str
+    moment: str | None
+
+    @property
+    def key(self) -> str: ...
 
 
 def _counted_records() -> Any:
@@ -180,8 +184,10 @@ def make_tracker(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.held: list[tuple[Any, str]] = []  # (tensor, category) registered at the start (see make_tracker)
+            # each moment's peak (a phase, or a pipeline action within one: ``phase@action``) and torch's categories
+            # then
             self.phase_peaks: dict[str, int] = {}
-            self.phase_categories: dict[str, dict[str, int]] = {}  # torch's categories at each phase's peak
+            self.phase_categories: dict[str, dict[str, int]] = {}
             records = _counted_records()
             records.update(self.memory_tracking)
             self.memory_tracking = records
@@ -362,10 +368,17 @@ def make_tracker(
                     self._peak_mem[dev] = dev_snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(dev_snap)
                     self.peak_phase = phases.current
+            self.record_moment()
+
+        def record_moment(self) -> None:
+            """The current total as a candidate for the peak of the running moment (a phase, or one pipeline action
+            within it: :func:`pipeline_moments`); called at every operator and where a moment begins."""
+            curr = self._curr_mem_snap
             total = sum(snap.get(_TOTAL_KEY, 0) for snap in curr.values())
-            if total > self.phase_peaks.get(phases.current, 0):
-                self.phase_peaks[phases.current] = total
-                self.phase_categories[phases.current] = categories(curr)
+            key = phases.key
+            if total > self.phase_peaks.get(key, 0):
+                self.phase_peaks[key] = total
+                self.phase_categories[key] = categories(curr)
 
     if base is FSDPMemTracker:
         tracker = Tracker(parts[0], optimizers[0])
@@ -374,6 +387,55 @@ def make_tracker(
         tracker.track_external(*parts, *optimizers)
     tracker.held = held or []
     return tracker
+
+
+@contextlib.contextmanager
+def pipeline_moments(tracker: Any, phases: Any) -> Iterator[None]:
+    """Each pipeline action a moment of its own: every stage's forward, backward and weight-gradient chunk, and the
+    stretch after it until the next (the schedule's unshards, reshards and sends), keyed by its stage, microbatch and
+    occurrence (a second schedule step repeats them): ``F1.3#0``, then ``F1.3#0!`` (the total it leaves, alone) and
+    ``F1.3#0+``.
+
+    A phase's peak is the largest of its moments, each linear in the layers a stage holds, so a shallow build's peak
+    can fall on another moment than the full depth's: the last stage of a 1F1B schedule peaks in its loss at three
+    layers a stage and, at eight, in a later forward that runs beside every block its earlier backward left gathered.
+    Both builds run the same actions in the same order (the stages and microbatches do not change with the layers), so
+    each moment is extrapolated on its own line and the maximum taken after (dry_run/depth.py by_phase)."""
+    from torch.distributed.pipelining.stage import _PipelineStageBase
+
+    seen: dict[str, int] = {}
+    originals = {
+        name: getattr(_PipelineStageBase, name)
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+    }
+
+    def enter(label: str) -> None:
+        phases.moment = label
+        tracker.record_moment()  # the moment starts holding what the last one left
+
+    def wrap(kind: str, original: Any) -> Any:
+        @functools.wraps(original)
+        def chunk(stage: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            action = f"{kind}{stage.stage_index}.{chunk_id}"
+            label = f"{action}#{seen.get(action, 0)}"
+            seen[action] = seen.get(action, 0) + 1
+            enter(label)
+            try:
+                return original(stage, chunk_id, *args, **kwargs)
+            finally:
+                enter(f"{label}!")  # what the action leaves, alone: within the action or after it a transient that
+                enter(f"{label}+")  # does not grow with the layers can outweigh it in a shallow build
+
+        return chunk
+
+    for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"), ("backward_weight_one_chunk", "W")):
+        setattr(_PipelineStageBase, name, wrap(kind, originals[name]))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(_PipelineStageBase, name, original)
+        phases.moment = None
 
 
 def module_views(tracker: Any) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:

@@ -26,9 +26,9 @@ from ..catalog.models import EXPERT_COUNT_KEYS, text_layers
 from ..media import vlm_image
 from ..stack import media, shims, step
 from ..stack.known_values import UnknownValues
-from .depth import Depth, extrapolate_splits, line, peak_phase
+from .depth import Depth, by_phase, extrapolate_splits, line, peak_phase
 from .spec import Build, DryRunSpec
-from .tracker import categories, make_tracker, module_views, repeated_calls
+from .tracker import categories, make_tracker, module_views, pipeline_moments, repeated_calls
 
 GIB = float(1 << 30)
 _CATEGORIES = {  # torch's tracker categories -> the report's split
@@ -57,11 +57,18 @@ class Phases:
         self.t0 = time.perf_counter()
         self.seconds: dict[str, float] = {}
         self.current = "start"
+        self.moment: str | None = None  # the pipeline action running within the phase (tracker.pipeline_moments)
         self.failed: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The moment whose peak the tracker records: the phase, or ``phase@action`` within a pipeline schedule."""
+        return self.current if self.moment is None else f"{self.current}@{self.moment}"
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Any:
         previous, self.current = self.current, name
+        moment, self.moment = self.moment, None
         print(f"PHASE {name}", flush=True)
         start = time.perf_counter()
         try:
@@ -71,7 +78,7 @@ class Phases:
             raise
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 3)
-            self.current = previous
+            self.current, self.moment = previous, moment
 
 
 @contextlib.contextmanager
@@ -444,7 +451,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 )
             held = step.megatron_fsdp_buffers(parts) if megatron else []
             tracker = make_tracker(parts, optimizers, phases, held)
-            with tracker, repeated_calls(tracker), _garbage_collection_held_off():
+            moments = pipeline_moments(tracker, phases) if pp_enabled else contextlib.nullcontext()
+            with tracker, repeated_calls(tracker), _garbage_collection_held_off(), moments:
                 step.train_step(
                     built,
                     optimizers,
@@ -471,14 +479,16 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         peak_categories={k: v / GIB for k, v in peak.items()},
         peak=_split(peak, local["params"]),
         peak_phase=tracker.peak_phase,
-        phase_peaks={k: v / GIB for k, v in tracker.phase_peaks.items()},
-        phase_splits={ph: _split(c, local["params"]) for ph, c in tracker.phase_categories.items()},
-        phase_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.phase_categories.items()},
+        # per moment (a phase, or a pipeline action within one), which a depth's line is drawn through; per phase
+        # the largest of its moments
+        moment_splits={ph: _split(c, local["params"]) for ph, c in tracker.phase_categories.items()},
+        moment_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.phase_categories.items()},
         largest_modules=largest,
         forward_retained=retained,
         local_bytes={**local, "grads": snapshots.get("grad_bytes", 0)},
         after_forward=_split(after_forward, local["params"]) if after_forward else None,
     )
+    _by_moment(res)
     ring = (
         f"Gemma-4's context-parallel ring (AutoModel's cp_attention.py) runs as written, its compiled flex attention "
         f"a stand-in with the kernel's shapes ({shims.FLEX_ATTENTION.hits} chunk calls; stack/flex_attention.py: "
@@ -491,6 +501,17 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     return res
 
 
+def _by_moment(res: dict[str, Any]) -> None:
+    """A result's per-phase figures and peak moment from its per-moment ones (dry_run/depth.py by_phase)."""
+    moments = res["moment_splits"]
+    res["phase_splits"], res["phase_categories"] = by_phase(moments, res["moment_categories"])
+    res["phase_peaks"] = {ph: v["total"] for ph, v in res["phase_splits"].items()}
+    res["moment_peaks"] = {k: v["total"] for k, v in moments.items()}
+    phase = res["peak_phase"]
+    within = [k for k in moments if k.split("@", 1)[0] == phase]
+    res["peak_moment"] = max(within, key=lambda k: moments[k]["total"]) if within else phase
+
+
 def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """The full depth's figures on the line through two shallow builds (see :mod:`.depth`)."""
     (u1, u2), target = depth.units, depth.target_units
@@ -499,18 +520,21 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
     def at(a: float, b: float) -> float:
         return line(u1, a, u2, b, target)
 
-    splits = extrapolate_splits(depth, first["phase_splits"], second["phase_splits"])
-    cats = extrapolate_splits(depth, first["phase_categories"], second["phase_categories"])
-    phase = peak_phase(splits)
+    # each moment on its own line, the maximum taken after (a phase's peak moment can change with the depth)
+    moments = extrapolate_splits(depth, first["moment_splits"], second["moment_splits"])
+    phase = peak_phase(by_phase(moments, {})[0])
     if phase is None:
         raise RuntimeError("the two shallow builds share no phase: the depth cannot be extrapolated")
     out = dict(second)
     out.update(
-        peak=splits[phase],
         peak_phase=phase,
-        peak_categories=cats.get(phase, {}),
-        phase_peaks={ph: v["total"] for ph, v in splits.items()},
-        phase_splits=splits,
+        moment_splits=moments,
+        moment_categories=extrapolate_splits(depth, first["moment_categories"], second["moment_categories"]),
+    )
+    _by_moment(out)
+    out.update(
+        peak=out["phase_splits"][phase],
+        peak_categories=out["phase_categories"][phase],
         local_bytes={k: int(at(first["local_bytes"][k], v)) for k, v in second["local_bytes"].items()},
         params={
             **second["params"],

@@ -51,6 +51,9 @@ class Depth:
     # target_units hold its own layers, pp x those where the stages are uneven is not the model)
     model_units: float | None = None
     layers_per_stage: tuple[int, int] | None = None  # pipeline.layers_per_stage of each build (PP)
+    # whether both builds run the same pipeline actions (the same stages and microbatches), so that each action's
+    # moment has a line of its own (dry_run/tracker.py pipeline_moments); not where they hold different stage counts
+    same_actions: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -257,6 +260,7 @@ def _by_stages(
         target_units=held / lps,
         model_units=spec.num_layers / (dims.pp * lps),
         layers_per_stage=(lps, lps),
+        same_actions=False,
         notes=tuple(notes),
     )
 

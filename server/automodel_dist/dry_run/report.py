@@ -45,8 +45,9 @@ class RankResult(BaseModel):
     moment_peaks_gib: dict[str, float] = Field(
         default_factory=dict,
         description="Under PP, each pipeline action's peak within its phase (``phase@F<stage>.<microbatch>#<n>``: "
-        "the action itself; ``!``: what it leaves; ``+``: the stretch until the next action), extrapolated on its "
-        "own line where the rank was built shallow; without PP, each phase's.",
+        "the action itself; ``!``: what it leaves; ``+``: the stretch until the next action), each on its own line "
+        "where the rank was built shallow (per phase where its two builds hold different stage counts); without PP, "
+        "each phase's.",
     )
     peak_moment: str | None = Field(default=None, description="The moment of the peak (a key of moment_peaks_gib).")
     largest_modules: list[tuple[str, float]] = Field(

@@ -520,8 +520,10 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
     def at(a: float, b: float) -> float:
         return line(u1, a, u2, b, target)
 
-    # each moment on its own line, the maximum taken after (a phase's peak moment can change with the depth)
-    moments = extrapolate_splits(depth, first["moment_splits"], second["moment_splits"])
+    # each moment on its own line, the maximum taken after (a phase's peak moment can change with the depth); builds
+    # of different stage counts run different pipeline actions, so there each phase has one line
+    key = "moment" if depth.same_actions else "phase"
+    moments = extrapolate_splits(depth, first[f"{key}_splits"], second[f"{key}_splits"])
     phase = peak_phase(by_phase(moments, {})[0])
     if phase is None:
         raise RuntimeError("the two shallow builds share no phase: the depth cannot be extrapolated")
@@ -529,7 +531,7 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
     out.update(
         peak_phase=phase,
         moment_splits=moments,
-        moment_categories=extrapolate_splits(depth, first["moment_categories"], second["moment_categories"]),
+        moment_categories=extrapolate_splits(depth, first[f"{key}_categories"], second[f"{key}_categories"]),
     )
     _by_moment(out)
     out.update(

@@ -17,6 +17,7 @@ from automodel_dist.dims import read_dims
 from automodel_dist.dry_run import dry_run, missing_packages
 from automodel_dist.dry_run.depth import (
     built_kinds,
+    by_phase,
     extrapolate_splits,
     layer_kinds,
     line,
@@ -90,7 +91,7 @@ def test_plan_depth_uniform_prefix_and_pipeline():
     pp = read_dims({"pp_size": 2, "pipeline": {"pp_schedule": "interleaved1f1b"}}, 16)
     d = plan_depth(l8, pp, 1)  # 4 stages of 8 layers; rank 1 holds stages 1 and 3
     assert d is not None and d.layers_per_stage == (3, 4) and d.layers == (12, 16)
-    assert d.units == (6, 8) and d.target_units == 16
+    assert d.units == (6, 8) and d.target_units == 16 and d.same_actions  # the same stages: a line per action
     d = plan_depth(ds, read_dims({"pp_size": 4, "ep_size": 8}, 64), 0)
     assert d is not None and d.prefix == 0 and any("dense layers" in n for n in d.notes)
     assert d.target_units == 16  # 61 layers over 4 stages: 16, 15, 15, 15
@@ -99,6 +100,7 @@ def test_plan_depth_uniform_prefix_and_pipeline():
     d = plan_depth(lookup_model("Qwen/Qwen3-30B-A3B"), shallow, 0)
     assert d is not None and d.layers_per_stage == (2, 2) and d.units == (3, 4) and d.target_units == 12
     assert d.layers == (12, 16) and "per stage" in d.notes[0]
+    assert not d.same_actions  # 3 and 4 stages run different pipeline actions: a line per phase
     assert plan_depth(dataclasses.replace(l8, num_layers=3), read_dims({}, 8), 0) is None  # as shallow as a build
     # GLM-5.2: 3 dense layers, then a period of four (three layers sharing an indexer, one with its own) that leaves a
     # tail of three shared layers: both builds end with that tail, so the backward starts at the model's kind of layer
@@ -204,6 +206,16 @@ def test_line_and_the_peak_phase_after_extrapolating():
     out = extrapolate_splits(depth, shallow, deeper)
     assert peak_phase(shallow) == "loss" and peak_phase(out) == "backward"  # the peak moves with depth
     assert out["backward"] == {"total": 38.0, "activations": 31.0}  # units 3 and 4 -> 32
+    # pipeline actions as moments of a phase: each on its own line, the phase its largest after
+    shallow = {"pipeline_schedule@F0.0#0": {"total": 10.0}, "pipeline_schedule@B0.0#0!": {"total": 9.0}}
+    deeper = {"pipeline_schedule@F0.0#0": {"total": 10.5}, "pipeline_schedule@B0.0#0!": {"total": 10.0}}
+    cats = {k: {"Activation": v["total"]} for k, v in shallow.items()}
+    assert by_phase(shallow, cats) == (
+        {"pipeline_schedule": {"total": 10.0}},
+        {"pipeline_schedule": {"Activation": 10.0}},
+    )
+    phases, _ = by_phase(extrapolate_splits(depth, shallow, deeper), {})
+    assert phases == {"pipeline_schedule": {"total": 38.0}}  # drawn through the phase's peaks: 24.0
 
 
 def test_the_plan_measures_the_pipeline_ranks_where_the_peak_can_fall():

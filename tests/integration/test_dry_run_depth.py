@@ -382,9 +382,9 @@ def _config(tmp_path, name: str, layers: int) -> str:
             # at 12 layers (6 a stage) every rank was built whole since its builds would run 3 + 4 layers, so this
             # case compared a whole build with itself. At 16 the last stage's extrapolated total is 3% under the whole
             # build's (6.41 against 6.62 GiB; 6.35 before each pipeline action got its own line): every action's
-            # moment but the last backward's lies on its line, and the stretch after that backward peaks, at three
-            # layers a stage, in the head's gradient reduce, at eight in one layer's reduce over every gathered block
-            # (test_pipeline_moments_extrapolate_to_the_whole_build holds the rest)
+            # moment but the last backward and the stretch after it lies on its line; those peak, at three layers a
+            # stage, in a transient of the head's, and at eight in one layer's gather or reduce over every gathered
+            # block (test_pipeline_moments_extrapolate_to_the_whole_build holds the rest)
             marks=[
                 pytest.mark.slow,
                 pytest.mark.xfail(

@@ -397,10 +397,10 @@ def pipeline_moments(tracker: Any, phases: Any) -> Iterator[None]:
     ``F1.3#0+``.
 
     A phase's peak is the largest of its moments, each linear in the layers a stage holds, so a shallow build's peak
-    can fall on another moment than the full depth's: the last stage of a 1F1B schedule peaks in its loss at three
-    layers a stage and, at eight, in a later forward that runs beside every block its earlier backward left gathered.
-    Both builds run the same actions in the same order (the stages and microbatches do not change with the layers), so
-    each moment is extrapolated on its own line and the maximum taken after (dry_run/depth.py by_phase)."""
+    can fall on another moment than the full depth's: within the last stage's last backward of a 1F1B schedule, a
+    transient of the head's at three and four layers a stage, and at eight what the backward leaves, every block
+    gathered. Both builds run the same actions in the same order (the stages and microbatches do not change with the
+    layers), so each moment is extrapolated on its own line and the maximum taken after (dry_run/depth.py by_phase)."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     seen: dict[str, int] = {}

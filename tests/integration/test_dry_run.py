@@ -525,7 +525,8 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
     walked: list[bool] = []  # whether torch's tracker walked the outputs through visit_tensors
 
     class Phase:
-        current = "step"
+        current = key = "step"
+        moment = None
 
     class Checkpointed(torch.nn.Module):
         def __init__(self, inner: torch.nn.Module) -> None:

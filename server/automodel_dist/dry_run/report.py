@@ -49,7 +49,11 @@ class RankResult(BaseModel):
         "where the rank was built shallow (per phase where its two builds hold different stage counts); without PP, "
         "each phase's.",
     )
-    peak_moment: str | None = Field(default=None, description="The moment of the peak (a key of moment_peaks_gib).")
+    peak_moment: str | None = Field(
+        default=None,
+        description="The largest moment of the peak's phase (a key of moment_peaks_gib). Its figure is the largest "
+        "total held at once; on a rank built whole the peak adds each device's own peak, which can fall apart.",
+    )
     largest_modules: list[tuple[str, float]] = Field(
         default_factory=list, description="Modules with the largest memory while they ran (GiB, torch's local peak)."
     )

@@ -399,8 +399,9 @@ def pipeline_moments(tracker: Any, phases: Any) -> Iterator[None]:
     A phase's peak is the largest of its moments, each linear in the layers a stage holds, so a shallow build's peak
     can fall on another moment than the full depth's: within the last stage's last backward of a 1F1B schedule, a
     transient of the head's at three and four layers a stage, and at eight what the backward leaves, every block
-    gathered. Both builds run the same actions in the same order (the stages and microbatches do not change with the
-    layers), so each moment is extrapolated on its own line and the maximum taken after (dry_run/depth.py by_phase)."""
+    gathered. Where a rank's two builds hold the same stages they run the same actions in the same order (the
+    microbatches do not change with the layers), so each moment is extrapolated on its own line and the maximum taken
+    after (dry_run/depth.py by_phase); builds of 3 and 4 of a rank's stages keep a line per phase."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
     seen: dict[str, int] = {}

@@ -521,8 +521,10 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
         return line(u1, a, u2, b, target)
 
     # each moment on its own line, the maximum taken after (a phase's peak moment can change with the depth); builds
-    # of different stage counts run different pipeline actions, so there each phase has one line
-    key = "moment" if depth.same_actions else "phase"
+    # of different stage counts run different pipeline actions, so there (and wherever the two builds' moments differ)
+    # each phase has one line
+    same = depth.same_actions and set(first["moment_splits"]) == set(second["moment_splits"])
+    key = "moment" if same else "phase"
     moments = extrapolate_splits(depth, first[f"{key}_splits"], second[f"{key}_splits"])
     phase = peak_phase(by_phase(moments, {})[0])
     if phase is None:

@@ -27,6 +27,7 @@ from automodel_dist.dry_run.depth import (
     truncated_config,
 )
 from automodel_dist.dry_run.plan import plan_dry_run
+from automodel_dist.dry_run.run import largest_moments
 from automodel_dist.estimate.memory import peak_candidate_pp_ranks
 from automodel_dist.layout import stage_ids, stage_layer_counts
 from automodel_dist.request import Request
@@ -410,6 +411,14 @@ def test_extrapolated_figures_equal_the_full_build(tmp_path, text, world):
         rest_a, rest_b = a.peak.activations + a.peak.temporaries, b.peak.activations + b.peak.temporaries
         assert rest_a == pytest.approx(rest_b, rel=0.05, abs=2e-3)
         assert a.local_param_bytes == pytest.approx(b.local_param_bytes, rel=1e-3)
+
+
+def test_the_report_keeps_the_largest_moments_in_step_order():
+    moments = {f"pipeline_schedule@F0.{i}#0": float(i % 7) for i in range(40)}
+    kept = largest_moments(moments, keep=5)
+    assert list(kept) == [k for k in moments if k in kept]  # the order the step reached them
+    assert sorted(kept.values(), reverse=True) == sorted(moments.values(), reverse=True)[:5]
+    assert largest_moments({"start": 1.0}) == {"start": 1.0}
 
 
 @needs_automodel

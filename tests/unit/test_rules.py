@@ -787,6 +787,19 @@ CASES = [
         id="pp-falcon-h1-forward",
     ),
     RuleCase(
+        text="distributed:\n  strategy: megatron_fsdp\nloss_fn:\n"
+        "  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy\n",
+        kwargs={"world_size": 8, "model": "meta-llama/Llama-3.2-1B"},
+        rule="megatron-fsdp-linear-ce",
+        severity="warning",
+        path="loss_fn",
+        line=3,
+        valid=True,
+        message="loss_fn FusedLinearCrossEntropy with strategy megatron_fsdp: megatron-fsdp 0.5.0's root backward hook sits on lm_head's output, which a linear cross entropy never uses, so the root's post-backward and finish_grad_sync never run: the optimizer steps with no gradient attached (the dry run finds none), and every parameter bucket the backward gathers stays gathered from the first step on (2.3 GiB of meta-llama/Llama-3.2-1B's parameters in bf16)",
+        fix="loss_fn: MaskedCrossEntropy with megatron_fsdp, or strategy: fsdp2 with the linear cross entropy",
+        id="megatron-fsdp-linear-ce",
+    ),
+    RuleCase(
         text="distributed:\n  tp_size: 2\n  sequence_parallel: true\n",
         kwargs={"world_size": 8, "model": "meta-models/Muse-Glimmer-30B"},
         rule="sp-ignored",

@@ -44,7 +44,7 @@ class RankResult(BaseModel):
     phase_peaks_gib: dict[str, float] = Field(default_factory=dict)
     moment_peaks_gib: dict[str, float] = Field(
         default_factory=dict,
-        description="Under PP, each pipeline action's peak within its phase (``phase@F<stage>.<microbatch>#<n>``: "
+        description="The 24 largest moments, in step order. Under PP, each pipeline action's peak within its phase (``phase@F<stage>.<microbatch>#<n>``: "
         "the action itself; ``!``: what it leaves; ``+``: the stretch until the next action), each on its own line "
         "where the rank was built shallow (per phase where its two builds hold different stage counts); without PP, "
         "each phase's.",

@@ -456,6 +456,16 @@ def _run_rank(
     return result
 
 
+# the report's moments: a rank built whole with many stages and microbatches records hundreds (three per pipeline action)
+REPORTED_MOMENTS = 24
+
+
+def largest_moments(moments: dict[str, float], keep: int = REPORTED_MOMENTS) -> dict[str, float]:
+    """The ``keep`` largest moments, in the order the step reached them."""
+    top = set(sorted(moments, key=moments.__getitem__, reverse=True)[:keep])
+    return {k: v for k, v in moments.items() if k in top}
+
+
 def _rank_result(raw: dict[str, Any]) -> RankResult:
     peak = raw.get("peak")
     error = raw.get("error")
@@ -474,7 +484,7 @@ def _rank_result(raw: dict[str, Any]) -> RankResult:
         tracker=raw.get("tracker"),
         tracker_categories_gib=raw.get("peak_categories") or {},
         phase_peaks_gib=raw.get("phase_peaks") or {},
-        moment_peaks_gib=raw.get("moment_peaks") or {},
+        moment_peaks_gib=largest_moments(raw.get("moment_peaks") or {}),
         peak_moment=raw.get("peak_moment"),
         largest_modules=[tuple(x) for x in raw.get("largest_modules") or []],
         forward_retained=[tuple(x) for x in raw.get("forward_retained") or []],

@@ -1336,6 +1336,18 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     mf_whole = mf_block * p.tp
     # the blocks a backward holds gathered with sharded parameters: the block and those prefetched behind it
     mf_window = min(1 + megatron_prefetch_layers(mf_block, mf_whole, g.n_layers), g.n_layers) if megatron else 0
+    # megatron-fsdp 0.5.0 hangs its root pre-backward hook on the model's last submodule's output (lm_head), which a
+    # linear cross entropy never uses: the root's post-backward and finish_grad_sync never run, so nothing the
+    # backward gathered is released and the tied head's gradient stays on its raw parameter, from one step to the
+    # next (rules/fallbacks.py megatron-fsdp-linear-ce; megatron_fsdp 0.5.0 run by the dry run on Llama-3.2-1B):
+    # every block's gathered bucket and the root's (beside the root's raw parameters, gathered as ever), held in every
+    # phase (the backward gathers its window into buckets of its own all the same)
+    unsynced = megatron and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") and not m.mtp_layers
+    unsynced_held = (
+        (g.dense_layers + g.experts + g.root) * comp + (g.embed * comp if lora is None and m.tie_word_embeddings else 0)
+        if unsynced
+        else 0.0
+    )
     if whole_stages:
         blocks, experts_held = g.dense_layers * kept, g.experts * kept
     elif megatron:
@@ -1579,6 +1591,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # units outside its blocks when it resets its pipelines)
     kept_root = g.root * comp if megatron else 0.0
     phases.append(("optimizer-step", grads_sharded + main_grads - carried_main_grads, 0.0, step_temp + p2p + kept_root))
+    if unsynced:
+        phases = [(name, grads, acts_, rest + unsynced_held) for name, grads, acts_, rest in phases]
     if mfsdp:
         # MegatronFSDP's gradient buffer is made when it wraps the model and lives through the step
         phases = [

@@ -256,6 +256,48 @@ def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
 
 
 @rule(
+    "megatron-fsdp-linear-ce",
+    family=F,
+    severity="warning",
+    title="Linear cross entropy under MegatronFSDP: its root backward hook never fires",
+    cause="megatron-fsdp 0.5.0 (AutoModel's pin) attaches its root pre-backward hook, which queues the root's "
+    "post-backward (the last gradient reduce, and finish_grad_sync under model_auto_sync), to the output of the "
+    "wrapped model's last submodule: MegatronFSDP._register_fsdp_hooks passes the variable its loop over "
+    "named_modules() left behind, which in a causal LM is lm_head. A linear cross entropy never uses lm_head's "
+    "output (the recipes ask for logits_to_keep=1 and compute the loss from the hidden states and the head's "
+    "weight), so the hook never fires. Run as written on fake tensors (Llama-3.2-1B on 8 ranks, "
+    "FusedLinearCrossEntropy): no finish_grad_sync in any step, no gradient attached to any parameter the optimizer "
+    "holds at optimizer.step (17 of 146 on rank 0 with MaskedCrossEntropy, which uses the logits), and every "
+    "parameter bucket the backward gathered left gathered, the tied head's full gradient with them: 3.3 GiB more "
+    "held at the next step's start.",
+    fix="loss_fn: MaskedCrossEntropy with strategy: megatron_fsdp, or strategy: fsdp2 with the linear cross entropy.",
+    section="recipe",
+)
+def megatron_fsdp_linear_ce(ctx: Context) -> Iterator[Finding]:
+    w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
+    if ctx.kind.section is None or w.loss not in (*LINEAR_CE, GEMMA4_TP_LINEAR_CE) or not d.megatron_wraps:
+        return
+    recipe = ctx.kind.recipe
+    if recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in VLM_RECIPES:
+        return  # (the other recipes' steps call no linear cross entropy on the model's hidden states)
+    if _probe_has_no_logits_to_keep(ctx) is not None:
+        return  # AutoModel trains MaskedCrossEntropy instead (or refuses ChunkedCE): linear-ce-no-logits-to-keep
+    if m is not None and m.mtp_layers:
+        return  # (a multi-token-prediction module built after lm_head is the last submodule: not checked)
+    whole = f" ({m.param_count() * 2 / (1 << 30):.1f} GiB of {m.name}'s parameters in bf16)" if m is not None else ""
+    yield finding(
+        ctx,
+        (),
+        f"loss_fn {w.loss} with strategy megatron_fsdp: megatron-fsdp 0.5.0's root backward hook sits on lm_head's "
+        "output, which a linear cross entropy never uses, so the root's post-backward and finish_grad_sync never "
+        "run: the optimizer steps with no gradient attached (the dry run finds none), and every parameter bucket "
+        f"the backward gathers stays gathered from the first step on{whole}",
+        "loss_fn: MaskedCrossEntropy with megatron_fsdp, or strategy: fsdp2 with the linear cross entropy",
+        recipe_path="loss_fn",
+    )
+
+
+@rule(
     "linear-ce-no-logits-to-keep",
     family=F,
     severity="warning",

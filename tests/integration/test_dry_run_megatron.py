@@ -162,6 +162,8 @@ def test_transformer_engines_fused_adam_keeps_fp32_moments():
     assert report.status == "measured"
     [r] = report.ranks
     assert r.optimizer_state_bytes == pytest.approx(2 * 4 * PARAMS / RANKS, rel=1e-3)  # exp_avg, exp_avg_sq in fp32
+    # MaskedCrossEntropy uses lm_head's output, so megatron-fsdp's root post-backward runs (its finish_grad_sync)
+    assert not any("finish_grad_sync never ran" in s for s in report.substitutions)
 
 
 @pytest.mark.slow
@@ -176,6 +178,8 @@ def test_fused_linear_cross_entropy(seq, mbs):
     report = dry_run(text, model=L1B, world_size=RANKS, seq_len=seq, micro_batch_size=mbs, global_batch_size=16)
     assert report.status == "measured"
     assert "megatron-fsdp-linear-ce" in {f.rule for f in report.findings}
+    [note] = [s for s in report.substitutions if "finish_grad_sync never ran" in s]  # counted in the step itself
+    assert "sits on the output of lm_head" in note
     rows = {c.category: c for c in report.estimate_vs_dry_run}
     assert abs(rows["total"].difference) <= 0.05, rows["total"]
 

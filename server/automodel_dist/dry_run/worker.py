@@ -452,7 +452,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             held = step.megatron_fsdp_buffers(parts) if megatron else []
             tracker = make_tracker(parts, optimizers, phases, held)
             moments = pipeline_moments(tracker, phases) if pp_enabled else contextlib.nullcontext()
-            with tracker, repeated_calls(tracker), _garbage_collection_held_off(), moments:
+            syncs = step.megatron_grad_syncs(parts) if megatron else contextlib.nullcontext()
+            with tracker, repeated_calls(tracker), _garbage_collection_held_off(), moments, syncs as synced:
                 step.train_step(
                     built,
                     optimizers,
@@ -466,6 +467,14 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                     before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
                     step_optimizer=spec.recipe.steps_optimizer,
                 )
+        if synced is not None and synced.calls == 0:
+            where = " and ".join(synced.root_hook_on) or "the wrapped model's last submodule"
+            rewrites.append(
+                f"MegatronFSDP: finish_grad_sync never ran in the measured step. megatron-fsdp's root pre-backward "
+                f"hook sits on the output of {where}, which got no gradient, so the root's post-backward did not "
+                "run: no gradient was attached to the optimizer's parameters, and nothing the backward gathered was "
+                "released (validate: megatron-fsdp-linear-ce)"
+            )
         peak = categories(tracker.get_tracker_snapshot("peak"))
         largest, retained = module_views(tracker)
     local = _local_bytes(parts, optimizers)

@@ -714,6 +714,40 @@ def megatron_fsdp_buffers(parts: list[Any]) -> list[tuple[Any, str]]:
     return out
 
 
+@dataclass
+class GradSyncs:
+    """MegatronFSDP's finish_grad_sync calls in a step, and where its root pre-backward hook sits."""
+
+    calls: int = 0
+    root_hook_on: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def megatron_grad_syncs(parts: list[Any]) -> Iterator[GradSyncs]:
+    """Count MegatronFSDP.finish_grad_sync while the step runs. megatron-fsdp 0.5.0 calls it from its root
+    post-backward, which its root pre-backward hook queues; that hook is attached to the output of the module its
+    hook registration left in a loop variable (MegatronFSDP._register_fsdp_hooks), named in ``root_hook_on``."""
+    from megatron_fsdp.megatron_fsdp import MegatronFSDP
+
+    out = GradSyncs()
+    for part in filter(is_megatron_fsdp, parts):
+        handle = getattr(part, "_root_pre_backward_hook_handle", None)
+        for name, module in part.module.named_modules():
+            if handle is not None and handle.id in module._forward_hooks:
+                out.root_hook_on.append(name or type(module).__name__)
+    original = MegatronFSDP.finish_grad_sync
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out.calls += 1
+        return original(self, *args, **kwargs)
+
+    MegatronFSDP.finish_grad_sync = counted
+    try:
+        yield out
+    finally:
+        MegatronFSDP.finish_grad_sync = original
+
+
 def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool, state_dtype: str | None) -> None:
     """The step before the measured one, so the optimizer's states exist: a zero gradient on every parameter the
     first step reaches (:func:`stepped_params`), one optimizer step, the gradients freed; a replaced optimizer's
@@ -776,6 +810,7 @@ __all__ = [
     "every_token_labelled",
     "first_optimizer_step",
     "megatron_fsdp_buffers",
+    "megatron_grad_syncs",
     "is_megatron_fsdp",
     "shard_optimizers",
     "states_to",

@@ -252,6 +252,22 @@ def test_suggest_sizes_each_candidate_with_the_loss_automodel_trains_for_it():
         assert fell_back is (c.distributed.get("pp_size", 1) > 1)
 
 
+def test_suggest_checks_each_candidate_with_the_recipes_loss_and_recipe_as_written():
+    """Each candidate is validated with the recipe's loss_fn and its recipe: value as written: the linear cross
+    entropy's MegatronFSDP warning reaches a MegatronFSDP candidate, and a recipe class named by its dotted path stays
+    the recipe's own (no candidate rejected as an unknown recipe)."""
+    loss = {"_target_": "nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy"}
+    base = {"model": {"pretrained_model_name_or_path": "meta-llama/Llama-3.2-1B"}, "loss_fn": loss}
+    base |= {"step_scheduler": {"global_batch_size": 32, "local_batch_size": 4}, "dataset": {"seq_length": 2048}}
+    rep = suggest_strategy(config=base, nodes=1, gpus_per_node=8, top_k=8, strategies=["megatron_fsdp"])
+    assert rep.candidates and all(c.distributed["strategy"] == "megatron_fsdp" for c in rep.candidates)
+    for c in rep.candidates:
+        assert "megatron-fsdp-linear-ce" in {f.rule for f in c.findings}
+    custom = {**base, "recipe": {"_target_": "mypkg.recipes.MyRecipe"}}
+    rep = suggest_strategy(config=custom, nodes=1, gpus_per_node=8, top_k=4)
+    assert rep.candidates, [r.reason for r in rep.rejected]
+
+
 def test_the_last_stages_plain_expert_gradients_are_held_at_its_later_backwards():
     """Routed experts on a one-rank ep_shard mesh keep plain .grad from their layer's backward to the optimizer
     step. The last pipeline stage alternates forward and backward, so at its last microbatch's backward, with as

@@ -2103,3 +2103,30 @@ def test_the_loss_fallback_condition_covers_every_loss_automodel_replaces():
     vlm = "FinetuneRecipeForVLM"  # under PP it asks the AutoPipeline object, which has no forward
     assert masked_ce_instead("FusedLinearCrossEntropy", vlm, "Qwen3VLForConditionalGeneration", False, 2, None)
     assert masked_ce_instead("FusedLinearCrossEntropy", vlm, "Qwen3VLForConditionalGeneration", False, 1, None) is None
+
+
+MEGATRON_LINEAR = (
+    "distributed:\n  strategy: megatron_fsdp\n{z}loss_fn:\n"
+    "  _target_: nemo_automodel.components.loss.linear_ce.FusedLinearCrossEntropy\n"
+)
+
+
+@pytest.mark.parametrize(
+    "recipe,zero,fires,gathered",
+    [
+        ("", "", True, True),
+        ("", "  zero_dp_strategy: 2\n", True, False),  # nothing sharded, nothing gathered: the sync alone
+        ("recipe: FinetuneRecipeForVLM\n", "", True, True),
+        # a distillation step feeds the student's full logits to its loss, a diffusion LM's step a loss of its own
+        ("recipe: KnowledgeDistillationRecipeForNextTokenPrediction\n", "", False, False),
+        ("recipe: DiffusionLMSFTRecipe\n", "", False, False),
+    ],
+)
+def test_megatron_fsdp_linear_ce_where_the_step_never_uses_lm_heads_output(recipe, zero, fires, gathered):
+    report = validate_config(recipe + MEGATRON_LINEAR.format(z=zero), world_size=8, model="meta-llama/Llama-3.2-1B")
+    found = [f for f in report.findings if f.rule == "megatron-fsdp-linear-ce"]
+    assert bool(found) == fires
+    assert any("stays gathered" in f.message for f in found) == gathered
+    # one rank of data parallelism: AutoModel does not wrap, no hook
+    one = validate_config(recipe + MEGATRON_LINEAR.format(z=zero) + "", world_size=1, model="meta-llama/Llama-3.2-1B")
+    assert not any(f.rule == "megatron-fsdp-linear-ce" for f in one.findings)

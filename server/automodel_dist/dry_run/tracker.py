@@ -416,13 +416,15 @@ def pipeline_moments(tracker: Any, phases: Any) -> Iterator[None]:
 
     def wrap(kind: str, original: Any) -> Any:
         @functools.wraps(original)
-        def chunk(stage: Any, chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        def chunk(stage: Any, *args: Any, **kwargs: Any) -> Any:
+            # (torch passes the chunk id first; by keyword it is fwd_chunk_id or bwd_chunk_id)
+            chunk_id = args[0] if args else kwargs.get("fwd_chunk_id", kwargs.get("bwd_chunk_id"))
             action = f"{kind}{stage.stage_index}.{chunk_id}"
             label = f"{action}#{seen.get(action, 0)}"
             seen[action] = seen.get(action, 0) + 1
             enter(label)
             try:
-                return original(stage, chunk_id, *args, **kwargs)
+                return original(stage, *args, **kwargs)
             finally:
                 enter(f"{label}!")  # what the action leaves, alone: within the action or after it a transient that
                 enter(f"{label}+")  # does not grow with the layers can outweigh it in a shallow build

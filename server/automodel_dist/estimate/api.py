@@ -46,9 +46,9 @@ Verdict = Literal["fits", "tight", "does not fit"]
 MEGATRON_LINEAR_CE = (
     "MegatronFSDP with a linear cross entropy: megatron-fsdp 0.5.0's root backward hook sits on lm_head's output, "
     "which this loss never uses, so its root post-backward and finish_grad_sync never run (validate: "
-    "megatron-fsdp-linear-ce); counted: every block's gathered bucket, the root's and the tied head's gradient held "
-    "from one step to the next (within 5% of the dry run on Llama-3.2-1B); not counted: that the optimizer then gets "
-    "no gradients"
+    "megatron-fsdp-linear-ce); with sharded parameters (zero_dp_strategy 3) counted: every block's gathered bucket, "
+    "the root's and the tied head's gradient held from one step to the next (within 5% of the dry run on "
+    "Llama-3.2-1B); not counted: that the optimizer then gets no gradients"
 )
 
 
@@ -331,6 +331,7 @@ def estimate_memory(
             p.pp,
             ctx.block.get("pipeline"),
         ),
+        recipe=ctx.kind.recipe,
     )
     tr = terms.training
     if tr.vlm_step and workload.text_only_data is None:
@@ -385,11 +386,7 @@ def estimate_memory(
         assumptions=[
             *ASSUMPTIONS,
             *([teacher_note] if teacher_note else []),
-            *(
-                [MEGATRON_LINEAR_CE]
-                if p.megatron_wraps and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")
-                else []
-            ),
+            *([MEGATRON_LINEAR_CE] if p.megatron_wraps and tr.megatron_root_unfired else []),
         ],
     )
 

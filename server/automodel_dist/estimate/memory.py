@@ -167,6 +167,9 @@ class Training:
     loss: str = "MaskedCrossEntropy"
     fp32_upcast: bool = True
     loss_gathers_head: bool = False  # the linear CE gathers a TP-split head whole first (Gemma-4's TP loss)
+    # megatron-fsdp's root backward hook gets no gradient under this loss and step (rules/fallbacks.py
+    # megatron_root_hook_unfired): its root post-backward never runs
+    megatron_root_unfired: bool = False
     hf_class: bool = False  # AutoModel builds the Hugging Face class (force_hf, or no class of its own)
     # model.backend.enable_fsdp_optimizations on AutoModel's own MoE class (its MoEFSDPSyncMixin): without PP every
     # backward but a step's last leaves its FSDP units gathered (reshard_after_backward off, moe/fsdp_mixin.py)
@@ -1342,7 +1345,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # next (rules/fallbacks.py megatron-fsdp-linear-ce; megatron_fsdp 0.5.0 run by the dry run on Llama-3.2-1B):
     # every block's gathered bucket and the root's (beside the root's raw parameters, gathered as ever), held in every
     # phase (the backward gathers its window into buckets of its own all the same)
-    unsynced = megatron and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") and not m.mtp_layers
+    unsynced = megatron and tr.megatron_root_unfired
     unsynced_held = (
         (g.dense_layers + g.experts + g.root) * comp + (g.embed * comp if lora is None and m.tie_word_embeddings else 0)
         if unsynced

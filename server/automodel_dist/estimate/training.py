@@ -11,6 +11,7 @@ from ..catalog.implementations import builds_own_class, implementation
 from ..catalog.kernels import EAGER_UNLESS_TE, EAGER_UNLESS_TILELANG, runs_eager_attention
 from ..catalog.models import ModelSpec
 from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, KIMI_IN_TOKEN_LIMIT, ImageGeometry, vlm_image
+from ..rules.fallbacks import megatron_root_hook_unfired
 from ..vlm_packing import recipe_fill_note
 from ..workload import GEMMA4_TP_LINEAR_CE, Workload
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
@@ -113,10 +114,12 @@ def training_for(
     compile_layers: bool = False,
     teacher: ModelSpec | None = None,
     masked_ce_instead: str | None = None,
+    recipe: str | None = None,
 ) -> WorkloadTerms:
     """The ``Training`` of a recipe's workload (an empty workload: full fine-tuning with AutoModel's defaults).
     ``masked_ce_instead`` is why AutoModel trains MaskedCrossEntropy in place of the recipe's fused linear cross
-    entropy (rules/fallbacks.py ``masked_ce_instead``), where it does."""
+    entropy (rules/fallbacks.py ``masked_ce_instead``), where it does; ``recipe`` the recipe's class (its step decides
+    which loss runs on what)."""
     prec = precision_of(w, precision)
     if prec not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} or auto, got {prec!r}")
@@ -182,6 +185,7 @@ def training_for(
         loss=loss_name,
         fp32_upcast=upcast,
         loss_gathers_head=w.loss == GEMMA4_TP_LINEAR_CE and masked_ce_instead is None,
+        megatron_root_unfired=masked_ce_instead is None and megatron_root_hook_unfired(w.loss, recipe, spec.mtp_layers),
         hf_class=hf_class,
         fsdp_sync_mixin=not hf_class and spec.is_moe and w.backend.get("enable_fsdp_optimizations") is True,
         moe_sync_class=not hf_class and (impl := implementation(spec.architecture)) is not None and impl.moe_sync_mixin,

@@ -25,6 +25,22 @@ KEEPS_OWN_PIPELINE_FORWARD = frozenset(
 )
 NO_LOGITS_TO_KEEP = frozenset(a for a, i in implementations().items() if i.custom and not i.logits_to_keep)
 VLM_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
+# The steps that call the recipe's own loss_fn on the model's final hidden states, asking the forward for
+# logits_to_keep=1 where the loss is a linear cross entropy (train_ft's and vlm/finetune.py's _forward_backward_step):
+# a distillation step feeds the student's full logits to its loss, a diffusion LM's step calls a loss of its own
+LINEAR_CE_STEP_RECIPES = frozenset(
+    {"TrainFinetuneRecipeForNextTokenPrediction", "BenchmarkingRecipeForNextTokenPrediction", "FinetuneRecipeForVLM"}
+)
+
+
+def megatron_root_hook_unfired(loss: str | None, recipe: str | None, mtp_layers: int) -> bool:
+    """Whether megatron-fsdp 0.5.0's root pre-backward hook gets no gradient: it sits on the output of the wrapped
+    model's last submodule (the variable MegatronFSDP._register_fsdp_hooks' loop over named_modules() leaves behind),
+    lm_head in a causal LM, and ``loss``, the loss that runs, is a linear cross entropy that a finetune step computes
+    from the hidden states and the head's weight, never from lm_head's output. Not decided for a model with
+    multi-token-prediction layers (a module built after lm_head may be the last)."""
+    linear = loss in (*LINEAR_CE, GEMMA4_TP_LINEAR_CE)
+    return linear and (recipe is None or recipe in LINEAR_CE_STEP_RECIPES) and not mtp_layers
 
 
 def no_hidden_states(architecture: str | None, force_hf: bool, pipeline: Any) -> str | None:
@@ -275,23 +291,22 @@ def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
 )
 def megatron_fsdp_linear_ce(ctx: Context) -> Iterator[Finding]:
     w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
-    if ctx.kind.section is None or w.loss not in (*LINEAR_CE, GEMMA4_TP_LINEAR_CE) or not d.megatron_wraps:
+    if ctx.kind.section is None or not d.megatron_wraps:
         return
-    recipe = ctx.kind.recipe
-    if recipe is not None and recipe not in TRAIN_FT_RECIPES and recipe not in VLM_RECIPES:
-        return  # (the other recipes' steps call no linear cross entropy on the model's hidden states)
+    if not megatron_root_hook_unfired(w.loss, ctx.kind.recipe, m.mtp_layers if m is not None else 0):
+        return
     if _probe_has_no_logits_to_keep(ctx) is not None:
         return  # AutoModel trains MaskedCrossEntropy instead (or refuses ChunkedCE): linear-ce-no-logits-to-keep
-    if m is not None and m.mtp_layers:
-        return  # (a multi-token-prediction module built after lm_head is the last submodule: not checked)
-    whole = f" ({m.param_count() * 2 / (1 << 30):.1f} GiB of {m.name}'s parameters in bf16)" if m is not None else ""
+    gathered = ""
+    if d.zero_dp_strategy >= 3:  # (below it the parameters are not sharded: nothing is gathered)
+        whole = f" ({m.param_count() * 2 / (1 << 30):.1f} GiB of {m.name}'s parameters in bf16)" if m else ""
+        gathered = f", and every parameter bucket the backward gathers stays gathered from the first step on{whole}"
     yield finding(
         ctx,
         (),
         f"loss_fn {w.loss} with strategy megatron_fsdp: megatron-fsdp 0.5.0's root backward hook sits on lm_head's "
         "output, which a linear cross entropy never uses, so the root's post-backward and finish_grad_sync never "
-        "run: the optimizer steps with no gradient attached (the dry run finds none), and every parameter bucket "
-        f"the backward gathers stays gathered from the first step on{whole}",
+        "run: the optimizer steps with no gradient attached (the dry run finds none)" + gathered,
         "loss_fn: MaskedCrossEntropy with megatron_fsdp, or strategy: fsdp2 with the linear cross entropy",
         recipe_path="loss_fn",
     )
@@ -395,6 +410,8 @@ def recipe_distributed_unsupported(ctx: Context) -> Iterator[Finding]:
 __all__ = [
     "KEEPS_OWN_PIPELINE_FORWARD",
     "LINEAR_CE",
+    "LINEAR_CE_STEP_RECIPES",
+    "megatron_root_hook_unfired",
     "NO_LOGITS_TO_KEEP",
     "VLM_RECIPES",
     "masked_ce_instead",

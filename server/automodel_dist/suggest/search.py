@@ -298,6 +298,7 @@ def suggest_strategy(
     given_lbs: int | None = None
     recipe_kind: str | None = None
     loss_section: dict[str, Any] | None = None
+    recipe_value: Any = None
     if config is not None:
         d = _recipe_defaults(request, from_recipe)
         spec, recipe_block, model_source = d.spec, d.block, d.model_source
@@ -305,7 +306,7 @@ def suggest_strategy(
         w = d.request.workload
         seq_len, global_batch_size, micro_batch_size = w.seq_len, w.global_batch_size, w.micro_batch_size
         teacher, workload, given_lbs, recipe_kind = d.teacher, d.workload, d.local_batch_size, d.recipe_kind
-        loss_section = d.loss_section
+        loss_section, recipe_value = d.loss_section, d.recipe_value
     elif request.lookup.model is None:
         raise ValueError("give a model (a catalog name or config.json path) or a recipe (config) that names one")
     else:
@@ -345,6 +346,7 @@ def suggest_strategy(
             pp_microbatches=None,
             teacher=teacher,
             masked_ce_instead=why,
+            recipe=recipe_kind,
         )
 
     terms = trains(1)
@@ -422,8 +424,8 @@ def suggest_strategy(
         checked = (
             recipe if attn is not None or not isinstance(own, str) else {**recipe, "model": {"backend": {"attn": own}}}
         )
-        if loss_section is not None:  # (and with the recipe's loss, which rules read with its class)
-            checked = {**checked, "loss_fn": loss_section} | ({"recipe": recipe_kind} if recipe_kind else {})
+        if loss_section is not None:  # (and with the recipe's loss, which rules read with its recipe: as written)
+            checked = {**checked, "loss_fn": loss_section} | ({"recipe": recipe_value} if recipe_value else {})
         report = validate_config(checked, nodes=nodes, gpus_per_node=gpn, model=spec)
         if not report.valid:
             rejected.append(Rejected(distributed=block, reason="; ".join(f.message for f in report.errors)))
@@ -527,8 +529,10 @@ class RecipeDefaults:
     teacher: ModelSpec | None
     workload: Workload
     recipe_kind: str | None = None  # the recipe's class (its loss fallbacks depend on it)
-    # the recipe's loss_fn: section, which each candidate is checked with (the linear cross entropies' rules)
+    # the recipe's loss_fn: section and its recipe: value as written, which each candidate is checked with (the
+    # linear cross entropies' rules read both)
     loss_section: dict[str, Any] | None = None
+    recipe_value: Any = None
 
 
 def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
@@ -586,6 +590,7 @@ def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
         read_workload(ctx.recipe),
         ctx.kind.recipe,
         loss if isinstance(loss := (ctx.recipe or {}).get("loss_fn"), dict) else None,
+        (ctx.recipe or {}).get("recipe"),
     )
 
 

@@ -63,6 +63,30 @@ def test_dense_fsdp2_bytes_are_exact():
 
 
 @needs_automodel
+@pytest.mark.parametrize(
+    "options,per_param",
+    [
+        ("", 8),  # TE's defaults: fp32 moments, no master copy
+        ("  master_weights: true\n", 12),
+        (
+            "  master_weights: true\n  store_param_remainders: true\n"
+            "  exp_avg_dtype: torch.bfloat16\n  exp_avg_sq_dtype: torch.bfloat16\n",
+            6,  # bf16 moments and the 16-bit remainders of the bf16 parameters
+        ),
+    ],
+)
+def test_te_fused_adam_states_follow_the_recipes_arguments(options, per_param):
+    """Transformer Engine's FusedAdam (CUDA only) stands in as torch AdamW whose states are made as TE keeps them from
+    the arguments AutoModel hands it; the estimate counts the same."""
+    opt = "optimizer:\n  _target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam\n  lr: 1.0e-5\n"
+    report = _run("distributed: {}\n" + opt + options, world_size=8)
+    r = _only(report)
+    assert r.optimizer_state_bytes == per_param * P2 // 8 + STEP * 20
+    rows = {c.category: c for c in report.estimate_vs_dry_run}
+    assert rows["optimizer"].estimate_gib == pytest.approx(rows["optimizer"].dry_run_gib, rel=1e-3)
+
+
+@needs_automodel
 def test_lora_trains_only_its_adapters():
     peft = "peft:\n  _target_: nemo_automodel.components._peft.lora.PeftConfig\n  target_modules: '*_proj'\n  dim: 8\n"
     report = _run("distributed: {}\n" + peft + "  use_triton: true\n", world_size=8)

@@ -210,7 +210,11 @@ def measure_build(spec: DryRunSpec, build: Build) -> dict[str, Any]:
             if spec.recipe.loss["name"] == "TEParallelCrossEntropy":
                 patches.enter_context(shims.te_cross_entropy())
             step.first_optimizer_step(
-                built.parts, optimizers, media=False, state_dtype=spec.recipe.optimizer["state_dtype"]
+                built.parts,
+                optimizers,
+                media=False,
+                state_dtype=spec.recipe.optimizer["state_dtype"],
+                master=spec.recipe.optimizer.get("master_weights"),
             )
             vocab = built.hf_config.get_text_config().vocab_size
             shapes = step.batch_shapes(

@@ -356,7 +356,11 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         with phases("optimizer"):  # the step after the first: the optimizer's states exist already
             optimizers = step.shard_optimizers(built, optimizers)
             step.first_optimizer_step(
-                parts, optimizers, media=spec.media is not None, state_dtype=spec.recipe.optimizer["state_dtype"]
+                parts,
+                optimizers,
+                media=spec.media is not None,
+                state_dtype=spec.recipe.optimizer["state_dtype"],
+                master=spec.recipe.optimizer.get("master_weights"),
             )
         vocab = text_config.vocab_size
         shapes = step.batch_shapes(

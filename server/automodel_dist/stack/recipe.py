@@ -49,7 +49,7 @@ class StackRecipe(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     loss: dict[str, Any]  # {name, kwargs}: loss_for
-    optimizer: dict[str, Any]  # {target, kwargs, state_dtype}: optimizer_for
+    optimizer: dict[str, Any]  # {target, kwargs, state_dtype, master_weights}: optimizer_for
     peft: dict[str, Any] | None = None  # PeftConfig's fields
     backend: dict[str, Any] | None = None  # BackendConfig's fields (AutoModel's own classes): backend_for
     torch_dtype: str | None = None
@@ -238,6 +238,15 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
     return {"name": name, "kwargs": kwargs}
 
 
+def _te_dtype(value: Any) -> str:
+    """A FusedAdam state dtype as the recipe names it (``torch.bfloat16``, ``bf16``...), TE's fp32 where it names
+    none."""
+    name = str(value or "float32").removeprefix("torch.")
+    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
+        name, name if name in ("bfloat16", "float16", "float32") else "float32"
+    )
+
+
 def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
     kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k not in ("fused", "foreach")}
     if w.optimizer in _TORCH_OPTIMIZERS:
@@ -245,19 +254,38 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
             "target": _TORCH_OPTIMIZERS[w.optimizer],
             "kwargs": kwargs,
             "state_dtype": None,
-            "master_weights": False,
+            "master_weights": None,
         }
     if w.optimizer == "TEFusedAdam":
-        master = w.optimizer_kwargs.get("master_weights") is True
+        # AutoModel's factory path hands the recipe's keyword arguments to FusedAdam, dtype names made torch dtypes
+        # (optim/optimizer.py _DTYPE_FIELDS); TE keeps exp_avg, exp_avg_sq and master_param in those dtypes (fp32 by
+        # default), the master copy only with master_weights, and with store_param_remainders (bf16 parameters, an
+        # fp32 master) only the 16 bits a bf16 parameter lacks of it
+        kw = w.optimizer_kwargs
+        moments = {key: _te_dtype(kw.get(f"{key}_dtype")) for key in ("exp_avg", "exp_avg_sq")}
+        master = None
+        if kw.get("master_weights") is True:
+            master = _te_dtype(kw.get("master_weight_dtype"))
+            if kw.get("store_param_remainders") is True and master == "float32":
+                master = "remainders"
+        said = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
         out.append(
-            "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its state dtypes: "
-            "fp32 moments" + (" and fp32 master weights" if master else "") + " (TE's defaults); its fused in-place "
-            "step keeps no temporaries, so the measured step does not run torch's"
+            "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its states: exp_avg "
+            f"in {said[moments['exp_avg']]}, exp_avg_sq in {said[moments['exp_avg_sq']]}"
+            + (
+                ""
+                if master is None
+                else ", master weights as 16-bit remainders of the bf16 parameters"
+                if master == "remainders"
+                else f", {said[master]} master weights"
+            )
+            + " (the recipe's settings, TE's defaults where it gives none); its fused in-place step keeps no "
+            "temporaries, so the measured step does not run torch's"
         )
         return {
             "target": "torch.optim.AdamW",
             "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
-            "state_dtype": "float32",
+            "state_dtype": moments,
             "master_weights": master,
         }
     out.append(
@@ -268,7 +296,7 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
         "target": "torch.optim.AdamW",
         "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
         "state_dtype": None,
-        "master_weights": False,
+        "master_weights": None,
     }
 
 

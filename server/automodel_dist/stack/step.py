@@ -639,16 +639,23 @@ def reported_loss(built: Built, loss_buffer: list[Any], num_label_tokens: int) -
     return float(total.item())
 
 
-def states_to(optimizers: list[Any], dtype_name: str) -> None:
-    """Optimizer states in ``dtype_name`` (a replaced optimizer that keeps its moments in another dtype)."""
+def states_to(optimizers: list[Any], dtypes: str | dict[str, str], master: str | None = None) -> None:
+    """A replaced optimizer's states as the one it stands for keeps them: each moment in its dtype (one for all, or
+    per state key), and with ``master`` a master copy of each parameter in that dtype (``remainders``: the 16 bits a
+    bf16 parameter lacks of its fp32 value, TE's store_param_remainders; a full fp32 copy for another dtype)."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
     for opt in optimizers:
-        for state in opt.state.values():
+        for param, state in opt.state.items():
             for key, value in list(state.items()):
                 if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    state[key] = value.to(dtype)
+                    name = dtypes if isinstance(dtypes, str) else dtypes.get(key)
+                    if name:
+                        state[key] = value.to(getattr(torch, name))
+            if master and isinstance(param, torch.Tensor) and state:
+                remainder = master == "remainders" and param.dtype == torch.bfloat16
+                dtype = torch.int16 if remainder else getattr(torch, "float32" if master == "remainders" else master)
+                state["master_param"] = torch.empty_like(param, dtype=dtype)
 
 
 def stepped_params(parts: list[Any], *, media: bool) -> list[Any]:
@@ -748,10 +755,17 @@ def megatron_grad_syncs(parts: list[Any]) -> Iterator[GradSyncs]:
         MegatronFSDP.finish_grad_sync = original
 
 
-def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool, state_dtype: str | None) -> None:
+def first_optimizer_step(
+    parts: list[Any],
+    optimizers: list[Any],
+    *,
+    media: bool,
+    state_dtype: str | dict[str, str] | None,
+    master: str | None = None,
+) -> None:
     """The step before the measured one, so the optimizer's states exist: a zero gradient on every parameter the
     first step reaches (:func:`stepped_params`), one optimizer step, the gradients freed; a replaced optimizer's
-    states then cast to ``state_dtype``."""
+    states then as the one it stands for keeps them (:func:`states_to`)."""
     import torch
 
     if any(is_megatron_fsdp(p) for p in parts):
@@ -759,7 +773,7 @@ def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool
         # gradients live in its buffers, not in .grad: the dry run runs a whole step of one microbatch before the
         # measured one instead (dry_run/worker.py); a replaced optimizer's states still take their dtype
         if state_dtype:
-            states_to(optimizers, state_dtype)
+            states_to(optimizers, state_dtype, master)
         return
     for p in stepped_params(parts, media=media):
         # in the parameter's own dtype, as FSDP's reduce-scatter hands it back (its orig_dtype): a DTensor whose local
@@ -770,7 +784,7 @@ def first_optimizer_step(parts: list[Any], optimizers: list[Any], *, media: bool
         opt.step()
         opt.zero_grad(set_to_none=True)
     if state_dtype:
-        states_to(optimizers, state_dtype)
+        states_to(optimizers, state_dtype, master)
 
 
 def batch_shapes(

@@ -45,6 +45,46 @@ OPTIMIZERS = {  # _target_ -> a canonical name
 }
 
 
+# AutoModel's dtype_from_str (shared/utils.py), which its optimizer factory applies to FusedAdam's dtype arguments:
+# lower-cased, "torch." optional, "bf16" and "half" accepted
+_STATE_DTYPES = {
+    "float": "float32",
+    "float32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "uint8": "uint8",
+}
+STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+
+
+@dataclass(frozen=True)
+class FusedAdamStates:
+    """What Transformer Engine's FusedAdam keeps per parameter, from the arguments AutoModel hands it: exp_avg and
+    exp_avg_sq in their dtypes (fp32 by default; uint8 for its FP8 moments), and with master_weights a master copy in
+    master_weight_dtype, or with store_param_remainders (an fp32 master) the 16 bits a bf16 parameter lacks of it
+    (``remainders``; a parameter of another dtype keeps a full fp32 copy)."""
+
+    exp_avg: str = "float32"
+    exp_avg_sq: str = "float32"
+    master: str | None = None  # a dtype, "remainders", or None (no master copy)
+
+
+def te_fused_adam_states(kwargs: Mapping[str, Any]) -> FusedAdamStates:
+    def dtype(key: str) -> str:
+        value = kwargs.get(key)
+        name = value.lower().removeprefix("torch.") if isinstance(value, str) else "float32"
+        return _STATE_DTYPES.get(name, "float32")
+
+    master = None
+    if kwargs.get("master_weights") is True:
+        master = dtype("master_weight_dtype")
+        if kwargs.get("store_param_remainders") is True and master == "float32":
+            master = "remainders"
+    return FusedAdamStates(dtype("exp_avg_dtype"), dtype("exp_avg_sq_dtype"), master)
+
+
 def _name(target: Any) -> str | None:
     return target.rsplit(".", 1)[-1] if isinstance(target, str) else None
 
@@ -294,4 +334,14 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
     return Workload(**facts)
 
 
-__all__ = ["Workload", "read_workload", "LOSSES", "GEMMA4_TP_LINEAR_CE", "OPTIMIZERS", "SEQ_LEN_KEYS"]
+__all__ = [
+    "FusedAdamStates",
+    "STATE_DTYPE_BYTES",
+    "te_fused_adam_states",
+    "Workload",
+    "read_workload",
+    "LOSSES",
+    "GEMMA4_TP_LINEAR_CE",
+    "OPTIMIZERS",
+    "SEQ_LEN_KEYS",
+]

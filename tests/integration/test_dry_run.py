@@ -73,6 +73,9 @@ def test_dense_fsdp2_bytes_are_exact():
             "  exp_avg_dtype: torch.bfloat16\n  exp_avg_sq_dtype: torch.bfloat16\n",
             6,  # bf16 moments and the 16-bit remainders of the bf16 parameters
         ),
+        pytest.param("  master_weights: true\n  master_weight_dtype: torch.float16\n", 10, marks=pytest.mark.slow),
+        pytest.param("  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: Torch.BFloat16\n", 4, marks=pytest.mark.slow),
+        pytest.param("  exp_avg_dtype: torch.uint8\n  exp_avg_sq_dtype: torch.uint8\n", 2, marks=pytest.mark.slow),
     ],
 )
 def test_te_fused_adam_states_follow_the_recipes_arguments(options, per_param):

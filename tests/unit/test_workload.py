@@ -156,6 +156,9 @@ def test_each_loss_keeps_what_it_keeps(loss, saved, note):
         assert saved == 0.0 and est.memory_gib.total < base.memory_gib.total
 
 
+TE = "_target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam\n"
+
+
 @pytest.mark.parametrize(
     "optimizer,per_param",
     [
@@ -164,9 +167,26 @@ def test_each_loss_keeps_what_it_keeps(loss, saved, note):
         ("_target_: torch.optim.SGD", 0.0),
         ("_target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", 8.0),
         ("_target_: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam\n  master_weights: true", 12.0),
+        (TE + "  master_weights: true\n  master_weight_dtype: torch.float16", 10.0),
+        (TE + "  master_weights: true\n  store_param_remainders: true", 10.0),  # bf16 parameters: 16-bit remainders
+        (TE + "  store_param_remainders: true", 8.0),  # (no master copy to keep remainders of)
+        (TE + "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: Torch.BFloat16", 4.0),  # AutoModel's dtype_from_str
+        (TE + "  exp_avg_dtype: torch.uint8\n  exp_avg_sq_dtype: torch.uint8", 2.0),  # TE's FP8 moments
         ("_target_: dion.Muon", 2.0),
     ],
-    ids=["adamw", "sgd-momentum", "sgd", "te-fused-adam", "te-fused-adam-master", "muon"],
+    ids=[
+        "adamw",
+        "sgd-momentum",
+        "sgd",
+        "te-fused-adam",
+        "te-fused-adam-master",
+        "te-fp16-master",
+        "te-remainders",
+        "te-remainders-no-master",
+        "te-short-dtype-names",
+        "te-fp8-moments",
+        "muon",
+    ],
 )
 def test_each_optimizer_keeps_its_states(optimizer, per_param):
     est = _params(f"optimizer:\n  {optimizer}\ndistributed: {{}}\n")
@@ -545,3 +565,15 @@ def test_the_dry_run_runs_a_second_schedule_step_where_the_first_leaves_gradient
     plan = plan_dry_run(Request.of(recipe, world_size=world))  # 4 sequences a rank a schedule step
     assert plan.specs and {s.schedule_steps for s in plan.specs} == {steps}
     assert any("ran 2" in n and "schedule steps" in n for n in plan.notes) is (steps == 2)
+
+
+def test_te_fused_adam_keeps_a_whole_fp32_master_of_fp32_parameters():
+    """store_param_remainders keeps 16 bits of a bf16 parameter's fp32 master; an fp32 parameter has no bits to spare,
+    and TE keeps its whole fp32 copy (the dry run's stand-in makes the same)."""
+    from automodel_dist.estimate.training import optimizer_of
+    from automodel_dist.workload import read_workload
+
+    te = {"_target_": "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", "master_weights": True}
+    w = read_workload({"optimizer": {**te, "store_param_remainders": True}})
+    assert optimizer_of(w, storage="bfloat16")[0].master == 2.0
+    assert optimizer_of(w, storage="float32")[0].master == 4.0

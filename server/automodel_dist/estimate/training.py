@@ -13,7 +13,7 @@ from ..catalog.models import ModelSpec
 from ..media import FAKE_IMAGE_PX, IMAGE_PX, IMAGES_PER_SAMPLE, KIMI_IN_TOKEN_LIMIT, ImageGeometry, vlm_image
 from ..rules.fallbacks import megatron_root_hook_unfired
 from ..vlm_packing import recipe_fill_note
-from ..workload import GEMMA4_TP_LINEAR_CE, Workload
+from ..workload import GEMMA4_TP_LINEAR_CE, STATE_DTYPE_BYTES, Workload, te_fused_adam_states
 from .memory import DTYPE_BYTES, LOSS_BYTES, Optimizer, Training
 from .peft import describe, lora_of
 
@@ -24,7 +24,6 @@ PRECISIONS: dict[str, tuple[str, str]] = {
     "fp32": ("float32", "float32"),
 }
 OPTIMIZER_NAMES = {"AdamW": "adamw", "Adam": "adam", "SGD": "sgd", "TEFusedAdam": "te_fused_adam", "Muon": "muon"}
-_DTYPE_NAMES = {"torch.bfloat16": 2, "bfloat16": 2, "torch.float16": 2, "float16": 2, "torch.float32": 4, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -41,26 +40,28 @@ def precision_of(w: Workload, precision: str | None) -> str:
     return "bf16-mixed" if (w.torch_dtype or "").removeprefix("torch.") in ("float32", "float") else "bf16"
 
 
-def optimizer_of(w: Workload, name: str | None = None) -> tuple[Optimizer, str]:
-    """The optimizer the recipe builds and the sentence describing its states."""
+def optimizer_of(w: Workload, name: str | None = None, storage: str = "bfloat16") -> tuple[Optimizer, str]:
+    """The optimizer the recipe builds and the sentence describing its states (``storage``: the parameters' dtype)."""
     if name is not None:
         opt = Optimizer(name=name)
         return opt, f"optimizer {name} (argument)"
     kw = w.optimizer_kwargs
     canonical = OPTIMIZER_NAMES.get(w.optimizer)
     if canonical == "te_fused_adam":
-        # built through the factory path, so Transformer Engine's own defaults: no master weights, fp32 moments
-        states = sum(
-            _DTYPE_NAMES.get(str(kw.get(k, "torch.float32")), 4) for k in ("exp_avg_dtype", "exp_avg_sq_dtype")
-        )
-        master = 4.0 if kw.get("master_weights") is True else 0.0
-        if kw.get("master_weights") is True and kw.get("store_param_remainders") is True:
-            master = 2.0
+        # built through the factory path with the recipe's arguments, Transformer Engine's defaults elsewhere (no
+        # master weights, fp32 moments): workload.te_fused_adam_states, which the dry run's stand-in makes too
+        te = te_fused_adam_states(kw)
+        states = STATE_DTYPE_BYTES[te.exp_avg] + STATE_DTYPE_BYTES[te.exp_avg_sq]
+        kept = ", no master weights (its default)"
+        master = 0.0
+        if te.master == "remainders" and storage == "bfloat16":
+            master, kept = 2.0, " and 2 of master weights (the 16 bits its bf16 parameters lack of an fp32 copy)"
+        elif te.master is not None:
+            dtype = "float32" if te.master == "remainders" else te.master
+            master = float(STATE_DTYPE_BYTES[dtype])
+            kept = f" and {master:g} of {dtype} master weights"
         opt = Optimizer("te_fused_adam", states=float(states), master=master)
-        return opt, (
-            f"optimizer Transformer Engine FusedAdam: {states:g} bytes of moments per trainable parameter"
-            + (f" and {master:g} of fp32 master weights" if master else ", no master weights (its default)")
-        )
+        return opt, f"optimizer Transformer Engine FusedAdam: {states:g} bytes of moments per trainable parameter{kept}"
     if canonical == "sgd":
         momentum = kw.get("momentum", 0)
         on = isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0
@@ -132,7 +133,7 @@ def training_for(
         if lora.quant_bits:
             text += f", its Linear weights quantized to {lora.quant_bits} bits (bitsandbytes, double quantization)"
         read.append(text)
-    opt, opt_text = optimizer_of(w, optimizer)
+    opt, opt_text = optimizer_of(w, optimizer, storage)
     read.append(opt_text)
     loss_name, upcast, loss_text = loss_of(w)
     if masked_ce_instead is not None:

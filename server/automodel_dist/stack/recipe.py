@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS
-from ..workload import GEMMA4_TP_LINEAR_CE, Workload
+from ..workload import GEMMA4_TP_LINEAR_CE, Workload, te_fused_adam_states
 
 # model.backend values that need CUDA kernels -> what AutoModel itself uses without them
 _CPU_BACKEND: dict[str, tuple[frozenset[str], str]] = {
@@ -108,8 +108,8 @@ class StackRecipe(BaseModel):
     @property
     def steps_optimizer(self) -> bool:
         """Whether the step runs the optimizer's own step: the stand-in for TE's FusedAdam (a ``state_dtype``) holds
-        its fp32 states, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates them in
-        place, with no temporaries to measure."""
+        its states in TE's dtypes, which torch's Adam cannot step against bf16 gradients; TE's fused kernel updates
+        them in place, with no temporaries to measure."""
         return not self.optimizer["state_dtype"]
 
 
@@ -238,15 +238,6 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
     return {"name": name, "kwargs": kwargs}
 
 
-def _te_dtype(value: Any) -> str:
-    """A FusedAdam state dtype as the recipe names it (``torch.bfloat16``, ``bf16``...), TE's fp32 where it names
-    none."""
-    name = str(value or "float32").removeprefix("torch.")
-    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
-        name, name if name in ("bfloat16", "float16", "float32") else "float32"
-    )
-
-
 def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
     kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k not in ("fused", "foreach")}
     if w.optimizer in _TORCH_OPTIMIZERS:
@@ -261,14 +252,9 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
         # (optim/optimizer.py _DTYPE_FIELDS); TE keeps exp_avg, exp_avg_sq and master_param in those dtypes (fp32 by
         # default), the master copy only with master_weights, and with store_param_remainders (bf16 parameters, an
         # fp32 master) only the 16 bits a bf16 parameter lacks of it
-        kw = w.optimizer_kwargs
-        moments = {key: _te_dtype(kw.get(f"{key}_dtype")) for key in ("exp_avg", "exp_avg_sq")}
-        master = None
-        if kw.get("master_weights") is True:
-            master = _te_dtype(kw.get("master_weight_dtype"))
-            if kw.get("store_param_remainders") is True and master == "float32":
-                master = "remainders"
-        said = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+        te = te_fused_adam_states(w.optimizer_kwargs)
+        moments, master = {"exp_avg": te.exp_avg, "exp_avg_sq": te.exp_avg_sq}, te.master
+        said = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "uint8": "uint8 (FP8)"}
         out.append(
             "optimizer Transformer Engine FusedAdam (CUDA only) replaced by torch AdamW with its states: exp_avg "
             f"in {said[moments['exp_avg']]}, exp_avg_sq in {said[moments['exp_avg_sq']]}"

@@ -245,7 +245,7 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
             "target": _TORCH_OPTIMIZERS[w.optimizer],
             "kwargs": kwargs,
             "state_dtype": None,
-            "master_weights": None,
+            "master_weights": False,
         }
     if w.optimizer == "TEFusedAdam":
         # AutoModel's factory path hands the recipe's keyword arguments to FusedAdam, dtype names made torch dtypes
@@ -272,7 +272,7 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
             "target": "torch.optim.AdamW",
             "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
             "state_dtype": moments,
-            "master_weights": master,
+            "master_weights": master or False,
         }
     out.append(
         f"optimizer {w.optimizer} is not available to the dry run: torch AdamW measured in its place (its "
@@ -282,7 +282,7 @@ def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
         "target": "torch.optim.AdamW",
         "kwargs": {k: v for k, v in kwargs.items() if k in _ADAM_KEYS},
         "state_dtype": None,
-        "master_weights": None,
+        "master_weights": False,
     }
 
 

@@ -386,16 +386,22 @@ def extrapolate_splits(
     return out
 
 
-def by_phase(
-    splits: Mapping[str, Mapping[str, float]], categories: Mapping[str, Mapping[str, float]]
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Per phase, the split and categories of its largest moment (``phase@action`` keys: a pipeline action within the
-    phase, dry_run/tracker.py pipeline_moments; a key without ``@`` is the phase itself)."""
+def phase_moments(splits: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
+    """Per phase, the key of its largest moment (``phase@action`` keys: a pipeline action within the phase,
+    dry_run/tracker.py pipeline_moments; a key without ``@`` is the phase itself)."""
     best: dict[str, str] = {}
     for key, split in splits.items():
         phase = key.split("@", 1)[0]
         if phase not in best or split.get("total", 0.0) > splits[best[phase]].get("total", 0.0):
             best[phase] = key
+    return best
+
+
+def by_phase(
+    splits: Mapping[str, Mapping[str, float]], categories: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per phase, the split and categories of its largest moment (:func:`phase_moments`)."""
+    best = phase_moments(splits)
     return (
         {phase: dict(splits[key]) for phase, key in best.items()},
         {phase: dict(categories.get(key, {})) for phase, key in best.items()},
@@ -415,5 +421,6 @@ __all__ = [
     "line",
     "extrapolate_splits",
     "by_phase",
+    "phase_moments",
     "peak_phase",
 ]

@@ -186,8 +186,8 @@ def make_tracker(
             self.held: list[tuple[Any, str]] = []  # (tensor, category) registered at the start (see make_tracker)
             # each moment's peak (a phase, or a pipeline action within one: ``phase@action``) and torch's categories
             # then
-            self.phase_peaks: dict[str, int] = {}
-            self.phase_categories: dict[str, dict[str, int]] = {}
+            self.moment_peaks: dict[str, int] = {}
+            self.moment_categories: dict[str, dict[str, int]] = {}
             records = _counted_records()
             records.update(self.memory_tracking)
             self.memory_tracking = records
@@ -376,9 +376,9 @@ def make_tracker(
             curr = self._curr_mem_snap
             total = sum(snap.get(_TOTAL_KEY, 0) for snap in curr.values())
             key = phases.key
-            if total > self.phase_peaks.get(key, 0):
-                self.phase_peaks[key] = total
-                self.phase_categories[key] = categories(curr)
+            if total > self.moment_peaks.get(key, 0):
+                self.moment_peaks[key] = total
+                self.moment_categories[key] = categories(curr)
 
     if base is FSDPMemTracker:
         tracker = Tracker(parts[0], optimizers[0])

@@ -26,7 +26,7 @@ from ..catalog.models import EXPERT_COUNT_KEYS, text_layers
 from ..media import vlm_image
 from ..stack import media, shims, step
 from ..stack.known_values import UnknownValues
-from .depth import Depth, by_phase, extrapolate_splits, line, peak_phase
+from .depth import Depth, by_phase, extrapolate_splits, line, peak_phase, phase_moments
 from .spec import Build, DryRunSpec
 from .tracker import categories, make_tracker, module_views, pipeline_moments, repeated_calls
 
@@ -495,8 +495,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         peak_phase=tracker.peak_phase,
         # per moment (a phase, or a pipeline action within one), which a depth's line is drawn through; per phase
         # the largest of its moments
-        moment_splits={ph: _split(c, local["params"]) for ph, c in tracker.phase_categories.items()},
-        moment_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.phase_categories.items()},
+        moment_splits={ph: _split(c, local["params"]) for ph, c in tracker.moment_categories.items()},
+        moment_categories={ph: {k: v / GIB for k, v in c.items()} for ph, c in tracker.moment_categories.items()},
         largest_modules=largest,
         forward_retained=retained,
         local_bytes={**local, "grads": snapshots.get("grad_bytes", 0)},
@@ -515,15 +515,16 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
     return res
 
 
-def _by_moment(res: dict[str, Any]) -> None:
-    """A result's per-phase figures and peak moment from its per-moment ones (dry_run/depth.py by_phase)."""
+def _by_moment(res: dict[str, Any], *, peak_from_phases: bool = False) -> None:
+    """A result's per-phase figures and peak moment from its per-moment ones (dry_run/depth.py by_phase); with
+    ``peak_from_phases`` the peak's phase is the largest phase (extrapolated figures), else the tracker's."""
     moments = res["moment_splits"]
     res["phase_splits"], res["phase_categories"] = by_phase(moments, res["moment_categories"])
     res["phase_peaks"] = {ph: v["total"] for ph, v in res["phase_splits"].items()}
     res["moment_peaks"] = {k: v["total"] for k, v in moments.items()}
-    phase = res["peak_phase"]
-    within = [k for k in moments if k.split("@", 1)[0] == phase]
-    res["peak_moment"] = max(within, key=lambda k: moments[k]["total"]) if within else phase
+    if peak_from_phases:
+        res["peak_phase"] = peak_phase(res["phase_splits"])
+    res["peak_moment"] = phase_moments(moments).get(res["peak_phase"], res["peak_phase"])
 
 
 def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -539,17 +540,15 @@ def _at_depth(depth: Depth, first: dict[str, Any], second: dict[str, Any]) -> di
     # each phase has one line
     same = depth.same_actions and set(first["moment_splits"]) == set(second["moment_splits"])
     key = "moment" if same else "phase"
-    moments = extrapolate_splits(depth, first[f"{key}_splits"], second[f"{key}_splits"])
-    phase = peak_phase(by_phase(moments, {})[0])
-    if phase is None:
-        raise RuntimeError("the two shallow builds share no phase: the depth cannot be extrapolated")
     out = dict(second)
     out.update(
-        peak_phase=phase,
-        moment_splits=moments,
+        moment_splits=extrapolate_splits(depth, first[f"{key}_splits"], second[f"{key}_splits"]),
         moment_categories=extrapolate_splits(depth, first[f"{key}_categories"], second[f"{key}_categories"]),
     )
-    _by_moment(out)
+    _by_moment(out, peak_from_phases=True)
+    phase = out["peak_phase"]
+    if phase is None:
+        raise RuntimeError("the two shallow builds share no phase: the depth cannot be extrapolated")
     out.update(
         peak=out["phase_splits"][phase],
         peak_categories=out["phase_categories"][phase],

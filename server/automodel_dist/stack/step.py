@@ -639,18 +639,17 @@ def reported_loss(built: Built, loss_buffer: list[Any], num_label_tokens: int) -
     return float(total.item())
 
 
-def states_to(optimizers: list[Any], dtypes: str | dict[str, str], master: str | None = None) -> None:
-    """A replaced optimizer's states as the one it stands for keeps them: each moment in its dtype (one for all, or
-    per state key), and with ``master`` a master copy of each parameter in that dtype (``remainders``: the 16 bits a
-    bf16 parameter lacks of its fp32 value, TE's store_param_remainders; a full fp32 copy for another dtype)."""
+def states_to(optimizers: list[Any], dtypes: dict[str, str], master: str | None = None) -> None:
+    """A replaced optimizer's states as the one it stands for keeps them: each moment in its dtype (per state key),
+    and with ``master`` a master copy of each parameter in that dtype (``remainders``: the 16 bits a bf16 parameter
+    lacks of its fp32 value, TE's store_param_remainders; a full fp32 copy for another dtype)."""
     import torch
 
     for opt in optimizers:
         for param, state in opt.state.items():
             for key, value in list(state.items()):
                 if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                    name = dtypes if isinstance(dtypes, str) else dtypes.get(key)
-                    if name:
+                    if name := dtypes.get(key):
                         state[key] = value.to(getattr(torch, name))
             if master and isinstance(param, torch.Tensor) and state:
                 remainder = master == "remainders" and param.dtype == torch.bfloat16
@@ -760,7 +759,7 @@ def first_optimizer_step(
     optimizers: list[Any],
     *,
     media: bool,
-    state_dtype: str | dict[str, str] | None,
+    state_dtype: dict[str, str] | None,
     master: str | None = None,
 ) -> None:
     """The step before the measured one, so the optimizer's states exist: a zero gradient on every parameter the

@@ -482,19 +482,31 @@ def _with_recipe_mtp_depth(
     spec: ModelSpec | None, recipe: Mapping[str, Any] | None, doc: Document, findings: list[Finding]
 ) -> ModelSpec | None:
     """The model as the recipe has AutoModel build it: with the multi-token-prediction depth the recipe sets, where
-    the model's class builds MTP layers (AutoModel's Qwen3.5 classes)."""
+    the model's class builds MTP layers (AutoModel's Qwen3.5 and Nemotron-V3 classes; the latter's
+    ``mtp_use_repeated_layer`` runs one physical depth that many times)."""
     w = read_workload(recipe)
     depth = w.mtp_depth
-    if spec is None or depth is None or depth[0] == spec.mtp_layers or w.force_hf:  # (transformers' class builds none)
+    if spec is None or w.force_hf:  # (transformers' class builds none)
         return spec
-    built = with_mtp_depth(spec, depth[0])
-    if built is None:
+    if depth is None and w.mtp_repeated and spec.mtp_layers > 1:
+        depth = (spec.mtp_layers, "model.mtp_use_repeated_layer")
+    if depth is None or (depth[0] == spec.mtp_layers and not w.mtp_repeated):
         return spec
+    built = with_mtp_depth(spec, depth[0], repeated=w.mtp_repeated)
+    if built is None or built == spec:
+        return spec
+    if built.mtp_iterations:
+        what = (
+            f"{built.mtp_layers} multi-token-prediction layer run at {built.mtp_iterations} depths "
+            "(model.mtp_use_repeated_layer: true)"
+        )
+    else:
+        what = f"{depth[0]} multi-token-prediction layer(s)"
     findings.append(
         _finding(
             "model-mtp-depth",
-            f"{depth[1]}: {depth[0]}: {spec.name} is sized and built with {depth[0]} multi-token-prediction "
-            f"layer(s), not its config's {spec.mtp_layers} (AutoModel's class takes the recipe's depth)",
+            f"{depth[1]}: {depth[0]}: {spec.name} is sized and built with {what}, not its config's "
+            f"{spec.mtp_layers} (AutoModel's class takes the recipe's depth)",
             path=depth[1],
             line=doc.line(tuple(depth[1].split("."))),
             severity="info",

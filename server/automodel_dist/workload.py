@@ -181,6 +181,8 @@ class Workload:
     # the multi-token-prediction depth the recipe sets (model.num_nextn_predict_layers, an argument of AutoModel's
     # Qwen3.5 classes, else its text_config override's num_nextn_predict_layers or mtp_num_hidden_layers), with its key
     mtp_depth: tuple[int, str] | None = None
+    # model.mtp_use_repeated_layer: AutoModel's Nemotron-V3 class builds one MTP depth and runs it mtp_depth times
+    mtp_repeated: bool = False
     # model.output_hidden_states and model.text_config.output_hidden_states where set (AutoModel puts them in the
     # built config)
     output_hidden_states: tuple[bool | None, bool | None] = (None, None)
@@ -253,6 +255,7 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
         facts["force_hf"] = model.get("force_hf") is True
+        facts["mtp_repeated"] = model.get("mtp_use_repeated_layer") is True
         target = model.get("_target_")
         if isinstance(target, str) and target.startswith("nemo_automodel.") and len(target.split(".")) >= 3:
             facts["model_entry"] = target.split(".")[-2]

@@ -490,6 +490,32 @@ def test_the_mtp_layers_are_the_ones_automodels_class_builds(spec):
     assert mtp == from_hf_config(cfg | {"model_type": config.model_type}, name=spec.name).mtp_params() > 0
 
 
+@pytest.mark.parametrize("repeated", [True, False])
+def test_a_recipes_repeated_mtp_layer_is_what_automodels_nemotron_v3_class_builds_and_runs(repeated):
+    """A recipe's ``num_nextn_predict_layers: 2`` with ``mtp_use_repeated_layer`` (Nemotron-3 Ultra's): AutoModel's
+    class, on the meta device from the spec's config and that argument, builds one physical depth (the spec's
+    ``mtp_params``) and runs it at two (``mtp_depths``); without the flag it builds two."""
+    import importlib
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    registry = pytest.importorskip("nemo_automodel._transformers.registry")
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.models import with_mtp_depth
+    from automodel_dist.dry_run.depth import truncated_config
+
+    spec = with_mtp_depth(lookup("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"), 2, repeated=repeated)
+    assert spec is not None and (spec.mtp_layers, spec.mtp_depths()) == ((1, 2) if repeated else (2, 2))
+    cfg = truncated_config(hf_config(spec), 2)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    module, name = registry.MODEL_ARCH_MAPPING[cfg["architectures"][0]][:2]
+    with torch.device("meta"):
+        model = getattr(importlib.import_module(module), name)(config, mtp_use_repeated_layer=repeated)
+    assert model.mtp_config.num_layers == spec.mtp_depths()
+    mtp = sum(p.numel() for k, p in model.named_parameters() if k.startswith("mtp."))
+    assert mtp == spec.mtp_params() > 0
+
+
 # the multimodal model types whose towers the parser counts exactly (catalog.models._qwen_or_siglip_tower)
 EXACT_TOWERS = {
     "qwen2_5_vl",

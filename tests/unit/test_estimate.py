@@ -268,6 +268,38 @@ def test_suggest_checks_each_candidate_with_the_recipes_loss_and_recipe_as_writt
     assert rep.candidates, [r.reason for r in rep.rejected]
 
 
+def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through_the_decoders_backward():
+    """The MTP embeds its shifted tokens with the model's own embedding and runs its backward first: from there to the
+    step's end the embedding's own FSDP unit stays gathered and autograd holds the MTP's gradient of the table, two
+    tables beside the decoder's backward (the dry run of nemotron_ultra_v3_te_deepep: both 2 GiB tables at its first
+    layer's backward, 47.9 GiB); the MTP's activations are gone by then. Not with a tied or frozen embedding (no unit
+    of its own), nor without an MTP."""
+    spec = lookup("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16")
+    assert spec.mtp_layers and not spec.tie_word_embeddings
+    tr = Training(seq_len=4096, loss="FusedLinearCrossEntropy")
+    p = dims("fsdp2", dp=128, ep=64, activation_checkpointing=True)
+    table = spec.vocab_size * spec.hidden_size * 2
+    with_mtp = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
+    without = _memory_of_pp_rank(dataclasses.replace(spec, mtp_layers=0), p, tr, 0)["phases"]
+    # (beside the MTP depth's own gathered parameters, there from the loss on)
+    gathered = with_mtp["start-of-backward"][2] - without["start-of-backward"][2]
+    for phase, held in (("in-backward", 2 * table + gathered), ("late-backward", 2 * table + gathered)):
+        assert with_mtp[phase][2] - without[phase][2] == pytest.approx(held), phase
+    assert with_mtp["end-of-backward"][2] - without["end-of-backward"][2] == pytest.approx(table)
+    # the MTP depth's activations: at the loss, not at the decoder's last block's backward
+    assert with_mtp["start-of-backward"][1] > without["start-of-backward"][1]
+    assert with_mtp["in-backward"][1] - without["in-backward"][1] < (
+        with_mtp["start-of-backward"][1] - without["start-of-backward"][1]
+    )
+    lora = Training(seq_len=4096, loss="FusedLinearCrossEntropy", lora=lora_of(spec, {"match_all_linear": True}))
+    adapted = _memory_of_pp_rank(spec, p, lora, 0)["phases"]
+    plain = _memory_of_pp_rank(dataclasses.replace(spec, mtp_layers=0), p, lora, 0)["phases"]
+    for phase in ("in-backward", "late-backward"):
+        assert adapted[phase][2] - plain[phase][2] == pytest.approx(
+            adapted["start-of-backward"][2] - plain["start-of-backward"][2]
+        )
+
+
 def test_the_last_stages_plain_expert_gradients_are_held_at_its_later_backwards():
     """Routed experts on a one-rank ep_shard mesh keep plain .grad from their layer's backward to the optimizer
     step. The last pipeline stage alternates forward and backward, so at its last microbatch's backward, with as

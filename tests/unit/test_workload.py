@@ -414,6 +414,40 @@ def test_a_recipes_mtp_depth_is_the_one_both_tools_size_and_build():
     assert analyze(Request.of(llama, world_size=16)).context.model.mtp_layers == 0
 
 
+def test_a_repeated_mtp_layer_is_sized_once_and_run_at_every_depth():
+    """Nemotron-3 Ultra's recipes: ``num_nextn_predict_layers: 2`` and ``mtp_use_repeated_layer: true``, arguments of
+    AutoModel's Nemotron-V3 class, build one MTP depth and run it twice: the estimate keeps the parameters of one and
+    the activations of two (the repeated MoE sublayer not checkpointed: AutoModel's apply_ac), validate says so at its
+    line, and the dry run builds with the flag and the depth (test_catalog holds the class to it)."""
+    from automodel_dist.api import analyze
+    from automodel_dist.dry_run.plan import plan_dry_run
+    from automodel_dist.request import Request
+
+    ultra = "nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16"
+    assert lookup(ultra).mtp_layers == 1
+    model = {"pretrained_model_name_or_path": ultra, "num_nextn_predict_layers": 2, "mtp_use_repeated_layer": True}
+    recipe = {
+        "model": model,
+        "distributed": {"strategy": "fsdp2", "ep_size": 64, "activation_checkpointing": True},
+        "step_scheduler": {"local_batch_size": 1, "global_batch_size": 128},
+        "dataset": {"seq_len": 4096},
+    }
+    result = analyze(Request.of(recipe, world_size=128))
+    assert (result.context.model.mtp_layers, result.context.model.mtp_iterations) == (1, 2)
+    (note,) = [f for f in result.report.findings if f.rule == "model-mtp-depth"]
+    assert note.path == "model.num_nextn_predict_layers" and "1 multi-token-prediction layer run at 2 depths" in (
+        note.message
+    )
+    plan = plan_dry_run(Request.of(recipe, world_size=128), ranks=[0])
+    assert plan.specs[0].recipe.mtp_use_repeated_layer
+    assert plan.specs[0].build.hf_config["num_nextn_predict_layers"] == 2
+    one = {**recipe, "model": {"pretrained_model_name_or_path": ultra}}
+    two = {**recipe, "model": {**model, "mtp_use_repeated_layer": False}}
+    repeated, single, built_twice = (estimate_memory(r, world_size=128).memory_gib for r in (recipe, one, two))
+    assert repeated.params == single.params < built_twice.params
+    assert repeated.activations > single.activations
+
+
 @pytest.mark.parametrize(
     "mp,expected",
     [

@@ -119,6 +119,9 @@ class ModelSpec:
     # decoder layer of the model's MLP kind, its input projection from [embedding, hidden] (2h x h) and three norms;
     # both recipes add their loss (a second pass through the shared lm_head)
     mtp_layers: int = 0
+    # the depths the MTP runs where that is not one a layer: AutoModel's Nemotron-V3 class with the recipe's
+    # mtp_use_repeated_layer runs one physical depth num_nextn_predict_layers times (0: one run a layer)
+    mtp_iterations: int = 0
     # a hybrid model's MTP depth (Nemotron-3 Super's mtp_hybrid_override_pattern "*E"): its sublayers' kinds, each a
     # norm and a mixer as in the backbone, with the depth's input projection and three norms around them
     mtp_layer_types: tuple[str, ...] = ()
@@ -512,6 +515,11 @@ class ModelSpec:
         mamba = self.mamba_params() if self.parallel_mamba else 0
         hc = 2 * self.hc_params()
         return self.layer_attention_params(layer) + mlp + norms + self.ple_layer_params() + mamba + hc
+
+    def mtp_depths(self) -> int:
+        """The MTP depths a forward runs, each with its own activations and loss (its layers', or its one repeated
+        layer's iterations)."""
+        return self.mtp_iterations or self.mtp_layers
 
     def mtp_params(self) -> int:
         """The multi-token-prediction layers' parameters (none where the model has none)."""
@@ -1165,17 +1173,26 @@ def _norms_per_layer(mtype: str, gemma4_moe: bool) -> int:
     return 1 if mtype in PARALLEL_BLOCK else 2
 
 
-def with_mtp_depth(spec: ModelSpec, depth: int) -> ModelSpec | None:
+def with_mtp_depth(spec: ModelSpec, depth: int, *, repeated: bool = False) -> ModelSpec | None:
     """``spec`` with ``depth`` multi-token-prediction layers, as AutoModel's Qwen3.5 classes build them when a recipe
     sets the depth (their ``num_nextn_predict_layers`` argument, or the text config's field, which they read before
-    ``mtp_num_hidden_layers``); its config.json says so too, for the dry run's build. None for a model whose class
-    builds no MTP layers from its config (MTP_BUILT)."""
+    ``mtp_num_hidden_layers``), and its Nemotron-V3 class (its ``num_nextn_predict_layers`` argument; with
+    ``mtp_use_repeated_layer``, ``repeated``, one physical depth run ``depth`` times: nemotron_v3/mtp.py
+    build_mtp_config_from_hf); its config.json says so too, for the dry run's build. None for a model whose class
+    builds no MTP layers from its config (MTP_BUILT, and Nemotron-H with an MTP pattern)."""
     cfg = spec.hf_config
     if cfg is None:
         return None
     nested = nested_text_config(cfg) is not None
     text = cfg["text_config"] if nested else cfg
-    if str(text.get("model_type", cfg.get("model_type", ""))) not in MTP_BUILT:
+    mtype = str(text.get("model_type", cfg.get("model_type", "")))
+    if mtype == "nemotron_h" and spec.mtp_layer_types and not nested:
+        physical = min(depth, 1) if repeated else depth
+        iterations = depth if repeated and depth > 1 else 0
+        return replace(
+            spec, mtp_layers=physical, mtp_iterations=iterations, hf_config={**cfg, "num_nextn_predict_layers": depth}
+        )
+    if mtype not in MTP_BUILT:
         return None
     text = {**text, "num_nextn_predict_layers": depth, "mtp_num_hidden_layers": depth}
     return replace(spec, mtp_layers=depth, hf_config={**cfg, "text_config": text} if nested else text)

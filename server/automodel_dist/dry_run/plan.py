@@ -588,6 +588,7 @@ def plan_dry_run(
         backend=backend or None,
         torch_dtype=w.torch_dtype,
         force_hf=w.force_hf,
+        mtp_use_repeated_layer=spec.mtp_iterations > 0,
         load_base_model=w.load_base_model,
         liger=w.use_liger_kernel,
         attn_implementation="eager" if eager_attn else None,

@@ -1221,14 +1221,20 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     saved = 0.0
     recompute = 0.0
     last_block = 0.0  # the largest one block saves (freed by the time its gradients are reduce-scattered)
-    mtp_layers = m.mtp_layers if g.mtp else 0  # each a decoder layer of the last layer's kind
-    # (a hybrid's MTP depth: its sublayers' kinds)
+    # the depths the MTP runs, each a decoder layer of the last layer's kind (a hybrid's: its sublayers' kinds), each
+    # with its own activations and loss (one repeated layer runs at every depth: AutoModel's Nemotron-V3 class)
+    mtp_layers = m.mtp_depths() if g.mtp else 0
+    mtp_saved = 0.0  # what the MTP blocks keep a token (their backward, the step's first, frees it)
     mtp_kinds = list(m.mtp_layer_types) if m.mtp_layer_types else [m.layer_kind(m.num_layers - 1)]
     layer_plain = 0.0  # the largest one layer keeps while its forward runs (checkpointed or not)
     for kind in set(g.kinds) | (set(mtp_kinds) if mtp_layers else set()):
         count = g.kinds.get(kind, 0)
         s, plain = _act_per_token(m, p, tr, kind, comp, style)
-        saved += s * (count + mtp_layers * mtp_kinds.count(kind))
+        # AutoModel's MoE parallelizer checkpoints the MTP blocks as the decoder's, but for a repeated depth's MoE
+        # sublayers (FSDP cannot gather their experts again for a second recompute: apply_ac)
+        mtp_s = plain if m.mtp_iterations and kind == "moe" else s
+        saved += s * count + mtp_s * mtp_layers * mtp_kinds.count(kind)
+        mtp_saved += mtp_s * mtp_layers * mtp_kinds.count(kind)
         last_block = max(last_block, s)
         layer_plain = max(layer_plain, plain)
         if ac and s < plain:
@@ -1476,11 +1482,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     layer_train = (g.layer_dense + exp) if lora is None else 0.0
     fresh_grads = layer_train * (comp + (0.0 if deferred else reduce))
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
-    ring = (
-        gemma4_ring_backward_bytes(m, p, tr, g, comp)
-        + gathered_mla_backward_bytes(m, p, tr, g, comp)
-        + blockdiag_attention_backward_bytes(m, p, tr, g, comp)
-    )
+    blockdiag = blockdiag_attention_backward_bytes(m, p, tr, g, comp)
+    ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp) + blockdiag
     block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
@@ -1497,6 +1500,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     )
     # the embedding's and head's sharded gradients (trained whole; under LoRA the adapters hold none of them)
     root_sharded = (g.embed + g.lm_head) / sg * store if lora is None else 0.0
+    # The MTP embeds its shifted tokens with the model's embedding (each depth a call), and its backward runs before
+    # the decoder's: the embedding's own unit is gathered there (FSDP's pre-backward; its post-backward waits for the
+    # step's end, its inputs taking no gradient), and autograd holds the MTP's gradient of the table until the
+    # decoder's embedding call adds its own, the step's last backward (the dry run of nemotron_ultra_v3_te_deepep:
+    # both 2 GiB tables there at its first layer's backward)
+    mtp_embed = 2 * g.embed * comp if sharded and mtp_layers and own_embed_unit and g.first else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -1507,7 +1516,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # gradient bucket (each parameter's gradient is moved into it as it arrives: no block of them at once),
             # and the root's bucket, made when the final norm's gradient arrived (its group's first)
             grads_now = layer_train * reduce + (g.layer_dense + exp) * mf_window * comp + mf_root_bucket
-        mid_acts = max(acts - last_block * tokens, 0.0)
+        mid_acts = max(acts - (last_block + mtp_saved * inflight) * tokens, 0.0)
         phases.append(
             (
                 "in-backward",
@@ -1521,10 +1530,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 + held_grads
                 + dispatch
                 + ring
-                + tied_head_grad,
+                + tied_head_grad
+                + mtp_embed,
             )
         )
-        if tied_head_grad and g.n_layers > 1 and not megatron:  # (MegatronFSDP's late backward: its own phases)
+        if g.n_layers > 1 and p.pp == 1 and not megatron:  # (MegatronFSDP's late backward: its own phases)
             # the first block's backward, the last of the step: every other block's gradients made and sharded, the
             # tied head's unsharded gradient held (see tied_head_grad), the VLM step's logits and (a linear cross
             # entropy asks for them) every layer's output still kept, the per-layer inputs made before the first
@@ -1536,12 +1546,15 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 else 0.0
             )
             late_acts = vlm_logits + kept_outputs + (per_layer_inputs_bytes(m, tr) * comp / 2 + last_block) * tokens
+            # (a hybrid's first block: no full-attention transient where it is a linear-attention layer)
+            first_linear = bool(m.layer_attention) and m.layer_attention[0] != "full"
+            first_block = block_transients - (blockdiag if first_linear else 0.0)
             phases.append(
                 (
                     "late-backward",
                     max(layer_grads_late, accumulated),
                     late_acts,
-                    unsharded + tied_head_grad + block_transients + p2p + held_grads,
+                    unsharded + tied_head_grad + first_block + p2p + held_grads + mtp_embed,
                 )
             )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
@@ -1553,7 +1566,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             last_unit = lora.lm_head / head_tp if g.last else 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
         if not megatron:
-            phases.append(("end-of-backward", layer_grads, 0.0, last_unit * (comp + reduce) + held_grads + p2p))
+            # (the MTP's gradient of the table is in the embedding's own; its gathered copy stays to the reduce-scatter)
+            end = last_unit * (comp + reduce) + held_grads + p2p + mtp_embed / 2
+            phases.append(("end-of-backward", layer_grads, 0.0, end))
     else:
         if eager_grads:
             phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))

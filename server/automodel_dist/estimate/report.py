@@ -30,8 +30,9 @@ class MemoryBreakdown(BaseModel):
         default="",
         description="start-of-backward, next-microbatch-forward (AutoModel's MoE FSDP optimizations keep every "
         "unit gathered between microbatches), in-backward (a block's gradients and the next block's gather), "
-        "end-of-stage-backward (a single-stage pipeline rank with every block gathered), late-backward (a tied "
-        "head's gradient held to the end), end-of-backward or optimizer-step.",
+        "end-of-stage-backward (a single-stage pipeline rank with every block gathered), late-backward (the first "
+        "block's backward: every other block's gradients made, a tied head's held to the end), end-of-backward or "
+        "optimizer-step.",
     )
     teacher: float = Field(
         default=0.0,

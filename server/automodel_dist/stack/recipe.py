@@ -54,6 +54,9 @@ class StackRecipe(BaseModel):
     backend: dict[str, Any] | None = None  # BackendConfig's fields (AutoModel's own classes): backend_for
     torch_dtype: str | None = None
     force_hf: bool = False
+    # model.mtp_use_repeated_layer, an argument of AutoModel's Nemotron-V3 class (one MTP depth run at each of the
+    # config's num_nextn_predict_layers depths): passed where the class takes it
+    mtp_use_repeated_layer: bool = False
     # from_pretrained (load_base_model): under PP AutoModel skips the random initialization its checkpoint load
     # overwrites (infrastructure.py: _skip_init_weights_on_load), and with it the dtype cast inside it
     load_base_model: bool = False

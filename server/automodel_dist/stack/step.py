@@ -174,6 +174,8 @@ def build(
         kwargs["torch_dtype"] = recipe.torch_dtype
     if recipe.force_hf:
         kwargs["force_hf"] = True
+    if recipe.mtp_use_repeated_layer:
+        kwargs["mtp_use_repeated_layer"] = True
     if recipe.attn_implementation:
         kwargs["attn_implementation"] = recipe.attn_implementation
     # both recipes' build_model hand freeze_config over as a mapping; the VLM one builds the image-text class

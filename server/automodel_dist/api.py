@@ -488,29 +488,24 @@ def _with_recipe_mtp_depth(
     depth = w.mtp_depth
     if spec is None or w.force_hf:  # (transformers' class builds none)
         return spec
-    if depth is None and w.mtp_repeated and spec.mtp_layers > 1:
-        depth = (spec.mtp_layers, "model.mtp_use_repeated_layer")
+    if depth is None and w.mtp_repeated and spec.mtp_layers:
+        depth = (spec.mtp_layers, "model.mtp_use_repeated_layer")  # (the config's depth, on one repeated layer)
     if depth is None or (depth[0] == spec.mtp_layers and not w.mtp_repeated):
         return spec
     built = with_mtp_depth(spec, depth[0], repeated=w.mtp_repeated)
     if built is None or built == spec:
         return spec
-    if built.mtp_iterations:
-        what = (
-            f"{built.mtp_layers} multi-token-prediction layer run at {built.mtp_iterations} depths "
-            "(model.mtp_use_repeated_layer: true)"
-        )
+    if depth[1] == "model.mtp_use_repeated_layer":
+        said = f"{depth[1]}: true: {spec.name} is sized and built with one multi-token-prediction layer run at each "
+        said += f"of its config's {depth[0]} depths (AutoModel's class repeats one physical depth)"
     else:
         what = f"{depth[0]} multi-token-prediction layer(s)"
+        if built.mtp_iterations:
+            what = f"one multi-token-prediction layer run at each of {depth[0]} depth(s) (model.mtp_use_repeated_layer)"
+        said = f"{depth[1]}: {depth[0]}: {spec.name} is sized and built with {what}, not its config's "
+        said += f"{spec.mtp_layers} (AutoModel's class takes the recipe's depth)"
     findings.append(
-        _finding(
-            "model-mtp-depth",
-            f"{depth[1]}: {depth[0]}: {spec.name} is sized and built with {what}, not its config's "
-            f"{spec.mtp_layers} (AutoModel's class takes the recipe's depth)",
-            path=depth[1],
-            line=doc.line(tuple(depth[1].split("."))),
-            severity="info",
-        )
+        _finding("model-mtp-depth", said, path=depth[1], line=doc.line(tuple(depth[1].split("."))), severity="info")
     )
     return built
 

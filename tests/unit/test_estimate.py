@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from automodel_dist import estimate_memory, suggest_strategy, validate_config
 from automodel_dist.api import analyze
-from automodel_dist.catalog.models import lookup
+from automodel_dist.catalog.models import lookup, with_mtp_depth
 from automodel_dist.cli import main
 from automodel_dist.estimate.memory import (
     MAX_ACTIVE_STAGES,
@@ -291,6 +291,23 @@ def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through
     assert with_mtp["in-backward"][1] - without["in-backward"][1] < (
         with_mtp["start-of-backward"][1] - without["start-of-backward"][1]
     )
+    # a repeated depth's MoE sublayer is not checkpointed (AutoModel's apply_ac): more kept at the loss than two
+    # physical depths, checkpointed
+    repeated = _memory_of_pp_rank(with_mtp_depth(spec, 2, repeated=True), p, tr, 0)["phases"]
+    twice = _memory_of_pp_rank(with_mtp_depth(spec, 2), p, tr, 0)["phases"]
+    assert repeated["start-of-backward"][1] > twice["start-of-backward"][1]
+    # Qwen3.5's VLM classes hand their MTP the decoder's own embeddings under CP: no second use of the table
+    qwen = lookup("Qwen/Qwen3.6-27B")
+    assert qwen.mtp_layers and not qwen.tie_word_embeddings
+    vlm = Training(seq_len=4096, vlm_step=True)
+    for cp, tables in ((1, 2), (2, 0)):
+        q = dims("fsdp2", dp=8 // cp, cp=cp, activation_checkpointing=True)
+        on = _memory_of_pp_rank(qwen, q, vlm, 0)["phases"]
+        off = _memory_of_pp_rank(dataclasses.replace(qwen, mtp_layers=0), q, vlm, 0)["phases"]
+        extra = (
+            on["in-backward"][2] - off["in-backward"][2] - (on["start-of-backward"][2] - off["start-of-backward"][2])
+        )
+        assert extra == pytest.approx(tables * qwen.vocab_size * qwen.hidden_size * 2), cp
     lora = Training(seq_len=4096, loss="FusedLinearCrossEntropy", lora=lora_of(spec, {"match_all_linear": True}))
     adapted = _memory_of_pp_rank(spec, p, lora, 0)["phases"]
     plain = _memory_of_pp_rank(dataclasses.replace(spec, mtp_layers=0), p, lora, 0)["phases"]

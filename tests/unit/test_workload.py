@@ -435,9 +435,15 @@ def test_a_repeated_mtp_layer_is_sized_once_and_run_at_every_depth():
     result = analyze(Request.of(recipe, world_size=128))
     assert (result.context.model.mtp_layers, result.context.model.mtp_iterations) == (1, 2)
     (note,) = [f for f in result.report.findings if f.rule == "model-mtp-depth"]
-    assert note.path == "model.num_nextn_predict_layers" and "1 multi-token-prediction layer run at 2 depths" in (
-        note.message
-    )
+    assert note.path == "model.num_nextn_predict_layers"
+    assert "one multi-token-prediction layer run at each of 2 depth(s)" in note.message
+    # the flag alone: the config's one depth on a repeated layer (AutoModel skips checkpointing its MoE sublayer)
+    flag = {**recipe, "model": {"pretrained_model_name_or_path": ultra, "mtp_use_repeated_layer": True}}
+    result = analyze(Request.of(flag, world_size=128))
+    assert (result.context.model.mtp_layers, result.context.model.mtp_iterations) == (1, 1)
+    (note,) = [f for f in result.report.findings if f.rule == "model-mtp-depth"]
+    assert note.path == "model.mtp_use_repeated_layer" and "model.mtp_use_repeated_layer: true:" in note.message
+    assert plan_dry_run(Request.of(flag, world_size=128), ranks=[0]).specs[0].recipe.mtp_use_repeated_layer
     plan = plan_dry_run(Request.of(recipe, world_size=128), ranks=[0])
     assert plan.specs[0].recipe.mtp_use_repeated_layer
     assert plan.specs[0].build.hf_config["num_nextn_predict_layers"] == 2

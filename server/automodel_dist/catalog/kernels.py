@@ -126,6 +126,21 @@ def takes_blockdiag_cp(architecture: str | None, *, hf_class: bool, cp: int, pac
     return packed_vlm and cp > 1 and not hf_class and architecture in BLOCKDIAG_CP_CLASSES
 
 
+# AutoModel's Qwen3.5 VLM classes hand their MTP the decoder's own embeddings, rolled, under CP (the sequence is
+# embedded whole before it is sharded), and the MoE one at CP 1 too when the batch carries media (so the MTP sees the
+# spliced image features); elsewhere an MTP embeds its shifted tokens with the model's embedding, a call of its own
+# (qwen3_5/model.py, qwen3_5_moe/model.py, nemotron_v3/model.py forward)
+MTP_ROLLED_UNDER_CP = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+MTP_ROLLED_WITH_MEDIA = frozenset({"Qwen3_5MoeForConditionalGeneration"})
+
+
+def mtp_calls_embedding(architecture: str | None, *, cp: int, media: bool) -> bool:
+    """Whether the model's MTP calls its embedding itself (a second use of the table, with its own gradient)."""
+    if cp > 1 and architecture in MTP_ROLLED_UNDER_CP:
+        return False
+    return not (media and architecture in MTP_ROLLED_WITH_MEDIA)
+
+
 def flash_attn_head_dim_rounded(head_dim: int) -> int:
     """flash-attn 2's head_size_rounded: its backward's fp32 dq accumulator width (flash_api.cpp)."""
     return -(-head_dim // 32) * 32 if head_dim <= 192 else 256

@@ -119,7 +119,7 @@ class ModelSpec:
     # decoder layer of the model's MLP kind, its input projection from [embedding, hidden] (2h x h) and three norms;
     # both recipes add their loss (a second pass through the shared lm_head)
     mtp_layers: int = 0
-    # the depths the MTP runs where that is not one a layer: AutoModel's Nemotron-V3 class with the recipe's
+    # the depths the MTP runs where its layer is repeated: AutoModel's Nemotron-V3 class with the recipe's
     # mtp_use_repeated_layer runs one physical depth num_nextn_predict_layers times (0: one run a layer)
     mtp_iterations: int = 0
     # a hybrid model's MTP depth (Nemotron-3 Super's mtp_hybrid_override_pattern "*E"): its sublayers' kinds, each a
@@ -1188,7 +1188,7 @@ def with_mtp_depth(spec: ModelSpec, depth: int, *, repeated: bool = False) -> Mo
     mtype = str(text.get("model_type", cfg.get("model_type", "")))
     if mtype == "nemotron_h" and spec.mtp_layer_types and not nested:
         physical = min(depth, 1) if repeated else depth
-        iterations = depth if repeated and depth > 1 else 0
+        iterations = depth if repeated else 0
         return replace(
             spec, mtp_layers=physical, mtp_iterations=iterations, hf_config={**cfg, "num_nextn_predict_layers": depth}
         )

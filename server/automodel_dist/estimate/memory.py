@@ -96,6 +96,7 @@ from ..catalog.kernels import (
     hf_text_layer,
     ignores_sequence_parallel,
     liger_applies,
+    mtp_calls_embedding,
     runs_eager_attention,
     takes_blockdiag_cp,
     tp_splits_vocab,
@@ -1224,7 +1225,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # the depths the MTP runs, each a decoder layer of the last layer's kind (a hybrid's: its sublayers' kinds), each
     # with its own activations and loss (one repeated layer runs at every depth: AutoModel's Nemotron-V3 class)
     mtp_layers = m.mtp_depths() if g.mtp else 0
-    mtp_saved = 0.0  # what the MTP blocks keep a token (their backward, the step's first, frees it)
+    mtp_saved = 0.0  # what the MTP depths keep a token (their backward, a microbatch's first, frees it)
     mtp_kinds = list(m.mtp_layer_types) if m.mtp_layer_types else [m.layer_kind(m.num_layers - 1)]
     layer_plain = 0.0  # the largest one layer keeps while its forward runs (checkpointed or not)
     for kind in set(g.kinds) | (set(mtp_kinds) if mtp_layers else set()):
@@ -1257,6 +1258,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             loss_saved += comp * vocab * tokens
         loss_temp = per_temp * vocab * tokens
         extra += mtp_layers * 3 * m.hidden_size * comp
+        mtp_saved += mtp_layers * 3 * m.hidden_size * comp
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
             loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / head_tp
         elif tr.loss == "FusedLinearCrossEntropy":
@@ -1500,12 +1502,13 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     )
     # the embedding's and head's sharded gradients (trained whole; under LoRA the adapters hold none of them)
     root_sharded = (g.embed + g.lm_head) / sg * store if lora is None else 0.0
-    # The MTP embeds its shifted tokens with the model's embedding (each depth a call), and its backward runs before
-    # the decoder's: the embedding's own unit is gathered there (FSDP's pre-backward; its post-backward waits for the
-    # step's end, its inputs taking no gradient), and autograd holds the MTP's gradient of the table until the
-    # decoder's embedding call adds its own, the step's last backward (the dry run of nemotron_ultra_v3_te_deepep:
-    # both 2 GiB tables there at its first layer's backward)
-    mtp_embed = 2 * g.embed * comp if sharded and mtp_layers and own_embed_unit and g.first else 0.0
+    # Where the MTP embeds its shifted tokens with the model's embedding (each depth a call: mtp_calls_embedding), its
+    # backward runs before the decoder's: the embedding's own unit is gathered there (FSDP's pre-backward; its
+    # post-backward waits for the step's end, its inputs taking no gradient), and autograd holds the MTP's gradient
+    # of the table until the decoder's embedding call adds its own, the step's last backward (the dry run of
+    # nemotron_ultra_v3_te_deepep: both 2 GiB tables there at its first layer's backward)
+    mtp_embeds = mtp_layers and mtp_calls_embedding(m.architecture, cp=p.cp, media=tr.tower_images > 0)
+    mtp_embed = 2 * g.embed * comp if sharded and mtp_embeds and own_embed_unit else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -1516,7 +1519,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # gradient bucket (each parameter's gradient is moved into it as it arrives: no block of them at once),
             # and the root's bucket, made when the final norm's gradient arrived (its group's first)
             grads_now = layer_train * reduce + (g.layer_dense + exp) * mf_window * comp + mf_root_bucket
-        mid_acts = max(acts - (last_block + mtp_saved * inflight) * tokens, 0.0)
+        # (that microbatch's MTP depths are through their backward: the others in flight keep theirs)
+        mid_acts = max(acts - (last_block + mtp_saved) * tokens, 0.0)
         phases.append(
             (
                 "in-backward",
@@ -1566,7 +1570,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             last_unit = lora.lm_head / head_tp if g.last else 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
         if not megatron:
-            # (the MTP's gradient of the table is in the embedding's own; its gathered copy stays to the reduce-scatter)
+            # (the MTP's gradient of the table is summed into the embedding's own, counted as the last unit's; one
+            # table more: the gathered copy, held since the MTP's backward)
             end = last_unit * (comp + reduce) + held_grads + p2p + mtp_embed / 2
             phases.append(("end-of-backward", layer_grads, 0.0, end))
     else:

@@ -268,16 +268,36 @@ def test_suggest_checks_each_candidate_with_the_recipes_loss_and_recipe_as_writt
     assert rep.candidates, [r.reason for r in rep.rejected]
 
 
+def test_an_embedding_of_its_own_stays_gathered_where_the_blocks_do_not_reshard_after_forward():
+    """AutoModel's MoE parallelizer wraps the untied embedding with the blocks' reshard_after_forward
+    (moe.reshard_after_forward, false by default): it stays gathered from its forward to its post-backward at the
+    step's end (the dry run of moonlight_16b_te_deepep and customizer_gpt_oss_full_sft_chat after the loss). Read as
+    the extra table a doubled vocabulary adds, with and without the reshard (the head's is there in both)."""
+    spec = lookup("moonshotai/Moonlight-16B-A3B")
+    assert not spec.tie_word_embeddings
+    wide = dataclasses.replace(spec, vocab_size=2 * spec.vocab_size)
+    tr = Training(seq_len=4096)
+
+    def added(reshard: bool) -> float:
+        p = dims("fsdp2", dp=8, ep=8, moe_reshard_after_forward=reshard)
+        at = [_memory_of_pp_rank(m, p, tr, 0)["phases"]["start-of-backward"][2] for m in (spec, wide)]
+        return at[1] - at[0]
+
+    assert added(False) - added(True) == pytest.approx(spec.vocab_size * spec.hidden_size * 2)
+
+
 def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through_the_decoders_backward():
     """The MTP embeds its shifted tokens with the model's own embedding and runs its backward first: from there to the
     step's end the embedding's own FSDP unit stays gathered and autograd holds the MTP's gradient of the table, two
     tables beside the decoder's backward (the dry run of nemotron_ultra_v3_te_deepep: both 2 GiB tables at its first
-    layer's backward, 47.9 GiB); the MTP's activations are gone by then. Not with a tied or frozen embedding (no unit
-    of its own), nor without an MTP."""
+    layer's backward, 47.9 GiB); the MTP's activations are gone by then. At the embedding's own backward it is
+    gathered, MTP or not. Not with a tied or LoRA-frozen embedding (no unit of its own), nor where the MTP is handed
+    the decoder's embeddings (Qwen3.5's VLM classes under CP)."""
     spec = lookup("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16")
     assert spec.mtp_layers and not spec.tie_word_embeddings
     tr = Training(seq_len=4096, loss="FusedLinearCrossEntropy")
-    p = dims("fsdp2", dp=128, ep=64, activation_checkpointing=True)
+    # (the recipe's moe.reshard_after_forward: true; false keeps the table gathered from the forward on, one less here)
+    p = dims("fsdp2", dp=128, ep=64, activation_checkpointing=True, moe_reshard_after_forward=True)
     table = spec.vocab_size * spec.hidden_size * 2
     with_mtp = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
     without = _memory_of_pp_rank(dataclasses.replace(spec, mtp_layers=0), p, tr, 0)["phases"]
@@ -285,7 +305,12 @@ def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through
     gathered = with_mtp["start-of-backward"][2] - without["start-of-backward"][2]
     for phase, held in (("in-backward", 2 * table + gathered), ("late-backward", 2 * table + gathered)):
         assert with_mtp[phase][2] - without[phase][2] == pytest.approx(held), phase
-    assert with_mtp["end-of-backward"][2] - without["end-of-backward"][2] == pytest.approx(table)
+    assert with_mtp["end-of-backward"][2] - without["end-of-backward"][2] == pytest.approx(0)
+    kept = dataclasses.replace(p, moe_reshard_after_forward=False)
+    on, off = (_memory_of_pp_rank(s, kept, tr, 0)["phases"] for s in (spec, dataclasses.replace(spec, mtp_layers=0)))
+    assert on["in-backward"][2] - off["in-backward"][2] == pytest.approx(
+        table + on["start-of-backward"][2] - off["start-of-backward"][2]
+    )
     # the MTP depth's activations: at the loss, not at the decoder's last block's backward
     assert with_mtp["start-of-backward"][1] > without["start-of-backward"][1]
     assert with_mtp["in-backward"][1] - without["in-backward"][1] < (

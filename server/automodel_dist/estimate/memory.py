@@ -1312,7 +1312,11 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     keep_blocks = not p.blocks_reshard or (deferred and p.pp > 1)
     # (MegatronFSDP's units are the decoder blocks alone: the embedding stays in its root's one bucket group)
     own_embed_unit = p.pp == 1 and not m.tie_word_embeddings and lora is None and p.strategy != "megatron_fsdp"
-    root_held = g.root - (g.embed if own_embed_unit else 0.0)
+    # (it reshards after forward as the blocks do: AutoModel wraps it with the same reshard_after_forward, under EP
+    # moe.reshard_after_forward, false by default, which keeps it gathered from its forward to its post-backward at
+    # the step's end: the dry run of moonlight_16b_te_deepep and customizer_gpt_oss_full_sft_chat after the loss)
+    embed_resharded = own_embed_unit and p.blocks_reshard
+    root_held = g.root - (g.embed if embed_resharded else 0.0)
     if tr.frozen_multimodal == "root":
         # a frozen tower (by freeze_config, or by LoRA, which freezes every base parameter) and its projector held
         # gathered in the root unit (whole on every TP rank, which AutoModel's plans leave it): AutoModel's step on
@@ -1508,7 +1512,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # of the table until the decoder's embedding call adds its own, the step's last backward (the dry run of
     # nemotron_ultra_v3_te_deepep: both 2 GiB tables there at its first layer's backward)
     mtp_embeds = mtp_layers and mtp_calls_embedding(m.architecture, cp=p.cp, media=tr.tower_images > 0)
-    mtp_embed = 2 * g.embed * comp if sharded and mtp_embeds and own_embed_unit else 0.0
+    # (the gathered table is counted in root_held where the embedding does not reshard after forward)
+    mtp_embed = (2 if embed_resharded else 1) * g.embed * comp if sharded and mtp_embeds and own_embed_unit else 0.0
     if sharded:
         # the last block's backward: its unsharded gradients (compute dtype) and their fp32 copy for the
         # reduce-scatter, the next block's prefetched gather, every other activation still saved
@@ -1570,9 +1575,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             last_unit = lora.lm_head / head_tp if g.last else 0.0
         layer_grads = max(grads_sharded - root_sharded, 0.0)
         if not megatron:
-            # (the MTP's gradient of the table is summed into the embedding's own, counted as the last unit's; one
-            # table more: the gathered copy, held since the MTP's backward)
-            end = last_unit * (comp + reduce) + held_grads + p2p + mtp_embed / 2
+            # (an embedding of its own is gathered for its backward too, by FSDP's pre-backward, whether or not it
+            # resharded after forward; an MTP's gradient of the table is summed into its own by then)
+            end = last_unit * (comp + reduce) + held_grads + p2p + (g.embed * comp if own_embed_unit else 0.0)
             phases.append(("end-of-backward", layer_grads, 0.0, end))
     else:
         if eager_grads:

@@ -617,3 +617,26 @@ def test_te_fused_adam_keeps_a_whole_fp32_master_of_fp32_parameters():
     w = read_workload({"optimizer": {**te, "store_param_remainders": True}})
     assert optimizer_of(w, storage="bfloat16")[0].master == 2.0
     assert optimizer_of(w, storage="float32")[0].master == 4.0
+
+
+@pytest.mark.parametrize(
+    ("given", "kept", "said"),
+    [
+        ({"foreach": False}, {"foreach": False}, False),  # AutoModel's factory path hands it to torch
+        ({"foreach": True}, {}, False),  # the GPU's default, which the dry run's step takes (shims.FOREACH)
+        ({"fused": True}, {}, True),  # CUDA only: run as foreach, and said so
+        ({}, {}, False),
+    ],
+)
+def test_the_dry_runs_optimizer_takes_the_recipes_foreach_false(given, kept, said):
+    """A recipe's foreach: false reaches torch through AutoModel's factory path (optim/optimizer.py
+    OptimizerFromFactoryConfig honours an explicit value), so torch steps a tensor at a time: the dry run's optimizer
+    gets it too, where it had dropped it and stepped foreach (a parameter-sized temporary the GPU never makes)."""
+    from automodel_dist.stack.recipe import optimizer_for
+    from automodel_dist.workload import read_workload
+
+    w = read_workload({"optimizer": {"_target_": "torch.optim.Adam", "lr": 1e-4, **given}})
+    out: list[str] = []
+    spec = optimizer_for(w, out)
+    assert spec["target"] == "torch.optim.Adam" and spec["kwargs"] == {"lr": 1e-4, **kept}
+    assert bool([line for line in out if "fused: true" in line]) is said

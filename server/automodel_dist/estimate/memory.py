@@ -1447,6 +1447,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     accumulated = grads_sharded if grad_acc > 1 and not deferred else 0.0
     if grad_acc > 1:
         accumulated = max(accumulated, plain_expert_grads)
+    # (within one backward they are made layer by layer: at the last layer's backward that layer's alone, all of them
+    # by the first layer's, the late-backward moment, where the activations are gone: the dry run of
+    # customizer_nemotron_nano_full_sft, one microbatch, peaks at its optimizer step, not beside every expert gradient)
+    this_layer_plain = plain_expert_grads * g.layer_experts / g.experts if g.experts else 0.0
     # an fp32 lm_head (DeepSeek-V4's) runs its backward in fp32: the head's own unsharded fp32 gradient beside the
     # loss's temporaries and, where the logits are in the compute dtype, their gradient cast up (fp32 logits take the
     # loss's fp32 gradient as it is) (the dry run of AutoModel's class: the last stage peaks in the head)
@@ -1529,7 +1533,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             (
                 "in-backward",
-                max(accumulated, plain_expert_grads, last_stage_expert_grads),
+                max(accumulated, this_layer_plain, last_stage_expert_grads),
                 mid_acts,
                 unsharded
                 + recompute * tokens

@@ -242,7 +242,15 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
 
 
 def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
-    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k not in ("fused", "foreach")}
+    # (AutoModel's factory path hands the recipe's foreach: false to torch, which then steps a tensor at a time; its
+    # default, and foreach: true, are the GPU's foreach step, which the dry run's step takes too: shims.FOREACH.
+    # fused needs CUDA: its step runs as foreach, the larger of the two)
+    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k != "fused" and (k != "foreach" or v is False)}
+    if w.optimizer in _TORCH_OPTIMIZERS and w.optimizer_kwargs.get("fused") is True:
+        out.append(
+            f"optimizer {w.optimizer} fused: true runs its foreach step (the fused kernel needs CUDA): its step's "
+            "temporaries are the foreach step's, larger than the fused kernel's"
+        )
     if w.optimizer in _TORCH_OPTIMIZERS:
         return {
             "target": _TORCH_OPTIMIZERS[w.optimizer],

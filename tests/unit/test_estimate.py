@@ -284,6 +284,16 @@ def test_an_embedding_of_its_own_stays_gathered_where_the_blocks_do_not_reshard_
         return at[1] - at[0]
 
     assert added(False) - added(True) == pytest.approx(spec.vocab_size * spec.hidden_size * 2)
+    # resharded after forward, it is gathered again for the first block's backward (FSDP's default backward prefetch
+    # of the unit before it in forward order) and its own: in the late-backward and end-of-backward moments alone
+    p = dims("fsdp2", dp=8, ep=8, moe_reshard_after_forward=True)
+    narrow, broad = (_memory_of_pp_rank(m, p, tr, 0)["phases"] for m in (spec, wide))
+    table = spec.vocab_size * spec.hidden_size * 2
+
+    def grew(phase: str) -> float:
+        return broad[phase][2] - narrow[phase][2]
+
+    assert grew("late-backward") - grew("in-backward") == pytest.approx(table)
 
 
 def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through_the_decoders_backward():
@@ -303,7 +313,8 @@ def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through
     without = _memory_of_pp_rank(dataclasses.replace(spec, mtp_layers=0), p, tr, 0)["phases"]
     # (beside the MTP depth's own gathered parameters, there from the loss on)
     gathered = with_mtp["start-of-backward"][2] - without["start-of-backward"][2]
-    for phase, held in (("in-backward", 2 * table + gathered), ("late-backward", 2 * table + gathered)):
+    # (without an MTP the first block's backward prefetches the embedding too: one table of the two there either way)
+    for phase, held in (("in-backward", 2 * table + gathered), ("late-backward", table + gathered)):
         assert with_mtp[phase][2] - without[phase][2] == pytest.approx(held), phase
     assert with_mtp["end-of-backward"][2] - without["end-of-backward"][2] == pytest.approx(0)
     kept = dataclasses.replace(p, moe_reshard_after_forward=False)
@@ -340,6 +351,20 @@ def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through
         assert adapted[phase][2] - plain[phase][2] == pytest.approx(
             adapted["start-of-backward"][2] - plain["start-of-backward"][2]
         )
+
+
+def test_a_recipes_own_foreach_true_keeps_the_foreach_step_under_tp():
+    """AutoModel turns foreach off under TP only where the recipe gives none (optim/optimizer.py: the factory path
+    keeps an explicit value): the foreach step's group-sized temporary is there under TP with foreach: true."""
+    from automodel_dist.estimate.training import optimizer_of
+    from automodel_dist.workload import read_workload
+
+    def step(kwargs: dict, tp: int) -> float:
+        w = read_workload({"optimizer": {"_target_": "torch.optim.Adam", **kwargs}})
+        return optimizer_of(w, storage="bfloat16")[0].step_bytes(2, tp)
+
+    assert step({}, 1) == step({"foreach": True}, 1) == step({"foreach": True}, 2) == 2.0
+    assert step({}, 2) == step({"foreach": False}, 1) == 0.0
 
 
 def test_plain_expert_gradients_are_made_layer_by_layer_within_one_backward():

@@ -623,8 +623,8 @@ def test_te_fused_adam_keeps_a_whole_fp32_master_of_fp32_parameters():
     ("given", "kept", "said"),
     [
         ({"foreach": False}, {"foreach": False}, False),  # AutoModel's factory path hands it to torch
-        ({"foreach": True}, {}, False),  # the GPU's default, which the dry run's step takes (shims.FOREACH)
-        ({"fused": True}, {}, True),  # CUDA only: run as foreach, and said so
+        ({"foreach": True}, {"foreach": True}, False),  # kept under TP too, where AutoModel's default is false
+        ({"fused": True}, {}, True),  # CUDA only: torch's unfused step, and said so
         ({}, {}, False),
     ],
 )
@@ -640,3 +640,7 @@ def test_the_dry_runs_optimizer_takes_the_recipes_foreach_false(given, kept, sai
     spec = optimizer_for(w, out)
     assert spec["target"] == "torch.optim.Adam" and spec["kwargs"] == {"lr": 1e-4, **kept}
     assert bool([line for line in out if "fused: true" in line]) is said
+    # AutoModel's recipe layer builds such a section through its factory path, which keeps an explicit foreach
+    optim = pytest.importorskip("nemo_automodel.components.optim.optimizer")
+    built = optim.build_optimizer_config(spec["target"], spec["kwargs"])
+    assert isinstance(built, optim.OptimizerFromFactoryConfig) and built.kwargs == spec["kwargs"]

@@ -133,7 +133,8 @@ class Optimizer:
     name: str = "adamw"  # adamw | adam | sgd | sgd_momentum | te_fused_adam | muon
     states: float | None = None  # None: the name's default in the parameters' dtype
     master: float = 0.0
-    foreach: bool = True  # torch's multi-tensor step (AutoModel turns it off under TP)
+    foreach: bool = True  # torch's multi-tensor step (AutoModel turns it off under TP, unless the recipe sets it)
+    foreach_given: bool = False  # the recipe's own foreach: true, which AutoModel's factory path keeps under TP too
 
     def state_bytes(self, param_bytes: int) -> float:
         if self.states is not None:
@@ -147,7 +148,7 @@ class Optimizer:
 
     def step_bytes(self, param_bytes: int, tp: int) -> float:
         """torch Adam/AdamW's foreach step makes one copy of a state (its sqrt) for the whole group."""
-        if self.name in ("adamw", "adam") and self.foreach and tp == 1:
+        if self.name in ("adamw", "adam") and self.foreach and (tp == 1 or self.foreach_given):
             return float(param_bytes)
         return 0.0
 
@@ -1299,7 +1300,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         acts += patches * tr.tower_layers * per_block * comp * inflight
     # FSDP: the lm_head (its own unit, kept gathered for the loss) and the root (final norm; with a tied,
     # frozen or pipeline-split embedding, the embedding too) stay unsharded through forward; a trainable
-    # untied embedding is its own unit, resharded after forward without PP. The last block stays too, and
+    # untied embedding is its own unit, resharded after forward without PP where the blocks are (embed_resharded). The last block stays too, and
     # the blocks that do not reshard after forward, and the experts with moe.reshard_after_forward false
     # (AutoModel's default).
     # on one rank AutoModel skips parallelization altogether: plain parameters, nothing gathered
@@ -1562,12 +1563,16 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # (a hybrid's first block: no full-attention transient where it is a linear-attention layer)
             first_linear = bool(m.layer_attention) and m.layer_attention[0] != "full"
             first_block = block_transients - (blockdiag if first_linear else 0.0)
+            # (FSDP's default backward prefetch gathers the unit before the first block in forward order, the
+            # embedding, during that block's backward: counted where it resharded after forward and no MTP's use of
+            # it has it gathered already)
+            prefetched = g.embed * comp if embed_resharded and not mtp_embed else 0.0
             phases.append(
                 (
                     "late-backward",
                     max(layer_grads_late, accumulated),
                     late_acts,
-                    unsharded + tied_head_grad + first_block + p2p + held_grads + mtp_embed,
+                    unsharded + tied_head_grad + first_block + p2p + held_grads + mtp_embed + prefetched,
                 )
             )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded

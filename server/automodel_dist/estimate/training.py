@@ -74,7 +74,8 @@ def optimizer_of(w: Workload, name: str | None = None, storage: str = "bfloat16"
         return Optimizer("adamw"), f"optimizer {w.optimizer} is not one whose states are known: sized as AdamW"
     label = "Adam" if canonical == "adam" else "AdamW"
     foreach = w.optimizer_kwargs.get("foreach") is not False
-    return Optimizer(canonical, foreach=foreach), (
+    given = w.optimizer_kwargs.get("foreach") is True
+    return Optimizer(canonical, foreach=foreach, foreach_given=given), (
         f"optimizer torch {label}: two states in the parameters' dtype"
         + (" (and foreach temporaries)" if foreach else " (foreach: false, a tensor at a time)")
     )

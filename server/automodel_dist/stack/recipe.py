@@ -242,14 +242,14 @@ def loss_for(w: Workload, out: list[str], *, values: bool = False) -> dict[str, 
 
 
 def optimizer_for(w: Workload, out: list[str]) -> dict[str, Any]:
-    # (AutoModel's factory path hands the recipe's foreach: false to torch, which then steps a tensor at a time; its
-    # default, and foreach: true, are the GPU's foreach step, which the dry run's step takes too: shims.FOREACH.
-    # fused needs CUDA: its step runs as foreach, the larger of the two)
-    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k != "fused" and (k != "foreach" or v is False)}
+    # (AutoModel's factory path hands the recipe's foreach to torch as written, under TP too, and sets false itself
+    # under TP where the recipe gives none; torch's default is the GPU's foreach step, which the dry run's step takes
+    # too: shims.FOREACH. fused needs CUDA: dropped, the step is torch's default or the recipe's foreach)
+    kwargs = {k: v for k, v in w.optimizer_kwargs.items() if k != "fused"}
     if w.optimizer in _TORCH_OPTIMIZERS and w.optimizer_kwargs.get("fused") is True:
         out.append(
-            f"optimizer {w.optimizer} fused: true runs its foreach step (the fused kernel needs CUDA): its step's "
-            "temporaries are the foreach step's, larger than the fused kernel's"
+            f"optimizer {w.optimizer} fused: true runs torch's unfused step (the fused kernel needs CUDA): foreach "
+            "unless the recipe or TP turns it off, its temporaries larger than the fused kernel's"
         )
     if w.optimizer in _TORCH_OPTIMIZERS:
         return {

@@ -12,7 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from automodel_dist.catalog.models import CATALOG_DIR, ModelConfigError, catalog, from_hf_config, lookup, period_of
+from automodel_dist.catalog.models import (
+    CATALOG_DIR,
+    ModelConfigError,
+    ModelSpec,
+    catalog,
+    from_hf_config,
+    lookup,
+    period_of,
+)
 from automodel_dist.catalog.sources import resolve_model
 
 REQUIRED_FAMILIES = [
@@ -488,6 +496,41 @@ def test_the_mtp_layers_are_the_ones_automodels_class_builds(spec):
         model = getattr(importlib.import_module(module), name)(config)
     mtp = sum(p.numel() for k, p in model.named_parameters() if k.startswith("mtp."))
     assert mtp == from_hf_config(cfg | {"model_type": config.model_type}, name=spec.name).mtp_params() > 0
+
+
+def _transformers_moe_lms() -> list[ModelSpec]:
+    """The catalog's MoE models transformers has a causal LM class of its own for (the others AutoModel builds)."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+    except ImportError:  # (no class to build: nothing to hold)
+        return []
+    from automodel_dist.catalog.hf_config import hf_config
+
+    moe = [s for s in catalog() if s.is_moe and not s.layer_types and not s.per_layer_input]
+    return [s for s in moe if hf_config(s).get("model_type") in causal]
+
+
+@pytest.mark.parametrize("spec", _transformers_moe_lms(), ids=lambda s: s.name)
+def test_transformers_moe_classes_hold_their_routed_experts_as_parameters_not_linear_modules(spec):
+    """What bitsandbytes quantizes is Linear modules (transformers' replace_with_bnb_linear): every MoE class of
+    transformers built here holds its routed experts as 3D parameters, which QLoRA leaves in the compute dtype
+    (estimate/memory.py, where AutoModel builds transformers' class)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.dry_run.depth import truncated_config
+
+    cfg = truncated_config(hf_config(spec), spec.first_dense_layers + 2)
+    model_type = cfg.pop("model_type")
+    config = getattr(transformers, transformers.models.auto.configuration_auto.CONFIG_MAPPING_NAMES[model_type])(**cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    routed = [n for n, _ in model.named_modules() if n.endswith(".experts")]
+    assert routed
+    for name in routed:
+        module = model.get_submodule(name)
+        assert not any(isinstance(m, torch.nn.Linear) for m in module.modules()), name
+        assert any(p.dim() == 3 for p in module.parameters()), name
 
 
 @pytest.mark.parametrize("repeated", [True, False])

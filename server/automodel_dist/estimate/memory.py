@@ -1139,10 +1139,14 @@ def memory_per_rank(m: ModelSpec, p: ParallelDims, tr: Training) -> MemoryBreakd
 
 
 @lru_cache(maxsize=256)
-def _linear_share(m: ModelSpec) -> float:
-    """The fraction of the layers' parameters held by Linear weights (what QLoRA quantizes)."""
+def _linear_share(m: ModelSpec, experts: bool = True, apart: bool = False) -> float:
+    """The fraction of the layers' parameters held by the Linear weights QLoRA quantizes (the routed experts' with
+    ``experts``); ``apart``: of the layers' parameters but the routed experts' (held apart from the blocks, under EP)."""
     layers = sum(m.layer_params(i) for i in range(m.num_layers))
-    return min(1.0, quantized_linear_weights(m) / layers) if layers else 0.0
+    linear = quantized_linear_weights(m, experts=experts)
+    if apart:
+        layers -= quantized_linear_weights(m) - quantized_linear_weights(m, experts=False)
+    return min(1.0, linear / layers) if layers > 0 else 0.0
 
 
 def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int) -> dict:
@@ -1174,12 +1178,19 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             + (expert_adapters if p.ep <= 1 else 0.0)
             + (lora.lm_head / head_tp if g.last else 0.0)
         )
-        layer_bytes = comp
+        layer_bytes = expert_bytes = comp
         if lora.quant_bits:
-            share = _linear_share(m)
+            # (transformers' MoE classes hold the routed experts as 3D parameters, which bitsandbytes, replacing
+            # Linear modules, leaves in the compute dtype: tests/unit/test_catalog.py builds each one)
+            quantized_experts = not (tr.hf_class and m.is_moe)
+            # (without EP the routed experts are block parameters: the blocks' share is over them too)
+            share = _linear_share(m, quantized_experts, apart=not quantized_experts and p.ep > 1)
             layer_bytes = share * QLORA_BYTES[lora.quant_bits] + (1 - share) * comp
+            expert_bytes = layer_bytes if quantized_experts else comp
         # (the multi-token-prediction layers, frozen with the rest, in the compute dtype)
-        frozen_bytes = (g.dense_layers / sp_ + g.experts / se) * layer_bytes + (g.root + g.mtp) / sp_ * comp
+        frozen_bytes = (
+            g.dense_layers / sp_ * layer_bytes + g.experts / se * expert_bytes + (g.root + g.mtp) / sp_ * comp
+        )
     # a VLM's towers: frozen in the compute dtype unless freeze_config leaves them trained (no LoRA on them); a frozen
     # vision tower's projector trains where freeze_vision_tower leaves it (Mistral3's multi_modal_projector; whole on
     # every TP rank, which AutoModel's plan leaves it)

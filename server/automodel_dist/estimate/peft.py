@@ -351,14 +351,15 @@ def lora_of(m: ModelSpec, peft: Mapping[str, Any], quantization: Mapping[str, An
     )
 
 
-def quantized_linear_weights(m: ModelSpec) -> float:
-    """Weights of the Linear modules bitsandbytes quantizes (every layer Linear and the routed experts; the
-    embedding, lm_head and norms stay in the compute dtype)."""
+def quantized_linear_weights(m: ModelSpec, *, experts: bool = True) -> float:
+    """Weights of the Linear modules bitsandbytes quantizes (every layer Linear and, with ``experts``, the routed
+    experts; the embedding, lm_head and norms stay in the compute dtype). transformers' MoE classes hold their routed
+    experts as 3D parameters, not Linear modules, which bitsandbytes leaves as they are (``experts=False``)."""
     total = 0.0
     for i in range(m.num_layers):
         for lin in layer_modules(m, m.layer_kind(i)):
             if lin.kind == "experts":
-                total += m.num_experts * m.expert_params()
+                total += m.num_experts * m.expert_params() if experts else 0.0
             else:
                 total += lin.fan_in * lin.fan_out
     return total

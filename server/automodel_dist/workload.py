@@ -140,6 +140,8 @@ class Workload:
     # the AutoModel class model._target_ names (NeMoAutoModelForCausalLM, ...; a model class of its own, such as the
     # Gemma4WithDrafter composite, otherwise); None for a target outside nemo_automodel
     model_entry: str | None = None
+    # AutoModel builds transformers' class: model.force_hf, or a quantization: section that asks bitsandbytes for 4 or
+    # 8 bits (its own classes do not load BnB weights: _transformers/model_init.py falls through to transformers')
     force_hf: bool = False
     load_base_model: bool = False  # AutoModel loads the checkpoint: from_pretrained, or from_config when asked
     use_liger_kernel: bool = True  # model.use_liger_kernel (AutoModel's default: Liger on a Hugging Face class)
@@ -254,7 +256,8 @@ def read_workload(recipe: Mapping[str, Any] | None) -> Workload:
             facts["torch_dtype"] = model["torch_dtype"]
         if isinstance(model.get("backend"), Mapping):
             facts["backend"] = _kwargs(model["backend"])
-        facts["force_hf"] = model.get("force_hf") is True
+        bnb = isinstance(quant, Mapping) and (quant.get("load_in_4bit") is True or quant.get("load_in_8bit") is True)
+        facts["force_hf"] = model.get("force_hf") is True or bnb
         facts["mtp_repeated"] = model.get("mtp_use_repeated_layer") is True
         target = model.get("_target_")
         if isinstance(target, str) and target.startswith("nemo_automodel.") and len(target.split(".")) >= 3:

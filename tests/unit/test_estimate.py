@@ -356,9 +356,9 @@ def test_an_mtps_use_of_the_embedding_holds_it_gathered_and_its_gradient_through
 @pytest.mark.parametrize("ep", [1, 8])
 def test_qlora_leaves_a_transformers_moe_classs_routed_experts_in_the_compute_dtype(ep):
     """bitsandbytes quantizes Linear modules; transformers' MoE classes hold their routed experts as 3D parameters
-    (test_catalog builds them), so under force_hf they stay bf16 (qwen1_5_moe_a2_7b_qlora: the dry run's 3.5 GiB of
-    parameters on a rank, the estimate 3.1, where it had 1.0 with the experts quantized: -13.5% -> -7.7%). AutoModel's own
-    MoE classes are not so built here (their experts counted quantized, as before)."""
+    (test_catalog builds them), so they stay bf16 (qwen1_5_moe_a2_7b_qlora: the dry run's 3.5 GiB of parameters on a
+    rank, the estimate 3.1, where it had 1.0 with the experts quantized: -13.5% -> -7.7%). Under QLoRA AutoModel
+    always builds transformers' class (its own do not load BnB weights: test_workload), so the estimate reads it so."""
     spec = lookup("Qwen/Qwen3-30B-A3B")
     lora = lora_of(spec, {"match_all_linear": True}, {"load_in_4bit": True})
     assert lora.quant_bits == 4

@@ -1767,6 +1767,21 @@ def test_force_hf_skips_the_automodel_class_checks():
     assert "force_hf" in report.errors[0].message and "Qwen3MoeForCausalLM does not inherit" in report.errors[0].message
 
 
+def test_a_bitsandbytes_quantization_builds_the_hugging_face_class_as_force_hf_does():
+    """AutoModel's own classes do not load bitsandbytes weights (_transformers/model_init.py falls through to the
+    Hugging Face class), so a QLoRA recipe is checked against that class: its own class's TP gate does not apply,
+    and EP on an MoE model is refused, naming the quantization and its fix."""
+    text = (
+        "model:\n  pretrained_model_name_or_path: {}\n  backend:\n    attn: sdpa\n"
+        "quantization:\n  load_in_4bit: true\npeft:\n  match_all_linear: true\ndistributed:\n{}"
+    )
+    report = validate_config(text.format("deepseek-ai/DeepSeek-V3", "  tp_size: 2\n"), world_size=16)
+    assert "model-capability" not in {f.rule for f in report.errors}, [f.message for f in report.errors]
+    report = validate_config(text.format("Qwen/Qwen3-30B-A3B", "  ep_size: 8\n"), world_size=16)
+    (ep,) = [f for f in report.errors if f.rule == "model-capability"]
+    assert "quantization: (bitsandbytes" in ep.message and "train without quantization:" in ep.fix
+
+
 @pytest.mark.parametrize(
     "text,release",
     [

@@ -18,6 +18,7 @@ from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
 from ..report import Finding
+from ..workload import read_workload
 from .base import Context, finding, note, rule
 from .helpers import divisors, fitting_sizes, fmt_set
 from .recipe import TRAIN_FT_RECIPES, recipe_class
@@ -31,9 +32,19 @@ def _lacks(m: ModelSpec, what: str) -> Implementation | None:
     return impl if impl is not None and not getattr(impl, what) else None
 
 
+def _hf_built(ctx: Context) -> str | None:
+    """Why AutoModel builds the Hugging Face class (None: it builds its own where it has one): ``model.force_hf``,
+    or a bitsandbytes ``quantization:``, whose weights its own classes do not load (_transformers/model_init.py)."""
+    if ctx.recipe_get("model.force_hf") is True:
+        return "model.force_hf: true"
+    if read_workload(ctx.recipe).force_hf:
+        return "quantization: (bitsandbytes, whose weights AutoModel's own classes do not load)"
+    return None
+
+
 def _impl(ctx: Context) -> Implementation | None:
-    """The class AutoModel builds for the context's model (None: unknown, or ``model.force_hf: true``)."""
-    if ctx.model is None or ctx.recipe_get("model.force_hf") is True:
+    """The class AutoModel builds for the context's model (None: unknown, or the Hugging Face class: _hf_built)."""
+    if ctx.model is None or _hf_built(ctx) is not None:
         return None
     return implementation(ctx.model.architecture)
 
@@ -336,21 +347,23 @@ _INSTEAD = {
     "(Mamba / linear-attention) layers or without SDPA cannot take cp_size > 1, and no Hugging Face class has its "
     "MoE mixin for ep_size > 1. Some classes pass that gate and fail when they are parallelized: Qwen3.5's classes "
     "have no usable TP plan, the Qwen3-VL-MoE / Omni classes' fallback plan matches no module, Gemma-4's MoE "
-    "variant refuses TP. With model.force_hf: true AutoModel builds the Hugging Face class, and only EP is checked.",
+    "variant refuses TP. With model.force_hf: true, or a bitsandbytes quantization: (its own classes do not load "
+    "those weights), AutoModel builds the Hugging Face class, and only EP is checked.",
     fix="Set that size to 1 and shard with the parallelisms the model supports (for TP, or give distributed.tp_plan).",
 )
 def model_capability(ctx: Context) -> Iterator[Finding]:
-    m, impl = ctx.model, _impl(ctx)
-    if m is not None and m.is_moe and ctx.dims.ep > 1 and ctx.recipe_get("model.force_hf") is True:
+    m, impl, why = ctx.model, _impl(ctx), _hf_built(ctx)
+    if m is not None and m.is_moe and ctx.dims.ep > 1 and why is not None:
         # no Hugging Face class inherits AutoModel's MoEFSDPSyncMixin, whatever the architecture
         arch = m.architecture or "the Hugging Face class"
         ep = ctx.dims.ep
+        drop = "drop model.force_hf" if why.startswith("model.force_hf") else "train without quantization:"
         yield finding(
             ctx,
             ("ep_size",),
-            f"ep_size={ep} with model.force_hf: true: AutoModel builds {m.name} with the Hugging Face class "
+            f"ep_size={ep} with {why}: AutoModel builds {m.name} with the Hugging Face class "
             f"and raises '{_REFUSAL['ep'][1].format(n=ep, arch=arch)}' right after building it, after launch",
-            "drop model.force_hf (AutoModel's own MoE classes do EP), or " + _INSTEAD["ep"],
+            f"{drop} (AutoModel's own MoE classes do EP), or " + _INSTEAD["ep"],
         )
     if m is None or impl is None:
         return
@@ -840,18 +853,20 @@ def model_cp_packing(ctx: Context) -> Iterator[Finding]:
         return
     if ctx.recipe_get("model.attn_implementation") == "magi":
         return
-    force_hf = ctx.recipe_get("model.force_hf") is True
+    built = _hf_built(ctx)
+    force_hf = built is not None
     impl = implementation(m.architecture) if m is not None else None
     if not force_hf and (impl is None or impl.custom):
         return
     what = f"the Hugging Face {m.architecture}" if m is not None and m.architecture else "a Hugging Face class"
-    why = "model.force_hf: true" if force_hf else "AutoModel 0.7.0 has no class of its own for it"
+    why = built or "AutoModel 0.7.0 has no class of its own for it"
     yield finding(
         ctx,
         (),
         f"cp_size={cp} with packed_sequence_size={packed}: "
         f"{m.name if m else 'the model'} is built as {what} ({why}), and for Hugging Face classes AutoModel "
         "raises 'Packed sequence is only supported with CP size 1' when it builds the model, after launch",
-        "packed_sequence_size: 0, or cp_size: 1" + ("" if not force_hf else ", or drop model.force_hf"),
+        "packed_sequence_size: 0, or cp_size: 1"
+        + (", or drop model.force_hf" if built == "model.force_hf: true" else ""),
         recipe_path="packed_sequence.packed_sequence_size",
     )

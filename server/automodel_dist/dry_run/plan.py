@@ -47,7 +47,7 @@ from ..stack.recipe import (
     sanitized_block,
 )
 from ..vlm_packing import recipe_fill_note
-from ..workload import Workload, read_workload, unsized_entry
+from ..workload import Workload, unsized_entry
 from .depth import Depth, built_kinds, plan_depth, truncated_config
 from .spec import Build, DryRunSpec, Media
 
@@ -114,7 +114,7 @@ def plan_dry_run(
         cfg = hf_config(spec)
     except NoConfigError as exc:
         raise DryRunUsageError(str(exc)) from exc
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     cfg = _with_text_config(cfg, w)
     source = given.describe() if given is not None else (result.report.model_source or "the catalog")
     layers = min(num_layers, spec.num_layers) if num_layers else spec.num_layers

@@ -17,7 +17,7 @@ from ..dims import ParallelDims
 from ..report import ConfigError
 from ..request import ConfigInput, Request, RequestFields
 from ..rules.fallbacks import masked_ce_instead
-from ..workload import read_workload, unsized_entry
+from ..workload import unsized_entry
 from .comm import COLLECTIVE_EFFICIENCY, MATMUL_EFFICIENCY, OVERLAP, Cluster, CommEstimate, estimate_comm
 from .memory import CUDA_CONTEXT_GIB, FRAGMENTATION, Training, memory_per_rank
 from .report import Estimate, MemoryBreakdown
@@ -121,7 +121,7 @@ def recipe_training(ctx: Context | None) -> dict[str, tuple[int, str]]:
     out: dict[str, tuple[int, str]] = {}
     if ctx is None or not ctx.recipe:
         return out
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     for name in ("seq_len", "global_batch_size", "local_batch_size"):
         if getattr(w, name) is not None:
             out[name] = getattr(w, name)
@@ -152,7 +152,7 @@ def teacher_of(ctx: Context | None, fetch: bool = False) -> tuple[ModelSpec | No
     its memory is known (False: the teacher is on these GPUs but not in the catalog)."""
     if ctx is None or not ctx.kind.teacher:
         return None, None, True
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     if w.teacher is None:
         return None, "knowledge distillation with no teacher_model.pretrained_model_name_or_path: not counted", False
     if w.teacher_separate_mesh:
@@ -309,7 +309,7 @@ def estimate_memory(
         mbs = micro_batch_size or lbs or 1
         assumed += ["micro_batch_size"] if not (micro_batch_size or lbs) else []
     teacher, teacher_note, teacher_known = teacher_of(ctx, request.lookup.fetch_config)
-    workload = read_workload(ctx.recipe)
+    workload = ctx.workload
     if (why := unsized_entry(workload)) is not None:
         raise ValueError(why)
     terms = training_for(

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..config.kinds import RecipeKind
@@ -13,6 +14,7 @@ from ..config.load import Document, PathKey, Unresolved
 from ..config.values import is_positive_int
 from ..dims import ParallelDims
 from ..report import Finding, Severity
+from ..workload import Workload, read_workload
 
 if TYPE_CHECKING:
     from ..catalog.models import ModelSpec
@@ -37,6 +39,11 @@ class Context:
     model: ModelSpec | None = None
     torch_version: str | None = None  # the torch release the job will run on, when the caller says
     model_skipped: str | None = None  # why no model was resolved (model is None), for the reports that need one
+
+    @cached_property
+    def workload(self) -> Workload:
+        """What the recipe trains (:func:`read_workload`), read once per validation for every rule and tool."""
+        return read_workload(self.recipe)
 
     def has(self, key: str) -> bool:
         return key in self.block

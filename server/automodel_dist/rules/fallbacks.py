@@ -11,7 +11,7 @@ from ..catalog.implementations import implementation, implementations
 from ..catalog.kernels import TP_HEAD_VIA_EMBEDDING, tp_splits_vocab
 from ..config.kinds import DIFFUSION_LM_RECIPES, KD_RECIPES, TRAIN_FT_RECIPES
 from ..report import Finding
-from ..workload import GEMMA4_TP_LINEAR_CE, read_workload
+from ..workload import GEMMA4_TP_LINEAR_CE
 from .base import Context, finding, rule
 
 F = "fallback"
@@ -58,9 +58,7 @@ def no_hidden_states(architecture: str | None, force_hf: bool, pipeline: Any) ->
 
 def _no_hidden_states(ctx: Context) -> str | None:
     m = ctx.model
-    return no_hidden_states(
-        m.architecture if m is not None else None, read_workload(ctx.recipe).force_hf, ctx.block.get("pipeline")
-    )
+    return no_hidden_states(m.architecture if m is not None else None, ctx.workload.force_hf, ctx.block.get("pipeline"))
 
 
 @rule(
@@ -82,7 +80,7 @@ def _no_hidden_states(ctx: Context) -> str | None:
     section="recipe",
 )
 def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     if ctx.kind.section is None or ctx.dims.pp <= 1 or w.loss not in LINEAR_CE:
         return
     if ctx.kind.recipe is not None and ctx.kind.recipe not in TRAIN_FT_RECIPES:
@@ -128,7 +126,7 @@ def pp_linear_ce_fallback(ctx: Context) -> Iterator[Finding]:
     section="recipe",
 )
 def linear_ce_logits_multiplier(ctx: Context) -> Iterator[Finding]:
-    w, m = read_workload(ctx.recipe), ctx.model
+    w, m = ctx.workload, ctx.model
     if m is None or w.loss not in LINEAR_CE or m.logits_multiplier == 1.0:
         return
     recipe = ctx.kind.recipe
@@ -165,7 +163,7 @@ def linear_ce_logits_multiplier(ctx: Context) -> Iterator[Finding]:
     section="recipe",
 )
 def linear_ce_tp_head(ctx: Context) -> Iterator[Finding]:
-    w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
+    w, m, d = ctx.workload, ctx.model, ctx.dims
     if ctx.kind.section is None or w.loss not in LINEAR_CE or d.tp <= 1 or m is None or d.world_size is None:
         return
     recipe = ctx.kind.recipe
@@ -265,7 +263,7 @@ def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
     return no_logits_to_keep(
         ctx.kind.recipe,
         m.architecture if m is not None else None,
-        read_workload(ctx.recipe).force_hf,
+        ctx.workload.force_hf,
         ctx.dims.pp,
         ctx.block.get("pipeline"),
     )
@@ -290,7 +288,7 @@ def _probe_has_no_logits_to_keep(ctx: Context) -> str | None:
     section="recipe",
 )
 def megatron_fsdp_linear_ce(ctx: Context) -> Iterator[Finding]:
-    w, m, d = read_workload(ctx.recipe), ctx.model, ctx.dims
+    w, m, d = ctx.workload, ctx.model, ctx.dims
     if ctx.kind.section is None or not d.megatron_wraps:
         return
     if not megatron_root_hook_unfired(w.loss, ctx.kind.recipe, m.mtp_layers if m is not None else 0):
@@ -330,7 +328,7 @@ def megatron_fsdp_linear_ce(ctx: Context) -> Iterator[Finding]:
     section="recipe",
 )
 def linear_ce_no_logits_to_keep(ctx: Context) -> Iterator[Finding]:
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     if ctx.kind.section is None or w.loss not in LINEAR_CE:
         return
     why = _probe_has_no_logits_to_keep(ctx)
@@ -369,7 +367,7 @@ def linear_ce_no_logits_to_keep(ctx: Context) -> Iterator[Finding]:
     section="recipe",
 )
 def kd_pp_linear_ce(ctx: Context) -> Iterator[Finding]:
-    w = read_workload(ctx.recipe)
+    w = ctx.workload
     if not ctx.kind.teacher or ctx.dims.pp <= 1 or w.loss not in LINEAR_CE or _no_hidden_states(ctx):
         return  # without hidden states the loss was already replaced by masked cross entropy
     yield finding(

@@ -18,7 +18,6 @@ from ..catalog.models import ModelSpec
 from ..config.values import V_SCHEDULES, is_positive_int, is_single_stage
 from ..layout import StageError, ep_shard_size, virtual_stages
 from ..report import Finding
-from ..workload import read_workload
 from .base import Context, finding, note, rule
 from .helpers import divisors, fitting_sizes, fmt_set
 from .recipe import TRAIN_FT_RECIPES, recipe_class
@@ -37,7 +36,7 @@ def _hf_built(ctx: Context) -> str | None:
     or a bitsandbytes ``quantization:``, whose weights its own classes do not load (_transformers/model_init.py)."""
     if ctx.recipe_get("model.force_hf") is True:
         return "model.force_hf: true"
-    if read_workload(ctx.recipe).force_hf:
+    if ctx.workload.force_hf:
         return "quantization: (bitsandbytes, whose weights AutoModel's own classes do not load)"
     return None
 

@@ -51,7 +51,7 @@ from ..rules.fallbacks import masked_ce_instead
 from ..rules.helpers import divisors
 from ..rules.model import cp_possible, expert_shard_ok, pp_possible, valid_ep_sizes, valid_tp_sizes
 from ..rules.parallelize import moe_tp_unplanned
-from ..workload import Workload, read_workload
+from ..workload import Workload
 from .report import Candidate, CurrentLayout, Rejected, SuggestReport
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
@@ -587,7 +587,7 @@ def _recipe_defaults(request: Request, used: dict[str, str]) -> RecipeDefaults:
         ),
         lbs,
         teacher,
-        read_workload(ctx.recipe),
+        ctx.workload,
         ctx.kind.recipe,
         loss if isinstance(loss := (ctx.recipe or {}).get("loss_fn"), dict) else None,
         (ctx.recipe or {}).get("recipe"),

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..catalog.implementations import implementation, implementations
 from ..catalog.kernels import TP_HEAD_VIA_EMBEDDING, tp_splits_vocab
-from ..config.kinds import DIFFUSION_LM_RECIPES, KD_RECIPES, TRAIN_FT_RECIPES
+from ..config.kinds import DIFFUSION_LM_RECIPES, KD_RECIPES, TRAIN_FT_RECIPES, VLM_STEP_RECIPES
 from ..report import Finding
 from ..workload import GEMMA4_TP_LINEAR_CE
 from .base import Context, finding, rule
@@ -24,7 +24,7 @@ KEEPS_OWN_PIPELINE_FORWARD = frozenset(
     a for a, i in implementations().items() if i.custom and i.keeps_own_forward and not i.returns_hidden_states
 )
 NO_LOGITS_TO_KEEP = frozenset(a for a, i in implementations().items() if i.custom and not i.logits_to_keep)
-VLM_RECIPES = frozenset({"FinetuneRecipeForVLM", "KnowledgeDistillationRecipeForVLM"})
+VLM_RECIPES = VLM_STEP_RECIPES  # (the VLM recipes, whose step is vlm/finetune.py's: config/kinds.py)
 # The steps that call the recipe's own loss_fn on the model's final hidden states, asking the forward for
 # logits_to_keep=1 where the loss is a linear cross entropy (train_ft's and vlm/finetune.py's _forward_backward_step):
 # a distillation step feeds the student's full logits to its loss, a diffusion LM's step calls a loss of its own

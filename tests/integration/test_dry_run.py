@@ -589,6 +589,70 @@ def test_the_tracker_counts_what_torchs_counts(checkpointed):
     assert mem_tracker.tree_map_only is tree_map_only  # torch's own again once the tracker exits
 
 
+def test_the_tracker_frees_a_branch_no_backward_runs():
+    """A trained Linear whose output only selects indices (DSA's indexer under LoRA: its top-k indices take no
+    gradient) feeds a module whose inputs torch's ModTracker hooks in its "all" mode, a reference cycle that keeps the
+    branch's autograd nodes, and the input they saved, after the layer's backward until a garbage collection, which the
+    measured step holds off. The GPU run has no such tracker, so the dry run's frees them with the forward, as
+    torch's own would after a collection; a module with one input files its backward moments as torch's does."""
+    import gc
+
+    import torch
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.distributed._tools import mod_tracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from automodel_dist.dry_run.tracker import make_tracker
+
+    class Phase:
+        current = key = "step"
+        moment = None
+
+    class Selector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(512, 512)
+            self.norm = torch.nn.LayerNorm(512)  # its input hooked: the cycle holds proj's node, which saved x
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.proj(x)).topk(4, dim=-1).indices
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.select, self.out = torch.nn.Linear(512, 512), Selector(), torch.nn.Linear(512, 512)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.inp(x)
+            return self.out(h).gather(-1, self.select(h)).float().sum()
+
+    def left_after_backward(tracker_of) -> tuple[int, int]:
+        torch.manual_seed(0)
+        model = Model()
+        tracker = tracker_of(model)
+        gc.collect()
+        gc.disable()
+        try:
+            with tracker:
+                model(torch.randn(256, 512)).backward()
+                held = tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+                gc.collect()
+                return held, tracker.get_tracker_snapshot()[torch.device("cpu")]["Total"]
+        finally:
+            gc.enable()
+
+    def torchs(model):
+        t = MemTracker()
+        t.track_external(model)
+        return t
+
+    held, collected = left_after_backward(torchs)
+    assert held - collected >= 256 * 512 * 4  # torch's tracker: the branch's saved input (fp32) until a collection
+    held, collected = left_after_backward(lambda model: make_tracker([model], [], Phase()))
+    assert held == collected
+    assert mod_tracker.register_multi_grad_hook is register_multi_grad_hook  # torch's own again on exit
+
+
 def test_the_trackers_walk_outputs_as_torch_does():
     """While the dry run's tracker is entered, torch's trackers file an operator's outputs through visit_tensors,
     which calls their function on the tensors tree_map_only would, in its order, without the mapped copy they discard;

@@ -12,6 +12,9 @@ or forward turns to backward, an operator that leaves the total at or below that
 walk is skipped there, with the same figures (the global and per-phase peaks are still checked at every operator).
 torch's trackers also file every operator's outputs through a mapped copy of them that they discard; while the dry
 run's tracker is entered they walk the outputs in place instead (``walk_outputs_in_place``), with the same calls.
+Its module tracker's backward hooks are made without the reference cycle torch's "all" multi-grad hook forms
+(``backward_hooks_without_cycles``): the cycle kept every autograd branch that no backward runs, and what that branch
+saved, alive until a garbage collection, which the measured step holds off; the GPU run has no such hooks.
 """
 
 from __future__ import annotations
@@ -108,6 +111,33 @@ def visit_tensors(types: Any, func: Any, tree: Any, is_leaf: Any = None) -> Any:
     return tree
 
 
+@contextlib.contextmanager
+def backward_hooks_without_cycles() -> Iterator[bool]:
+    """torch's ModTracker (inside every memory tracker) marks a module's backward as done with
+    ``register_multi_grad_hook(inputs, fn)`` in its "all" mode, whose hook closure holds the inputs' autograd nodes
+    while being held by them: a reference cycle a forward call. Where a module's inputs feed a branch no backward runs
+    (a LoRA-trained Linear whose output only selects indices: DSA's indexer, whose top-k indices take no gradient),
+    the cycle keeps that branch's nodes and the tensors they saved (the layer's normed input, one a layer and
+    microbatch) after the forward returns, until a garbage collection; the measured step holds collections off, so
+    a pipeline rank carried every such tensor of the step (the dry run of glm_5.1_lora's rank 0 at 24 layers: 3.0 GiB
+    at its peak, 41 of them). The GPU run has no module tracker, and FSDP2's own backward hooks form no such cycle.
+    While this is entered, ModTracker's hook takes the "any" mode, which holds no node: the module leaves the
+    backward's running set at its first input's gradient rather than its last, which changes only which modules a
+    backward moment is filed under, for a module with several inputs that take a gradient (the global and per-phase
+    figures are the same). Yields whether the name was rebound (not where torch moved it)."""
+    from torch.autograd.graph import register_multi_grad_hook
+    from torch.distributed._tools import mod_tracker
+
+    rebound = getattr(mod_tracker, "register_multi_grad_hook", None) is register_multi_grad_hook
+    if rebound:
+        mod_tracker.register_multi_grad_hook = functools.partial(register_multi_grad_hook, mode="any")  # type: ignore[attr-defined]
+    try:
+        yield rebound
+    finally:
+        if rebound:
+            mod_tracker.register_multi_grad_hook = register_multi_grad_hook  # type: ignore[attr-defined]
+
+
 @functools.cache
 def _result_discarded(module: Any, name: str) -> bool:
     """Whether ``module``'s source reads ``name`` only as calls ``name(torch.Tensor, ...)`` that are statements of
@@ -201,8 +231,9 @@ def make_tracker(
         def __enter__(self) -> Any:
             outermost = getattr(self, "_depth", 0) == 0
             if outermost:
-                self._walk = walk_outputs_in_place()
-                self._walk.__enter__()
+                self._walk = contextlib.ExitStack()
+                self._walk.enter_context(walk_outputs_in_place())
+                self._walk.enter_context(backward_hooks_without_cycles())
             entered = False
             try:
                 out = super().__enter__()

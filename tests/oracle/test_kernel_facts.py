@@ -617,3 +617,74 @@ def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
         architecture="MuseGlimmerForConditionalGeneration",
     )  # fmt: skip
     assert kept[True] - kept[False] == output_gate_bytes(spec) * tokens == 4 * heads * d * tokens
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"])
+@pytest.mark.parametrize(("seq", "topk", "trained"), [(1024, 2048, False), (2048, 2048, True), (2048, 512, True)])
+def test_the_dsa_indexers_forward_holds_what_the_estimate_counts(arch, seq, topk, trained):
+    """AutoModel's DSA indexer on its dense path (backend.attn sdpa, as te) in forward, on fake tensors under the dry
+    run's tracker, at DeepSeek-V3.2's and GLM-5's index widths: its peak above its inputs is indexer_scores_bytes'
+    within 2% (V3.2's ReLU and head-weighted product two new fp32 score tensors alive at once, GLM's scaled and
+    ReLU'd in place and kept while its top-k is taken), its Linears trained (LoRA on them) or frozen; the THD kernels
+    make no score tensor."""
+    import torch
+    from nemo_automodel.components.models.common import BackendConfig
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from automodel_dist.catalog.models import ModelSpec
+    from automodel_dist.dry_run.tracker import make_tracker
+    from automodel_dist.estimate.memory import Training, indexer_scores_bytes
+
+    if arch == "DeepseekV32ForCausalLM":
+        from nemo_automodel.components.models.deepseek_v32.config import DeepseekV32Config as Config
+        from nemo_automodel.components.models.deepseek_v32.layers import DeepseekV32Indexer as Indexer
+
+        heads, hidden, q_lora = 64, 7168, 1536
+    else:
+        from nemo_automodel.components.models.glm_moe_dsa.config import GlmMoeDsaConfig as Config
+        from nemo_automodel.components.models.glm_moe_dsa.layers import GlmMoeDsaIndexer as Indexer
+
+        heads, hidden, q_lora = 32, 6144, 2048
+    dim, rope = 128, 64
+    config = Config(
+        hidden_size=hidden,
+        q_lora_rank=q_lora,
+        qk_rope_head_dim=rope,
+        index_n_heads=heads,
+        index_head_dim=dim,
+        index_topk=topk,
+        torch_dtype="bfloat16",
+    )
+
+    class Phase:
+        current = key = "step"
+        moment = None
+
+    with FakeTensorMode():
+        indexer = Indexer(config, BackendConfig(attn="sdpa", linear="torch", rms_norm="torch"))
+        indexer.requires_grad_(trained)
+        x = torch.randn(1, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
+        q_resid = torch.randn(1, seq, q_lora, dtype=torch.bfloat16, requires_grad=True)
+        freqs = torch.randn(1, seq, rope // 2, dtype=torch.complex64)
+        tracker = make_tracker([indexer], [], Phase())
+        with tracker:
+            (before,) = (s["Total"] for s in tracker.get_tracker_snapshot().values())
+            indexer(x, q_resid, freqs)
+    (peak,) = (s["Total"] for s in tracker.get_tracker_snapshot("peak").values())
+    inputs = 2 * seq * (hidden + q_lora)  # (filed when the indexer is first entered)
+    spec = ModelSpec(
+        name="indexer",
+        architecture=arch,
+        hidden_size=hidden,
+        num_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=hidden,
+        vocab_size=1,
+        index_heads=heads,
+        index_head_dim=dim,
+        index_topk=topk,
+    )
+    per_mb, per_token = indexer_scores_bytes(spec, Training(seq_len=seq, attn_backend="sdpa"))
+    assert per_mb + per_token * seq == pytest.approx(peak - before - inputs, rel=0.02)
+    assert indexer_scores_bytes(spec, Training(seq_len=seq, attn_backend="tilelang")) == (0.0, 0.0)

@@ -91,7 +91,9 @@ def test_estimate_memory_api_on_a_real_recipe():
     spr = p.stages_per_rank_of(48)
     assert spr == 12
     if m.deferred_grads:
-        assert m.deferred_grads == pytest.approx((g.dense + g.experts) * 4 / GIB / spr, rel=1e-9)
+        # (the last rank's peak, its last microbatch's loss, comes in its last stage's backward: the head's whole)
+        head = g.lm_head if m.worst_pp_rank == p.pp - 1 else 0.0
+        assert m.deferred_grads == pytest.approx(((g.dense + g.experts - head) / spr + head) * 4 / GIB, rel=1e-9)
     assert m.tracked_peak == pytest.approx(19.0, rel=0.20)
     # defer_fsdp_grad_sync: false reduce-scatters after every backward: no held gradients, more traffic; the sharded
     # gradients of the step's earlier accumulation steps (two pipeline steps of this recipe's batch) stay through the
@@ -1367,18 +1369,22 @@ def test_an_ungated_mlp_keeps_the_activations_input_and_the_down_projections_onl
     assert python_gelu - fused == 6 * phi.intermediate_size
 
 
-def test_deepseek_v32s_indexer_term_is_added_under_a_pipeline_schedule_only():
-    """The fitted V3.2 term (estimate/memory.py): per checkpointed block in flight under PP, the indexer's fp32 q and k
-    and the top-k's fp32 scores and int64 indices; nothing without PP, where the dry run measures V3's."""
+def test_a_checkpointed_dsa_block_keeps_its_indexers_top_k_with_or_without_a_pipeline():
+    """AutoModel's block policy must-saves every aten.topk in a block: beside the router's, the DSA indexer's fp32
+    values and int64 indices on the dense path (12 bytes a kept key a token), with or without PP (the dry run of
+    glm_5_te_deepep's last pipeline rank: 96 MiB a layer and microbatch at 4,096 tokens); the THD kernels' top-k is
+    no aten.topk."""
     from automodel_dist.estimate.memory import _act_per_token
 
     v32, v3 = lookup("deepseek-ai/DeepSeek-V3.2"), lookup("deepseek-ai/DeepSeek-V3")
     tr = Training(seq_len=4096)
-    pp = dims("fsdp2", dp=4, pp=2, ep=4, activation_checkpointing=True)
-    flat = dims("fsdp2", dp=8, ep=8, activation_checkpointing=True)
-    extra = 8 * 64 * 128 + 12 * 2048
-    assert _act_per_token(v32, pp, tr, "moe", 2)[0] - _act_per_token(v3, pp, tr, "moe", 2)[0] == extra
-    assert _act_per_token(v32, flat, tr, "moe", 2)[0] == _act_per_token(v3, flat, tr, "moe", 2)[0]
+    for p in (
+        dims("fsdp2", dp=4, pp=2, ep=4, activation_checkpointing=True),
+        dims("fsdp2", dp=8, ep=8, activation_checkpointing=True),
+    ):
+        assert _act_per_token(v32, p, tr, "moe", 2)[0] - _act_per_token(v3, p, tr, "moe", 2)[0] == 12 * 2048
+        kernels = dataclasses.replace(tr, attn_backend="tilelang")
+        assert _act_per_token(v32, p, kernels, "moe", 2)[0] == _act_per_token(v3, p, kernels, "moe", 2)[0]
 
 
 @pytest.mark.parametrize(
@@ -1559,3 +1565,74 @@ def test_the_last_stages_kept_logits_are_fp32_where_fsdp_casts_deepseek_v4s_head
     acts = {dp: _memory_of_pp_rank(m, dims("fsdp2", dp=dp, pp=2), tr, 1)["activations"] for dp in (1, 2)}
     fp32_more = 2.0 * m.vocab_size * 2048 * 4 if m.hc_mult else 0.0  # bytes
     assert acts[2] - acts[1] == pytest.approx(fp32_more, abs=1.0)
+
+
+def test_a_dsa_indexers_scores_stand_beside_everything_in_flight_and_its_top_k_with_each_checkpointed_block():
+    """DeepSeek-V3.2's and GLM-5's indexer on AutoModel's dense path scores every query-key pair of every index head
+    in fp32 at each layer's start (indexer_scores_bytes, held to AutoModel's indexers in tests/oracle): the
+    indexer-forward moment holds it beside everything in flight but the running layer's own share and the microbatch's
+    loss, and a checkpointed layer makes it again in its recompute. The block policy must-saves its top-k's fp32 values
+    and int64 indices (12 bytes a kept key) with each checkpointed layer. The THD kernels (tilelang, cudnn) make
+    neither."""
+    from automodel_dist.estimate.memory import indexer_scores_bytes
+
+    spec = lookup("deepseek-ai/DeepSeek-V3.2")
+    p = dims("fsdp2", dp=32, pp=4, ep=32, pp_schedule="Interleaved1F1B", activation_checkpointing=True)
+    dense, kernels = Training(seq_len=4096, attn_backend="te"), Training(seq_len=4096, attn_backend="tilelang")
+    per_mb, per_token = indexer_scores_bytes(spec, dense)
+    scores = per_mb + (per_token + 2 * spec.hidden_size) * 4096  # (with the layer's normed input, made before it)
+    assert per_mb == 4096 * (8 * 64 + 4) * 4096 and indexer_scores_bytes(spec, kernels) == (0.0, 0.0)
+    for rank in (0, 1, 3):  # (the last rank's loss is not made yet at that moment)
+        on, off = (_memory_of_pp_rank(spec, p, t, rank)["phases"] for t in (dense, kernels))
+        assert "indexer-forward" in on and "indexer-forward" not in off
+        if rank < 3:
+            assert on["indexer-forward"][2] - on["start-of-backward"][2] == pytest.approx(scores)
+        assert on["indexer-forward"][1] < on["start-of-backward"][1]  # the running layer's and the loss's not yet
+        assert on["in-backward"][2] - off["in-backward"][2] >= scores - 2 * GIB  # its recompute, not the layer's
+        # the top-k kept with each checkpointed layer in flight: the same count of layer-microbatches either way
+        kept = on["start-of-backward"][1] - off["start-of-backward"][1]
+        assert kept >= 12 * min(spec.index_topk, 4096) * 4096  # at least one layer's
+        narrow = dataclasses.replace(spec, index_topk=spec.index_topk // 2)
+        halved = (
+            _memory_of_pp_rank(narrow, p, dense, rank)["phases"]["start-of-backward"][1] - off["start-of-backward"][1]
+        )
+        assert halved == pytest.approx(kept / 2)
+    no_ac = dataclasses.replace(p, activation_checkpointing=False)
+    assert _memory_of_pp_rank(spec, no_ac, dense, 0)["phases"]["start-of-backward"][1] == pytest.approx(
+        _memory_of_pp_rank(spec, no_ac, kernels, 0)["phases"]["start-of-backward"][1]
+    )
+
+
+def test_a_pipeline_rank_before_the_last_peaks_in_a_forward_beside_its_moe_layers_working_set():
+    """Before the last pipeline rank nothing stands above the in-flight activations at the start of backward (no
+    loss): the peak comes in a forward, where a MoE layer's routed experts hold their working set beside everything in
+    flight (moe_forward_bytes). The last rank's loss moment stands for it there."""
+    spec = lookup("moonshotai/Moonlight-16B-A3B")
+    tr = Training(seq_len=4096)
+    p = dims("fsdp2", dp=8, pp=4, ep=8, pp_schedule="1F1B")
+    first = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
+    working = moe_forward_bytes(spec) * 4096
+    assert first["moe-forward"][1] == first["start-of-backward"][1]
+    assert first["moe-forward"][2] - first["start-of-backward"][2] == pytest.approx(working)
+    assert "moe-forward" not in _memory_of_pp_rank(spec, p, tr, 3)["phases"]
+    assert "moe-forward" not in _memory_of_pp_rank(lookup(L8), dims("fsdp2", dp=8, pp=4), tr, 0)["phases"]
+
+
+def test_the_last_pipeline_ranks_held_gradients_at_its_loss_are_its_last_stages_with_the_heads():
+    """With every microbatch in one round of the interleaved schedule, each stage's unsharded gradients are reduced
+    after its last microbatch's backward, so about one stage's are held at a time. The last rank's peak, its last
+    microbatch's loss, comes in its last stage's backward: the head's gradient is held there whole (the dry run of
+    glm_5.2_tulu3_4k_cudnn_100k's last rank: the head's fp32 gradient, 3.5 GiB, beside that stage's blocks'), not a
+    stage's share of it."""
+    spec = lookup("moonshotai/Moonlight-16B-A3B")
+    wide = dataclasses.replace(spec, vocab_size=2 * spec.vocab_size)
+    tr = Training(seq_len=4096, pp_microbatches=4)
+    p = dims("fsdp2", dp=8, pp=4, ep=8, pp_schedule="Interleaved1F1B", activation_checkpointing=True)
+    assert p.stages_per_rank_of(spec.num_layers) > 1
+
+    def held(m, rank: int) -> float:
+        return _memory_of_pp_rank(m, p, tr, rank)["deferred_grads"]
+
+    head = spec.vocab_size * spec.hidden_size
+    assert held(wide, 3) - held(spec, 3) == pytest.approx(head * 4)  # fp32, AutoModel's reduce dtype
+    assert held(wide, 1) == pytest.approx(held(spec, 1))  # no head on a middle rank

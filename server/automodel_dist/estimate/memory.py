@@ -874,18 +874,15 @@ def _act_per_token(
         saved = 2 * h + (2 * m.num_experts + 12 * k if moe else 0.0)
     else:  # the whole layer (Hugging Face's gradient checkpointing)
         saved = edge
-    indexer = 0.0
-    if style == "block" and m.index_heads and p.pp > 1:
-        # DeepSeek-V3.2 under a pipeline schedule keeps more per checkpointed block in flight than V3 does, and this
-        # term is fitted, not derived: AutoModel's policy must-saves every aten.topk (the indexer's too: fp32 scores
-        # and int64 indices, min(index_topk, seq) a query), and the rest is sized as the indexer's fp32 q and k. What
-        # keeps them is not traced. Measured by the dry run: on the corpus's V3.2 LoRA benchmark recipe (PP 4,
-        # interleaved) it brings the estimate from -40% to +3%; at PP 2 with 8 layers it accounts for 2.1 of the
-        # 5.4 GiB V3.2 keeps above V3; without PP the dry run measures V3.2's blocks keeping what V3's keep.
-        indexer = 8.0 * m.index_heads * m.index_head_dim + 12.0 * min(m.index_topk, tr.seq_len)
-        # (averaged over the layers: one that reuses an earlier layer's selection runs no indexer, GLM-5.2's IndexShare)
-        indexer *= 1 - len(m.index_shared_layers) / m.num_layers
-    return saved * scale + indexer, heaviest
+    topk = 0.0
+    if style == "block" and indexer_scores_bytes(m, tr)[0]:
+        # AutoModel's block policy must-saves every aten.topk in the block (moe/parallelizer.py apply_ac), the DSA
+        # indexer's on its dense path too: fp32 values and int64 indices of min(index_topk, seq) a query, kept to the
+        # block's backward though no backward reads them (the dry run of glm_5_te_deepep's last pipeline rank: 96 MiB
+        # a layer and microbatch at 4,096 tokens); a layer reusing an earlier one's selection runs no indexer
+        # (GLM-5.2's IndexShare)
+        topk = 12.0 * min(m.index_topk, tr.seq_len) * (1 - len(m.index_shared_layers) / m.num_layers)
+    return saved * scale + topk, heaviest
 
 
 def _per_layer_input_bytes(m: ModelSpec, tr: Training) -> float:
@@ -1044,6 +1041,32 @@ def stage_carry_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> float:
         return 0.0
     topk = m.index_topk if tr.attn_backend in ("tilelang", "cudnn") else min(m.index_topk, tr.seq_len // cp)
     return 4.0 * topk
+
+
+def indexer_scores_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> tuple[float, float]:
+    """(bytes a microbatch, bytes a token) one layer's DSA indexer holds at once in forward beyond its inputs, on
+    AutoModel's dense path (backend.attn te, sdpa, eager or flex: a score over every query-key pair of every index
+    head, in fp32); 0 elsewhere (the THD kernels, backend.attn tilelang or cudnn, make no such tensor). Only its top-k
+    indices leave the indexer, and they take no gradient, so all of it is freed as the layer goes on; a checkpointed
+    layer makes it again in its recompute. Queries are a CP rank's share, keys the whole sequence.
+
+    - DeepSeek-V3.2 (deepseek_v32/layers.py): the scores, their ReLU and the head-weighted product are new tensors, the
+      ReLU's and the product alive at once (8 bytes a score), beside an [S, S] fp32 one; a token's queries in fp32 and
+      bf16 copies and the keys expanded to every head in fp32 (13 bytes an index head-dim element).
+    - GLM-5 (glm_moe_dsa/layers.py): the scores are scaled and ReLU'd in place (4 bytes a score), kept by the head
+      reduction's matmul while its [S, S] result is masked and its top-k taken (fp32 values and int64 indices of
+      min(index_topk, S) a query); a token's queries in fp32 and bf16 copies (9.5 bytes an element).
+
+    Held to AutoModel's two indexers on fake tensors (tests/oracle/test_kernel_facts.py: within 2% at 512-2,048
+    tokens, trained or not: their inputs take a gradient in training, so their graph is made either way)."""
+    if not m.index_heads or m.hc_mult or tr.attn_backend in ("tilelang", "cudnn"):
+        return 0.0, 0.0
+    heads, dim = m.index_heads, m.index_head_dim
+    queries, keys = tr.micro_batch_size * tr.seq_len / cp, float(tr.seq_len)
+    if m.architecture == "GlmMoeDsaForCausalLM":
+        picked = min(m.index_topk, keys)
+        return queries * ((4.0 * heads + 5.0) * keys + 12.0 * picked), 9.5 * heads * dim
+    return queries * (8.0 * heads + 4.0) * keys, 13.0 * heads * dim
 
 
 def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0, stages_per_rank: int | None = None) -> float:
@@ -1406,8 +1429,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     if p.pp > 1 and spr > 1 and n_mb <= p.pp and not (grad_acc > 1 and holds_across_schedule_steps(p, tr)):
         # torch's schedule reduces each stage's gradients right after that stage's last microbatch's backward; with
         # every microbatch in one round of the interleaved schedule, the stages finish one after another, so about
-        # one stage's gradients are held at a time (with more rounds every stage holds them to the last round)
-        held /= spr
+        # one stage's gradients are held at a time (with more rounds every stage holds them to the last round). The
+        # last rank's peak, its last microbatch's loss, comes in its last stage's backward, whose held gradients
+        # include the head's (the dry run of glm_5.2_tulu3_4k_cudnn_100k's last rank: the head's fp32 gradient, 3.5
+        # GiB, beside that stage's blocks')
+        head = (g.lm_head if lora is None else lora.lm_head / head_tp) if g.last else 0.0
+        held = (held - head) / spr + head
     reduce = grad_reduce_bytes(p, store)
     # MegatronFSDP's root bucket of unsharded gradients with sharded gradients, made at the final norm's backward
     mf_root_bucket = g.root * reduce if mfsdp and lora is None and p.zero_dp_strategy >= 2 else 0.0
@@ -1479,6 +1506,28 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             unsharded + loss_temp + head_backward + p2p + held_grads,
         )
     )
+    # a DSA layer's forward (and the recompute of a checkpointed one): its indexer's fp32 scores over every query-key
+    # pair, at the layer's start (its normed input made, the rest of it not yet): beside everything in flight, the
+    # running layer's own share of it and the microbatch's loss not yet made (indexer_scores_bytes)
+    idx_mb, idx_tok = indexer_scores_bytes(m, tr, p.cp) if g.n_layers else (0.0, 0.0)
+    indexer_scores = idx_mb + (idx_tok + comp * m.hidden_size) * tokens if idx_mb else 0.0
+    if indexer_scores:
+        running = acts - last_block * tokens - loss_saved
+        phases.append(
+            (
+                "indexer-forward",
+                max(accumulated, last_stage_expert_grads),
+                max(running, 0.0),
+                unsharded + indexer_scores + p2p + held_grads,
+            )
+        )
+    if p.pp > 1 and not g.last and g.kinds.get("moe"):
+        # a pipeline rank before the last peaks in a forward, beside everything in flight: its MoE layers' routed
+        # experts' working set at the running layer's end (moe_forward_bytes)
+        moe_fwd = moe_forward_bytes(m) * comp / 2 * tokens
+        phases.append(
+            ("moe-forward", max(accumulated, last_stage_expert_grads), acts, unsharded + moe_fwd + p2p + held_grads)
+        )
     if (
         sharded
         and p.strategy == "fsdp2"
@@ -1506,7 +1555,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     dispatch = _torch_dispatch_bytes(m, p, tr, g, tokens)
     blockdiag = blockdiag_attention_backward_bytes(m, p, tr, g, comp)
     ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp) + blockdiag
-    block_transients = fresh_grads + recompute * tokens + eager_grads + dispatch + ring
+    # (a recomputed DSA layer makes its indexer's scores again, before the rest of it)
+    remade = max(recompute * tokens, indexer_scores) if recompute else 0.0
+    block_transients = fresh_grads + remade + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
         # and its loss's gone but that block's (its largest, at most), the others in flight and the kept outputs stay
@@ -1548,7 +1599,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 max(accumulated, this_layer_plain, last_stage_expert_grads),
                 mid_acts,
                 unsharded
-                + recompute * tokens
+                + remade
                 + eager_grads
                 + p2p
                 + grads_now
@@ -1600,8 +1651,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             end = last_unit * (comp + reduce) + held_grads + p2p + (g.embed * comp if own_embed_unit else 0.0)
             phases.append(("end-of-backward", layer_grads, 0.0, end))
     else:
-        if eager_grads:
-            phases.append(("in-backward", accumulated, acts, eager_grads + recompute * tokens + p2p))
+        if eager_grads or (indexer_scores and recompute):
+            phases.append(("in-backward", accumulated, acts, eager_grads + remade + p2p))
         if not mfsdp:
             phases.append(("end-of-backward", grads_sharded, 0.0, p2p))
     if mfsdp:
@@ -1669,6 +1720,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             if phase
             in (
                 "start-of-backward",
+                "indexer-forward",
+                "moe-forward",
                 "next-microbatch-forward",
                 "in-backward",
                 "end-of-stage-backward",

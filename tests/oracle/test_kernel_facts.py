@@ -622,11 +622,11 @@ def test_muse_glimmers_output_gate_keeps_what_the_estimate_counts():
 @pytest.mark.parametrize("arch", ["DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"])
 @pytest.mark.parametrize(("seq", "topk", "trained"), [(1024, 2048, False), (2048, 2048, True), (2048, 512, True)])
 def test_the_dsa_indexers_forward_holds_what_the_estimate_counts(arch, seq, topk, trained):
-    """AutoModel's DSA indexer on its dense path (backend.attn sdpa, as te) in forward, on fake tensors under the dry
-    run's tracker, at DeepSeek-V3.2's and GLM-5's index widths: its peak above its inputs is indexer_scores_bytes'
-    within 2% (V3.2's ReLU and head-weighted product two new fp32 score tensors alive at once, GLM's scaled and
-    ReLU'd in place and kept while its top-k is taken), its Linears trained (LoRA on them) or frozen; the THD kernels
-    make no score tensor."""
+    """AutoModel's DSA indexer on its dense path (backend.attn sdpa, as te) in forward, unchecked, on fake tensors under
+    the dry run's tracker, at DeepSeek-V3.2's and GLM-5's index widths: its peak above its inputs is
+    indexer_scores_bytes' within 2% (V3.2's ReLU and head-weighted product two new fp32 score tensors alive at once,
+    GLM's scaled and ReLU'd in place and kept while its top-k is taken), its Linears taking a gradient or frozen (the
+    inputs take one either way, as in training). Under the THD kernels the function counts none."""
     import torch
     from nemo_automodel.components.models.common import BackendConfig
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -1374,8 +1374,12 @@ def test_a_checkpointed_dsa_block_keeps_its_indexers_top_k_with_or_without_a_pip
     values and int64 indices on the dense path (12 bytes a kept key a token), with or without PP (the dry run of
     glm_5_te_deepep's last pipeline rank: 96 MiB a layer and microbatch at 4,096 tokens); the THD kernels' top-k is
     no aten.topk."""
-    from automodel_dist.estimate.memory import _act_per_token
+    from automodel_dist.estimate.memory import _act_per_token, indexer_topk_bytes
 
+    glm = lookup("zai-org/GLM-5")
+    for backend, kept in (("sdpa", 2048), ("tilelang", glm.index_topk), ("cudnn", 0)):
+        # (GLM's TileLang IndexerFunction takes torch.topk over logits padded to index_topk; cuDNN's is its own kernel)
+        assert indexer_topk_bytes(glm, Training(seq_len=2048, attn_backend=backend)) == 12 * kept
     v32, v3 = lookup("deepseek-ai/DeepSeek-V3.2"), lookup("deepseek-ai/DeepSeek-V3")
     tr = Training(seq_len=4096)
     for p in (
@@ -1636,3 +1640,22 @@ def test_the_last_pipeline_ranks_held_gradients_at_its_loss_are_its_last_stages_
     head = spec.vocab_size * spec.hidden_size
     assert held(wide, 3) - held(spec, 3) == pytest.approx(head * 4)  # fp32, AutoModel's reduce dtype
     assert held(wide, 1) == pytest.approx(held(spec, 1))  # no head on a middle rank
+    # reduced with its stage, it is gone by the end of backward (where the last unit's own gradient is counted)
+    narrow, broad = (_memory_of_pp_rank(m, p, tr, 3)["phases"] for m in (spec, wide))
+    for phase in ("start-of-backward", "in-backward"):
+        assert broad[phase][2] - narrow[phase][2] >= head * 4
+    assert broad["end-of-backward"][2] - narrow["end-of-backward"][2] == pytest.approx(head * 6)  # (2 + 4 bytes)
+
+
+def test_a_linear_cross_entropy_makes_no_gradient_of_a_head_lora_leaves_frozen():
+    """AutoModel's linear cross entropies take the head's own weight (prepare_lm_weight: lm_head.weight), frozen under
+    LoRA: chunked_ce's backward makes its fp32 gradient (and the cast) only where the weight takes one (the dry run of
+    glm_5.2_lora, ChunkedCrossEntropy under LoRA: no [vocab, hidden] gradient at its loss)."""
+    spec = lookup("moonshotai/Moonlight-16B-A3B")
+    p = dims("fsdp2", dp=8, ep=8)
+    table = spec.vocab_size * spec.hidden_size
+    for loss, weight_grad in (("ChunkedCrossEntropy", 6), ("FusedLinearCrossEntropy", 2)):
+        full = _memory_of_pp_rank(spec, p, Training(seq_len=4096, loss=loss), 0)["phases"]["start-of-backward"][2]
+        lora = Training(seq_len=4096, loss=loss, lora=lora_of(spec, {"match_all_linear": True, "dim": 8}))
+        adapted = _memory_of_pp_rank(spec, p, lora, 0)["phases"]["start-of-backward"][2]
+        assert full - adapted >= weight_grad * table

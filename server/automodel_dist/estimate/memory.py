@@ -875,13 +875,11 @@ def _act_per_token(
     else:  # the whole layer (Hugging Face's gradient checkpointing)
         saved = edge
     topk = 0.0
-    if style == "block" and indexer_scores_bytes(m, tr)[0]:
+    if style == "block":
         # AutoModel's block policy must-saves every aten.topk in the block (moe/parallelizer.py apply_ac), the DSA
-        # indexer's on its dense path too: fp32 values and int64 indices of min(index_topk, seq) a query, kept to the
-        # block's backward though no backward reads them (the dry run of glm_5_te_deepep's last pipeline rank: 96 MiB
-        # a layer and microbatch at 4,096 tokens); a layer reusing an earlier one's selection runs no indexer
-        # (GLM-5.2's IndexShare)
-        topk = 12.0 * min(m.index_topk, tr.seq_len) * (1 - len(m.index_shared_layers) / m.num_layers)
+        # indexer's too, kept to the block's backward though no backward reads them (indexer_topk_bytes; the dry run
+        # of glm_5_te_deepep's last pipeline rank: 96 MiB a layer and microbatch at 4,096 tokens)
+        topk = indexer_topk_bytes(m, tr)
     return saved * scale + topk, heaviest
 
 
@@ -1043,12 +1041,26 @@ def stage_carry_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> float:
     return 4.0 * topk
 
 
+def indexer_topk_bytes(m: ModelSpec, tr: Training) -> float:
+    """Bytes a token of one layer's DSA top-k as aten.topk leaves it, averaged over the layers (a layer reusing an
+    earlier one's selection runs no indexer: GLM-5.2's IndexShare): its fp32 values and int64 indices, min(index_topk,
+    seq) a query on the dense path, index_topk under GLM's TileLang indexer (IndexerFunction takes torch.topk over
+    logits padded to it, in row chunks); 0 under cuDNN's, whose top-k is its own kernel, and for DeepSeek-V4."""
+    if not m.index_heads or m.hc_mult or tr.attn_backend == "cudnn":
+        return 0.0
+    if tr.attn_backend == "tilelang" and m.architecture != "GlmMoeDsaForCausalLM":
+        return 0.0
+    kept = m.index_topk if tr.attn_backend == "tilelang" else min(m.index_topk, tr.seq_len)
+    return 12.0 * kept * (1 - len(m.index_shared_layers) / m.num_layers)
+
+
 def indexer_scores_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> tuple[float, float]:
     """(bytes a microbatch, bytes a token) one layer's DSA indexer holds at once in forward beyond its inputs, on
-    AutoModel's dense path (backend.attn te, sdpa, eager or flex: a score over every query-key pair of every index
-    head, in fp32); 0 elsewhere (the THD kernels, backend.attn tilelang or cudnn, make no such tensor). Only its top-k
-    indices leave the indexer, and they take no gradient, so all of it is freed as the layer goes on; a checkpointed
-    layer makes it again in its recompute. Queries are a CP rank's share, keys the whole sequence.
+    AutoModel's dense path (every backend.attn but tilelang and cudnn: a score over every query-key pair of every index
+    head, in fp32); 0 under the THD kernels (tilelang, cudnn), whose head-summed [T, T] scores are not counted, and for
+    other classes (DeepSeek-V4's indexer is in its own terms). Only its top-k indices leave the indexer, and they take
+    no gradient, so all of it is freed as the layer goes on; a checkpointed layer makes it again in its recompute
+    (there, under the block policy, the measured peak is 4-8% lower: the formula is the unchecked forward's).
 
     - DeepSeek-V3.2 (deepseek_v32/layers.py): the scores, their ReLU and the head-weighted product are new tensors, the
       ReLU's and the product alive at once (8 bytes a score), beside an [S, S] fp32 one; a token's queries in fp32 and
@@ -1057,16 +1069,19 @@ def indexer_scores_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> tuple[float
       reduction's matmul while its [S, S] result is masked and its top-k taken (fp32 values and int64 indices of
       min(index_topk, S) a query); a token's queries in fp32 and bf16 copies (9.5 bytes an element).
 
-    Held to AutoModel's two indexers on fake tensors (tests/oracle/test_kernel_facts.py: within 2% at 512-2,048
-    tokens, trained or not: their inputs take a gradient in training, so their graph is made either way)."""
-    if not m.index_heads or m.hc_mult or tr.attn_backend in ("tilelang", "cudnn"):
+    Held to AutoModel's two indexers in forward on fake tensors (tests/oracle/test_kernel_facts.py: within 2% at 1,024
+    and 2,048 tokens, top-k 2,048 and 512, trained or not: their inputs take a gradient in training, so their graph
+    is made either way). Not counted: a packed batch of several sequences, whose keys are every packed token."""
+    if not m.index_heads or tr.attn_backend in ("tilelang", "cudnn"):
         return 0.0, 0.0
     heads, dim = m.index_heads, m.index_head_dim
-    queries, keys = tr.micro_batch_size * tr.seq_len / cp, float(tr.seq_len)
-    if m.architecture == "GlmMoeDsaForCausalLM":
-        picked = min(m.index_topk, keys)
-        return queries * ((4.0 * heads + 5.0) * keys + 12.0 * picked), 9.5 * heads * dim
-    return queries * (8.0 * heads + 4.0) * keys, 13.0 * heads * dim
+    queries = tr.micro_batch_size * tr.seq_len / cp
+    if m.architecture == "GlmMoeDsaForCausalLM":  # (its dense path refuses CP: the whole sequence's keys)
+        keys = float(tr.seq_len)
+        return queries * ((4.0 * heads + 5.0) * keys + 12.0 * min(m.index_topk, keys)), 9.5 * heads * dim
+    if m.architecture == "DeepseekV32ForCausalLM":  # (under CP its keys are the rank's own share)
+        return queries * (8.0 * heads + 4.0) * tr.seq_len / cp, 13.0 * heads * dim
+    return 0.0, 0.0
 
 
 def in_flight_microbatches(p: ParallelDims, n_mb: int, pp_rank: int = 0, stages_per_rank: int | None = None) -> float:
@@ -1294,13 +1309,18 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         loss_temp = per_temp * vocab * tokens
         extra += mtp_layers * 3 * m.hidden_size * comp
         mtp_saved += mtp_layers * 3 * m.hidden_size * comp
+        # a linear cross entropy takes the head's own weight (prepare_lm_weight: lm_head.weight), which LoRA leaves
+        # frozen: no gradient of it is made there (chunked_ce.py's backward: grad_weight only if needs_input_grad)
+        head_grad = 1.0 if lora is None else 0.0
         if tr.loss == "ChunkedCrossEntropy":  # one chunk's logits and the fp32 + bf16 weight gradients
-            loss_temp = 10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / head_tp
+            loss_temp = (
+                10.0 * vocab * min(tokens, CHUNKED_CE_TOKENS) + 6.0 * vocab * m.hidden_size / head_tp * head_grad
+            )
         elif tr.loss == "FusedLinearCrossEntropy":
             # cut_cross_entropy's backward, as AutoModel calls it (accum_e_fp32 on, accum_c_fp32 left off): the head's
             # gradient in the weight's dtype and the hidden states' in fp32 (the dry run's stand-in, ChunkedCE, keeps
             # the head's in fp32 and bf16: 4 bytes an element more than this kernel)
-            loss_temp = comp * vocab * m.hidden_size / head_tp + 4.0 * tokens * m.hidden_size
+            loss_temp = comp * vocab * m.hidden_size / head_tp * head_grad + 4.0 * tokens * m.hidden_size
             if tr.loss_gathers_head and head_tp > 1:
                 # the whole head gathered from its TP shards, and the kernel's gradient of it (sliced back after)
                 loss_temp += 2 * comp * vocab * m.hidden_size * (1 - 1 / head_tp)
@@ -1425,20 +1445,25 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # AutoModel's default policy: grad_reduce_bytes), held from the first backward of a step to the last one's
     # reduce-scatter.
     held = train_dense + (train_experts if p.ep_shard > 1 else 0.0)
+    last_stage_head = 0.0
     # (with several schedule steps a step, unless each step reduces, every stage holds them from the first step on)
     if p.pp > 1 and spr > 1 and n_mb <= p.pp and not (grad_acc > 1 and holds_across_schedule_steps(p, tr)):
         # torch's schedule reduces each stage's gradients right after that stage's last microbatch's backward; with
         # every microbatch in one round of the interleaved schedule, the stages finish one after another, so about
-        # one stage's gradients are held at a time (with more rounds every stage holds them to the last round). The
-        # last rank's peak, its last microbatch's loss, comes in its last stage's backward, whose held gradients
-        # include the head's (the dry run of glm_5.2_tulu3_4k_cudnn_100k's last rank: the head's fp32 gradient, 3.5
-        # GiB, beside that stage's blocks')
+        # one stage's gradients are held at a time (with more rounds every stage holds them to the last round). While
+        # the last rank's last stage runs its microbatches (its loss, its backward), that stage's held gradients
+        # include the head's, whole (the dry run of glm_5.2_tulu3_4k_cudnn_100k's last rank: the head's fp32
+        # gradient, 3.5 GiB, beside that stage's blocks' at its last microbatch's loss); reduced with that stage, it
+        # is gone by the end of backward
         head = (g.lm_head if lora is None else lora.lm_head / head_tp) if g.last else 0.0
-        held = (held - head) / spr + head
+        held = (held - head) / spr
+        last_stage_head = head
     reduce = grad_reduce_bytes(p, store)
     # MegatronFSDP's root bucket of unsharded gradients with sharded gradients, made at the final norm's backward
     mf_root_bucket = g.root * reduce if mfsdp and lora is None and p.zero_dp_strategy >= 2 else 0.0
     held_grads = held * reduce if deferred else 0.0
+    # (the head's share where it is held with the last stage's: added to the moments of that stage's microbatches)
+    head_held = last_stage_head * reduce if deferred else 0.0
     # torch's pipeline stage allocates, at its first step, a receive buffer for every microbatch's input (a stage
     # that is not the first) and for every microbatch's output gradient (one that is not the last) and never frees
     # them (stage._setup_forward_recv_info, _create_grad_recv_info), so they are there in every phase. AutoModel sizes
@@ -1503,7 +1528,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             "start-of-backward",
             max(accumulated, last_stage_expert_grads),
             acts,
-            unsharded + loss_temp + head_backward + p2p + held_grads,
+            unsharded + loss_temp + head_backward + p2p + held_grads + head_held,
         )
     )
     # a DSA layer's forward (and the recompute of a checkpointed one): its indexer's fp32 scores over every query-key
@@ -1518,7 +1543,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "indexer-forward",
                 max(accumulated, last_stage_expert_grads),
                 max(running, 0.0),
-                unsharded + indexer_scores + p2p + held_grads,
+                unsharded + indexer_scores + p2p + held_grads + head_held,
             )
         )
     if p.pp > 1 and not g.last and g.kinds.get("moe"):
@@ -1604,6 +1629,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 + p2p
                 + grads_now
                 + held_grads
+                + head_held
                 + dispatch
                 + ring
                 + tied_head_grad
@@ -1729,7 +1755,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "end-of-backward",
             )
             else 0.0
-        ),
+        )
+        + (head_held if phase in ("start-of-backward", "indexer-forward", "in-backward") else 0.0),
         teacher=float(teacher),
         # every phase's (gradients, activations, other temporaries) in bytes, the peak's among them (tests read a
         # term where it is not the peak)

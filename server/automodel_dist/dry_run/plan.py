@@ -11,7 +11,13 @@ from typing import Any
 from ..api import analyze
 from ..catalog.hf_config import NoConfigError, hf_config
 from ..catalog.implementations import builds_own_class, implementation
-from ..catalog.kernels import EAGER_UNLESS_TE, LOCAL_DISPATCHERS, runs_eager_attention, takes_blockdiag_cp
+from ..catalog.kernels import (
+    DSA_THD_BACKENDS,
+    EAGER_UNLESS_TE,
+    LOCAL_DISPATCHERS,
+    runs_eager_attention,
+    takes_blockdiag_cp,
+)
 from ..catalog.models import ModelSpec
 from ..config.kinds import DIFFUSION_LM_RECIPES, FREEZE_CONFIG_RECIPES, MEDIA_RECIPES
 from ..dims import ParallelDims
@@ -382,7 +388,7 @@ def plan_dry_run(
                 "tokens, the chunked kernel's state handed along the CP ranks and its all-gathers) inside AutoModel's "
                 "CP-aware layer, whose own all-gathers of the hidden states around them run as written"
             )
-    if spec.index_heads and w.attn_backend in ("tilelang", "cudnn") and not w.force_hf:
+    if spec.index_heads and w.attn_backend in DSA_THD_BACKENDS and not w.force_hf:
         if (spec.architecture, w.attn_backend) not in DSA_KERNEL_STAND_INS:
             blocking.append(
                 f"model.backend.attn {w.attn_backend} on {spec.architecture}: CUDA sparse-attention kernels the dry "

@@ -81,6 +81,7 @@ from functools import lru_cache
 
 from ..catalog.implementations import implementation
 from ..catalog.kernels import (
+    DSA_THD_BACKENDS,
     EAGER_UNLESS_TE,
     FP32_NORM_CLASSES,
     FP32_NORM_DECODERS,
@@ -1037,8 +1038,13 @@ def stage_carry_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> float:
     for the hidden states."""
     if not m.index_shared_layers or m.architecture != "GlmMoeDsaForCausalLM":
         return 0.0
-    topk = m.index_topk if tr.attn_backend in ("tilelang", "cudnn") else min(m.index_topk, tr.seq_len // cp)
-    return 4.0 * topk
+    return 4.0 * dsa_kept_keys(m, tr, cp)
+
+
+def dsa_kept_keys(m: ModelSpec, tr: Training, cp: int = 1) -> int:
+    """Keys a query's DSA top-k keeps: index_topk under the THD kernels (their width is fixed), min(index_topk, seq)
+    on the dense path, seq a CP rank's share."""
+    return m.index_topk if tr.attn_backend in DSA_THD_BACKENDS else min(m.index_topk, tr.seq_len // cp)
 
 
 def indexer_topk_bytes(m: ModelSpec, tr: Training) -> float:
@@ -1050,8 +1056,7 @@ def indexer_topk_bytes(m: ModelSpec, tr: Training) -> float:
         return 0.0
     if tr.attn_backend == "tilelang" and m.architecture != "GlmMoeDsaForCausalLM":
         return 0.0
-    kept = m.index_topk if tr.attn_backend == "tilelang" else min(m.index_topk, tr.seq_len)
-    return 12.0 * kept * (1 - len(m.index_shared_layers) / m.num_layers)
+    return 12.0 * dsa_kept_keys(m, tr) * (1 - len(m.index_shared_layers) / m.num_layers)
 
 
 def indexer_scores_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> tuple[float, float]:
@@ -1072,13 +1077,12 @@ def indexer_scores_bytes(m: ModelSpec, tr: Training, cp: int = 1) -> tuple[float
     Held to AutoModel's two indexers in forward on fake tensors (tests/oracle/test_kernel_facts.py: within 2% at 1,024
     and 2,048 tokens, top-k 2,048 and 512, trained or not: their inputs take a gradient in training, so their graph
     is made either way). Not counted: a packed batch of several sequences, whose keys are every packed token."""
-    if not m.index_heads or tr.attn_backend in ("tilelang", "cudnn"):
+    if not m.index_heads or tr.attn_backend in DSA_THD_BACKENDS:
         return 0.0, 0.0
     heads, dim = m.index_heads, m.index_head_dim
     queries = tr.micro_batch_size * tr.seq_len / cp
     if m.architecture == "GlmMoeDsaForCausalLM":  # (its dense path refuses CP: the whole sequence's keys)
-        keys = float(tr.seq_len)
-        return queries * ((4.0 * heads + 5.0) * keys + 12.0 * min(m.index_topk, keys)), 9.5 * heads * dim
+        return queries * ((4.0 * heads + 5.0) * tr.seq_len + 12.0 * dsa_kept_keys(m, tr)), 9.5 * heads * dim
     if m.architecture == "DeepseekV32ForCausalLM":  # (under CP its keys are the rank's own share)
         return queries * (8.0 * heads + 4.0) * tr.seq_len / cp, 13.0 * heads * dim
     return 0.0, 0.0

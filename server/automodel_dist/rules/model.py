@@ -31,11 +31,15 @@ def _lacks(m: ModelSpec, what: str) -> Implementation | None:
     return impl if impl is not None and not getattr(impl, what) else None
 
 
+FORCE_HF = "model.force_hf: true"
+
+
 def _hf_built(ctx: Context) -> str | None:
-    """Why AutoModel builds the Hugging Face class (None: it builds its own where it has one): ``model.force_hf``,
-    or a bitsandbytes ``quantization:``, whose weights its own classes do not load (_transformers/model_init.py)."""
+    """Why AutoModel builds the Hugging Face class (None: it builds its own where it has one): ``model.force_hf``
+    (:data:`FORCE_HF`), or a bitsandbytes ``quantization:``, whose weights its own classes do not load
+    (_transformers/model_init.py)."""
     if ctx.recipe_get("model.force_hf") is True:
-        return "model.force_hf: true"
+        return FORCE_HF
     if ctx.workload.force_hf:
         return "quantization: (bitsandbytes, whose weights AutoModel's own classes do not load)"
     return None
@@ -356,7 +360,7 @@ def model_capability(ctx: Context) -> Iterator[Finding]:
         # no Hugging Face class inherits AutoModel's MoEFSDPSyncMixin, whatever the architecture
         arch = m.architecture or "the Hugging Face class"
         ep = ctx.dims.ep
-        drop = "drop model.force_hf" if why.startswith("model.force_hf") else "train without quantization:"
+        drop = "drop model.force_hf" if why == FORCE_HF else "train without quantization:"
         yield finding(
             ctx,
             ("ep_size",),
@@ -865,7 +869,6 @@ def model_cp_packing(ctx: Context) -> Iterator[Finding]:
         f"cp_size={cp} with packed_sequence_size={packed}: "
         f"{m.name if m else 'the model'} is built as {what} ({why}), and for Hugging Face classes AutoModel "
         "raises 'Packed sequence is only supported with CP size 1' when it builds the model, after launch",
-        "packed_sequence_size: 0, or cp_size: 1"
-        + (", or drop model.force_hf" if built == "model.force_hf: true" else ""),
+        "packed_sequence_size: 0, or cp_size: 1" + (", or drop model.force_hf" if built == FORCE_HF else ""),
         recipe_path="packed_sequence.packed_sequence_size",
     )

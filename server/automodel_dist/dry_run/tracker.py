@@ -232,9 +232,10 @@ def make_tracker(
         def __enter__(self) -> Any:
             outermost = getattr(self, "_depth", 0) == 0
             if outermost:
-                self._walk = contextlib.ExitStack()
-                self._walk.enter_context(walk_outputs_in_place())
-                self._walk.enter_context(backward_hooks_without_cycles())
+                with contextlib.ExitStack() as names:  # (torch's names back if the second rebinding fails)
+                    names.enter_context(walk_outputs_in_place())
+                    names.enter_context(backward_hooks_without_cycles())
+                    self._walk = names.pop_all()
             entered = False
             try:
                 out = super().__enter__()

@@ -19,11 +19,13 @@ from automodel_dist.api import analyze
 from automodel_dist.catalog.models import lookup, with_mtp_depth
 from automodel_dist.cli import main
 from automodel_dist.estimate.memory import (
+    LOSS_BYTES,
     MAX_ACTIVE_STAGES,
     Training,
     _memory_of_pp_rank,
     activation_formula_korthikanti,
     grad_sync_deferred,
+    head_gathers_in_forward,
     megatron_prefetch_layers,
     megatron_queued_layers,
     memory_per_rank,
@@ -1620,6 +1622,45 @@ def test_a_pipeline_rank_before_the_last_peaks_in_a_forward_beside_its_moe_layer
     assert first["moe-forward"][2] - first["start-of-backward"][2] == pytest.approx(working)
     assert "moe-forward" not in _memory_of_pp_rank(spec, p, tr, 3)["phases"]
     assert "moe-forward" not in _memory_of_pp_rank(lookup(L8), dims("fsdp2", dp=8, pp=4), tr, 0)["phases"]
+
+
+def test_the_heads_own_fsdp_unit_peaks_at_its_forward_with_its_all_gather_buffer_beside_its_logits():
+    """FSDP2 keeps a forward all-gather's output until the root's post-forward for the last unit, the lm_head: its
+    buffer beside the gathered head and its logits (twice under LoRA on the head), with everything in flight but the
+    microbatch's loss. It wins only where a sequence's logits are small beside the head (few tokens, a wide model),
+    as in AutoModel's two-layer Qwen3-MoE proxy (256 tokens), whose dry run peaks there."""
+    spec = lookup("Qwen/Qwen3-30B-A3B")
+    p = dims("fsdp2", dp=8, ep=2)
+    short = Training(seq_len=256, moe_sync_class=True, lora=lora_of(spec, {"target_modules": ["*"], "dim": 32}))
+    assert "lm_head" in short.lora.adapted
+    phases = _memory_of_pp_rank(spec, p, short, 0)["phases"]
+    (_, sob_acts, sob_rest), (_, hf_acts, hf_rest) = phases["start-of-backward"], phases["head-forward"]
+    per_saved, per_temp = LOSS_BYTES[("MaskedCrossEntropy", True)]
+    logits = spec.vocab_size * 256
+    # the head's all-gather output (bf16) where the loss's temporaries are not made yet; the same gathered units
+    assert hf_rest - (sob_rest - per_temp * logits) == pytest.approx(2 * spec.lm_head_params())
+    # the base output and the LoRA sum in bf16 where the loss's saved logits are not made yet
+    assert hf_acts - (sob_acts - per_saved * logits) == pytest.approx(2 * 2 * logits)
+    assert sum(phases["head-forward"]) > sum(phases["start-of-backward"])
+    # at 4,096 tokens the loss's logits outweigh the head: the start of backward stays the larger
+    long = _memory_of_pp_rank(spec, p, dataclasses.replace(short, seq_len=4096), 0)["phases"]
+    assert sum(long["head-forward"]) < sum(long["start-of-backward"])
+
+    last = type("Groups", (), {"last": True, "lm_head": 1.0})()
+    q_only = lora_of(spec, {"target_modules": ["*.q_proj"]})
+    # the dense parallelizer shards only a trainable untied head on its own (a frozen one stays in the root, gathered
+    # at the forward's start); the MoE parallelizer any untied head
+    assert not head_gathers_in_forward(spec, p, Training(lora=q_only), last, q_only, True)
+    assert head_gathers_in_forward(spec, p, Training(lora=q_only, moe_sync_class=True), last, q_only, True)
+    assert head_gathers_in_forward(spec, p, Training(), last, None, True)
+    # a linear cross entropy takes the weight outside the head's forward; MegatronFSDP and one rank gather otherwise
+    assert not head_gathers_in_forward(spec, p, Training(loss="ChunkedCrossEntropy"), last, None, True)
+    assert not head_gathers_in_forward(spec, dims("megatron_fsdp", dp=8), Training(), last, None, True)
+    assert not head_gathers_in_forward(spec, p, Training(), last, None, False)
+    # a tied head is the embedding's, in the root; under PP the last stage's head is its own
+    tied = lookup("meta-llama/Llama-3.2-1B")
+    assert not head_gathers_in_forward(tied, p, Training(), last, None, True)
+    assert head_gathers_in_forward(tied, dims("fsdp2", dp=2, pp=4), Training(), last, None, True)
 
 
 def test_the_last_pipeline_ranks_held_gradients_at_its_loss_are_its_last_stages_with_the_heads():

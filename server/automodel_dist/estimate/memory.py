@@ -68,7 +68,8 @@ them out), its end (sharded gradients and the root's unsharded fp32 gradients) a
 (every gradient, the states, torch's foreach temporaries). With deferred sync a single-stage pipeline rank adds
 a fifth, the end of a stage's backward, when every block it resharded in forward is gathered again and kept
 (torch's stage runs its backwards with reshard_after_backward off), and a multi-stage rank is counted with the
-three stages whole its schedule's UNSHARD / RESHARD hold at most. Under PP every stage also keeps a receive buffer
+three stages whole its schedule's UNSHARD / RESHARD hold at most. Where the lm_head is its own FSDP unit, its
+forward is one more (FSDP2 keeps its all-gather output to the root's post-forward, beside the logits). Under PP every stage also keeps a receive buffer
 per microbatch for its input and its output gradient from its first step on (``tests/support/pp_defer_worker.py``
 runs these facts on torch's own Schedule1F1B and ScheduleInterleaved1F1B).
 """
@@ -350,6 +351,25 @@ def _routed_expert_bytes(m: ModelSpec, trained: bool) -> float:
     ki = k * m.moe_intermediate_size
     act_in = (4 if m.gated_mlp else 2) * ki
     return 2 * k * m.expert_dim + act_in + 2 * ki if trained else act_in
+
+
+LINEAR_CE = ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")
+
+
+def head_gathers_in_forward(
+    m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, lora: Lora | None, sharded: bool
+) -> bool:
+    """Whether this rank's lm_head is an FSDP2 unit of its own, gathered at its forward (with everything a microbatch
+    keeps already made), rather than in the root unit gathered at the forward's start. AutoModel's MoE parallelizer
+    (moe/parallelizer.py apply_fsdp) shards an untied head on its own; the dense one only a trainable untied head
+    (distributed/parallelizer.py _fully_shard_untied_input_output_embeddings: a frozen head stays in the root). Under
+    PP the last stage's head is untied (the meta-device init breaks the tie). A linear cross entropy takes the head's
+    weight outside its forward, and is not counted here."""
+    if not (sharded and p.strategy == "fsdp2" and g.last and g.lm_head and tr.loss not in LINEAR_CE):
+        return False
+    if m.tie_word_embeddings and p.pp == 1:
+        return False
+    return tr.moe_sync_class or lora is None or "lm_head" in lora.adapted
 
 
 def moe_forward_bytes(m: ModelSpec) -> float:
@@ -1557,6 +1577,25 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             ("moe-forward", max(accumulated, last_stage_expert_grads), acts, unsharded + moe_fwd + p2p + held_grads)
         )
+    if head_gathers_in_forward(m, p, tr, g, lora, sharded):
+        # The lm_head's own FSDP unit is gathered at its forward, the microbatch's last. FSDP2 keeps a forward
+        # all-gather's output (the unit whole, in the compute dtype) until the next unit's copy-out or, for the last,
+        # the root's post-forward (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): the head's
+        # buffer beside its unsharded copy and its output, the logits in the compute dtype (twice where LoRA adapts
+        # the head: its base output and the sum), with everything in flight but that microbatch's loss and output,
+        # not yet made. The dry run of qwen3_moe_2layer_proxy_lora peaks there: the head's 0.59 GiB buffer and two
+        # bf16 logits over the gathered embedding and head.
+        this_output = outputs / n_mb if outputs else 0.0
+        copies = 2 if lora is not None and "lm_head" in lora.adapted else 1
+        head_out = copies * comp * vocab / head_tp * tokens
+        phases.append(
+            (
+                "head-forward",
+                max(accumulated, last_stage_expert_grads),
+                max(acts - loss_saved - this_output, 0.0) + head_out,
+                unsharded + g.lm_head * comp + p2p + held_grads + head_held,
+            )
+        )
     if (
         sharded
         and p.strategy == "fsdp2"
@@ -1752,6 +1791,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "start-of-backward",
                 "indexer-forward",
                 "moe-forward",
+                "head-forward",
                 "next-microbatch-forward",
                 "in-backward",
                 "end-of-stage-backward",
@@ -1760,7 +1800,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             )
             else 0.0
         )
-        + (head_held if phase in ("start-of-backward", "indexer-forward", "in-backward") else 0.0),
+        + (head_held if phase in ("start-of-backward", "indexer-forward", "head-forward", "in-backward") else 0.0),
         teacher=float(teacher),
         # every phase's (gradients, activations, other temporaries) in bytes, the peak's among them (tests read a
         # term where it is not the peak)

@@ -1648,19 +1648,33 @@ def test_the_heads_own_fsdp_unit_peaks_at_its_forward_with_its_all_gather_buffer
 
     last = type("Groups", (), {"last": True, "lm_head": 1.0})()
     q_only = lora_of(spec, {"target_modules": ["*.q_proj"]})
-    # the dense parallelizer shards only a trainable untied head on its own (a frozen one stays in the root, gathered
-    # at the forward's start); the MoE parallelizer any untied head
-    assert not head_gathers_in_forward(spec, p, Training(lora=q_only), last, q_only, True)
-    assert head_gathers_in_forward(spec, p, Training(lora=q_only, moe_sync_class=True), last, q_only, True)
-    assert head_gathers_in_forward(spec, p, Training(), last, None, True)
-    # a linear cross entropy takes the weight outside the head's forward; MegatronFSDP and one rank gather otherwise
-    assert not head_gathers_in_forward(spec, p, Training(loss="ChunkedCrossEntropy"), last, None, True)
+    dense = dims("fsdp2", dp=8)
+    # with ep_size 1 the dense parallelizer shards only a trainable untied head on its own (a frozen one stays in the
+    # root, gathered at the forward's start); with ep_size > 1 the MoE parallelizer any untied head
+    assert not head_gathers_in_forward(spec, dense, Training(lora=q_only), last, q_only, True)
+    assert head_gathers_in_forward(spec, p, Training(lora=q_only), last, q_only, True)
+    assert head_gathers_in_forward(spec, dense, Training(), last, None, True)
+    # a linear cross entropy: without PP the model still runs the head (each sequence's last token); a pipeline's
+    # last stage returns hidden states and the loss takes the weight
+    assert head_gathers_in_forward(spec, dense, Training(loss="ChunkedCrossEntropy"), last, None, True)
+    assert not head_gathers_in_forward(
+        spec, dims("fsdp2", dp=2, pp=4), Training(loss="ChunkedCrossEntropy"), last, None, True
+    )
+    # MegatronFSDP, one rank, or a shard group of one rank (tensor parallelism over all 8) gather otherwise or not
     assert not head_gathers_in_forward(spec, dims("megatron_fsdp", dp=8), Training(), last, None, True)
-    assert not head_gathers_in_forward(spec, p, Training(), last, None, False)
-    # a tied head is the embedding's, in the root; under PP the last stage's head is its own
+    assert not head_gathers_in_forward(spec, dense, Training(), last, None, False)
+    assert not head_gathers_in_forward(spec, dims("fsdp2", dp=1, tp=8), Training(), last, None, True)
+    # a tied head is the embedding's, in the root; a pipeline's last stage holds no embedding
     tied = lookup("meta-llama/Llama-3.2-1B")
-    assert not head_gathers_in_forward(tied, p, Training(), last, None, True)
+    assert not head_gathers_in_forward(tied, dense, Training(), last, None, True)
     assert head_gathers_in_forward(tied, dims("fsdp2", dp=2, pp=4), Training(), last, None, True)
+    # where the head stays gathered between microbatches (the MoE sync mixin accumulating; a pipeline stage), only a
+    # step's first microbatch gathers it: no gradient made, no output kept yet
+    accumulating = dataclasses.replace(short, global_batch_size=64, fsdp_sync_mixin=True)
+    kept = _memory_of_pp_rank(spec, p, accumulating, 0)
+    regathered = _memory_of_pp_rank(spec, p, dataclasses.replace(accumulating, fsdp_sync_mixin=False), 0)
+    assert kept["phases"]["head-forward"][0] == 0.0 and regathered["phases"]["head-forward"][0] >= 0.0
+    assert kept["phases"]["head-forward"][2] < regathered["phases"]["head-forward"][2]  # (no deferred gradients)
 
 
 def test_the_last_pipeline_ranks_held_gradients_at_its_loss_are_its_last_stages_with_the_heads():

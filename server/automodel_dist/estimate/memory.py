@@ -360,16 +360,20 @@ def head_gathers_in_forward(
     m: ModelSpec, p: ParallelDims, tr: Training, g: _Groups, lora: Lora | None, sharded: bool
 ) -> bool:
     """Whether this rank's lm_head is an FSDP2 unit of its own, gathered at its forward (with everything a microbatch
-    keeps already made), rather than in the root unit gathered at the forward's start. AutoModel's MoE parallelizer
-    (moe/parallelizer.py apply_fsdp) shards an untied head on its own; the dense one only a trainable untied head
-    (distributed/parallelizer.py _fully_shard_untied_input_output_embeddings: a frozen head stays in the root). Under
-    PP the last stage's head is untied (the meta-device init breaks the tie). A linear cross entropy takes the head's
-    weight outside its forward, and is not counted here."""
-    if not (sharded and p.strategy == "fsdp2" and g.last and g.lm_head and tr.loss not in LINEAR_CE):
+    keeps already made), rather than in the root unit gathered at the forward's start. With ep_size > 1 AutoModel
+    takes its MoE parallelizer (distributed/model_parallelizer.py), whose apply_fsdp shards any untied head on its own;
+    else the dense one, which shards only a trainable untied head so (parallelizer.py
+    _fully_shard_untied_input_output_embeddings: a frozen head stays in the root). A pipeline's last stage holds no
+    embedding, so its head is untied; there the stage returns hidden states to a linear cross entropy, which takes the
+    head's weight outside its forward (without PP the model still runs the head, on each sequence's last token). FSDP
+    gathers nothing over a shard group of one rank."""
+    if not (sharded and p.strategy == "fsdp2" and g.last and g.lm_head):
+        return False
+    if (p.dp_shard or p.dp or 1) * p.cp < 2 or (p.pp > 1 and tr.loss in LINEAR_CE):
         return False
     if m.tie_word_embeddings and p.pp == 1:
         return False
-    return tr.moe_sync_class or lora is None or "lm_head" in lora.adapted
+    return p.ep > 1 or lora is None or "lm_head" in lora.adapted
 
 
 def moe_forward_bytes(m: ModelSpec) -> float:
@@ -1577,23 +1581,32 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             ("moe-forward", max(accumulated, last_stage_expert_grads), acts, unsharded + moe_fwd + p2p + held_grads)
         )
+    head_forward_held = 0.0  # (the deferred gradients held at the head's forward)
     if head_gathers_in_forward(m, p, tr, g, lora, sharded):
         # The lm_head's own FSDP unit is gathered at its forward, the microbatch's last. FSDP2 keeps a forward
-        # all-gather's output (the unit whole, in the compute dtype) until the next unit's copy-out or, for the last,
-        # the root's post-forward (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): the head's
-        # buffer beside its unsharded copy and its output, the logits in the compute dtype (twice where LoRA adapts
-        # the head: its base output and the sum), with everything in flight but that microbatch's loss and output,
-        # not yet made. The dry run of qwen3_moe_2layer_proxy_lora peaks there: the head's 0.59 GiB buffer and two
-        # bf16 logits over the gathered embedding and head.
-        this_output = outputs / n_mb if outputs else 0.0
+        # all-gather's output (the unit whole, in its parameter dtype) until the next unit's copy-out or, for the
+        # last, the root's post-forward (_fsdp_param_group.py wait_for_unshard, _fsdp_state.py _post_forward): the
+        # head's buffer beside its unsharded copy and its output, the logits (twice where LoRA adapts the head: its
+        # base output and the LoRA branch's; each sequence's last token alone under a linear cross entropy), with
+        # everything in flight but the microbatch's loss and output, not yet made. The dry run of
+        # qwen3_moe_2layer_proxy_lora peaks there: the head's 0.59 GiB buffer and two bf16 logits over the gathered
+        # embedding and head. The head does not reshard after forward; where its backward does not reshard it either
+        # (AutoModel's MoE sync mixin when it accumulates, and torch's pipeline stage but in a step's last backward)
+        # only a step's first microbatch gathers it, before any gradient is made or output kept.
+        stays = p.pp > 1 or (tr.fsdp_sync_mixin and prepares_accumulation(tr) and n_mb * grad_acc > 1)
+        head_bytes = 4.0 if g.fp32_head else comp
+        rows = tr.micro_batch_size if tr.loss in LINEAR_CE else tokens
         copies = 2 if lora is not None and "lm_head" in lora.adapted else 1
-        head_out = copies * comp * vocab / head_tp * tokens
+        head_out = copies * head_bytes * vocab / head_tp * rows
+        earlier = 0.0 if stays else max(accumulated, last_stage_expert_grads)
+        head_forward_held = 0.0 if stays else held_grads + head_held
+        kept = outputs if stays else (outputs / n_mb if outputs else 0.0)
         phases.append(
             (
                 "head-forward",
-                max(accumulated, last_stage_expert_grads),
-                max(acts - loss_saved - this_output, 0.0) + head_out,
-                unsharded + g.lm_head * comp + p2p + held_grads + head_held,
+                earlier,
+                max(acts - loss_saved - kept - vlm_logits, 0.0) + head_out,
+                unsharded + g.lm_head * head_bytes + p2p + head_forward_held,
             )
         )
     if (
@@ -1791,7 +1804,6 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "start-of-backward",
                 "indexer-forward",
                 "moe-forward",
-                "head-forward",
                 "next-microbatch-forward",
                 "in-backward",
                 "end-of-stage-backward",
@@ -1800,7 +1812,8 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             )
             else 0.0
         )
-        + (head_held if phase in ("start-of-backward", "indexer-forward", "head-forward", "in-backward") else 0.0),
+        + (head_held if phase in ("start-of-backward", "indexer-forward", "in-backward") else 0.0)
+        + (head_forward_held if phase == "head-forward" else 0.0),
         teacher=float(teacher),
         # every phase's (gradients, activations, other temporaries) in bytes, the peak's among them (tests read a
         # term where it is not the peak)

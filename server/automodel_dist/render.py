@@ -338,11 +338,16 @@ def estimate_text(est: Estimate) -> str:
             "step's last backward (defer_fsdp_grad_sync: true, AutoModel's default, with gradient "
             "accumulation or PP); defer_fsdp_grad_sync: false reduce-scatters after every backward instead"
         )
-    if mem.peak_phase == "next-microbatch-forward":
+    if mem.peak_phase in ("next-microbatch-forward", "gathered-late-backward"):
+        where = (
+            "the next microbatch's forward"
+            if mem.peak_phase == "next-microbatch-forward"
+            else "a microbatch's backward at its first layers"
+        )
         lines.append(
-            "the peak is the next microbatch's forward: model.backend.enable_fsdp_optimizations turns FSDP's "
-            "reshard after backward off for every microbatch but a step's last (AutoModel's MoE classes), so each "
-            "later microbatch starts with every unit of this GPU gathered; false, one microbatch a step "
+            f"the peak is {where}: model.backend.enable_fsdp_optimizations turns FSDP's reshard after backward off "
+            "for every microbatch but a step's last (AutoModel's MoE classes), so every unit of this GPU a backward "
+            "gathers stays gathered, into the next microbatch's forward; false, one microbatch a step "
             "(local_batch_size = global_batch_size / data-parallel size) or PP avoid it"
         )
     if est.comm_bytes_per_step:

@@ -475,7 +475,8 @@ def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatc
     backward but a step's last (moe/fsdp_mixin.py): the next microbatch's forward starts with the rank's units all
     gathered. Its dry run on fake tensors (Nemotron-3 Super, LoRA, EP 64 on 64 GPUs, 4 microbatches, blocks that
     reshard after forward) peaks there; without accumulation, without the flag, or with blocks kept gathered anyway
-    the phase is not there."""
+    the phases are not there. The dry run peaks in a microbatch's backward at its first MoE layer's recompute with
+    every unit gathered again (24.3 GiB; 23.9 in the next forward)."""
     spec = lookup("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16")
     p = dims("fsdp2", dp=64, ep=64, moe_reshard_after_forward=True, activation_checkpointing=True)
     lora = lora_of(spec, {"dim": 32, "exclude_modules": ["*.out_proj"], "moe_rank_scaling": True})
@@ -491,20 +492,24 @@ def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatc
         fsdp_sync_mixin=True,
     )
     out = memory_per_rank(spec, p, tr)
-    assert out.peak_phase == "next-microbatch-forward"
-    # every non-expert layer parameter (6.85e9, bf16) gathered, and one MoE layer's routed working set
+    assert out.peak_phase == "gathered-late-backward"
+    # every non-expert layer parameter (6.85e9, bf16) gathered
     assert out.buffers > 6.85e9 * 2 / 2**30
-    assert out.activations == pytest.approx(8192 * moe_forward_bytes(spec) / 2**30)
+    phases = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
+    nxt = phases["next-microbatch-forward"]
+    assert nxt[1] == pytest.approx(8192 * moe_forward_bytes(spec))  # one MoE layer's routed working set
+    assert phases["gathered-late-backward"][2] > nxt[2]  # every unit and the first blocks' backward
+    mixin_phases = ("next-microbatch-forward", "gathered-late-backward")
     for other in (
         dataclasses.replace(tr, fsdp_sync_mixin=False),
         dataclasses.replace(tr, global_batch_size=128),  # one microbatch a step
     ):
-        assert memory_per_rank(spec, p, other).peak_phase != "next-microbatch-forward"
+        assert memory_per_rank(spec, p, other).peak_phase not in mixin_phases
     kept = dims("fsdp2", dp=64, ep=64, moe_reshard_after_forward=False, activation_checkpointing=True)
-    assert memory_per_rank(spec, kept, tr).peak_phase != "next-microbatch-forward"
+    assert memory_per_rank(spec, kept, tr).peak_phase not in mixin_phases
     # the mixin drives torch FSDP2 units only: Megatron-FSDP's wrapper is none
     megatron = dims("megatron_fsdp", dp=64, activation_checkpointing=True)
-    assert memory_per_rank(spec, megatron, tr).peak_phase != "next-microbatch-forward"
+    assert memory_per_rank(spec, megatron, tr).peak_phase not in mixin_phases
 
 
 def test_the_report_says_when_the_fsdp_optimizations_set_the_peak(capsys, tmp_path):
@@ -521,11 +526,12 @@ def test_the_report_says_when_the_fsdp_optimizations_set_the_peak(capsys, tmp_pa
     )
     assert main(["estimate", str(recipe), "--world-size", "64", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
-    assert "peak at next-microbatch-forward" in out and "enable_fsdp_optimizations" in out
+    assert "peak at gathered-late-backward" in out and "enable_fsdp_optimizations" in out
     flag_off = recipe.read_text().replace("enable_fsdp_optimizations: true", "enable_fsdp_optimizations: false")
     recipe.write_text(flag_off)
     assert main(["estimate", str(recipe), "--world-size", "64", "--seq-len", "4096"]) == 0
-    assert "next-microbatch-forward" not in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "gathered-late-backward" not in text and "enable_fsdp_optimizations turns" not in text
 
 
 def test_transformers_nemotron_h_layers_keep_what_the_dry_run_measured():
@@ -1675,6 +1681,49 @@ def test_the_heads_own_fsdp_unit_peaks_at_its_forward_with_its_all_gather_buffer
     regathered = _memory_of_pp_rank(spec, p, dataclasses.replace(accumulating, fsdp_sync_mixin=False), 0)
     assert kept["phases"]["head-forward"][0] == 0.0 and regathered["phases"]["head-forward"][0] >= 0.0
     assert kept["phases"]["head-forward"][2] < regathered["phases"]["head-forward"][2]  # (no deferred gradients)
+
+
+def test_a_recomputed_moe_layer_runs_its_experts_forward_again_inside_its_backward(monkeypatch):
+    """Under activation checkpointing a MoE layer's backward first runs its forward again: its routed experts' working
+    set (moe_forward_bytes) stands there beside the rest of the backward, where it is larger than what the recompute
+    keeps. Without checkpointing, or on a dense model, nothing changes."""
+    import automodel_dist.estimate.memory as memory
+
+    spec = lookup("moonshotai/Moonlight-16B-A3B")
+    tr = Training(seq_len=4096)
+    p = dims("fsdp2", dp=8, ep=8, activation_checkpointing=True)
+
+    def in_backward(per_token: float, dims_=p, model=spec) -> float:
+        monkeypatch.setattr(memory, "moe_forward_bytes", lambda m: per_token)
+        return memory._memory_of_pp_rank(model, dims_, tr, 0)["phases"]["in-backward"][2]
+
+    big, bigger = 1e6, 2e6  # bytes a token: above what the recompute keeps
+    assert in_backward(bigger) - in_backward(big) == pytest.approx((bigger - big) * 4096)
+    assert in_backward(0.0) < in_backward(big)
+    no_ac = dataclasses.replace(p, activation_checkpointing=False)
+    assert in_backward(bigger, no_ac) == in_backward(big, no_ac)
+    dense = lookup(L8)
+    dense_ac = dims("fsdp2", dp=8, activation_checkpointing=True)
+    assert in_backward(bigger, dense_ac, dense) == in_backward(big, dense_ac, dense)
+
+
+def test_under_the_moe_sync_mixin_a_microbatchs_late_backward_runs_beside_every_unit_gathered():
+    """AutoModel's MoE sync mixin turns reshard after backward off for every microbatch but a step's last: each unit a
+    backward gathers stays gathered, so the first blocks' backward runs with every unit gathered (the dry run of
+    nemotron_super_v3_lora: all 88 layers' units, the head's and the MTP's live at its first MoE layer's recompute)."""
+    spec = lookup("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16")
+    # (the recipe's moe.reshard_after_forward: true; AutoModel's default false keeps the blocks gathered anyway)
+    p = dims("fsdp2", dp=64, ep=64, activation_checkpointing=True, moe_reshard_after_forward=True)
+    lora = lora_of(spec, {"target_modules": ["*"], "dim": 32})
+    kept = Training(seq_len=4096, micro_batch_size=2, global_batch_size=512, lora=lora, fsdp_sync_mixin=True)
+    phases = _memory_of_pp_rank(spec, p, kept, 0)["phases"]
+    # every unit gathered, at least, where the next microbatch's forward starts with them all
+    assert phases["gathered-late-backward"][2] >= phases["next-microbatch-forward"][2]
+    # the step's last microbatch reshards after its backward: its late backward holds one block gathered, not 88
+    assert phases["late-backward"][2] < phases["gathered-late-backward"][2] - 10 * GIB
+    plain = _memory_of_pp_rank(spec, p, dataclasses.replace(kept, fsdp_sync_mixin=False), 0)["phases"]
+    assert "gathered-late-backward" not in plain and "next-microbatch-forward" not in plain
+    assert plain["late-backward"] == phases["late-backward"]
 
 
 def test_the_last_pipeline_ranks_held_gradients_at_its_loss_are_its_last_stages_with_the_heads():

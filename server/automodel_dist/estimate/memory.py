@@ -1609,7 +1609,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 unsharded + g.lm_head * head_bytes + p2p + head_forward_held,
             )
         )
-    if (
+    # AutoModel's MoE FSDP optimizations: every backward but the step's last leaves the rank's units gathered
+    # (reshard_after_backward off)
+    mixin_keeps_gathered = (
         sharded
         and p.strategy == "fsdp2"
         and tr.fsdp_sync_mixin
@@ -1617,12 +1619,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         and p.pp == 1
         and n_mb * grad_acc > 1
         and not keep_blocks
-    ):
-        # AutoModel's MoE FSDP optimizations: every backward but the step's last leaves the rank's units gathered
-        # (reshard_after_backward off), so the next microbatch's forward starts with all of them gathered and
-        # reshards each after its own forward: its first layers run beside every other unit still gathered
-        # (AutoModel's step on fake tensors, Nemotron-3 Super's LoRA benchmark)
-        every = (root_held + g.dense_layers + g.mtp + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
+    )
+    every = (root_held + g.dense_layers + g.mtp + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
+    if mixin_keeps_gathered:
+        # so the next microbatch's forward starts with all of them gathered and reshards each after its own forward:
+        # its first layers run beside every other unit still gathered (AutoModel's step on fake tensors, Nemotron-3
+        # Super's LoRA benchmark)
         forward = max(layer_plain, moe_forward_bytes(m) * comp / 2 if g.kinds.get("moe") else 0.0) * tokens
         phases.append(("next-microbatch-forward", accumulated, forward, every + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
@@ -1637,7 +1639,10 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     blockdiag = blockdiag_attention_backward_bytes(m, p, tr, g, comp)
     ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp) + blockdiag
     # (a recomputed DSA layer makes its indexer's scores again, before the rest of it)
-    remade = max(recompute * tokens, indexer_scores) if recompute else 0.0
+    # (a recomputed MoE layer runs its routed experts' forward again: their working set, moe_forward_bytes, at the
+    # activation, beside the rest of the backward)
+    moe_remade = moe_forward_bytes(m) * comp / 2 * tokens if recompute and g.kinds.get("moe") else 0.0
+    remade = max(recompute * tokens, indexer_scores, moe_remade) if recompute else 0.0
     block_transients = fresh_grads + remade + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors
@@ -1711,14 +1716,21 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # embedding, during that block's backward: counted where it resharded after forward and no MTP's use of
             # it has it gathered already)
             prefetched = g.embed * comp if embed_resharded and not mtp_embed else 0.0
-            phases.append(
-                (
-                    "late-backward",
-                    max(layer_grads_late, accumulated),
-                    late_acts,
-                    unsharded + tied_head_grad + first_block + p2p + held_grads + mtp_embed + prefetched,
+            late_rest = tied_head_grad + first_block + p2p + held_grads + mtp_embed + prefetched
+            phases.append(("late-backward", max(layer_grads_late, accumulated), late_acts, unsharded + late_rest))
+            if mixin_keeps_gathered:
+                # where the MoE sync mixin keeps units gathered after their backward, a microbatch's backward before
+                # the step's last reaches its first blocks with every unit gathered again, each re-gathered by its own
+                # backward (the dry run of nemotron_super_v3_lora peaks there: all 88 layers' units, the head's and the
+                # MTP's live at its first MoE layer's recompute)
+                phases.append(
+                    (
+                        "gathered-late-backward",
+                        max(layer_grads_late, accumulated),
+                        late_acts,
+                        max(unsharded, every) + late_rest,
+                    )
                 )
-            )
         # the end: the layers' sharded gradients and, before its reduce-scatter, the last unit's unsharded
         # gradient in the compute dtype and its copy in the reduce dtype (the embedding, its own unit when untied and trainable;
         # else the root with the head)
@@ -1805,6 +1817,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 "indexer-forward",
                 "moe-forward",
                 "next-microbatch-forward",
+                "gathered-late-backward",
                 "in-backward",
                 "end-of-stage-backward",
                 "late-backward",

@@ -1579,15 +1579,20 @@ def test_the_last_stages_kept_logits_are_fp32_where_fsdp_casts_deepseek_v4s_head
     assert acts[2] - acts[1] == pytest.approx(fp32_more, abs=1.0)
 
 
-def test_a_dsa_indexers_scores_stand_beside_everything_in_flight_and_its_top_k_with_each_checkpointed_block():
+def test_a_dsa_indexers_scores_stand_beside_everything_in_flight_and_its_top_k_with_each_checkpointed_block(
+    monkeypatch,
+):
     """DeepSeek-V3.2's and GLM-5's indexer on AutoModel's dense path scores every query-key pair of every index head
     in fp32 at each layer's start (indexer_scores_bytes, held to AutoModel's indexers in tests/oracle): the
     indexer-forward moment holds it beside everything in flight but the running layer's own share and the microbatch's
     loss, and a checkpointed layer makes it again in its recompute. The block policy must-saves its top-k's fp32 values
     and int64 indices (12 bytes a kept key) with each checkpointed layer. The THD kernels (tilelang, cudnn) make
     neither."""
+    import automodel_dist.estimate.memory as memory
     from automodel_dist.estimate.memory import indexer_scores_bytes
 
+    # (the MoE layers' recomputed working set held out: the recompute's transient here is the indexer's alone)
+    monkeypatch.setattr(memory, "moe_forward_bytes", lambda m: 0.0)
     spec = lookup("deepseek-ai/DeepSeek-V3.2")
     p = dims("fsdp2", dp=32, pp=4, ep=32, pp_schedule="Interleaved1F1B", activation_checkpointing=True)
     dense, kernels = Training(seq_len=4096, attn_backend="te"), Training(seq_len=4096, attn_backend="tilelang")
@@ -1685,8 +1690,9 @@ def test_the_heads_own_fsdp_unit_peaks_at_its_forward_with_its_all_gather_buffer
 
 def test_a_recomputed_moe_layer_runs_its_experts_forward_again_inside_its_backward(monkeypatch):
     """Under activation checkpointing a MoE layer's backward first runs its forward again: its routed experts' working
-    set (moe_forward_bytes) stands there beside the rest of the backward, where it is larger than what the recompute
-    keeps. Without checkpointing, or on a dense model, nothing changes."""
+    set (moe_forward_bytes) stands there in place of what they keep, beside the rest of what the layer keeps (autograd
+    keeps the recompute's saved tensors). Without checkpointing, on a dense model, or where the MoE blocks are not
+    checkpointed, nothing changes."""
     import automodel_dist.estimate.memory as memory
 
     spec = lookup("moonshotai/Moonlight-16B-A3B")
@@ -1705,6 +1711,10 @@ def test_a_recomputed_moe_layer_runs_its_experts_forward_again_inside_its_backwa
     dense = lookup(L8)
     dense_ac = dims("fsdp2", dp=8, activation_checkpointing=True)
     assert in_backward(bigger, dense_ac, dense) == in_backward(big, dense_ac, dense)
+    # Nemotron-H's own policy (ep_size 1) checkpoints its Mamba and MLP blocks, not its MoE ones: nothing recomputed
+    nano = lookup("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+    assert in_backward(bigger, dense_ac, nano) == in_backward(big, dense_ac, nano)
+    assert in_backward(bigger, p, nano) > in_backward(big, p, nano)  # (ep 8: AutoModel's MoE path checkpoints them)
 
 
 def test_under_the_moe_sync_mixin_a_microbatchs_late_backward_runs_beside_every_unit_gathered():

@@ -1306,6 +1306,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     mtp_saved = 0.0  # what the MTP depths keep a token (their backward, a microbatch's first, frees it)
     mtp_kinds = list(m.mtp_layer_types) if m.mtp_layer_types else [m.layer_kind(m.num_layers - 1)]
     layer_plain = 0.0  # the largest one layer keeps while its forward runs (checkpointed or not)
+    # A checkpointed MoE layer's recompute runs its routed experts' forward again while autograd keeps the rest of
+    # what the layer saves: that working set (moe_forward_bytes) in place of what the experts keep, a token
+    moe_recompute = 0.0
     for kind in set(g.kinds) | (set(mtp_kinds) if mtp_layers else set()):
         count = g.kinds.get(kind, 0)
         s, plain = _act_per_token(m, p, tr, kind, comp, style)
@@ -1318,6 +1321,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         layer_plain = max(layer_plain, plain)
         if ac and s < plain:
             recompute = max(recompute, plain)  # one block is re-materialized during backward
+            if kind == "moe":
+                routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind))) * comp / 2
+                moe_recompute = max(moe_recompute, plain - routed + moe_forward_bytes(m) * comp / 2)
     vocab = m.vocab_size
     extra = per_layer_inputs_bytes(m, tr) * comp / 2 if g.first else 0.0
     loss_saved = loss_temp = 0.0
@@ -1619,6 +1625,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         and p.pp == 1
         and n_mb * grad_acc > 1
         and not keep_blocks
+        # (a VLM class's decoder units under its text module, which the mixin's walk does not reach with
+        # wrap_outer_model false: grad_sync_deferred)
+        and not (p.model_part_unwrapped and tr.vlm_step)
     )
     every = (root_held + g.dense_layers + g.mtp + (g.experts if g.experts and p.ep_shard > 1 else 0.0)) * comp
     if mixin_keeps_gathered:
@@ -1639,10 +1648,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     blockdiag = blockdiag_attention_backward_bytes(m, p, tr, g, comp)
     ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp) + blockdiag
     # (a recomputed DSA layer makes its indexer's scores again, before the rest of it)
-    # (a recomputed MoE layer runs its routed experts' forward again: their working set, moe_forward_bytes, at the
-    # activation, beside the rest of the backward)
-    moe_remade = moe_forward_bytes(m) * comp / 2 * tokens if recompute and g.kinds.get("moe") else 0.0
-    remade = max(recompute * tokens, indexer_scores, moe_remade) if recompute else 0.0
+    # (a recomputed MoE layer runs its routed experts' forward again: moe_recompute)
+    remade = max(recompute, moe_recompute) * tokens if recompute else 0.0
+    remade = max(remade, indexer_scores) if recompute else 0.0
     block_transients = fresh_grads + remade + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors

@@ -69,9 +69,10 @@ them out), its end (sharded gradients and the root's unsharded fp32 gradients) a
 a fifth, the end of a stage's backward, when every block it resharded in forward is gathered again and kept
 (torch's stage runs its backwards with reshard_after_backward off), and a multi-stage rank is counted with the
 three stages whole its schedule's UNSHARD / RESHARD hold at most. Where the lm_head is its own FSDP unit, its
-forward is one more (FSDP2 keeps its all-gather output to the root's post-forward, beside the logits). Under PP every stage also keeps a receive buffer
-per microbatch for its input and its output gradient from its first step on (``tests/support/pp_defer_worker.py``
-runs these facts on torch's own Schedule1F1B and ScheduleInterleaved1F1B).
+forward is one more (FSDP2 keeps its all-gather output to the root's post-forward, beside the logits); under the MoE
+sync mixin, so is a microbatch's late backward beside every unit gathered again. Under PP every stage also keeps a
+receive buffer per microbatch for its input and its output gradient from its first step on
+(``tests/support/pp_defer_worker.py`` runs these facts on torch's own Schedule1F1B and ScheduleInterleaved1F1B).
 """
 
 from __future__ import annotations
@@ -1335,7 +1336,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # each multi-token-prediction depth adds its own loss over the vocabulary (through the shared lm_head) and
         # keeps its input projection's input ([embedding, hidden]: 2h) and its final norm's input (h)
         loss_saved = per_saved * vocab * tokens * (1 + mtp_layers)
-        if m.final_softcap and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
+        if m.final_softcap and tr.loss not in LINEAR_CE:
             # Gemma-2's final_logit_softcapping: the tanh of the logits keeps its output (the logits' dtype) for
             # backward, on the logits as the loss takes them (transformers' Gemma2ForCausalLM; the dry run: one bf16
             # vocabulary row a token)
@@ -1368,14 +1369,14 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     fp32_logits = bool(g.fp32_head) and p.data_parallel_mesh_size > 1
     outputs = 0.0
     if p.pp > 1 and g.last:
-        width = m.hidden_size if tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy") else vocab / head_tp
+        width = m.hidden_size if tr.loss in LINEAR_CE else vocab / head_tp
         # (the dry run of DeepSeek-V4 Pro's recipe: its last rank holds all 8 microbatches' fp32 logits at the peak)
         outputs = (4.0 if fp32_logits else comp) * width * tokens * n_mb
     acts = (saved + extra) * tokens * inflight + loss_saved + outputs
     acts += additive_mask_bytes(m, p, tr, comp) * inflight if g.n_layers else 0.0
     # the VLM step holds the model's logits until its backward is done
     vlm_logits = 0.0
-    if tr.vlm_step and g.last and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):
+    if tr.vlm_step and g.last and tr.loss not in LINEAR_CE:
         vlm_logits = comp * vocab / head_tp * tokens
         acts += vlm_logits
     if g.first and tr.tower_patches and vision_trains:
@@ -1553,7 +1554,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     # loss's temporaries and, where the logits are in the compute dtype, their gradient cast up (fp32 logits take the
     # loss's fp32 gradient as it is) (the dry run of AutoModel's class: the last stage peaks in the head)
     head_backward = 0.0
-    if g.fp32_head and tr.loss not in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy"):  # (theirs: loss_temp)
+    if g.fp32_head and tr.loss not in LINEAR_CE:  # (theirs: loss_temp)
         upcast = 0.0 if fp32_logits else 4.0 * vocab / head_tp * tokens
         head_backward = upcast + (4.0 * g.lm_head if lora is None else 0.0)
     # a checkpointed layer is recomputed only when its backward runs, after the loss's temporaries are gone
@@ -1712,9 +1713,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             # block, and that block's transients (nothing left to prefetch)
             layer_grads_late = max(grads_sharded - root_sharded - g.layer_dense / sg * store, 0)
             kept_outputs = (
-                (g.n_layers + 1) * m.hidden_size * comp * tokens
-                if tr.vlm_step and tr.loss in ("FusedLinearCrossEntropy", "ChunkedCrossEntropy")
-                else 0.0
+                (g.n_layers + 1) * m.hidden_size * comp * tokens if tr.vlm_step and tr.loss in LINEAR_CE else 0.0
             )
             late_acts = vlm_logits + kept_outputs + (per_layer_inputs_bytes(m, tr) * comp / 2 + last_block) * tokens
             # (a hybrid's first block: no full-attention transient where it is a linear-attention layer)

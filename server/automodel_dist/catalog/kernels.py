@@ -114,12 +114,13 @@ OWN_MLA_ATTENTION = frozenset({"KimiLinear48BForCausalLM"})
 # eager_attention_with_sink; tilelang runs its sparse-attention kernel instead)
 EAGER_UNLESS_TILELANG = frozenset({"DeepseekV4ForCausalLM"})
 
-# AutoModel's classes whose CP hook picks its block-diagonal CP path for a packed batch (prepare_model_inputs_for_cp
-# with make_cp_blockdiag_batch_and_ctx); the dense Qwen3.5 VLM shards round-robin whatever the batch
 # model.backend.attn values that run DSA (DeepSeek-V3.2 / GLM-5 / DeepSeek-V4 sparse attention) through its THD
 # kernels (TileLang's, cuDNN's): no dense score tensor, a fixed index_topk width; every other backend takes the dense
 # reference path
 DSA_THD_BACKENDS = frozenset({"tilelang", "cudnn"})
+
+# AutoModel's classes whose CP hook picks its block-diagonal CP path for a packed batch (prepare_model_inputs_for_cp
+# with make_cp_blockdiag_batch_and_ctx); the dense Qwen3.5 VLM shards round-robin whatever the batch
 BLOCKDIAG_CP_CLASSES = frozenset({"Qwen3_5MoeForConditionalGeneration"})
 
 

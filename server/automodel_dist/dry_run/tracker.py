@@ -120,7 +120,8 @@ def backward_hooks_without_cycles() -> Iterator[bool]:
     the cycle keeps that branch's nodes and the tensors they saved (the layer's normed input, one a layer and
     microbatch) after the forward returns, until a garbage collection; the measured step holds collections off, so
     a pipeline rank carried every such tensor of the step (the dry run of glm_5.1_lora's rank 0 at 24 layers: 41 of
-    them, 1.9 GiB, into its second schedule step; its peak 3.0 GiB lower without them). The GPU run has no module tracker, and FSDP2's own backward hooks form no such cycle.
+    them, 1.9 GiB, into its second schedule step; its peak 3.0 GiB lower without them). The GPU run has no module
+    tracker, and FSDP2's own backward hooks form no such cycle.
     While this is entered, ModTracker's hook takes the "any" mode, which holds no node: the module leaves the
     backward's running set at its first input's gradient rather than its last, for a module with several inputs that
     take a gradient: which modules a backward moment is filed under (largest_modules) changes there, and the "all"

@@ -370,7 +370,7 @@ def head_gathers_in_forward(
     gathers nothing over a shard group of one rank."""
     if not (sharded and p.strategy == "fsdp2" and g.last and g.lm_head):
         return False
-    if (p.dp_shard or p.dp or 1) * p.cp < 2 or (p.pp > 1 and tr.loss in LINEAR_CE):
+    if _state_shards(p)[0] < 2 or (p.pp > 1 and tr.loss in LINEAR_CE):  # (FSDP2's shard group: dp_shard x cp)
         return False
     if m.tie_word_embeddings and p.pp == 1:
         return False
@@ -1588,6 +1588,9 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         phases.append(
             ("moe-forward", max(accumulated, last_stage_expert_grads), acts, unsharded + moe_fwd + p2p + held_grads)
         )
+    # AutoModel's MoE sync mixin, where a step accumulates: every backward but the step's last leaves the units it
+    # gathers gathered (reshard_after_backward off)
+    mixin_accumulates = tr.fsdp_sync_mixin and prepares_accumulation(tr) and n_mb * grad_acc > 1
     head_forward_held = 0.0  # (the deferred gradients held at the head's forward)
     if head_gathers_in_forward(m, p, tr, g, lora, sharded):
         # The lm_head's own FSDP unit is gathered at its forward, the microbatch's last. FSDP2 keeps a forward
@@ -1600,7 +1603,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # embedding and head. The head does not reshard after forward; where its backward does not reshard it either
         # (AutoModel's MoE sync mixin when it accumulates, and torch's pipeline stage but in a step's last backward)
         # only a step's first microbatch gathers it, before any gradient is made or output kept.
-        stays = p.pp > 1 or (tr.fsdp_sync_mixin and prepares_accumulation(tr) and n_mb * grad_acc > 1)
+        stays = p.pp > 1 or mixin_accumulates
         head_bytes = 4.0 if g.fp32_head else comp
         rows = tr.micro_batch_size if tr.loss in LINEAR_CE else tokens
         copies = 2 if lora is not None and "lm_head" in lora.adapted else 1
@@ -1616,15 +1619,12 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
                 unsharded + g.lm_head * head_bytes + p2p + head_forward_held,
             )
         )
-    # AutoModel's MoE FSDP optimizations: every backward but the step's last leaves the rank's units gathered
-    # (reshard_after_backward off)
+    # (without PP, on the rank's FSDP2 units, where blocks reshard after forward at all)
     mixin_keeps_gathered = (
         sharded
         and p.strategy == "fsdp2"
-        and tr.fsdp_sync_mixin
-        and prepares_accumulation(tr)
+        and mixin_accumulates
         and p.pp == 1
-        and n_mb * grad_acc > 1
         and not keep_blocks
         # (a VLM class's decoder units under its text module, which the mixin's walk does not reach with
         # wrap_outer_model false: grad_sync_deferred)
@@ -1650,8 +1650,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     ring = gemma4_ring_backward_bytes(m, p, tr, g, comp) + gathered_mla_backward_bytes(m, p, tr, g, comp) + blockdiag
     # (a recomputed DSA layer makes its indexer's scores again, before the rest of it)
     # (a recomputed MoE layer runs its routed experts' forward again: moe_recompute)
-    remade = max(recompute, moe_recompute) * tokens if recompute else 0.0
-    remade = max(remade, indexer_scores) if recompute else 0.0
+    remade = max(recompute * tokens, moe_recompute * tokens, indexer_scores) if recompute else 0.0
     block_transients = fresh_grads + remade + eager_grads + dispatch + ring
     if stage_gathered:
         # at the stage's first block's backward: every other block gathered again, that microbatch's saved tensors

@@ -29,8 +29,9 @@ class MemoryBreakdown(BaseModel):
     peak_phase: str = Field(
         default="",
         description="start-of-backward, head-forward (the lm_head's own FSDP unit gathered beside its all-gather "
-        "buffer and its logits), next-microbatch-forward and gathered-late-backward (AutoModel's MoE FSDP optimizations "
-        "keep every unit gathered between microbatches, and gathered again by a microbatch's backward), in-backward (a block's gradients and the next block's gather), "
+        "buffer and its logits), next-microbatch-forward and gathered-late-backward (AutoModel's MoE FSDP "
+        "optimizations keep every unit gathered between microbatches, and gathered again by a microbatch's "
+        "backward), in-backward (a block's gradients and the next block's gather), "
         "end-of-stage-backward (a single-stage pipeline rank with every block gathered), late-backward (the first "
         "block's backward: every other block's gradients made, a tied head's held to the end), end-of-backward or "
         "optimizer-step.",

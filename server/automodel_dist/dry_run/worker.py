@@ -379,9 +379,8 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
         if short is not None:
             rewrites.append(
                 f"the first of the {spec.schedule_steps} schedule steps ran {short.microbatches} of its "
-                f"{spec.local_batch_size // max(spec.micro_batch_size, 1)} microbatches "
-                f"({type(short.schedule).__name__} over the same stages, built by AutoModel's build_pipeline_schedule): "
-                "what it carries into the second "
+                f"{spec.local_batch_size // max(spec.micro_batch_size, 1)} microbatches ({type(short.schedule).__name__} "
+                "over the same stages, built by AutoModel's build_pipeline_schedule): what it carries into the second "
                 "does not depend on the count (gradients accumulate in place, the blocks kept gathered are every block "
                 "its stages ran, the full schedule's receive buffers are allocated as the second starts); what the "
                 "second frees as it starts (the first's stage outputs and input gradients) is the short step's, and "

@@ -501,7 +501,7 @@ def _microbatch(
 
 @dataclass
 class ShortSchedule:
-    """A pipeline schedule over the rank's stages with fewer microbatches (``short_first_schedule``)."""
+    """A pipeline schedule of AutoModel's class over the rank's stages with fewer microbatches (``short_first_schedule``)."""
 
     schedule: Any
     microbatches: int
@@ -510,13 +510,12 @@ class ShortSchedule:
 def short_first_schedule(built: Built) -> ShortSchedule | None:
     """For the first of two schedule steps (the dry run's, where the first carries into the second): the recipe's
     schedule class over the same stages, built by AutoModel's ``build_pipeline_schedule`` and given static stage
-    metadata as ``pipeline_model`` gives it, with the fewest microbatches the class accepts (where it takes no fewer,
-    torch's GPipe or LoopedBFS over the same stages). What the first step leaves the second is the same for any count
-    and order: gradients accumulate in place, the blocks AutoModel's patched backward keeps gathered are every block the
-    stages ran, the receive buffers are the full schedule's (its own initialization allocates them at the second step).
-    None where that does not hold or cannot be kept: a VLM's media staging, a CSV schedule (written for its count),
-    stages whose metadata is inferred by running them (torch's cleanup after that inference reshards every block),
-    torch without static stage metadata."""
+    metadata as ``pipeline_model`` gives it, with the fewest microbatches the class accepts. What the first step leaves
+    the second is the same for any count: gradients accumulate in place, the blocks AutoModel's patched backward keeps
+    gathered are every block the stages ran, the receive buffers are the full schedule's (its own initialization
+    allocates them at the second step). None where that does not hold or cannot be kept: a VLM's media staging, a CSV
+    schedule (written for its count), stages whose metadata is inferred by running them (torch's cleanup after that
+    inference reshards every block), torch without static stage metadata, or no class accepting fewer."""
     if not built.pp_enabled or built.vlm:
         return None
     try:
@@ -535,21 +534,17 @@ def short_first_schedule(built: Built) -> ShortSchedule | None:
         return None
     if any(InferenceMode.needs_dynamic(st._user_meta, True) for st in info.stages):
         return None
-    # where the recipe's class takes no fewer (1F1B: one a stage), torch's class of the same stage layout that takes
-    # any count: GPipe for one stage a rank, LoopedBFS for several (the stages and their backward are the same)
-    fallback = "GPipe" if len(info.stages) == 1 else "LoopedBFS"
-    for name in (pc.pp_schedule, fallback):
-        for n in range(1, n_full):
-            try:
-                short = build_pipeline_schedule(
-                    None, name, mbs, n * mbs, info.stages, full._loss_fn, scale_grads=full.scale_grads
-                )
-            except ValueError:  # the class's own bound on its microbatch count (a multiple of its rounds, one a stage)
-                continue
-            _use_static_pipeline_stage_metadata(short, info.stages)
-            if "_warmup_p2p" not in vars(short):  # static metadata not taken: its warm-up would vote over the group
-                return None
-            return ShortSchedule(short, n)
+    for n in range(1, n_full):
+        try:
+            short = build_pipeline_schedule(
+                None, pc.pp_schedule, mbs, n * mbs, info.stages, full._loss_fn, scale_grads=full.scale_grads
+            )
+        except ValueError:  # the class's own bound on its microbatch count (a multiple of its rounds, one a stage)
+            continue
+        _use_static_pipeline_stage_metadata(short, info.stages)
+        if "_warmup_p2p" not in vars(short):  # static metadata not taken: its warm-up would vote over the group
+            return None
+        return ShortSchedule(short, n)
     return None
 
 

@@ -749,48 +749,6 @@ def test_the_pipeline_ranks_left_unmeasured_never_peak_higher():
 
 
 @needs_automodel
-def test_a_short_first_schedule_step_carries_into_the_second_what_a_whole_one_does(monkeypatch):
-    """Where the first of two schedule steps carries into the second (AutoModel's patched stage backward on its MoE
-    class keeps every unit's gradients and gathered blocks), the dry run runs the first with the fewest microbatches
-    its schedule class takes (stack/step.short_first_schedule). Run whole instead, every rank's peak and every
-    moment of the second step come out the same: what the second starts with does not depend on the count."""
-    import dataclasses
-
-    from automodel_dist.dry_run import run as module
-
-    text = (
-        "model:\n  backend:\n    enable_fsdp_optimizations: true\n"
-        "distributed:\n  pp_size: 2\n  ep_size: 8\n  moe:\n    wrap_outer_model: false\n"
-        "  pipeline:\n    pp_schedule: interleaved1f1b\n    pp_microbatch_size: 1\n    layers_per_stage: 1\n"
-        "step_scheduler:\n  local_batch_size: 4\n  global_batch_size: 128\n"
-    )
-    kw = {"world_size": 32, "model": "Qwen/Qwen3-30B-A3B", "seq_len": 256, "micro_batch_size": None}
-    short = dry_run(text, num_layers=4, **kw)
-    planned = module.plan_dry_run
-
-    def whole_first_step(*args: Any, **kwargs: Any) -> Any:
-        plan = planned(*args, **kwargs)
-        specs = [s.model_copy(update={"short_first_step": False}) for s in plan.specs]
-        return dataclasses.replace(plan, specs=specs)
-
-    monkeypatch.setattr(module, "plan_dry_run", whole_first_step)
-    whole = dry_run(text, num_layers=4, **kw)
-    assert short.status == whole.status == "measured"
-    assert any("ran 2" in n and "schedule steps" in n for n in short.notes)
-    ran = [s for s in short.substitutions if "schedule steps ran" in s]
-    assert ran and "ran 1 of its 4 microbatches (ScheduleInterleaved1F1B" in ran[0]
-    assert not any("schedule steps ran" in s for s in whole.substitutions)
-    assert [r.rank for r in short.ranks] == [r.rank for r in whole.ranks]
-    for a, b in zip(short.ranks, whole.ranks, strict=True):
-        assert a.peak_allocated_gib == pytest.approx(b.peak_allocated_gib, abs=1 / 1024), a.rank
-        assert a.peak_phase == b.peak_phase == "pipeline_schedule"
-        for moment in ("pipeline_schedule", "clip_grad_norm", "optimizer"):
-            assert a.phase_peaks_gib[moment] == pytest.approx(b.phase_peaks_gib[moment], abs=1 / 1024), (a.rank, moment)
-        # between the steps the whole first step's outputs stand a moment longer, below the second's peak
-        assert a.phase_peaks_gib["start"] <= b.phase_peaks_gib["start"] < b.peak_allocated_gib
-
-
-@needs_automodel
 def test_a_layout_automodel_rejects_comes_back_failed_with_its_own_message():
     report = _run("distributed:\n  tp_size: 3\n", world_size=6)
     [r] = report.ranks

@@ -54,9 +54,6 @@ class DryRunSpec(BaseModel):
     # pipeline schedule steps run (each of ``local_batch_size``): 2 where gradients carry from one to the next
     # (estimate/memory.py carries_across_schedule_steps), so the second runs with what the first left
     schedule_steps: int = 1
-    # the first of two runs the fewest microbatches its schedule class takes (stack/step.short_first_schedule: what it
-    # leaves the second does not depend on its count); False runs it whole (the test that holds the two equal)
-    short_first_step: bool = True
     builds: tuple[Build, Build] | None = None
     depth: Depth | None = None
     media: Media | None = None  # a VLM step's images (None: token batches)

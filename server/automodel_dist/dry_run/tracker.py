@@ -32,7 +32,6 @@ from ..estimate.memory import GIB
 class _Phase(Protocol):
     current: str
     moment: str | None
-    entered: dict[str, int]
 
     @property
     def key(self) -> str: ...
@@ -425,11 +424,11 @@ def make_tracker(
 
 
 @contextlib.contextmanager
-def pipeline_moments(tracker: Any, phases: _Phase) -> Iterator[None]:
+def pipeline_moments(tracker: Any, phases: Any) -> Iterator[None]:
     """Each pipeline action a moment of its own: every stage's forward, backward and weight-gradient chunk, and the
     stretch after it until the next (the schedule's unshards, reshards and sends), keyed by its stage, microbatch and
-    schedule step (``phases`` counts the ``pipeline_schedule`` phases begun; a second step repeats the actions, or some
-    of them after a short first one): ``F1.3#0``, then ``F1.3#0!`` (the total it leaves, alone) and ``F1.3#0+``.
+    occurrence (a second schedule step repeats them): ``F1.3#0``, then ``F1.3#0!`` (the total it leaves, alone) and
+    ``F1.3#0+``.
 
     A phase's peak is the largest of its moments, each linear in the layers a stage holds, so a shallow build's peak
     can fall on another moment than the full depth's: within the last stage's last backward of a 1F1B schedule, a
@@ -439,6 +438,7 @@ def pipeline_moments(tracker: Any, phases: _Phase) -> Iterator[None]:
     after (dry_run/depth.py by_phase); builds of 3 and 4 of a rank's stages keep a line per phase."""
     from torch.distributed.pipelining.stage import _PipelineStageBase
 
+    seen: dict[str, int] = {}
     originals = {
         name: getattr(_PipelineStageBase, name)
         for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -453,7 +453,9 @@ def pipeline_moments(tracker: Any, phases: _Phase) -> Iterator[None]:
         def chunk(stage: Any, *args: Any, **kwargs: Any) -> Any:
             # (torch passes the chunk id first; by keyword it is fwd_chunk_id or bwd_chunk_id)
             chunk_id = args[0] if args else kwargs.get("fwd_chunk_id", kwargs.get("bwd_chunk_id"))
-            label = f"{kind}{stage.stage_index}.{chunk_id}#{phases.entered.get('pipeline_schedule', 1) - 1}"
+            action = f"{kind}{stage.stage_index}.{chunk_id}"
+            label = f"{action}#{seen.get(action, 0)}"
+            seen[action] = seen.get(action, 0) + 1
             enter(label)
             try:
                 return original(stage, *args, **kwargs)

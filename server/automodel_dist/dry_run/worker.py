@@ -59,7 +59,6 @@ class Phases:
         self.current = "start"
         self.moment: str | None = None  # the pipeline action running within the phase (tracker.pipeline_moments)
         self.failed: str | None = None
-        self.entered: dict[str, int] = {}  # times each phase began (a pipeline schedule step: one each)
 
     @property
     def key(self) -> str:
@@ -70,7 +69,6 @@ class Phases:
     def __call__(self, name: str) -> Any:
         previous, self.current = self.current, name
         moment, self.moment = self.moment, None
-        self.entered[name] = self.entered.get(name, 0) + 1
         print(f"PHASE {name}", flush=True)
         start = time.perf_counter()
         try:
@@ -365,27 +363,9 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                 master=spec.recipe.optimizer.get("master_weights"),
             )
         vocab = text_config.vocab_size
-        # the first of two schedule steps carries the same into the second whatever its microbatch count: it runs the
-        # fewest its schedule class takes (a quarter to a half of a pipeline rank's time otherwise); not with THD
-        # packs, whose padding mask's answer is one stream length for the step
-        short = (
-            step.short_first_schedule(built)
-            if pp_enabled and spec.schedule_steps > 1 and spec.short_first_step and not spec.recipe.thd_dsa_batches
-            else None
-        )
         shapes = step.batch_shapes(
             pp_enabled, spec.micro_batch_size, spec.local_batch_size, spec.microbatches, seq, spec.schedule_steps
         )
-        if short is not None:
-            rewrites.append(
-                f"the first of the {spec.schedule_steps} schedule steps ran {short.microbatches} of its "
-                f"{spec.local_batch_size // max(spec.micro_batch_size, 1)} microbatches ({type(short.schedule).__name__} "
-                "over the same stages, built by AutoModel's build_pipeline_schedule): what it carries into the second "
-                "does not depend on the count (gradients accumulate in place, the blocks kept gathered are every block "
-                "its stages ran, the full schedule's receive buffers are allocated as the second starts); what the "
-                "second frees as it starts (the first's stage outputs and input gradients) is the short step's, and "
-                "the second holds as many by its last backward"
-            )
         if spec.recipe.thd_dsa_batches:
             # a THD batch's packs fill the stream (one document each): AutoModel's padding mask reads the stream's
             # end, its packs' total length
@@ -432,11 +412,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
             if spec.recipe.thd_dsa_batches:
                 batch |= thd_pack_fields(shape, fake_mode)
             batches.append(batch)
-        if short is not None:
-            # the short step's batch: its microbatches' leading rows, viewed before the tracker starts, so the rows it
-            # reads count as the whole batch's tensors (train_ft holds the optimizer step's batches whole to its end)
-            keep = short.microbatches * spec.micro_batch_size
-            batches[0] = {k: v[:keep] for k, v in batches[0].items()}
         if image is not None and spec.media.images_per_sample == 0:
             rewrites.append("images: none (the recipe's data set is text-only): text batches through the VLM step")
         elif image is not None:
@@ -472,7 +447,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                         num_label_tokens=step.every_token_labelled(built, batches[:1]),
                         clip_grad_norm=spec.recipe.clip_grad_norm,
                         step_optimizer=spec.recipe.steps_optimizer,
-                        first_schedule=short,
                     )
                 rewrites.append(
                     "MegatronFSDP: a step of one microbatch runs untracked before the measured one (megatron-fsdp's hooks "
@@ -496,7 +470,6 @@ def _measure(spec: DryRunSpec, build: Build, phases: Phases, rewrites: list[str]
                     ),
                     before_optimizer=lambda: snapshots.setdefault("grad_bytes", _grad_bytes(parts)),
                     step_optimizer=spec.recipe.steps_optimizer,
-                    first_schedule=short,
                 )
         if synced is not None and synced.calls == 0:
             where = " and ".join(synced.root_hook_on) or "the wrapped model's last submodule"

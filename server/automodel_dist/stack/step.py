@@ -286,13 +286,11 @@ def train_step(
     before_optimizer: Callable[[], None] | None = None,
     step_optimizer: bool = True,
     pad_token_id: int = 0,
-    first_schedule: ShortSchedule | None = None,
 ) -> StepResult:
     """train_ft's ``_run_train_optim_step`` on ``batches`` (dicts with input_ids and labels; under PP one batch holds
     the rank's local batch). ``after_loss`` runs after the first microbatch's loss, before its backward;
     ``before_optimizer`` after the gradient clip, before the optimizer step. FSDP's gradient sync is deferred to the
-    last microbatch as the strategy says (``defer_fsdp_grad_sync``, AutoModel's default true), as train_ft reads it.
-    Under PP ``first_schedule`` (``short_first_schedule``) runs the first batch, of its microbatches."""
+    last microbatch as the strategy says (``defer_fsdp_grad_sync``, AutoModel's default true), as train_ft reads it."""
     import torch
     from nemo_automodel.components.moe.megatron.moe_utils import MoEAuxLossAutoScaler
     from nemo_automodel.components.training.utils import (
@@ -320,11 +318,8 @@ def train_step(
             prepare_for_final_backward(parts, pp_enabled=pp)
         if pp and built.vlm:
             out.loss_buffer.append(_vlm_pipeline_microbatch(built, batch, phases, pad_token_id))
-        elif pp and first_schedule is not None and i == 0:
-            out.loss_buffer.append(_pipeline_microbatch(built, batch, phases, pad_token_id, first_schedule))
         elif pp:
-            with _stage_state_kept(built) if first_schedule is not None else contextlib.nullcontext():
-                out.loss_buffer.append(_pipeline_microbatch(built, batch, phases, pad_token_id))
+            out.loss_buffer.append(_pipeline_microbatch(built, batch, phases, pad_token_id))
         else:
             out.loss_buffer.append(
                 _microbatch(
@@ -499,91 +494,19 @@ def _microbatch(
     return detached
 
 
-@dataclass
-class ShortSchedule:
-    """A pipeline schedule of AutoModel's class over the rank's stages with fewer microbatches (``short_first_schedule``)."""
-
-    schedule: Any
-    microbatches: int
-
-
-def short_first_schedule(built: Built) -> ShortSchedule | None:
-    """For the first of two schedule steps (the dry run's, where the first carries into the second): the recipe's
-    schedule class over the same stages, built by AutoModel's ``build_pipeline_schedule`` and given static stage
-    metadata as ``pipeline_model`` gives it, with the fewest microbatches the class accepts. What the first step leaves
-    the second is the same for any count: gradients accumulate in place, the blocks AutoModel's patched backward keeps
-    gathered are every block the stages ran, the receive buffers are the full schedule's (its own initialization
-    allocates them at the second step). None where that does not hold or cannot be kept: a VLM's media staging, a CSV
-    schedule (written for its count), stages whose metadata is inferred by running them (torch's cleanup after that
-    inference reshards every block), torch without static stage metadata, or no class accepting fewer."""
-    if not built.pp_enabled or built.vlm:
-        return None
-    try:
-        from nemo_automodel.components.distributed.pipelining.functional import (
-            _use_static_pipeline_stage_metadata,
-            build_pipeline_schedule,
-        )
-        from torch.distributed.pipelining._utils import InferenceMode
-    except ImportError:
-        return None
-    info, pc = built.model.info, built.setup.pipeline_config
-    full = built.model.info.schedule
-    mbs = max(pc.pp_microbatch_size, 1)
-    n_full = pc.pp_batch_size // mbs
-    if pc.pp_schedule_csv or not all(hasattr(st, "_user_meta") for st in info.stages):
-        return None
-    if any(InferenceMode.needs_dynamic(st._user_meta, True) for st in info.stages):
-        return None
-    for n in range(1, n_full):
-        try:
-            short = build_pipeline_schedule(
-                None, pc.pp_schedule, mbs, n * mbs, info.stages, full._loss_fn, scale_grads=full.scale_grads
-            )
-        except ValueError:  # the class's own bound on its microbatch count (a multiple of its rounds, one a stage)
-            continue
-        _use_static_pipeline_stage_metadata(short, info.stages)
-        if "_warmup_p2p" not in vars(short):  # static metadata not taken: its warm-up would vote over the group
-            return None
-        return ShortSchedule(short, n)
-    return None
-
-
-@contextlib.contextmanager
-def _stage_state_kept(built: Built) -> Iterator[None]:
-    """The full schedule's first step after a ``short_first_schedule`` step initializes the stages again (its own
-    receive buffers). With static metadata nothing ran to clean up, so torch's cleanup after initialization (which
-    reshards every block and AutoModel's wrapper keeps the gradients through) would only undo what the first step
-    left: AutoModel's run initializes once and never calls it between schedule steps. It is held off for that step."""
-    stages = built.model.info.stages
-    own = [st.__dict__.get("_post_metadata_inference_cleanup") for st in stages]
-    for st in stages:
-        st._post_metadata_inference_cleanup = lambda: None
-    try:
-        yield
-    finally:
-        for st, fn in zip(stages, own, strict=True):
-            if fn is None:
-                del st._post_metadata_inference_cleanup
-            else:
-                st._post_metadata_inference_cleanup = fn
-
-
-def _pipeline_microbatch(
-    built: Built, batch: dict[str, Any], phases: PhaseFn, pad_token_id: int, short: ShortSchedule | None = None
-) -> Any:
-    """The pipeline branch of train_ft's ``_forward_backward_step``: this rank's stages run the schedule (or
-    ``short``'s) on the local batch; returns the sum of the last stage's microbatch losses (0 on other ranks)."""
+def _pipeline_microbatch(built: Built, batch: dict[str, Any], phases: PhaseFn, pad_token_id: int) -> Any:
+    """The pipeline branch of train_ft's ``_forward_backward_step``: this rank's stages run the schedule on the
+    local batch; returns the sum of the last stage's microbatch losses (0 on other ranks)."""
     from nemo_automodel.components.distributed.context_parallel import ContextParallelSharder
 
     info = built.model.info
     pc = built.setup.pipeline_config
-    schedule = short.schedule if short is not None else info.schedule
     sharder = ContextParallelSharder(
         built.parts[0],
         built.mesh,
         batch,
         padding_token_id=pad_token_id,
-        num_chunks=short.microbatches if short is not None else pc.pp_batch_size // max(pc.pp_microbatch_size, 1),
+        num_chunks=pc.pp_batch_size // max(pc.pp_microbatch_size, 1),
     )
     train_ctx, mb = sharder.shard(dict(batch))
     labels = mb.pop("labels")
@@ -595,9 +518,9 @@ def _pipeline_microbatch(
         rest = {k: v for k, v in mb.items() if v is not None and not (isinstance(v, dict) and not v)}
         with phases("pipeline_schedule"):
             if info.has_first_stage:
-                schedule.step(input_ids, target=targets, losses=losses, **rest)
+                info.schedule.step(input_ids, target=targets, losses=losses, **rest)
             else:
-                schedule.step(target=targets, losses=losses, **rest)
+                info.schedule.step(target=targets, losses=losses, **rest)
     return _stage_loss(info, losses)
 
 
@@ -899,7 +822,6 @@ def label_tokens(built: Built, batches: list[dict[str, Any]], ignore_index: int 
 __all__ = [
     "Built",
     "batch_shapes",
-    "short_first_schedule",
     "every_token_labelled",
     "first_optimizer_step",
     "megatron_fsdp_buffers",

@@ -688,3 +688,83 @@ def test_the_dsa_indexers_forward_holds_what_the_estimate_counts(arch, seq, topk
     per_mb, per_token = indexer_scores_bytes(spec, Training(seq_len=seq, attn_backend="sdpa"))
     assert per_mb + per_token * seq == pytest.approx(peak - before - inputs, rel=0.02)
     assert indexer_scores_bytes(spec, Training(seq_len=seq, attn_backend="tilelang")) == (0.0, 0.0)
+
+
+_COMPILED = ("relu2_deepep", "quick_geglu_deepep", "swiglu_oai_deepep", "swiglu_clamped_deepep")
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+        "openai/gpt-oss-20b",
+        "deepseek-ai/DeepSeek-V4-Flash",
+        "Qwen/Qwen3-30B-A3B",
+        "deepseek-ai/DeepSeek-V3",
+    ],
+)
+def test_the_models_marked_with_a_fused_expert_activation_run_automodels_compiled_ones(model):
+    """ModelSpec.fused_expert_activation (the estimate's moe_forward_bytes: the activation's output alone) where
+    AutoModel's MoE class picks a torch.compile'd activation for the model's config: the expert_activation its class
+    sets, and DeepSeek-V4's swiglu_limit (moe/experts.py get_expert_activation_for_deepep)."""
+    import types
+
+    from nemo_automodel._transformers.registry import MODEL_ARCH_MAPPING
+    from nemo_automodel.components.moe.experts import get_expert_activation_for_deepep
+
+    from automodel_dist.catalog.hf_config import hf_config
+    from automodel_dist.catalog.models import lookup
+
+    spec = lookup(model)
+    module = MODEL_ARCH_MAPPING[spec.architecture][0]
+    source = Path(inspect.getfile(importlib.import_module(module))).read_text(encoding="utf-8")
+    named = re.findall(r'expert_activation="(\w+)"', source)
+    cfg = hf_config(spec)
+    limit = float(cfg.get("swiglu_limit", 0.0) or 0.0) if "swiglu_limit" in source else 0.0
+    moe = types.SimpleNamespace(
+        expert_activation=named[0] if named else "swiglu",
+        swiglu_limit=limit,
+        activation_alpha=1.702,
+        activation_limit=7.0,
+    )
+    picked = get_expert_activation_for_deepep(moe)
+    assert (getattr(picked, "func", picked).__name__ in _COMPILED) is spec.fused_expert_activation
+
+
+def test_the_compiled_activations_stand_in_makes_its_output_alone_on_fake_tensors():
+    """A fused kernel writes its output alone: on fake tensors the stand-in runs no eager intermediate (relu2's square
+    and its fp32 product with the routing probabilities, a gated one's halves and products) and keeps its inputs for
+    backward; on real tensors it computes the eager function's values."""
+    import torch
+    from nemo_automodel.components.moe import experts
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from automodel_dist.stack import shims
+
+    shims.install_compiled_activations()
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    for name, width in (("relu2_deepep", 64), ("swiglu_oai_deepep", 32), ("quick_geglu_deepep", 32)):
+        fn = getattr(experts, name)
+        eager = fn._stand_in_for
+        x, probs = torch.randn(16, 64), torch.rand(16, 1)
+        assert torch.equal(fn(x, probs), eager(x, probs))
+        with FakeTensorMode() as mode:
+            fx = mode.from_tensor(x).requires_grad_(True)
+            fp = mode.from_tensor(probs)
+            with Ops() as ops:
+                out = fn(fx, fp)
+            assert out.shape == (16, width) and out.dtype == x.dtype
+            made = [op for op in ops.seen if op not in ("new_empty.default", "detach.default", "device.default")]
+            assert made == [] and "new_empty.default" in ops.seen, (name, ops.seen)
+            out.sum().backward()
+            assert fx.grad.shape == fx.shape

@@ -497,7 +497,7 @@ def test_moe_fsdp_optimizations_keep_every_unit_gathered_into_the_next_microbatc
     assert out.buffers > 6.85e9 * 2 / 2**30
     phases = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
     nxt = phases["next-microbatch-forward"]
-    assert nxt[1] == pytest.approx(8192 * moe_forward_bytes(spec))  # one MoE layer's routed working set
+    assert nxt[1] == pytest.approx(8192 * moe_forward_bytes(spec, tr))  # one MoE layer's routed working set
     assert phases["gathered-late-backward"][2] > nxt[2]  # every unit and the first blocks' backward
     mixin_phases = ("next-microbatch-forward", "gathered-late-backward")
     for other in (
@@ -1628,7 +1628,7 @@ def test_a_pipeline_rank_before_the_last_peaks_in_a_forward_beside_its_moe_layer
     tr = Training(seq_len=4096)
     p = dims("fsdp2", dp=8, pp=4, ep=8, pp_schedule="1F1B")
     first = _memory_of_pp_rank(spec, p, tr, 0)["phases"]
-    working = moe_forward_bytes(spec) * 4096
+    working = moe_forward_bytes(spec, tr) * 4096
     assert first["moe-forward"][1] == first["start-of-backward"][1]
     assert first["moe-forward"][2] - first["start-of-backward"][2] == pytest.approx(working)
     assert "moe-forward" not in _memory_of_pp_rank(spec, p, tr, 3)["phases"]
@@ -1773,3 +1773,24 @@ def test_a_linear_cross_entropy_makes_no_gradient_of_a_head_lora_leaves_frozen()
         lora = Training(seq_len=4096, loss=loss, lora=lora_of(spec, {"match_all_linear": True, "dim": 8}))
         adapted = _memory_of_pp_rank(spec, p, lora, 0)["phases"]["start-of-backward"][2]
         assert full - adapted >= weight_grad * table
+
+
+def test_a_fused_expert_activation_holds_its_output_alone_in_the_moe_working_set():
+    """AutoModel's torch.compile'd expert activations (Nemotron-3's relu2, GPT-OSS's quick_geglu, DeepSeek-V4's clamped
+    SwiGLU) are one fused kernel that writes its output alone: the routed working set counts 2 bytes a routed copy and
+    expert width for it where an eager activation's two outputs count 4; transformers' classes run their own eager
+    code."""
+    tr = Training(seq_len=4096)
+    for model, fused in (
+        ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", True),
+        ("openai/gpt-oss-20b", True),
+        ("deepseek-ai/DeepSeek-V4-Flash", True),
+        ("Qwen/Qwen3-30B-A3B", False),
+    ):
+        spec = lookup(model)
+        assert spec.fused_expert_activation is fused, model
+        k, i = spec.experts_per_token, spec.moe_intermediate_size
+        eager = moe_forward_bytes(dataclasses.replace(spec, fused_expert_activation=False), tr)
+        assert eager - moe_forward_bytes(spec, tr) == (2 * k * i if fused else 0), model
+        assert moe_forward_bytes(spec, dataclasses.replace(tr, hf_class=True)) == eager, model
+    assert not lookup("nvidia/NVIDIA-Nemotron-Nano-9B-v2").fused_expert_activation  # no MoE layers

@@ -71,6 +71,9 @@ class ModelSpec:
     # a scale the model's forward applies to its logits after lm_head (Falcon-H1's muP lm_head_multiplier; 1: none)
     logits_multiplier: float = 1.0
     gated_mlp: bool = True  # SwiGLU-style gate/up/down; False: up/down only (Nemotron-H's relu2)
+    # AutoModel's experts run a torch.compile'd activation (moe/experts.py get_expert_activation_for_deepep:
+    # Nemotron-3's relu2, GPT-OSS's quick_geglu, DeepSeek-V4's clamped SwiGLU): one fused kernel, its output alone
+    fused_expert_activation: bool = False
     # transformers' python GELU (NewGELUActivation, "gelu_new": Phi-2) keeps its input, tanh, 0.5x and 1+tanh for
     # backward where a fused activation keeps its input alone
     python_gelu: bool = False
@@ -1027,6 +1030,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         shared_expert_intermediate_size=_int(shared or 0, "shared_expert_intermediate_size"),
         first_dense_layers=first_dense,
         expert_bias=mtype == "gpt_oss",
+        fused_expert_activation=mtype == "gpt_oss" and bool(experts),
         gated_mlp=mtype not in UNGATED_MLP,
         attention_sinks=mtype == "gpt_oss",
         attn_softcap=cfg.get("attn_logit_softcapping") is not None,
@@ -1324,6 +1328,7 @@ def _from_deepseek_v4(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         num_experts=experts,
         experts_per_token=_int(cfg.get("num_experts_per_tok", 6), "num_experts_per_tok"),
         moe_intermediate_size=moe_inter,
+        fused_expert_activation=float(cfg.get("swiglu_limit", 0.0) or 0.0) > 0.0,  # (swiglu_clamped_deepep)
         shared_expert_intermediate_size=_int(cfg.get("n_shared_experts", 1) or 0, "n_shared_experts") * moe_inter,
         q_lora_rank=_int(cfg.get("q_lora_rank", 1024), "q_lora_rank"),
         qk_rope_head_dim=_int(cfg.get("qk_rope_head_dim", 64), "qk_rope_head_dim"),
@@ -1385,6 +1390,7 @@ def _from_nemotron_h(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         moe_intermediate_size=_int(_first(cfg, "moe_intermediate_size", default=0), "moe_intermediate_size")
         if moe
         else 0,
+        fused_expert_activation=moe,  # AutoModel's Nemotron-V3 experts: relu2 (relu2_deepep)
         shared_expert_intermediate_size=_int(
             _first(cfg, "moe_shared_expert_intermediate_size", default=0), "moe_shared_expert_intermediate_size"
         )

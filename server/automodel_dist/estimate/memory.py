@@ -377,16 +377,19 @@ def head_gathers_in_forward(
     return p.ep > 1 or lora is None or "lm_head" in lora.adapted
 
 
-def moe_forward_bytes(m: ModelSpec) -> float:
+def moe_forward_bytes(m: ModelSpec, tr: Training) -> float:
     """Bytes per local token one MoE layer's routed experts hold at once in forward, beyond what they save: per routed
     copy (k a token) the permuted input and the down projection's output (the experts' width), the up projection's
-    output and the activation's two outputs (ReLU and its square, or the gate's activation and the product)
-    (AutoModel's Nemotron-3 Super MoE layer on fake tensors: 3.5 GiB at 8,192 tokens, within 5%)."""
+    output and the activation's two outputs (ReLU and its square, or the gate's activation and the product); where
+    AutoModel's experts run a torch.compile'd activation (``fused_expert_activation``) its one fused kernel writes its
+    output alone (AutoModel's Nemotron-3 Super MoE layer on fake tensors, the activation eager: 3.5 GiB at 8,192
+    tokens, within 5%)."""
     if not m.is_moe:
         return 0.0
     k, i = max(m.experts_per_token, 1), m.moe_intermediate_size
     up = 2 * i if m.gated_mlp else i
-    return k * (4 * m.expert_dim + 2 * up + 4 * i)
+    act = 2 * i if m.fused_expert_activation and not tr.hf_class else 4 * i
+    return k * (4 * m.expert_dim + 2 * up + act)
 
 
 def _torch_loop_bytes(m: ModelSpec, p: ParallelDims, tr: Training) -> float:
@@ -1324,7 +1327,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
             recompute = max(recompute, plain)  # one block is re-materialized during backward
             if kind == "moe":
                 routed = _routed_expert_bytes(m, tr.lora is None or bool(tr.lora.experts(kind))) * comp / 2
-                moe_recompute = max(moe_recompute, plain - routed + moe_forward_bytes(m) * comp / 2)
+                moe_recompute = max(moe_recompute, plain - routed + moe_forward_bytes(m, tr) * comp / 2)
     vocab = m.vocab_size
     extra = per_layer_inputs_bytes(m, tr) * comp / 2 if g.first else 0.0
     loss_saved = loss_temp = 0.0
@@ -1584,7 +1587,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
     if p.pp > 1 and not g.last and g.kinds.get("moe"):
         # a pipeline rank before the last peaks in a forward, beside everything in flight: its MoE layers' routed
         # experts' working set at the running layer's end (moe_forward_bytes)
-        moe_fwd = moe_forward_bytes(m) * comp / 2 * tokens
+        moe_fwd = moe_forward_bytes(m, tr) * comp / 2 * tokens
         phases.append(
             ("moe-forward", max(accumulated, last_stage_expert_grads), acts, unsharded + moe_fwd + p2p + held_grads)
         )
@@ -1635,7 +1638,7 @@ def _memory_of_pp_rank(m: ModelSpec, p: ParallelDims, tr: Training, pp_rank: int
         # so the next microbatch's forward starts with all of them gathered and reshards each after its own forward:
         # its first layers run beside every other unit still gathered (AutoModel's step on fake tensors, Nemotron-3
         # Super's LoRA benchmark)
-        forward = max(layer_plain, moe_forward_bytes(m) * comp / 2 if g.kinds.get("moe") else 0.0) * tokens
+        forward = max(layer_plain, moe_forward_bytes(m, tr) * comp / 2 if g.kinds.get("moe") else 0.0) * tokens
         phases.append(("next-microbatch-forward", accumulated, forward, every + p2p + held_grads))
     # eager attention's backward: one layer's scores' gradients, beside its saved scores
     eager_grads = eager_backward_bytes(m, p, tr, comp) * tokens if g.n_layers else 0.0

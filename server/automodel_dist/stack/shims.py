@@ -744,9 +744,10 @@ COMPILED_ACTIVATIONS = _register(
     "nemo_automodel.components.moe.experts: its @torch.compile(fullgraph=True) expert activations "
     "(quick_geglu_deepep, swiglu_oai_deepep, relu2_deepep, swiglu_clamped_deepep)",
     "Dynamo refuses fake tensors, so a compiled function runs eagerly and keeps every intermediate of its pointwise "
-    "graph (clamps, sigmoid, products: several I-wide tensors per routed token). Compiled, AOTAutograd's partitioner "
-    "keeps the graph's inputs and recomputes the pointwise ops in backward; the stand-in runs the eager function "
-    "without autograd and keeps its tensor inputs, which is what the compiled one keeps.",
+    "graph (clamps, sigmoid, products: several I-wide tensors per routed token). Compiled, Inductor fuses the graph "
+    "into one kernel that writes its output alone, and AOTAutograd's partitioner keeps the graph's inputs and "
+    "recomputes the pointwise ops in backward; the stand-in keeps its tensor inputs and, on fake tensors, makes its "
+    "output alone (on real tensors it computes it eagerly, without autograd).",
     lambda: _compiled_activations(),
 )
 _COMPILED = ("quick_geglu_deepep", "swiglu_oai_deepep", "relu2_deepep", "swiglu_clamped_deepep")
@@ -765,16 +766,36 @@ def _compiled_activations() -> dict[str, Callable[..., Any]]:
     return out
 
 
-def install_compiled_activations() -> None:
-    """AutoModel's compiled expert activations keep what a compiled graph keeps (their inputs), in this process."""
-    import nemo_automodel.components.moe.experts as experts
+def _output_width_divisor(name: str, eager: Callable[..., Any]) -> int:
+    """How many of a compiled activation's input columns make one output column (relu2 1; the gated ones, whose
+    input holds the gate and the up halves, 2), read off the eager function on a tiny real tensor."""
     import torch
 
-    def fused(eager: Callable[..., Any]) -> Callable[..., Any]:
+    kwargs = {
+        p.name: 1.0
+        for p in list(inspect.signature(eager).parameters.values())[2:]
+        if p.default is inspect.Parameter.empty
+    }
+    out = eager(torch.ones(2, 8), torch.ones(2, 1), **kwargs)
+    if out.shape[:-1] != (2,) or 8 % out.shape[-1] or out.dtype != torch.float32:
+        raise RuntimeError(f"nemo_automodel.components.moe.experts.{name} no longer maps [n, w] to [n, w / k]")
+    return 8 // out.shape[-1]
+
+
+def install_compiled_activations() -> None:
+    """AutoModel's compiled expert activations keep what a compiled graph keeps (their inputs) and make what its fused
+    kernel makes (its output alone, on fake tensors), in this process."""
+    import nemo_automodel.components.moe.experts as experts
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def fused(eager: Callable[..., Any], divisor: int) -> Callable[..., Any]:
         class Fused(torch.autograd.Function):
             @staticmethod
             def forward(ctx: Any, x: Any, probs: Any, kwargs: dict[str, Any]) -> Any:
                 ctx.save_for_backward(x, probs)
+                if isinstance(x, FakeTensor):  # the fused kernel's one allocation: no eager intermediates
+                    return x.new_empty((*x.shape[:-1], x.shape[-1] // divisor))
                 with torch.no_grad():
                     return eager(x, probs, **kwargs)
 
@@ -793,7 +814,7 @@ def install_compiled_activations() -> None:
 
     for name, eager in _compiled_activations().items():
         if getattr(getattr(experts, name), "_stand_in_for", None) is None:
-            setattr(experts, name, fused(eager))
+            setattr(experts, name, fused(eager, _output_width_divisor(name, eager)))
 
 
 TE_CROSS_ENTROPY = _register(

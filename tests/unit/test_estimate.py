@@ -1592,7 +1592,7 @@ def test_a_dsa_indexers_scores_stand_beside_everything_in_flight_and_its_top_k_w
     from automodel_dist.estimate.memory import indexer_scores_bytes
 
     # (the MoE layers' recomputed working set held out: the recompute's transient here is the indexer's alone)
-    monkeypatch.setattr(memory, "moe_forward_bytes", lambda m: 0.0)
+    monkeypatch.setattr(memory, "moe_forward_bytes", lambda m, tr: 0.0)
     spec = lookup("deepseek-ai/DeepSeek-V3.2")
     p = dims("fsdp2", dp=32, pp=4, ep=32, pp_schedule="Interleaved1F1B", activation_checkpointing=True)
     dense, kernels = Training(seq_len=4096, attn_backend="te"), Training(seq_len=4096, attn_backend="tilelang")
@@ -1700,7 +1700,7 @@ def test_a_recomputed_moe_layer_runs_its_experts_forward_again_inside_its_backwa
     p = dims("fsdp2", dp=8, ep=8, activation_checkpointing=True)
 
     def in_backward(per_token: float, dims_=p, model=spec) -> float:
-        monkeypatch.setattr(memory, "moe_forward_bytes", lambda m: per_token)
+        monkeypatch.setattr(memory, "moe_forward_bytes", lambda m, tr: per_token)
         return memory._memory_of_pp_rank(model, dims_, tr, 0)["phases"]["in-backward"][2]
 
     big, bigger = 1e6, 2e6  # bytes a token: above what the recompute keeps

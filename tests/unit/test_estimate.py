@@ -1794,3 +1794,33 @@ def test_a_fused_expert_activation_holds_its_output_alone_in_the_moe_working_set
         assert eager - moe_forward_bytes(spec, tr) == (2 * k * i if fused else 0), model
         assert moe_forward_bytes(spec, dataclasses.replace(tr, hf_class=True)) == eager, model
     assert not lookup("nvidia/NVIDIA-Nemotron-Nano-9B-v2").fused_expert_activation  # no MoE layers
+
+
+def test_transformers_sdpa_path_keeps_keys_and_values_repeated_where_a_sliding_window_mask_is_built():
+    """A transformers class that masks every layer with its config's sliding window (Mistral-7B-v0.1: 4,096) builds
+    the SDPA mask once a sequence reaches the window, and with a mask its SDPA path repeats the keys and values to
+    every query head, which the kernel saves: 4 bytes a token for each query-head column past the key-value heads,
+    every layer (the dry run of mistral_7b_squad_peft). Below the window, without GQA, under eager attention (counted
+    there already) or flash_attention_2, nothing changes."""
+    from automodel_dist.estimate.memory import sdpa_repeats_kv
+
+    spec = lookup("mistralai/Mistral-7B-v0.1")
+    assert spec.mask_window == 4096 and lookup("mistralai/Mistral-Nemo-Base-2407").mask_window is None
+    p = dims("fsdp2", dp=8)
+    at = Training(seq_len=4096, hf_class=True)
+    assert sdpa_repeats_kv(spec, p, at)
+    assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, seq_len=4095))
+    assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, attn_implementation="flash_attention_2"))
+    assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, hf_class=False))
+    assert not sdpa_repeats_kv(dataclasses.replace(spec, num_key_value_heads=32), p, at)
+    from automodel_dist.estimate.memory import _act_per_token
+
+    q, kv = spec.num_attention_heads * spec.hd, spec.num_key_value_heads * spec.hd
+    saved = _act_per_token(spec, p, at, "dense", 2)[0]
+    assert saved - _act_per_token(dataclasses.replace(spec, mask_window=None), p, at, "dense", 2)[0] == 4 * (q - kv)
+    # at the peak (the last block's backward) the other 31 layers' saved sets stand
+    with_mask = memory_per_rank(spec, p, at)
+    without = memory_per_rank(dataclasses.replace(spec, mask_window=None), p, at)
+    assert with_mask.peak_phase == "in-backward"
+    held = (spec.num_layers - 1) * 4096 * 4 * (q - kv) / 2**30
+    assert with_mask.activations - without.activations == pytest.approx(held, rel=1e-6)

@@ -99,6 +99,10 @@ class ModelSpec:
     full_kv_heads: int | None = None
     full_k_eq_v: bool = False  # Gemma-4's attention_k_eq_v: the full layers' values are their keys (no v_proj)
     sliding_window: int | None = None  # the sliding layers' window (where layer_attention has them)
+    # transformers' classes that mask every layer with the config's sliding_window (SLIDING_MASK_TYPES): from a
+    # sequence of this length on, their SDPA mask is built (masking_utils._ignore_causal_mask_sdpa) and, with a mask,
+    # the SDPA path repeats the keys and values to every query head (integrations/sdpa_attention.py use_gqa_in_sdpa)
+    mask_window: int | None = None
     linear_key_heads: int = 0
     linear_value_heads: int = 0
     linear_key_dim: int = 0
@@ -1031,6 +1035,7 @@ def _spec_of(cfg: dict[str, Any], *, name: str | None) -> ModelSpec:
         first_dense_layers=first_dense,
         expert_bias=mtype == "gpt_oss",
         fused_expert_activation=mtype == "gpt_oss" and bool(experts),
+        mask_window=_opt_int(cfg, "sliding_window") if mtype in SLIDING_MASK_TYPES else None,
         gated_mlp=mtype not in UNGATED_MLP,
         attention_sinks=mtype == "gpt_oss",
         attn_softcap=cfg.get("attn_logit_softcapping") is not None,
@@ -1106,6 +1111,8 @@ TIED_BY_DEFAULT = frozenset(
 # transformers' GPT-style blocks, by model type: an up/down MLP without a gate (its Linears' names: PhiMLP fc1/fc2,
 # Starcoder2MLP c_fc/c_proj) and LayerNorms with a bias (Phi's one norm a layer, shared by its parallel attention and MLP)
 UNGATED_MLP = {"phi": ("fc1", "fc2"), "starcoder2": ("c_fc", "c_proj")}
+# transformers' classes whose every layer takes create_sliding_window_causal_mask where config.sliding_window is set
+SLIDING_MASK_TYPES = ("mistral", "mixtral", "phi3", "phimoe", "starcoder2", "ministral3", "qwen3_moe", "minimax")
 # where a config.json gives its routed-expert count, in the order the parser reads them (DeepSeek's and others',
 # Mixtral's, Qwen-MoE's, ERNIE-4.5's)
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")

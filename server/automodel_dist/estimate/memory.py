@@ -613,6 +613,24 @@ def eager_attention(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
     )
 
 
+def sdpa_repeats_kv(m: ModelSpec, p: ParallelDims, tr: Training) -> bool:
+    """Whether transformers' SDPA path repeats the keys and values to every query head (integrations/sdpa_attention.py
+    use_gqa_in_sdpa: with a mask), so the kernel saves them so for backward: a class that masks every layer with the
+    config's sliding window builds the mask once a sequence reaches the window (masking_utils._ignore_causal_mask_sdpa;
+    ``mask_window``). The dry run of mistral_7b_squad_peft (Mistral-7B-v0.1, window 4,096, at 4,096 tokens): two
+    [batch, heads, seq, head_dim] copies a layer. Not counted under CP or packing, where AutoModel's overrides choose
+    the kernel."""
+    return (
+        tr.hf_class
+        and m.mask_window is not None
+        and tr.seq_len >= m.mask_window
+        and m.num_key_value_heads < m.num_attention_heads
+        and tr.attn_implementation in (None, "sdpa")
+        and p.cp == 1
+        and not tr.packed
+    )
+
+
 def eager_backward_bytes(m: ModelSpec, p: ParallelDims, tr: Training, comp_bytes: int) -> float:
     """Bytes per local token one eager attention's backward makes on top of what it saved (one layer's at a time): the
     scores' gradients. Measured on fake tensors (tests/oracle/test_kernel_facts.py): transformers' eager attention
@@ -795,6 +813,8 @@ def _act_per_token(
             attn += (4 * q + 2 * kv) / t
         if m.attn_output_gate:
             attn += output_gate_bytes(m) / t
+        if sdpa_repeats_kv(m, p, tr):
+            attn += 4 * (q - kv) / t  # the keys and values repeated to every query head, saved in place of their own
     # what a scored (attention) layer and a linear-attention layer each keep: the layers' mean sizes what a stage of
     # whole periods keeps, the heavier one what a single layer holds (the one recomputed, the one running)
     attn_scored, attn_linear = attn, 0.0

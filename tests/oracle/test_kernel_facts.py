@@ -768,3 +768,23 @@ def test_the_compiled_activations_stand_in_makes_its_output_alone_on_fake_tensor
             assert made == [] and "new_empty.default" in ops.seen, (name, ops.seen)
             out.sum().backward()
             assert fx.grad.shape == fx.shape
+
+
+def test_the_classes_that_mask_every_layer_with_the_sliding_window_are_transformers():
+    """catalog/models.py SLIDING_MASK_TYPES (the estimate's mask_window, sdpa_repeats_kv): each model type's
+    transformers class picks create_sliding_window_causal_mask for every layer where its config sets sliding_window, and
+    transformers' SDPA path repeats the keys and values whenever it is given a mask."""
+    import transformers
+    from transformers.integrations import sdpa_attention
+
+    from automodel_dist.catalog.models import SLIDING_MASK_TYPES
+
+    models = Path(transformers.__file__).parent / "models"
+    for mtype in SLIDING_MASK_TYPES:
+        source = (models / mtype / f"modeling_{mtype}.py").read_text(encoding="utf-8")
+        assert re.search(
+            r"create_causal_mask if self\.config\.sliding_window is None else create_sliding_window_causal_mask", source
+        ), mtype
+    gqa = inspect.getsource(sdpa_attention.use_gqa_in_sdpa)
+    assert "attention_mask is None" in gqa
+    assert "repeat_kv(key" in inspect.getsource(sdpa_attention.sdpa_attention_forward)

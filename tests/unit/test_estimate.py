@@ -1811,6 +1811,8 @@ def test_transformers_sdpa_path_keeps_keys_and_values_repeated_where_a_sliding_w
     assert sdpa_repeats_kv(spec, p, at)
     assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, seq_len=4095))
     assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, attn_implementation="flash_attention_2"))
+    assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, attn_implementation="eager"))
+    assert not sdpa_repeats_kv(spec, dims("fsdp2", dp=4, cp=2), at)
     assert not sdpa_repeats_kv(spec, p, dataclasses.replace(at, hf_class=False))
     assert not sdpa_repeats_kv(dataclasses.replace(spec, num_key_value_heads=32), p, at)
     from automodel_dist.estimate.memory import _act_per_token

@@ -1233,7 +1233,7 @@ def test_liger_kernel_on_a_hugging_face_class_keeps_less_and_tp_turns_it_off():
 
     m = lookup("mistralai/Mistral-7B-v0.1")
     h, inter = m.hidden_size, m.intermediate_size
-    on = Training(hf_class=True)
+    on = Training(hf_class=True, seq_len=2048)  # below its 4,096 sliding window: no repeated keys (sdpa_repeats_kv)
     off = dataclasses.replace(on, liger=False)
     p1 = dims("fsdp2", dp=8)
     with_liger, _ = _act_per_token(m, p1, on, "dense", 2)
